@@ -1,0 +1,1 @@
+"""fastimpl: the product library (issue 3)."""

@@ -1,0 +1,51 @@
+"""Hypothesis settings profiles for the model tests.
+
+Select one with the HYPOTHESIS_PROFILE environment variable (unset or empty: "default"):
+
+- ``default`` / ``dev``: 100 examples, 40 steps per state-machine run.
+- ``ci``: derandomized, no example database, 200 examples, prints reproduction blobs.
+- ``long``: 5000 examples, 100 steps per state-machine run.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_SUPPRESSED: list[HealthCheck] = [HealthCheck.too_slow]
+
+settings.register_profile(
+    "default",
+    max_examples=100,
+    deadline=None,
+    stateful_step_count=40,
+    suppress_health_check=_SUPPRESSED,
+)
+settings.register_profile(
+    "dev",
+    max_examples=100,
+    deadline=None,
+    stateful_step_count=40,
+    suppress_health_check=_SUPPRESSED,
+)
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    database=None,
+    max_examples=200,
+    stateful_step_count=40,
+    print_blob=True,
+    suppress_health_check=_SUPPRESSED,
+)
+settings.register_profile(
+    "long",
+    max_examples=5000,
+    deadline=None,
+    stateful_step_count=100,
+    suppress_health_check=_SUPPRESSED,
+)
+
+PROFILE: str = os.environ.get("HYPOTHESIS_PROFILE") or "default"
+settings.load_profile(PROFILE)

@@ -1,0 +1,1 @@
+"""pipeline: PySpark jobs (issue 6)."""

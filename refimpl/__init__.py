@@ -1,0 +1,12 @@
+"""The reference model: a pure, in-memory state machine of checkpoint file ownership.
+
+No file system, no clock, no randomness, no global state. ``step(state, command)``
+returns the next state and the ordered storage effects; ``observe(state)`` says what the
+model shows. Everything here follows spec/SPEC.md rule by rule.
+"""
+
+from refimpl.machine import Outcome, step
+from refimpl.observe import observe
+from refimpl.state import ModelState, initial_state
+
+__all__ = ["ModelState", "Outcome", "initial_state", "observe", "step"]

@@ -1,0 +1,1363 @@
+"""The transition function: ``step(state, command) -> Outcome(state, effects)``.
+
+Every rule of spec/SPEC.md that changes state lives in this module, named by its number
+next to the code that carries it out. Theory of operation:
+
+* ``step`` copies the containers of the frozen input into a private ``_Work`` (records
+  stay frozen and are replaced with ``evolve``), applies one command, and freezes the
+  result. A command that raises ``CommandError`` leaves the input untouched, so an
+  invalid command changes nothing (the state is a value).
+* Storage is modelled in the state itself (``files``, ``dir_owner``): every storage call
+  goes through one of the ``_fs_*`` helpers, which record the effect in order and apply
+  it, so the model's observation shows the files that would exist.
+* Deletes go through ``_delete_file`` / ``_delete_dir``: they defer a delete of a file
+  created by a lost attempt (R64), queue a delete whose storage call fails (R45), and
+  record every deletion with the owner at that moment, so the invariants can judge it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from attrs import evolve, frozen
+
+from refimpl.redistribute import redistribute
+from refimpl.state import (
+    BackendRef,
+    Completed,
+    Deferred,
+    ManagedDir,
+    ModelState,
+    Notice,
+    NoticeKind,
+    Pending,
+    PFile,
+    RegEntry,
+    Seg,
+    StoredFile,
+    TmRec,
+    TmStatus,
+    place,
+    subtasks_of,
+)
+from spec import commands as c
+from spec.commands import StorageOp
+from spec.config import MergingMode, RestoreMode, Scope, StateKind, VertexSpec
+from spec.effects import (
+    COORDINATOR,
+    USER,
+    AppendBytes,
+    CallFailed,
+    CloseFile,
+    CreateFile,
+    DeleteDir,
+    DeleteFile,
+    Effect,
+    MakeDir,
+    WriteMetadata,
+    tm_actor,
+)
+from spec.errors import CommandError, Reason
+from spec.handles import (
+    DirectoryHandle,
+    FileHandle,
+    PlaceholderHandle,
+    SegmentHandle,
+    StateEntry,
+    stream_of,
+)
+from spec.ids import SubtaskId, TmId
+from spec.keygroups import key_group_range
+from spec.layout import (
+    checkpoint_dir,
+    is_under,
+    job_base,
+    metadata_path,
+    savepoint_dir,
+    shared_dir,
+    taskowned_dir,
+)
+from spec.observation import DeletionRecord
+
+
+@frozen
+class Outcome:
+    state: ModelState
+    effects: tuple[Effect, ...]
+
+
+class _StorageFault(Exception):
+    """An armed storage fault fired (R17, R45, R51)."""
+
+    def __init__(self, op: StorageOp, path: str) -> None:
+        super().__init__(f"{op.value} {path}")
+        self.op = op
+        self.path = path
+
+
+def step(state: ModelState, command: c.Command) -> Outcome:
+    """Apply one command. Raises ``CommandError`` (state unchanged) if it is invalid."""
+    work = _Work(state)
+    work.apply(command)
+    return Outcome(work.freeze(), tuple(work.effects))
+
+
+def _tm_of_actor(actor: str) -> TmId | None:
+    return actor[3:] if actor.startswith("tm:") else None
+
+
+class _Work:
+    """A mutable working copy of one state, for the length of one command."""
+
+    def __init__(self, s: ModelState) -> None:
+        self.s = s
+        self.cfg = s.config
+        self.job = s.job
+        self.job_seq = s.job_seq
+        self.running = s.running
+        self.vertices = s.vertices
+        self.placement = dict(s.placement)
+        self.tms = dict(s.tms)
+        self.next_checkpoint = s.next_checkpoint
+        self.pending = dict(s.pending)
+        self.aborted = set(s.aborted)
+        self.retained = list(s.retained)
+        self.savepoints = dict(s.savepoints)
+        self.latest_completed = s.latest_completed
+        self.watermark = s.watermark
+        self.registry = dict(s.registry)
+        self.segs = dict(s.segs)
+        self.pfiles = dict(s.pfiles)
+        self.pools = dict(s.pools)
+        self.outputs = dict(s.outputs)
+        self.acked = dict(s.acked)
+        self.backend = dict(s.backend)
+        self.dirs = dict(s.dirs)
+        self.dir_owner = dict(s.dir_owner)
+        self.files = dict(s.files)
+        self.deletions = list(s.deletions)
+        self.deferred = list(s.deferred)
+        self.channel = list(s.channel)
+        self.armed = list(s.armed)
+        self.restoring = s.restoring
+        self.bases = set(s.bases)
+        self.next_file = s.next_file
+        self.next_segment = s.next_segment
+        self.next_tm = s.next_tm
+        self.effects: list[Effect] = []
+
+    def freeze(self) -> ModelState:
+        return ModelState(
+            config=self.cfg,
+            job=self.job,
+            job_seq=self.job_seq,
+            running=self.running,
+            vertices=self.vertices,
+            num_tms=self.s.num_tms,
+            placement=self.placement,
+            tms=self.tms,
+            next_checkpoint=self.next_checkpoint,
+            pending=self.pending,
+            aborted=frozenset(self.aborted),
+            retained=tuple(self.retained),
+            savepoints=self.savepoints,
+            latest_completed=self.latest_completed,
+            watermark=self.watermark,
+            registry=self.registry,
+            segs=self.segs,
+            pfiles=self.pfiles,
+            pools=self.pools,
+            outputs=self.outputs,
+            acked=self.acked,
+            backend=self.backend,
+            dirs=self.dirs,
+            dir_owner=self.dir_owner,
+            files=self.files,
+            deletions=tuple(self.deletions),
+            deferred=tuple(self.deferred),
+            channel=tuple(self.channel),
+            armed=tuple(self.armed),
+            restoring=self.restoring,
+            bases=frozenset(self.bases),
+            next_file=self.next_file,
+            next_segment=self.next_segment,
+            next_tm=self.next_tm,
+        )
+
+    # ------------------------------------------------------------------ dispatch
+
+    def apply(self, cmd: c.Command) -> None:
+        match cmd:
+            case c.Trigger():
+                self.trigger(cmd)
+            case c.WriteState():
+                self.write_state(cmd)
+            case c.ReuseShared():
+                self.reuse_shared(cmd)
+            case c.Acknowledge():
+                self.acknowledge(cmd)
+            case c.Decline():
+                self.decline(cmd)
+            case c.Complete():
+                self.complete(cmd)
+            case c.Abort():
+                self.require_running()
+                self.require_pending(cmd.checkpoint)
+                self.coordinator_abort(cmd.checkpoint)
+            case c.DeliverNotification():
+                self.deliver(cmd.index)
+            case c.DropNotification():
+                self.notice_at(cmd.index)
+                del self.channel[cmd.index]
+            case c.DuplicateNotification():
+                self.channel.append(self.notice_at(cmd.index))
+            case c.CrashTm():
+                self.crash_tm(cmd.tm)
+            case c.AttemptStopped():
+                self.attempt_stopped(cmd.tm)
+            case c.CrashDuringWrite():
+                self.crash_during_write(cmd)
+            case c.Failover():
+                self.require_running()
+                self.failover()
+            case c.RestartCoordinator():
+                self.require_running()
+                self.restart_coordinator()
+            case c.Restore():
+                self.restore(cmd)
+            case c.FailNextCall():
+                self.armed.append(cmd.op)
+            case c.RetryDeletes():
+                self.retry_deletes()
+            case c.Cancel():
+                self.require_running()
+                self.end_job(retain=cmd.retain)
+
+    # ------------------------------------------------------------------ validation
+
+    def require_running(self) -> None:
+        if not self.running:
+            raise CommandError(Reason.JOB_NOT_RUNNING, f"job {self.job} has ended")
+
+    def require_pending(self, checkpoint: int) -> Pending:
+        if checkpoint not in self.pending:
+            if 1 <= checkpoint < self.next_checkpoint:
+                raise CommandError(
+                    Reason.CHECKPOINT_NOT_PENDING, f"checkpoint {checkpoint} is not pending"
+                )
+            raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
+        return self.pending[checkpoint]
+
+    def require_subtask(self, subtask: SubtaskId) -> None:
+        if subtask not in self.placement:
+            raise CommandError(Reason.UNKNOWN_SUBTASK, f"{subtask} is not a subtask of {self.job}")
+
+    def writer_tm(self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None) -> TmId:
+        """The TM a write or acknowledgement comes from, checked (R10, R56, R64)."""
+        self.require_running()
+        self.require_subtask(subtask)
+        if not 1 <= checkpoint < self.next_checkpoint:
+            raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
+        tm = self.placement[subtask] if attempt is None else attempt
+        rec = self.tms.get(tm)
+        if rec is None:
+            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
+        if attempt is None and rec.status is not TmStatus.ALIVE:
+            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} hosting {subtask} is {rec.status.value}")
+        if attempt is not None:
+            if rec.status is not TmStatus.LOST:
+                raise CommandError(Reason.TM_NOT_LOST, f"attempt {tm} is not a lost TM")
+            if subtask not in rec.hosted:
+                raise CommandError(Reason.NOT_HOSTED, f"{tm} never hosted {subtask}")
+        if self._finished_for_tm(rec, checkpoint):
+            raise CommandError(
+                Reason.CHECKPOINT_FINISHED_FOR_TM,
+                f"{tm} already knows checkpoint {checkpoint} is finished",
+            )
+        if (tm, subtask, checkpoint) in self.acked:
+            raise CommandError(
+                Reason.ALREADY_ACKNOWLEDGED, f"{subtask} already acknowledged {checkpoint}"
+            )
+        return tm
+
+    def _is_savepoint(self, checkpoint: int) -> bool:
+        p = self.pending.get(checkpoint)
+        return (p is not None and p.savepoint) or checkpoint in self.savepoints
+
+    def _finished_for_tm(self, rec: TmRec, checkpoint: int) -> bool:
+        if checkpoint in rec.known_aborted:
+            return True
+        return not self._is_savepoint(checkpoint) and checkpoint <= rec.finished_mark
+
+    # ------------------------------------------------------------------ storage (R45)
+
+    def _fire(self, op: StorageOp, path: str, actor: str) -> None:
+        if op in self.armed:
+            self.armed.remove(op)
+            self.effects.append(CallFailed(op.value, path, actor))
+            raise _StorageFault(op, path)
+
+    def _fs_mkdir(self, path: str, actor: str, creator: TmId) -> None:
+        if path in self.dir_owner:
+            return
+        self.effects.append(MakeDir(path, actor))
+        self.dir_owner[path] = actor
+        self.dirs[path] = ManagedDir(path, creator)
+
+    def _fs_create(self, path: str, actor: str, creator: TmId | None) -> None:
+        self._fire(StorageOp.CREATE, path, actor)
+        self.effects.append(CreateFile(path, actor))
+        self.files[path] = StoredFile(0, True, actor, creator)
+
+    def _fs_append(self, path: str, length: int, actor: str) -> int:
+        self._fire(StorageOp.APPEND, path, actor)
+        f = self.files[path]
+        self.effects.append(AppendBytes(path, f.size, length, actor))
+        self.files[path] = evolve(f, size=f.size + length)
+        return f.size
+
+    def _fs_close(self, path: str, actor: str) -> None:
+        f = self.files.get(path)
+        if f is not None and f.open:
+            self.effects.append(CloseFile(path, actor))
+            self.files[path] = evolve(f, open=False)
+
+    def _new_file_name(self, directory: str) -> str:
+        name = f"{directory}/f{self.next_file:06d}"
+        self.next_file += 1
+        return name
+
+    def _new_logical_id(self) -> str:
+        lid = f"s{self.next_segment:06d}"
+        self.next_segment += 1
+        return lid
+
+    def _protected(self, path: str) -> bool:
+        owner = self.files[path].owner if path in self.files else self.dir_owner.get(path)
+        return owner == USER or not any(is_under(path, b) for b in self.bases)
+
+    def _record_delete(self, path: str, actor: str) -> None:
+        f = self.files.get(path)
+        self.deletions.append(
+            DeletionRecord(
+                path=path,
+                actor=actor,
+                owner=None if f is None else f.owner,
+                existed=f is not None,
+                protected=f is not None and self._protected(path),
+            )
+        )
+        self.files.pop(path, None)
+
+    def _waits_for(self, creator: TmId | None, actor: str) -> TmId | None:
+        """R64: a lost attempt's files are deleted by others only once it has stopped."""
+        if creator is None or _tm_of_actor(actor) == creator:
+            return None
+        rec = self.tms.get(creator)
+        return creator if rec is not None and rec.status is TmStatus.LOST else None
+
+    def _delete_file(self, path: str, actor: str) -> None:
+        f = self.files.get(path)
+        wait = self._waits_for(None if f is None else f.creator, actor)
+        if wait is not None:
+            self.deferred.append(Deferred(actor, path, False, wait))
+            return
+        try:
+            self._fire(StorageOp.DELETE, path, actor)
+        except _StorageFault:
+            self.deferred.append(Deferred(actor, path, False, None))
+            return
+        self.effects.append(DeleteFile(path, actor))
+        self._record_delete(path, actor)
+
+    def _delete_dir(self, path: str, actor: str) -> None:
+        """Delete a managed directory with everything in it (R42)."""
+        inside = sorted(p for p in self.files if is_under(p, path))
+        creator = self.dirs[path].creator if path in self.dirs else None
+        waits = {self._waits_for(creator, actor)} | {
+            self._waits_for(self.files[p].creator, actor) for p in inside
+        }
+        wait = next((w for w in sorted(waits - {None})), None)  # type: ignore[type-var]
+        if wait is not None:
+            self.deferred.append(Deferred(actor, path, True, wait))
+            return
+        try:
+            self._fire(StorageOp.DELETE, path, actor)
+        except _StorageFault:
+            self.deferred.append(Deferred(actor, path, True, None))
+            return
+        self.effects.append(DeleteDir(path, actor))
+        for p in inside:
+            self._record_delete(p, actor)
+        for d in [d for d in self.dir_owner if is_under(d, path)]:
+            del self.dir_owner[d]
+            self.dirs.pop(d, None)
+
+    def retry_deletes(self) -> None:
+        """R45: retry deletes that failed; a delete that fails again stays queued."""
+        ready = [d for d in self.deferred if d.waits_for is None]
+        self.deferred = [d for d in self.deferred if d.waits_for is not None]
+        for d in ready:
+            self._run_deferred(d)
+
+    def _run_deferred(self, d: Deferred) -> None:
+        if d.is_dir:
+            if d.path in self.dir_owner:
+                self._delete_dir(d.path, d.actor)
+        elif d.path in self.files:
+            self._delete_file(d.path, d.actor)
+
+    # ------------------------------------------------------------------ trigger (R50, R55)
+
+    def trigger(self, cmd: c.Trigger) -> None:
+        self.require_running()
+        cid = self.next_checkpoint
+        self.next_checkpoint += 1
+        self.pending[cid] = Pending(cid, cmd.savepoint)
+
+    # ------------------------------------------------------------------ writing (R10-R17)
+
+    def write_state(self, cmd: c.WriteState) -> None:
+        tm = self.writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        if cmd.size == 0:
+            return  # R10: an empty snapshot creates no file and no handle
+        try:
+            entry = self._write_stream(
+                tm, cmd.subtask, cmd.checkpoint, cmd.kind, cmd.name, cmd.size, cmd.entries
+            )
+        except _StorageFault:
+            self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+            return
+        self._add_output(tm, cmd.subtask, cmd.checkpoint, entry)
+
+    def _add_output(self, tm: TmId, subtask: SubtaskId, checkpoint: int, e: StateEntry) -> None:
+        key = (tm, subtask, checkpoint)
+        self.outputs[key] = (*self.outputs.get(key, ()), e)
+        if e.kind is StateKind.KEYED_SHARED and not self._is_savepoint(checkpoint):
+            self.backend[(tm, subtask, e.name)] = BackendRef(e, checkpoint, confirmed=False)
+
+    def _key_groups(self, subtask: SubtaskId, kind: StateKind) -> tuple[int, int] | None:
+        if not kind.keyed:
+            return None
+        return key_group_range(self.cfg.max_parallelism, subtask.parallelism, subtask.index)
+
+    def _write_stream(
+        self,
+        tm: TmId,
+        subtask: SubtaskId,
+        checkpoint: int,
+        kind: StateKind,
+        name: str,
+        size: int,
+        entries: int,
+        *,
+        partial: int | None = None,
+    ) -> StateEntry:
+        """Write one stream; returns its entry. ``partial`` writes only that many bytes and
+        then crashes (R65): the caller gets no handle."""
+        actor = tm_actor(tm)
+        lid = self._new_logical_id()
+        kg = self._key_groups(subtask, kind)
+        if self._is_savepoint(checkpoint) or self.cfg.merging_mode is MergingMode.NONE:
+            # R11, R55: one file per handle, owned by the writing TM until acknowledged
+            if self._is_savepoint(checkpoint):
+                directory = savepoint_dir(checkpoint)
+            elif kind.scope is Scope.SHARED:
+                directory = shared_dir(self.job, subtask)
+            else:
+                directory = checkpoint_dir(self.job, checkpoint)
+            path = self._new_file_name(directory)
+            self._fs_create(path, actor, tm)
+            try:
+                self._fs_append(path, size if partial is None else partial, actor)
+            except _StorageFault:
+                self._fs_close(path, actor)
+                self._delete_file(path, actor)
+                raise
+            if partial is not None:
+                raise _StorageFault(StorageOp.APPEND, path)
+            self._fs_close(path, actor)  # R12: durable before the handle exists
+            handle = FileHandle(path, size, lid, kind.scope)
+            return StateEntry(subtask, kind, name, handle, entries, kg)
+        path, offset = self._append_segment(tm, subtask, checkpoint, kind.scope, size, partial)
+        seg = Seg(lid, tm, path, offset, size, subtask, kind.scope, checkpoint, checkpoint, False)
+        self.segs[(tm, lid)] = seg
+        pf = self.pfiles[(tm, path)]
+        pf = evolve(pf, ref_count=pf.ref_count + 1, live_bytes=pf.live_bytes + size)
+        self.pfiles[(tm, path)] = pf
+        if pf.open and pf.size >= self.cfg.max_file_size:
+            self._close_pfile(tm, path)  # R12: roll at max file size
+        return StateEntry(
+            subtask, kind, name, SegmentHandle(path, offset, size, lid, kind.scope), entries, kg
+        )
+
+    def _pool_key(
+        self, tm: TmId, subtask: SubtaskId, checkpoint: int, scope: Scope
+    ) -> tuple[str, ...]:
+        """R13: SHARED merged per subtask, EXCLUSIVE per TM; WITHIN pools per checkpoint."""
+        owner = str(subtask) if scope is Scope.SHARED else tm
+        within = self.cfg.merging_mode is MergingMode.WITHIN_CHECKPOINT
+        return (tm, scope.value, owner, str(checkpoint) if within else "*")
+
+    def _managed_dir(self, tm: TmId, subtask: SubtaskId, scope: Scope) -> str:
+        if scope is Scope.SHARED:
+            return shared_dir(self.job, subtask)
+        return taskowned_dir(self.job, tm)
+
+    def _append_segment(
+        self,
+        tm: TmId,
+        subtask: SubtaskId,
+        checkpoint: int,
+        scope: Scope,
+        size: int,
+        partial: int | None,
+    ) -> tuple[str, int]:
+        actor = tm_actor(tm)
+        key = self._pool_key(tm, subtask, checkpoint, scope)
+        directory = self._managed_dir(tm, subtask, scope)
+        self._fs_mkdir(directory, actor, tm)  # R40: created lazily at the first write
+        path = self.pools.get(key)
+        if path is not None:
+            pf = self.pfiles[(tm, path)]
+            if pf.size > 0 and pf.size + size > self.cfg.max_file_size:
+                self._close_pfile(tm, path)  # R12: roll before exceeding max file size
+                path = None
+        if path is None:
+            path = self._new_file_name(directory)
+            self._fs_create(path, actor, tm)
+            cp = checkpoint if key[3] != "*" else None
+            self.pfiles[(tm, path)] = PFile(path, tm, scope, key, cp, True, 0, 0, 0)
+            self.pools[key] = path
+        try:
+            offset = self._fs_append(path, size if partial is None else partial, actor)
+        except _StorageFault:
+            self._poison(tm, path)
+            raise
+        pf = self.pfiles[(tm, path)]
+        self.pfiles[(tm, path)] = evolve(pf, size=pf.size + (size if partial is None else partial))
+        if partial is not None:
+            raise _StorageFault(StorageOp.APPEND, path)
+        return path, offset
+
+    def _poison(self, tm: TmId, path: str) -> None:
+        """R17: a file whose write failed is closed and never written or reused again."""
+        pf = self.pfiles[(tm, path)]
+        self.pfiles[(tm, path)] = evolve(pf, reusable=False)
+        self._close_pfile(tm, path)
+
+    def _write_failed(self, tm: TmId, subtask: SubtaskId, checkpoint: int) -> None:
+        """R17: the subtask's snapshot failed: it declines the checkpoint."""
+        self._tm_drop_outputs(tm, subtask, checkpoint)
+        self._close_within_files(tm, lambda cp: cp == checkpoint, subtask_done=subtask)
+        if checkpoint in self.pending and self.tms[tm].status is TmStatus.ALIVE:
+            self.coordinator_abort(checkpoint)
+
+    # ------------------------------------------------------------------ reuse (R20-R23)
+
+    def reuse_shared(self, cmd: c.ReuseShared) -> None:
+        tm = self.writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        ref = self.backend.get((tm, cmd.subtask, cmd.name))
+        if ref is None:
+            raise CommandError(
+                Reason.NO_SUCH_STATE, f"{cmd.subtask} on {tm} has no shared state {cmd.name!r}"
+            )
+        old = ref.entry
+        stream = stream_of(old.handle)
+        size = 0 if stream is None else stream.length
+        if not self._is_savepoint(cmd.checkpoint) and self._reusable(tm, ref):
+            if isinstance(old.handle, SegmentHandle):
+                key = (tm, old.handle.logical_id)
+                seg = self.segs[key]
+                # R21: reuse advances last-used (FLINK-35570)
+                self.segs[key] = evolve(seg, last_used=max(seg.last_used, cmd.checkpoint))
+                entry = old
+            else:
+                assert stream is not None
+                entry = evolve(old, handle=PlaceholderHandle(stream.logical_id))
+            self._add_output_reused(tm, cmd.subtask, cmd.checkpoint, entry, ref)
+            return
+        # R20: not reusable: upload the same local state again
+        try:
+            entry = self._write_stream(
+                tm, cmd.subtask, cmd.checkpoint, old.kind, old.name, size, old.entries
+            )
+        except _StorageFault:
+            self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+            return
+        self._add_output(tm, cmd.subtask, cmd.checkpoint, entry)
+
+    def _add_output_reused(
+        self, tm: TmId, subtask: SubtaskId, checkpoint: int, e: StateEntry, ref: BackendRef
+    ) -> None:
+        key = (tm, subtask, checkpoint)
+        self.outputs[key] = (*self.outputs.get(key, ()), e)
+        self.backend[(tm, subtask, e.name)] = evolve(
+            ref, checkpoint=max(ref.checkpoint, checkpoint)
+        )
+
+    def _reusable(self, tm: TmId, ref: BackendRef) -> bool:
+        """R20: only state of a checkpoint this TM knows completed (FLINK-25395), in a file
+        it owns (FLINK-35803) that is still reusable (R80)."""
+        if not ref.confirmed:
+            return False
+        h = ref.entry.handle
+        if isinstance(h, SegmentHandle):
+            seg = self.segs.get((tm, h.logical_id))
+            pf = self.pfiles.get((tm, h.path))
+            return seg is not None and pf is not None and pf.reusable
+        return isinstance(h, FileHandle) and self.cfg.merging_mode is MergingMode.NONE
+
+    # ------------------------------------------------------------------ acknowledge (R43, R56)
+
+    def acknowledge(self, cmd: c.Acknowledge) -> None:
+        tm = self.writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        key = (tm, cmd.subtask, cmd.checkpoint)
+        entries = list(self.outputs.pop(key, ()))
+        if self.cfg.merging_mode is not MergingMode.NONE and not self._is_savepoint(cmd.checkpoint):
+            # R40: every acknowledgement reports the managed directories that exist
+            for directory in (shared_dir(self.job, cmd.subtask), taskowned_dir(self.job, tm)):
+                if directory in self.dir_owner:
+                    d = self.dirs[directory]
+                    if d.creator == tm:
+                        self.dirs[directory] = evolve(d, used_by=d.used_by | {cmd.checkpoint})
+                    entries.append(
+                        StateEntry(
+                            cmd.subtask, StateKind.CHANNEL, "dir", DirectoryHandle(directory), 0
+                        )
+                    )
+        self.acked[key] = tuple(entries)
+        self._close_within_files(tm, lambda cp: cp == cmd.checkpoint, subtask_done=cmd.subtask)
+        if cmd.attempt is not None or cmd.checkpoint not in self.pending:
+            if cmd.attempt is None:
+                self._take_over_files(entries)  # R43: a late ack still hands files over
+                for e in entries:
+                    s = stream_of(e.handle)
+                    if s is not None and self._coordinator_owns_stream(e):
+                        self._delete_file(s.path, COORDINATOR)
+            return  # R56: the replaced attempt's acknowledgement is ignored
+        p = self.pending[cmd.checkpoint]
+        received = self._take_over_files(entries)
+        self.pending[cmd.checkpoint] = evolve(
+            p, acks=dict(p.acks) | {cmd.subtask: tuple(entries)}, received=p.received | received
+        )
+        if not self._placeholders_resolve(entries):
+            self.coordinator_abort(cmd.checkpoint)  # R22: reference to discarded state
+            return
+        for e in entries:  # R22: a referenced entry stays while the checkpoint is pending
+            if isinstance(e.handle, PlaceholderHandle):
+                reg = self.registry[e.handle.logical_id]
+                self.registry[reg.key] = evolve(reg, pins=reg.pins | {cmd.checkpoint})
+
+    def _coordinator_owns_stream(self, e: StateEntry) -> bool:
+        return isinstance(e.handle, FileHandle)
+
+    def _take_over_files(self, entries: Iterable[StateEntry]) -> frozenset[str]:
+        """R43: whole-file handles (NONE mode, savepoints) become the coordinator's."""
+        taken: set[str] = set()
+        for e in entries:
+            if isinstance(e.handle, FileHandle) and e.handle.path in self.files:
+                f = self.files[e.handle.path]
+                self.files[e.handle.path] = evolve(f, owner=COORDINATOR)
+                taken.add(e.handle.path)
+        return frozenset(taken)
+
+    def _placeholders_resolve(self, entries: Iterable[StateEntry]) -> bool:
+        return all(
+            e.handle.logical_id in self.registry
+            for e in entries
+            if isinstance(e.handle, PlaceholderHandle)
+        )
+
+    def decline(self, cmd: c.Decline) -> None:
+        tm = self.writer_tm(cmd.checkpoint, cmd.subtask, None)
+        self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+
+    # ------------------------------------------------------------------ coordinator (R50-R56)
+
+    def current_tms(self) -> list[TmId]:
+        return sorted({t for t in self.placement.values() if self.tms[t].status is TmStatus.ALIVE})
+
+    def notify(self, kind: NoticeKind, checkpoint: int, mark: int, savepoint: bool) -> None:
+        for tm in self.current_tms():
+            self.channel.append(Notice(tm, kind, checkpoint, mark, savepoint))
+
+    def coordinator_abort(self, checkpoint: int) -> None:
+        p = self.pending.pop(checkpoint)
+        self.aborted.add(checkpoint)
+        for key in self._pinned_by(checkpoint):
+            reg = self.registry[key]
+            self.registry[key] = evolve(reg, pins=reg.pins - {checkpoint})
+            self._release_entry(key)
+        for path in sorted(p.received):  # R43: what the acks handed over goes
+            if path in self.files and self.files[path].owner == COORDINATOR:
+                self._delete_file(path, COORDINATOR)
+        self.notify(NoticeKind.ABORT, checkpoint, self.latest_completed, p.savepoint)
+
+    def complete(self, cmd: c.Complete) -> None:
+        self.require_running()
+        p = self.require_pending(cmd.checkpoint)
+        missing = [s for s in self.placement if s not in p.acks]
+        if missing:
+            raise CommandError(
+                Reason.NOT_ALL_ACKNOWLEDGED,
+                f"checkpoint {cmd.checkpoint} lacks acks from {[str(s) for s in missing]}",
+            )
+        entries: list[StateEntry] = []
+        directories: list[str] = []
+        for s in sorted(p.acks):
+            for e in p.acks[s]:
+                if isinstance(e.handle, DirectoryHandle):
+                    if e.handle.path not in directories:
+                        directories.append(e.handle.path)
+                elif isinstance(e.handle, PlaceholderHandle):
+                    reg = self.registry[e.handle.logical_id]
+                    assert reg.handle is not None
+                    entries.append(evolve(e, handle=reg.handle))
+                else:
+                    entries.append(e)
+        meta = metadata_path(self.job, cmd.checkpoint)
+        done = Completed(
+            cmd.checkpoint, self.job, p.savepoint, tuple(entries), tuple(directories), meta
+        )
+        try:
+            self._fire(StorageOp.METADATA, meta, COORDINATOR)
+        except _StorageFault:
+            self.coordinator_abort(cmd.checkpoint)  # R51: no metadata, no checkpoint
+            return
+        self.effects.append(WriteMetadata(meta, cmd.checkpoint, len(entries), COORDINATOR))
+        self.files[meta] = StoredFile(len(entries), False, COORDINATOR, None)
+        del self.pending[cmd.checkpoint]
+        if p.savepoint:
+            self._complete_savepoint(done, p)
+            return
+        self.restoring = ()
+        self.latest_completed = cmd.checkpoint
+        self._register(done)
+        self.retained.append(done)
+        while len(self.retained) > self.cfg.num_retained:  # R52
+            self._subsume(self.retained.pop(0))
+        self.notify(NoticeKind.COMPLETE, cmd.checkpoint, self.watermark, False)
+        for older in sorted(
+            k for k, v in self.pending.items() if k < cmd.checkpoint and not v.savepoint
+        ):
+            self.coordinator_abort(older)  # R53
+        self._collect_dirs()
+
+    def _complete_savepoint(self, done: Completed, p: Pending) -> None:
+        """R55: a completed savepoint belongs to the user; it never subsumes anything."""
+        for path in [*sorted(p.received), done.metadata]:
+            if path in self.files:
+                self.files[path] = evolve(self.files[path], owner=USER)
+        self.savepoints[done.id] = done
+        self.notify(NoticeKind.COMPLETE, done.id, self.watermark, True)
+
+    def _pinned_by(self, checkpoint: int) -> list[str]:
+        return sorted(k for k, r in self.registry.items() if checkpoint in r.pins)
+
+    def _release_entry(self, key: str) -> None:
+        """R54: an entry nobody refers to goes; the coordinator deletes what it owns.
+        Directories go through ``_collect_dirs``, which knows who still works in them."""
+        reg = self.registry[key]
+        if reg.refs or reg.pins:
+            return
+        del self.registry[key]
+        if reg.owned and not key.startswith("dir:"):
+            if reg.path in self.files and self.files[reg.path].owner == COORDINATOR:
+                self._delete_file(reg.path, COORDINATOR)
+
+    def _register(self, done: Completed) -> None:
+        """R54: the registry is keyed by unique handle ids; refs are checkpoint ids."""
+        for e in done.entries:
+            h = e.handle
+            if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
+                continue
+            reg = self.registry.get(h.logical_id)
+            if reg is not None and reg.path != h.path:
+                raise AssertionError(f"conflicting registration of {h.logical_id}")  # R54
+            owned = isinstance(h, FileHandle)
+            refs = (reg.refs if reg else frozenset()) | {done.id}
+            pins = (reg.pins if reg else frozenset()) - {done.id}
+            self.registry[h.logical_id] = RegEntry(h.logical_id, h.path, h, refs, owned, pins)
+        for d in done.directories:
+            key = f"dir:{d}"
+            reg = self.registry.get(key)
+            refs = (reg.refs if reg else frozenset()) | {done.id}
+            self.registry[key] = RegEntry(key, d, None, refs, True)
+            # R42: a directory used by a completed checkpoint is the coordinator's
+            if d in self.dirs:
+                self.dirs[d] = evolve(self.dirs[d], handed_over=True)
+            self.dir_owner[d] = COORDINATOR
+
+    def _subsume(self, old: Completed) -> None:
+        """R52, R54: drop a checkpoint's references; delete what nobody refers to."""
+        self.watermark = max(self.watermark, old.id)
+        keys = [
+            h.logical_id
+            for e in old.entries
+            if isinstance(h := e.handle, SegmentHandle | FileHandle) and h.scope is Scope.SHARED
+        ] + [f"dir:{d}" for d in old.directories]
+        for key in dict.fromkeys(keys):
+            reg = self.registry.get(key)
+            if reg is None:
+                continue
+            self.registry[key] = evolve(reg, refs=reg.refs - {old.id})
+            self._release_entry(key)
+        for e in old.entries:
+            h = e.handle
+            if isinstance(h, FileHandle) and h.scope is Scope.EXCLUSIVE and h.path in self.files:
+                if self.files[h.path].owner == COORDINATOR:
+                    self._delete_file(h.path, COORDINATOR)
+        if old.metadata in self.files and self.files[old.metadata].owner == COORDINATOR:
+            self._delete_file(old.metadata, COORDINATOR)
+
+    # ------------------------------------------------------------------ notifications (R30-R35)
+
+    def notice_at(self, index: int) -> Notice:
+        if not 0 <= index < len(self.channel):
+            raise CommandError(
+                Reason.NO_SUCH_NOTIFICATION, f"no notification {index} of {len(self.channel)}"
+            )
+        return self.channel[index]
+
+    def deliver(self, index: int) -> None:
+        n = self.notice_at(index)
+        del self.channel[index]
+        rec = self.tms.get(n.tm)
+        if rec is None or rec.status is TmStatus.STOPPED:
+            return  # a stopped TM hears nothing
+        if n.kind is NoticeKind.COMPLETE:
+            self.tm_complete(n.tm, n.checkpoint, n.mark, n.savepoint)
+        else:
+            self.tm_abort(n.tm, n.checkpoint, n.mark, n.savepoint)
+
+    def tm_complete(self, tm: TmId, checkpoint: int, watermark: int, savepoint: bool) -> None:
+        rec = self.tms[tm]
+        if savepoint:
+            # R35: a savepoint's files went to the user; only unacked leftovers remain
+            self._tm_drop_outputs_where(tm, lambda cp: cp == checkpoint)
+            return
+        self.tms[tm] = evolve(
+            rec,
+            known_completed=max(rec.known_completed, checkpoint),
+            finished_mark=max(rec.finished_mark, checkpoint),
+            known_watermark=max(rec.known_watermark, watermark),
+        )
+        self._confirm(tm, checkpoint)
+        # R31: subsume by watermark, then everything unacknowledged of finished checkpoints
+        for key in sorted(
+            k for k, s in self.segs.items() if k[0] == tm and s.last_used <= watermark
+        ):
+            self._discard(key)
+        self._tm_drop_outputs_where(tm, lambda cp: cp <= checkpoint and not self._is_savepoint(cp))
+        self._close_within_files(tm, lambda cp: cp <= checkpoint)
+
+    def tm_abort(self, tm: TmId, checkpoint: int, latest_completed: int, savepoint: bool) -> None:
+        rec = self.tms[tm]
+        self.tms[tm] = evolve(
+            rec,
+            known_aborted=rec.known_aborted | {checkpoint},
+            known_completed=max(rec.known_completed, latest_completed),
+        )
+        if latest_completed:
+            self._confirm(tm, latest_completed)  # R32: abort carries the latest completed id
+        for key in sorted(
+            k
+            for k, s in self.segs.items()
+            if k[0] == tm and s.created_for == checkpoint and s.last_used <= checkpoint
+        ):
+            self._discard(key)
+        self._tm_drop_outputs_where(tm, lambda cp: cp == checkpoint)
+        self._close_within_files(tm, lambda cp: cp == checkpoint)
+        if not savepoint:
+            self._tm_release_dirs(tm)
+
+    def _confirm(self, tm: TmId, checkpoint: int) -> None:
+        """R23: what a subtask acknowledged for a completed checkpoint becomes its baseline."""
+        for (t, subtask, cp), entries in sorted(self.acked.items(), key=lambda kv: str(kv[0])):
+            if t != tm or cp != checkpoint:
+                continue
+            names = {e.name: e for e in entries if e.kind is StateKind.KEYED_SHARED}
+            for bkey, ref in list(self.backend.items()):
+                if bkey[0] != tm or bkey[1] != subtask:
+                    continue
+                if bkey[2] in names:
+                    self.backend[bkey] = BackendRef(names[bkey[2]], max(ref.checkpoint, cp), True)
+                elif ref.checkpoint <= cp:
+                    del self.backend[bkey]
+            for e in names.values():
+                h = e.handle
+                if isinstance(h, SegmentHandle) and (tm, h.logical_id) in self.segs:
+                    self.segs[(tm, h.logical_id)] = evolve(
+                        self.segs[(tm, h.logical_id)], confirmed=True
+                    )
+        for key in [k for k in self.acked if k[0] == tm and k[2] < checkpoint]:
+            if not self._is_savepoint(key[2]):
+                del self.acked[key]
+
+    def _discard(self, key: tuple[TmId, str]) -> None:
+        """R33: discarding is idempotent: a segment is dropped from the table once."""
+        seg = self.segs.pop(key, None)
+        if seg is None:
+            return
+        fkey = (seg.tm, seg.path)
+        pf = self.pfiles[fkey]
+        self.pfiles[fkey] = evolve(
+            pf, ref_count=pf.ref_count - 1, live_bytes=pf.live_bytes - seg.length
+        )
+        self._check_file(seg.tm, seg.path)
+
+    def _check_file(self, tm: TmId, path: str) -> None:
+        """R15, R80, R81: delete a closed unreferenced file; bound space amplification."""
+        pf = self.pfiles.get((tm, path))
+        if pf is None:
+            return
+        bound = self.cfg.amplification_bound
+        if bound is not None and pf.ref_count > 0 and pf.size > bound * pf.live_bytes:
+            self.pfiles[(tm, path)] = pf = evolve(pf, reusable=False)
+            if pf.open:
+                self._close_pfile(tm, path)  # R81: roll a pooled file over the bound
+                return
+        if not pf.open and pf.ref_count == 0:
+            del self.pfiles[(tm, path)]
+            if path in self.files and self.files[path].owner == tm_actor(tm):
+                self._delete_file(path, tm_actor(tm))
+
+    def _close_pfile(self, tm: TmId, path: str) -> None:
+        pf = self.pfiles[(tm, path)]
+        if self.pools.get(pf.pool_key) == path:
+            del self.pools[pf.pool_key]
+        if pf.open:
+            self._fs_close(path, tm_actor(tm))
+            self.pfiles[(tm, path)] = evolve(pf, open=False)
+        self._check_file(tm, path)
+
+    def _close_within_files(
+        self, tm: TmId, which: object, subtask_done: SubtaskId | None = None
+    ) -> None:
+        """R14: a WITHIN file closes once nobody can still write to it for its checkpoint."""
+        assert callable(which)
+        for (t, path), pf in sorted(self.pfiles.items()):
+            if t != tm or not pf.open or pf.checkpoint is None or not which(pf.checkpoint):
+                continue
+            if subtask_done is not None:
+                if pf.scope is Scope.SHARED and pf.pool_key[2] != str(subtask_done):
+                    continue
+                if pf.scope is Scope.EXCLUSIVE and not self._tm_done_with(tm, pf.checkpoint):
+                    continue
+            self._close_pfile(tm, path)
+
+    def _tm_done_with(self, tm: TmId, checkpoint: int) -> bool:
+        hosted = [s for s, t in self.placement.items() if t == tm]
+        return all((tm, s, checkpoint) in self.acked for s in hosted)
+
+    def _tm_drop_outputs_where(self, tm: TmId, which: object) -> None:
+        assert callable(which)
+        for key in sorted((k for k in self.outputs if k[0] == tm and which(k[2])), key=str):
+            self._tm_drop_outputs(tm, key[1], key[2])
+
+    def _tm_drop_outputs(self, tm: TmId, subtask: SubtaskId, checkpoint: int) -> None:
+        """Discard what a subtask wrote for a checkpoint and never acknowledged."""
+        for e in self.outputs.pop((tm, subtask, checkpoint), ()):
+            h = e.handle
+            if isinstance(h, FileHandle):
+                if h.path in self.files and self.files[h.path].owner == tm_actor(tm):
+                    self._delete_file(h.path, tm_actor(tm))
+                bkey = (tm, subtask, e.name)
+                if bkey in self.backend and self.backend[bkey].entry == e:
+                    del self.backend[bkey]
+            elif isinstance(h, SegmentHandle):
+                seg = self.segs.get((tm, h.logical_id))
+                if (
+                    seg is not None
+                    and seg.created_for == checkpoint
+                    and seg.last_used <= checkpoint
+                ):
+                    self._discard((tm, h.logical_id))
+                bkey = (tm, subtask, e.name)
+                if (
+                    bkey in self.backend
+                    and self.backend[bkey].entry == e
+                    and not self.backend[bkey].confirmed
+                ):
+                    del self.backend[bkey]
+
+    def _tm_release_dirs(self, tm: TmId) -> None:
+        """R41: a TM deletes a directory it created only if every checkpoint that reported
+        it is known aborted and nothing it tracks lies in it (a set, not a counter)."""
+        rec = self.tms[tm]
+        for path, d in sorted(self.dirs.items()):
+            if d.creator != tm or d.handed_over or not d.used_by:
+                continue
+            if self.dir_owner.get(path) != tm_actor(tm):
+                continue
+            if not d.used_by <= rec.known_aborted:
+                continue
+            if any(p.tm == tm and is_under(p.path, path) for p in self.pfiles.values()):
+                continue
+            if any(is_under(f, path) for f in self.files):
+                continue
+            self._delete_dir(path, tm_actor(tm))
+
+    # ------------------------------------------------------------------ crashes (R60-R65)
+
+    def crash_tm(self, tm: TmId) -> None:
+        self.require_running()
+        rec = self.tms.get(tm)
+        if rec is None:
+            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
+        if rec.status is not TmStatus.ALIVE or tm not in self.placement.values():
+            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} is not a live TM of {self.job}")
+        self._lose(tm)
+
+    def _lose(self, tm: TmId) -> None:
+        hosted = frozenset(s for s, t in self.placement.items() if t == tm)
+        self.tms[tm] = evolve(self.tms[tm], status=TmStatus.LOST, hosted=hosted)
+
+    def crash_during_write(self, cmd: c.CrashDuringWrite) -> None:
+        tm = self.writer_tm(cmd.checkpoint, cmd.subtask, None)
+        if not 0 < cmd.written < cmd.size:
+            raise CommandError(Reason.BAD_ARGUMENT, "a crash mid-write needs 0 < written < size")
+        try:
+            self._write_stream(
+                tm,
+                cmd.subtask,
+                cmd.checkpoint,
+                cmd.kind,
+                cmd.name,
+                cmd.size,
+                1,
+                partial=cmd.written,
+            )
+        except _StorageFault:
+            pass  # R65: the half-written bytes stay with the crashed attempt
+        self._lose(tm)
+
+    def attempt_stopped(self, tm: TmId) -> None:
+        """R64: once a lost attempt has stopped, what waited for it is deleted, and the
+        coordinator deletes whatever the attempt still owned."""
+        rec = self.tms.get(tm)
+        if rec is None:
+            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
+        if rec.status is not TmStatus.LOST:
+            raise CommandError(Reason.TM_NOT_LOST, f"{tm} is {rec.status.value}, not lost")
+        self.tms[tm] = evolve(rec, status=TmStatus.STOPPED, hosted=frozenset())
+        for path, f in sorted(self.files.items()):
+            if f.creator == tm and f.open:
+                self.files[path] = evolve(f, open=False)  # its process is gone
+        self._forget_tm(tm)
+        waiting = [d for d in self.deferred if d.waits_for == tm]
+        self.deferred = [d for d in self.deferred if d.waits_for != tm]
+        for d in waiting:
+            self._run_deferred(evolve(d, waits_for=None))
+        actor = tm_actor(tm)
+        for path in sorted(p for p, f in self.files.items() if f.owner == actor):
+            self.files[path] = evolve(self.files[path], owner=COORDINATOR)
+            if not self._referenced(path):
+                self._delete_file(path, COORDINATOR)
+        for path in sorted(p for p, o in self.dir_owner.items() if o == actor):
+            self.dir_owner[path] = COORDINATOR
+        self._collect_dirs()
+
+    def _forget_tm(self, tm: TmId) -> None:
+        """A TM that is gone keeps no memory: its tables go, its files stay on storage."""
+        self.segs = {k: v for k, v in self.segs.items() if k[0] != tm}
+        self.pfiles = {k: v for k, v in self.pfiles.items() if k[0] != tm}
+        self.pools = {k: v for k, v in self.pools.items() if k[0] != tm}
+        self.outputs = {k: v for k, v in self.outputs.items() if k[0] != tm}
+        self.acked = {k: v for k, v in self.acked.items() if k[0] != tm}
+        self.backend = {k: v for k, v in self.backend.items() if k[0] != tm}
+        self.channel = [n for n in self.channel if n.tm != tm]
+
+    def _referenced(self, path: str) -> bool:
+        for r in self.retained:
+            if path == r.metadata:
+                return True
+            for e in r.entries:
+                s = stream_of(e.handle)
+                if s is not None and s.path == path:
+                    return True
+        return any(
+            (s := stream_of(e.handle)) is not None and s.path == path for e in self.restoring
+        )
+
+    def _referenced_dirs(self) -> set[str]:
+        return {d for r in self.retained for d in r.directories}
+
+    def _collect_dirs(self) -> None:
+        """R42: the coordinator deletes a directory it owns once nothing refers to it and
+        no live TM of the job still works in it."""
+        live = set(self.current_tms())
+        used = self._referenced_dirs()
+        for path, owner in sorted(self.dir_owner.items()):
+            if owner != COORDINATOR or path in used or f"dir:{path}" in self.registry:
+                continue
+            d = self.dirs.get(path)
+            if d is not None and d.creator in live and self.running:
+                continue
+            if any(t in live and is_under(p, path) for (t, p) in self.pfiles):
+                continue
+            inside = [f for p, f in self.files.items() if is_under(p, path)]
+            if any(f.owner not in (COORDINATOR, tm_actor(f.creator or "")) for f in inside):
+                continue
+            self._delete_dir(path, COORDINATOR)
+
+    def failover(self) -> None:
+        """R60-R63: restart every subtask from the latest completed checkpoint."""
+        for cid in sorted(self.pending):
+            self.coordinator_abort(cid)
+        replaced: dict[TmId, TmId] = {}
+        for tm in sorted(set(self.placement.values())):
+            if self.tms[tm].status is not TmStatus.ALIVE:
+                new = f"tm-{self.next_tm}"
+                self.next_tm += 1
+                replaced[tm] = new
+                self.tms[new] = TmRec(new, TmStatus.ALIVE)
+        self.placement = {s: replaced.get(t, t) for s, t in self.placement.items()}
+        survivors = sorted(set(self.placement.values()) - set(replaced.values()))
+        for tm in survivors:  # R60: no stale manager survives a failover (FLINK-35400)
+            self._tm_drop_outputs_where(tm, lambda cp: True)
+            for (t, path), pf in sorted(self.pfiles.items()):
+                if t == tm and pf.open:
+                    self._fs_close(path, tm_actor(tm))
+            self._forget_tm(tm)
+        for old in sorted(replaced):
+            # R63: a lost TM's exclusive directory is abandoned to the coordinator
+            d = taskowned_dir(self.job, old)
+            if d in self.dir_owner and self.dir_owner[d] != COORDINATOR:
+                self.dir_owner[d] = COORDINATOR
+        for tm in sorted(set(self.placement.values())):
+            rec = self.tms[tm]
+            self.tms[tm] = evolve(
+                rec,
+                known_completed=self.latest_completed,
+                finished_mark=self.next_checkpoint - 1,
+                known_watermark=self.watermark,
+            )
+            self._restore_manager(tm)
+        self._collect_dirs()
+
+    def _restore_manager(self, tm: TmId) -> None:
+        """R61, R62: take over the files of every retained checkpoint in the directories this
+        TM now manages; everything else there that no live writer holds is garbage."""
+        actor = tm_actor(tm)
+        hosted = sorted(s for s, t in self.placement.items() if t == tm)
+        if self.cfg.merging_mode is MergingMode.NONE:
+            self._reload_backend(tm, hosted)
+            return
+        managed = [shared_dir(self.job, s) for s in hosted] + [taskowned_dir(self.job, tm)]
+        keep: dict[str, tuple[StateEntry, int, int]] = {}
+        for r in self.retained:
+            for e in r.entries:
+                h = e.handle
+                if isinstance(h, SegmentHandle) and any(is_under(h.path, d) for d in managed):
+                    prev = keep.get(h.logical_id)
+                    first = r.id if prev is None else min(prev[1], r.id)
+                    keep[h.logical_id] = (e, first, r.id)
+        files_kept: dict[str, PFile] = {}
+        for lid, (e, first, last) in sorted(keep.items()):
+            h = e.handle
+            assert isinstance(h, SegmentHandle)
+            pf = files_kept.get(h.path) or PFile(
+                h.path,
+                tm,
+                h.scope,
+                ("restored", h.path),
+                None,
+                False,
+                self.files[h.path].size if h.path in self.files else 0,
+                0,
+                0,
+            )
+            files_kept[h.path] = evolve(
+                pf, ref_count=pf.ref_count + 1, live_bytes=pf.live_bytes + h.length
+            )
+            self.segs[(tm, lid)] = Seg(
+                lid, tm, h.path, h.offset, h.length, e.subtask, h.scope, first, last, True
+            )
+        for path, pf in files_kept.items():
+            self.pfiles[(tm, path)] = pf
+            if path in self.files:
+                self.files[path] = evolve(self.files[path], owner=actor)
+        for d in managed:
+            if d in self.dir_owner and self.dir_owner[d] != COORDINATOR:
+                self.dir_owner[d] = actor
+                self.dirs[d] = evolve(self.dirs[d], creator=tm, used_by=frozenset())
+            for path in sorted(p for p in self.files if is_under(p, d) and p not in files_kept):
+                f = self.files[path]
+                if not f.owner.startswith("tm:"):
+                    continue  # not a TM's to clean: the coordinator's or the user's
+                if self.tms[f.owner[3:]].status is TmStatus.LOST:
+                    continue  # R64: the zombie's, until it is known to have stopped
+                self.files[path] = evolve(f, owner=actor)
+                self._delete_file(path, actor)  # R62: safe cleanup of the garbage
+        for pf in files_kept.values():
+            self._check_file(tm, pf.path)
+        self._reload_backend(tm, hosted)
+
+    def _reload_backend(self, tm: TmId, hosted: list[SubtaskId]) -> None:
+        # the backend reloads the latest completed checkpoint's shared state (R23)
+        latest = self.retained[-1] if self.retained and self.retained[-1].job == self.job else None
+        if latest is None:
+            return
+        for e in latest.entries:
+            if e.subtask in hosted and e.kind is StateKind.KEYED_SHARED:
+                h = e.handle
+                ok = (isinstance(h, SegmentHandle) and (tm, h.logical_id) in self.segs) or (
+                    isinstance(h, FileHandle) and self.cfg.merging_mode is MergingMode.NONE
+                )
+                if ok:
+                    self.backend[(tm, e.subtask, e.name)] = BackendRef(e, latest.id, True)
+
+    def restart_coordinator(self) -> None:
+        """R95: rebuild retention and the registry from the persisted metadata alone; then
+        the job's subtasks restart as in a failover."""
+        rebuilt = [r for r in self.retained if r.metadata in self.files]
+        self.retained = []
+        self.registry = {}
+        for done in rebuilt:
+            self._register(done)
+            self.retained.append(done)
+        received = {p for pend in self.pending.values() for p in pend.received}
+        self.pending = {}
+        self.aborted |= set(range(self.latest_completed + 1, self.next_checkpoint)) - set(
+            self.savepoints
+        )
+        for path in sorted(received):
+            if (
+                path in self.files
+                and self.files[path].owner == COORDINATOR
+                and not self._referenced(path)
+            ):
+                self._delete_file(path, COORDINATOR)
+        self.failover()
+
+    # ------------------------------------------------------------------ restore (R70-R76)
+
+    def restore(self, cmd: c.Restore) -> None:
+        source = next((r for r in self.retained if r.id == cmd.checkpoint), None)
+        if source is None:
+            source = self.savepoints.get(cmd.checkpoint)
+        if source is None:
+            raise CommandError(
+                Reason.NOT_RETAINED, f"checkpoint {cmd.checkpoint} is not retained nor a savepoint"
+            )
+        names = {v.name for v in self.vertices}
+        new_par = dict(cmd.parallelism)
+        if not set(new_par) <= names or any(
+            p < 1 or p > self.cfg.max_parallelism for p in new_par.values()
+        ):
+            raise CommandError(Reason.BAD_ARGUMENT, f"bad parallelism {cmd.parallelism}")
+        mode = RestoreMode.NO_CLAIM if source.savepoint else cmd.mode  # R73
+        if self.running:
+            self.end_job(retain=True)
+        # R70: a new job with new directories; ids continue
+        self.job_seq += 1
+        self.job = f"job-{self.job_seq}"
+        self.bases.add(job_base(self.job))
+        self.vertices = tuple(
+            VertexSpec(v.name, new_par.get(v.name, v.parallelism)) for v in self.vertices
+        )
+        tms = []
+        for _ in range(self.s.num_tms):
+            tms.append(f"tm-{self.next_tm}")
+            self.next_tm += 1
+        for t in tms:
+            self.tms[t] = TmRec(
+                t, TmStatus.ALIVE, known_completed=0, finished_mark=self.next_checkpoint - 1
+            )
+        subtasks = subtasks_of(self.vertices)
+        self.placement = place(subtasks, tms)
+        self.running = True
+        self.pending = {}
+        self.retained = []
+        self.registry = {}
+        self.watermark = 0
+        self.latest_completed = 0
+        assignment = redistribute(source.entries, self.vertices, self.cfg.max_parallelism)
+        self.restoring = tuple(e for s in sorted(assignment) for e in assignment[s])
+        if mode is RestoreMode.CLAIM:
+            self._claim(source)
+        same = all(
+            v.parallelism == ov.parallelism
+            for v, ov in zip(self.vertices, self.s.vertices, strict=True)
+        )
+        if mode is RestoreMode.CLAIM and same and self.cfg.merging_mode is MergingMode.NONE:
+            # R72: with the coordinator owning the claimed files, NONE mode may reuse them
+            for s in subtasks:
+                for e in assignment.get(s, ()):
+                    if e.kind is StateKind.KEYED_SHARED and isinstance(e.handle, FileHandle):
+                        t = self.placement[s]
+                        self.backend[(t, s, e.name)] = BackendRef(e, source.id, True)
+
+    def _claim(self, source: Completed) -> None:
+        """R72: the new job's coordinator owns the restored checkpoint: its metadata, the
+        files it references and its directories with everything in them."""
+        self.bases.add(source.metadata.split("/", 1)[0])
+        paths = {source.metadata} | {s.path for e in source.entries if (s := stream_of(e.handle))}
+        for d in source.directories:
+            paths |= {p for p in self.files if is_under(p, d)}
+            if d in self.dir_owner:
+                self.dir_owner[d] = COORDINATOR
+        for p in sorted(paths):
+            if p in self.files:
+                self.files[p] = evolve(self.files[p], owner=COORDINATOR)
+        claimed = evolve(source, job=source.job)
+        self._register(claimed)
+        for d in source.directories:
+            if d in self.dirs:
+                self.dirs[d] = evolve(self.dirs[d], handed_over=True)
+        self.retained = [claimed]
+        self.latest_completed = source.id
+
+    # ------------------------------------------------------------------ job end (R90, R91)
+
+    def end_job(self, *, retain: bool) -> None:
+        for cid in sorted(self.pending):
+            self.coordinator_abort(cid)
+        handed = {d for r in self.retained for d in r.directories}
+        for tm in self.current_tms():
+            actor = tm_actor(tm)
+            self._tm_drop_outputs_where(tm, lambda cp: True)
+            keep = {
+                s.logical_id
+                for r in self.retained
+                for e in r.entries
+                if (s := stream_of(e.handle)) is not None
+            }
+            for key in sorted(k for k in self.segs if k[0] == tm and k[1] not in keep):
+                self._discard(key)
+            for (t, path), pf in sorted(self.pfiles.items()):
+                if t == tm and pf.open:
+                    self._close_pfile(tm, path)
+            for path, d in sorted(self.dirs.items()):
+                # R90: directories no completed checkpoint used go with the TM that made them
+                if d.creator == tm and path not in handed and self.dir_owner.get(path) == actor:
+                    inside = [p for p in self.files if is_under(p, path)]
+                    if all(self.files[p].owner == actor for p in inside):
+                        self._delete_dir(path, actor)
+            for path in sorted(p for p, f in self.files.items() if f.owner == actor):
+                self.files[path] = evolve(self.files[path], owner=COORDINATOR)
+            for path in sorted(p for p, o in self.dir_owner.items() if o == actor):
+                self.dir_owner[path] = COORDINATOR
+            self._forget_tm(tm)
+            self.tms[tm] = evolve(self.tms[tm], status=TmStatus.STOPPED)
+        self.running = False
+        if retain:
+            # R91: the retained checkpoints and everything they use become the user's
+            for r in self.retained:
+                paths = {r.metadata} | {s.path for e in r.entries if (s := stream_of(e.handle))}
+                for rd in r.directories:
+                    paths |= {p for p in self.files if is_under(p, rd)}
+                    if rd in self.dir_owner:
+                        self.dir_owner[rd] = USER
+                for p in paths:
+                    if p in self.files:
+                        self.files[p] = evolve(self.files[p], owner=USER)
+        else:
+            while self.retained:
+                self._subsume(self.retained.pop(0))
+        for path in sorted(p for p, f in self.files.items() if f.owner == COORDINATOR):
+            if not self._referenced(path) and any(is_under(path, b) for b in self.bases):
+                self._delete_file(path, COORDINATOR)
+        self._collect_dirs()

@@ -1,0 +1,191 @@
+"""The command vocabulary: every operation an implementation must accept.
+
+Commands are frozen values whose repr is valid Python, so a failing test prints a
+runnable reproduction. ``attempt`` names the TM a command comes from when it is not the
+subtask's current host: that is how a zombie (a lost TM still running) acts.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from attrs import field, frozen
+
+from spec.config import RestoreMode, StateKind
+from spec.ids import SubtaskId, TmId
+
+
+def _non_negative(_inst: object, attribute: object, value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute} must be >= 0, got {value}")
+
+
+@frozen
+class Trigger:
+    """The coordinator starts checkpoint ``next id`` (or a savepoint)."""
+
+    savepoint: bool = False
+
+
+@frozen
+class WriteState:
+    """A subtask writes ``size`` bytes of state for a checkpoint through a stream (R10)."""
+
+    checkpoint: int
+    subtask: SubtaskId
+    kind: StateKind
+    name: str
+    size: int = field(validator=_non_negative)
+    entries: int = field(default=1, validator=_non_negative)
+    attempt: TmId | None = None
+
+
+@frozen
+class ReuseShared:
+    """A subtask refers to shared state it uploaded before, instead of uploading it again."""
+
+    checkpoint: int
+    subtask: SubtaskId
+    name: str
+    attempt: TmId | None = None
+
+
+@frozen
+class Acknowledge:
+    checkpoint: int
+    subtask: SubtaskId
+    attempt: TmId | None = None
+
+
+@frozen
+class Decline:
+    checkpoint: int
+    subtask: SubtaskId
+
+
+@frozen
+class Complete:
+    """The coordinator finalizes a fully acknowledged checkpoint."""
+
+    checkpoint: int
+
+
+@frozen
+class Abort:
+    """The coordinator gives up a pending checkpoint (timeout, failure)."""
+
+    checkpoint: int
+
+
+@frozen
+class DeliverNotification:
+    """Deliver the in-flight notification at ``index`` (any index: reordering)."""
+
+    index: int
+
+
+@frozen
+class DropNotification:
+    index: int
+
+
+@frozen
+class DuplicateNotification:
+    index: int
+
+
+@frozen
+class CrashTm:
+    """A TM is lost to the coordinator. It may be dead or a zombie still running."""
+
+    tm: TmId
+
+
+@frozen
+class AttemptStopped:
+    """A lost TM is known to have stopped (its lease expired)."""
+
+    tm: TmId
+
+
+@frozen
+class CrashDuringWrite:
+    """A TM crashes after writing ``written`` of ``size`` bytes of a stream."""
+
+    checkpoint: int
+    subtask: SubtaskId
+    kind: StateKind
+    name: str
+    size: int = field(validator=_non_negative)
+    written: int = field(validator=_non_negative)
+
+
+@frozen
+class Failover:
+    """Restart every subtask from the latest completed checkpoint, same job and parallelism.
+    Lost TMs are replaced by new ones."""
+
+
+@frozen
+class RestartCoordinator:
+    """The coordinator process restarts: it rebuilds retained checkpoints and the registry
+    from persisted metadata, and the job's subtasks restart as in a failover."""
+
+
+@frozen
+class Restore:
+    """End the current job (keeping its retained checkpoints) and start a new job from a
+    retained checkpoint or savepoint, with new parallelisms and a restore mode."""
+
+    checkpoint: int
+    parallelism: tuple[tuple[str, int], ...] = ()
+    mode: RestoreMode = RestoreMode.NO_CLAIM
+
+
+class StorageOp(enum.Enum):
+    CREATE = "create"
+    APPEND = "append"
+    DELETE = "delete"
+    METADATA = "metadata"
+
+
+@frozen
+class FailNextCall:
+    """Arm a fault: the next storage call of this kind fails."""
+
+    op: StorageOp
+
+
+@frozen
+class RetryDeletes:
+    """Retry deletions that failed before."""
+
+
+@frozen
+class Cancel:
+    """End the job. ``retain`` keeps the retained checkpoints for the user."""
+
+    retain: bool = False
+
+
+Command = (
+    Trigger
+    | WriteState
+    | ReuseShared
+    | Acknowledge
+    | Decline
+    | Complete
+    | Abort
+    | DeliverNotification
+    | DropNotification
+    | DuplicateNotification
+    | CrashTm
+    | AttemptStopped
+    | CrashDuringWrite
+    | Failover
+    | RestartCoordinator
+    | Restore
+    | FailNextCall
+    | RetryDeletes
+    | Cancel
+)

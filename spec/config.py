@@ -1,0 +1,136 @@
+"""Configuration values, mirroring Flink's option names and defaults where they exist."""
+
+from __future__ import annotations
+
+import enum
+
+from attrs import field, frozen
+
+MIB = 1024 * 1024
+
+
+class MergingMode(enum.Enum):
+    """How checkpoint files are merged (FLIP-306 §4.1.1)."""
+
+    NONE = "none"
+    """No merging: one file per handle, owned by the coordinator once acknowledged."""
+    WITHIN_CHECKPOINT = "within"
+    """A physical file holds segments of one checkpoint only."""
+    ACROSS_CHECKPOINT = "across"
+    """A pooled physical file stays open across checkpoints until ``max_file_size``."""
+
+
+class RestoreMode(enum.Enum):
+    """Who owns a restored checkpoint (FLIP-193)."""
+
+    CLAIM = "claim"
+    NO_CLAIM = "no_claim"
+
+
+class Scope(enum.Enum):
+    """SHARED state is merged per subtask, EXCLUSIVE state per TM (FLIP-306 §4.1.2)."""
+
+    SHARED = "shared"
+    EXCLUSIVE = "exclusive"
+
+
+class StateKind(enum.Enum):
+    """What a written piece of state is; decides its scope and how it is redistributed."""
+
+    KEYED_SHARED = "keyed_shared"
+    """Incremental keyed state (an SST file): SHARED scope, reusable, split by key groups."""
+    KEYED_FULL = "keyed_full"
+    """A full keyed snapshot: EXCLUSIVE scope, split by key groups."""
+    OPERATOR_LIST = "operator_list"
+    """Operator list state: its entries are split evenly on rescale (FLIP-8)."""
+    OPERATOR_UNION = "operator_union"
+    """Union list state: every new subtask gets all of it (FLIP-8)."""
+    CHANNEL = "channel"
+    """In-flight channel data of unaligned checkpoints: split like list state."""
+
+    @property
+    def scope(self) -> Scope:
+        return Scope.SHARED if self is StateKind.KEYED_SHARED else Scope.EXCLUSIVE
+
+    @property
+    def keyed(self) -> bool:
+        return self in (StateKind.KEYED_SHARED, StateKind.KEYED_FULL)
+
+
+def _positive(_inst: object, attribute: object, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{attribute} must be >= 1, got {value}")
+
+
+@frozen
+class Config:
+    """Checkpoint storage options. Names follow Flink's ``state.checkpoints.*`` keys."""
+
+    file_merging_enabled: bool = False
+    """state.checkpoints.file-merging.enabled (Flink default: false)."""
+    across_checkpoint_boundary: bool = False
+    """state.checkpoints.file-merging.across-checkpoint-boundary (default: false)."""
+    max_file_size: int = field(default=32 * MIB, validator=_positive)
+    """state.checkpoints.file-merging.max-file-size (default 32 MB)."""
+    max_space_amplification: float = 2.0
+    """state.checkpoints.file-merging.max-space-amplification (default 2.0; < 1 disables)."""
+    num_retained: int = field(default=1, validator=_positive)
+    """state.checkpoints.num-retained (default 1)."""
+    max_parallelism: int = field(default=128, validator=_positive)
+    """Number of key groups (pipeline.max-parallelism)."""
+    restore_mode: RestoreMode = RestoreMode.NO_CLAIM
+    """execution.state-recovery.claim-mode (default NO_CLAIM)."""
+    open_files_readable: bool = True
+    """Whether flushed bytes of a still-open file are durable and readable on the file
+    system (local, HDFS: yes; object stores: no, a file appears only on close)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.merging_mode is MergingMode.ACROSS_CHECKPOINT and not self.open_files_readable:
+            raise ValueError(
+                "across-checkpoint-boundary file merging needs a file system where flushed "
+                "bytes of an open file are durable and readable; this one (an object store?) "
+                "shows a file only once it is closed: use within-checkpoint merging (R16)"
+            )
+
+    @property
+    def merging_mode(self) -> MergingMode:
+        if not self.file_merging_enabled:
+            return MergingMode.NONE
+        if self.across_checkpoint_boundary:
+            return MergingMode.ACROSS_CHECKPOINT
+        return MergingMode.WITHIN_CHECKPOINT
+
+    @property
+    def amplification_bound(self) -> float | None:
+        """The bound on space amplification, or None where it is disabled (< 1)."""
+        return self.max_space_amplification if self.max_space_amplification >= 1 else None
+
+    @classmethod
+    def for_mode(cls, mode: MergingMode, **kwargs: object) -> Config:
+        """A configuration for one merging mode; other options as keyword arguments."""
+        return cls(
+            file_merging_enabled=mode is not MergingMode.NONE,
+            across_checkpoint_boundary=mode is MergingMode.ACROSS_CHECKPOINT,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+
+@frozen
+class VertexSpec:
+    """A vertex of the job graph and its parallelism."""
+
+    name: str
+    parallelism: int = field(validator=_positive)
+
+
+@frozen
+class JobSpec:
+    """The job's vertices and how many task managers host its subtasks."""
+
+    vertices: tuple[VertexSpec, ...]
+    num_tms: int = field(default=2, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        names = [v.name for v in self.vertices]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"vertex names must be non-empty and unique: {names}")

@@ -1,0 +1,35 @@
+"""Documented errors. A command that raises leaves the state unchanged."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Reason(enum.Enum):
+    """Why a command was refused; implementations must agree on the reason."""
+
+    JOB_NOT_RUNNING = "job_not_running"
+    UNKNOWN_CHECKPOINT = "unknown_checkpoint"
+    CHECKPOINT_NOT_PENDING = "checkpoint_not_pending"
+    CHECKPOINT_FINISHED_FOR_TM = "checkpoint_finished_for_tm"
+    UNKNOWN_SUBTASK = "unknown_subtask"
+    ALREADY_ACKNOWLEDGED = "already_acknowledged"
+    NOT_ALL_ACKNOWLEDGED = "not_all_acknowledged"
+    UNKNOWN_TM = "unknown_tm"
+    TM_NOT_ALIVE = "tm_not_alive"
+    TM_NOT_LOST = "tm_not_lost"
+    NOT_HOSTED = "not_hosted"
+    NO_SUCH_NOTIFICATION = "no_such_notification"
+    NO_SUCH_STATE = "no_such_state"
+    NOT_RETAINED = "not_retained"
+    BAD_ARGUMENT = "bad_argument"
+    UNSAFE_CONFIGURATION = "unsafe_configuration"
+
+
+class CommandError(Exception):
+    """A command that is invalid in the current state. Nothing changed."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail

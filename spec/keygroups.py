@@ -1,0 +1,37 @@
+"""Key-group arithmetic (Flink's KeyGroupRangeAssignment), definitional for rescaling."""
+
+from __future__ import annotations
+
+
+def key_group_range(max_parallelism: int, parallelism: int, index: int) -> tuple[int, int]:
+    """The inclusive key-group range ``(start, end)`` of subtask ``index``.
+
+    Key group ``g`` belongs to subtask ``g * parallelism // max_parallelism`` (BRIEF §4).
+    """
+    if not 0 <= index < parallelism <= max_parallelism:
+        raise ValueError(f"bad subtask {index}/{parallelism} for max parallelism {max_parallelism}")
+    start = (index * max_parallelism + parallelism - 1) // parallelism
+    end = ((index + 1) * max_parallelism - 1) // parallelism
+    return start, end
+
+
+def operator_for_key_group(max_parallelism: int, parallelism: int, key_group: int) -> int:
+    """The subtask index that owns ``key_group``."""
+    return key_group * parallelism // max_parallelism
+
+
+def ranges_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def even_split(total: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``total`` items into ``parts`` contiguous half-open ranges, the first ones
+    one larger (Flink's round-robin operator state repartitioner, FLIP-8)."""
+    base, extra = divmod(total, parts)
+    out: list[tuple[int, int]] = []
+    start = 0
+    for i in range(parts):
+        n = base + (1 if i < extra else 0)
+        out.append((start, start + n))
+        start += n
+    return out
