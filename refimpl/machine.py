@@ -1046,17 +1046,19 @@ class _Work:
             if f.creator == tm and f.open:
                 self.files[path] = evolve(f, open=False)  # its process is gone
         self._forget_tm(tm)
+        actor = tm_actor(tm)
+        formerly = sorted(p for p, f in self.files.items() if f.owner == actor)
+        for path in formerly:
+            self.files[path] = evolve(self.files[path], owner=COORDINATOR)
+        for path in sorted(p for p, o in self.dir_owner.items() if o == actor):
+            self.dir_owner[path] = COORDINATOR
         waiting = [d for d in self.deferred if d.waits_for == tm]
         self.deferred = [d for d in self.deferred if d.waits_for != tm]
         for d in waiting:
             self._run_deferred(evolve(d, waits_for=None))
-        actor = tm_actor(tm)
-        for path in sorted(p for p, f in self.files.items() if f.owner == actor):
-            self.files[path] = evolve(self.files[path], owner=COORDINATOR)
-            if not self._referenced(path):
+        for path in formerly:
+            if path in self.files and not self._referenced(path):
                 self._delete_file(path, COORDINATOR)
-        for path in sorted(p for p, o in self.dir_owner.items() if o == actor):
-            self.dir_owner[path] = COORDINATOR
         self._collect_dirs()
 
     def _forget_tm(self, tm: TmId) -> None:
@@ -1343,6 +1345,7 @@ class _Work:
             self._forget_tm(tm)
             self.tms[tm] = evolve(self.tms[tm], status=TmStatus.STOPPED)
         self.running = False
+        self.restoring = ()
         if retain:
             # R91: the retained checkpoints and everything they use become the user's
             for r in self.retained:
