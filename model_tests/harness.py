@@ -114,8 +114,16 @@ class Harness:
                 self.run(c.ReuseShared(cp, s, name))
             for name in shared:
                 self.run(c.WriteState(cp, s, StateKind.KEYED_SHARED, name, size))
-            self.run(c.WriteState(cp, s, StateKind.OPERATOR_LIST, "offsets", size // 4 + 1,
-                                  entries=operator_entries))
+            self.run(
+                c.WriteState(
+                    cp,
+                    s,
+                    StateKind.OPERATOR_LIST,
+                    "offsets",
+                    size // 4 + 1,
+                    entries=operator_entries,
+                )
+            )
             self.run(c.Acknowledge(cp, s))
         if complete:
             self.run(c.Complete(cp))
@@ -133,8 +141,10 @@ class Harness:
         self._drain_deletes()
         self.deliver_all()
         if self.state.running:
-            if any(self.state.tms[t].status is not TmStatus.ALIVE
-                   for t in self.state.placement.values()):
+            if any(
+                self.state.tms[t].status is not TmStatus.ALIVE
+                for t in self.state.placement.values()
+            ):
                 self.run(c.Failover())
             for cp in sorted(self.state.pending):
                 self.run(c.Abort(cp))

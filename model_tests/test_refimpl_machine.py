@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -63,6 +63,9 @@ class RefimplMachine(RuleBasedStateMachine):
         err = self.h.try_run(cmd)
         if err is not None:
             self.refusals[err.reason] = self.refusals.get(err.reason, 0) + 1
+            event(f"refused {type(cmd).__name__}: {err.reason.value}")
+        else:
+            event(f"ran {type(cmd).__name__}")
 
     @property
     def s(self):  # type: ignore[no-untyped-def]
@@ -70,6 +73,52 @@ class RefimplMachine(RuleBasedStateMachine):
 
     def open_checkpoints(self) -> list[int]:
         return sorted(self.s.pending)
+
+    def rarely(self, data: st.DataObject, one_in: int) -> bool:
+        """Disruptive commands run one time in ``one_in``; otherwise the step does
+        productive checkpoint work, so that sequences reach deep states."""
+        if data.draw(st.integers(0, one_in - 1), label="disrupt") == 0:
+            return True
+        self.checkpoint_work(data)
+        return False
+
+    @precondition(lambda self: self.h.state.running)
+    @rule(data=st.data())
+    def checkpoint_work(self, data: st.DataObject) -> None:
+        """A macro step: start or continue a checkpoint; every subtask writes or reuses
+        some state and usually acknowledges; the checkpoint usually completes."""
+        if not self.s.pending or data.draw(st.integers(0, 3)) == 0:
+            self.do(c.Trigger(savepoint=data.draw(st.integers(0, 9)) == 0))
+        if not self.s.pending:
+            return
+        cp = data.draw(st.sampled_from(self.open_checkpoints()))
+        for sub in self.h.subtasks:
+            tm = self.s.placement[sub]
+            if (tm, sub, cp) in self.s.acked:
+                continue
+            names = [k[2] for k in self.s.backend if k[0] == tm and k[1] == sub]
+            if names and data.draw(st.booleans()):
+                self.do(c.ReuseShared(cp, sub, data.draw(st.sampled_from(sorted(names)))))
+            if data.draw(st.integers(0, 3)) > 0:
+                name = data.draw(st.sampled_from(SHARED_NAMES))
+                self.do(
+                    c.WriteState(
+                        cp, sub, StateKind.KEYED_SHARED, name, data.draw(st.integers(0, 150))
+                    )
+                )
+            kind, name = data.draw(st.sampled_from(EXCLUSIVE))
+            self.do(
+                c.WriteState(
+                    cp, sub, kind, name, data.draw(st.integers(0, 80)), data.draw(st.integers(0, 4))
+                )
+            )
+            if data.draw(st.integers(0, 7)) > 0:
+                self.do(c.Acknowledge(cp, sub))
+        if cp in self.s.pending and data.draw(st.integers(0, 4)) > 0:
+            self.do(c.Complete(cp))
+        if data.draw(st.booleans()):
+            while self.s.channel and data.draw(st.integers(0, 5)) > 0:
+                self.do(c.DeliverNotification(data.draw(st.integers(0, len(self.s.channel) - 1))))
 
     # ------------------------------------------------------------------ coordinator
 
@@ -90,6 +139,8 @@ class RefimplMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.h.state.pending))
     @rule(data=st.data())
     def abort(self, data: st.DataObject) -> None:
+        if not self.rarely(data, 3):
+            return
         self.do(c.Abort(data.draw(st.sampled_from(self.open_checkpoints()))))
 
     # ------------------------------------------------------------------ subtasks
@@ -128,15 +179,17 @@ class RefimplMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.h.state.pending))
     @rule(data=st.data())
     def decline(self, data: st.DataObject) -> None:
+        if not self.rarely(data, 4):
+            return
         self.do(c.Decline(self._checkpoint(data), data.draw(st.sampled_from(self.h.subtasks))))
 
     @precondition(lambda self: self.h.state.running and bool(self.h.state.pending))
     @rule(data=st.data(), size=st.integers(2, 200))
     def crash_during_write(self, data: st.DataObject, size: int) -> None:
+        if not self.rarely(data, 6):
+            return
         written = data.draw(st.integers(1, size - 1))
-        kind, name = data.draw(
-            st.sampled_from([(StateKind.KEYED_SHARED, "sst-1"), *EXCLUSIVE])
-        )
+        kind, name = data.draw(st.sampled_from([(StateKind.KEYED_SHARED, "sst-1"), *EXCLUSIVE]))
         sub = data.draw(st.sampled_from(self.h.subtasks))
         self.do(c.CrashDuringWrite(self._checkpoint(data), sub, kind, name, size, written))
 
@@ -162,6 +215,8 @@ class RefimplMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.h.state.running and len(self.h.live_tms()) > 0)
     @rule(data=st.data())
     def crash_tm(self, data: st.DataObject) -> None:
+        if not self.rarely(data, 5):
+            return
         self.do(c.CrashTm(data.draw(st.sampled_from(self.h.live_tms()))))
 
     @precondition(lambda self: any(self.h.state.tms[t].hosted for t in self.h.lost_tms()))
@@ -179,20 +234,28 @@ class RefimplMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.h.lost_tms()))
     @rule(data=st.data())
     def attempt_stopped(self, data: st.DataObject) -> None:
+        if not self.rarely(data, 2):
+            return
         self.do(c.AttemptStopped(data.draw(st.sampled_from(self.h.lost_tms()))))
 
     @precondition(lambda self: self.h.state.running)
-    @rule()
-    def failover(self) -> None:
+    @rule(data=st.data())
+    def failover(self, data: st.DataObject) -> None:
+        if not self.rarely(data, 6):
+            return
         self.do(c.Failover())
 
     @precondition(lambda self: self.h.state.running)
-    @rule()
-    def restart_coordinator(self) -> None:
+    @rule(data=st.data())
+    def restart_coordinator(self, data: st.DataObject) -> None:
+        if not self.rarely(data, 8):
+            return
         self.do(c.RestartCoordinator())
 
-    @rule(op=st.sampled_from(list(StorageOp)))
-    def fail_next_call(self, op: StorageOp) -> None:
+    @rule(data=st.data(), op=st.sampled_from(list(StorageOp)))
+    def fail_next_call(self, data: st.DataObject, op: StorageOp) -> None:
+        if self.s.running and not self.rarely(data, 4):
+            return
         if len(self.s.armed) < 2:
             self.do(c.FailNextCall(op))
 
@@ -206,18 +269,24 @@ class RefimplMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.h.state.retained) or bool(self.h.state.savepoints))
     @rule(data=st.data(), agg=st.integers(1, 3), mode=st.sampled_from(list(RestoreMode)))
     def restore(self, data: st.DataObject, agg: int, mode: RestoreMode) -> None:
+        if self.s.running and not self.rarely(data, 6):
+            return
         ids = [r.id for r in self.s.retained] + sorted(self.s.savepoints)
         cp = data.draw(st.sampled_from(ids))
         self.do(c.Restore(cp, (("agg", agg),), mode))
 
     @precondition(lambda self: self.h.state.running)
-    @rule(retain=st.booleans())
-    def cancel(self, retain: bool) -> None:
+    @rule(data=st.data(), retain=st.booleans())
+    def cancel(self, data: st.DataObject, retain: bool) -> None:
+        if not self.rarely(data, 12):
+            return
         self.do(c.Cancel(retain))
 
     @precondition(lambda self: self.h.state.running)
-    @rule()
-    def quiesce_midway(self) -> None:
+    @rule(data=st.data())
+    def quiesce_midway(self, data: st.DataObject) -> None:
+        if not self.rarely(data, 6):
+            return
         broken = self.h.quiesce()
         assert not broken, self.h._report(broken)
 
@@ -228,6 +297,10 @@ class RefimplMachine(RuleBasedStateMachine):
         assert all(isinstance(r, Reason) for r in self.refusals)
 
     def teardown(self) -> None:
+        completed = sum(1 for cmd in self.h.history if isinstance(cmd, c.Complete))
+        event(
+            f"completed checkpoints before quiesce: {min(completed, 5)}{'+' if completed >= 5 else ''}"
+        )
         broken = self.h.quiesce()
         assert not broken, self.h._report(broken)
 

@@ -69,6 +69,7 @@ from spec.handles import (
 from spec.ids import SubtaskId, TmId
 from spec.keygroups import key_group_range
 from spec.layout import (
+    METADATA,
     checkpoint_dir,
     is_under,
     job_base,
@@ -123,6 +124,7 @@ class _Work:
         self.aborted = set(s.aborted)
         self.retained = list(s.retained)
         self.savepoints = dict(s.savepoints)
+        self.savepoint_ids = set(s.savepoint_ids)
         self.latest_completed = s.latest_completed
         self.watermark = s.watermark
         self.registry = dict(s.registry)
@@ -161,6 +163,7 @@ class _Work:
             aborted=frozenset(self.aborted),
             retained=tuple(self.retained),
             savepoints=self.savepoints,
+            savepoint_ids=frozenset(self.savepoint_ids),
             latest_completed=self.latest_completed,
             watermark=self.watermark,
             registry=self.registry,
@@ -281,11 +284,13 @@ class _Work:
         return tm
 
     def _is_savepoint(self, checkpoint: int) -> bool:
-        p = self.pending.get(checkpoint)
-        return (p is not None and p.savepoint) or checkpoint in self.savepoints
+        """Whether an id is a savepoint is fixed when it is triggered (every TM is told)."""
+        return checkpoint in self.savepoint_ids
 
     def _finished_for_tm(self, rec: TmRec, checkpoint: int) -> bool:
-        if checkpoint in rec.known_aborted:
+        if checkpoint in rec.known_aborted or checkpoint < rec.first_checkpoint:
+            return True  # R10: an attempt never writes for checkpoints before its start
+        if checkpoint in rec.finished_savepoints:
             return True
         return not self._is_savepoint(checkpoint) and checkpoint <= rec.finished_mark
 
@@ -401,11 +406,14 @@ class _Work:
             self._run_deferred(d)
 
     def _run_deferred(self, d: Deferred) -> None:
+        """A waiting delete is carried out by whoever owns the path now (ownership may
+        have moved while it waited, R44); what became the user's is never deleted."""
         if d.is_dir:
-            if d.path in self.dir_owner:
-                self._delete_dir(d.path, d.actor)
-        elif d.path in self.files:
-            self._delete_file(d.path, d.actor)
+            owner = self.dir_owner.get(d.path)
+            if owner is not None and owner != USER:
+                self._delete_dir(d.path, owner)
+        elif d.path in self.files and self.files[d.path].owner != USER:
+            self._delete_file(d.path, self.files[d.path].owner)
 
     # ------------------------------------------------------------------ trigger (R50, R55)
 
@@ -414,6 +422,8 @@ class _Work:
         cid = self.next_checkpoint
         self.next_checkpoint += 1
         self.pending[cid] = Pending(cid, cmd.savepoint)
+        if cmd.savepoint:
+            self.savepoint_ids.add(cid)
 
     # ------------------------------------------------------------------ writing (R10-R17)
 
@@ -547,8 +557,10 @@ class _Work:
         self._close_pfile(tm, path)
 
     def _write_failed(self, tm: TmId, subtask: SubtaskId, checkpoint: int) -> None:
-        """R17: the subtask's snapshot failed: it declines the checkpoint."""
+        """R17: the subtask's snapshot failed: it declines the checkpoint and writes no
+        more for it (R14)."""
         self._tm_drop_outputs(tm, subtask, checkpoint)
+        self.acked[(tm, subtask, checkpoint)] = ()
         self._close_within_files(tm, lambda cp: cp == checkpoint, subtask_done=subtask)
         if checkpoint in self.pending and self.tms[tm].status is TmStatus.ALIVE:
             self.coordinator_abort(checkpoint)
@@ -679,8 +691,9 @@ class _Work:
         return sorted({t for t in self.placement.values() if self.tms[t].status is TmStatus.ALIVE})
 
     def notify(self, kind: NoticeKind, checkpoint: int, mark: int, savepoint: bool) -> None:
+        open_sps = frozenset(k for k, p in self.pending.items() if p.savepoint)
         for tm in self.current_tms():
-            self.channel.append(Notice(tm, kind, checkpoint, mark, savepoint))
+            self.channel.append(Notice(tm, kind, checkpoint, mark, savepoint, open_sps))
 
     def coordinator_abort(self, checkpoint: int) -> None:
         p = self.pending.pop(checkpoint)
@@ -716,7 +729,11 @@ class _Work:
                     entries.append(evolve(e, handle=reg.handle))
                 else:
                     entries.append(e)
-        meta = metadata_path(self.job, cmd.checkpoint)
+        meta = (
+            f"{savepoint_dir(cmd.checkpoint)}/{METADATA}"
+            if p.savepoint
+            else metadata_path(self.job, cmd.checkpoint)
+        )
         done = Completed(
             cmd.checkpoint, self.job, p.savepoint, tuple(entries), tuple(directories), meta
         )
@@ -828,14 +845,31 @@ class _Work:
             return  # a stopped TM hears nothing
         if n.kind is NoticeKind.COMPLETE:
             self.tm_complete(n.tm, n.checkpoint, n.mark, n.savepoint)
+            if not n.savepoint:
+                self._finish_savepoints(n.tm, n.checkpoint, n.pending_savepoints)
         else:
             self.tm_abort(n.tm, n.checkpoint, n.mark, n.savepoint)
+
+    def _finish_savepoints(self, tm: TmId, checkpoint: int, still_open: frozenset[int]) -> None:
+        """R35: a completion lists the savepoints still pending; the others up to it are
+        finished, so what the TM wrote for them and never acknowledged goes."""
+        mine = {k[2] for k in (*self.outputs, *self.acked) if k[0] == tm}
+        done = {sp for sp in mine if sp <= checkpoint and sp not in still_open}
+        for sp in sorted(sp for sp in done if self._is_savepoint(sp)):
+            self._savepoint_finished(tm, sp)
+
+    def _savepoint_finished(self, tm: TmId, savepoint: int) -> None:
+        rec = self.tms[tm]
+        self.tms[tm] = evolve(rec, finished_savepoints=rec.finished_savepoints | {savepoint})
+        self._tm_drop_outputs_where(tm, lambda cp: cp == savepoint)
+        for key in [k for k in self.acked if k[0] == tm and k[2] == savepoint]:
+            del self.acked[key]
 
     def tm_complete(self, tm: TmId, checkpoint: int, watermark: int, savepoint: bool) -> None:
         rec = self.tms[tm]
         if savepoint:
             # R35: a savepoint's files went to the user; only unacked leftovers remain
-            self._tm_drop_outputs_where(tm, lambda cp: cp == checkpoint)
+            self._savepoint_finished(tm, checkpoint)
             return
         self.tms[tm] = evolve(
             rec,
@@ -869,7 +903,9 @@ class _Work:
             self._discard(key)
         self._tm_drop_outputs_where(tm, lambda cp: cp == checkpoint)
         self._close_within_files(tm, lambda cp: cp == checkpoint)
-        if not savepoint:
+        if savepoint:
+            self._savepoint_finished(tm, checkpoint)
+        else:
             self._tm_release_dirs(tm)
 
     def _confirm(self, tm: TmId, checkpoint: int) -> None:
@@ -882,7 +918,10 @@ class _Work:
                 if bkey[0] != tm or bkey[1] != subtask:
                     continue
                 if bkey[2] in names:
-                    self.backend[bkey] = BackendRef(names[bkey[2]], max(ref.checkpoint, cp), True)
+                    acked = names[bkey[2]]
+                    # a placeholder stands for the stream the baseline already holds
+                    base = ref.entry if isinstance(acked.handle, PlaceholderHandle) else acked
+                    self.backend[bkey] = BackendRef(base, max(ref.checkpoint, cp), True)
                 elif ref.checkpoint <= cp:
                     del self.backend[bkey]
             for e in names.values():
@@ -913,7 +952,7 @@ class _Work:
         if pf is None:
             return
         bound = self.cfg.amplification_bound
-        if bound is not None and pf.ref_count > 0 and pf.size > bound * pf.live_bytes:
+        if bound is not None and pf.size > bound * pf.live_bytes:
             self.pfiles[(tm, path)] = pf = evolve(pf, reusable=False)
             if pf.open:
                 self._close_pfile(tm, path)  # R81: roll a pooled file over the bound
@@ -1011,8 +1050,12 @@ class _Work:
         self._lose(tm)
 
     def _lose(self, tm: TmId) -> None:
+        """R57: a lost TM's subtasks can acknowledge nothing more, and what they did
+        acknowledge may be cleaned once the attempt stops: pending checkpoints abort."""
         hosted = frozenset(s for s, t in self.placement.items() if t == tm)
         self.tms[tm] = evolve(self.tms[tm], status=TmStatus.LOST, hosted=hosted)
+        for cid in sorted(self.pending):
+            self.coordinator_abort(cid)
 
     def crash_during_write(self, cmd: c.CrashDuringWrite) -> None:
         tm = self.writer_tm(cmd.checkpoint, cmd.subtask, None)
@@ -1114,7 +1157,7 @@ class _Work:
                 new = f"tm-{self.next_tm}"
                 self.next_tm += 1
                 replaced[tm] = new
-                self.tms[new] = TmRec(new, TmStatus.ALIVE)
+                self.tms[new] = TmRec(new, TmStatus.ALIVE, first_checkpoint=self.next_checkpoint)
         self.placement = {s: replaced.get(t, t) for s, t in self.placement.items()}
         survivors = sorted(set(self.placement.values()) - set(replaced.values()))
         for tm in survivors:  # R60: no stale manager survives a failover (FLINK-35400)
@@ -1135,6 +1178,7 @@ class _Work:
                 known_completed=self.latest_completed,
                 finished_mark=self.next_checkpoint - 1,
                 known_watermark=self.watermark,
+                first_checkpoint=self.next_checkpoint,
             )
             self._restore_manager(tm)
         self._collect_dirs()
@@ -1253,6 +1297,9 @@ class _Work:
         mode = RestoreMode.NO_CLAIM if source.savepoint else cmd.mode  # R73
         if self.running:
             self.end_job(retain=True)
+        for t, rec in list(self.tms.items()):
+            if rec.status is TmStatus.LOST:
+                self.tms[t] = evolve(rec, hosted=frozenset())  # R64: a zombie stays in its job
         # R70: a new job with new directories; ids continue
         self.job_seq += 1
         self.job = f"job-{self.job_seq}"
@@ -1266,7 +1313,10 @@ class _Work:
             self.next_tm += 1
         for t in tms:
             self.tms[t] = TmRec(
-                t, TmStatus.ALIVE, known_completed=0, finished_mark=self.next_checkpoint - 1
+                t,
+                TmStatus.ALIVE,
+                finished_mark=self.next_checkpoint - 1,
+                first_checkpoint=self.next_checkpoint,
             )
         subtasks = subtasks_of(self.vertices)
         self.placement = place(subtasks, tms)
@@ -1351,7 +1401,6 @@ class _Work:
             for r in self.retained:
                 paths = {r.metadata} | {s.path for e in r.entries if (s := stream_of(e.handle))}
                 for rd in r.directories:
-                    paths |= {p for p in self.files if is_under(p, rd)}
                     if rd in self.dir_owner:
                         self.dir_owner[rd] = USER
                 for p in paths:

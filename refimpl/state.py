@@ -38,6 +38,9 @@ class TmRec:
     """Every non-savepoint checkpoint <= this id is finished, as far as this TM knows."""
     known_aborted: frozenset[int] = frozenset()
     known_watermark: int = 0
+    first_checkpoint: int = 1
+    """The first checkpoint this attempt was started for: it never writes for older ones."""
+    finished_savepoints: frozenset[int] = frozenset()
     hosted: frozenset[SubtaskId] = frozenset()
     """The subtasks a lost TM hosted when it was given up: what a zombie may still write."""
 
@@ -136,6 +139,8 @@ class Notice:
     checkpoint: int
     mark: int
     savepoint: bool = False
+    pending_savepoints: frozenset[int] = frozenset()
+    """Savepoints still pending when a checkpoint completed: every other one is finished."""
 
 
 @frozen
@@ -171,6 +176,7 @@ class ModelState:
     aborted: frozenset[int] = frozenset()
     retained: tuple[Completed, ...] = ()
     savepoints: Mapping[int, Completed] = field(factory=dict)
+    savepoint_ids: frozenset[int] = frozenset()
     latest_completed: int = 0
     watermark: int = 0
     registry: Mapping[str, RegEntry] = field(factory=dict)

@@ -25,13 +25,21 @@ def shared_dir(job: str, subtask: SubtaskId) -> str:
     return f"{job_base(job)}/shared/{subtask.dir_name()}"
 
 
+WORKING = "working"
+
+
 def taskowned_dir(job: str, tm: TmId) -> str:
-    return f"{job_base(job)}/taskowned/{escape_name(tm)}"
+    """A TM's exclusive directory. A TM named ``working`` is escaped further so that it
+    never shares ``taskowned/working/`` with the disaggregated working files."""
+    name = escape_name(tm)
+    if name == WORKING:
+        name = "_77" + name[1:]
+    return f"{job_base(job)}/taskowned/{name}"
 
 
 def working_dir(job: str, subtask: SubtaskId) -> str:
     """Disaggregated (ForSt-style) working files of one subtask (FLIP-427)."""
-    return f"{job_base(job)}/taskowned/working/{subtask.dir_name()}/db"
+    return f"{job_base(job)}/taskowned/{WORKING}/{subtask.dir_name()}/db"
 
 
 def savepoint_dir(checkpoint: int) -> str:
