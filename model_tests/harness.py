@@ -4,18 +4,31 @@ invariant after each one, and bring the system to a quiet state (R60 of SPEC.md)
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypeVar
 
 from refimpl import ModelState, initial_state, observe, step
 from refimpl.state import TmStatus
 from spec import commands as c
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
-from spec.effects import Effect
+from spec.effects import CreateFile, DeleteFile, Effect
 from spec.errors import CommandError
 from spec.ids import SubtaskId
 from spec.invariants import Violation, check_all, check_safety
 from spec.observation import Observation
 
 DEFAULT_JOB = JobSpec((VertexSpec("src", 2), VertexSpec("agg", 2)), num_tms=2)
+ONE = JobSpec((VertexSpec("v", 1),), num_tms=1)
+"""A job of one subtask, ``S``, on one TM."""
+S = SubtaskId("v", 0, 1)
+JOB = "job-0"
+"""The job id of ``initial_state``: the first component of every checkpoint path."""
+
+ALL_MODES = list(MergingMode)
+MERGING = [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT]
+KS = StateKind.KEYED_SHARED
+OP = StateKind.OPERATOR_LIST
+
+T = TypeVar("T")
 
 
 class InvariantBroken(AssertionError):
@@ -23,7 +36,8 @@ class InvariantBroken(AssertionError):
 
 
 class Harness:
-    """Drives one model; every command is checked against the safety invariants."""
+    """Drives one model; every command is checked against the safety invariants.
+    ``effects`` keeps every effect of every command that succeeded, in order."""
 
     def __init__(
         self,
@@ -35,17 +49,21 @@ class Harness:
         self.state = state if state is not None else initial_state(config or Config(), job)
         self.history: list[c.Command] = []
         self.last_effects: tuple[Effect, ...] = ()
+        self.effects: list[Effect] = []
+        self.previous: ModelState | None = None
 
     # ---------------------------------------------------------------- running commands
 
     def run(self, cmd: c.Command) -> tuple[Effect, ...]:
         out = step(self.state, cmd)
+        self.previous = self.state
         self.state = out.state
         self.history.append(cmd)
         self.last_effects = out.effects
         broken = check_safety(self.observe())
         if broken:
             raise InvariantBroken(self._report(broken))
+        self.effects.extend(out.effects)
         return out.effects
 
     def try_run(self, cmd: c.Command) -> CommandError | None:
@@ -185,3 +203,20 @@ class Harness:
 
 def merging(mode: MergingMode, **kwargs: object) -> Config:
     return Config.for_mode(mode, **kwargs)
+
+
+# -------------------------------------------------------------------- reading effects
+
+
+def of_type(effects: Iterable[object], kind: type[T]) -> list[T]:
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def created(effects: Iterable[Effect], actor: str | None = None) -> list[str]:
+    """Paths of the files created (by ``actor``, if given), in order."""
+    return [e.path for e in effects if isinstance(e, CreateFile) and actor in (None, e.actor)]
+
+
+def deleted(effects: Iterable[Effect], actor: str | None = None) -> list[str]:
+    """Paths of the files deleted (by ``actor``, if given), in order."""
+    return [e.path for e in effects if isinstance(e, DeleteFile) and actor in (None, e.actor)]

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import pytest
 from attrs import evolve
 
-from model_tests.harness import DEFAULT_JOB, Harness, InvariantBroken, merging
+from model_tests.harness import ALL_MODES, MERGING, Harness, InvariantBroken, merging
 from refimpl.machine import _Work
 from refimpl.state import (
     BackendRef,
@@ -39,7 +39,7 @@ from refimpl.state import (
 from spec import commands as c
 from spec import ids as spec_ids
 from spec import layout as spec_layout
-from spec.config import Config, JobSpec, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
+from spec.config import JobSpec, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
 from spec.effects import (
     COORDINATOR,
     AppendBytes,
@@ -60,38 +60,10 @@ TmNotice = Callable[[_Work, str, int, int, bool], None]
 """``_Work.tm_complete`` / ``tm_abort``: (tm, checkpoint, mark, savepoint)."""
 ReuseRule = Callable[[_Work, c.ReuseShared], None]
 
-MODES = list(MergingMode)
-MERGING = [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT]
 SST = "sst-1"
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-class Recorder(Harness):
-    """A harness that also keeps every effect of every command, in order."""
-
-    def __init__(
-        self,
-        config: Config | None = None,
-        job: JobSpec = DEFAULT_JOB,
-        *,
-        state: ModelState | None = None,
-    ) -> None:
-        super().__init__(config, job, state=state)
-        self.effects: list[Effect] = []
-
-    def run(self, cmd: c.Command) -> tuple[Effect, ...]:
-        out = super().run(cmd)
-        self.effects.extend(out)
-        return out
-
-    def mark(self) -> int:
-        """A position in the effect log, for ``since``."""
-        return len(self.effects)
-
-    def since(self, mark: int) -> list[Effect]:
-        return self.effects[mark:]
 
 
 def write_all(h: Harness, cp: int, shared: Iterable[str] = (SST,), *, size: int = 100) -> None:
@@ -185,7 +157,7 @@ def invariant_breaks(*invariants: str) -> Iterator[list[str]]:
 # ---------------------------------------------------------------------------- FLINK-38347
 
 
-def _38347_lost_complete_then_abort(h: Recorder, *, started: bool = False) -> int:
+def _38347_lost_complete_then_abort(h: Harness, *, started: bool = False) -> int:
     """Checkpoint 1 uses the managed directories and completes, but every completion
     notification is lost; checkpoint 2 is aborted and its abort is delivered. ``started``:
     the subtasks wrote and acknowledged checkpoint 2 first (so it reported the directories
@@ -196,7 +168,7 @@ def _38347_lost_complete_then_abort(h: Recorder, *, started: bool = False) -> in
     ack_all(h, 1)
     h.run(c.Complete(1))
     drop_all(h)
-    mark = h.mark()
+    mark = len(h.effects)
     h.run(c.Trigger())
     if started:
         write_all(h, 2, ("sst-2",))
@@ -217,7 +189,7 @@ def test_flink_38347_lost_complete_then_abort_keeps_directory(
     Prevented by R41 (the TM tracks the *set* of checkpoints that reported the directory and
     deletes it only if all are known aborted) and R42 (once checkpoint 1 completed, the
     directory is the coordinator's)."""
-    h = Recorder(merging(mode))
+    h = Harness(merging(mode))
     mark = _38347_lost_complete_then_abort(h, started=started)
     cp1 = retained(h, 1)
     obs = h.observe()
@@ -227,7 +199,7 @@ def test_flink_38347_lost_complete_then_abort_keeps_directory(
         assert obs.registry[f"dir:{d}"].refs == frozenset({1})
         if d in h.state.dirs:
             assert h.state.dirs[d].used_by <= frozenset({1, 2})
-    assert not [e for e in h.since(mark) if isinstance(e, DeleteDir)]
+    assert not [e for e in h.effects[mark:] if isinstance(e, DeleteDir)]
     for tm in h.live_tms():
         rec = h.state.tms[tm]
         assert rec.known_aborted == frozenset({2})
@@ -241,7 +213,7 @@ def test_flink_38347_lost_complete_then_abort_keeps_directory(
     intact(h, cp3.entries)
     for d in cp1.directories:
         assert d in h.observe().directories
-    assert not [e for e in h.since(mark) if isinstance(e, DeleteDir)]
+    assert not [e for e in h.effects[mark:] if isinstance(e, DeleteDir)]
     assert_quiet(h)
 
 
@@ -275,7 +247,7 @@ def test_flink_38347_buggy_rule_is_caught(
     monkeypatch.setattr(_Work, "tm_abort", counting_abort)
     monkeypatch.setattr(_Work, "tm_complete", counting_complete)
     monkeypatch.setattr(_Work, "_tm_release_dirs", counter_release)
-    h = Recorder(merging(mode))
+    h = Harness(merging(mode))
     with invariant_breaks("I1") as seen:
         _38347_lost_complete_then_abort(h)
     assert "chk 1: directory" in str(seen[-1])
@@ -288,7 +260,7 @@ def test_flink_38347_buggy_rule_is_caught(
 
 @pytest.mark.parametrize("rescale", [False, True], ids=["same-parallelism", "rescaled"])
 @pytest.mark.parametrize("restore_mode", list(RestoreMode))
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_flink_35803_restored_files_are_not_reused_nor_deleted_by_tms(
     mode: MergingMode, restore_mode: RestoreMode, rescale: bool
 ) -> None:
@@ -299,7 +271,7 @@ def test_flink_35803_restored_files_are_not_reused_nor_deleted_by_tms(
     checkpoint re-uploads into the new job's directories) and R74 (ownership comes from the
     restore mode, never from paths). Only NONE + CLAIM with unchanged parallelism may
     reuse, and then through the coordinator's registry (R72), not as a TM's file."""
-    h = Recorder(merging(mode))
+    h = Harness(merging(mode))
     h.checkpoint()
     h.checkpoint(reuse=(SST,), shared=("sst-2",))
     old_job = h.state.job
@@ -309,7 +281,7 @@ def test_flink_35803_restored_files_are_not_reused_nor_deleted_by_tms(
     h.run(c.Restore(2, par, restore_mode))
     new_job = h.state.job
     assert new_job != old_job
-    mark = h.mark()
+    mark = len(h.effects)
     deletions_before = len(h.state.deletions)
     # no TM of the new job owns, tracks or remembers a restored file
     obs = h.observe()
@@ -338,9 +310,9 @@ def test_flink_35803_restored_files_are_not_reused_nor_deleted_by_tms(
     h.run(c.Complete(cp))
     h.deliver_all()
     # what the new job wrote lives under the new job's base only
-    created = [e.path for e in h.since(mark) if isinstance(e, CreateFile | MakeDir)]
+    created = [e.path for e in h.effects[mark:] if isinstance(e, CreateFile | MakeDir)]
     assert created and all(p.startswith(f"{new_job}/") for p in created)
-    assert not [e for e in h.since(mark) if isinstance(e, AppendBytes) and e.path in old_paths]
+    assert not [e for e in h.effects[mark:] if isinstance(e, AppendBytes) and e.path in old_paths]
     assert_quiet(h)
     later = h.state.deletions[deletions_before:]
     by_tms = [d for d in later if is_under(d.path, old_job) and d.actor != COORDINATOR]
@@ -489,7 +461,7 @@ def _35570_reuse_then_subsume(h: Harness) -> dict[SubtaskId, str]:
     return lids
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_flink_35570_placeholder_reuse_advances_last_used(mode: MergingMode) -> None:
     """FLINK-35570: reuse of a merged file through a placeholder handle did not advance the
     logical file's last-used checkpoint, so subsuming the checkpoint that created it
@@ -497,7 +469,7 @@ def test_flink_35570_placeholder_reuse_advances_last_used(mode: MergingMode) -> 
     Prevented by R21 (reuse sets last_used = max(last_used, c), through placeholders too)
     and, without merging, R22/R54 (the registry entry's references include the reusing
     checkpoint)."""
-    h = Recorder(merging(mode, max_file_size=100))
+    h = Harness(merging(mode, max_file_size=100))
     lids = _35570_reuse_then_subsume(h)
     cp2 = retained(h, 2)
     assert [r.id for r in h.state.retained] == [2]
@@ -555,7 +527,7 @@ def test_flink_35784_directories_are_registered_and_deleted(mode: MergingMode) -
     Prevented by R40 (every acknowledgement reports the managed directories), R42 (a
     completed checkpoint hands them to the coordinator, registered, and the coordinator
     deletes them recursively once no retained checkpoint refers to them) and R91."""
-    h = Recorder(merging(mode))
+    h = Harness(merging(mode))
     h.checkpoint()
     cp1 = retained(h, 1)
     expected = {shared_dir(h.state.job, s) for s in h.subtasks} | {
@@ -612,13 +584,13 @@ def test_flink_35784_buggy_rule_is_caught(
 # ---------------------------------------------------------------------------- FLINK-32086
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_flink_32086_job_ending_before_any_checkpoint_leaves_nothing(mode: MergingMode) -> None:
     """FLINK-32086: managed directories that no checkpoint ever used were not cleaned when
     the job ended. Prevented by R90 (a job that ends before its first completed checkpoint
     leaves nothing: each TM deletes the directories it created that no completed
     checkpoint used)."""
-    h = Recorder(merging(mode))
+    h = Harness(merging(mode))
     h.run(c.Trigger())
     write_all(h, 1)
     first = h.subtasks[0]
@@ -637,7 +609,7 @@ def test_flink_32086_job_ending_before_any_checkpoint_leaves_nothing(mode: Mergi
 def test_flink_32086_directory_of_aborted_checkpoints_is_deleted_by_its_tm() -> None:
     """FLINK-32086, while the job runs: a directory reported only by checkpoints the TM knows
     aborted, with nothing left in it, is deleted by the TM that made it (R41)."""
-    h = Recorder(merging(MergingMode.WITHIN_CHECKPOINT))
+    h = Harness(merging(MergingMode.WITHIN_CHECKPOINT))
     h.run(c.Trigger())
     write_all(h, 1)
     ack_all(h, 1)
@@ -657,7 +629,7 @@ def test_flink_32086_directory_of_aborted_checkpoints_is_deleted_by_its_tm() -> 
 # ---------------------------------------------------------------------------- FLINK-35400
 
 
-def _35400_failover_with_open_pools(h: Recorder) -> tuple[int, set[str]]:
+def _35400_failover_with_open_pools(h: Harness) -> tuple[int, set[str]]:
     """Checkpoint 1 completes; checkpoint 2 writes sst-2 into open pooled files, half of the
     subtasks acknowledge; then a failover with every TM surviving. Returns the effect-log
     mark after the failover and the files that existed before it."""
@@ -668,7 +640,7 @@ def _35400_failover_with_open_pools(h: Recorder) -> tuple[int, set[str]]:
         h.run(c.Acknowledge(2, s))
     before = set(h.observe().files)
     h.run(c.Failover())
-    return h.mark(), before
+    return len(h.effects), before
 
 
 @pytest.mark.parametrize("mode", MERGING)
@@ -677,7 +649,7 @@ def test_flink_35400_failover_rebuilds_the_manager(mode: MergingMode) -> None:
     that kept the TM reused the old attempt's manager, with its pools and segments.
     Prevented by R60 (surviving TMs drop all in-memory state of the old attempt) and R61
     (they rebuild it from the retained checkpoints only)."""
-    h = Recorder(merging(mode))
+    h = Harness(merging(mode))
     tms = set(h.live_tms())
     mark, before = _35400_failover_with_open_pools(h)
     assert set(h.live_tms()) == tms, "every TM survived"
@@ -703,7 +675,7 @@ def test_flink_35400_failover_rebuilds_the_manager(mode: MergingMode) -> None:
     ack_all(h, cp)
     h.run(c.Complete(cp))
     h.deliver_all()
-    new = h.since(mark)
+    new = h.effects[mark:]
     appended = {e.path for e in new if isinstance(e, AppendBytes)}
     assert appended and not appended & before, "an old attempt's file was written again"
     assert shared_streams(retained(h, cp).entries) == shared_streams(cp1.entries)
@@ -731,7 +703,7 @@ def test_flink_35400_buggy_rule_is_caught(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(_Work, "failover", failover)
     monkeypatch.setattr(_Work, "_forget_tm", forget)
-    h = Recorder(merging(MergingMode.ACROSS_CHECKPOINT))
+    h = Harness(merging(MergingMode.ACROSS_CHECKPOINT))
     with invariant_breaks("I4"):
         _35400_failover_with_open_pools(h)
     assert isinstance(h.history[-1], c.Failover)
@@ -741,14 +713,14 @@ def test_flink_35400_buggy_rule_is_caught(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.parametrize("fate", ["aborted", "complete-unheard"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_flink_25395_unconfirmed_state_is_uploaded_again(mode: MergingMode, fate: str) -> None:
     """FLINK-25395: the backend reused shared files of a checkpoint that had not been
     confirmed; that checkpoint was then aborted, its files were discarded, and the later
     checkpoint that reused them lost its data.
     Prevented by R20 (reuse only from a checkpoint the TM knows completed; otherwise the
     state is uploaded again as a new segment or file)."""
-    h = Recorder(merging(mode, max_file_size=100))
+    h = Harness(merging(mode, max_file_size=100))
     h.run(c.Trigger())
     write_all(h, 1)
     ack_all(h, 1)
@@ -764,7 +736,7 @@ def test_flink_25395_unconfirmed_state_is_uploaded_again(mode: MergingMode, fate
     }
     assert len(first_lids) == len(h.subtasks)
     h.run(c.Trigger())
-    mark = h.mark()
+    mark = len(h.effects)
     reuse_all(h, 2)
     # not reused: uploaded again, a new logical id in a new stream
     reused: dict[SubtaskId, str] = {}
@@ -774,7 +746,7 @@ def test_flink_25395_unconfirmed_state_is_uploaded_again(mode: MergingMode, fate
             reused[e.subtask] = e.handle.logical_id
     assert len(reused) == len(h.subtasks)
     assert not set(reused.values()) & set(first_lids.values())
-    assert any(isinstance(e, CreateFile | AppendBytes) for e in h.since(mark))
+    assert any(isinstance(e, CreateFile | AppendBytes) for e in h.effects[mark:])
     if fate == "aborted":
         h.run(c.Abort(1))
         h.deliver_all()
@@ -825,7 +797,7 @@ def test_flink_25395_buggy_rule_is_caught(
 # ---------------------------------------------------------------------------- FLINK-26985
 
 
-def _26985_claim_restore(h: Recorder, *, reuse: bool) -> tuple[Completed, int]:
+def _26985_claim_restore(h: Harness, *, reuse: bool) -> tuple[Completed, int]:
     """Two checkpoints, then a CLAIM restore from the second with unchanged parallelism,
     then an aborted checkpoint of the new job; the next one is acknowledged but not yet
     completed. Returns the restored checkpoint and the pending checkpoint id."""
@@ -846,13 +818,13 @@ def _26985_claim_restore(h: Recorder, *, reuse: bool) -> tuple[Completed, int]:
     return source, cp
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_flink_26985_claimed_checkpoint_lives_until_subsumed(mode: MergingMode) -> None:
     """FLINK-26985: restoring a job discarded the restored checkpoint's shared state while
     the restored checkpoint (and the new job) still needed it.
     Prevented by R72 (CLAIM: the new job's coordinator owns the restored checkpoint,
     registers its shared files, retains it until subsumed, and only then deletes it)."""
-    h = Recorder(merging(mode))
+    h = Harness(merging(mode))
     source, cp = _26985_claim_restore(h, reuse=False)
     shared = {
         sh.path
@@ -868,14 +840,14 @@ def test_flink_26985_claimed_checkpoint_lives_until_subsumed(mode: MergingMode) 
         assert obs.registry[lid].refs == frozenset({2})
     assert not shared & deleted_paths(h.effects)
     intact(h, source.entries)
-    mark = h.mark()
+    mark = len(h.effects)
     h.run(c.Complete(cp))
     h.deliver_all()
     obs = h.observe()
     assert [r.id for r in h.state.retained] == [cp]
     assert not shared & set(obs.files), "the subsumed claimed checkpoint must be deleted"
     assert not [k for k in obs.registry if k in shared_streams(source.entries).values()]
-    gone = [e for e in h.since(mark) if isinstance(e, DeleteFile | DeleteDir)]
+    gone = [e for e in h.effects[mark:] if isinstance(e, DeleteFile | DeleteDir)]
     assert gone and {e.actor for e in gone} == {COORDINATOR}
     for d in source.directories:
         assert DeleteDir(d, COORDINATOR) in gone
@@ -887,7 +859,7 @@ def test_flink_26985_claimed_shared_state_reused_by_the_new_job() -> None:
     """FLINK-26985 without merging: the new job's first checkpoint reuses the claimed
     shared files through the registry (R72); subsuming the restored checkpoint must keep
     them (R54: the new checkpoint refers to them) and they go once nothing refers to them."""
-    h = Recorder(merging(MergingMode.NONE))
+    h = Harness(merging(MergingMode.NONE))
     source, cp = _26985_claim_restore(h, reuse=True)
     reused = {s.path for s in handles(source.entries)}
     h.run(c.Complete(cp))
@@ -920,7 +892,7 @@ def test_flink_26985_buggy_rule_is_caught(monkeypatch: pytest.MonkeyPatch) -> No
                     self._delete_file(s.path, COORDINATOR)
 
     monkeypatch.setattr(_Work, "_subsume", subsume)
-    h = Recorder(merging(MergingMode.NONE))
+    h = Harness(merging(MergingMode.NONE))
     _source, cp = _26985_claim_restore(h, reuse=True)
     with invariant_breaks("I1"):
         h.run(c.Complete(cp))
@@ -958,14 +930,14 @@ def _29913_same_local_name(h: Harness, variant: str) -> dict[int, dict[SubtaskId
 
 
 @pytest.mark.parametrize("variant", list(JOBS_29913))
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_flink_29913_registry_keys_are_unique_handle_ids(mode: MergingMode, variant: str) -> None:
     """FLINK-29913: the shared-state registry was keyed by local file names; two different
     uploads named "000001.sst" (two subtasks, or one subtask in two concurrent checkpoints)
     collided, and one was taken for a duplicate and discarded while still referenced.
     Prevented by R54 (keys are unique handle ids, never local names; a conflicting
     registration is an error) and R2 (ids and paths are never reused)."""
-    h = Recorder(merging(mode), JOBS_29913[variant])
+    h = Harness(merging(mode), JOBS_29913[variant])
     seen = _29913_same_local_name(h, variant)
     all_lids = [lid for by_subtask in seen.values() for lid in by_subtask.values()]
     assert len(all_lids) == 2 and len(set(all_lids)) == 2, seen
@@ -1068,13 +1040,13 @@ def _paths(effects: Iterable[Effect]) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_flink_35778_special_characters_never_reach_paths(mode: MergingMode) -> None:
     """FLINK-35778: TM resource ids (and other ids) with special characters broke the
     file-merging directory paths; Flink's fix replaces reserved URI characters with "-",
     which can map two ids to one directory. Prevented by R3 (every id that reaches a path
     is escaped to [A-Za-z0-9._-], injectively: ``spec.ids.escape_name``)."""
-    h = Recorder(state=_odd_state(mode))
+    h = Harness(state=_odd_state(mode))
     _35778_run(h)
     paths = _paths(h.effects)
     assert paths
@@ -1116,7 +1088,7 @@ def test_flink_35778_buggy_rule_is_caught(
     (I3) or cleans them up as garbage while a retained checkpoint uses them (I1)."""
     monkeypatch.setattr(spec_ids, "escape_name", _flink_uri_escape)
     monkeypatch.setattr(spec_layout, "escape_name", _flink_uri_escape)
-    h = Recorder(state=_odd_state(mode))
+    h = Harness(state=_odd_state(mode))
     collide = {shared_dir(ODD_JOB, SubtaskId(v, 0, 1)) for v in ("a/b", "a:b")}
     assert len(collide) == 1
     with invariant_breaks("I1", "I3"):

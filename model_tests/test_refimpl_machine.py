@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from model_tests.harness import DEFAULT_JOB, Harness
+from refimpl import ModelState, step
 from refimpl.state import TmStatus
 from spec import commands as c
 from spec.commands import StorageOp
@@ -68,7 +77,7 @@ class RefimplMachine(RuleBasedStateMachine):
             event(f"ran {type(cmd).__name__}")
 
     @property
-    def s(self):  # type: ignore[no-untyped-def]
+    def s(self) -> ModelState:
         return self.h.state
 
     def open_checkpoints(self) -> list[int]:
@@ -97,8 +106,9 @@ class RefimplMachine(RuleBasedStateMachine):
             if (tm, sub, cp) in self.s.acked:
                 continue
             names = [k[2] for k in self.s.backend if k[0] == tm and k[1] == sub]
-            if names and data.draw(st.booleans()):
-                self.do(c.ReuseShared(cp, sub, data.draw(st.sampled_from(sorted(names)))))
+            if names:
+                if data.draw(st.booleans()):
+                    self.do(c.ReuseShared(cp, sub, data.draw(st.sampled_from(sorted(names)))))
             if data.draw(st.integers(0, 3)) > 0:
                 name = data.draw(st.sampled_from(SHARED_NAMES))
                 self.do(
@@ -293,36 +303,27 @@ class RefimplMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ checks
 
     @invariant()
-    def refusals_are_documented(self) -> None:
-        assert all(isinstance(r, Reason) for r in self.refusals)
+    def transitions_are_pure(self) -> None:
+        """The model is a function: replaying the last command on the previous state gives
+        an equal state and the same effects (no clock, randomness or hidden state)."""
+        if self.h.previous is None or not self.h.history:
+            return
+        again = step(self.h.previous, self.h.history[-1])
+        assert again.state == self.h.state
+        assert again.effects == self.h.last_effects
 
     def teardown(self) -> None:
         completed = sum(1 for cmd in self.h.history if isinstance(cmd, c.Complete))
-        event(
-            f"completed checkpoints before quiesce: {min(completed, 5)}{'+' if completed >= 5 else ''}"
-        )
+        event(f"completed checkpoints before quiesce: {'5+' if completed >= 5 else completed}")
         broken = self.h.quiesce()
         assert not broken, self.h._report(broken)
 
 
-class TestNoneMode(RefimplMachine.TestCase):
-    settings = settings(max_examples=EXAMPLES)
-
-
-class _Within(RefimplMachine):
-    mode = MergingMode.WITHIN_CHECKPOINT
-
-
-class TestWithinMode(_Within.TestCase):
-    settings = settings(max_examples=EXAMPLES)
-
-
-class _Across(RefimplMachine):
-    mode = MergingMode.ACROSS_CHECKPOINT
-
-
-class TestAcrossMode(_Across.TestCase):
-    settings = settings(max_examples=EXAMPLES)
+@pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
+def test_random_sequences(mode: MergingMode) -> None:
+    """EXAMPLES random sequences per merging mode, every invariant after every step."""
+    machine = type(f"RefimplMachine{mode.name}", (RefimplMachine,), {"mode": mode})
+    run_state_machine_as_test(machine, settings=settings(max_examples=EXAMPLES))
 
 
 def test_refusal_leaves_state_unchanged() -> None:

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from model_tests.harness import Harness
+from model_tests.harness import ALL_MODES, JOB, KS, MERGING, ONE, OP, Harness, S, created, deleted
 from refimpl.redistribute import redistribute
 from spec import commands as c
 from spec import effects as ef
 from spec.commands import StorageOp
-from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
+from spec.config import Config, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.effects import COORDINATOR, USER, Effect
 from spec.errors import Reason
 from spec.handles import FileHandle, StateEntry, stream_of
@@ -24,22 +24,7 @@ from spec.keygroups import key_group_range, ranges_overlap
 from spec.layout import is_under, metadata_path, savepoint_dir, taskowned_dir
 from spec.observation import Observation
 
-ALL_MODES = list(MergingMode)
-MERGING = [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT]
-KS = StateKind.KEYED_SHARED
-OP = StateKind.OPERATOR_LIST
-ONE = JobSpec((VertexSpec("v", 1),), num_tms=1)
-S = SubtaskId("v", 0, 1)
-JOB = "job-0"
 AGG3 = (("agg", 3),)
-
-
-def created(effects: Iterable[Effect], actor: str | None = None) -> list[str]:
-    return [e.path for e in effects if isinstance(e, ef.CreateFile) and actor in (None, e.actor)]
-
-
-def deleted(effects: Iterable[Effect], actor: str | None = None) -> list[str]:
-    return [e.path for e in effects if isinstance(e, ef.DeleteFile) and actor in (None, e.actor)]
 
 
 def writes(effects: Iterable[Effect]) -> list[Effect]:
@@ -716,4 +701,29 @@ def test_r95_restart_rebuilds_registry_and_retained(mode: MergingMode, num_retai
     assert not set(deleted(effects)) & kept and kept <= set(after.files)
     assert set(deleted(effects, COORDINATOR)) == pending  # the forgotten acks' files
     assert (mode is MergingMode.NONE) == bool(pending)
+    assert h.quiesce() == []
+
+
+# ---------------------------------------------------------------------------- R57
+
+
+@pytest.mark.parametrize("mode", list(MergingMode))
+def test_r57_losing_a_tm_aborts_every_pending_checkpoint(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode))
+    h.checkpoint()
+    h.run(c.Trigger())
+    h.run(c.Trigger(savepoint=True))
+    cp, sp = h.last_checkpoint - 1, h.last_checkpoint
+    for s in h.subtasks:
+        h.run(c.WriteState(cp, s, StateKind.KEYED_SHARED, "sst-2", 40))
+        h.run(c.Acknowledge(cp, s))
+    lost = h.tm_of(h.subtasks[0])
+    h.run(c.CrashTm(lost))
+    assert h.state.pending == {}
+    assert {cp, sp} <= h.state.aborted
+    err = h.try_run(c.Complete(cp))
+    assert err is not None and err.reason is Reason.CHECKPOINT_NOT_PENDING
+    # the lost TM's acknowledged files are cleaned once it stops; nothing retained breaks
+    h.run(c.AttemptStopped(lost))
+    assert [r.checkpoint for r in h.observe().retained] == [cp - 1]
     assert h.quiesce() == []

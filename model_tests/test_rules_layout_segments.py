@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import TypeVar
 
 import pytest
 from attrs import evolve
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from model_tests.harness import DEFAULT_JOB, Harness
+from model_tests.harness import ALL_MODES, DEFAULT_JOB, JOB, MERGING, Harness, of_type
 from refimpl import initial_state
 from refimpl.state import TmRec, TmStatus, place, subtasks_of
 from spec import commands as c
@@ -38,28 +37,22 @@ from spec.handles import FileHandle, SegmentHandle
 from spec.ids import SAFE, SubtaskId, escape_name, unescape_name
 from spec.layout import savepoint_dir, shared_dir, taskowned_dir, working_dir
 
-T = TypeVar("T")
-
-ALL_MODES = list(MergingMode)
-MERGED = [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT]
-JOB = "job-0"
 AGG0, AGG1 = SubtaskId("agg", 0, 2), SubtaskId("agg", 1, 2)
 SRC0, SRC1 = SubtaskId("src", 0, 2), SubtaskId("src", 1, 2)
 SHARED, EXCL = StateKind.KEYED_SHARED, StateKind.OPERATOR_LIST
 PATH_RE = re.compile(r"[A-Za-z0-9._\-/]+")
 
 
-class Recorder(Harness):
-    """A harness that keeps every effect of every command, in order."""
+class ExtentTracker(Harness):
+    """A harness that also checks, after every command, that a logical id keeps naming the
+    same bytes (path, offset, length) in every retained checkpoint."""
 
     def __init__(self, config: Config, job: JobSpec = DEFAULT_JOB) -> None:
         super().__init__(config, job)
-        self.effects: list[Effect] = []
         self.logical: dict[str, tuple[str, int, int]] = {}
 
     def run(self, cmd: c.Command) -> tuple[Effect, ...]:
         out = super().run(cmd)
-        self.effects.extend(out)
         for r in self.observe().retained:
             for e in r.entries:
                 h = e.handle
@@ -71,10 +64,6 @@ class Recorder(Harness):
 
 def make(mode: MergingMode, job: JobSpec = DEFAULT_JOB, **kwargs: object) -> Harness:
     return Harness(Config.for_mode(mode, **kwargs), job)
-
-
-def of_type(effects: Iterable[object], kind: type[T]) -> list[T]:
-    return [e for e in effects if isinstance(e, kind)]
 
 
 def write(
@@ -144,7 +133,7 @@ def test_r1_shared_in_subtask_dir_exclusive_in_checkpoint_or_tm_dir(mode: Mergin
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r1_every_path_under_job_base_or_savepoints(mode: MergingMode) -> None:
-    h = Recorder(Config.for_mode(mode))
+    h = ExtentTracker(Config.for_mode(mode))
     h.checkpoint()
     h.checkpoint(savepoint=True)
     h.checkpoint(shared=("sst-2",))
@@ -156,7 +145,7 @@ def test_r1_every_path_under_job_base_or_savepoints(mode: MergingMode) -> None:
 
 
 def test_r1_savepoint_metadata_lives_in_savepoint_dir() -> None:
-    h = Recorder(Config.for_mode(MergingMode.NONE))
+    h = ExtentTracker(Config.for_mode(MergingMode.NONE))
     h.checkpoint(savepoint=True)
     metas = [m.path for m in of_type(h.effects, WriteMetadata)]
     assert metas == [f"{savepoint_dir(1)}/_metadata"]
@@ -172,7 +161,7 @@ def test_r1_tm_directory_never_contains_working_dirs() -> None:
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r2_paths_and_logical_ids_never_reused(mode: MergingMode) -> None:
-    h = Recorder(Config.for_mode(mode, max_file_size=250))
+    h = ExtentTracker(Config.for_mode(mode, max_file_size=250))
     h.checkpoint(shared=("sst-1", "sst-2"))
     h.checkpoint(shared=("sst-3",), reuse=("sst-1",))
     h.run(c.Trigger())
@@ -301,7 +290,7 @@ def test_r10_empty_snapshot_creates_no_file(mode: MergingMode) -> None:
     assert "empty" not in names and "empty-op" not in names
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r10_write_creates_one_segment_with_last_used_c(mode: MergingMode) -> None:
     h = make(mode)
     h.checkpoint()
@@ -410,7 +399,7 @@ def test_r12_bytes_durable_before_handle(mode: MergingMode) -> None:
         assert h.observe().files[path] == 80
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r12_roll_at_max_file_size(mode: MergingMode) -> None:
     h = make(mode, max_file_size=250)
     h.run(c.Trigger())
@@ -424,7 +413,7 @@ def test_r12_roll_at_max_file_size(mode: MergingMode) -> None:
     assert obs.files[first] == 200 and first not in obs.open_files
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r12_file_reaching_max_size_is_closed(mode: MergingMode) -> None:
     h = make(mode, max_file_size=200)
     h.run(c.Trigger())
@@ -450,7 +439,7 @@ def test_r12_across_rolls_across_checkpoints() -> None:
 # ---------------------------------------------------------------------------- R13 merge scope
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r13_shared_state_merged_per_subtask(mode: MergingMode) -> None:
     h = make(mode)
     h.run(c.Trigger())
@@ -462,7 +451,7 @@ def test_r13_shared_state_merged_per_subtask(mode: MergingMode) -> None:
     assert written_path(write(h, 1, SRC0, "sst-2")) == s
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r13_exclusive_state_merged_per_tm(mode: MergingMode) -> None:
     h = make(mode)
     h.run(c.Trigger())
@@ -534,7 +523,7 @@ def test_r14_within_file_closes_when_tm_learns_later_completion() -> None:
     assert CloseFile(path, "tm:tm-1") in eff
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r14_within_pools_per_checkpoint_across_keeps_one_open_file(mode: MergingMode) -> None:
     h = make(mode)
     h.checkpoint()
@@ -551,9 +540,9 @@ def test_r14_within_pools_per_checkpoint_across_keeps_one_open_file(mode: Mergin
 # ---------------------------------------------------------------------------- R15 deletion
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r15_closed_unreferenced_file_deleted_once_by_owner(mode: MergingMode) -> None:
-    h = Recorder(Config.for_mode(mode, max_file_size=100))
+    h = ExtentTracker(Config.for_mode(mode, max_file_size=100))
     h.checkpoint(shared=("sst-1",))
     old = sorted(p for p in h.observe().files if p.startswith(shared_dir(JOB, SRC0)))
     assert len(old) == 1 and old[0] not in h.observe().open_files
@@ -581,7 +570,7 @@ def test_r15_open_file_not_deleted_at_zero_ref_count() -> None:
     assert eff.index(CloseFile(path, "tm:tm-1")) < eff.index(DeleteFile(path, "tm:tm-1"))
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r15_closed_file_with_live_segment_kept(mode: MergingMode) -> None:
     h = make(mode, max_file_size=150)
     h.checkpoint(shared=("sst-1",))
@@ -679,7 +668,7 @@ def test_r17_failed_append_poisons_across_file_keeps_acknowledged(kind: StateKin
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r17_nothing_acknowledged_is_deleted(mode: MergingMode) -> None:
-    h = Recorder(Config.for_mode(mode))
+    h = ExtentTracker(Config.for_mode(mode))
     h.checkpoint(shared=("sst-1", "sst-2"))
     retained = {p for p in h.observe().files}
     h.run(c.Trigger())

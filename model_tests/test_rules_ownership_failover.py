@@ -8,10 +8,10 @@ from collections.abc import Iterable
 
 import pytest
 
-from model_tests.harness import Harness
+from model_tests.harness import ALL_MODES, JOB, KS, MERGING, ONE, OP, Harness, S, created, deleted
 from spec import commands as c
 from spec.commands import StorageOp
-from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
+from spec.config import Config, MergingMode
 from spec.effects import (
     COORDINATOR,
     AppendBytes,
@@ -19,7 +19,6 @@ from spec.effects import (
     CloseFile,
     CreateFile,
     DeleteDir,
-    DeleteFile,
     Effect,
     MakeDir,
 )
@@ -28,22 +27,6 @@ from spec.handles import stream_of
 from spec.ids import SubtaskId
 from spec.layout import is_under, shared_dir, taskowned_dir
 from spec.observation import Observation
-
-ALL_MODES = list(MergingMode)
-MERGING = [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT]
-KS = StateKind.KEYED_SHARED
-OP = StateKind.OPERATOR_LIST
-ONE = JobSpec((VertexSpec("v", 1),), num_tms=1)
-S = SubtaskId("v", 0, 1)
-JOB = "job-0"
-
-
-def created(effects: Iterable[Effect], actor: str | None = None) -> list[str]:
-    return [e.path for e in effects if isinstance(e, CreateFile) and actor in (None, e.actor)]
-
-
-def deleted(effects: Iterable[Effect], actor: str | None = None) -> list[str]:
-    return [e.path for e in effects if isinstance(e, DeleteFile) and actor in (None, e.actor)]
 
 
 def appended(effects: Iterable[Effect]) -> list[str]:

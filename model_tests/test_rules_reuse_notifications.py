@@ -10,13 +10,12 @@ agg[1] and src[1]. ``Harness.checkpoint`` writes ``sst-1`` (100 bytes) per subta
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeVar
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_tests.harness import Harness
+from model_tests.harness import ALL_MODES, MERGING, Harness, of_type
 from refimpl.state import NoticeKind
 from spec import commands as c
 from spec.config import Config, MergingMode, StateKind
@@ -26,10 +25,6 @@ from spec.handles import FileHandle, PlaceholderHandle, SegmentHandle
 from spec.ids import SubtaskId
 from spec.observation import Observation
 
-T = TypeVar("T")
-
-ALL_MODES = list(MergingMode)
-MERGED = [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT]
 AGG0 = SubtaskId("agg", 0, 2)
 SRC0, SRC1 = SubtaskId("src", 0, 2), SubtaskId("src", 1, 2)
 SHARED = StateKind.KEYED_SHARED
@@ -39,10 +34,6 @@ Extent = tuple[str, int, int]
 
 def make(mode: MergingMode, **kwargs: object) -> Harness:
     return Harness(Config.for_mode(mode, **kwargs))
-
-
-def of_type(effects: Iterable[object], kind: type[T]) -> list[T]:
-    return [e for e in effects if isinstance(e, kind)]
 
 
 def write(
@@ -125,8 +116,6 @@ def aborted(h: Harness, cp: int) -> bool:
     return reason(h, c.Complete(cp)) is Reason.CHECKPOINT_NOT_PENDING
 
 
-
-
 # ---------------------------------------------------------------------------- R20 reuse
 
 
@@ -164,7 +153,7 @@ def test_r20_reuse_of_unconfirmed_state_uploads_again(mode: MergingMode, case: s
         assert new.logical_id != old.logical_id and new.path == appends[0].path
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r20_reuse_from_file_no_longer_reusable_uploads_again(mode: MergingMode) -> None:
     h = make(mode, max_space_amplification=1.5)
     h.checkpoint(shared=("sst-1", "sst-2"))
@@ -180,7 +169,7 @@ def test_r20_reuse_from_file_no_longer_reusable_uploads_again(mode: MergingMode)
 # ---------------------------------------------------------------------------- R21 last_used
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r21_reuse_extends_segment_past_watermark(mode: MergingMode) -> None:
     h = make(mode)
     h.checkpoint()
@@ -192,7 +181,7 @@ def test_r21_reuse_extends_segment_past_watermark(mode: MergingMode) -> None:
     assert extent_of(seg) not in extents(h.observe())
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r21_last_used_is_the_max_of_reusing_checkpoints(mode: MergingMode) -> None:
     h = make(mode)
     h.checkpoint()
@@ -298,7 +287,7 @@ def test_r23_names_not_in_the_completed_checkpoint_are_forgotten(mode: MergingMo
     assert h.run(c.ReuseShared(3, SRC0, "sst-1")) == ()
 
 
-@pytest.mark.parametrize("mode", [MergingMode.NONE, *MERGED])
+@pytest.mark.parametrize("mode", [MergingMode.NONE, *MERGING])
 def test_r23_reused_state_stays_reusable(mode: MergingMode) -> None:
     h = make(mode)
     h.checkpoint()
@@ -373,7 +362,7 @@ def test_r30_lost_tm_is_not_notified(mode: MergingMode) -> None:
 # ---------------------------------------------------------------------------- R31 complete(c, k)
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r31_complete_discards_segments_up_to_watermark(mode: MergingMode) -> None:
     h = make(mode)
     h.checkpoint()
@@ -408,7 +397,7 @@ def test_r31_complete_discards_unacknowledged_older_writes(mode: MergingMode) ->
 # ---------------------------------------------------------------------------- R32 abort(c, L)
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r32_abort_discards_segments_created_for_the_checkpoint(mode: MergingMode) -> None:
     h = make(mode)
     h.checkpoint()
@@ -435,7 +424,7 @@ def test_r32_abort_discards_unacknowledged_writes(mode: MergingMode) -> None:
         assert DeleteFile(path, "tm:tm-1") in eff and path not in h.observe().files
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r32_abort_keeps_an_older_segment_it_reused(mode: MergingMode) -> None:
     h = make(mode)
     h.checkpoint()
@@ -463,7 +452,7 @@ def test_r32_abort_carries_latest_completed_as_confirmation(mode: MergingMode) -
 # ---------------------------------------------------------------------------- R33 idempotence
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r33_duplicate_complete_discards_once(mode: MergingMode) -> None:
     h = make(mode)
     h.checkpoint()
@@ -537,7 +526,7 @@ def test_r34_stale_complete_after_a_newer_one_changes_nothing(mode: MergingMode)
     assert h.run(c.ReuseShared(3, SRC0, "sst-1")) == ()
 
 
-@pytest.mark.parametrize("mode", MERGED)
+@pytest.mark.parametrize("mode", MERGING)
 def test_r34_lost_abort_covered_by_a_later_watermark(mode: MergingMode) -> None:
     h = make(mode)
     h.checkpoint()

@@ -328,6 +328,7 @@ class _Work:
             self.files[path] = evolve(f, open=False)
 
     def _new_file_name(self, directory: str) -> str:
+        """R2: names come from counters in the state and are never handed out twice."""
         name = f"{directory}/f{self.next_file:06d}"
         self.next_file += 1
         return name
@@ -838,6 +839,7 @@ class _Work:
         return self.channel[index]
 
     def deliver(self, index: int) -> None:
+        """R34: any notice may arrive at any time, twice or never; handlers are monotonic."""
         n = self.notice_at(index)
         del self.channel[index]
         rec = self.tms.get(n.tm)
@@ -1295,6 +1297,8 @@ class _Work:
         ):
             raise CommandError(Reason.BAD_ARGUMENT, f"bad parallelism {cmd.parallelism}")
         mode = RestoreMode.NO_CLAIM if source.savepoint else cmd.mode  # R73
+        # R71, R74: the new job's TMs start with empty tables and new directories, so no
+        # restored file is ever theirs, whatever its path; only the mode decides (_claim).
         if self.running:
             self.end_job(retain=True)
         for t, rec in list(self.tms.items()):

@@ -102,7 +102,7 @@ class Config:
 
     @property
     def amplification_bound(self) -> float | None:
-        """The bound on space amplification, or None where it is disabled (< 1)."""
+        """The bound on space amplification, or None where it is disabled (< 1, R82)."""
         return self.max_space_amplification if self.max_space_amplification >= 1 else None
 
     @classmethod

@@ -23,7 +23,6 @@ class Reason(enum.Enum):
     NO_SUCH_STATE = "no_such_state"
     NOT_RETAINED = "not_retained"
     BAD_ARGUMENT = "bad_argument"
-    UNSAFE_CONFIGURATION = "unsafe_configuration"
 
 
 class CommandError(Exception):

@@ -1,4 +1,4 @@
-"""Where things live under a base (BRIEF §2). Paths are relative to the storage root,
+"""Where things live under a base (R1, BRIEF §2). Paths are relative to the storage root,
 ``/``-separated, and every component that carries an id is escaped (R3)."""
 
 from __future__ import annotations
