@@ -362,16 +362,21 @@ class _Work:
         rec = self.tms.get(creator)
         return creator if rec is not None and rec.status is TmStatus.LOST else None
 
+    def _defer(self, d: Deferred) -> None:
+        """R45, R64: a waiting delete is listed once, however often it is asked for."""
+        if not any(x.path == d.path and x.is_dir == d.is_dir for x in self.deferred):
+            self.deferred.append(d)
+
     def _delete_file(self, path: str, actor: str) -> None:
         f = self.files.get(path)
         wait = self._waits_for(None if f is None else f.creator, actor)
         if wait is not None:
-            self.deferred.append(Deferred(actor, path, False, wait))
+            self._defer(Deferred(actor, path, False, wait))
             return
         try:
             self._fire(StorageOp.DELETE, path, actor)
         except _StorageFault:
-            self.deferred.append(Deferred(actor, path, False, None))
+            self._defer(Deferred(actor, path, False, None))
             return
         self.effects.append(DeleteFile(path, actor))
         self._record_delete(path, actor)
@@ -385,12 +390,12 @@ class _Work:
         }
         wait = next((w for w in sorted(waits - {None})), None)  # type: ignore[type-var]
         if wait is not None:
-            self.deferred.append(Deferred(actor, path, True, wait))
+            self._defer(Deferred(actor, path, True, wait))
             return
         try:
             self._fire(StorageOp.DELETE, path, actor)
         except _StorageFault:
-            self.deferred.append(Deferred(actor, path, True, None))
+            self._defer(Deferred(actor, path, True, None))
             return
         self.effects.append(DeleteDir(path, actor))
         for p in inside:
