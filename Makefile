@@ -35,11 +35,11 @@ $(STAMP): pyproject.toml $(PKG_INITS)
 	touch $@
 
 lint: $(STAMP)
-	$(BIN)/ruff check spec refimpl model_tests
+	$(BIN)/ruff check spec refimpl fastimpl model_tests
 	$(BIN)/mypy
 
 test: $(STAMP)
-	$(BIN)/ruff check spec refimpl model_tests
+	$(BIN)/ruff check spec refimpl fastimpl model_tests
 	$(BIN)/mypy
 	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest
 

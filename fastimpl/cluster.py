@@ -1,0 +1,1407 @@
+"""The store: a coordinator, its TMs, the notification channel and storage, in one
+process. ``Cluster.apply(command)`` accepts every command of ``spec/commands.py`` and
+``observe()`` shows the store in ``spec/observation.py`` vocabulary.
+
+A command is validated before anything changes: a ``CommandError`` leaves files and
+bookkeeping as they were. Storage calls happen in the order SPEC.md's rules give them,
+so with ``CounterIds`` the names match the reference model's, file by file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fastimpl.ids import IdSource, RandomIds
+from fastimpl.manager import Manager
+from fastimpl.metadata import metadata_bytes
+from fastimpl.records import (
+    ABORT,
+    COMPLETE,
+    BackendRef,
+    Completed,
+    Deferred,
+    ManagedDir,
+    Notice,
+    Pending,
+    PFile,
+    PoolKey,
+    RegEntry,
+    Seg,
+    Status,
+    StoredFile,
+    Tm,
+)
+from fastimpl.redistribute import assign
+from fastimpl.storage import Storage, StorageFault
+from spec import commands as c
+from spec.commands import StorageOp
+from spec.config import Config, JobSpec, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
+from spec.effects import COORDINATOR, USER, tm_actor
+from spec.errors import CommandError, Reason
+from spec.handles import (
+    DirectoryHandle,
+    FileHandle,
+    PlaceholderHandle,
+    SegmentHandle,
+    StateEntry,
+    stream_of,
+)
+from spec.ids import SubtaskId, TmId
+from spec.keygroups import key_group_range
+from spec.layout import (
+    METADATA,
+    SAVEPOINTS,
+    checkpoint_dir,
+    is_under,
+    job_base,
+    metadata_path,
+    savepoint_dir,
+    shared_dir,
+    taskowned_dir,
+)
+from spec.observation import DeletionRecord, Observation, RegistryView, RetainedView
+
+OutKey = tuple[TmId, SubtaskId, int]
+BackendKey = tuple[TmId, SubtaskId, str]
+_METADATA_SUFFIX = "/" + METADATA
+
+
+def _tm_of_actor(actor: str) -> TmId | None:
+    return actor[3:] if actor.startswith("tm:") else None
+
+
+def _subtasks(vertices: tuple[VertexSpec, ...]) -> list[SubtaskId]:
+    return [SubtaskId(v.name, i, v.parallelism) for v in vertices for i in range(v.parallelism)]
+
+
+def _place(subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
+    return {s: tms[i % len(tms)] for i, s in enumerate(subtasks)}
+
+
+class Cluster:
+    """A job's checkpoint storage with its coordinator and TMs."""
+
+    def __init__(
+        self,
+        config: Config,
+        job_spec: JobSpec,
+        fs: Any,
+        root: str,
+        ids: IdSource | None = None,
+        job_id: str = "job-0",
+    ) -> None:
+        self.cfg = config
+        self.mode = config.merging_mode
+        self.storage = Storage(fs, root)
+        self.ids: IdSource = ids if ids is not None else RandomIds()
+        self.num_tms = job_spec.num_tms
+        self.job = job_id
+        self.job_seq = 0
+        self.running = True
+        self.vertices = job_spec.vertices
+        tm_ids = [f"tm-{i}" for i in range(1, job_spec.num_tms + 1)]
+        self.placement: dict[SubtaskId, TmId] = _place(_subtasks(self.vertices), tm_ids)
+        self.tms: dict[TmId, Tm] = {t: Tm(t, Status.ALIVE) for t in tm_ids}
+        self.next_tm = job_spec.num_tms + 1
+        self.next_checkpoint = 1
+        self.pending: dict[int, Pending] = {}
+        self.aborted: set[int] = set()
+        self.retained: list[Completed] = []
+        self.savepoints: dict[int, Completed] = {}
+        self.savepoint_ids: set[int] = set()
+        self.latest_completed = 0
+        self.watermark = 0
+        self.registry: dict[str, RegEntry] = {}
+        self.mgr: dict[TmId, Manager] = {}
+        self.outputs: dict[OutKey, tuple[StateEntry, ...]] = {}
+        self.acked: dict[OutKey, tuple[StateEntry, ...]] = {}
+        self.backend: dict[BackendKey, BackendRef] = {}
+        self.dirs: dict[str, ManagedDir] = {}
+        self.dir_owner: dict[str, str] = {}
+        self.files: dict[str, StoredFile] = {}
+        self.deletions: list[DeletionRecord] = []
+        self.deferred: list[Deferred] = []
+        self.channel: list[Notice] = []
+        self.restoring: tuple[StateEntry, ...] = ()
+        self.bases: set[str] = {job_base(job_id), SAVEPOINTS}
+
+    # ------------------------------------------------------------------ dispatch
+
+    def apply(self, cmd: c.Command) -> None:
+        """Apply one command; raise ``CommandError`` (nothing changed) if it is invalid."""
+        match cmd:
+            case c.Trigger():
+                self._trigger(cmd)
+            case c.WriteState():
+                self._write_state(cmd)
+            case c.ReuseShared():
+                self._reuse_shared(cmd)
+            case c.Acknowledge():
+                self._acknowledge(cmd)
+            case c.Decline():
+                tm = self._writer_tm(cmd.checkpoint, cmd.subtask, None)
+                self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+            case c.Complete():
+                self._complete(cmd)
+            case c.Abort():
+                self._require_running()
+                self._require_pending(cmd.checkpoint)
+                self._coordinator_abort(cmd.checkpoint)
+            case c.DeliverNotification():
+                self._deliver(cmd.index)
+            case c.DropNotification():
+                self._notice_at(cmd.index)
+                del self.channel[cmd.index]
+            case c.DuplicateNotification():
+                self.channel.append(self._notice_at(cmd.index))
+            case c.CrashTm():
+                self._crash_tm(cmd.tm)
+            case c.AttemptStopped():
+                self._attempt_stopped(cmd.tm)
+            case c.CrashDuringWrite():
+                self._crash_during_write(cmd)
+            case c.Failover():
+                self._require_running()
+                self._failover()
+            case c.RestartCoordinator():
+                self._require_running()
+                self._restart_coordinator()
+            case c.Restore():
+                self._restore(cmd)
+            case c.FailNextCall():
+                self.storage.arm(cmd.op)
+            case c.RetryDeletes():
+                self._retry_deletes()
+            case c.Cancel():
+                self._require_running()
+                self._end_job(retain=cmd.retain)
+            case _:
+                raise CommandError(Reason.BAD_ARGUMENT, f"unknown command {cmd!r}")
+
+    # ------------------------------------------------------------------ validation
+
+    def _require_running(self) -> None:
+        if not self.running:
+            raise CommandError(Reason.JOB_NOT_RUNNING, f"job {self.job} has ended")
+
+    def _require_pending(self, checkpoint: int) -> Pending:
+        p = self.pending.get(checkpoint)
+        if p is None:
+            if 1 <= checkpoint < self.next_checkpoint:
+                raise CommandError(
+                    Reason.CHECKPOINT_NOT_PENDING, f"checkpoint {checkpoint} is not pending"
+                )
+            raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
+        return p
+
+    def _writer_tm(self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None) -> TmId:
+        """The TM a write or acknowledgement comes from, checked (R10, R56, R64)."""
+        self._require_running()
+        if subtask not in self.placement:
+            raise CommandError(Reason.UNKNOWN_SUBTASK, f"{subtask} is not a subtask of {self.job}")
+        if not 1 <= checkpoint < self.next_checkpoint:
+            raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
+        tm = self.placement[subtask] if attempt is None else attempt
+        rec = self.tms.get(tm)
+        if rec is None:
+            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
+        if attempt is None and rec.status is not Status.ALIVE:
+            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} hosting {subtask} is not alive")
+        if attempt is not None:
+            if rec.status is not Status.LOST:
+                raise CommandError(Reason.TM_NOT_LOST, f"attempt {tm} is not a lost TM")
+            if subtask not in rec.hosted:
+                raise CommandError(Reason.NOT_HOSTED, f"{tm} never hosted {subtask}")
+        if self._finished_for_tm(rec, checkpoint):
+            raise CommandError(
+                Reason.CHECKPOINT_FINISHED_FOR_TM,
+                f"{tm} already knows checkpoint {checkpoint} is finished",
+            )
+        if (tm, subtask, checkpoint) in self.acked:
+            raise CommandError(
+                Reason.ALREADY_ACKNOWLEDGED, f"{subtask} already acknowledged {checkpoint}"
+            )
+        return tm
+
+    def _is_savepoint(self, checkpoint: int) -> bool:
+        return checkpoint in self.savepoint_ids
+
+    def _finished_for_tm(self, rec: Tm, checkpoint: int) -> bool:
+        if checkpoint in rec.known_aborted or checkpoint < rec.first_checkpoint:
+            return True
+        if checkpoint in rec.finished_savepoints:
+            return True
+        return not self._is_savepoint(checkpoint) and checkpoint <= rec.finished_mark
+
+    def _manager(self, tm: TmId) -> Manager:
+        m = self.mgr.get(tm)
+        if m is None:
+            m = self.mgr[tm] = Manager()
+        return m
+
+    # ------------------------------------------------------------------ storage calls
+
+    def _fs_mkdir(self, path: str, actor: str, creator: TmId) -> None:
+        if path in self.dir_owner:
+            return
+        self.storage.mkdir(path)
+        self.dir_owner[path] = actor
+        self.dirs[path] = ManagedDir(path, creator)
+
+    def _fs_create(self, path: str, actor: str, creator: TmId | None) -> None:
+        self.storage.create(path)
+        self.files[path] = StoredFile(0, True, actor, creator)
+
+    def _fs_append(self, path: str, length: int) -> int:
+        self.storage.append(path, length)
+        f = self.files[path]
+        offset = f.size
+        f.size += length
+        return offset
+
+    def _fs_close(self, path: str) -> None:
+        f = self.files.get(path)
+        if f is not None and f.open:
+            self.storage.close(path)
+            f.open = False
+
+    def _new_file_name(self, directory: str) -> str:
+        return f"{directory}/{self.ids.file_name(directory)}"
+
+    def _protected(self, path: str) -> bool:
+        f = self.files.get(path)
+        owner = f.owner if f is not None else self.dir_owner.get(path)
+        return owner == USER or not any(is_under(path, b) for b in self.bases)
+
+    def _record_delete(self, path: str, actor: str) -> None:
+        f = self.files.get(path)
+        self.deletions.append(
+            DeletionRecord(
+                path=path,
+                actor=actor,
+                owner=None if f is None else f.owner,
+                existed=f is not None,
+                protected=f is not None and self._protected(path),
+            )
+        )
+        self.files.pop(path, None)
+
+    def _waits_for(self, creator: TmId | None, actor: str) -> TmId | None:
+        """R64: a lost attempt's files are deleted by others only once it has stopped."""
+        if creator is None or _tm_of_actor(actor) == creator:
+            return None
+        rec = self.tms.get(creator)
+        return creator if rec is not None and rec.status is Status.LOST else None
+
+    def _defer(self, d: Deferred) -> None:
+        """R45, R64: a waiting delete is listed once, however often it is asked for."""
+        if not any(x.path == d.path and x.is_dir == d.is_dir for x in self.deferred):
+            self.deferred.append(d)
+
+    def _delete_file(self, path: str, actor: str) -> None:
+        f = self.files.get(path)
+        wait = self._waits_for(None if f is None else f.creator, actor)
+        if wait is not None:
+            self._defer(Deferred(actor, path, False, wait))
+            return
+        try:
+            self.storage.delete_file(path)
+        except StorageFault:
+            self._defer(Deferred(actor, path, False, None))
+            return
+        self._record_delete(path, actor)
+
+    def _delete_dir(self, path: str, actor: str) -> None:
+        """R42: delete a managed directory with everything in it."""
+        inside = sorted(p for p in self.files if is_under(p, path))
+        d = self.dirs.get(path)
+        waits = {self._waits_for(d.creator if d is not None else None, actor)}
+        waits |= {self._waits_for(self.files[p].creator, actor) for p in inside}
+        waits.discard(None)
+        if waits:
+            self._defer(Deferred(actor, path, True, min(w for w in waits if w)))
+            return
+        try:
+            self.storage.delete_dir(path)
+        except StorageFault:
+            self._defer(Deferred(actor, path, True, None))
+            return
+        for p in inside:
+            self._record_delete(p, actor)
+        for sub in [x for x in self.dir_owner if is_under(x, path)]:
+            del self.dir_owner[sub]
+            self.dirs.pop(sub, None)
+
+    def _retry_deletes(self) -> None:
+        """R45: retry deletes that failed; a delete that fails again stays queued."""
+        ready = [d for d in self.deferred if d.waits_for is None]
+        self.deferred = [d for d in self.deferred if d.waits_for is not None]
+        for d in ready:
+            self._run_deferred(d)
+
+    def _run_deferred(self, d: Deferred) -> None:
+        """A waiting delete is carried out by whoever owns the path now (R44)."""
+        if d.is_dir:
+            owner = self.dir_owner.get(d.path)
+            if owner is not None and owner != USER:
+                self._delete_dir(d.path, owner)
+        else:
+            f = self.files.get(d.path)
+            if f is not None and f.owner != USER:
+                self._delete_file(d.path, f.owner)
+
+    # ------------------------------------------------------------------ trigger (R50)
+
+    def _trigger(self, cmd: c.Trigger) -> None:
+        self._require_running()
+        cid = self.next_checkpoint
+        self.next_checkpoint += 1
+        self.pending[cid] = Pending(cid, cmd.savepoint)
+        if cmd.savepoint:
+            self.savepoint_ids.add(cid)
+
+    # ------------------------------------------------------------------ writing (R10-R17)
+
+    def _write_state(self, cmd: c.WriteState) -> None:
+        tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        if cmd.size == 0:
+            return  # R10
+        try:
+            entry = self._write_stream(
+                tm, cmd.subtask, cmd.checkpoint, cmd.kind, cmd.name, cmd.size, cmd.entries
+            )
+        except StorageFault:
+            self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+            return
+        self._add_output(tm, cmd.subtask, cmd.checkpoint, entry)
+
+    def _add_output(self, tm: TmId, subtask: SubtaskId, checkpoint: int, e: StateEntry) -> None:
+        key = (tm, subtask, checkpoint)
+        self.outputs[key] = (*self.outputs.get(key, ()), e)
+        if e.kind is StateKind.KEYED_SHARED and not self._is_savepoint(checkpoint):
+            self.backend[(tm, subtask, e.name)] = BackendRef(e, checkpoint, False)
+
+    def _key_groups(self, subtask: SubtaskId, kind: StateKind) -> tuple[int, int] | None:
+        if not kind.keyed:
+            return None
+        return key_group_range(self.cfg.max_parallelism, subtask.parallelism, subtask.index)
+
+    def _write_stream(
+        self,
+        tm: TmId,
+        subtask: SubtaskId,
+        checkpoint: int,
+        kind: StateKind,
+        name: str,
+        size: int,
+        entries: int,
+        partial: int | None = None,
+    ) -> StateEntry:
+        actor = tm_actor(tm)
+        lid = self.ids.logical_id()
+        kg = self._key_groups(subtask, kind)
+        scope = kind.scope
+        savepoint = self._is_savepoint(checkpoint)
+        if savepoint or self.mode is MergingMode.NONE:
+            # R11, R55: one file per handle, the writing TM's until acknowledged
+            if savepoint:
+                directory = savepoint_dir(checkpoint)
+            elif scope is Scope.SHARED:
+                directory = shared_dir(self.job, subtask)
+            else:
+                directory = checkpoint_dir(self.job, checkpoint)
+            path = self._new_file_name(directory)
+            self._fs_create(path, actor, tm)
+            try:
+                self._fs_append(path, size if partial is None else partial)
+            except StorageFault:
+                self._fs_close(path)
+                self._delete_file(path, actor)
+                raise
+            if partial is not None:
+                raise StorageFault(StorageOp.APPEND, path)
+            self._fs_close(path)  # R12: durable before the handle exists
+            return StateEntry(subtask, kind, name, FileHandle(path, size, lid, scope), entries, kg)
+        path, offset = self._append_segment(tm, subtask, checkpoint, scope, size, partial)
+        m = self.mgr[tm]
+        m.add(Seg(lid, path, offset, size, subtask, scope, checkpoint, checkpoint, False))
+        pf = m.pfiles[path]
+        pf.ref_count += 1
+        pf.live_bytes += size
+        if pf.open and pf.size >= self.cfg.max_file_size:
+            self._close_pfile(tm, path)  # R12: roll at max file size
+        handle = SegmentHandle(path, offset, size, lid, scope)
+        return StateEntry(subtask, kind, name, handle, entries, kg)
+
+    def _pool_key(self, tm: TmId, subtask: SubtaskId, checkpoint: int, scope: Scope) -> PoolKey:
+        """R13: SHARED merged per subtask, EXCLUSIVE per TM; WITHIN pools per checkpoint."""
+        owner = str(subtask) if scope is Scope.SHARED else tm
+        within = self.mode is MergingMode.WITHIN_CHECKPOINT
+        return (tm, scope.value, owner, str(checkpoint) if within else "*")
+
+    def _append_segment(
+        self,
+        tm: TmId,
+        subtask: SubtaskId,
+        checkpoint: int,
+        scope: Scope,
+        size: int,
+        partial: int | None,
+    ) -> tuple[str, int]:
+        actor = tm_actor(tm)
+        key = self._pool_key(tm, subtask, checkpoint, scope)
+        directory = (
+            shared_dir(self.job, subtask) if scope is Scope.SHARED else taskowned_dir(self.job, tm)
+        )
+        self._fs_mkdir(directory, actor, tm)  # R40
+        m = self._manager(tm)
+        path = m.pools.get(key)
+        if path is not None:
+            pf = m.pfiles[path]
+            if pf.size > 0 and pf.size + size > self.cfg.max_file_size:
+                self._close_pfile(tm, path)  # R12: roll before exceeding the size
+                path = None
+        if path is None:
+            path = self._new_file_name(directory)
+            self._fs_create(path, actor, tm)
+            cp = checkpoint if key[3] != "*" else None
+            m.pfiles[path] = PFile(path, scope, key, cp, True, 0)
+            m.pools[key] = path
+        n = size if partial is None else partial
+        try:
+            offset = self._fs_append(path, n)
+        except StorageFault:
+            self._poison(tm, path)
+            raise
+        m.pfiles[path].size += n
+        if partial is not None:
+            raise StorageFault(StorageOp.APPEND, path)
+        return path, offset
+
+    def _poison(self, tm: TmId, path: str) -> None:
+        """R17: a file whose write failed is closed and never written or reused again."""
+        self.mgr[tm].pfiles[path].reusable = False
+        self._close_pfile(tm, path)
+
+    def _write_failed(self, tm: TmId, subtask: SubtaskId, checkpoint: int) -> None:
+        """R17: the subtask declines and writes no more for the checkpoint (R14)."""
+        self._tm_drop_outputs(tm, subtask, checkpoint)
+        self.acked[(tm, subtask, checkpoint)] = ()
+        self._close_within_files(tm, lambda cp: cp == checkpoint, subtask)
+        if checkpoint in self.pending and self.tms[tm].status is Status.ALIVE:
+            self._coordinator_abort(checkpoint)
+
+    # ------------------------------------------------------------------ reuse (R20-R23)
+
+    def _reuse_shared(self, cmd: c.ReuseShared) -> None:
+        tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        ref = self.backend.get((tm, cmd.subtask, cmd.name))
+        if ref is None:
+            raise CommandError(
+                Reason.NO_SUCH_STATE, f"{cmd.subtask} on {tm} has no shared state {cmd.name!r}"
+            )
+        old = ref.entry
+        stream = stream_of(old.handle)
+        size = 0 if stream is None else stream.length
+        if not self._is_savepoint(cmd.checkpoint) and self._reusable(tm, ref):
+            h = old.handle
+            if isinstance(h, SegmentHandle):
+                m = self.mgr[tm]
+                seg = m.segs[h.logical_id]
+                m.touch(seg, max(seg.last_used, cmd.checkpoint))  # R21
+                entry = old
+            else:
+                assert stream is not None
+                entry = StateEntry(
+                    old.subtask,
+                    old.kind,
+                    old.name,
+                    PlaceholderHandle(stream.logical_id),
+                    old.entries,
+                    old.key_groups,
+                    old.entry_range,
+                )
+            key = (tm, cmd.subtask, cmd.checkpoint)
+            self.outputs[key] = (*self.outputs.get(key, ()), entry)
+            self.backend[(tm, cmd.subtask, entry.name)] = BackendRef(
+                ref.entry, max(ref.checkpoint, cmd.checkpoint), ref.confirmed
+            )
+            return
+        # R20: not reusable: upload the same local state again
+        try:
+            entry = self._write_stream(
+                tm, cmd.subtask, cmd.checkpoint, old.kind, old.name, size, old.entries
+            )
+        except StorageFault:
+            self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+            return
+        self._add_output(tm, cmd.subtask, cmd.checkpoint, entry)
+
+    def _reusable(self, tm: TmId, ref: BackendRef) -> bool:
+        if not ref.confirmed:
+            return False
+        h = ref.entry.handle
+        if isinstance(h, SegmentHandle):
+            m = self.mgr.get(tm)
+            if m is None or h.logical_id not in m.segs:
+                return False
+            pf = m.pfiles.get(h.path)
+            return pf is not None and pf.reusable
+        return isinstance(h, FileHandle) and self.mode is MergingMode.NONE
+
+    # ------------------------------------------------------------------ acknowledge
+
+    def _acknowledge(self, cmd: c.Acknowledge) -> None:
+        tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        key = (tm, cmd.subtask, cmd.checkpoint)
+        entries = list(self.outputs.pop(key, ()))
+        if self.mode is not MergingMode.NONE and not self._is_savepoint(cmd.checkpoint):
+            # R40: every acknowledgement reports the managed directories that exist
+            for directory in (shared_dir(self.job, cmd.subtask), taskowned_dir(self.job, tm)):
+                if directory in self.dir_owner:
+                    d = self.dirs[directory]
+                    if d.creator == tm:
+                        d.used_by.add(cmd.checkpoint)
+                    entries.append(
+                        StateEntry(
+                            cmd.subtask, StateKind.CHANNEL, "dir", DirectoryHandle(directory), 0
+                        )
+                    )
+        self.acked[key] = tuple(entries)
+        self._close_within_files(tm, lambda cp: cp == cmd.checkpoint, cmd.subtask)
+        if cmd.attempt is not None or cmd.checkpoint not in self.pending:
+            if cmd.attempt is None:
+                self._take_over_files(entries)  # R43: a late ack still hands files over
+                for e in entries:
+                    s = stream_of(e.handle)
+                    if s is not None and isinstance(e.handle, FileHandle):
+                        self._delete_file(s.path, COORDINATOR)
+            return  # R56
+        p = self.pending[cmd.checkpoint]
+        p.received |= self._take_over_files(entries)
+        p.acks[cmd.subtask] = tuple(entries)
+        if not all(
+            e.handle.logical_id in self.registry
+            for e in entries
+            if isinstance(e.handle, PlaceholderHandle)
+        ):
+            self._coordinator_abort(cmd.checkpoint)  # R22
+            return
+        for e in entries:
+            if isinstance(e.handle, PlaceholderHandle):
+                self.registry[e.handle.logical_id].pins.add(cmd.checkpoint)
+
+    def _take_over_files(self, entries: Iterable[StateEntry]) -> set[str]:
+        """R43: whole-file handles (NONE mode, savepoints) become the coordinator's."""
+        taken: set[str] = set()
+        for e in entries:
+            h = e.handle
+            if isinstance(h, FileHandle):
+                f = self.files.get(h.path)
+                if f is not None:
+                    f.owner = COORDINATOR
+                    taken.add(h.path)
+        return taken
+
+    # ------------------------------------------------------------------ coordinator
+
+    def _current_tms(self) -> list[TmId]:
+        return sorted({t for t in self.placement.values() if self.tms[t].status is Status.ALIVE})
+
+    def _notify(self, kind: int, checkpoint: int, mark: int, savepoint: bool) -> None:
+        open_sps = frozenset(k for k, p in self.pending.items() if p.savepoint)
+        for tm in self._current_tms():
+            self.channel.append((tm, kind, checkpoint, mark, savepoint, open_sps))
+
+    def _coordinator_abort(self, checkpoint: int) -> None:
+        p = self.pending.pop(checkpoint)
+        self.aborted.add(checkpoint)
+        for key in sorted(k for k, r in self.registry.items() if checkpoint in r.pins):
+            self.registry[key].pins.discard(checkpoint)
+            self._release_entry(key)
+        for path in sorted(p.received):  # R43
+            f = self.files.get(path)
+            if f is not None and f.owner == COORDINATOR:
+                self._delete_file(path, COORDINATOR)
+        self._notify(ABORT, checkpoint, self.latest_completed, p.savepoint)
+
+    def _complete(self, cmd: c.Complete) -> None:
+        self._require_running()
+        p = self._require_pending(cmd.checkpoint)
+        missing = [s for s in self.placement if s not in p.acks]
+        if missing:
+            raise CommandError(
+                Reason.NOT_ALL_ACKNOWLEDGED,
+                f"checkpoint {cmd.checkpoint} lacks acks from {[str(s) for s in missing]}",
+            )
+        entries: list[StateEntry] = []
+        directories: list[str] = []
+        for s in sorted(p.acks):
+            for e in p.acks[s]:
+                h = e.handle
+                if isinstance(h, DirectoryHandle):
+                    if h.path not in directories:
+                        directories.append(h.path)
+                elif isinstance(h, PlaceholderHandle):
+                    reg = self.registry[h.logical_id]
+                    assert reg.handle is not None
+                    entries.append(
+                        StateEntry(
+                            e.subtask,
+                            e.kind,
+                            e.name,
+                            reg.handle,
+                            e.entries,
+                            e.key_groups,
+                            e.entry_range,
+                        )
+                    )
+                else:
+                    entries.append(e)
+        meta = (
+            f"{savepoint_dir(cmd.checkpoint)}/{METADATA}"
+            if p.savepoint
+            else metadata_path(self.job, cmd.checkpoint)
+        )
+        done = Completed(
+            cmd.checkpoint, self.job, p.savepoint, tuple(entries), tuple(directories), meta
+        )
+        try:
+            self.storage.write_metadata(
+                meta,
+                metadata_bytes(done.id, done.job, done.savepoint, done.entries, done.directories),
+            )
+        except StorageFault:
+            self._coordinator_abort(cmd.checkpoint)  # R51
+            return
+        self.files[meta] = StoredFile(len(entries), False, COORDINATOR, None)
+        del self.pending[cmd.checkpoint]
+        if p.savepoint:
+            # R55: a completed savepoint belongs to the user
+            for path in [*sorted(p.received), done.metadata]:
+                f = self.files.get(path)
+                if f is not None:
+                    f.owner = USER
+            self.savepoints[done.id] = done
+            self._notify(COMPLETE, done.id, self.watermark, True)
+            return
+        self.restoring = ()
+        self.latest_completed = cmd.checkpoint
+        self._register(done)
+        self.retained.append(done)
+        while len(self.retained) > self.cfg.num_retained:  # R52
+            self._subsume(self.retained.pop(0))
+        self._notify(COMPLETE, cmd.checkpoint, self.watermark, False)
+        for older in sorted(
+            k for k, v in self.pending.items() if k < cmd.checkpoint and not v.savepoint
+        ):
+            self._coordinator_abort(older)  # R53
+        self._collect_dirs()
+
+    def _release_entry(self, key: str) -> None:
+        """R54: an entry nobody refers to goes; the coordinator deletes what it owns."""
+        reg = self.registry[key]
+        if reg.refs or reg.pins:
+            return
+        del self.registry[key]
+        if reg.owned and not key.startswith("dir:"):
+            f = self.files.get(reg.path)
+            if f is not None and f.owner == COORDINATOR:
+                self._delete_file(reg.path, COORDINATOR)
+
+    def _register(self, done: Completed) -> None:
+        """R54: keyed by unique handle ids; refs are the checkpoint ids that use them."""
+        for e in done.entries:
+            h = e.handle
+            if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
+                continue
+            reg = self.registry.get(h.logical_id)
+            if reg is not None and reg.path != h.path:
+                raise AssertionError(f"conflicting registration of {h.logical_id}")
+            new = RegEntry(h.logical_id, h.path, h, isinstance(h, FileHandle))
+            if reg is not None:
+                new.refs = reg.refs
+                new.pins = reg.pins
+            new.refs.add(done.id)
+            new.pins.discard(done.id)
+            self.registry[h.logical_id] = new
+        for d in done.directories:
+            key = f"dir:{d}"
+            reg = self.registry.get(key)
+            new = RegEntry(key, d, None, True)
+            if reg is not None:
+                new.refs = reg.refs
+            new.refs.add(done.id)
+            self.registry[key] = new
+            md = self.dirs.get(d)
+            if md is not None:
+                md.handed_over = True
+            self.dir_owner[d] = COORDINATOR  # R42
+
+    def _subsume(self, old: Completed) -> None:
+        """R52, R54: drop a checkpoint's references; delete what nobody refers to."""
+        self.watermark = max(self.watermark, old.id)
+        keys = [
+            h.logical_id
+            for e in old.entries
+            if isinstance(h := e.handle, SegmentHandle | FileHandle) and h.scope is Scope.SHARED
+        ] + [f"dir:{d}" for d in old.directories]
+        for key in dict.fromkeys(keys):
+            reg = self.registry.get(key)
+            if reg is None:
+                continue
+            reg.refs.discard(old.id)
+            self._release_entry(key)
+        for e in old.entries:
+            h = e.handle
+            if isinstance(h, FileHandle) and h.scope is Scope.EXCLUSIVE:
+                f = self.files.get(h.path)
+                if f is not None and f.owner == COORDINATOR:
+                    self._delete_file(h.path, COORDINATOR)
+        f = self.files.get(old.metadata)
+        if f is not None and f.owner == COORDINATOR:
+            self._delete_file(old.metadata, COORDINATOR)
+
+    # ------------------------------------------------------------------ notifications
+
+    def _notice_at(self, index: int) -> Notice:
+        if not 0 <= index < len(self.channel):
+            raise CommandError(
+                Reason.NO_SUCH_NOTIFICATION, f"no notification {index} of {len(self.channel)}"
+            )
+        return self.channel[index]
+
+    def _deliver(self, index: int) -> None:
+        """R34: any notice may arrive at any time, twice or never."""
+        tm, kind, checkpoint, mark, savepoint, still_open = self._notice_at(index)
+        del self.channel[index]
+        rec = self.tms.get(tm)
+        if rec is None or rec.status is Status.STOPPED:
+            return
+        if kind == COMPLETE:
+            self._tm_complete(tm, checkpoint, mark, savepoint)
+            if not savepoint:
+                self._finish_savepoints(tm, checkpoint, still_open)
+        else:
+            self._tm_abort(tm, checkpoint, mark, savepoint)
+
+    def _finish_savepoints(self, tm: TmId, checkpoint: int, still_open: frozenset[int]) -> None:
+        """R35: savepoints up to c that are not listed as pending are finished."""
+        mine = {k[2] for k in self.outputs if k[0] == tm} | {k[2] for k in self.acked if k[0] == tm}
+        done = sorted(
+            sp
+            for sp in mine
+            if sp <= checkpoint and sp not in still_open and self._is_savepoint(sp)
+        )
+        for sp in done:
+            self._savepoint_finished(tm, sp)
+
+    def _savepoint_finished(self, tm: TmId, savepoint: int) -> None:
+        self.tms[tm].finished_savepoints.add(savepoint)
+        self._tm_drop_outputs_where(tm, lambda cp: cp == savepoint)
+        for key in [k for k in self.acked if k[0] == tm and k[2] == savepoint]:
+            del self.acked[key]
+
+    def _tm_complete(self, tm: TmId, checkpoint: int, watermark: int, savepoint: bool) -> None:
+        rec = self.tms[tm]
+        if savepoint:
+            self._savepoint_finished(tm, checkpoint)  # R35
+            return
+        rec.known_completed = max(rec.known_completed, checkpoint)
+        rec.finished_mark = max(rec.finished_mark, checkpoint)
+        rec.known_watermark = max(rec.known_watermark, watermark)
+        self._confirm(tm, checkpoint)
+        m = self.mgr.get(tm)
+        if m is not None:
+            for lid in m.used_up_to(watermark):  # R31
+                self._discard(tm, lid)
+        self._tm_drop_outputs_where(tm, lambda cp: cp <= checkpoint and not self._is_savepoint(cp))
+        self._close_within_files(tm, lambda cp: cp <= checkpoint)
+
+    def _tm_abort(self, tm: TmId, checkpoint: int, latest_completed: int, savepoint: bool) -> None:
+        rec = self.tms[tm]
+        rec.known_aborted.add(checkpoint)
+        rec.known_completed = max(rec.known_completed, latest_completed)
+        if latest_completed:
+            self._confirm(tm, latest_completed)  # R32
+        m = self.mgr.get(tm)
+        if m is not None:
+            for lid in m.created_for(checkpoint):
+                self._discard(tm, lid)
+        self._tm_drop_outputs_where(tm, lambda cp: cp == checkpoint)
+        self._close_within_files(tm, lambda cp: cp == checkpoint)
+        if savepoint:
+            self._savepoint_finished(tm, checkpoint)
+        else:
+            self._tm_release_dirs(tm)
+
+    def _confirm(self, tm: TmId, checkpoint: int) -> None:
+        """R23: what a subtask acknowledged for a completed checkpoint becomes its baseline."""
+        m = self.mgr.get(tm)
+        for (t, subtask, cp), entries in sorted(self.acked.items(), key=lambda kv: str(kv[0])):
+            if t != tm or cp != checkpoint:
+                continue
+            names = {e.name: e for e in entries if e.kind is StateKind.KEYED_SHARED}
+            for bkey, ref in list(self.backend.items()):
+                if bkey[0] != tm or bkey[1] != subtask:
+                    continue
+                if bkey[2] in names:
+                    acked = names[bkey[2]]
+                    base = ref.entry if isinstance(acked.handle, PlaceholderHandle) else acked
+                    self.backend[bkey] = BackendRef(base, max(ref.checkpoint, cp), True)
+                elif ref.checkpoint <= cp:
+                    del self.backend[bkey]
+            if m is not None:
+                for e in names.values():
+                    h = e.handle
+                    if isinstance(h, SegmentHandle):
+                        seg = m.segs.get(h.logical_id)
+                        if seg is not None:
+                            seg.confirmed = True
+        for key in [k for k in self.acked if k[0] == tm and k[2] < checkpoint]:
+            if not self._is_savepoint(key[2]):
+                del self.acked[key]
+
+    def _discard(self, tm: TmId, lid: str) -> None:
+        """R33: a segment leaves the table once and decrements its file's count once."""
+        m = self.mgr[tm]
+        seg = m.remove(lid)
+        if seg is None:
+            return
+        pf = m.pfiles[seg.path]
+        pf.ref_count -= 1
+        pf.live_bytes -= seg.length
+        self._check_file(tm, seg.path)
+
+    def _check_file(self, tm: TmId, path: str) -> None:
+        """R15, R80, R81: delete a closed unreferenced file; bound space amplification."""
+        m = self.mgr.get(tm)
+        pf = None if m is None else m.pfiles.get(path)
+        if m is None or pf is None:
+            return
+        bound = self.cfg.amplification_bound
+        if bound is not None and pf.size > bound * pf.live_bytes:
+            pf.reusable = False
+            if pf.open:
+                self._close_pfile(tm, path)  # R81
+                return
+        if not pf.open and pf.ref_count == 0:
+            del m.pfiles[path]
+            f = self.files.get(path)
+            actor = tm_actor(tm)
+            if f is not None and f.owner == actor:
+                self._delete_file(path, actor)
+
+    def _close_pfile(self, tm: TmId, path: str) -> None:
+        m = self.mgr[tm]
+        pf = m.pfiles[path]
+        if pf.pool_key is not None and m.pools.get(pf.pool_key) == path:
+            del m.pools[pf.pool_key]
+        if pf.open:
+            self._fs_close(path)
+            pf.open = False
+        self._check_file(tm, path)
+
+    def _close_within_files(
+        self, tm: TmId, which: Callable[[int], bool], subtask_done: SubtaskId | None = None
+    ) -> None:
+        """R14: a WITHIN file closes once nobody can still write to it for its checkpoint."""
+        m = self.mgr.get(tm)
+        if m is None:
+            return
+        for path in sorted(m.pfiles):
+            pf = m.pfiles.get(path)
+            if pf is None or not pf.open or pf.checkpoint is None or not which(pf.checkpoint):
+                continue
+            if subtask_done is not None:
+                assert pf.pool_key is not None
+                if pf.scope is Scope.SHARED and pf.pool_key[2] != str(subtask_done):
+                    continue
+                if pf.scope is Scope.EXCLUSIVE and not self._tm_done_with(tm, pf.checkpoint):
+                    continue
+            self._close_pfile(tm, path)
+
+    def _tm_done_with(self, tm: TmId, checkpoint: int) -> bool:
+        return all((tm, s, checkpoint) in self.acked for s, t in self.placement.items() if t == tm)
+
+    def _tm_drop_outputs_where(self, tm: TmId, which: Callable[[int], bool]) -> None:
+        for key in sorted((k for k in self.outputs if k[0] == tm and which(k[2])), key=str):
+            self._tm_drop_outputs(tm, key[1], key[2])
+
+    def _tm_drop_outputs(self, tm: TmId, subtask: SubtaskId, checkpoint: int) -> None:
+        """Discard what a subtask wrote for a checkpoint and never acknowledged."""
+        for e in self.outputs.pop((tm, subtask, checkpoint), ()):
+            h = e.handle
+            bkey = (tm, subtask, e.name)
+            if isinstance(h, FileHandle):
+                f = self.files.get(h.path)
+                if f is not None and f.owner == tm_actor(tm):
+                    self._delete_file(h.path, tm_actor(tm))
+                ref = self.backend.get(bkey)
+                if ref is not None and ref.entry == e:
+                    del self.backend[bkey]
+            elif isinstance(h, SegmentHandle):
+                m = self.mgr.get(tm)
+                seg = None if m is None else m.segs.get(h.logical_id)
+                if seg is not None and seg.created_for == checkpoint:
+                    if seg.last_used <= checkpoint:
+                        self._discard(tm, h.logical_id)
+                ref = self.backend.get(bkey)
+                if ref is not None and ref.entry == e and not ref.confirmed:
+                    del self.backend[bkey]
+
+    def _tm_release_dirs(self, tm: TmId) -> None:
+        """R41: delete a directory only when every checkpoint that reported it aborted."""
+        rec = self.tms[tm]
+        m = self.mgr.get(tm)
+        actor = tm_actor(tm)
+        for path in sorted(self.dirs):
+            d = self.dirs.get(path)
+            if d is None or d.creator != tm or d.handed_over or not d.used_by:
+                continue
+            if self.dir_owner.get(path) != actor:
+                continue
+            if not d.used_by <= rec.known_aborted:
+                continue
+            if m is not None and any(is_under(p, path) for p in m.pfiles):
+                continue
+            if any(is_under(f, path) for f in self.files):
+                continue
+            self._delete_dir(path, actor)
+
+    # ------------------------------------------------------------------ crashes (R57-R65)
+
+    def _crash_tm(self, tm: TmId) -> None:
+        self._require_running()
+        rec = self.tms.get(tm)
+        if rec is None:
+            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
+        if rec.status is not Status.ALIVE or tm not in self.placement.values():
+            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} is not a live TM of {self.job}")
+        self._lose(tm)
+
+    def _lose(self, tm: TmId) -> None:
+        """R57: every pending checkpoint aborts when a TM is lost."""
+        rec = self.tms[tm]
+        rec.status = Status.LOST
+        rec.hosted = frozenset(s for s, t in self.placement.items() if t == tm)
+        for cid in sorted(self.pending):
+            self._coordinator_abort(cid)
+
+    def _crash_during_write(self, cmd: c.CrashDuringWrite) -> None:
+        tm = self._writer_tm(cmd.checkpoint, cmd.subtask, None)
+        if not 0 < cmd.written < cmd.size:
+            raise CommandError(Reason.BAD_ARGUMENT, "a crash mid-write needs 0 < written < size")
+        try:
+            self._write_stream(
+                tm, cmd.subtask, cmd.checkpoint, cmd.kind, cmd.name, cmd.size, 1, cmd.written
+            )
+        except StorageFault:
+            pass  # R65: the half-written bytes stay with the crashed attempt
+        self._lose(tm)
+
+    def _attempt_stopped(self, tm: TmId) -> None:
+        """R64: what waited for a stopped attempt runs; the coordinator takes the rest."""
+        rec = self.tms.get(tm)
+        if rec is None:
+            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
+        if rec.status is not Status.LOST:
+            raise CommandError(Reason.TM_NOT_LOST, f"{tm} is {rec.status.value}, not lost")
+        rec.status = Status.STOPPED
+        rec.hosted = frozenset()
+        for path in sorted(self.files):
+            f = self.files[path]
+            if f.creator == tm and f.open:
+                self.storage.close(path)  # its process is gone
+                f.open = False
+        self._forget_tm(tm)
+        actor = tm_actor(tm)
+        formerly = sorted(p for p, f in self.files.items() if f.owner == actor)
+        for path in formerly:
+            self.files[path].owner = COORDINATOR
+        for path in sorted(p for p, o in self.dir_owner.items() if o == actor):
+            self.dir_owner[path] = COORDINATOR
+        waiting = [d for d in self.deferred if d.waits_for == tm]
+        self.deferred = [d for d in self.deferred if d.waits_for != tm]
+        for d in waiting:
+            self._run_deferred(Deferred(d.actor, d.path, d.is_dir, None))
+        for path in formerly:
+            if path in self.files and not self._referenced(path):
+                self._delete_file(path, COORDINATOR)
+        self._collect_dirs()
+
+    def _forget_tm(self, tm: TmId) -> None:
+        """A TM that is gone keeps no memory: its tables go, its files stay on storage."""
+        self.mgr.pop(tm, None)
+        self.outputs = {k: v for k, v in self.outputs.items() if k[0] != tm}
+        self.acked = {k: v for k, v in self.acked.items() if k[0] != tm}
+        self.backend = {k: v for k, v in self.backend.items() if k[0] != tm}
+        self.channel = [n for n in self.channel if n[0] != tm]
+
+    def _referenced(self, path: str) -> bool:
+        for r in self.retained:
+            if path == r.metadata:
+                return True
+            for e in r.entries:
+                s = stream_of(e.handle)
+                if s is not None and s.path == path:
+                    return True
+        return any(
+            (s := stream_of(e.handle)) is not None and s.path == path for e in self.restoring
+        )
+
+    def _collect_dirs(self) -> None:
+        """R42: the coordinator deletes a directory it owns once nothing refers to it."""
+        live = set(self._current_tms())
+        used = {d for r in self.retained for d in r.directories}
+        for path, owner in sorted(self.dir_owner.items()):
+            if owner != COORDINATOR or path in used or f"dir:{path}" in self.registry:
+                continue
+            d = self.dirs.get(path)
+            if d is not None and d.creator in live and self.running:
+                continue
+            if any(
+                is_under(p, path)
+                for t in live
+                if (m := self.mgr.get(t)) is not None
+                for p in m.pfiles
+            ):
+                continue
+            inside = [f for p, f in self.files.items() if is_under(p, path)]
+            if any(f.owner not in (COORDINATOR, tm_actor(f.creator or "")) for f in inside):
+                continue
+            self._delete_dir(path, COORDINATOR)
+
+    # ------------------------------------------------------------------ failover (R60-R63)
+
+    def _failover(self) -> None:
+        for cid in sorted(self.pending):
+            self._coordinator_abort(cid)
+        replaced: dict[TmId, TmId] = {}
+        for tm in sorted(set(self.placement.values())):
+            if self.tms[tm].status is not Status.ALIVE:
+                new = f"tm-{self.next_tm}"
+                self.next_tm += 1
+                replaced[tm] = new
+                self.tms[new] = Tm(new, Status.ALIVE, self.next_checkpoint)
+        self.placement = {s: replaced.get(t, t) for s, t in self.placement.items()}
+        survivors = sorted(set(self.placement.values()) - set(replaced.values()))
+        for tm in survivors:  # R60: no stale manager survives (FLINK-35400)
+            self._tm_drop_outputs_where(tm, lambda cp: True)
+            m = self.mgr.get(tm)
+            if m is not None:
+                for path in sorted(m.pfiles):
+                    if m.pfiles[path].open:
+                        self._fs_close(path)
+            self._forget_tm(tm)
+        for old in sorted(replaced):
+            d = taskowned_dir(self.job, old)  # R63
+            if d in self.dir_owner and self.dir_owner[d] != COORDINATOR:
+                self.dir_owner[d] = COORDINATOR
+        for tm in sorted(set(self.placement.values())):
+            rec = self.tms[tm]
+            rec.known_completed = self.latest_completed
+            rec.finished_mark = self.next_checkpoint - 1
+            rec.known_watermark = self.watermark
+            rec.first_checkpoint = self.next_checkpoint
+            self._restore_manager(tm)
+        self._collect_dirs()
+
+    def _restore_manager(self, tm: TmId) -> None:
+        """R61, R62: take over what retained checkpoints use in this TM's directories;
+        everything else there that a TM owns and no live writer holds is garbage."""
+        actor = tm_actor(tm)
+        hosted = sorted(s for s, t in self.placement.items() if t == tm)
+        if self.mode is MergingMode.NONE:
+            self._reload_backend(tm, hosted)
+            return
+        managed = [shared_dir(self.job, s) for s in hosted] + [taskowned_dir(self.job, tm)]
+        keep: dict[str, tuple[StateEntry, int, int]] = {}
+        for r in self.retained:
+            for e in r.entries:
+                h = e.handle
+                if isinstance(h, SegmentHandle) and any(is_under(h.path, d) for d in managed):
+                    prev = keep.get(h.logical_id)
+                    first = r.id if prev is None else min(prev[1], r.id)
+                    keep[h.logical_id] = (e, first, r.id)
+        m = self._manager(tm)
+        kept: dict[str, PFile] = {}
+        for lid, (e, first, last) in sorted(keep.items()):
+            h = e.handle
+            assert isinstance(h, SegmentHandle)
+            pf = kept.get(h.path)
+            if pf is None:
+                f = self.files.get(h.path)
+                pf = PFile(h.path, h.scope, None, None, False, 0 if f is None else f.size)
+                kept[h.path] = pf
+            pf.ref_count += 1
+            pf.live_bytes += h.length
+            m.add(Seg(lid, h.path, h.offset, h.length, e.subtask, h.scope, first, last, True))
+        for path, pf in kept.items():
+            m.pfiles[path] = pf
+            f = self.files.get(path)
+            if f is not None:
+                f.owner = actor
+        for d in managed:
+            md = self.dirs.get(d)
+            if d in self.dir_owner and self.dir_owner[d] != COORDINATOR:
+                self.dir_owner[d] = actor
+                if md is not None:
+                    md.creator = tm
+                    md.used_by = set()
+            for path in sorted(p for p in self.files if is_under(p, d) and p not in kept):
+                f = self.files.get(path)
+                if f is None or not f.owner.startswith("tm:"):
+                    continue
+                if self.tms[f.owner[3:]].status is Status.LOST:
+                    continue  # R64
+                f.owner = actor
+                self._delete_file(path, actor)  # R62
+        for path in list(kept):
+            self._check_file(tm, path)
+        self._reload_backend(tm, hosted)
+
+    def _reload_backend(self, tm: TmId, hosted: list[SubtaskId]) -> None:
+        latest = self.retained[-1] if self.retained and self.retained[-1].job == self.job else None
+        if latest is None:
+            return
+        m = self.mgr.get(tm)
+        hosted_set = set(hosted)
+        for e in latest.entries:
+            if e.subtask in hosted_set and e.kind is StateKind.KEYED_SHARED:
+                h = e.handle
+                ok = (
+                    isinstance(h, SegmentHandle) and m is not None and h.logical_id in m.segs
+                ) or (isinstance(h, FileHandle) and self.mode is MergingMode.NONE)
+                if ok:
+                    self.backend[(tm, e.subtask, e.name)] = BackendRef(e, latest.id, True)
+
+    def _restart_coordinator(self) -> None:
+        """R95: rebuild retention and the registry from what persisted metadata lists."""
+        rebuilt = [r for r in self.retained if r.metadata in self.files]
+        self.retained = []
+        self.registry = {}
+        for done in rebuilt:
+            self._register(done)
+            self.retained.append(done)
+        received = {p for pend in self.pending.values() for p in pend.received}
+        self.pending = {}
+        self.aborted |= set(range(self.latest_completed + 1, self.next_checkpoint)) - set(
+            self.savepoints
+        )
+        for path in sorted(received):
+            f = self.files.get(path)
+            if f is not None and f.owner == COORDINATOR and not self._referenced(path):
+                self._delete_file(path, COORDINATOR)
+        self._failover()
+
+    # ------------------------------------------------------------------ restore (R70-R76)
+
+    def _restore(self, cmd: c.Restore) -> None:
+        source = next((r for r in self.retained if r.id == cmd.checkpoint), None)
+        if source is None:
+            source = self.savepoints.get(cmd.checkpoint)
+        if source is None:
+            raise CommandError(
+                Reason.NOT_RETAINED, f"checkpoint {cmd.checkpoint} is not retained nor a savepoint"
+            )
+        names = {v.name for v in self.vertices}
+        new_par = dict(cmd.parallelism)
+        if not set(new_par) <= names or any(
+            p < 1 or p > self.cfg.max_parallelism for p in new_par.values()
+        ):
+            raise CommandError(Reason.BAD_ARGUMENT, f"bad parallelism {cmd.parallelism}")
+        mode = RestoreMode.NO_CLAIM if source.savepoint else cmd.mode  # R73
+        old_vertices = self.vertices
+        if self.running:
+            self._end_job(retain=True)
+        for rec in self.tms.values():
+            if rec.status is Status.LOST:
+                rec.hosted = frozenset()  # R64: a zombie stays in its job
+        self.job_seq += 1
+        self.job = f"job-{self.job_seq}"
+        self.bases.add(job_base(self.job))
+        self.vertices = tuple(
+            VertexSpec(v.name, new_par.get(v.name, v.parallelism)) for v in self.vertices
+        )
+        tms = []
+        for _ in range(self.num_tms):
+            tms.append(f"tm-{self.next_tm}")
+            self.next_tm += 1
+        for t in tms:
+            rec = Tm(t, Status.ALIVE, self.next_checkpoint)
+            rec.finished_mark = self.next_checkpoint - 1
+            self.tms[t] = rec
+        subtasks = _subtasks(self.vertices)
+        self.placement = _place(subtasks, tms)
+        self.running = True
+        self.pending = {}
+        self.retained = []
+        self.registry = {}
+        self.watermark = 0
+        self.latest_completed = 0
+        assignment = assign(source.entries, self.vertices, self.cfg.max_parallelism)
+        self.restoring = tuple(e for s in sorted(assignment) for e in assignment[s])
+        if mode is RestoreMode.CLAIM:
+            self._claim(source)
+        same = all(
+            v.parallelism == ov.parallelism
+            for v, ov in zip(self.vertices, old_vertices, strict=True)
+        )
+        if mode is RestoreMode.CLAIM and same and self.mode is MergingMode.NONE:
+            for s in subtasks:  # R72: NONE mode may reuse the claimed files
+                for e in assignment.get(s, ()):
+                    if e.kind is StateKind.KEYED_SHARED and isinstance(e.handle, FileHandle):
+                        t = self.placement[s]
+                        self.backend[(t, s, e.name)] = BackendRef(e, source.id, True)
+
+    def _claim(self, source: Completed) -> None:
+        """R72: the new job's coordinator owns the restored checkpoint."""
+        self.bases.add(source.metadata.split("/", 1)[0])
+        paths = {source.metadata} | {
+            s.path for e in source.entries if (s := stream_of(e.handle)) is not None
+        }
+        for d in source.directories:
+            paths |= {p for p in self.files if is_under(p, d)}
+            if d in self.dir_owner:
+                self.dir_owner[d] = COORDINATOR
+        for p in sorted(paths):
+            f = self.files.get(p)
+            if f is not None:
+                f.owner = COORDINATOR
+        self._register(source)
+        for d in source.directories:
+            md = self.dirs.get(d)
+            if md is not None:
+                md.handed_over = True
+        self.retained = [source]
+        self.latest_completed = source.id
+
+    # ------------------------------------------------------------------ job end (R90, R91)
+
+    def _end_job(self, *, retain: bool) -> None:
+        for cid in sorted(self.pending):
+            self._coordinator_abort(cid)
+        handed = {d for r in self.retained for d in r.directories}
+        keep = {
+            s.logical_id
+            for r in self.retained
+            for e in r.entries
+            if (s := stream_of(e.handle)) is not None
+        }
+        for tm in self._current_tms():
+            actor = tm_actor(tm)
+            self._tm_drop_outputs_where(tm, lambda cp: True)
+            m = self.mgr.get(tm)
+            if m is not None:
+                for lid in sorted(lid for lid in m.segs if lid not in keep):
+                    self._discard(tm, lid)
+                for path in sorted(m.pfiles):
+                    pf = m.pfiles.get(path)
+                    if pf is not None and pf.open:
+                        self._close_pfile(tm, path)
+            for path in sorted(self.dirs):
+                d = self.dirs.get(path)
+                if d is None:
+                    continue
+                # R90: directories no completed checkpoint used go with their creator
+                if d.creator == tm and path not in handed and self.dir_owner.get(path) == actor:
+                    inside = [p for p in self.files if is_under(p, path)]
+                    if all(self.files[p].owner == actor for p in inside):
+                        self._delete_dir(path, actor)
+            for f in self.files.values():
+                if f.owner == actor:
+                    f.owner = COORDINATOR
+            for path, o in list(self.dir_owner.items()):
+                if o == actor:
+                    self.dir_owner[path] = COORDINATOR
+            self._forget_tm(tm)
+            self.tms[tm].status = Status.STOPPED
+        self.running = False
+        self.restoring = ()
+        if retain:
+            for r in self.retained:  # R91: the user's
+                paths = {r.metadata} | {
+                    s.path for e in r.entries if (s := stream_of(e.handle)) is not None
+                }
+                for rd in r.directories:
+                    if rd in self.dir_owner:
+                        self.dir_owner[rd] = USER
+                for p in paths:
+                    kept = self.files.get(p)
+                    if kept is not None:
+                        kept.owner = USER
+        else:
+            while self.retained:
+                self._subsume(self.retained.pop(0))
+        for path in sorted(p for p, f in self.files.items() if f.owner == COORDINATOR):
+            if (
+                path in self.files
+                and not self._referenced(path)
+                and any(is_under(path, b) for b in self.bases)
+            ):
+                self._delete_file(path, COORDINATOR)
+        self._collect_dirs()
+
+    # ------------------------------------------------------------------ observation
+
+    def observe(self) -> Observation:
+        """The real files on storage, and the bookkeeping that decides who deletes them."""
+        alive = (
+            {t for t in self.placement.values() if self.tms[t].status is Status.ALIVE}
+            if self.running
+            else set()
+        )
+        claims: dict[str, set[str]] = {}
+        ref_counts: dict[str, int] = {}
+        live: dict[str, list[tuple[int, int]]] = {}
+        pool_files: set[str] = set()
+        for tm in sorted(alive):
+            m = self.mgr.get(tm)
+            actor = tm_actor(tm)
+            if m is not None:
+                for path, pf in m.pfiles.items():
+                    claims.setdefault(path, set()).add(actor)
+                    ref_counts[path] = pf.ref_count
+                for seg in m.segs.values():
+                    live.setdefault(seg.path, []).append((seg.offset, seg.length))
+                pool_files.update(m.pools.values())
+        for (tm, _sub, _cp), entries in self.outputs.items():
+            if tm in alive:
+                for e in entries:
+                    if isinstance(e.handle, FileHandle):
+                        claims.setdefault(e.handle.path, set()).add(tm_actor(tm))
+        if self.running:
+            for reg in self.registry.values():
+                if reg.owned and not reg.key.startswith("dir:"):
+                    claims.setdefault(reg.path, set()).add(COORDINATOR)
+            for p in self.pending.values():
+                for path in p.received:
+                    claims.setdefault(path, set()).add(COORDINATOR)
+            for r in self.retained:
+                claims.setdefault(r.metadata, set()).add(COORDINATOR)
+        on_storage = self.storage.list_files()
+        return Observation(
+            files=on_storage,
+            open_files=frozenset(p for p, f in self.files.items() if f.open),
+            directories=dict(self.dir_owner),
+            owners={p: f.owner for p, f in self.files.items()},
+            claims={p: frozenset(v) for p, v in claims.items()},
+            retained=tuple(
+                RetainedView(r.id, r.job, r.metadata, r.entries, r.directories)
+                for r in self.retained
+            ),
+            restoring=self.restoring,
+            ref_counts=ref_counts,
+            live_segments={p: tuple(sorted(v)) for p, v in live.items()},
+            registry={
+                k: RegistryView(r.path, frozenset(r.refs), r.owned)
+                for k, r in self.registry.items()
+            },
+            deletions=tuple(self.deletions),
+            pending_deletes=tuple(d.path for d in self.deferred),
+            pool_files=frozenset(pool_files),
+            metadata_files=frozenset(p for p in on_storage if p.endswith(_METADATA_SUFFIX)),
+            live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in alive}),
+        )
