@@ -1,47 +1,178 @@
-"""The ``_metadata`` file of a completed checkpoint or savepoint (R51, R55).
+"""The ``_metadata`` file of a completed checkpoint or savepoint (R51, R55; issue 3).
 
-JSON, written atomically by ``Storage.write_metadata``. Its byte size differs from the
-reference model's (which counts entries); the lockstep test compares metadata files by
-existence only, and every data file by exact size.
+Written atomically by ``Storage.write_metadata``; read back, and validated, by
+``Storage.read_metadata``. The file is canonical JSON (sorted keys, no spaces, UTF-8)::
+
+    {"format": "ckpt-ownership/metadata", "version": 1,
+     "sha256": "<hex digest of the canonical JSON of payload>",
+     "payload": {"job": "j", "checkpoint": 3, "savepoint": false,
+                 "directories": ["j/taskowned/tm1"],
+                 "entries": [{"subtask": ["v", 0, 2], "kind": "keyed_shared", "name": "s",
+                              "entries": 1, "key_groups": [0, 63], "entry_range": null,
+                              "handle": {"type": "segment", "path": "j/shared/v-0-2/f",
+                                         "offset": 0, "length": 10, "id": "u1",
+                                         "scope": "shared"}}],
+                 "shared_bases": ["j0"]}}
+
+Every path is relative to the base directory that contains the job (the storage root, as
+in ``spec.layout``), never absolute and never with ``.``/``..`` components, and lies under
+the job's base (``job_base(job)``), for a savepoint under its savepoint directory, or
+under a base listed in ``shared_bases`` (``encode`` lists there every other job base or
+savepoint directory the checkpoint references, e.g. a restored predecessor's). So
+a job directory moved to another root still resolves (:func:`resolve`). Anything wrong on
+read raises :class:`MetadataError`, naming the file, the field and the problem; reading
+never deletes anything.
+
+The byte size differs from the reference model's (which counts entries); the lockstep
+test compares metadata files by existence only, and every data file by exact size.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from typing import Any
 
-from spec.handles import FileHandle, SegmentHandle, StateEntry
+from attrs import evolve, frozen
 
+from spec.config import Scope, StateKind
+from spec.handles import (
+    DirectoryHandle,
+    FileHandle,
+    Handle,
+    PlaceholderHandle,
+    SegmentHandle,
+    StateEntry,
+)
+from spec.ids import SubtaskId
+from spec.layout import SAVEPOINTS, is_under, job_base, savepoint_dir
 
-def metadata_bytes(
-    checkpoint: int,
-    job: str,
-    savepoint: bool,
-    entries: tuple[StateEntry, ...],
-    directories: tuple[str, ...],
-) -> bytes:
-    """A completed checkpoint's metadata: what a restart or restore needs to know."""
-    doc = {
-        "checkpoint": checkpoint,
-        "job": job,
-        "savepoint": savepoint,
-        "directories": list(directories),
-        "entries": [
-            {
-                "subtask": [e.subtask.vertex, e.subtask.index, e.subtask.parallelism],
-                "kind": e.kind.value,
-                "name": e.name,
-                "handle": _handle_doc(e.handle),
-                "entries": e.entries,
-                "key_groups": e.key_groups,
-                "entry_range": e.entry_range,
-            }
-            for e in entries
-        ],
-    }
-    return json.dumps(doc, sort_keys=True).encode()
+MAGIC = "ckpt-ownership/metadata"
+VERSION = 1
+SUPPORTED_VERSIONS = frozenset({VERSION})
 
 
-def _handle_doc(h: object) -> dict[str, object]:
+class MetadataError(ValueError):
+    """A ``_metadata`` file is corrupt, truncated, foreign or names a path out of bounds."""
+
+    def __init__(self, source: str, field: str, problem: str) -> None:
+        super().__init__(f"{source}: {field}: {problem}")
+        self.source = source
+        self.field = field
+        self.problem = problem
+
+
+@frozen
+class Metadata:
+    """A decoded ``_metadata`` file. Paths are as stored: relative to the job's container."""
+
+    job: str
+    checkpoint: int
+    savepoint: bool
+    entries: tuple[StateEntry, ...]
+    directories: tuple[str, ...]
+    shared_bases: tuple[str, ...] = ()
+    """Other bases this checkpoint references (a restored job's predecessor, R95)."""
+    version: int = VERSION
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def allowed_bases(
+    job: str, checkpoint: int, savepoint: bool, shared_bases: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """The directories (relative to the job's container) a metadata path may lie under:
+    the job base, the savepoint dir of a savepoint, and the declared shared bases."""
+    bases = [job_base(job)]
+    if savepoint:
+        bases.append(savepoint_dir(checkpoint))
+    return (*bases, *shared_bases)
+
+
+def base_of(path: str) -> str:
+    """The base a root-relative path lies under: a job base or a savepoint directory."""
+    parts = path.split("/")
+    if parts[0] == SAVEPOINTS and len(parts) > 1:
+        return "/".join(parts[:2])
+    return parts[0]
+
+
+def check_path(path: object, bases: tuple[str, ...] | None, source: str, field: str) -> str:
+    """Return ``path`` if it is a relative, normalised path under one of ``bases``."""
+    if not isinstance(path, str) or not path:
+        raise MetadataError(source, field, f"path must be a non-empty string, got {path!r}")
+    if path.startswith("/") or path.startswith("\\") or (len(path) > 1 and path[1] == ":"):
+        raise MetadataError(source, field, f"absolute path {path!r} is not allowed")
+    if "://" in path:
+        raise MetadataError(source, field, f"path {path!r} names a protocol (absolute)")
+    parts = path.split("/")
+    if ".." in parts:
+        raise MetadataError(source, field, f"path {path!r} contains a '..' component")
+    if any(p in ("", ".") for p in parts) or "\\" in path or "\0" in path:
+        raise MetadataError(source, field, f"path {path!r} is not normalised")
+    if bases is not None and not any(is_under(path, b) for b in bases):
+        raise MetadataError(
+            source,
+            field,
+            f"path {path!r} is outside the job base {' or '.join(repr(b) for b in bases)}",
+        )
+    return path
+
+
+def _handle_paths(h: Handle) -> list[str]:
+    return [] if isinstance(h, PlaceholderHandle) else [h.path]
+
+
+def validate_paths(meta: Metadata, source: str = "<metadata>") -> None:
+    for i, b in enumerate(meta.shared_bases):
+        check_path(b, None, source, f"shared_bases[{i}]")
+        if base_of(b) != b:
+            raise MetadataError(source, f"shared_bases[{i}]", f"{b!r} is not a base directory")
+    bases = allowed_bases(meta.job, meta.checkpoint, meta.savepoint, meta.shared_bases)
+    for i, e in enumerate(meta.entries):
+        for p in _handle_paths(e.handle):
+            check_path(p, bases, source, f"entries[{i}].handle.path")
+    for i, d in enumerate(meta.directories):
+        check_path(d, bases, source, f"directories[{i}]")
+
+
+def resolve(meta: Metadata, base: str = "", *, source: str = "<metadata>") -> Metadata:
+    """Turn the stored paths into paths relative to the storage root.
+
+    ``base`` is where the directory that contains the job now lives, relative to the
+    storage root (``""``: the root itself). Refuses (``MetadataError``) any path that is
+    absolute, has ``..`` components or lies outside the job base (or savepoint dir).
+    """
+    validate_paths(meta, source)
+    if base:
+        check_base = base.strip("/")
+        if base.startswith("/") or ".." in check_base.split("/"):
+            raise MetadataError(source, "base", f"base {base!r} must be relative, without '..'")
+        prefix = check_base + "/" if check_base else ""
+    else:
+        prefix = ""
+
+    def fix(h: Handle) -> Handle:
+        if isinstance(h, PlaceholderHandle):
+            return h
+        return evolve(h, path=prefix + h.path)
+
+    return evolve(
+        meta,
+        entries=tuple(evolve(e, handle=fix(e.handle)) for e in meta.entries),
+        directories=tuple(prefix + d for d in meta.directories),
+    )
+
+
+# --------------------------------------------------------------------------- encode
+
+
+def _canonical(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _handle_doc(h: Handle) -> dict[str, object]:
     if isinstance(h, SegmentHandle):
         return {
             "type": "segment",
@@ -59,4 +190,238 @@ def _handle_doc(h: object) -> dict[str, object]:
             "id": h.logical_id,
             "scope": h.scope.value,
         }
-    return {"type": type(h).__name__}
+    if isinstance(h, DirectoryHandle):
+        return {"type": "directory", "path": h.path}
+    return {"type": "placeholder", "id": h.logical_id}
+
+
+def _pair(v: tuple[int, int] | None) -> list[int] | None:
+    return None if v is None else [v[0], v[1]]
+
+
+def encode(
+    checkpoint: int,
+    job: str,
+    savepoint: bool,
+    entries: tuple[StateEntry, ...],
+    directories: tuple[str, ...],
+) -> bytes:
+    """The bytes of a completed checkpoint's ``_metadata``.
+
+    Paths are relative to the job's container (the storage root); one that is absolute,
+    has ``..`` or lies outside the job base (or savepoint dir) raises ``MetadataError``.
+    """
+    paths = [p for e in entries for p in _handle_paths(e.handle)] + list(directories)
+    for i, p in enumerate(paths):
+        check_path(p, None, "<encode>", f"paths[{i}]")
+    own = allowed_bases(job, checkpoint, savepoint)
+    shared = tuple(sorted({base_of(p) for p in paths if not any(is_under(p, b) for b in own)}))
+    meta = Metadata(job, checkpoint, savepoint, tuple(entries), tuple(directories), shared)
+    validate_paths(meta, "<encode>")
+    payload = {
+        "job": job,
+        "checkpoint": checkpoint,
+        "savepoint": savepoint,
+        "directories": list(directories),
+        "shared_bases": list(shared),
+        "entries": [
+            {
+                "subtask": [e.subtask.vertex, e.subtask.index, e.subtask.parallelism],
+                "kind": e.kind.value,
+                "name": e.name,
+                "handle": _handle_doc(e.handle),
+                "entries": e.entries,
+                "key_groups": _pair(e.key_groups),
+                "entry_range": _pair(e.entry_range),
+            }
+            for e in entries
+        ],
+    }
+    doc = {
+        "format": MAGIC,
+        "version": VERSION,
+        "sha256": hashlib.sha256(_canonical(payload)).hexdigest(),
+        "payload": payload,
+    }
+    return _canonical(doc) + b"\n"
+
+
+def metadata_bytes(
+    checkpoint: int,
+    job: str,
+    savepoint: bool,
+    entries: tuple[StateEntry, ...],
+    directories: tuple[str, ...],
+) -> bytes:
+    """A completed checkpoint's metadata (the name ``fastimpl.cluster`` calls)."""
+    return encode(checkpoint, job, savepoint, entries, directories)
+
+
+# --------------------------------------------------------------------------- decode
+
+
+class _Reader:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, field: str, problem: str) -> MetadataError:
+        return MetadataError(self.source, field, problem)
+
+    def get(self, doc: dict[str, Any], key: str, where: str) -> Any:
+        if key not in doc:
+            raise self.fail(f"{where}{key}", "missing field")
+        return doc[key]
+
+    def obj(self, v: object, field: str) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise self.fail(field, f"expected an object, got {type(v).__name__}")
+        return v
+
+    def array(self, v: object, field: str) -> list[Any]:
+        if not isinstance(v, list):
+            raise self.fail(field, f"expected a list, got {type(v).__name__}")
+        return v
+
+    def integer(self, v: object, field: str, minimum: int | None = 0) -> int:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise self.fail(field, f"expected an integer, got {v!r}")
+        if minimum is not None and v < minimum:
+            raise self.fail(field, f"expected an integer >= {minimum}, got {v}")
+        return v
+
+    def string(self, v: object, field: str) -> str:
+        if not isinstance(v, str):
+            raise self.fail(field, f"expected a string, got {v!r}")
+        return v
+
+    def boolean(self, v: object, field: str) -> bool:
+        if not isinstance(v, bool):
+            raise self.fail(field, f"expected a boolean, got {v!r}")
+        return v
+
+    def pair(self, v: object, field: str) -> tuple[int, int] | None:
+        if v is None:
+            return None
+        items = self.array(v, field)
+        if len(items) != 2:
+            raise self.fail(field, f"expected a pair of integers, got {v!r}")
+        return (self.integer(items[0], field, None), self.integer(items[1], field, None))
+
+    def scope(self, v: object, field: str) -> Scope:
+        try:
+            return Scope(v)
+        except ValueError:
+            raise self.fail(field, f"unknown scope {v!r}") from None
+
+    def handle(self, d: dict[str, Any], field: str) -> Handle:
+        w = field + "."
+        kind = self.string(self.get(d, "type", w), w + "type")
+        if kind == "segment":
+            return SegmentHandle(
+                self.string(self.get(d, "path", w), w + "path"),
+                self.integer(self.get(d, "offset", w), w + "offset"),
+                self.integer(self.get(d, "length", w), w + "length"),
+                self.string(self.get(d, "id", w), w + "id"),
+                self.scope(self.get(d, "scope", w), w + "scope"),
+            )
+        if kind == "file":
+            return FileHandle(
+                self.string(self.get(d, "path", w), w + "path"),
+                self.integer(self.get(d, "length", w), w + "length"),
+                self.string(self.get(d, "id", w), w + "id"),
+                self.scope(self.get(d, "scope", w), w + "scope"),
+            )
+        if kind == "directory":
+            return DirectoryHandle(self.string(self.get(d, "path", w), w + "path"))
+        if kind == "placeholder":
+            return PlaceholderHandle(self.string(self.get(d, "id", w), w + "id"))
+        raise self.fail(w + "type", f"unknown handle type {kind!r}")
+
+    def entry(self, d: dict[str, Any], field: str) -> StateEntry:
+        w = field + "."
+        sub = self.array(self.get(d, "subtask", w), w + "subtask")
+        if len(sub) != 3:
+            raise self.fail(w + "subtask", f"expected [vertex, index, parallelism], got {sub!r}")
+        try:
+            subtask = SubtaskId(
+                self.string(sub[0], w + "subtask"),
+                self.integer(sub[1], w + "subtask"),
+                self.integer(sub[2], w + "subtask", 1),
+            )
+        except ValueError as exc:
+            if isinstance(exc, MetadataError):
+                raise
+            raise self.fail(w + "subtask", str(exc)) from None
+        kind_v = self.get(d, "kind", w)
+        try:
+            kind = StateKind(kind_v)
+        except ValueError:
+            raise self.fail(w + "kind", f"unknown state kind {kind_v!r}") from None
+        return StateEntry(
+            subtask,
+            kind,
+            self.string(self.get(d, "name", w), w + "name"),
+            self.handle(self.obj(self.get(d, "handle", w), w + "handle"), w + "handle"),
+            self.integer(self.get(d, "entries", w), w + "entries"),
+            self.pair(self.get(d, "key_groups", w), w + "key_groups"),
+            self.pair(self.get(d, "entry_range", w), w + "entry_range"),
+        )
+
+
+def decode(data: bytes, *, expected_job: str | None = None, source: str = "<metadata>") -> Metadata:
+    """Parse and validate a ``_metadata`` file; ``source`` names it in error messages.
+
+    Raises ``MetadataError`` on truncated or invalid JSON, a bad magic, an unsupported
+    version, a checksum mismatch, a missing or ill-typed field, a job id other than
+    ``expected_job`` (a foreign file) and a path that is absolute, has ``..`` or lies
+    outside the job base (or the savepoint dir).
+    """
+    r = _Reader(source)
+    if not data:
+        raise r.fail("file", "empty (truncated) metadata")
+    try:
+        doc_v = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise r.fail("file", f"not UTF-8 (corrupt): {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise r.fail("file", f"truncated or invalid JSON: {exc}") from None
+    doc = r.obj(doc_v, "file")
+    magic = r.get(doc, "format", "")
+    if magic != MAGIC:
+        raise r.fail("format", f"bad magic {magic!r}, expected {MAGIC!r} (not a metadata file)")
+    version = r.get(doc, "version", "")
+    if (
+        not isinstance(version, int)
+        or isinstance(version, bool)
+        or version not in SUPPORTED_VERSIONS
+    ):
+        raise r.fail(
+            "version",
+            f"unsupported version {version!r}, supported: {sorted(SUPPORTED_VERSIONS)}",
+        )
+    digest = r.string(r.get(doc, "sha256", ""), "sha256")
+    payload = r.obj(r.get(doc, "payload", ""), "payload")
+    actual = hashlib.sha256(_canonical(payload)).hexdigest()
+    if actual != digest:
+        raise r.fail("sha256", f"checksum mismatch: stored {digest}, computed {actual}")
+    w = "payload."
+    job = r.string(r.get(payload, "job", w), w + "job")
+    if expected_job is not None and job != expected_job:
+        raise r.fail(w + "job", f"foreign job id {job!r}, expected {expected_job!r}")
+    checkpoint = r.integer(r.get(payload, "checkpoint", w), w + "checkpoint")
+    savepoint = r.boolean(r.get(payload, "savepoint", w), w + "savepoint")
+    entries = tuple(
+        r.entry(r.obj(e, f"{w}entries[{i}]"), f"{w}entries[{i}]")
+        for i, e in enumerate(r.array(r.get(payload, "entries", w), w + "entries"))
+    )
+    directories = tuple(
+        r.string(d, f"{w}directories[{i}]")
+        for i, d in enumerate(r.array(r.get(payload, "directories", w), w + "directories"))
+    )
+    shared = tuple(
+        r.string(b, f"{w}shared_bases[{i}]")
+        for i, b in enumerate(r.array(r.get(payload, "shared_bases", w), w + "shared_bases"))
+    )
+    meta = Metadata(job, checkpoint, savepoint, entries, directories, shared, version)
+    validate_paths(meta, source)
+    return meta

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import IO, Any
 
+from fastimpl.metadata import Metadata, decode
 from spec.commands import StorageOp
 
 _CHUNK = b"\0" * 65536
@@ -119,6 +120,14 @@ class Storage:
         else:
             with self.fs.open(full, "wb") as f:
                 f.write(data)
+
+    def read_metadata(self, path: str, *, expected_job: str | None = None) -> Metadata:
+        """Read and validate a ``_metadata`` file (``MetadataError`` if it is bad).
+
+        Only reads: a corrupt, truncated or foreign file is reported, never deleted.
+        """
+        data = bytes(self.fs.cat_file(self.full(path)))
+        return decode(data, expected_job=expected_job, source=path)
 
     # ------------------------------------------------------------------ listing
 
