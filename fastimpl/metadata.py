@@ -246,15 +246,8 @@ def encode(
     return _canonical(doc) + b"\n"
 
 
-def metadata_bytes(
-    checkpoint: int,
-    job: str,
-    savepoint: bool,
-    entries: tuple[StateEntry, ...],
-    directories: tuple[str, ...],
-) -> bytes:
-    """A completed checkpoint's metadata (the name ``fastimpl.cluster`` calls)."""
-    return encode(checkpoint, job, savepoint, entries, directories)
+metadata_bytes = encode
+"""The name ``fastimpl.cluster`` calls."""
 
 
 # --------------------------------------------------------------------------- decode

@@ -28,8 +28,7 @@ import attrs
 import fsspec  # type: ignore[import-untyped]
 import pytest
 from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import initialize, run_state_machine_as_test
+from hypothesis.stateful import run_state_machine_as_test
 
 from fastimpl import Cluster, CounterIds
 from model_tests.harness import DEFAULT_JOB, Harness, InvariantBroken
@@ -111,19 +110,7 @@ class LockstepMachine(RefimplMachine):
     backend: str = "memory"
     base: str = ""
 
-    @initialize(
-        num_retained=st.integers(1, 3),
-        max_file_size=st.sampled_from([120, 400, 4096]),
-        amplification=st.sampled_from([0.5, 1.5, 2.0]),
-    )
-    def setup(self, num_retained: int, max_file_size: int, amplification: float) -> None:
-        cfg = Config.for_mode(
-            self.mode,
-            num_retained=num_retained,
-            max_file_size=max_file_size,
-            max_space_amplification=amplification,
-            max_parallelism=8,
-        )
+    def make_harness(self, cfg: Config) -> Harness:
         n = next(_roots)
         if self.backend == "memory":
             self.fs = fsspec.filesystem("memory")
@@ -132,7 +119,7 @@ class LockstepMachine(RefimplMachine):
             self.fs = fsspec.filesystem("file")
             self.root = f"{self.base}/run-{n}"
             os.makedirs(self.root)
-        self.h = LockstepHarness(cfg, DEFAULT_JOB, self.fs, self.root)
+        return LockstepHarness(cfg, DEFAULT_JOB, self.fs, self.root)
 
     def transitions_are_pure(self) -> None:
         """The model's purity is test_refimpl_machine's business."""

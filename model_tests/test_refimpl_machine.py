@@ -64,7 +64,11 @@ class RefimplMachine(RuleBasedStateMachine):
             max_space_amplification=amplification,
             max_parallelism=8,
         )
-        self.h = Harness(cfg, DEFAULT_JOB)
+        self.h = self.make_harness(cfg)
+
+    def make_harness(self, cfg: Config) -> Harness:
+        """The driver for one sequence; the lockstep machine adds a real implementation."""
+        return Harness(cfg, DEFAULT_JOB)
 
     # ------------------------------------------------------------------ helpers
 
