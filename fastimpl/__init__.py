@@ -1,12 +1,33 @@
 """fastimpl: the product library (issue 3).
 
-``Cluster`` hosts a job's coordinator, its TMs, the notification channel and storage
-(an fsspec file system under a root); it accepts every command of ``spec.commands`` and
-behaves exactly as the reference model, while writing real files.
+``CheckpointStore`` is the public API: one job's checkpoint files on any fsspec storage,
+with its ``Coordinator`` and one ``FileMergingManager`` per TM (see ``fastimpl.api`` and
+the README). ``Cluster`` underneath accepts every command of ``spec.commands`` and
+behaves exactly as the reference model while writing real files; the lockstep tests
+drive it beside the model.
 """
 
+from fastimpl.api import CheckpointStore, CheckpointStream, Coordinator, FileMergingManager
 from fastimpl.cluster import Cluster
 from fastimpl.ids import CounterIds, IdSource, RandomIds
-from fastimpl.storage import Storage, StorageFault
+from fastimpl.metadata import MetadataError
+from fastimpl.recovery import RecoveryError, RecoveryReport, recover
+from fastimpl.storage import DeleteFailure, Storage, StorageFault
 
-__all__ = ["Cluster", "CounterIds", "IdSource", "RandomIds", "Storage", "StorageFault"]
+__all__ = [
+    "CheckpointStore",
+    "CheckpointStream",
+    "Cluster",
+    "Coordinator",
+    "CounterIds",
+    "DeleteFailure",
+    "FileMergingManager",
+    "IdSource",
+    "MetadataError",
+    "RandomIds",
+    "RecoveryError",
+    "RecoveryReport",
+    "Storage",
+    "StorageFault",
+    "recover",
+]

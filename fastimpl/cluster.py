@@ -90,10 +90,14 @@ class Cluster:
         root: str,
         ids: IdSource | None = None,
         job_id: str = "job-0",
+        *,
+        background_deletes: bool = True,
     ) -> None:
         self.cfg = config
         self.mode = config.merging_mode
-        self.storage = Storage(fs, root)
+        self.storage = Storage(fs, root, background_deletes=background_deletes)
+        self.copy_bytes = False
+        """Re-uploads (R20) copy the old bytes; off where every byte is a zero (tests)."""
         self.ids: IdSource = ids if ids is not None else RandomIds()
         self.num_tms = job_spec.num_tms
         self.job = job_id
@@ -124,6 +128,8 @@ class Cluster:
         self.deferred: list[Deferred] = []
         self.channel: list[Notice] = []
         self.restoring: tuple[StateEntry, ...] = ()
+        self.assignment: dict[SubtaskId, tuple[StateEntry, ...]] = {}
+        """Each new subtask's share of the checkpoint restored last (R75, R76)."""
         self.bases: set[str] = {job_base(job_id), SAVEPOINTS}
 
     # ------------------------------------------------------------------ dispatch
@@ -253,8 +259,8 @@ class Cluster:
         self.storage.create(path)
         self.files[path] = StoredFile(0, True, actor, creator)
 
-    def _fs_append(self, path: str, length: int) -> int:
-        self.storage.append(path, length)
+    def _fs_append(self, path: str, length: int, data: bytes | None = None) -> int:
+        self.storage.append(path, length, data)
         f = self.files[path]
         offset = f.size
         f.size += length
@@ -335,6 +341,7 @@ class Cluster:
 
     def _retry_deletes(self) -> None:
         """R45: retry deletes that failed; a delete that fails again stays queued."""
+        self.storage.retry_failed()
         ready = [d for d in self.deferred if d.waits_for is None]
         self.deferred = [d for d in self.deferred if d.waits_for is not None]
         for d in ready:
@@ -363,18 +370,42 @@ class Cluster:
 
     # ------------------------------------------------------------------ writing (R10-R17)
 
-    def _write_state(self, cmd: c.WriteState) -> None:
+    def write_state(self, cmd: c.WriteState, data: bytes | None = None) -> StateEntry | None:
+        """``WriteState`` with the bytes themselves; returns the entry acknowledged later.
+
+        ``None`` for an empty snapshot (R10). A failing storage call declines the
+        checkpoint for the subtask (R17) and is raised as ``StorageFault``.
+        """
+        if data is not None and len(data) != cmd.size:
+            raise CommandError(
+                Reason.BAD_ARGUMENT, f"size {cmd.size} but {len(data)} bytes given"
+            )
+        return self._write_state(cmd, data, raise_fault=True)
+
+    def _write_state(
+        self, cmd: c.WriteState, data: bytes | None = None, *, raise_fault: bool = False
+    ) -> StateEntry | None:
         tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
         if cmd.size == 0:
-            return  # R10
+            return None  # R10
         try:
             entry = self._write_stream(
-                tm, cmd.subtask, cmd.checkpoint, cmd.kind, cmd.name, cmd.size, cmd.entries
+                tm,
+                cmd.subtask,
+                cmd.checkpoint,
+                cmd.kind,
+                cmd.name,
+                cmd.size,
+                cmd.entries,
+                data=data,
             )
         except StorageFault:
             self._write_failed(tm, cmd.subtask, cmd.checkpoint)
-            return
+            if raise_fault:
+                raise
+            return None
         self._add_output(tm, cmd.subtask, cmd.checkpoint, entry)
+        return entry
 
     def _add_output(self, tm: TmId, subtask: SubtaskId, checkpoint: int, e: StateEntry) -> None:
         key = (tm, subtask, checkpoint)
@@ -397,6 +428,7 @@ class Cluster:
         size: int,
         entries: int,
         partial: int | None = None,
+        data: bytes | None = None,
     ) -> StateEntry:
         actor = tm_actor(tm)
         lid = self.ids.logical_id()
@@ -414,7 +446,7 @@ class Cluster:
             path = self._new_file_name(directory)
             self._fs_create(path, actor, tm)
             try:
-                self._fs_append(path, size if partial is None else partial)
+                self._fs_append(path, size if partial is None else partial, data)
             except StorageFault:
                 self._fs_close(path)
                 self._delete_file(path, actor)
@@ -423,7 +455,7 @@ class Cluster:
                 raise StorageFault(StorageOp.APPEND, path)
             self._fs_close(path)  # R12: durable before the handle exists
             return StateEntry(subtask, kind, name, FileHandle(path, size, lid, scope), entries, kg)
-        path, offset = self._append_segment(tm, subtask, checkpoint, scope, size, partial)
+        path, offset = self._append_segment(tm, subtask, checkpoint, scope, size, partial, data)
         m = self.mgr[tm]
         m.add(Seg(lid, path, offset, size, subtask, scope, checkpoint, checkpoint, False))
         pf = m.pfiles[path]
@@ -448,6 +480,7 @@ class Cluster:
         scope: Scope,
         size: int,
         partial: int | None,
+        data: bytes | None = None,
     ) -> tuple[str, int]:
         actor = tm_actor(tm)
         key = self._pool_key(tm, subtask, checkpoint, scope)
@@ -470,7 +503,7 @@ class Cluster:
             m.pools[key] = path
         n = size if partial is None else partial
         try:
-            offset = self._fs_append(path, n)
+            offset = self._fs_append(path, n, data if partial is None else None)
         except StorageFault:
             self._poison(tm, path)
             raise
@@ -494,7 +527,12 @@ class Cluster:
 
     # ------------------------------------------------------------------ reuse (R20-R23)
 
-    def _reuse_shared(self, cmd: c.ReuseShared) -> None:
+    def reuse_shared(self, cmd: c.ReuseShared) -> StateEntry | None:
+        """``ReuseShared`` returning the entry the subtask acknowledges: the old handle, a
+        placeholder, or a new upload of the same bytes when the old file is not reusable."""
+        return self._reuse_shared(cmd, raise_fault=True)
+
+    def _reuse_shared(self, cmd: c.ReuseShared, *, raise_fault: bool = False) -> StateEntry | None:
         tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
         ref = self.backend.get((tm, cmd.subtask, cmd.name))
         if ref is None:
@@ -527,16 +565,23 @@ class Cluster:
             self.backend[(tm, cmd.subtask, entry.name)] = BackendRef(
                 ref.entry, max(ref.checkpoint, cmd.checkpoint), ref.confirmed
             )
-            return
+            return entry
         # R20: not reusable: upload the same local state again
         try:
+            data = None
+            if self.copy_bytes and stream is not None and size > 0:
+                at = stream.offset if isinstance(stream, SegmentHandle) else 0
+                data = self.storage.read_range(stream.path, at, size)
             entry = self._write_stream(
-                tm, cmd.subtask, cmd.checkpoint, old.kind, old.name, size, old.entries
+                tm, cmd.subtask, cmd.checkpoint, old.kind, old.name, size, old.entries, data=data
             )
         except StorageFault:
             self._write_failed(tm, cmd.subtask, cmd.checkpoint)
-            return
+            if raise_fault:
+                raise
+            return None
         self._add_output(tm, cmd.subtask, cmd.checkpoint, entry)
+        return entry
 
     def _reusable(self, tm: TmId, ref: BackendRef) -> bool:
         if not ref.confirmed:
@@ -1013,7 +1058,7 @@ class Cluster:
         for path in sorted(self.files):
             f = self.files[path]
             if f.creator == tm and f.open:
-                self.storage.close(path)  # its process is gone
+                self.storage.abandon(path)  # its process is gone
                 f.open = False
         self._forget_tm(tm)
         actor = tm_actor(tm)
@@ -1177,9 +1222,25 @@ class Cluster:
                 if ok:
                     self.backend[(tm, e.subtask, e.name)] = BackendRef(e, latest.id, True)
 
+    def load_completed(self, metadata: str, job: str | None = None) -> Completed:
+        """Read a completed checkpoint back from its ``_metadata`` file, validated.
+
+        Raises ``MetadataError`` naming the file and the problem; reading changes nothing.
+        """
+        meta = self.storage.read_metadata(metadata, expected_job=job)
+        return Completed(
+            meta.checkpoint, meta.job, meta.savepoint, meta.entries, meta.directories, metadata
+        )
+
     def _restart_coordinator(self) -> None:
-        """R95: rebuild retention and the registry from what persisted metadata lists."""
-        rebuilt = [r for r in self.retained if r.metadata in self.files]
+        """R95: rebuild retention and the registry from the persisted metadata alone.
+
+        The checkpoint store (Flink's HA store) survives as the list of ``_metadata`` paths;
+        their contents are read back and validated before anything changes, so a corrupt
+        file fails the restart with a ``MetadataError`` and deletes nothing.
+        """
+        listed = [r for r in self.retained if r.metadata in self.files]
+        rebuilt = [self.load_completed(r.metadata, r.job) for r in listed]
         self.retained = []
         self.registry = {}
         for done in rebuilt:
@@ -1206,6 +1267,7 @@ class Cluster:
             raise CommandError(
                 Reason.NOT_RETAINED, f"checkpoint {cmd.checkpoint} is not retained nor a savepoint"
             )
+        source = self.load_completed(source.metadata, source.job)  # validated before any change
         names = {v.name for v in self.vertices}
         new_par = dict(cmd.parallelism)
         if not set(new_par) <= names or any(
@@ -1243,6 +1305,7 @@ class Cluster:
         self.latest_completed = 0
         assignment = assign(source.entries, self.vertices, self.cfg.max_parallelism)
         self.restoring = tuple(e for s in sorted(assignment) for e in assignment[s])
+        self.assignment = {s: tuple(v) for s, v in assignment.items()}
         if mode is RestoreMode.CLAIM:
             self._claim(source)
         same = all(
@@ -1344,6 +1407,16 @@ class Cluster:
                 self._delete_file(path, COORDINATOR)
         self._collect_dirs()
 
+    def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
+        """What ``subtask`` starts from: its share of a restored checkpoint until the new
+        job completes one, else its entries of the latest completed checkpoint."""
+        if self.restoring:
+            return self.assignment.get(subtask, ())
+        latest = self.retained[-1] if self.retained else None
+        if latest is None:
+            return ()
+        return tuple(e for e in latest.entries if e.subtask == subtask)
+
     # ------------------------------------------------------------------ observation
 
     def observe(self) -> Observation:
@@ -1400,7 +1473,10 @@ class Cluster:
                 for k, r in self.registry.items()
             },
             deletions=tuple(self.deletions),
-            pending_deletes=tuple(d.path for d in self.deferred),
+            pending_deletes=(
+                *(d.path for d in self.deferred),
+                *sorted(self.storage.failed_deletes),
+            ),
             pool_files=frozenset(pool_files),
             metadata_files=frozenset(p for p in on_storage if p.endswith(_METADATA_SUFFIX)),
             live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in alive}),

@@ -1,47 +1,107 @@
 """Storage: a thin layer over an fsspec file system and a root path.
 
 Every storage call the store makes is a method here, so that a fault injector (armed by
-``FailNextCall``) or a later fault-injecting wrapper can fail it. Paths are relative to
-the root and ``/``-separated, as in ``spec.layout``.
+``FailNextCall``) can fail it, and so that any error the file system raises (``OSError``
+and the like, e.g. from a failing wrapper file system) becomes a :class:`StorageFault`
+naming the operation and the path. Paths are relative to the root and ``/``-separated,
+as in ``spec.layout``.
 
 Durability (R12): a file written through ``append`` is flushed, and on a local file
 system ``os.fsync``-ed, before the call returns, so a handle built after it names bytes
 that survive a crash. On other stores a file is durable once closed.
+
+Deletions (issue 3) run off the write path: with ``background_deletes`` (the default) a
+delete is decided and recorded by the caller, and carried out by a worker thread that
+batches what is queued (one bulk call on stores that have one), retries a failing call
+with backoff, and reports a delete that keeps failing in :attr:`Storage.failed_deletes`
+until :meth:`Storage.retry_failed` succeeds: a delete is never forgotten. A create or a
+directory creation under a path whose deletion is still queued waits for the queue first,
+so a late delete never removes a newer file. ``drain()`` waits for the queue to empty.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
+import threading
+import time
+from collections import deque
 from typing import IO, Any
 
-from fastimpl.metadata import Metadata, decode
+from fastimpl.metadata import Metadata, MetadataError, decode
 from spec.commands import StorageOp
+from spec.layout import is_under
 
 _CHUNK = b"\0" * 65536
+_BATCH = 1000
+"""At most this many paths per bulk delete (S3's DeleteObjects limit)."""
+
+log = logging.getLogger("fastimpl.storage")
 
 
 class StorageFault(Exception):
-    """A storage call failed (an armed fault, R17, R45, R51)."""
+    """A storage call failed (an armed fault, or an error of the file system)."""
 
-    def __init__(self, op: StorageOp, path: str) -> None:
-        super().__init__(f"{op.value} {path}")
+    def __init__(self, op: StorageOp, path: str, cause: BaseException | None = None) -> None:
+        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        super().__init__(f"{op.value} {path} failed{detail}")
         self.op = op
         self.path = path
+        self.cause = cause
+
+
+class DeleteFailure:
+    """A delete that failed ``attempts`` times in a row; kept until a retry succeeds."""
+
+    __slots__ = ("attempts", "error", "is_dir", "path")
+
+    def __init__(self, path: str, is_dir: bool, error: BaseException, attempts: int) -> None:
+        self.path = path
+        self.is_dir = is_dir
+        self.error = error
+        self.attempts = attempts
+
+    def __repr__(self) -> str:
+        kind = "directory" if self.is_dir else "file"
+        return f"DeleteFailure({kind} {self.path!r}, {self.attempts} attempts: {self.error!r})"
 
 
 class Storage:
     """Performs the effects of the store on a real file system."""
 
-    __slots__ = ("_local", "_open", "armed", "fs", "root")
-
-    def __init__(self, fs: Any, root: str) -> None:
+    def __init__(
+        self,
+        fs: Any,
+        root: str,
+        *,
+        background_deletes: bool = True,
+        delete_attempts: int = 3,
+        retry_backoff: float = 0.05,
+    ) -> None:
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/") if root else ""
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        self.protocol = protocol
         self._local = protocol in ("file", "local")
+        # fsspec's memory file system iterates a shared dict when it lists or deletes
+        # recursively; a lock keeps the deleter thread from racing the writer there.
+        self._fs_lock: threading.Lock | None = threading.Lock() if protocol == "memory" else None
         self._open: dict[str, IO[bytes]] = {}
         self.armed: list[StorageOp] = []
         """Faults armed by ``FailNextCall``: the next call of each kind fails."""
+        self.background = background_deletes
+        self.delete_attempts = max(1, delete_attempts)
+        self.retry_backoff = retry_backoff
+        self._queue: deque[tuple[str, bool]] = deque()
+        self._queued_dirs: set[str] = set()
+        self._cv = threading.Condition()
+        self._busy = False
+        self._worker: threading.Thread | None = None
+        self.failed_deletes: dict[str, DeleteFailure] = {}
+        """Deletes that kept failing, by path: reported, and retried by ``retry_failed``."""
+        self.deletes_done = 0
+        self.delete_calls = 0
 
     def full(self, path: str) -> str:
         if not path:
@@ -58,81 +118,114 @@ class Storage:
             self.armed.remove(op)
             raise StorageFault(op, path)
 
-    # ------------------------------------------------------------------ calls
+    # ------------------------------------------------------------------ writing
 
     def mkdir(self, path: str) -> None:
-        self.fs.makedirs(self.full(path), exist_ok=True)
+        self._wait_for_deletes_under(path)
+        try:
+            self.fs.makedirs(self.full(path), exist_ok=True)
+        except Exception as err:
+            raise StorageFault(StorageOp.CREATE, path, err) from err
 
     def create(self, path: str) -> None:
         self.fire(StorageOp.CREATE, path)
+        self._wait_for_deletes_under(path)
         full = self.full(path)
-        self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
-        f: IO[bytes] = open(full, "wb") if self._local else self.fs.open(full, "wb")  # noqa: SIM115
+        try:
+            self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
+            f: IO[bytes] = open(full, "wb") if self._local else self.fs.open(full, "wb")  # noqa: SIM115
+        except Exception as err:
+            raise StorageFault(StorageOp.CREATE, path, err) from err
         self._open[path] = f
 
-    def append(self, path: str, length: int) -> None:
-        """Append ``length`` bytes to an open file and make them durable."""
+    def append(self, path: str, length: int, data: bytes | memoryview | None = None) -> None:
+        """Append ``data`` (or ``length`` zero bytes) to an open file and make it durable."""
         self.fire(StorageOp.APPEND, path)
         f = self._open[path]
-        left = length
-        while left > 0:
-            n = min(left, len(_CHUNK))
-            f.write(_CHUNK[:n])
-            left -= n
-        f.flush()
-        if self._local:
-            os.fsync(f.fileno())
+        try:
+            if data is not None:
+                f.write(data)
+            else:
+                left = length
+                while left > 0:
+                    n = min(left, len(_CHUNK))
+                    f.write(_CHUNK[:n])
+                    left -= n
+            f.flush()
+            if self._local:
+                os.fsync(f.fileno())
+        except Exception as err:
+            raise StorageFault(StorageOp.APPEND, path, err) from err
 
     def close(self, path: str) -> None:
+        """Close an open file. On an object store this is the upload: it can fail."""
         f = self._open.pop(path, None)
         if f is not None:
-            f.close()
+            try:
+                f.close()
+            except Exception as err:
+                raise StorageFault(StorageOp.APPEND, path, err) from err
 
-    def delete_file(self, path: str) -> None:
-        self.fire(StorageOp.DELETE, path)
-        self.close(path)
-        try:
-            self.fs.rm_file(self.full(path))
-        except FileNotFoundError:
-            pass  # already gone: the caller records what it believed
-
-    def delete_dir(self, path: str) -> None:
-        """Delete a managed directory and everything in it."""
-        self.fire(StorageOp.DELETE, path)
-        for p in [p for p in self._open if p.startswith(path + "/")]:
-            self.close(p)
-        full = self.full(path)
-        if self.fs.exists(full):
-            self.fs.rm(full, recursive=True)
+    def abandon(self, path: str) -> None:
+        """Forget an open file without finishing it (its process is gone)."""
+        f = self._open.pop(path, None)
+        if f is not None:
+            try:
+                f.close()
+            except Exception as err:  # a dead writer's upload may fail: nothing to keep
+                log.debug("closing abandoned %s: %r", path, err)
 
     def write_metadata(self, path: str, data: bytes) -> None:
-        """Write a checkpoint's metadata atomically: a temporary file, then a rename."""
+        """Write a checkpoint's metadata atomically: a temporary file, then a rename.
+
+        On object stores a single PUT is atomic already: the object appears whole or not.
+        """
         self.fire(StorageOp.METADATA, path)
         full = self.full(path)
-        self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
-        tmp = full + ".inprogress"
-        if self._local:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, full)
-        else:
-            with self.fs.open(full, "wb") as f:
-                f.write(data)
+        try:
+            self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
+            if self._local:
+                tmp = full + ".inprogress"
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, full)
+            else:
+                self.fs.pipe_file(full, data)
+        except Exception as err:
+            raise StorageFault(StorageOp.METADATA, path, err) from err
+
+    # ------------------------------------------------------------------ reading
 
     def read_metadata(self, path: str, *, expected_job: str | None = None) -> Metadata:
         """Read and validate a ``_metadata`` file (``MetadataError`` if it is bad).
 
-        Only reads: a corrupt, truncated or foreign file is reported, never deleted.
+        Only reads: a corrupt, truncated, missing or foreign file is reported, never deleted.
         """
-        data = bytes(self.fs.cat_file(self.full(path)))
+        try:
+            data = bytes(self.fs.cat_file(self.full(path)))
+        except FileNotFoundError as err:
+            raise MetadataError(path, "file", "does not exist") from err
+        except Exception as err:
+            raise MetadataError(path, "file", f"cannot be read: {err!r}") from err
         return decode(data, expected_job=expected_job, source=path)
 
-    # ------------------------------------------------------------------ listing
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """The bytes ``[offset, offset + length)`` of a file; a short file is an error."""
+        try:
+            data = bytes(self.fs.cat_file(self.full(path), start=offset, end=offset + length))
+        except Exception as err:
+            raise StorageFault(StorageOp.APPEND, path, err) from err
+        if len(data) != length:
+            raise ValueError(
+                f"{path}: wanted {length} bytes at offset {offset}, the file holds {len(data)}"
+            )
+        return data
 
     def list_files(self) -> dict[str, int]:
         """Every file under the root, with its size, by path relative to the root."""
+        self.drain()
         if not self.fs.exists(self.root or "/"):
             return {}
         found = self.fs.find(self.root or "/", detail=True)
@@ -147,4 +240,155 @@ class Storage:
         return out
 
     def exists_dir(self, path: str) -> bool:
+        self.drain()
         return bool(self.fs.isdir(self.full(path)))
+
+    # ------------------------------------------------------------------ deleting
+
+    def delete_file(self, path: str) -> None:
+        """Delete a file (queued when deleting in the background)."""
+        self.fire(StorageOp.DELETE, path)
+        self.abandon(path)
+        self._submit(path, False)
+
+    def delete_dir(self, path: str) -> None:
+        """Delete a managed directory and everything in it."""
+        self.fire(StorageOp.DELETE, path)
+        for p in [p for p in self._open if is_under(p, path)]:
+            self.abandon(p)
+        self._submit(path, True)
+
+    def _submit(self, path: str, is_dir: bool) -> None:
+        if not self.background:
+            try:
+                self._delete_now([(path, is_dir)])
+            except Exception as err:
+                raise StorageFault(StorageOp.DELETE, path, err) from err
+            return
+        with self._cv:
+            self._queue.append((path, is_dir))
+            if is_dir:
+                self._queued_dirs.add(path)
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._work, name="fastimpl-deleter", daemon=True
+                )
+                self._worker.start()
+            self._cv.notify_all()
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                if not self._queue:
+                    self._worker = None
+                    self._cv.notify_all()
+                    return
+                batch = [self._queue.popleft() for _ in range(min(_BATCH, len(self._queue)))]
+                self._busy = True
+            try:
+                self._delete_with_retries(batch)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    for path, is_dir in batch:
+                        if is_dir and not any(d and p == path for p, d in self._queue):
+                            self._queued_dirs.discard(path)
+                    self._cv.notify_all()
+
+    def _delete_with_retries(self, batch: list[tuple[str, bool]]) -> None:
+        try:
+            self._delete_now(batch)
+            return
+        except Exception:
+            pass  # the bulk call failed: retry path by path, to find which ones fail
+        for path, is_dir in batch:
+            error: BaseException | None = None
+            for attempt in range(1, self.delete_attempts + 1):
+                try:
+                    self._delete_now([(path, is_dir)])
+                    error = None
+                    break
+                except Exception as err:
+                    error = err
+                    if attempt < self.delete_attempts:
+                        time.sleep(self.retry_backoff * 4 ** (attempt - 1))
+            if error is not None:
+                log.warning("delete of %s failed %d times: %r", path, self.delete_attempts, error)
+                self.failed_deletes[path] = DeleteFailure(
+                    path, is_dir, error, self.delete_attempts
+                )
+
+    def _delete_now(self, batch: list[tuple[str, bool]]) -> None:
+        """One attempt at deleting ``batch``; a path already gone counts as deleted."""
+        self.delete_calls += 1
+        if self._local:
+            for path, is_dir in batch:
+                full = self.full(path)
+                try:
+                    if is_dir:
+                        shutil.rmtree(full)
+                    else:
+                        os.remove(full)
+                except FileNotFoundError:
+                    pass
+            self.deletes_done += len(batch)
+            return
+        files = [self.full(p) for p, d in batch if not d]
+        dirs = [self.full(p) for p, d in batch if d]
+        lock = self._fs_lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            if files:
+                if len(files) == 1:
+                    try:
+                        self.fs.rm_file(files[0])
+                    except FileNotFoundError:
+                        pass
+                else:
+                    try:
+                        self.fs.rm(files)  # one bulk call where the store has one
+                    except FileNotFoundError:
+                        for p in files:
+                            try:
+                                self.fs.rm_file(p)
+                            except FileNotFoundError:
+                                pass
+            for d in dirs:
+                if self.fs.exists(d):
+                    self.fs.rm(d, recursive=True)
+        finally:
+            if lock is not None:
+                lock.release()
+        self.deletes_done += len(batch)
+
+    def _wait_for_deletes_under(self, path: str) -> None:
+        if self._queued_dirs and any(is_under(path, d) for d in list(self._queued_dirs)):
+            self.drain()
+
+    def drain(self) -> None:
+        """Wait until every queued delete has been carried out (or has failed for good)."""
+        if not self.background:
+            return
+        with self._cv:
+            while self._queue or self._busy or self._worker is not None:
+                self._cv.wait()
+
+    def retry_failed(self) -> list[DeleteFailure]:
+        """Try every delete that kept failing once more, now; return those that still fail."""
+        self.drain()
+        for path, failure in sorted(self.failed_deletes.items()):
+            try:
+                self._delete_now([(path, failure.is_dir)])
+            except Exception as err:
+                failure.error = err
+                failure.attempts += 1
+                continue
+            del self.failed_deletes[path]
+        return list(self.failed_deletes.values())
+
+    def close_all(self) -> None:
+        """Finish queued deletes and close every open file."""
+        self.drain()
+        for path in list(self._open):
+            self.abandon(path)

@@ -80,6 +80,12 @@ class Config:
     """Number of key groups (pipeline.max-parallelism)."""
     restore_mode: RestoreMode = RestoreMode.NO_CLAIM
     """execution.state-recovery.claim-mode (default NO_CLAIM)."""
+    pool_blocking: bool = False
+    """state.checkpoints.file-merging.pool-blocking (default false). Flink's non-blocking
+    pool opens another physical file when the pooled one is busy with another stream.
+    fastimpl's streams hold their bytes until they are closed and append them under the
+    store's lock, so a pooled file is never busy when a stream closes: both values write
+    the same files (the blocking pool's count, without its waiting). Not in the model."""
     open_files_readable: bool = True
     """Whether flushed bytes of a still-open file are durable and readable on the file
     system (local, HDFS: yes; object stores: no, a file appears only on close)."""

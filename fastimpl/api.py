@@ -1,0 +1,479 @@
+"""The public API: a checkpoint store with its coordinator and per-TM file-merging managers.
+
+A stream processor embeds one :class:`CheckpointStore` per job. Its :attr:`coordinator`
+triggers, completes and aborts checkpoints, keeps ``num_retained`` of them, restores and
+rescales; each TM's :class:`FileMergingManager` opens checkpoint streams for the
+subtasks it hosts, returns handles once their bytes are durable, reuses shared state,
+and applies the notifications the coordinator sends. All of them share one lock: every
+call is atomic, so threads may write for different subtasks at once.
+
+A stream holds its bytes until it is closed, then appends them to a pooled physical
+file in one call: a segment is contiguous even when many streams share a file, and the
+handle comes back only after the bytes are flushed and (on local disks) synced (R12).
+Deletions are decided under the lock and carried out by a background thread in
+batches, retried, and reported by :meth:`CheckpointStore.delete_failures` if they keep
+failing.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+import attrs
+import fsspec  # type: ignore[import-untyped]
+
+from fastimpl.cluster import Cluster
+from fastimpl.ids import IdSource, RandomIds
+from fastimpl.records import Status
+from fastimpl.recovery import RecoveryReport, recover
+from fastimpl.storage import DeleteFailure
+from spec import commands as c
+from spec.config import Config, JobSpec, RestoreMode, StateKind
+from spec.handles import SegmentHandle, StateEntry, stream_of
+from spec.ids import SubtaskId, TmId
+from spec.invariants import Violation, check_all
+from spec.observation import Observation, RetainedView
+
+_OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "adl", "oss"})
+
+
+def _protocol(fs: Any) -> str:
+    p = fs.protocol
+    return str(p if isinstance(p, str) else p[0])
+
+
+class CheckpointStore:
+    """One job's checkpoint files: a coordinator and the TMs' file-merging managers.
+
+    ``url`` is any fsspec URL (a local path, ``memory://...``, ``s3://bucket/prefix``);
+    ``storage_options`` go to the file system (e.g. ``client_kwargs``, ``key``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        config: Config,
+        job: JobSpec,
+        *,
+        ids: IdSource | None = None,
+        background_deletes: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
+        _cluster: Cluster | None = None,
+    ) -> None:
+        fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        _refuse_unreadable_open_files(fs, config)
+        self._lock = threading.RLock()
+        self._cluster = _cluster or Cluster(
+            config, job, fs, root, ids or RandomIds(), background_deletes=background_deletes
+        )
+        self._cluster.copy_bytes = True
+        self.coordinator = Coordinator(self)
+
+    @classmethod
+    def recover(
+        cls,
+        url: str,
+        config: Config,
+        job: JobSpec,
+        *,
+        crashed_job: str = "job-0",
+        ids: IdSource | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> tuple[CheckpointStore, RecoveryReport]:
+        """Continue a job whose process died, from what storage holds (see ``recovery``)."""
+        fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        _refuse_unreadable_open_files(fs, config)
+        cluster, report = recover(config, job, fs, root, job=crashed_job, ids=ids or RandomIds())
+        return cls(url, config, job, storage_options=storage_options, _cluster=cluster), report
+
+    # ------------------------------------------------------------------ the job
+
+    @property
+    def job_id(self) -> str:
+        return self._cluster.job
+
+    @property
+    def config(self) -> Config:
+        return self._cluster.cfg
+
+    def placement(self) -> dict[SubtaskId, TmId]:
+        """Which TM hosts each subtask now."""
+        with self._lock:
+            return dict(self._cluster.placement)
+
+    def task_managers(self) -> list[TmId]:
+        """The live TMs of the running job."""
+        with self._lock:
+            cl = self._cluster
+            return sorted({t for t in cl.placement.values() if cl.tms[t].status is Status.ALIVE})
+
+    def task_manager(self, tm: TmId) -> FileMergingManager:
+        with self._lock:
+            if tm not in self._cluster.tms:
+                raise KeyError(f"no TM {tm!r}; TMs: {sorted(self._cluster.tms)}")
+        return FileMergingManager(self, tm)
+
+    def manager_for(self, subtask: SubtaskId) -> FileMergingManager:
+        """The manager of the TM that hosts ``subtask``."""
+        with self._lock:
+            return FileMergingManager(self, self._cluster.placement[subtask])
+
+    # ------------------------------------------------------------------ notifications
+
+    def deliver_notifications(self) -> int:
+        """Deliver every notification in flight, in order; return how many."""
+        n = 0
+        with self._lock:
+            while self._cluster.channel:
+                self._cluster.apply(c.DeliverNotification(0))
+                n += 1
+        return n
+
+    # ------------------------------------------------------------------ deletes
+
+    def delete_failures(self) -> list[DeleteFailure]:
+        """Deletes that kept failing: never forgotten, retried by ``retry_deletes``."""
+        with self._lock:
+            self._cluster.storage.drain()
+            return list(self._cluster.storage.failed_deletes.values())
+
+    def retry_deletes(self) -> list[DeleteFailure]:
+        """Retry failed deletes now; return those that still fail."""
+        with self._lock:
+            self._cluster.apply(c.RetryDeletes())
+            self._cluster.storage.drain()
+            return list(self._cluster.storage.failed_deletes.values())
+
+    def flush(self) -> None:
+        """Wait until every queued delete has been carried out."""
+        self._cluster.storage.drain()
+
+    # ------------------------------------------------------------------ checking
+
+    def observe(self) -> Observation:
+        """The files on storage and the bookkeeping that decides who deletes them."""
+        with self._lock:
+            return self._cluster.observe()
+
+    def check_invariants(self, *, quiet: bool = False) -> list[Violation]:
+        """I1-I5 on the real files (and I6 when the job is quiet); empty when all hold."""
+        return check_all(self.observe(), quiet=quiet)
+
+    def read(self, entry: StateEntry) -> bytes:
+        """The bytes a state handle names, read back from storage."""
+        s = stream_of(entry.handle)
+        if s is None:
+            raise ValueError(f"{entry.handle!r} names no bytes of its own")
+        offset = s.offset if isinstance(s, SegmentHandle) else 0
+        return self._cluster.storage.read_range(s.path, offset, s.length)
+
+    def close(self) -> None:
+        """Finish queued deletes and close open files; checkpoints stay on storage."""
+        with self._lock:
+            self._cluster.storage.close_all()
+
+    def __enter__(self) -> CheckpointStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _apply(self, cmd: c.Command) -> None:
+        with self._lock:
+            self._cluster.apply(cmd)
+
+
+def _refuse_unreadable_open_files(fs: Any, config: Config) -> None:
+    """R16: ACROSS merging on an object store would lose data: refuse it here too."""
+    if _protocol(fs) in _OBJECT_STORES and config.open_files_readable:
+        # Config refuses ACROSS when told the store hides open files; an object store
+        # always does, so re-check with that fact.
+        Config(**{**_config_fields(config), "open_files_readable": False})
+
+
+def _config_fields(config: Config) -> dict[str, Any]:
+    return attrs.asdict(config, recurse=False)
+
+
+class Coordinator:
+    """The job's checkpoint coordinator (Flink's CheckpointCoordinator)."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self._store = store
+
+    @property
+    def _cl(self) -> Cluster:
+        return self._store._cluster
+
+    def trigger(self, *, savepoint: bool = False) -> int:
+        """Start a checkpoint (or a savepoint); return its id."""
+        with self._store._lock:
+            cid = self._cl.next_checkpoint
+            self._cl.apply(c.Trigger(savepoint))
+            return cid
+
+    def acknowledge(
+        self, checkpoint: int, subtask: SubtaskId, *, attempt: TmId | None = None
+    ) -> tuple[StateEntry, ...]:
+        """A subtask reports the handles it wrote for ``checkpoint``; return them."""
+        with self._store._lock:
+            tm = attempt or self._cl.placement.get(subtask)
+            key = (tm or "", subtask, checkpoint)
+            entries = self._cl.outputs.get(key, ())
+            self._cl.apply(c.Acknowledge(checkpoint, subtask, attempt))
+            return entries
+
+    def decline(self, checkpoint: int, subtask: SubtaskId) -> None:
+        self._store._apply(c.Decline(checkpoint, subtask))
+
+    def complete(self, checkpoint: int) -> RetainedView | None:
+        """Finalize ``checkpoint`` once every subtask acknowledged it: write its
+        ``_metadata`` and subsume what retention lets go. ``None`` if writing the metadata
+        failed (the checkpoint is then aborted, R51)."""
+        with self._store._lock:
+            self._cl.apply(c.Complete(checkpoint))
+            for r in self._cl.retained:
+                if r.id == checkpoint:
+                    return RetainedView(r.id, r.job, r.metadata, r.entries, r.directories)
+            sp = self._cl.savepoints.get(checkpoint)
+            if sp is not None:
+                return RetainedView(sp.id, sp.job, sp.metadata, sp.entries, sp.directories)
+            return None
+
+    def abort(self, checkpoint: int) -> None:
+        self._store._apply(c.Abort(checkpoint))
+
+    def pending(self) -> list[int]:
+        with self._store._lock:
+            return sorted(self._cl.pending)
+
+    def retained(self) -> list[RetainedView]:
+        """The retained completed checkpoints, oldest first."""
+        with self._store._lock:
+            return [
+                RetainedView(r.id, r.job, r.metadata, r.entries, r.directories)
+                for r in self._cl.retained
+            ]
+
+    def savepoints(self) -> list[int]:
+        with self._store._lock:
+            return sorted(self._cl.savepoints)
+
+    def restore(
+        self,
+        checkpoint: int,
+        *,
+        mode: RestoreMode | None = None,
+        parallelism: Mapping[str, int] | None = None,
+    ) -> str:
+        """Start a new job from a retained checkpoint or a savepoint; return its id.
+
+        ``parallelism`` rescales vertices (key groups and list state are redistributed);
+        ``mode`` defaults to the configured restore mode.
+        """
+        with self._store._lock:
+            chosen = mode if mode is not None else self._cl.cfg.restore_mode
+            par = tuple(sorted((parallelism or {}).items()))
+            self._cl.apply(c.Restore(checkpoint, par, chosen))
+            return self._cl.job
+
+    def rescale(
+        self, checkpoint: int, parallelism: Mapping[str, int], *, mode: RestoreMode | None = None
+    ) -> str:
+        """``restore`` with new parallelisms."""
+        return self.restore(checkpoint, mode=mode, parallelism=parallelism)
+
+    def failover(self) -> None:
+        """Abort pending checkpoints, replace lost TMs, restart subtasks from the latest."""
+        self._store._apply(c.Failover())
+
+    def restart(self) -> None:
+        """A coordinator restart: rebuild retention and the registry from the metadata."""
+        self._store._apply(c.RestartCoordinator())
+
+    def cancel(self, *, retain: bool = False) -> None:
+        """End the job; ``retain`` gives the retained checkpoints to the user."""
+        self._store._apply(c.Cancel(retain))
+
+
+class FileMergingManager:
+    """One TM's file-merging manager (FLIP-306's FileMergingSnapshotManager)."""
+
+    def __init__(self, store: CheckpointStore, tm: TmId) -> None:
+        self._store = store
+        self.tm = tm
+
+    @property
+    def _cl(self) -> Cluster:
+        return self._store._cluster
+
+    def subtasks(self) -> list[SubtaskId]:
+        """The subtasks this TM hosts."""
+        with self._store._lock:
+            return sorted(s for s, t in self._cl.placement.items() if t == self.tm)
+
+    def _attempt(self, subtask: SubtaskId) -> TmId | None:
+        return None if self._cl.placement.get(subtask) == self.tm else self.tm
+
+    def open_stream(
+        self,
+        checkpoint: int,
+        subtask: SubtaskId,
+        kind: StateKind,
+        name: str,
+        *,
+        entries: int = 1,
+    ) -> CheckpointStream:
+        """A stream for one state handle; its scope follows ``kind`` (SHARED for
+        incremental keyed state, EXCLUSIVE otherwise)."""
+        return CheckpointStream(self, checkpoint, subtask, kind, name, entries)
+
+    @contextmanager
+    def stream(
+        self, checkpoint: int, subtask: SubtaskId, kind: StateKind, name: str
+    ) -> Iterator[CheckpointStream]:
+        s = self.open_stream(checkpoint, subtask, kind, name)
+        try:
+            yield s
+        except BaseException:
+            s.discard()
+            raise
+        s.close()
+
+    def write(
+        self, checkpoint: int, subtask: SubtaskId, kind: StateKind, name: str, data: bytes
+    ) -> StateEntry | None:
+        """Open, write and close a stream in one call."""
+        s = self.open_stream(checkpoint, subtask, kind, name)
+        s.write(data)
+        return s.close_and_get_handle()
+
+    def reuse_shared(self, checkpoint: int, subtask: SubtaskId, name: str) -> StateEntry | None:
+        """Reuse shared state uploaded by an earlier checkpoint: the old handle (or a
+        placeholder) when it may be reused (R20-R23), else a new upload of its bytes."""
+        with self._store._lock:
+            return self._cl.reuse_shared(
+                c.ReuseShared(checkpoint, subtask, name, self._attempt(subtask))
+            )
+
+    def acknowledge(self, checkpoint: int, subtask: SubtaskId) -> tuple[StateEntry, ...]:
+        """Send ``subtask``'s handles for ``checkpoint`` to the coordinator."""
+        with self._store._lock:
+            return self._store.coordinator.acknowledge(
+                checkpoint, subtask, attempt=self._attempt(subtask)
+            )
+
+    def receive_notifications(self) -> int:
+        """Apply every notification in flight for this TM, in order; return how many."""
+        n = 0
+        with self._store._lock:
+            while True:
+                idx = next((i for i, x in enumerate(self._cl.channel) if x[0] == self.tm), None)
+                if idx is None:
+                    return n
+                self._cl.apply(c.DeliverNotification(idx))
+                n += 1
+
+    def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
+        """The handles ``subtask`` restores from (after a failover, restore or rescale)."""
+        with self._store._lock:
+            return self._cl.state_to_restore(subtask)
+
+    def restore(self, subtask: SubtaskId) -> list[tuple[StateEntry, bytes]]:
+        """Read back every handle ``subtask`` restores from. After a rescale one name may
+        come from several old subtasks (their key-group ranges overlap the new one's)."""
+        return [(e, self._store.read(e)) for e in self.state_to_restore(subtask)]
+
+    def crash(self) -> None:
+        """The TM is lost: its memory goes, its process may still run (a zombie)."""
+        self._store._apply(c.CrashTm(self.tm))
+
+    def stopped(self) -> None:
+        """A lost TM is known to have stopped; what waited for it may be deleted (R64)."""
+        self._store._apply(c.AttemptStopped(self.tm))
+
+
+class CheckpointStream:
+    """The bytes of one state handle. Closing appends them and returns the handle."""
+
+    def __init__(
+        self,
+        manager: FileMergingManager,
+        checkpoint: int,
+        subtask: SubtaskId,
+        kind: StateKind,
+        name: str,
+        entries: int,
+    ) -> None:
+        self._manager = manager
+        self.checkpoint = checkpoint
+        self.subtask = subtask
+        self.kind = kind
+        self.name = name
+        self.entries = entries
+        self._buf: io.BytesIO | None = io.BytesIO()
+        self.handle: StateEntry | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self._buf is None:
+            raise ValueError(f"stream {self.name!r} of {self.subtask} is closed")
+        return self._buf.write(data)
+
+    def close_and_get_handle(self) -> StateEntry | None:
+        """Append the bytes durably and return the state entry (``None`` if empty, R10).
+
+        A failing storage call declines the checkpoint for this subtask (R17) and is
+        raised as ``StorageFault``.
+        """
+        if self._buf is None:
+            return self.handle
+        data = self._buf.getvalue()
+        self._buf = None
+        m = self._manager
+        store = m._store
+        with store._lock:
+            cmd = c.WriteState(
+                self.checkpoint,
+                self.subtask,
+                self.kind,
+                self.name,
+                len(data),
+                self.entries,
+                m._attempt(self.subtask),
+            )
+            self.handle = store._cluster.write_state(cmd, data)
+        return self.handle
+
+    def close(self) -> None:
+        self.close_and_get_handle()
+
+    def discard(self) -> None:
+        """Drop the bytes without writing anything."""
+        self._buf = None
+
+    def __enter__(self) -> CheckpointStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+
+
+__all__ = ["CheckpointStore", "CheckpointStream", "Coordinator", "FileMergingManager"]

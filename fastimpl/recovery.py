@@ -1,0 +1,211 @@
+"""Recovery after the whole process died (issue 3): rebuild a store from storage alone.
+
+Nothing in memory survives a crash; what storage holds is the truth. ``recover`` reads
+every ``<job>/chk-N/_metadata`` of the crashed job and every savepoint's ``_metadata``,
+validates them (a corrupt, truncated or foreign file raises ``MetadataError`` and nothing
+is deleted), keeps the latest ``num_retained`` completed checkpoints, checks that every
+byte they refer to is on storage (``RecoveryError`` otherwise, again deleting nothing),
+and starts a new incarnation of the job (a new job id under the same root, new TM ids)
+that restores from the latest of them in CLAIM mode (R72): the new coordinator owns the
+crashed job's retained checkpoints and deletes them once they are subsumed.
+
+Everything else the crashed job left under its base is garbage of a process that can no
+longer write (half-written files of pending checkpoints, segments of aborted ones, a
+``_metadata.inprogress`` of an interrupted metadata write, files a subsume had not yet
+deleted): it is deleted at once by the new coordinator, so nothing is kept forever.
+Savepoints are the user's and are never touched; a savepoint directory without
+``_metadata`` (an interrupted savepoint) is left to the user and listed in the report.
+Other job bases under the root are the user's too, except a base a retained checkpoint
+still refers to (a predecessor claimed earlier), which the new coordinator owns.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from attrs import frozen
+
+from fastimpl.cluster import Cluster
+from fastimpl.ids import IdSource
+from fastimpl.metadata import MetadataError
+from fastimpl.records import Completed, Status, StoredFile
+from fastimpl.storage import Storage
+from spec import commands as c
+from spec.config import Config, JobSpec, RestoreMode, VertexSpec
+from spec.effects import COORDINATOR, USER
+from spec.handles import stream_of
+from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
+
+_JOB = re.compile(r"^(.*?)-(\d+)$")
+
+
+class RecoveryError(RuntimeError):
+    """Storage does not hold what a completed checkpoint refers to; nothing was deleted."""
+
+
+@frozen
+class RecoveryReport:
+    """What ``recover`` found and did."""
+
+    crashed_job: str
+    new_job: str
+    checkpoints: tuple[int, ...]
+    """The completed checkpoints kept (retained by the new job), oldest first."""
+    savepoints: tuple[int, ...]
+    garbage: tuple[str, ...]
+    """Paths of the crashed job deleted as garbage (files and directories)."""
+    left_to_user: tuple[str, ...]
+    """Interrupted savepoint directories, not deleted."""
+
+
+def _numbered(pattern: str, paths: dict[str, int]) -> dict[int, str]:
+    rx = re.compile(pattern)
+    out: dict[int, str] = {}
+    for p in paths:
+        m = rx.fullmatch(p)
+        if m:
+            out[int(m.group(1))] = p
+    return out
+
+
+def _check_bytes(done: Completed, files: dict[str, int]) -> None:
+    if done.metadata not in files:
+        raise RecoveryError(f"checkpoint {done.id}: {done.metadata} is missing")
+    for e in done.entries:
+        s = stream_of(e.handle)
+        if s is None:
+            continue
+        end = getattr(s, "offset", 0) + s.length
+        size = files.get(s.path)
+        if size is None:
+            raise RecoveryError(
+                f"checkpoint {done.id} ({done.metadata}): {s.path} is missing "
+                f"(state {e.name!r} of {e.subtask})"
+            )
+        if size < end:
+            raise RecoveryError(
+                f"checkpoint {done.id} ({done.metadata}): {s.path} holds {size} bytes, "
+                f"state {e.name!r} of {e.subtask} needs {end}"
+            )
+
+
+def recover(
+    config: Config,
+    job_spec: JobSpec,
+    fs: Any,
+    root: str,
+    *,
+    job: str = "job-0",
+    ids: IdSource | None = None,
+    background_deletes: bool = True,
+) -> tuple[Cluster, RecoveryReport]:
+    """A running store that continues the crashed ``job`` from what storage holds."""
+    reader = Storage(fs, root, background_deletes=False)
+    files = reader.list_files()
+    esc = re.escape(job)
+    metas = _numbered(rf"{esc}/chk-(\d+)/{METADATA}", files)
+    # Read and validate everything before changing anything.
+    completed: list[Completed] = []
+    for cid, path in sorted(metas.items()):
+        meta = reader.read_metadata(path, expected_job=job)
+        if meta.checkpoint != cid or meta.savepoint:
+            raise MetadataError(path, "checkpoint", f"names checkpoint {meta.checkpoint}")
+        completed.append(Completed(cid, job, False, meta.entries, meta.directories, path))
+    keep = completed[-config.num_retained :] if completed else []
+    for done in keep:
+        _check_bytes(done, files)
+    sp_metas = _numbered(rf"{SAVEPOINTS}/savepoint-(\d+)/{METADATA}", files)
+    savepoints: dict[int, Completed] = {}
+    for sid, path in sorted(sp_metas.items()):
+        meta = reader.read_metadata(path)
+        savepoints[sid] = Completed(sid, meta.job, True, meta.entries, meta.directories, path)
+    sp_dirs = {m.group(1) for p in files if (m := re.match(rf"({SAVEPOINTS}/savepoint-\d+)/", p))}
+    interrupted = sorted(d for d in sp_dirs if f"{d}/{METADATA}" not in files)
+
+    # Numbers already used under the root: new ids must not collide with any of them.
+    tops = {p.split("/", 1)[0] for p in files}
+    seqs = [int(m.group(2)) for t in tops | {job} if (m := _JOB.match(t)) and t != SAVEPOINTS]
+    tm_nums = [int(m.group(1)) for p in files if (m := re.match(r"[^/]+/taskowned/tm-(\d+)/", p))]
+    cids = [int(m.group(1)) for p in files if (m := re.match(r"[^/]+/chk-(\d+)/", p))] + [
+        int(m.group(1)) for p in files if (m := re.match(rf"{SAVEPOINTS}/savepoint-(\d+)/", p))
+    ]
+
+    cl = Cluster(config, job_spec, fs, root, ids, job_id=job, background_deletes=background_deletes)
+    for rec in cl.tms.values():
+        rec.status = Status.STOPPED  # the placeholders of the dead incarnation's TMs
+    cl.running = False
+    cl.job_seq = max(seqs, default=0)
+    cl.next_tm = max([*tm_nums, cl.next_tm - 1]) + 1
+    cl.next_checkpoint = max(cids, default=0) + 1
+    cl.savepoints = savepoints
+    cl.savepoint_ids = set(savepoints)
+    claimed_bases = {job_base(job)} | {
+        b for done in keep for b in _bases_of(done) if b != SAVEPOINTS
+    }
+    for path, size in files.items():
+        base = path.split("/", 1)[0]
+        owner = COORDINATOR if base in claimed_bases else USER
+        cl.files[path] = StoredFile(size, False, owner, None)
+    cl.bases |= claimed_bases
+    garbage: list[str] = []
+    if keep:
+        latest = keep[-1]
+        cl.retained = list(keep)
+        cl.latest_completed = latest.id
+        # The crashed job may have run at other parallelisms than ``job_spec`` asks for
+        # (an earlier rescale): the checkpoint's own subtasks say which, so that the
+        # restore rescales (R75, R76) exactly when it must.
+        was = {e.subtask.vertex: e.subtask.parallelism for e in latest.entries}
+        want = tuple((v.name, v.parallelism) for v in job_spec.vertices)
+        cl.vertices = tuple(
+            VertexSpec(v.name, was.get(v.name, v.parallelism)) for v in job_spec.vertices
+        )
+        cl.apply(c.Restore(latest.id, want, RestoreMode.CLAIM))
+        # The restore claimed the latest; the older retained ones stay retained too.
+        for done in keep[:-1]:
+            cl._register(done)
+        cl.retained = list(keep)
+        cl.latest_completed = latest.id
+    else:
+        cl.job_seq += 1
+        cl.job = f"job-{cl.job_seq}"
+        cl.bases.add(job_base(cl.job))
+        for rec in cl.tms.values():
+            rec.status = Status.ALIVE
+        cl.running = True
+    # Garbage of the dead incarnation: whatever no kept checkpoint refers to.
+    referenced: set[str] = set()
+    kept_dirs: set[str] = set()
+    for done in keep:
+        referenced.add(done.metadata)
+        referenced |= {s.path for e in done.entries if (s := stream_of(e.handle)) is not None}
+        kept_dirs |= set(done.directories)
+    for d in sorted(kept_dirs):
+        cl.dir_owner[d] = COORDINATOR
+    for path in sorted(files):
+        if path.split("/", 1)[0] not in claimed_bases or path in referenced:
+            continue
+        if any(is_under(path, d) for d in kept_dirs):
+            continue  # a kept directory goes whole when its checkpoints are subsumed (R42)
+        cl._delete_file(path, COORDINATOR)
+        garbage.append(path)
+    cl._collect_dirs()
+    report = RecoveryReport(
+        crashed_job=job,
+        new_job=cl.job,
+        checkpoints=tuple(d.id for d in keep),
+        savepoints=tuple(sorted(savepoints)),
+        garbage=tuple(garbage),
+        left_to_user=tuple(interrupted),
+    )
+    return cl, report
+
+
+def _bases_of(done: Completed) -> set[str]:
+    out = {done.metadata.split("/", 1)[0]}
+    for e in done.entries:
+        s = stream_of(e.handle)
+        if s is not None:
+            out.add(s.path.split("/", 1)[0])
+    return out
