@@ -96,6 +96,7 @@ class Cluster:
         self.cfg = config
         self.mode = config.merging_mode
         self.storage = Storage(fs, root, background_deletes=background_deletes)
+        self._hot: tuple[object, frozenset[str]] | None = None
         self.copy_bytes = False
         """Re-uploads (R20) copy the old bytes; off where every byte is a zero (tests)."""
         self.ids: IdSource = ids if ids is not None else RandomIds()
@@ -312,11 +313,33 @@ class Cluster:
             self._defer(Deferred(actor, path, False, wait))
             return
         try:
-            self.storage.delete_file(path)
+            self.storage.delete_file(path, self._prunable_parents(path))
         except StorageFault:
             self._defer(Deferred(actor, path, False, None))
             return
         self._record_delete(path, actor)
+
+    def _prunable_parents(self, path: str) -> tuple[str, ...]:
+        """Parents of ``path`` that may go once empty: below its base, not managed
+        directories (those are deleted whole, R42), not a current subtask's shared
+        directory (about to be written again)."""
+        parts = path.split("/")
+        out: list[str] = []
+        for n in range(len(parts) - 1, 1, -1):
+            d = "/".join(parts[:n])
+            if d in self.dir_owner or d in self.hot_dirs():
+                break
+            out.append(d)
+        return tuple(out)
+
+    def hot_dirs(self) -> frozenset[str]:
+        key = (self.job, tuple(self.placement))
+        if self._hot is None or self._hot[0] != key:
+            hot = {shared_dir(self.job, s) for s in self.placement}
+            hot |= {d.rsplit("/", 1)[0] for d in hot}
+            hot |= {f"{job_base(self.job)}/taskowned", SAVEPOINTS}
+            self._hot = (key, frozenset(hot))
+        return self._hot[1]
 
     def _delete_dir(self, path: str, actor: str) -> None:
         """R42: delete a managed directory with everything in it."""
@@ -329,7 +352,7 @@ class Cluster:
             self._defer(Deferred(actor, path, True, min(w for w in waits if w)))
             return
         try:
-            self.storage.delete_dir(path)
+            self.storage.delete_dir(path, self._prunable_parents(path))
         except StorageFault:
             self._defer(Deferred(actor, path, True, None))
             return

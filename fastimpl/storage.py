@@ -95,6 +95,8 @@ class Storage:
         self.retry_backoff = retry_backoff
         self._queue: deque[tuple[str, bool]] = deque()
         self._queued_dirs: set[str] = set()
+        """Directories a queued delete or prune will remove: a create under one waits."""
+        self._prunes: list[tuple[str, ...]] = []
         self._cv = threading.Condition()
         self._busy = False
         self._worker: threading.Thread | None = None
@@ -245,18 +247,43 @@ class Storage:
 
     # ------------------------------------------------------------------ deleting
 
-    def delete_file(self, path: str) -> None:
-        """Delete a file (queued when deleting in the background)."""
+    def delete_file(self, path: str, prune: tuple[str, ...] = ()) -> None:
+        """Delete a file (queued when deleting in the background).
+
+        ``prune``: parent directories, innermost first, to remove afterwards if that left
+        them empty (local disks only: object stores have no directories, and an empty
+        ``chk-N/`` per checkpoint would otherwise pile up forever).
+        """
         self.fire(StorageOp.DELETE, path)
         self.abandon(path)
         self._submit(path, False)
+        if prune and self._local:
+            self._submit_prune(prune)
 
-    def delete_dir(self, path: str) -> None:
-        """Delete a managed directory and everything in it."""
+    def _submit_prune(self, dirs: tuple[str, ...]) -> None:
+        if not self.background:
+            self._prune(dirs)
+            return
+        with self._cv:
+            self._queued_dirs.update(dirs)
+            self._prunes.append(dirs)
+            self._cv.notify_all()
+
+    def _prune(self, dirs: tuple[str, ...]) -> None:
+        for d in dirs:
+            try:
+                os.rmdir(self.full(d))
+            except OSError:
+                return  # not empty (or already gone): its parents are not empty either
+
+    def delete_dir(self, path: str, prune: tuple[str, ...] = ()) -> None:
+        """Delete a managed directory and everything in it (``prune``: as for files)."""
         self.fire(StorageOp.DELETE, path)
         for p in [p for p in self._open if is_under(p, path)]:
             self.abandon(p)
         self._submit(path, True)
+        if prune and self._local:
+            self._submit_prune(prune)
 
     def _submit(self, path: str, is_dir: bool) -> None:
         if not self.background:
@@ -280,6 +307,10 @@ class Storage:
         while True:
             with self._cv:
                 if not self._queue:
+                    prunes, self._prunes = self._prunes, []
+                    for dirs in prunes:
+                        self._prune(dirs)  # after the deletes that emptied them
+                    self._queued_dirs.clear()
                     self._worker = None
                     self._cv.notify_all()
                     return
@@ -290,9 +321,6 @@ class Storage:
             finally:
                 with self._cv:
                     self._busy = False
-                    for path, is_dir in batch:
-                        if is_dir and not any(d and p == path for p, d in self._queue):
-                            self._queued_dirs.discard(path)
                     self._cv.notify_all()
 
     def _delete_with_retries(self, batch: list[tuple[str, bool]]) -> None:
