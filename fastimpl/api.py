@@ -31,15 +31,13 @@ from fastimpl.cluster import Cluster
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.records import Status
 from fastimpl.recovery import RecoveryReport, recover
-from fastimpl.storage import DeleteFailure
+from fastimpl.storage import OBJECT_STORES, DeleteFailure
 from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, StateKind
 from spec.handles import SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.invariants import Violation, check_all
 from spec.observation import Observation, RetainedView
-
-_OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "adl", "oss"})
 
 
 def _protocol(fs: Any) -> str:
@@ -194,15 +192,13 @@ class CheckpointStore:
 
 
 def _refuse_unreadable_open_files(fs: Any, config: Config) -> None:
-    """R16: ACROSS merging on an object store would lose data: refuse it here too."""
-    if _protocol(fs) in _OBJECT_STORES and config.open_files_readable:
-        # Config refuses ACROSS when told the store hides open files; an object store
-        # always does, so re-check with that fact.
-        Config(**{**_config_fields(config), "open_files_readable": False})
+    """R16: ACROSS merging on an object store would lose data: refuse it before any I/O.
 
-
-def _config_fields(config: Config) -> dict[str, Any]:
-    return attrs.asdict(config, recurse=False)
+    ``Config`` refuses ACROSS when told the store hides open files; an object store
+    always does, so check again with that fact.
+    """
+    if _protocol(fs) in OBJECT_STORES and config.open_files_readable:
+        attrs.evolve(config, open_files_readable=False)
 
 
 class Coordinator:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import attrs
+
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.manager import Manager
 from fastimpl.metadata import metadata_bytes
@@ -96,6 +98,8 @@ class Cluster:
         self.cfg = config
         self.mode = config.merging_mode
         self.storage = Storage(fs, root, background_deletes=background_deletes)
+        if self.mode is MergingMode.ACROSS_CHECKPOINT and not self.storage.open_files_readable:
+            attrs.evolve(config, open_files_readable=False)  # raises Config's R16 error
         self._hot: tuple[object, frozenset[str]] | None = None
         self.copy_bytes = False
         """Re-uploads (R20) copy the old bytes; off where every byte is a zero (tests)."""

@@ -37,6 +37,9 @@ _CHUNK = b"\0" * 65536
 _BATCH = 1000
 """At most this many paths per bulk delete (S3's DeleteObjects limit)."""
 
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "adl", "oss"})
+"""Protocols whose objects appear only once closed: ACROSS merging is refused there."""
+
 log = logging.getLogger("fastimpl.storage")
 
 
@@ -84,6 +87,8 @@ class Storage:
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.protocol = protocol
         self._local = protocol in ("file", "local")
+        self.open_files_readable = protocol not in OBJECT_STORES
+        """Whether flushed bytes of an open file are readable (not on object stores, R16)."""
         # fsspec's memory file system iterates a shared dict when it lists or deletes
         # recursively; a lock keeps the deleter thread from racing the writer there.
         self._fs_lock: threading.Lock | None = threading.Lock() if protocol == "memory" else None
