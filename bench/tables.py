@@ -56,7 +56,7 @@ def add_checkpoint(
     offset = 0
     for i in range(segments):
         length = SEGMENT if lengths is None else lengths(i)
-        m.add(Seg(ids.logical_id(), path, offset, length, SUBTASK, Scope.SHARED, cp, cp, True))
+        m.add(Seg(ids.logical_id(), path, offset, length, cp, cp, True))
         pf.ref_count += 1
         pf.live_bytes += length
         offset += length

@@ -225,7 +225,7 @@ class Coordinator:
         with self._store._lock:
             tm = attempt or self._cl.placement.get(subtask)
             key = (tm or "", subtask, checkpoint)
-            entries = self._cl.outputs.get(key, ())
+            entries = tuple(self._cl.outputs.get(key, ()))
             self._cl.apply(c.Acknowledge(checkpoint, subtask, attempt))
             return entries
 

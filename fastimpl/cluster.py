@@ -123,7 +123,7 @@ class Cluster:
         self.watermark = 0
         self.registry: dict[str, RegEntry] = {}
         self.mgr: dict[TmId, Manager] = {}
-        self.outputs: dict[OutKey, tuple[StateEntry, ...]] = {}
+        self.outputs: dict[OutKey, list[StateEntry]] = {}
         self.acked: dict[OutKey, tuple[StateEntry, ...]] = {}
         self.backend: dict[BackendKey, BackendRef] = {}
         self.dirs: dict[str, ManagedDir] = {}
@@ -436,7 +436,7 @@ class Cluster:
 
     def _add_output(self, tm: TmId, subtask: SubtaskId, checkpoint: int, e: StateEntry) -> None:
         key = (tm, subtask, checkpoint)
-        self.outputs[key] = (*self.outputs.get(key, ()), e)
+        self.outputs.setdefault(key, []).append(e)
         if e.kind is StateKind.KEYED_SHARED and not self._is_savepoint(checkpoint):
             self.backend[(tm, subtask, e.name)] = BackendRef(e, checkpoint, False)
 
@@ -484,7 +484,7 @@ class Cluster:
             return StateEntry(subtask, kind, name, FileHandle(path, size, lid, scope), entries, kg)
         path, offset = self._append_segment(tm, subtask, checkpoint, scope, size, partial, data)
         m = self.mgr[tm]
-        m.add(Seg(lid, path, offset, size, subtask, scope, checkpoint, checkpoint, False))
+        m.add(Seg(lid, path, offset, size, checkpoint, checkpoint, False))
         pf = m.pfiles[path]
         pf.ref_count += 1
         pf.live_bytes += size
@@ -588,7 +588,7 @@ class Cluster:
                     old.entry_range,
                 )
             key = (tm, cmd.subtask, cmd.checkpoint)
-            self.outputs[key] = (*self.outputs.get(key, ()), entry)
+            self.outputs.setdefault(key, []).append(entry)
             self.backend[(tm, cmd.subtask, entry.name)] = BackendRef(
                 ref.entry, max(ref.checkpoint, cmd.checkpoint), ref.confirmed
             )
@@ -627,7 +627,7 @@ class Cluster:
     def _acknowledge(self, cmd: c.Acknowledge) -> None:
         tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
         key = (tm, cmd.subtask, cmd.checkpoint)
-        entries = list(self.outputs.pop(key, ()))
+        entries = self.outputs.pop(key, [])
         if self.mode is not MergingMode.NONE and not self._is_savepoint(cmd.checkpoint):
             # R40: every acknowledgement reports the managed directories that exist
             for directory in (shared_dir(self.job, cmd.subtask), taskowned_dir(self.job, tm)):
@@ -1209,7 +1209,7 @@ class Cluster:
                 kept[h.path] = pf
             pf.ref_count += 1
             pf.live_bytes += h.length
-            m.add(Seg(lid, h.path, h.offset, h.length, e.subtask, h.scope, first, last, True))
+            m.add(Seg(lid, h.path, h.offset, h.length, first, last, True))
         for path, pf in kept.items():
             m.pfiles[path] = pf
             f = self.files.get(path)

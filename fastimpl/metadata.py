@@ -237,13 +237,21 @@ def encode(
             for e in entries
         ],
     }
-    doc = {
-        "format": MAGIC,
-        "version": VERSION,
-        "sha256": hashlib.sha256(_canonical(payload)).hexdigest(),
-        "payload": payload,
-    }
-    return _canonical(doc) + b"\n"
+    body = _canonical(payload)
+    # The canonical document, keys in sorted order, with the payload encoded only once.
+    return b"".join(
+        (
+            b'{"format":',
+            _canonical(MAGIC),
+            b',"payload":',
+            body,
+            b',"sha256":"',
+            hashlib.sha256(body).hexdigest().encode("ascii"),
+            b'","version":',
+            _canonical(VERSION),
+            b"}\n",
+        )
+    )
 
 
 metadata_bytes = encode

@@ -53,8 +53,6 @@ class Seg:
         "logical_id",
         "offset",
         "path",
-        "scope",
-        "subtask",
     )
 
     def __init__(
@@ -63,8 +61,6 @@ class Seg:
         path: str,
         offset: int,
         length: int,
-        subtask: SubtaskId,
-        scope: Scope,
         created_for: int,
         last_used: int,
         confirmed: bool,
@@ -73,8 +69,6 @@ class Seg:
         self.path = path
         self.offset = offset
         self.length = length
-        self.subtask = subtask
-        self.scope = scope
         self.created_for = created_for
         self.last_used = last_used
         self.confirmed = confirmed

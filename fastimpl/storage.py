@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -31,9 +32,10 @@ from typing import IO, Any
 
 from fastimpl.metadata import Metadata, MetadataError, decode
 from spec.commands import StorageOp
-from spec.layout import is_under
+from spec.layout import METADATA, SAVEPOINTS, is_under
 
-_CHUNK = b"\0" * 65536
+_ZEROS = memoryview(bytes(4 << 20))
+"""Zero bytes for appends given as a length: slices of one buffer, no copies."""
 _BATCH = 1000
 """At most this many paths per bulk delete (S3's DeleteObjects limit)."""
 
@@ -54,6 +56,15 @@ class StorageFault(Exception):
         self.cause = cause
 
 
+class ReadFault(StorageFault, ValueError):
+    """Reading bytes back failed: the file is missing or unreadable, or shorter than a
+    handle says (a ``ValueError`` too, as a short read was before)."""
+
+    def __init__(self, path: str, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(StorageOp.APPEND, path, cause)
+        self.args = (message,)
+
+
 class DeleteFailure:
     """A delete that failed ``attempts`` times in a row; kept until a retry succeeds."""
 
@@ -68,6 +79,27 @@ class DeleteFailure:
     def __repr__(self) -> str:
         kind = "directory" if self.is_dir else "file"
         return f"DeleteFailure({kind} {self.path!r}, {self.attempts} attempts: {self.error!r})"
+
+
+_NAMED = re.compile(rf"(?:^|/)(?:chk|({SAVEPOINTS})/savepoint)-(\d+)/{METADATA}$")
+
+
+def _check_named(meta: Metadata, path: str) -> None:
+    """A ``chk-N/_metadata`` must describe checkpoint N, a ``savepoint-N/_metadata``
+    savepoint N: a file copied or renamed to another checkpoint's place is refused."""
+    m = _NAMED.search(path)
+    if m is None:
+        return
+    savepoint, number = m.group(1) is not None, int(m.group(2))
+    what = "savepoint" if savepoint else "checkpoint"
+    if meta.checkpoint != number:
+        raise MetadataError(
+            path, "payload.checkpoint", f"names checkpoint {meta.checkpoint}, not {what} {number}"
+        )
+    if meta.savepoint != savepoint:
+        raise MetadataError(
+            path, "payload.savepoint", f"is {str(meta.savepoint).lower()} in a {what}'s file"
+        )
 
 
 class Storage:
@@ -142,6 +174,7 @@ class Storage:
             self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
             f: IO[bytes] = open(full, "wb") if self._local else self.fs.open(full, "wb")  # noqa: SIM115
         except Exception as err:
+            self._remove_after_failure(path)
             raise StorageFault(StorageOp.CREATE, path, err) from err
         self._open[path] = f
 
@@ -155,8 +188,8 @@ class Storage:
             else:
                 left = length
                 while left > 0:
-                    n = min(left, len(_CHUNK))
-                    f.write(_CHUNK[:n])
+                    n = min(left, len(_ZEROS))
+                    f.write(_ZEROS[:n])
                     left -= n
             f.flush()
             if self._local:
@@ -165,12 +198,22 @@ class Storage:
             raise StorageFault(StorageOp.APPEND, path, err) from err
 
     def close(self, path: str) -> None:
-        """Close an open file. On an object store this is the upload: it can fail."""
+        """Close an open file. On an object store this is the upload: it can fail.
+
+        A failed upload leaves the file's bytes dead (R17); it may still have reached the
+        store (the answer was lost), so it is removed: no handle can name it yet (R12).
+        Elsewhere every ``append`` flushed (and synced) its bytes already, so an error from
+        closing loses nothing: it is logged, and the file counts as closed.
+        """
         f = self._open.pop(path, None)
         if f is not None:
             try:
                 f.close()
             except Exception as err:
+                if self.open_files_readable:
+                    log.warning("closing %s failed after its bytes were flushed: %r", path, err)
+                    return
+                self._remove_after_failure(path)
                 raise StorageFault(StorageOp.APPEND, path, err) from err
 
     def abandon(self, path: str) -> None:
@@ -201,7 +244,28 @@ class Storage:
             else:
                 self.fs.pipe_file(full, data)
         except Exception as err:
+            self._remove_after_failure(path)
+            if self._local:
+                self._remove_after_failure(path + ".inprogress")
             raise StorageFault(StorageOp.METADATA, path, err) from err
+
+    def _remove_after_failure(self, path: str) -> None:
+        """A create, upload or metadata write that failed may still have written the file
+        (the store did it, the answer was lost): remove it, so that a checkpoint aborted by
+        the failure leaves no ``_metadata`` that recovery would take for a completed one
+        and no file that nobody owns. The path is new (R2): nobody else can have written
+        it. A removal that fails too is kept in ``failed_deletes`` and retried."""
+        full = self.full(path)
+        try:
+            if self._local:
+                os.remove(full)
+            else:
+                self.fs.rm_file(full)
+        except FileNotFoundError:
+            pass
+        except Exception as err:
+            log.warning("removing %s after a failed write failed: %r", path, err)
+            self.failed_deletes[path] = DeleteFailure(path, False, err, 1)
 
     # ------------------------------------------------------------------ reading
 
@@ -216,17 +280,23 @@ class Storage:
             raise MetadataError(path, "file", "does not exist") from err
         except Exception as err:
             raise MetadataError(path, "file", f"cannot be read: {err!r}") from err
-        return decode(data, expected_job=expected_job, source=path)
+        meta = decode(data, expected_job=expected_job, source=path)
+        _check_named(meta, path)
+        return meta
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        """The bytes ``[offset, offset + length)`` of a file; a short file is an error."""
+        """The bytes ``[offset, offset + length)`` of a file; a missing, unreadable or
+        short file raises ``ReadFault`` (a ``StorageFault``: a re-upload that cannot read
+        the old bytes declines, R17)."""
         try:
             data = bytes(self.fs.cat_file(self.full(path), start=offset, end=offset + length))
         except Exception as err:
-            raise StorageFault(StorageOp.APPEND, path, err) from err
+            why = f"{type(err).__name__}: {err}"
+            raise ReadFault(path, f"reading {path} failed: {why}", err) from err
         if len(data) != length:
-            raise ValueError(
-                f"{path}: wanted {length} bytes at offset {offset}, the file holds {len(data)}"
+            held = len(data)
+            raise ReadFault(
+                path, f"{path}: wanted {length} bytes at offset {offset}, the file holds {held}"
             )
         return data
 

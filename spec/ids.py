@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 from attrs import field, frozen
 
 SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
 
 
+@functools.lru_cache(maxsize=65536)  # pure; paths are built on every append
 def escape_name(name: str) -> str:
     """Map any name to a path component built from ``[A-Za-z0-9._-]`` only (R3).
 
@@ -50,7 +53,7 @@ def _non_negative(_inst: object, attribute: object, value: int) -> None:
         raise ValueError(f"{attribute} must be >= 0, got {value}")
 
 
-@frozen(order=True)
+@frozen(order=True, cache_hash=True)
 class SubtaskId:
     """One parallel instance of a vertex: (vertex, index, parallelism)."""
 
