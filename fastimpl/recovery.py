@@ -15,8 +15,15 @@ longer write (half-written files of pending checkpoints, segments of aborted one
 deleted): it is deleted at once by the new coordinator, so nothing is kept forever.
 Savepoints are the user's and are never touched; a savepoint directory without
 ``_metadata`` (an interrupted savepoint) is left to the user and listed in the report.
-Other job bases under the root are the user's too, except a base a retained checkpoint
-still refers to (a predecessor claimed earlier), which the new coordinator owns.
+Other bases of the job's lineage (``job-<n>``) hold garbage too, unless a base newer than
+the crashed job holds a ``_metadata`` (then only the crashed job's own base is touched):
+a newer base without any (an incarnation an earlier recovery started, dead before it
+completed a checkpoint) is garbage whole; in an older base (a predecessor) every file
+that neither a kept checkpoint nor any ``_metadata`` outside the crashed job's bases
+names (a checkpoint the predecessor kept for the user when it ended, a savepoint) is the
+garbage of a claimed checkpoint whose deletion the crash cut short. What a ``_metadata``
+names stays the user's; if one cannot be read, nothing outside the crashed job's own
+bases is deleted.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from spec.handles import stream_of
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
 
 _JOB = re.compile(r"^(.*?)-(\d+)$")
+_META = f"/{METADATA}"
 
 
 class RecoveryError(RuntimeError):
@@ -140,12 +148,15 @@ def recover(
     cl.next_checkpoint = max(cids, default=0) + 1
     cl.savepoints = savepoints
     cl.savepoint_ids = set(savepoints)
-    claimed_bases = {job_base(job)} | {
-        b for done in keep for b in _bases_of(done) if b != SAVEPOINTS
-    }
+    dead, older = _lineage(job, tops, files)
+    own_bases = {job_base(job)} | dead
+    claimed_bases = (
+        own_bases | older | {b for done in keep for b in _bases_of(done) if b != SAVEPOINTS}
+    )
+    user_held = _user_held(reader, claimed_bases - own_bases, own_bases, files, keep)
     for path, size in files.items():
         base = path.split("/", 1)[0]
-        owner = COORDINATOR if base in claimed_bases else USER
+        owner = COORDINATOR if base in claimed_bases and path not in user_held else USER
         cl.files[path] = StoredFile(size, False, owner, None)
     cl.bases |= claimed_bases
     garbage: list[str] = []
@@ -184,7 +195,7 @@ def recover(
     for d in sorted(kept_dirs):
         cl.dir_owner[d] = COORDINATOR
     for path in sorted(files):
-        if path.split("/", 1)[0] not in claimed_bases or path in referenced:
+        if path.split("/", 1)[0] not in claimed_bases or path in referenced or path in user_held:
             continue
         if any(is_under(path, d) for d in kept_dirs):
             continue  # a kept directory goes whole when its checkpoints are subsumed (R42)
@@ -200,6 +211,54 @@ def recover(
         left_to_user=tuple(interrupted),
     )
     return cl, report
+
+
+def _lineage(job: str, tops: set[str], files: dict[str, int]) -> tuple[set[str], set[str]]:
+    """Other bases of the crashed ``job``'s lineage (``<prefix>-<n>``) whose garbage is the
+    new coordinator's to delete, unless a base newer than ``job`` holds a ``_metadata``
+    (then the crashed job is not the newest incarnation, and nothing but its own base is
+    touched): the newer bases (an earlier recovery of this job started them and died
+    before completing a checkpoint: a job refers only to its own files and its
+    predecessors', so nothing can refer to theirs), and the older bases (predecessors,
+    whose files only a ``_metadata`` can still name, see ``_user_held``)."""
+    m = _JOB.match(job)
+    if m is None:
+        return set(), set()
+    prefix, seq = m.group(1), int(m.group(2))
+    newer: set[str] = set()
+    older: set[str] = set()
+    for t in tops:
+        tm = _JOB.match(t)
+        if tm is not None and tm.group(1) == prefix and int(tm.group(2)) != seq:
+            (newer if int(tm.group(2)) > seq else older).add(t)
+    if newer & {p.split("/", 1)[0] for p in files if p.endswith(_META)}:
+        return set(), set()
+    return newer, older
+
+
+def _user_held(
+    reader: Storage,
+    bases: set[str],
+    own: set[str],
+    files: dict[str, int],
+    keep: list[Completed],
+) -> set[str]:
+    """The files of other ``bases`` that a ``_metadata`` outside the crashed job's ``own``
+    bases names, with those ``_metadata``: checkpoints an ended job kept for the user (R70,
+    R91) and savepoints are never garbage. If one cannot be read, every file of ``bases``
+    is kept. Files a kept checkpoint refers to are claimed (R72) all the same."""
+    held: set[str] = set()
+    for path in sorted(p for p in files if p.split("/", 1)[0] not in own and p.endswith(_META)):
+        try:
+            meta = reader.read_metadata(path)
+        except MetadataError:
+            return {p for p in files if p.split("/", 1)[0] in bases}
+        held.add(path)
+        held |= {s.path for e in meta.entries if (s := stream_of(e.handle)) is not None}
+        held |= {p for d in meta.directories for p in files if is_under(p, d)}
+    for done in keep:
+        held -= {s.path for e in done.entries if (s := stream_of(e.handle)) is not None}
+    return held
 
 
 def _bases_of(done: Completed) -> set[str]:
