@@ -101,6 +101,8 @@ class Cluster:
         if self.mode is MergingMode.ACROSS_CHECKPOINT and not self.storage.open_files_readable:
             attrs.evolve(config, open_files_readable=False)  # raises Config's R16 error
         self._hot: tuple[object, frozenset[str]] | None = None
+        self.failed_uploads: list[str] = []
+        """Files whose closing upload failed (object stores), for the acknowledging path."""
         self.copy_bytes = False
         """Re-uploads (R20) copy the old bytes; off where every byte is a zero (tests)."""
         self.ids: IdSource = ids if ids is not None else RandomIds()
@@ -594,11 +596,21 @@ class Cluster:
             )
             return entry
         # R20: not reusable: upload the same local state again
-        try:
-            data = None
-            if self.copy_bytes and stream is not None and size > 0:
-                at = stream.offset if isinstance(stream, SegmentHandle) else 0
+        data = None
+        if self.copy_bytes and stream is not None and size > 0:
+            # The store keeps no local copy: the bytes come from the old upload. If that
+            # is gone (its checkpoint was aborted), nothing changes and the caller must
+            # write the state again.
+            at = stream.offset if isinstance(stream, SegmentHandle) else 0
+            try:
                 data = self.storage.read_range(stream.path, at, size)
+            except (StorageFault, ValueError) as err:
+                raise CommandError(
+                    Reason.NO_SUCH_STATE,
+                    f"{cmd.subtask} on {tm}: the bytes of {cmd.name!r} are no longer on "
+                    f"storage ({err}); write the state again",
+                ) from err
+        try:
             entry = self._write_stream(
                 tm, cmd.subtask, cmd.checkpoint, old.kind, old.name, size, old.entries, data=data
             )
@@ -641,7 +653,14 @@ class Cluster:
                         )
                     )
         self.acked[key] = tuple(entries)
+        failed_before = len(self.failed_uploads)
         self._close_within_files(tm, lambda cp: cp == cmd.checkpoint, cmd.subtask)
+        lost = set(self.failed_uploads[failed_before:]) & {
+            s.path for e in entries if (s := stream_of(e.handle)) is not None
+        }
+        if lost:  # R17: the handles name bytes that never reached storage
+            self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+            raise StorageFault(StorageOp.APPEND, min(lost))
         if cmd.attempt is not None or cmd.checkpoint not in self.pending:
             if cmd.attempt is None:
                 self._take_over_files(entries)  # R43: a late ack still hands files over
@@ -971,7 +990,17 @@ class Cluster:
         if pf.pool_key is not None and m.pools.get(pf.pool_key) == path:
             del m.pools[pf.pool_key]
         if pf.open:
-            self._fs_close(path)
+            try:
+                self._fs_close(path)
+            except StorageFault:
+                # R17: an upload that failed is never written again. Whoever closed it
+                # for a checkpoint being acknowledged declines; on other paths (a
+                # notification closing a garbage file) there is nothing to decline.
+                pf.reusable = False
+                f = self.files.get(path)
+                if f is not None:
+                    f.open = False
+                self.failed_uploads.append(path)
             pf.open = False
         self._check_file(tm, path)
 
@@ -1434,6 +1463,19 @@ class Cluster:
                 self._delete_file(path, COORDINATOR)
         self._collect_dirs()
 
+    def _owners(self) -> dict[str, str]:
+        """Who owns each file; a file whose background delete keeps failing is still
+        its deleter's (it is listed in ``pending_deletes`` until a retry succeeds)."""
+        owners = {p: f.owner for p, f in self.files.items()}
+        failed = self.storage.failed_deletes
+        if failed:
+            by_path = {d.path: d.actor for d in self.deletions}
+            for path, failure in failed.items():
+                for rec in self.deletions:
+                    if rec.path == path or (failure.is_dir and is_under(rec.path, path)):
+                        owners.setdefault(rec.path, by_path.get(rec.path, rec.actor))
+        return owners
+
     def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
         """What ``subtask`` starts from: its share of a restored checkpoint until the new
         job completes one, else its entries of the latest completed checkpoint."""
@@ -1486,7 +1528,7 @@ class Cluster:
             files=on_storage,
             open_files=frozenset(p for p, f in self.files.items() if f.open),
             directories=dict(self.dir_owner),
-            owners={p: f.owner for p, f in self.files.items()},
+            owners=self._owners(),
             claims={p: frozenset(v) for p, v in claims.items()},
             retained=tuple(
                 RetainedView(r.id, r.job, r.metadata, r.entries, r.directories)

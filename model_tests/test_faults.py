@@ -354,14 +354,6 @@ def test_queued_deletes_go_in_fewer_calls_than_paths(
     assert store.check_invariants() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Cluster.observe() takes owners from Cluster.files, from which _delete_file pops "
-    "a path when the delete is queued; a background delete that then keeps failing leaves "
-    "the file on storage with no owner (I3). Fix in fastimpl/cluster.py, observe(): give a "
-    "path in storage.failed_deletes (or under a failed directory) the actor of its "
-    "DeletionRecord as owner.",
-)
 def test_a_file_whose_delete_keeps_failing_keeps_its_owner(
     tmp_path: Path, places: list[Place]
 ) -> None:
@@ -373,16 +365,6 @@ def test_a_file_whose_delete_keeps_failing_keeps_its_owner(
     assert store.check_invariants() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="On an object store a WITHIN_CHECKPOINT pooled file is closed (uploaded) when "
-    "the subtask acknowledges (R14). If that upload fails, Cluster._acknowledge raises the "
-    "StorageFault after recording the TM-side ack but before the coordinator's, and does "
-    "not decline (R17): the checkpoint stays pending and complete() refuses it "
-    "(NOT_ALL_ACKNOWLEDGED) until a later completion aborts it. Fix in fastimpl/cluster.py, "
-    "_acknowledge: catch StorageFault around _close_within_files, call "
-    "_write_failed(tm, subtask, checkpoint) and re-raise.",
-)
 def test_a_failed_upload_at_acknowledge_declines_the_checkpoint(
     tmp_path: Path, places: list[Place]
 ) -> None:
@@ -399,14 +381,6 @@ def test_a_failed_upload_at_acknowledge_declines_the_checkpoint(
     assert cid not in store.coordinator.pending()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="On an object store, delivering an abort notification closes (uploads) the TM's "
-    "WITHIN_CHECKPOINT files of the aborted checkpoint (R14); a failing upload escapes "
-    "deliver_notifications() as StorageFault, half-way through the handler. The file is "
-    "garbage anyway: Cluster._close_pfile should poison it (R17) and go on. Fix in "
-    "fastimpl/cluster.py (_close_pfile or _fs_close on the notification paths).",
-)
 def test_delivering_notifications_survives_a_failed_upload(
     tmp_path: Path, places: list[Place]
 ) -> None:
@@ -422,19 +396,6 @@ def test_delivering_notifications_survives_a_failed_upload(
     store.deliver_notifications()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Found by the random test, without any fault: a subtask uploads shared state "
-    "'b.sst' for checkpoint c and acknowledges; c is aborted. The abort deletes the upload "
-    "(NONE: the coordinator deletes what it received, R43; WITHIN: the TM discards the "
-    "segments created for c, R32) but the TM's backend keeps pointing 'b.sst' at it "
-    "(unconfirmed). reuse_shared(b.sst) then re-uploads (R20) by reading the deleted bytes: "
-    "StorageFault, the subtask declines, and again at every later checkpoint (with "
-    "background deletes the read races the delete). Fix in fastimpl/cluster.py: when a "
-    "discard or an R43 delete removes what an unconfirmed BackendRef names, drop that "
-    "ref (reuse then raises NO_SUCH_STATE and the caller writes the state again), or make "
-    "_reuse_shared raise NO_SUCH_STATE when the old bytes are gone.",
-)
 @pytest.mark.parametrize("mode", [MergingMode.NONE, MergingMode.WITHIN_CHECKPOINT])
 def test_reusing_state_whose_checkpoint_was_aborted(
     tmp_path: Path, places: list[Place], mode: MergingMode
