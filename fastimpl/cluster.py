@@ -597,20 +597,21 @@ class Cluster:
             return entry
         # R20: not reusable: upload the same local state again
         data = None
-        if self.copy_bytes and stream is not None and size > 0:
-            # The store keeps no local copy: the bytes come from the old upload. If that
-            # is gone (its checkpoint was aborted), nothing changes and the caller must
-            # write the state again.
-            at = stream.offset if isinstance(stream, SegmentHandle) else 0
-            try:
-                data = self.storage.read_range(stream.path, at, size)
-            except (StorageFault, ValueError) as err:
-                raise CommandError(
-                    Reason.NO_SUCH_STATE,
-                    f"{cmd.subtask} on {tm}: the bytes of {cmd.name!r} are no longer on "
-                    f"storage ({err}); write the state again",
-                ) from err
+        if self.copy_bytes and stream is not None and size > 0 and stream.path not in self.files:
+            # The store keeps no local copy: the bytes come from the old upload, which the
+            # store itself deleted (its checkpoint was aborted). Nothing changes; the
+            # caller writes the state again.
+            raise CommandError(
+                Reason.NO_SUCH_STATE,
+                f"{cmd.subtask} on {tm}: the bytes of {cmd.name!r} were deleted with "
+                f"{stream.path}; write the state again",
+            )
         try:
+            if self.copy_bytes and stream is not None and size > 0:
+                # A file the store still tracks that cannot be read in full is damage,
+                # not a choice: the subtask declines (R17), naming the path and sizes.
+                at = stream.offset if isinstance(stream, SegmentHandle) else 0
+                data = self.storage.read_range(stream.path, at, size)
             entry = self._write_stream(
                 tm, cmd.subtask, cmd.checkpoint, old.kind, old.name, size, old.entries, data=data
             )

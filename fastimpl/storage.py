@@ -303,9 +303,18 @@ class Storage:
     def list_files(self) -> dict[str, int]:
         """Every file under the root, with its size, by path relative to the root."""
         self.drain()
-        if not self.fs.exists(self.root or "/"):
+        if self._local:
+            return self._list_local()
+        top = self.root or "/"
+        if self.open_files_readable:
+            if not self.fs.exists(top):
+                return {}
+        # On an object store a prefix with no object under it is simply empty: one LIST
+        # request answers, where ``exists`` would add a HEAD and another LIST per call.
+        try:
+            found = self.fs.find(top, detail=True)
+        except FileNotFoundError:
             return {}
-        found = self.fs.find(self.root or "/", detail=True)
         prefix = self.root + "/"
         out: dict[str, int] = {}
         for p, info in found.items():
@@ -314,6 +323,29 @@ class Storage:
             p = p if isinstance(p, str) else str(p)
             rel = p[len(prefix) :] if p.startswith(prefix) else p.lstrip("/")
             out[rel] = int(info["size"])
+        return out
+
+    def _list_local(self) -> dict[str, int]:
+        """``list_files`` on a local disk: one ``scandir`` per directory and the stat it
+        already holds, where fsspec's ``find`` stats every entry again (a listing after
+        every command is most of a lockstep run's time)."""
+        out: dict[str, int] = {}
+        stack = [("", self.root or "/")]
+        while stack:
+            rel, full = stack.pop()
+            try:
+                entries = list(os.scandir(full))
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # the root not made yet, or a directory deleted meanwhile
+            for e in entries:
+                name = f"{rel}{e.name}"
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append((name + "/", e.path))
+                    elif e.is_file(follow_symlinks=False):
+                        out[name] = e.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue
         return out
 
     def exists_dir(self, path: str) -> bool:

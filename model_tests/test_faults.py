@@ -27,8 +27,7 @@ from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.errors import CommandError, Reason
 from spec.handles import stream_of
 from spec.ids import SubtaskId
-from spec.invariants import Violation
-from spec.layout import is_under, metadata_path, shared_dir
+from spec.layout import metadata_path, shared_dir
 from spec.observation import RetainedView
 
 KS = StateKind.KEYED_SHARED
@@ -129,7 +128,7 @@ WRITE_CASES = [
 ]
 """A close fails at a stream's close only on an object store without merging (the
 upload; a readable store loses nothing, see below; a pooled file closes at acknowledge,
-see the xfail test)."""
+see test_a_failed_upload_at_acknowledge_declines_the_checkpoint)."""
 
 
 @pytest.mark.parametrize(
@@ -251,23 +250,6 @@ def test_across_merging_is_refused_on_an_object_store(tmp_path: Path, places: li
 # --------------------------------------------------------------------------- deletes
 
 
-def _known_i3(violations: list[Violation], store: CheckpointStore) -> list[Violation]:
-    """The violations other than "I3: <p> has no owner" for a path whose background delete
-    keeps failing: fastimpl forgets the owner of a path when it decides to delete it, and
-    the observation then shows the still-existing file without one (see
-    ``test_a_file_whose_delete_keeps_failing_keeps_its_owner``, xfail)."""
-    failing = [f.path for f in store.delete_failures()]
-    return [
-        v
-        for v in violations
-        if not (
-            v.invariant == "I3"
-            and v.detail.endswith(" has no owner")
-            and any(is_under(v.detail.split(" ")[0], f) for f in failing)
-        )
-    ]
-
-
 @pytest.mark.parametrize(("kind", "mode"), CASES, ids=CASE_IDS)
 def test_a_delete_that_keeps_failing_is_reported_retried_and_never_forgotten(
     tmp_path: Path, places: list[Place], kind: str, mode: MergingMode
@@ -289,7 +271,7 @@ def test_a_delete_that_keeps_failing_is_reported_retried_and_never_forgotten(
     assert victim in repr(failures[0])
     assert victim in store.observe().pending_deletes
     assert victim in place.snapshot()
-    assert _known_i3(store.check_invariants(), store) == []
+    assert store.check_invariants() == []
     # never forgotten: not by more checkpoints, not by a retry that fails again
     assert checkpoint(store, ledger, reuse=(1,)) is not None
     assert [f.path for f in store.retry_deletes()] == [victim]
@@ -350,7 +332,9 @@ def test_queued_deletes_go_in_fewer_calls_than_paths(
     assert not first & set(place.snapshot())
     assert storage.deletes_done == len(first)
     assert storage.delete_calls <= 2 < len(first)
-    assert max(fs.bulk_rm_sizes) >= len(first) - 1
+    # How the paths split between the (at most two) calls depends on when the worker
+    # wakes: one path then 16, or the coordinator's 9 then the TMs' 8.
+    assert len(fs.bulk_rm_sizes) <= 2 and sum(fs.bulk_rm_sizes) >= len(first) - 1
     assert store.check_invariants() == []
 
 
@@ -460,8 +444,7 @@ class FaultyJob:
 
     After every operation no retained checkpoint lost a byte (read past the wrapper, so
     that reading does not consume armed faults), completed savepoints are intact, and
-    ``check_invariants()`` is empty (but for the known I3 report of a failing background
-    delete, see ``_known_i3``); at the end, with the faults gone, the job is quiet.
+    ``check_invariants()`` is empty; at the end, with the faults gone, the job is quiet.
     """
 
     def __init__(self, place: Place, config: Config, object_store: bool) -> None:
@@ -504,13 +487,9 @@ class FaultyJob:
         self.check()
 
     def deliver(self) -> None:
-        for _ in range(10):
-            try:
-                self.store.deliver_notifications()
-                return
-            except StorageFault:
-                continue  # a failed upload while handling a notice (xfail test above)
-        raise AssertionError("notifications keep failing")
+        # A failed upload while handling a notice poisons a garbage file (R17) and
+        # never escapes: see test_delivering_notifications_survives_a_failed_upload.
+        self.store.deliver_notifications()
 
     def reusable(self, sub: SubtaskId) -> list[str]:
         retained = self.store.coordinator.retained()
@@ -550,12 +529,9 @@ class FaultyJob:
             if only is not None:
                 coord.abort(cid)
             else:
-                try:
-                    done = coord.complete(cid)
-                except CommandError as err:
-                    # a failed upload at acknowledge (xfail test above)
-                    assert err.reason is Reason.NOT_ALL_ACKNOWLEDGED
-                    coord.abort(cid)
+                # A failed upload at acknowledge declines (R17), so a checkpoint still
+                # pending here has every acknowledgement.
+                done = coord.complete(cid)
         if done is not None and savepoint:
             self.savepoints.append(done)
         self.completed += done is not None
@@ -565,7 +541,7 @@ class FaultyJob:
         read = self.place.read_entry
         assert self.ledger.problems(self.store, read=read) == []
         assert self.ledger.problems(self.store, views=self.savepoints, read=read) == []
-        assert _known_i3(self.store.check_invariants(), self.store) == []
+        assert self.store.check_invariants() == []
         self.delete_failures += bool(self.store.delete_failures())
 
     def quiesce(self) -> None:
@@ -574,8 +550,7 @@ class FaultyJob:
         self.deliver()
         assert store.retry_deletes() == []
         for _ in range(store.config.num_retained + 1):
-            # no reuse: see test_reusing_state_whose_checkpoint_was_aborted (xfail)
-            assert self.checkpoint(reuse=False, savepoint=False) is not None
+            assert self.checkpoint(reuse=True, savepoint=False) is not None
             self.deliver()
         assert store.retry_deletes() == []
         self.check()
