@@ -13,11 +13,13 @@ from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.metadata import MetadataError
 from fastimpl.recovery import RecoveryError, RecoveryReport, recover
 from fastimpl.storage import DeleteFailure, Storage, StorageFault
+from fastimpl.trace import CommandTrace
 
 __all__ = [
     "CheckpointStore",
     "CheckpointStream",
     "Cluster",
+    "CommandTrace",
     "Coordinator",
     "CounterIds",
     "DeleteFailure",

@@ -32,6 +32,7 @@ from fastimpl.ids import IdSource, RandomIds
 from fastimpl.records import Status
 from fastimpl.recovery import RecoveryReport, recover
 from fastimpl.storage import OBJECT_STORES, DeleteFailure
+from fastimpl.trace import CommandTrace
 from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, StateKind
 from spec.handles import SegmentHandle, StateEntry, stream_of
@@ -61,6 +62,7 @@ class CheckpointStore:
         ids: IdSource | None = None,
         background_deletes: bool = True,
         storage_options: Mapping[str, Any] | None = None,
+        trace: CommandTrace | None = None,
         _cluster: Cluster | None = None,
     ) -> None:
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
@@ -70,6 +72,8 @@ class CheckpointStore:
             config, job, fs, root, ids or RandomIds(), background_deletes=background_deletes
         )
         self._cluster.copy_bytes = True
+        if trace is not None:  # every command from here on, as NDJSON (fastimpl.trace)
+            self._cluster.start_trace(trace)
         self.coordinator = Coordinator(self)
 
     @classmethod

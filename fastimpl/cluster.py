@@ -10,11 +10,11 @@ so with ``CounterIds`` the names match the reference model's, file by file.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
-from fastimpl.ids import IdSource, RandomIds
+from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.manager import Manager
 from fastimpl.metadata import metadata_bytes
 from fastimpl.records import (
@@ -36,6 +36,7 @@ from fastimpl.records import (
 )
 from fastimpl.redistribute import assign
 from fastimpl.storage import Storage, StorageFault
+from fastimpl.trace import CommandTrace
 from spec import commands as c
 from spec.commands import StorageOp
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
@@ -64,6 +65,7 @@ from spec.layout import (
 )
 from spec.observation import DeletionRecord, Observation, RegistryView, RetainedView
 
+_T = TypeVar("_T")
 OutKey = tuple[TmId, SubtaskId, int]
 BackendKey = tuple[TmId, SubtaskId, str]
 _METADATA_SUFFIX = "/" + METADATA
@@ -138,11 +140,44 @@ class Cluster:
         self.assignment: dict[SubtaskId, tuple[StateEntry, ...]] = {}
         """Each new subtask's share of the checkpoint restored last (R75, R76)."""
         self.bases: set[str] = {job_base(job_id), SAVEPOINTS}
+        self.job_spec = job_spec
+        self.trace: CommandTrace | None = None
+        """Where executed commands are logged (``start_trace``); None: not logged."""
 
     # ------------------------------------------------------------------ dispatch
 
     def apply(self, cmd: c.Command) -> None:
         """Apply one command; raise ``CommandError`` (nothing changed) if it is invalid."""
+        if self.trace is None:
+            self._dispatch(cmd)
+        else:
+            self._traced(cmd, lambda: self._dispatch(cmd))
+
+    def start_trace(self, trace: CommandTrace) -> None:
+        """Log every command executed from now on to ``trace`` (``fastimpl.trace``). A
+        replay starts from the model's initial state, so the trace must start with the
+        store: before its first command, on an empty root."""
+        if self.next_checkpoint != 1 or self.files or self.job != "job-0" or self.channel:
+            raise ValueError("a trace starts with the store, before its first command")
+        ids = "counter" if isinstance(self.ids, CounterIds) else "random"
+        trace.header(self.cfg, self.job_spec, ids)
+        self.trace = trace
+
+    def _traced(self, cmd: c.Command, run: Callable[[], _T]) -> _T:
+        trace = self.trace
+        assert trace is not None
+        before = self.storage.real_faults
+        error: BaseException | None = None
+        try:
+            return run()
+        except (CommandError, StorageFault) as err:
+            error = err
+            raise
+        finally:
+            obs = self.observe() if trace.observations else None
+            trace.record(cmd, error, self.storage.real_faults - before, obs)
+
+    def _dispatch(self, cmd: c.Command) -> None:
         match cmd:
             case c.Trigger():
                 self._trigger(cmd)
@@ -409,6 +444,8 @@ class Cluster:
             raise CommandError(
                 Reason.BAD_ARGUMENT, f"size {cmd.size} but {len(data)} bytes given"
             )
+        if self.trace is not None:
+            return self._traced(cmd, lambda: self._write_state(cmd, data, raise_fault=True))
         return self._write_state(cmd, data, raise_fault=True)
 
     def _write_state(
@@ -559,6 +596,8 @@ class Cluster:
     def reuse_shared(self, cmd: c.ReuseShared) -> StateEntry | None:
         """``ReuseShared`` returning the entry the subtask acknowledges: the old handle, a
         placeholder, or a new upload of the same bytes when the old file is not reusable."""
+        if self.trace is not None:
+            return self._traced(cmd, lambda: self._reuse_shared(cmd, raise_fault=True))
         return self._reuse_shared(cmd, raise_fault=True)
 
     def _reuse_shared(self, cmd: c.ReuseShared, *, raise_fault: bool = False) -> StateEntry | None:

@@ -127,6 +127,9 @@ class Storage:
         self._open: dict[str, IO[bytes]] = {}
         self.armed: list[StorageOp] = []
         """Faults armed by ``FailNextCall``: the next call of each kind fails."""
+        self.real_faults = 0
+        """Write-path calls (create, append, close, metadata, read back) the file system
+        itself failed; background deletes report theirs in ``failed_deletes``."""
         self.background = background_deletes
         self.delete_attempts = max(1, delete_attempts)
         self.retry_backoff = retry_backoff
@@ -157,6 +160,12 @@ class Storage:
             self.armed.remove(op)
             raise StorageFault(op, path)
 
+    def _failed(self, fault: StorageFault) -> StorageFault:
+        """Count an error of the file system itself (not an armed fault): a command trace
+        says where one happened, since the model can replay only armed faults."""
+        self.real_faults += 1
+        return fault
+
     # ------------------------------------------------------------------ writing
 
     def mkdir(self, path: str) -> None:
@@ -164,7 +173,7 @@ class Storage:
         try:
             self.fs.makedirs(self.full(path), exist_ok=True)
         except Exception as err:
-            raise StorageFault(StorageOp.CREATE, path, err) from err
+            raise self._failed(StorageFault(StorageOp.CREATE, path, err)) from err
 
     def create(self, path: str) -> None:
         self.fire(StorageOp.CREATE, path)
@@ -175,7 +184,7 @@ class Storage:
             f: IO[bytes] = open(full, "wb") if self._local else self.fs.open(full, "wb")  # noqa: SIM115
         except Exception as err:
             self._remove_after_failure(path)
-            raise StorageFault(StorageOp.CREATE, path, err) from err
+            raise self._failed(StorageFault(StorageOp.CREATE, path, err)) from err
         self._open[path] = f
 
     def append(self, path: str, length: int, data: bytes | memoryview | None = None) -> None:
@@ -195,7 +204,7 @@ class Storage:
             if self._local:
                 os.fsync(f.fileno())
         except Exception as err:
-            raise StorageFault(StorageOp.APPEND, path, err) from err
+            raise self._failed(StorageFault(StorageOp.APPEND, path, err)) from err
 
     def close(self, path: str) -> None:
         """Close an open file. On an object store this is the upload: it can fail.
@@ -214,7 +223,7 @@ class Storage:
                     log.warning("closing %s failed after its bytes were flushed: %r", path, err)
                     return
                 self._remove_after_failure(path)
-                raise StorageFault(StorageOp.APPEND, path, err) from err
+                raise self._failed(StorageFault(StorageOp.APPEND, path, err)) from err
 
     def abandon(self, path: str) -> None:
         """Forget an open file without finishing it (its process is gone)."""
@@ -247,7 +256,7 @@ class Storage:
             self._remove_after_failure(path)
             if self._local:
                 self._remove_after_failure(path + ".inprogress")
-            raise StorageFault(StorageOp.METADATA, path, err) from err
+            raise self._failed(StorageFault(StorageOp.METADATA, path, err)) from err
 
     def _remove_after_failure(self, path: str) -> None:
         """A create, upload or metadata write that failed may still have written the file
@@ -292,11 +301,13 @@ class Storage:
             data = bytes(self.fs.cat_file(self.full(path), start=offset, end=offset + length))
         except Exception as err:
             why = f"{type(err).__name__}: {err}"
-            raise ReadFault(path, f"reading {path} failed: {why}", err) from err
+            raise self._failed(ReadFault(path, f"reading {path} failed: {why}", err)) from err
         if len(data) != length:
             held = len(data)
-            raise ReadFault(
-                path, f"{path}: wanted {length} bytes at offset {offset}, the file holds {held}"
+            raise self._failed(
+                ReadFault(
+                    path, f"{path}: wanted {length} bytes at offset {offset}, the file holds {held}"
+                )
             )
         return data
 

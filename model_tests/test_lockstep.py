@@ -72,6 +72,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from pyfakefs.fake_filesystem_unittest import Patcher
 
 from fastimpl import Cluster, CounterIds
+from model_tests.compare import differences, normalized
 from model_tests.harness import DEFAULT_JOB, Harness, InvariantBroken
 from model_tests.test_refimpl_machine import RefimplMachine
 from spec import commands as c
@@ -80,7 +81,6 @@ from spec.effects import Effect
 from spec.errors import CommandError
 from spec.invariants import check_safety
 from spec.layout import is_under
-from spec.observation import Observation
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 SCALE = 10 if PROFILE == "long" else 1
@@ -98,7 +98,6 @@ BACKENDS = ("local", "memory", "pyfakefs", "s3")
 OBJECT_STORE_MODES = (MergingMode.NONE, MergingMode.WITHIN_CHECKPOINT)
 """ACROSS_CHECKPOINT needs open files to be readable and durable (R16)."""
 
-METADATA_SUFFIX = "/_metadata"
 S3_BUCKET = "lockstep"
 _roots = itertools.count()
 
@@ -107,26 +106,6 @@ def examples(backend: str) -> int:
     if OVERRIDE:
         return int(OVERRIDE)
     return EXAMPLES[backend] * SCALE
-
-
-def normalized(obs: Observation, *, open_files_listed: bool = True) -> Observation:
-    """Metadata files are compared by existence, not by byte size. Without
-    ``open_files_listed`` (an object store) a file still open is not on storage yet."""
-    files = {
-        p: (-1 if p.endswith(METADATA_SUFFIX) else n)
-        for p, n in obs.files.items()
-        if open_files_listed or p not in obs.open_files
-    }
-    return attrs.evolve(obs, files=files)
-
-
-def differences(model: Observation, impl: Observation) -> list[str]:
-    out = []
-    for f in attrs.fields(Observation):
-        a, b = getattr(model, f.name), getattr(impl, f.name)
-        if a != b:
-            out.append(f"{f.name}:\n    model: {a!r}\n    fast:  {b!r}")
-    return out
 
 
 # ---------------------------------------------------------------------------- storages

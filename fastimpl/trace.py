@@ -1,0 +1,89 @@
+"""NDJSON traces of the commands a store executed, for replay through the model (issue 4).
+
+A trace is one JSON object per line. The first line is the header: format name and
+version, the store's ``Config`` and ``JobSpec`` and its id source (``"counter"``: names
+the model makes too, so that files compare one by one; ``"random"``: they do not). Then
+one line per command, in the order the store executed them:
+
+``{"seq": 1, "command": {...}, "outcome": "ok"}``; ``"outcome"`` is ``"ok"``,
+``"refused"`` (with ``"reason"``, the ``Reason`` value: nothing changed) or ``"fault"``
+(with ``"op"``: the command raised a ``StorageFault``). ``"real_faults"``, when present,
+counts calls the file system itself failed during the command (an injected
+``FailNextCall`` is a command of its own and not counted): the model cannot replay those,
+so a replay stops comparing there. With ``observations=True`` each line also carries
+``"observation"``, the store's observation after the command (one listing of storage per
+command: for tests and debugging, not for production).
+
+Commands and observations are encoded by ``spec.codec``; ``model_tests/replay.py`` reads
+a trace back and replays it through the reference model.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import IO, Any
+
+from spec import codec
+from spec import commands as c
+from spec.config import Config, JobSpec
+from spec.errors import CommandError
+from spec.observation import Observation
+
+FORMAT = "ckpt-ownership/command-trace"
+VERSION = 1
+
+
+class CommandTrace:
+    """Writes a trace to ``out`` (a text file opened for writing, or a path)."""
+
+    def __init__(self, out: IO[str] | str, *, observations: bool = False) -> None:
+        self._own = isinstance(out, str)
+        self._out: IO[str] = open(out, "w", encoding="utf-8") if isinstance(out, str) else out  # noqa: SIM115
+        self.observations = observations
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    def header(self, config: Config, job: JobSpec, ids: str) -> None:
+        self._line(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "config": codec.encode(config),
+                "job": codec.encode(job),
+                "ids": ids,
+            }
+        )
+
+    def record(
+        self,
+        cmd: c.Command,
+        error: BaseException | None,
+        real_faults: int,
+        observation: Observation | None,
+    ) -> None:
+        line: dict[str, Any] = {"command": codec.encode_command(cmd)}
+        if error is None:
+            line["outcome"] = "ok"
+        elif isinstance(error, CommandError):
+            line["outcome"] = "refused"
+            line["reason"] = error.reason.value
+        else:
+            line["outcome"] = "fault"
+            op = getattr(error, "op", None)
+            line["op"] = getattr(op, "value", type(error).__name__)
+        if real_faults:
+            line["real_faults"] = real_faults
+        if observation is not None:
+            line["observation"] = codec.encode(observation)
+        with self._lock:
+            self._seq += 1
+            self._line({"seq": self._seq, **line})
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        self._out.write(json.dumps(obj, sort_keys=True, separators=(",", ":")) + "\n")
+        self._out.flush()
+
+    def close(self) -> None:
+        if self._own:
+            self._out.close()

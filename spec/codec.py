@@ -1,0 +1,200 @@
+"""JSON for the shared vocabulary: commands, observations, configurations.
+
+One encoding, used wherever a value leaves the process: fastimpl's NDJSON command traces
+(replayed through the model, issue 4) and the conformance cases (issue 5). The encoding is
+driven by the values' own type hints, so a field added to the vocabulary is encoded with
+no change here:
+
+* an attrs value is a JSON object of its fields; where the declared type is a union of
+  attrs classes (a ``Command``, a ``Handle``) the object also carries ``"type"``, the
+  class name;
+* enums are their value; tuples and lists are arrays; frozensets are sorted arrays;
+  mappings are objects with string keys (in sorted order); ``None`` is ``null``.
+
+``decode(hint, data)`` inverts ``encode`` given the declared type, and refuses what does
+not fit it with a ``CodecError`` naming where (``$.entries[2].handle.offset``) and why.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import attrs
+
+from spec import commands, config, handles, ids, observation
+
+Json = Any
+"""A value ``json.dumps`` accepts: dict, list, str, int, float, bool or None."""
+
+T = TypeVar("T")
+
+
+class CodecError(ValueError):
+    """Data that does not decode to the declared type; ``where`` is a JSON path."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+        self.problem = problem
+
+
+_MODULES = (commands, config, handles, ids, observation)
+_CLASSES: dict[str, type] = {
+    name: obj
+    for mod in _MODULES
+    for name, obj in vars(mod).items()
+    if isinstance(obj, type) and attrs.has(obj) and obj.__module__ == mod.__name__
+}
+"""Every attrs class of the vocabulary by name: the ``"type"`` tag's values."""
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    mod = __import__(cls.__module__, fromlist=["_"])
+    return typing.get_type_hints(cls, globalns=vars(mod))
+
+
+def encode(value: object) -> Json:
+    """``value`` as plain JSON data (see the module docstring)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, enum.Enum):
+        return value.value
+    if attrs.has(type(value)):
+        out: dict[str, Json] = {"type": type(value).__name__}
+        for f in attrs.fields(typing.cast(Any, type(value))):
+            out[f.name] = encode(getattr(value, f.name))
+        return out
+    if isinstance(value, frozenset | set):
+        return sorted((encode(v) for v in value), key=repr)
+    if isinstance(value, tuple | list):
+        return [encode(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): encode(v) for k, v in sorted(value.items())}
+    raise TypeError(f"cannot encode {type(value).__name__}: {value!r}")
+
+
+def decode(hint: Any, data: Json, where: str = "$") -> Any:
+    """The value of declared type ``hint`` that ``encode`` turned into ``data``."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if hint is Any or hint is object:
+        return data
+    if origin in (typing.Union, types.UnionType):
+        if data is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:
+            return decode(options[0], data, where)
+        if all(attrs.has(a) for a in options):
+            return _decode_tagged(options, data, where)
+        for option in options:  # unions of plain types: the first that fits
+            try:
+                return decode(option, data, where)
+            except CodecError:
+                continue
+        raise CodecError(where, f"{data!r} fits none of {hint}")
+    if isinstance(hint, type) and attrs.has(hint):
+        return _decode_attrs(hint, data, where)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(data)
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in hint)
+            raise CodecError(where, f"{data!r} is not one of {allowed}") from None
+    if hint is bool:
+        return _expect(data, bool, where)
+    if hint is int:
+        if isinstance(data, bool):
+            raise CodecError(where, f"expected an integer, got {data!r}")
+        return _expect(data, int, where)
+    if hint is float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            raise CodecError(where, f"expected a number, got {data!r}")
+        return float(data)
+    if hint is str:
+        return _expect(data, str, where)
+    if origin is tuple:
+        items = _expect(data, list, where)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(items))
+        if len(items) != len(args):
+            raise CodecError(where, f"expected {len(args)} items, got {len(items)}")
+        return tuple(
+            decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, items, strict=True))
+        )
+    if origin in (frozenset, set):
+        items = _expect(data, list, where)
+        return frozenset(decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(items))
+    if origin in (list,):
+        items = _expect(data, list, where)
+        return [decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(items)]
+    if origin in (dict, Mapping):
+        obj = _expect(data, dict, where)
+        return {
+            decode(args[0], k, f"{where}.{k}"): decode(args[1], v, f"{where}.{k}")
+            for k, v in obj.items()
+        }
+    raise CodecError(where, f"no decoding for declared type {hint!r}")
+
+
+def _expect(data: Json, kind: type[T], where: str) -> T:
+    if not isinstance(data, kind):
+        raise CodecError(where, f"expected {kind.__name__}, got {type(data).__name__} {data!r}")
+    return data
+
+
+def _decode_tagged(options: list[type], data: Json, where: str) -> Any:
+    obj = _expect(data, dict, where)
+    tag = obj.get("type")
+    by_name = {o.__name__: o for o in options}
+    if tag not in by_name:
+        raise CodecError(f"{where}.type", f"{tag!r} is not one of {', '.join(sorted(by_name))}")
+    return _decode_attrs(by_name[tag], obj, where)
+
+
+def _decode_attrs(cls: type, data: Json, where: str) -> Any:
+    obj = _expect(data, dict, where)
+    tag = obj.get("type", cls.__name__)
+    if tag != cls.__name__:
+        raise CodecError(f"{where}.type", f"expected {cls.__name__!r}, got {tag!r}")
+    hints = _hints(cls)
+    fields = attrs.fields(typing.cast(Any, cls))
+    names = {f.name for f in fields}
+    unknown = sorted(set(obj) - names - {"type"})
+    if unknown:
+        raise CodecError(where, f"unknown field(s) {', '.join(unknown)} for {cls.__name__}")
+    kwargs: dict[str, Any] = {}
+    for f in fields:
+        if f.name in obj:
+            kwargs[f.name] = decode(hints[f.name], obj[f.name], f"{where}.{f.name}")
+        elif f.default is attrs.NOTHING:
+            raise CodecError(where, f"{cls.__name__} needs field {f.name!r}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise CodecError(where, f"not a valid {cls.__name__}: {err}") from err
+
+
+def encode_command(cmd: commands.Command) -> Json:
+    return encode(cmd)
+
+
+def decode_command(data: Json, where: str = "$") -> commands.Command:
+    result: commands.Command = decode(commands.Command, data, where)
+    return result
+
+
+def decode_observation(data: Json, where: str = "$") -> observation.Observation:
+    result: observation.Observation = decode(observation.Observation, data, where)
+    return result
+
+
+def class_named(name: str) -> type | None:
+    """The vocabulary's attrs class called ``name`` (a ``"type"`` tag), if any."""
+    return _CLASSES.get(name)
