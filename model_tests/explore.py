@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from attrs import frozen
 
 from model_tests.harness import Harness
+from model_tests.twins import TWINS, Twin, swapped_in
 from refimpl import ModelState, initial_state, observe, step
 from refimpl.state import TmStatus
 from spec import commands as c
@@ -54,7 +55,25 @@ class Bounds:
 
 
 BOUNDS = {
-    "small": [Bounds("small", m, max_checkpoints=2, max_depth=7) for m in MergingMode],
+    # Two small bounds, each in every merging mode: two subtasks on two TMs (crashes,
+    # failover, lost and duplicated notices), and one subtask that keeps two checkpoints
+    # and may be restored (CLAIM) after a crash. tla/MCSmall.cfg has the same bounds.
+    "small": [
+        *[Bounds("small-a", m, max_checkpoints=2, max_depth=7) for m in MergingMode],
+        *[
+            Bounds(
+                "small-b",
+                m,
+                subtasks=1,
+                tms=1,
+                max_checkpoints=3,
+                num_retained=2,
+                restore=True,
+                max_depth=8,
+            )
+            for m in MergingMode
+        ],
+    ],
     "medium": [
         Bounds("medium", m, max_checkpoints=3, max_depth=8, restore=True) for m in MergingMode
     ],
@@ -198,10 +217,45 @@ def report(r: Result) -> str:
     return "\n".join(lines)
 
 
+def twin_bounds(t: Twin) -> Bounds:
+    """The bounds within which the search must catch twin ``t``."""
+    return Bounds(
+        f"twin {t.name}",
+        t.mode,
+        subtasks=t.subtasks,
+        tms=t.tms,
+        max_checkpoints=t.max_checkpoints,
+        crashes=t.crashes,
+        num_retained=t.num_retained,
+        max_depth=t.max_depth,
+    )
+
+
+def run_twin(name: str) -> Result:
+    with swapped_in(name) as t:
+        return explore(twin_bounds(t))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bound", choices=sorted(BOUNDS), default="small")
+    parser.add_argument(
+        "--twin",
+        choices=sorted(TWINS),
+        help="swap in a must-fail twin (a known bug) and search its bounds: exits 1 when "
+        "the search catches it, as it must",
+    )
     args = parser.parse_args(argv)
+    if args.twin:
+        t = TWINS[args.twin]
+        print(f"must-fail twin {t.name}: {t.bug}; expected: {t.breaks} broken", flush=True)
+        r = run_twin(t.name)
+        print(report(r))
+        if r.violations:
+            print(f"twin {t.name}: caught, as it must be (exit 1)")
+            return 1
+        print(f"twin {t.name}: NOT caught within its bounds: the search missed a known bug")
+        return 0
     failed = False
     for b in BOUNDS[args.bound]:
         r = explore(b)

@@ -1,14 +1,13 @@
-"""The exhaustive search finds no violation within small bounds, and it does catch a
-buggy rule swapped in by the test (the off-by-one subsume watermark)."""
+"""The exhaustive search finds no violation within small bounds, and it catches every
+must-fail twin of model_tests/twins.py (a known bug swapped in by test code)."""
 
 from __future__ import annotations
 
 import pytest
 
-from model_tests.explore import Bounds, explore, report
-from refimpl.machine import _Work
+from model_tests.explore import Bounds, explore, main, report, twin_bounds
+from model_tests.twins import TWINS, swapped_in
 from spec.config import MergingMode
-from spec.ids import TmId
 
 
 @pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
@@ -18,16 +17,22 @@ def test_no_violation_in_any_state_within_small_bounds(mode: MergingMode) -> Non
     assert r.states > 500 and r.depth == 6
 
 
-def test_off_by_one_watermark_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = _Work.tm_complete
+@pytest.mark.parametrize("name", sorted(TWINS))
+def test_every_must_fail_twin_is_caught(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A known bug swapped into the model is found within its bounds, with the invariant
+    it breaks; the command line (``make verify TWIN=...``) exits 1 for it."""
+    twin = TWINS[name]
+    assert main(["--twin", name]) == 1
+    out = capsys.readouterr().out
+    assert f"twin {name}: caught" in out and "VIOLATION" in out
+    message = out.split("VIOLATION: ", 1)[1].splitlines()[0]
+    assert f"{twin.breaks}:" in message, message
 
-    def subsume_one_too_many(
-        self: _Work, tm: TmId, checkpoint: int, watermark: int, savepoint: bool
-    ) -> None:
-        original(self, tm, checkpoint, watermark + 1, savepoint)
 
-    monkeypatch.setattr(_Work, "tm_complete", subsume_one_too_many)
-    r = explore(Bounds("twin", MergingMode.WITHIN_CHECKPOINT, max_checkpoints=2, max_depth=6))
-    assert r.violations, "the buggy watermark went unnoticed"
-    message, _trail = r.violations[0]
-    assert "I1" in message and "missing file" in message  # a retained checkpoint lost data
+def test_the_twins_leave_the_model_as_it_was() -> None:
+    """Swapping a twin in is undone on leaving the block: the model passes again."""
+    for name in TWINS:
+        with swapped_in(name):
+            pass
+    r = explore(twin_bounds(TWINS["flink-38347"]))
+    assert r.violations == (), report(r)

@@ -23,6 +23,7 @@ import pytest
 from attrs import evolve
 
 from model_tests.harness import ALL_MODES, MERGING, Harness, InvariantBroken, merging
+from model_tests.twins import no_last_used_advance
 from refimpl.machine import _Work
 from refimpl.state import (
     BackendRef,
@@ -497,24 +498,11 @@ def test_flink_35570_buggy_rule_is_caught(
 ) -> None:
     """Reuse that leaves last_used where it was (Flink's placeholder path): subsuming
     checkpoint 1 discards sst-1, its file is deleted, checkpoint 2 dangles (I1)."""
-    monkeypatch.setattr(_Work, "reuse_shared", _no_last_used_advance(_Work.reuse_shared))
+    monkeypatch.setattr(_Work, "reuse_shared", no_last_used_advance(_Work.reuse_shared))
     h = Harness(merging(mode, max_file_size=100))
     with invariant_breaks("I1") as seen:
         _35570_reuse_then_subsume(h)
     assert "chk 2: sst-1 -> missing file" in str(seen[-1])
-
-
-def _no_last_used_advance(orig: ReuseRule) -> ReuseRule:
-    """Reuse that leaves every segment's last_used as it was before the reuse."""
-
-    def reuse_shared(self: _Work, cmd: c.ReuseShared) -> None:
-        before = dict(self.segs)
-        orig(self, cmd)
-        for key, seg in list(self.segs.items()):
-            if key in before and before[key].last_used != seg.last_used:
-                self.segs[key] = before[key]
-
-    return reuse_shared
 
 
 # ---------------------------------------------------------------------------- FLINK-35784
@@ -777,7 +765,7 @@ def test_flink_25395_buggy_rule_is_caught(
         return orig_reusable(self, tm, evolve(ref, confirmed=True))
 
     monkeypatch.setattr(_Work, "_reusable", reusable_unconfirmed)
-    monkeypatch.setattr(_Work, "reuse_shared", _no_last_used_advance(_Work.reuse_shared))
+    monkeypatch.setattr(_Work, "reuse_shared", no_last_used_advance(_Work.reuse_shared))
     h = Harness(merging(mode, max_file_size=100))
     h.run(c.Trigger())
     write_all(h, 1)
