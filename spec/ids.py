@@ -9,13 +9,16 @@ from attrs import field, frozen
 SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
 
 
-@functools.lru_cache(maxsize=65536)  # pure; paths are built on every append
-def escape_name(name: str) -> str:
+def _escape(name: str) -> str:
     """Map any name to a path component built from ``[A-Za-z0-9._-]`` only (R3).
 
     Injective, so two different ids never share a directory (FLINK-35778): ``_`` is the
     escape character, written ``__`` itself; any other byte outside the set is ``_HH``.
     A leading ``.`` is escaped too, so no component is ``.`` or ``..`` or hidden.
+
+    post: __return__ and not __return__.startswith(".")
+    post: all(ch in SAFE or ch == "_" for ch in __return__)
+    post: unescape_name(__return__) == name
     """
     out: list[str] = []
     for pos, ch in enumerate(name):
@@ -26,6 +29,10 @@ def escape_name(name: str) -> str:
         else:
             out.extend(f"_{b:02X}" for b in ch.encode("utf-8"))
     return "".join(out) or "_"
+
+
+escape_name = functools.lru_cache(maxsize=65536)(_escape)  # pure; paths are built per append
+escape_name.__doc__ = _escape.__doc__
 
 
 def unescape_name(text: str) -> str:

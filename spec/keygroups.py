@@ -7,6 +7,13 @@ def key_group_range(max_parallelism: int, parallelism: int, index: int) -> tuple
     """The inclusive key-group range ``(start, end)`` of subtask ``index``.
 
     Key group ``g`` belongs to subtask ``g * parallelism // max_parallelism`` (BRIEF §4).
+    The contract (PEP 316, checked by CrossHair in ``make verify``): the range is never
+    empty, and its first and last key groups belong to ``index``.
+
+    pre: 0 <= index < parallelism <= max_parallelism <= 32768
+    post: __return__[0] <= __return__[1]
+    post: operator_for_key_group(max_parallelism, parallelism, __return__[0]) == index
+    post: operator_for_key_group(max_parallelism, parallelism, __return__[1]) == index
     """
     if not 0 <= index < parallelism <= max_parallelism:
         raise ValueError(f"bad subtask {index}/{parallelism} for max parallelism {max_parallelism}")
@@ -26,7 +33,14 @@ def ranges_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 def even_split(total: int, parts: int) -> list[tuple[int, int]]:
     """Split ``total`` items into ``parts`` contiguous half-open ranges, the first ones
-    one larger (Flink's round-robin operator state repartitioner, FLIP-8)."""
+    one larger (Flink's round-robin operator state repartitioner, FLIP-8).
+
+    pre: 0 <= total and 1 <= parts <= 64
+    post: len(__return__) == parts
+    post: __return__[0][0] == 0 and __return__[-1][1] == total
+    post: all(__return__[i][1] == __return__[i + 1][0] for i in range(parts - 1))
+    post: all(0 <= (b - a) - (d - c) <= 1 for (a, b), (c, d) in zip(__return__, __return__[1:]))
+    """
     base, extra = divmod(total, parts)
     out: list[tuple[int, int]] = []
     start = 0
