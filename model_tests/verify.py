@@ -93,7 +93,7 @@ def half(n: int) -> int:
 '''
 
 
-def _crosshair_check(module: str, timeout: float, cwd: Path) -> tuple[int, list[str]]:
+def _crosshair_check(modules: list[str], timeout: float, cwd: Path) -> tuple[int, list[str]]:
     code, out = _run(
         [
             str(BIN / "crosshair"),
@@ -101,7 +101,7 @@ def _crosshair_check(module: str, timeout: float, cwd: Path) -> tuple[int, list[
             "--analysis_kind=PEP316",
             f"--per_condition_timeout={timeout}",
             "--report_all",
-            module,
+            *modules,
         ],
         1800,
         cwd,
@@ -113,7 +113,7 @@ def planted_contract_caught() -> tuple[bool, list[str]]:
     """Whether CrossHair reports a contract that is wrong (``half(1) * 2 != 1``)."""
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "planted_contract.py").write_text(textwrap.dedent(_PLANTED))
-        code, lines = _crosshair_check("planted_contract", 5, Path(tmp))
+        code, lines = _crosshair_check(["planted_contract"], 5, Path(tmp))
     return code != 0 and any(": error:" in line for line in lines), lines
 
 
@@ -128,14 +128,18 @@ def check_contracts(timeout: float) -> Check:
         ck.summary = "CrossHair did not report a planted wrong contract: its silence means nothing"
         ck.details = lines
         return ck
-    code, lines = _crosshair_check(" ".join(CONTRACT_MODULES), timeout, ROOT)
+    code, lines = _crosshair_check(list(CONTRACT_MODULES), timeout, ROOT)
     confirmed = sum("Confirmed over all paths" in line for line in lines)
     unconfirmed = sum("Not confirmed" in line for line in lines)
     errors = [line for line in lines if ": error:" in line]
     ck.details = lines
-    if code != 0 or errors:
+    if errors:
         ck.status = "FAILED"
         ck.summary = f"counterexample(s) found: {len(errors)}"
+        return ck
+    if code != 0:
+        ck.status = "FAILED"
+        ck.summary = f"crosshair failed (exit {code}) without a counterexample"
         return ck
     if confirmed + unconfirmed == 0:
         ck.status = "FAILED"
