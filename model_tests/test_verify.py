@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from model_tests import verify
+from model_tests import tla_syntax, verify
 from model_tests.twins import TWINS
 
 
@@ -65,3 +65,32 @@ def test_every_twin_is_reported_caught() -> None:
     checks = verify.check_twins()
     assert len(checks) == len(TWINS) >= 4
     assert all(ck.status == "ok" for ck in checks), [(c.name, c.summary) for c in checks]
+
+
+def test_every_config_in_tla_names_its_module_and_expectation_and_defined_names() -> None:
+    models = verify.tla_models()
+    assert len(models) >= 5
+    for module, cfg, _ in models:
+        assert module.exists(), cfg.name
+        assert "\\* expect:" in cfg.read_text(), cfg.name
+        assert tla_syntax.config_problems(module, cfg) == []
+    failing = [cfg.name for _, cfg, expect in models if expect.startswith("violates")]
+    assert len(failing) >= 3, failing
+    assert any("soak" in cfg.name.lower() for _, cfg, _ in models)
+
+
+def test_a_config_naming_undefined_things_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "M.tla").write_text(
+        "---- MODULE M ----\nCONSTANT N, K\nInit == TRUE\nInv == TRUE\n====\n"
+    )
+    (tmp_path / "M.cfg").write_text(
+        "\\* module: M\nSPECIFICATION Spec\nCONSTANTS\n    N = 2\n    Z = 1\n"
+        "INVARIANTS Inv Missing\n"
+    )
+    [(module, cfg, _)] = verify.tla_models(tmp_path)
+    assert sorted(tla_syntax.config_problems(module, cfg)) == [
+        "M.cfg: INVARIANT Missing is not defined in M.tla or what it extends",
+        "M.cfg: SPEC Spec is not defined in M.tla or what it extends",
+        "M.cfg: constant K has no value",
+        "M.cfg: constant Z is not declared",
+    ]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import os
 import re
 import shutil
@@ -41,7 +40,7 @@ from pathlib import Path
 
 import attrs
 
-from model_tests import explore
+from model_tests import explore, tla_syntax
 from model_tests.twins import TWINS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,23 +225,36 @@ def check_tla(include_soak: bool) -> list[Check]:
     models = [m for m in tla_models() if include_soak or "soak" not in m[1].stem.lower()]
     checks: list[Check] = []
     syntax = Check("TLA+ syntax only (TLC not run)")
+    modules = tla_syntax.tla_files(TLA_DIR)
     try:
-        parser = importlib.import_module("model_tests.tla_syntax")
-    except ImportError:
-        syntax.summary = "model_tests/tla_syntax.py is missing: no parser to run"
-        parser = None
-    if parser is not None:
-        results: dict[str, str] = parser.check_all(TLA_DIR)
-        bad = [f"{name}: {err}" for name, err in results.items() if err]
-        syntax.details = [f"{n}: {e if e else 'parsed'}" for n, e in sorted(results.items())]
-        if not results:
-            syntax.summary = "no .tla module in tla/"
-        elif bad:
-            syntax.status, syntax.summary = "FAILED", f"{len(bad)} module(s) do not parse"
-        else:
-            syntax.status = "ok"
-            syntax.summary = f"{len(results)} module(s) parsed (syntax only: not model-checked)"
+        results = tla_syntax.check(modules)
+    except RuntimeError as err:  # the parser package is missing
+        syntax.status, syntax.summary = "FAILED", str(err)
+        results = []
+    bad = [r for r in results if not r.ok]
+    syntax.details = [r.describe() for r in results]
+    if not modules:
+        syntax.summary = "no .tla module in tla/"
+    elif bad:
+        syntax.status, syntax.summary = "FAILED", f"{len(bad)} module(s) do not parse"
+    elif results:
+        syntax.status = "ok"
+        names = ", ".join(r.path.name for r in results)
+        syntax.summary = f"{len(results)} modules parsed ({names}): syntax only, not model-checked"
     checks.append(syntax)
+    refs = Check("TLA+ configs refer to defined names (static, TLC not run)")
+    problems = [e for module, cfg, _ in models for e in tla_syntax.config_problems(module, cfg)]
+    refs.details = problems
+    if not models:
+        refs.summary = "no .cfg in tla/"
+    elif problems:
+        refs.status, refs.summary = "FAILED", f"{len(problems)} problem(s) in the configs"
+    else:
+        refs.status = "ok"
+        refs.summary = (
+            f"{len(models)} configs: every spec, constraint, invariant and constant is defined"
+        )
+    checks.append(refs)
     jar, why = tlc_jar()
     if jar is None:
         checks.append(Check("TLA+ model checking (TLC)", "NOT RUN", f"NOT model-checked: {why}"))
