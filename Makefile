@@ -38,10 +38,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check spec refimpl fastimpl model_tests bench
 	$(BIN)/mypy
 
+# pytest-xdist workers: one per core by default (PYTEST_WORKERS=0 runs in one process).
+PYTEST_WORKERS ?= auto
+
 test: $(STAMP)
 	$(BIN)/ruff check spec refimpl fastimpl model_tests bench
 	$(BIN)/mypy
-	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest
+	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS)
 
 # A scripted job on local files in each merging mode, every invariant checked against the
 # real files (fastimpl/demo.py; options: $(BIN)/python -m fastimpl.demo --help).

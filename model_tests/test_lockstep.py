@@ -84,7 +84,7 @@ from spec.layout import is_under
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 SCALE = 10 if PROFILE == "long" else 1
-EXAMPLES = {"memory": 100, "local": 50, "pyfakefs": 10, "s3": 5}
+EXAMPLES = {"memory": 60, "local": 25, "pyfakefs": 8, "s3": 4}
 """Per merging mode (times SCALE). Seconds per sequence on two shared cores, measured:
 memory ~0.25, local ~0.55 (an fsync per append, R12), pyfakefs ~2-4 (every listing
 resolves each path in Python), S3 on moto ~8-10 (three HTTP calls per observation, one or
