@@ -125,8 +125,7 @@ def test_threads_write_for_different_subtasks_at_once(tmp_path: Path) -> None:
                     errors.append(err)
 
             threads = [
-                threading.Thread(target=snapshot, args=(s, t))
-                for s, t in store.placement().items()
+                threading.Thread(target=snapshot, args=(s, t)) for s, t in store.placement().items()
             ]
             for t in threads:
                 t.start()

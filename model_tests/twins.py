@@ -186,4 +186,3 @@ def swapped_in(name: str) -> Iterator[Twin]:
     with pytest.MonkeyPatch.context() as mp:
         twin.patch(mp)
         yield twin
-
