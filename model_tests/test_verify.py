@@ -94,3 +94,22 @@ def test_a_config_naming_undefined_things_is_reported(tmp_path: Path) -> None:
         "M.cfg: constant K has no value",
         "M.cfg: constant Z is not declared",
     ]
+
+
+def test_a_download_that_is_not_the_pinned_release_is_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import urllib.request
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"evil jar"))
+    dest = tmp_path / "cache" / "tla2tools.jar"
+    why = verify.fetch_tlc(dest)
+    assert why is not None and "not the pinned" in why
+    assert not dest.exists() and not dest.with_suffix(".part").exists()
+
+
+def test_the_trace_checks_pass_on_the_example_job() -> None:
+    checks = verify.check_trace()
+    assert [ck.status for ck in checks] == ["ok", "ok"], [(c.name, c.summary) for c in checks]
+    assert "observations compared" in checks[0].summary
