@@ -56,9 +56,12 @@ def test_configs_say_their_module_and_expectation(tmp_path: Path) -> None:
     }
 
 
-def test_the_twin_entry_exits_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
-    assert verify.main(["--twin", "flink-25395"]) == 1
-    assert "twin flink-25395: caught" in capsys.readouterr().out
+@pytest.mark.parametrize("twin", sorted(TWINS))
+def test_make_verify_exits_non_zero_on_each_must_fail_twin(
+    twin: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert verify.main(["--twin", twin]) == 1
+    assert f"twin {twin}: caught" in capsys.readouterr().out
 
 
 def test_every_twin_is_reported_caught() -> None:
