@@ -16,7 +16,7 @@ PKG_INITS := $(wildcard spec/__init__.py refimpl/__init__.py fastimpl/__init__.p
 # Passed through from the environment or the command line: make test HYPOTHESIS_PROFILE=long
 export HYPOTHESIS_PROFILE
 
-.PHONY: all test lint demo verify bench clean check-python
+.PHONY: all test lint demo verify bench mutants clean check-python
 .DEFAULT_GOAL := test
 
 all: test
@@ -66,6 +66,15 @@ verify: $(STAMP)
 # goal is reported, not failed. BENCH_ARGS passes options, e.g. BENCH_ARGS=--quick.
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# The mutant zoo (model_tests/mutants.py): fastimpl with one seeded bug at a time (a Flink
+# bug of the brief, or a classic mistake), run against the conformance corpus until a case
+# fails, and against the lockstep tests on memory:// in a pytest subprocess. Prints which
+# case and step killed each mutant and whether the lockstep tests did too; exits non-zero if
+# any mutant survives the corpus. A few minutes on two cores. MUTANTS_ARGS passes options,
+# e.g. MUTANTS_ARGS="--only flink-38347" or MUTANTS_ARGS="--lockstep-examples 0".
+mutants: $(STAMP)
+	$(BIN)/python -m model_tests.mutants $(MUTANTS_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .crosshair build dist *.egg-info

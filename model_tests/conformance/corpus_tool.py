@@ -216,6 +216,27 @@ def _no_claim_never_deletes_the_source(h: Harness) -> None:
         h.checkpoint(shared=("sst-9",))
 
 
+def _reuse_then_end_before_acknowledging(h: Harness) -> None:
+    h.checkpoint(shared=("sst-1",))
+
+    def reuse_only() -> int:
+        h.run(c.Trigger())
+        cp = h.last_checkpoint
+        for s in h.subtasks:
+            h.run(c.ReuseShared(cp, s, "sst-1"))
+        return cp
+
+    h.run(c.Abort(reuse_only()))
+    h.deliver_all()
+    h.run(c.Decline(reuse_only(), h.subtasks[0]))
+    h.deliver_all()
+    reuse_only()
+    h.run(c.Failover())
+    h.deliver_all()
+    h.checkpoint(reuse=("sst-1",), shared=())
+    h.checkpoint(shared=("sst-2",))
+
+
 def _odd_vertex_names(h: Harness) -> None:
     h.checkpoint()
     h.checkpoint(reuse=("sst-1",), shared=("sst-2",))
@@ -263,6 +284,15 @@ HAND: tuple[tuple[str, tuple[str, ...], str, Any, JobSpec], ...] = (
         "A job restored in NO_CLAIM mode subsumes its own checkpoints but never deletes a "
         "file of the checkpoint it restored from.",
         _no_claim_never_deletes_the_source,
+        DEFAULT_JOB,
+    ),
+    (
+        "r32-reused-segment-survives-its-checkpoint-ending-unacked",
+        ("R32", "R21", "R62"),
+        "Shared state reused for a checkpoint that is aborted, declined or cut short by a "
+        "failover before the subtask acknowledged: the reused segment belongs to an older "
+        "checkpoint and stays until that one is subsumed.",
+        _reuse_then_end_before_acknowledging,
         DEFAULT_JOB,
     ),
     (

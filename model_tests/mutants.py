@@ -1,0 +1,736 @@
+"""The mutant zoo: fastimpl with one seeded bug at a time, which the tests must kill.
+
+Each mutant reproduces a real bug (a Flink bug of the design brief, or a classic mistake)
+in fastimpl's own code paths by patching one or two methods of ``fastimpl.cluster.Cluster``
+or ``fastimpl.manager.Manager`` from test code, as ``twins.py`` does for the reference
+model: the buggy behaviour lives here, never as a flag inside fastimpl. A mutant keeps
+what it needs to remember per store in a ``WeakKeyDictionary`` keyed by the ``Cluster``,
+created afresh by each ``patch``, so that nothing outlives the patch.
+
+    python -m model_tests.mutants                       # every mutant (make mutants)
+    python -m model_tests.mutants --only flink-38347    # one
+    python -m model_tests.mutants --lockstep-examples 0 # the conformance corpus only
+
+For each mutant the runner (a) runs the conformance corpus in process against fastimpl
+with the mutant applied, named cases first, and stops at the first case that fails: the
+case and the step that killed it; (b) runs the lockstep machine on ``memory://``
+(``model_tests/test_lockstep.py``) in a pytest subprocess that applies the mutant through
+``model_tests/mutant_plugin.py``: whether it failed, and its first error line. Each
+killing case is then run against the unmutated fastimpl, which must pass it (else the
+kill proves nothing), and the lockstep run is done once without a mutant first, for the
+same reason. Exit 1 if a mutant survives the corpus, if a kill is not a kill (the case
+fails unmutated too), if the lockstep run fails without a mutant, or if a lockstep run
+could not complete; a mutant the lockstep tests miss is reported, not failed.
+
+FLINK-35778 (special characters in ids reaching paths) has no mutant: the escaping is
+``spec.ids.escape_name``, shared by the model and fastimpl, so a mutant of it would change
+the expectations as much as the implementation (``test_flink_bugs.py`` covers it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+
+import attrs
+import pytest
+
+from fastimpl.cluster import Cluster
+from fastimpl.manager import Manager
+from fastimpl.records import BackendRef, Completed, PFile, RegEntry, Seg
+from model_tests.conformance.adapter import Fastimpl
+from model_tests.conformance.case import OBSERVATION_FIELDS, Case, case_name, corpus_files, load
+from model_tests.conformance.runner import run_case
+from spec import commands as c
+from spec.config import Scope, StateKind
+from spec.effects import COORDINATOR, tm_actor
+from spec.handles import FileHandle, SegmentHandle, stream_of
+from spec.ids import TmId
+from spec.layout import is_under, taskowned_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = "CKPT_MUTANT"
+"""The environment variable through which ``mutant_plugin`` learns which mutant to apply."""
+NO_MUTANT = "none"
+"""``CKPT_MUTANT=none``: the plugin applies nothing (the baseline lockstep run)."""
+
+
+@attrs.frozen
+class Mutant:
+    name: str
+    description: str
+    """The seeded bug: what the mutated code does."""
+    mirrors: str
+    """The Flink bug it reproduces, or the classic mistake."""
+    patch: Callable[[pytest.MonkeyPatch], None]
+
+
+# ---------------------------------------------------------------------------- Flink bugs
+
+
+def _flink_38347(mp: pytest.MonkeyPatch) -> None:
+    """The pre-fix DirectoryHandleWithReferenceTrack, as ``test_flink_38347_buggy_rule``
+    puts it into the model: +1 per checkpoint that used the directory, -1 per abort notice
+    the TM hears, tracking stops at the first completion notice, recursive delete at 0.
+    A lost completion notice followed by an abort deletes a directory a completed
+    checkpoint still uses."""
+    aborts: weakref.WeakKeyDictionary[Cluster, Counter[TmId]] = weakref.WeakKeyDictionary()
+    completed: weakref.WeakKeyDictionary[Cluster, set[TmId]] = weakref.WeakKeyDictionary()
+    orig_abort, orig_complete = Cluster._tm_abort, Cluster._tm_complete
+
+    def tm_abort(self: Cluster, tm: TmId, checkpoint: int, latest: int, sp: bool) -> None:
+        aborts.setdefault(self, Counter())[tm] += 1
+        orig_abort(self, tm, checkpoint, latest, sp)
+
+    def tm_complete(self: Cluster, tm: TmId, checkpoint: int, mark: int, sp: bool) -> None:
+        completed.setdefault(self, set()).add(tm)
+        orig_complete(self, tm, checkpoint, mark, sp)
+
+    def release(self: Cluster, tm: TmId) -> None:
+        heard = aborts.get(self, Counter())[tm]
+        if tm in completed.get(self, set()):
+            return
+        for path in sorted(self.dirs):
+            d = self.dirs.get(path)
+            if d is None or d.creator != tm or path not in self.dir_owner:
+                continue
+            if len(d.used_by) - heard <= 0:
+                self._delete_dir(path, tm_actor(tm))
+
+    mp.setattr(Cluster, "_tm_abort", tm_abort)
+    mp.setattr(Cluster, "_tm_complete", tm_complete)
+    mp.setattr(Cluster, "_tm_release_dirs", release)
+
+
+def _flink_36125(mp: pytest.MonkeyPatch) -> None:
+    """Flink's second discard path (a completion notice walks the acknowledged upload sets
+    of subsumed checkpoints and discards their segments again) with a discard that is not
+    idempotent: a segment discarded before decrements its file's count once more."""
+    gone: weakref.WeakKeyDictionary[Cluster, dict[tuple[TmId, str], Seg]] = (
+        weakref.WeakKeyDictionary()
+    )
+    orig_complete = Cluster._tm_complete
+
+    def discard(self: Cluster, tm: TmId, lid: str) -> None:
+        m = self.mgr[tm]
+        seen = gone.setdefault(self, {})
+        seg = m.remove(lid) or seen.get((tm, lid))
+        if seg is None:
+            return
+        seen[(tm, lid)] = seg
+        pf = m.pfiles.get(seg.path)
+        if pf is None:
+            return
+        pf.ref_count -= 1
+        pf.live_bytes -= seg.length
+        self._check_file(tm, seg.path)
+
+    def tm_complete(self: Cluster, tm: TmId, checkpoint: int, watermark: int, sp: bool) -> None:
+        uploaded = {k: v for k, v in self.acked.items() if k[0] == tm}
+        orig_complete(self, tm, checkpoint, watermark, sp)
+        m = self.mgr.get(tm)
+        if m is None:
+            return
+        for (_t, _s, cp), entries in sorted(uploaded.items(), key=lambda kv: str(kv[0])):
+            if cp > watermark:
+                continue
+            for e in entries:
+                h = e.handle
+                if isinstance(h, SegmentHandle):
+                    seg = m.segs.get(h.logical_id)
+                    if seg is None or seg.last_used <= watermark:
+                        self._discard(tm, h.logical_id)
+
+    mp.setattr(Cluster, "_discard", discard)
+    mp.setattr(Cluster, "_tm_complete", tm_complete)
+
+
+def _flink_35570(mp: pytest.MonkeyPatch) -> None:
+    """Reuse leaves the segment's last_used where it was (Flink's placeholder path), so the
+    subsume of the checkpoint that created it discards what the reusing one still uses."""
+
+    def touch(self: Manager, seg: Seg, last_used: int) -> None:
+        pass
+
+    mp.setattr(Manager, "touch", touch)
+
+
+def _flink_35784(mp: pytest.MonkeyPatch) -> None:
+    """Completion registers the file handles only: the directory handles the TMs reported
+    never reach the registry nor the coordinator, which never deletes the directories."""
+    orig = Cluster._register
+
+    def register(self: Cluster, done: Completed) -> None:
+        orig(self, Completed(done.id, done.job, done.savepoint, done.entries, (), done.metadata))
+
+    mp.setattr(Cluster, "_register", register)
+
+
+def _flink_35400(mp: pytest.MonkeyPatch) -> None:
+    """A failover keeps a surviving TM's manager (pools, segments, uploads of the old
+    attempt) and rebuilds on top of it from the retained checkpoints."""
+    orig_failover, orig_forget = Cluster._failover, Cluster._forget_tm
+    in_failover: weakref.WeakSet[Cluster] = weakref.WeakSet()
+
+    def failover(self: Cluster) -> None:
+        in_failover.add(self)
+        try:
+            orig_failover(self)
+        finally:
+            in_failover.discard(self)
+
+    def forget(self: Cluster, tm: TmId) -> None:
+        if self not in in_failover:
+            orig_forget(self, tm)
+
+    mp.setattr(Cluster, "_failover", failover)
+    mp.setattr(Cluster, "_forget_tm", forget)
+
+
+def _flink_25395(mp: pytest.MonkeyPatch) -> None:
+    """Shared state is reused before the TM knows the checkpoint that uploaded it completed
+    (fastimpl's last_used advance is left intact: unlike the model twin, this alone shows)."""
+    orig = Cluster._reusable
+
+    def reusable(self: Cluster, tm: TmId, ref: BackendRef) -> bool:
+        return orig(self, tm, BackendRef(ref.entry, ref.checkpoint, True))
+
+    mp.setattr(Cluster, "_reusable", reusable)
+
+
+def _flink_26985(mp: pytest.MonkeyPatch) -> None:
+    """Subsuming a restored (claimed) checkpoint discards all its shared state, as if it
+    alone referred to it, though the new job's checkpoint reuses some of it."""
+    orig = Cluster._subsume
+
+    def subsume(self: Cluster, old: Completed) -> None:
+        orig(self, old)
+        if old.job == self.job:
+            return
+        for e in old.entries:
+            s = stream_of(e.handle)
+            if s is not None and s.scope is Scope.SHARED and s.path in self.files:
+                self._delete_file(s.path, COORDINATOR)
+
+    mp.setattr(Cluster, "_subsume", subsume)
+
+
+def _flink_29913(mp: pytest.MonkeyPatch) -> None:
+    """The shared-state registry is keyed by the local file name; a second upload under a
+    known name is taken for a duplicate and discarded, though a checkpoint refers to it."""
+    orig = Cluster._register
+
+    def register(self: Cluster, done: Completed) -> None:
+        for e in done.entries:
+            h = e.handle
+            if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
+                continue
+            reg = self.registry.get(e.name)
+            if reg is not None and reg.path != h.path:
+                f = self.files.get(h.path)
+                if f is not None and f.owner == COORDINATOR:
+                    self._delete_file(h.path, COORDINATOR)  # "a duplicate upload"
+                reg.refs.add(done.id)
+                continue
+            if reg is None:
+                reg = self.registry[e.name] = RegEntry(e.name, h.path, h, isinstance(h, FileHandle))
+            reg.refs.add(done.id)
+            reg.pins.discard(done.id)
+        # the directories are registered as fastimpl does: the bug is in the file keys
+        orig(
+            self, Completed(done.id, done.job, done.savepoint, (), done.directories, done.metadata)
+        )
+
+    mp.setattr(Cluster, "_register", register)
+
+
+def _flink_35803(mp: pytest.MonkeyPatch) -> None:
+    """After a restore, each new TM's manager takes the restored shared files for its own
+    (the paths match what it would track) and offers them for reuse: confirmed backend
+    state and live segments, whatever the restore mode and the job that wrote them."""
+    orig = Cluster._restore
+
+    def restore(self: Cluster, cmd: c.Restore) -> None:
+        orig(self, cmd)
+        for subtask, entries in sorted(self.assignment.items()):
+            tm = self.placement[subtask]
+            for e in entries:
+                if e.kind is not StateKind.KEYED_SHARED:
+                    continue
+                h = e.handle
+                if isinstance(h, SegmentHandle):
+                    m = self._manager(tm)
+                    if h.logical_id not in m.segs:
+                        cp = cmd.checkpoint
+                        m.add(Seg(h.logical_id, h.path, h.offset, h.length, cp, cp, True))
+                        pf = m.pfiles.get(h.path)
+                        if pf is None:
+                            f = self.files.get(h.path)
+                            size = 0 if f is None else f.size
+                            pf = m.pfiles[h.path] = PFile(h.path, h.scope, None, None, False, size)
+                        pf.ref_count += 1
+                        pf.live_bytes += h.length
+                elif not isinstance(h, FileHandle):
+                    continue
+                self.backend[(tm, subtask, e.name)] = BackendRef(e, cmd.checkpoint, True)
+
+    mp.setattr(Cluster, "_restore", restore)
+
+
+def _flink_32086(mp: pytest.MonkeyPatch) -> None:
+    """A managed directory that no completed checkpoint used is never deleted: neither by
+    the TM that made it when its checkpoints abort (R41), nor when the job ends (R90)."""
+    orig = Cluster._delete_dir
+
+    def delete_dir(self: Cluster, path: str, actor: str) -> None:
+        d = self.dirs.get(path)
+        if d is not None and not d.handed_over:
+            return
+        orig(self, path, actor)
+
+    mp.setattr(Cluster, "_delete_dir", delete_dir)
+
+
+# ---------------------------------------------------------------------------- classic mistakes
+
+
+def _abort_discards_reused(mp: pytest.MonkeyPatch) -> None:
+    """An abort notice discards the segments the aborted checkpoint used (its last_used
+    bucket) instead of those it created: a segment an older, completed checkpoint wrote
+    and the aborted one only reused goes too (R32)."""
+
+    def created_for(self: Manager, checkpoint: int) -> list[str]:
+        return sorted(self.by_last_used.get(checkpoint, ()))
+
+    mp.setattr(Manager, "created_for", created_for)
+
+
+def _watermark_off_by_one(mp: pytest.MonkeyPatch) -> None:
+    """A TM discards the segments used up to the subsumed watermark + 1 (R31)."""
+    orig = Cluster._tm_complete
+
+    def tm_complete(self: Cluster, tm: TmId, checkpoint: int, watermark: int, sp: bool) -> None:
+        orig(self, tm, checkpoint, watermark + 1, sp)
+
+    mp.setattr(Cluster, "_tm_complete", tm_complete)
+
+
+def _sweep_ignores_owner(mp: pytest.MonkeyPatch) -> None:
+    """The job-end sweep deletes every file under the job's bases that no retained
+    checkpoint refers to, without asking who owns it: the user's savepoints, the files of
+    an older job restored without claiming, a zombie attempt's files."""
+    orig = Cluster._end_job
+
+    def end_job(self: Cluster, *, retain: bool) -> None:
+        orig(self, retain=retain)
+        for path in sorted(self.files):
+            f = self.files.get(path)
+            if f is None or f.owner == COORDINATOR or self._referenced(path):
+                continue
+            if any(is_under(path, b) for b in self.bases):
+                self._delete_file(path, COORDINATOR)
+
+    mp.setattr(Cluster, "_end_job", end_job)
+
+
+def _reuse_not_reusable(mp: pytest.MonkeyPatch) -> None:
+    """Reuse checks that the segment is still tracked but not that its file may be reused:
+    a file whose write failed (R17) or that is past the space-amplification bound (R81)
+    is referred to again."""
+    orig = Cluster._reusable
+
+    def reusable(self: Cluster, tm: TmId, ref: BackendRef) -> bool:
+        h = ref.entry.handle
+        if ref.confirmed and isinstance(h, SegmentHandle):
+            m = self.mgr.get(tm)
+            return m is not None and h.logical_id in m.segs and h.path in m.pfiles
+        return orig(self, tm, ref)
+
+    mp.setattr(Cluster, "_reusable", reusable)
+
+
+def _forget_taskowned_dir(mp: pytest.MonkeyPatch) -> None:
+    """A TM creates its directory for exclusive state on storage but never records it as
+    a managed directory: it is not reported with acknowledgements, not handed over, not
+    owned by anyone, and never deleted whole."""
+    orig = Cluster._fs_mkdir
+
+    def fs_mkdir(self: Cluster, path: str, actor: str, creator: TmId) -> None:
+        if path == taskowned_dir(self.job, creator):
+            self.storage.mkdir(path)
+            return
+        orig(self, path, actor, creator)
+
+    mp.setattr(Cluster, "_fs_mkdir", fs_mkdir)
+
+
+ZOO: list[Mutant] = [
+    Mutant(
+        "flink-38347",
+        "directory uses counted; abort notices count down; recursive delete at 0",
+        "FLINK-38347 (a counter, not a set)",
+        _flink_38347,
+    ),
+    Mutant(
+        "flink-36125",
+        "a second discard path with a non-idempotent discard: counts drop twice",
+        "FLINK-36125 (double discard)",
+        _flink_36125,
+    ),
+    Mutant(
+        "flink-35570",
+        "reuse does not advance the segment's last_used",
+        "FLINK-35570 (reuse keeps last-used)",
+        _flink_35570,
+    ),
+    Mutant(
+        "flink-35784",
+        "directory handles never registered; directories never deleted",
+        "FLINK-35784 (dir handles unregistered)",
+        _flink_35784,
+    ),
+    Mutant(
+        "flink-35400",
+        "a failover reuses the surviving TMs' stale managers",
+        "FLINK-35400 (stale manager reused)",
+        _flink_35400,
+    ),
+    Mutant(
+        "flink-25395",
+        "shared state reused before its checkpoint is known complete",
+        "FLINK-25395 (reuse of unconfirmed files)",
+        _flink_25395,
+    ),
+    Mutant(
+        "flink-26985",
+        "subsuming the claimed checkpoint discards all its shared state",
+        "FLINK-26985 (restore discards shared)",
+        _flink_26985,
+    ),
+    Mutant(
+        "flink-29913",
+        "registry keyed by local file names; a 'duplicate' upload is discarded",
+        "FLINK-29913 (registry keyed by name)",
+        _flink_29913,
+    ),
+    Mutant(
+        "flink-35803",
+        "new TMs take restored files of the older job for their own, reusable",
+        "FLINK-35803 (restored files reused)",
+        _flink_35803,
+    ),
+    Mutant(
+        "flink-32086",
+        "directories no completed checkpoint used are never deleted",
+        "FLINK-32086 (unused dirs not cleaned)",
+        _flink_32086,
+    ),
+    Mutant(
+        "abort-discards-reused",
+        "an abort notice discards what the checkpoint used, reused segments too",
+        "delete on abort without checking reuse",
+        _abort_discards_reused,
+    ),
+    Mutant(
+        "watermark-off-by-one",
+        "TMs discard segments up to the subsumed watermark + 1",
+        "off-by-one in the subsume watermark",
+        _watermark_off_by_one,
+    ),
+    Mutant(
+        "sweep-ignores-owner",
+        "the job-end sweep deletes unreferenced files whoever owns them",
+        "deleting a non-owned file",
+        _sweep_ignores_owner,
+    ),
+    Mutant(
+        "reuse-not-reusable",
+        "reuse ignores a file marked not reusable (failed write, amplification)",
+        "reusing a file marked not reusable",
+        _reuse_not_reusable,
+    ),
+    Mutant(
+        "forget-taskowned-dir",
+        "the TM's exclusive-state directory is created but never registered",
+        "forgetting to register a directory",
+        _forget_taskowned_dir,
+    ),
+]
+MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}
+
+
+@contextmanager
+def applied(name: str) -> Iterator[Mutant]:
+    """fastimpl with mutant ``name`` for the duration of the block."""
+    mutant = MUTANTS[name]
+    with pytest.MonkeyPatch.context() as mp:
+        mutant.patch(mp)
+        yield mutant
+
+
+# ---------------------------------------------------------------------------- the runner
+
+
+@attrs.frozen
+class CorpusRun:
+    """A mutant against the conformance corpus, up to the first case it fails."""
+
+    mutant: str
+    case: str | None
+    """The first case that failed (the killer); None: every case passed (it survived)."""
+    step: int
+    """The step of ``case`` at which it differed (1-based); 0 if it survived."""
+    first_line: str
+    """The first line of the case's mismatch report."""
+    fields: tuple[str, ...]
+    """The observation fields that differed at that step (none: the outcome differed)."""
+    cases_run: int
+    seconds: float
+
+    @property
+    def killed(self) -> bool:
+        return self.case is not None
+
+
+@attrs.frozen
+class LockstepRun:
+    """A mutant against the lockstep machine on ``memory://``, in a pytest subprocess."""
+
+    mutant: str
+    status: str
+    """``killed`` (a test failed), ``survived`` (all passed), ``not run``, or ``error``."""
+    first_line: str
+    """The first error line pytest printed, or why the run did not count."""
+    seconds: float
+
+
+def ordered_corpus() -> list[Path]:
+    """Named cases first: each pins one rule or bug in a few steps, so a mutant dies fast
+    and the killer says what it broke; the long random cases come after."""
+    return sorted(corpus_files(), key=lambda p: (case_name(p).startswith("random-"), case_name(p)))
+
+
+@cache
+def cached_case(path: Path) -> Case:
+    """Decoding a case costs more than running it; every mutant reuses the same ones."""
+    return load(path)
+
+
+def run_corpus(name: str, paths: Sequence[Path] | None = None) -> CorpusRun:
+    """Run the corpus (or ``paths``, in order) against fastimpl with mutant ``name``,
+    stopping at the first case it fails."""
+    t0 = time.perf_counter()
+    todo = ordered_corpus() if paths is None else list(paths)
+    impl = Fastimpl()
+    with applied(name):
+        for n, path in enumerate(todo, 1):
+            case = cached_case(path)
+            result = run_case(case, impl)
+            if not result.passed:
+                lines = (result.mismatch or "").splitlines()
+                first = lines[0] if lines else ""
+                took = time.perf_counter() - t0
+                return CorpusRun(
+                    name, case.name, result.steps_run, first, _fields(lines[1:]), n, took
+                )
+    return CorpusRun(name, None, 0, "", (), len(todo), time.perf_counter() - t0)
+
+
+def _fields(diff: Sequence[str]) -> tuple[str, ...]:
+    """The observation fields a diff names (``compare.differences``: a ``field:`` line
+    each), in order, up to the list of commands that follows it."""
+    out: list[str] = []
+    for line in diff:
+        text = line.strip()
+        if text.startswith("after commands") or text.startswith("commands up to"):
+            break
+        if text.endswith(":") and text[:-1] in OBSERVATION_FIELDS and text[:-1] not in out:
+            out.append(text[:-1])
+    return tuple(out)
+
+
+def passes_unmutated(case_file: Path) -> bool:
+    """Whether fastimpl as it is passes a case: a kill counts only if it does."""
+    return run_case(cached_case(case_file), Fastimpl()).passed
+
+
+def case_path(case: str) -> Path:
+    return next(p for p in corpus_files() if case_name(p) == case)
+
+
+LOCKSTEP_TIMEOUT = 1200.0
+APPLIED_MARK = "mutant applied: "
+"""Printed by ``mutant_plugin`` at the end of a session: proof the mutant was in place."""
+
+
+def run_lockstep(name: str, examples: int) -> LockstepRun:
+    """The lockstep tests on ``memory://`` (every merging mode) with mutant ``name``
+    (``NO_MUTANT``: none), in a pytest subprocess that stops at the first failure."""
+    if examples <= 0:
+        return LockstepRun(name, "not run", "--lockstep-examples 0", 0.0)
+    env = dict(os.environ)
+    env.pop("LOCKSTEP_LOG", None)
+    env.update({ENV: name, "LOCKSTEP_EXAMPLES": str(examples), "HYPOTHESIS_PROFILE": "ci"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "model_tests/test_lockstep.py",
+        "-k",
+        "test_lockstep and memory",
+        "-x",
+        "-q",
+        "-p",
+        "model_tests.mutant_plugin",
+        "-p",
+        "no:cacheprovider",
+    ]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=LOCKSTEP_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        took = time.perf_counter() - t0
+        return LockstepRun(name, "error", f"timed out after {LOCKSTEP_TIMEOUT:.0f} s", took)
+    took = time.perf_counter() - t0
+    out = proc.stdout + proc.stderr
+    lines = out.splitlines()
+    if f"{APPLIED_MARK}{name}" not in lines:
+        tail = next((ln for ln in reversed(lines) if ln.strip()), "no output")
+        return LockstepRun(name, "error", f"mutant not confirmed applied: {tail}", took)
+    if proc.returncode == 0:
+        return LockstepRun(name, "survived", "", took)
+    if proc.returncode == 1:
+        return LockstepRun(name, "killed", _first_error(lines), took)
+    tail = next((ln for ln in reversed(lines) if ln.strip()), "no output")
+    return LockstepRun(name, "error", f"pytest exit code {proc.returncode}: {tail}", took)
+
+
+def _first_error(lines: list[str]) -> str:
+    """The failing test, the first assertion line, and the observation fields named in
+    the diff that follows it (the lockstep harness prints one block per field)."""
+    test = next((ln.split()[1] for ln in lines if ln.startswith("FAILED ")), "a test")
+    test = test.rsplit("::", 1)[-1]
+    errors = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
+    if not errors:
+        return f"{test} failed"
+    fields = _fields([errors[0].rsplit(" ", 1)[-1], *errors[1:]])
+    return f"{test}: {errors[0]}" + (f" [fields: {', '.join(fields)}]" if fields else "")
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=sorted(MUTANTS), help="run one mutant")
+    parser.add_argument(
+        "--lockstep-examples",
+        type=int,
+        default=30,
+        help="LOCKSTEP_EXAMPLES per merging mode for the lockstep run (0: skip it)",
+    )
+    args = parser.parse_args(argv)
+    names = [args.only] if args.only else list(MUTANTS)
+    t_start = time.perf_counter()
+    problems: list[str] = []
+
+    baseline = run_lockstep(NO_MUTANT, args.lockstep_examples)
+    print(
+        f"lockstep without a mutant: {baseline.status} ({baseline.seconds:.1f} s)"
+        + (f": {baseline.first_line}" if baseline.first_line else ""),
+        flush=True,
+    )
+    lockstep_counts = baseline.status == "survived"
+    if baseline.status in ("killed", "error"):
+        problems.append(f"the lockstep run fails without a mutant ({baseline.status})")
+
+    rows: list[tuple[Mutant, CorpusRun, bool | None, LockstepRun]] = []
+    for name in names:
+        mutant = MUTANTS[name]
+        corpus = run_corpus(name)
+        valid = None if corpus.case is None else passes_unmutated(case_path(corpus.case))
+        if lockstep_counts:
+            lock = run_lockstep(name, args.lockstep_examples)
+        else:
+            why = "--lockstep-examples 0" if baseline.status == "not run" else "baseline failed"
+            lock = LockstepRun(name, "not run", why, 0.0)
+        rows.append((mutant, corpus, valid, lock))
+        where = f"{corpus.case}@{corpus.step}" if corpus.killed else "SURVIVED"
+        print(
+            f"  {name}: corpus {where} ({corpus.cases_run} cases, {corpus.seconds:.1f} s); "
+            f"lockstep {lock.status} ({lock.seconds:.1f} s)",
+            flush=True,
+        )
+        if not corpus.killed:
+            problems.append(f"{name} survives the conformance corpus")
+        elif not valid:
+            problems.append(f"{name}: {corpus.case} fails without the mutant too: not a kill")
+        if lock.status == "error":
+            problems.append(f"{name}: the lockstep run did not complete ({lock.first_line})")
+
+    print()
+    header = (
+        f"{'mutant':<22} {'mirrors':<40} {'killed by conformance (case@step)':<66} "
+        f"{'lockstep':<9} {'seconds':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for mutant, corpus, valid, lock in rows:
+        if corpus.case is None:
+            where = f"SURVIVED ({corpus.cases_run} cases)"
+        elif not valid:
+            where = f"NOT A KILL: {corpus.case}@{corpus.step} fails unmutated"
+        else:
+            where = f"{corpus.case}@{corpus.step}"
+        lockstep = {"killed": "yes", "survived": "no"}.get(lock.status, lock.status)
+        print(
+            f"{mutant.name:<22} {_clip(mutant.mirrors, 40):<40} {where:<66} {lockstep:<9} "
+            f"{corpus.seconds + lock.seconds:>8.1f}"
+        )
+    print()
+    print("first difference (conformance) / first error line (lockstep):")
+    for mutant, corpus, _valid, lock in rows:
+        print(f"  {mutant.name}")
+        if corpus.first_line:
+            fields = f" [fields: {', '.join(corpus.fields)}]" if corpus.fields else ""
+            print(f"    conformance: {_clip(corpus.first_line, 200)}{fields}")
+        if lock.first_line:
+            print(f"    lockstep ({lock.status}): {_clip(lock.first_line, 220)}")
+
+    killed = [r for r in rows if r[1].killed and r[2]]
+    both = [r for r in killed if r[3].status == "killed"]
+    if lockstep_counts:
+        scope = f"memory://, {args.lockstep_examples} examples per merging mode"
+    else:
+        scope = f"lockstep not counted: {baseline.status}"
+    print()
+    print(
+        f"{len(killed)} of {len(rows)} mutants killed by the conformance corpus; "
+        f"{len(both)} of them also by the lockstep tests ({scope}). "
+        f"Total {time.perf_counter() - t_start:.1f} s."
+    )
+    for p in problems:
+        print(f"FAILED: {p}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
