@@ -88,7 +88,7 @@ EXAMPLES = {"memory": 60, "local": 25, "pyfakefs": 8, "s3": 4}
 """Per merging mode (times SCALE). Seconds per sequence on two shared cores, measured:
 memory ~0.25, local ~0.55 (an fsync per append, R12), pyfakefs ~2-4 (every listing
 resolves each path in Python), S3 on moto ~8-10 (three HTTP calls per observation, one or
-two per storage call). These counts keep the file near six minutes."""
+two per storage call). These counts take about four minutes of one core."""
 OVERRIDE = os.environ.get("LOCKSTEP_EXAMPLES", "").strip()
 """``LOCKSTEP_EXAMPLES=N``: N sequences per merging mode on every selected storage."""
 LOG = os.environ.get("LOCKSTEP_LOG", "").strip()
