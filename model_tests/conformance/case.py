@@ -122,7 +122,9 @@ def delta(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_HINTS = typing.get_type_hints(Observation, globalns=vars(observation_module))
+OBSERVATION_HINTS = typing.get_type_hints(Observation, globalns=vars(observation_module))
+"""Each observation field's declared type, for decoding one field at a time."""
+_HINTS = OBSERVATION_HINTS
 
 
 class _Reader:

@@ -185,6 +185,14 @@ def _fit(name: str, taken: set[str]) -> str:
     return out
 
 
+_SHORT_MODE = {
+    MergingMode.NONE: "none",
+    MergingMode.WITHIN_CHECKPOINT: "within",
+    MergingMode.ACROSS_CHECKPOINT: "across",
+}
+"""The merging mode in case names."""
+
+
 def _case(name: str, rules: tuple[str, ...], desc: str, source: str, tape: _Tape) -> Case:
     steps = expected_steps(tape.config, tape.job, tape.commands[:MAX_STEPS])
     return Case(name, rules, desc, source, tape.config, tape.job, steps)
@@ -325,7 +333,7 @@ def hand_cases() -> list[Case]:
         for name, rules, desc, build, job in HAND:
             h = Harness(Config.for_mode(mode), job)
             build(h)
-            short = {"NONE": "none", "WITHIN_CHECKPOINT": "within"}.get(mode.name, "across")
+            short = _SHORT_MODE[mode]
             tape = _Tape(h.state.config, job)
             tape.commands = list(h.history)
             out.append(_case(f"{name}-{short}", rules, desc, f"corpus_tool.{build.__name__}", tape))
@@ -373,7 +381,7 @@ def record_random(count: int) -> list[Case]:
                 pass
 
             Machine.mode = mode
-            short = {"NONE": "none", "WITHIN_CHECKPOINT": "within"}.get(mode.name, "across")
+            short = _SHORT_MODE[mode]
             rec.test = f"random-{short}"
             run_state_machine_as_test(
                 Machine,

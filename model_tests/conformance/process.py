@@ -23,8 +23,8 @@ import typing
 from collections.abc import Mapping
 from typing import IO, Any
 
+from model_tests.conformance.case import OBSERVATION_HINTS
 from spec import codec
-from spec import observation as observation_module
 from spec.commands import Command
 from spec.config import Config, JobSpec
 from spec.errors import Reason
@@ -92,7 +92,7 @@ def _readline(stdout: IO[str], pipe: _Pipe) -> str:
     return line
 
 
-_HINTS = typing.get_type_hints(Observation, globalns=vars(observation_module))
+_HINTS = OBSERVATION_HINTS
 
 
 class _IncrementalDecoder:

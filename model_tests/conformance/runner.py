@@ -13,7 +13,6 @@ from model_tests.conformance.adapter import Implementation, Model, Session
 from model_tests.conformance.case import Case, Step
 from spec.commands import Command
 from spec.config import Config, JobSpec
-from spec.observation import Observation
 
 
 @frozen
@@ -28,10 +27,6 @@ class CaseResult:
 
 def _outcome(reason: object) -> str:
     return "accepted" if reason is None else f"refused ({getattr(reason, 'value', reason)})"
-
-
-def _diff(expected: Observation, actual: Observation) -> list[str]:
-    return differences(expected, actual)
 
 
 def _context(steps: list[Command]) -> str:
@@ -73,7 +68,7 @@ def _steps(case: Case, session: Session, t0: float) -> CaseResult:
             actual = normalized(session.observe(), open_files_listed=listed)
         except Exception as err:
             return _fail(case, i, done, s, f"observe raised {type(err).__name__}: {err}", t0)
-        diff = _diff(s.observation, actual)
+        diff = differences(s.observation, actual)
         if diff:
             return _fail(case, i, done, s, "observation differs:\n" + "\n".join(diff), t0)
     return CaseResult(case.name, True, len(case.steps), None, time.perf_counter() - t0)
