@@ -1,7 +1,8 @@
 # ckpt-ownership: build, lint and test entry points.
 #
-# Java is not needed yet. PySpark (pipeline/, issue 6) will need Java 17 later:
-#   apt-get install openjdk-17-jre-headless
+# PySpark (pipeline/: the storage audit, run by make demo and make test) needs Java 17:
+#   apt-get install openjdk-17-jre-headless      (Debian/Ubuntu)
+#   brew install openjdk@17                      (macOS)
 
 PY ?= $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev/null || echo python3)
 VENV := .venv
@@ -16,7 +17,7 @@ PKG_INITS := $(wildcard spec/__init__.py refimpl/__init__.py fastimpl/__init__.p
 # Passed through from the environment or the command line: make test HYPOTHESIS_PROFILE=long
 export HYPOTHESIS_PROFILE
 
-.PHONY: all test lint demo verify bench mutants clean check-python
+.PHONY: all test lint demo verify bench mutants clean check-python check-java
 .DEFAULT_GOAL := test
 
 all: test
@@ -27,29 +28,47 @@ check-python:
 	@"$(PY)" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || { \
 	  echo "error: Python 3.11+ is required, but $(PY) is $$("$(PY)" --version 2>&1); set PY=/path/to/python3.11" >&2; exit 1; }
 
+# Spark starts a JVM: say what to install instead of failing deep inside PySpark.
+check-java:
+	@JAVA="$${JAVA_HOME:+$$JAVA_HOME/bin/}java"; \
+	command -v "$$JAVA" >/dev/null 2>&1 || { \
+	  echo "error: Java 17 is required by PySpark (pipeline/) and no java was found." >&2; \
+	  echo "  Debian/Ubuntu: apt-get install openjdk-17-jre-headless" >&2; \
+	  echo "  macOS:         brew install openjdk@17" >&2; \
+	  echo "  or set JAVA_HOME to a Java 17 installation." >&2; exit 1; }; \
+	"$$JAVA" -version 2>&1 | head -1 | grep -Eq '"(1[7-9]|2[0-9])[."]' || { \
+	  echo "error: PySpark 4 needs Java 17 or newer; found: $$("$$JAVA" -version 2>&1 | head -1)" >&2; \
+	  echo "  Debian/Ubuntu: apt-get install openjdk-17-jre-headless" >&2; exit 1; }
+
 $(STAMP): pyproject.toml $(PKG_INITS)
 	@$(MAKE) --no-print-directory check-python
 	test -x $(BIN)/python || "$(PY)" -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install -e '.[test,spark]'
 	touch $@
 
 lint: $(STAMP)
-	$(BIN)/ruff check spec refimpl fastimpl model_tests bench
+	$(BIN)/ruff check spec refimpl fastimpl pipeline model_tests bench
 	$(BIN)/mypy
 
 # pytest-xdist workers: one per core by default (PYTEST_WORKERS=0 runs in one process).
 PYTEST_WORKERS ?= auto
 
-test: $(STAMP)
-	$(BIN)/ruff check spec refimpl fastimpl model_tests bench
+# --dist loadgroup: the Spark tests share one worker (xdist_group "spark"), so one JVM.
+test: $(STAMP) check-java
+	$(BIN)/ruff check spec refimpl fastimpl pipeline model_tests bench
 	$(BIN)/mypy
-	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS)
+	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 # A scripted job on local files in each merging mode, every invariant checked against the
-# real files (fastimpl/demo.py; options: $(BIN)/python -m fastimpl.demo --help).
-demo: $(STAMP)
-	$(BIN)/python -m fastimpl.demo
+# real files (fastimpl/demo.py; options: $(BIN)/python -m fastimpl.demo --help), then the
+# Spark storage audit (local[*]) of every checkpoint directory it wrote, which must find
+# no orphan and no dangling reference (pipeline/demo_audit.py). DEMO_DIR keeps the files.
+DEMO_DIR ?= .demo
+demo: $(STAMP) check-java
+	rm -rf $(DEMO_DIR)
+	$(BIN)/python -m fastimpl.demo --base $(DEMO_DIR)
+	$(BIN)/python -m pipeline.demo_audit $(DEMO_DIR)
 
 # Every static and symbolic check (model_tests/verify.py): mypy --strict, CrossHair on the
 # contracts and diffbehavior fastimpl vs refimpl ("no counterexample found within limits",
@@ -77,5 +96,5 @@ mutants: $(STAMP)
 	$(BIN)/python -m model_tests.mutants $(MUTANTS_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .crosshair build dist *.egg-info
+	rm -rf $(VENV) .demo .mypy_cache .ruff_cache .pytest_cache .hypothesis .crosshair build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

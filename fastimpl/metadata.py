@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from attrs import evolve, frozen
@@ -45,7 +46,7 @@ from spec.handles import (
     StateEntry,
 )
 from spec.ids import SubtaskId
-from spec.layout import SAVEPOINTS, is_under, job_base, savepoint_dir
+from spec.layout import METADATA, SAVEPOINTS, is_under, job_base, savepoint_dir
 
 MAGIC = "ckpt-ownership/metadata"
 VERSION = 1
@@ -163,6 +164,27 @@ def resolve(meta: Metadata, base: str = "", *, source: str = "<metadata>") -> Me
         entries=tuple(evolve(e, handle=fix(e.handle)) for e in meta.entries),
         directories=tuple(prefix + d for d in meta.directories),
     )
+
+
+NAMED = re.compile(rf"(?:^|/)(?:chk|({SAVEPOINTS})/savepoint)-(\d+)/{METADATA}$")
+
+
+def check_named(meta: Metadata, path: str) -> None:
+    """A ``chk-N/_metadata`` must describe checkpoint N, a ``savepoint-N/_metadata``
+    savepoint N: a file copied or renamed to another checkpoint's place is refused."""
+    m = NAMED.search(path)
+    if m is None:
+        return
+    savepoint, number = m.group(1) is not None, int(m.group(2))
+    what = "savepoint" if savepoint else "checkpoint"
+    if meta.checkpoint != number:
+        raise MetadataError(
+            path, "payload.checkpoint", f"names checkpoint {meta.checkpoint}, not {what} {number}"
+        )
+    if meta.savepoint != savepoint:
+        raise MetadataError(
+            path, "payload.savepoint", f"is {str(meta.savepoint).lower()} in a {what}'s file"
+        )
 
 
 # --------------------------------------------------------------------------- encode

@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import threading
 import time
 from collections import deque
 from typing import IO, Any
 
-from fastimpl.metadata import Metadata, MetadataError, decode
+from fastimpl.metadata import Metadata, MetadataError, check_named, decode
 from spec.commands import StorageOp
-from spec.layout import METADATA, SAVEPOINTS, is_under
+from spec.layout import is_under
 
 _ZEROS = memoryview(bytes(4 << 20))
 """Zero bytes for appends given as a length: slices of one buffer, no copies."""
@@ -79,27 +78,6 @@ class DeleteFailure:
     def __repr__(self) -> str:
         kind = "directory" if self.is_dir else "file"
         return f"DeleteFailure({kind} {self.path!r}, {self.attempts} attempts: {self.error!r})"
-
-
-_NAMED = re.compile(rf"(?:^|/)(?:chk|({SAVEPOINTS})/savepoint)-(\d+)/{METADATA}$")
-
-
-def _check_named(meta: Metadata, path: str) -> None:
-    """A ``chk-N/_metadata`` must describe checkpoint N, a ``savepoint-N/_metadata``
-    savepoint N: a file copied or renamed to another checkpoint's place is refused."""
-    m = _NAMED.search(path)
-    if m is None:
-        return
-    savepoint, number = m.group(1) is not None, int(m.group(2))
-    what = "savepoint" if savepoint else "checkpoint"
-    if meta.checkpoint != number:
-        raise MetadataError(
-            path, "payload.checkpoint", f"names checkpoint {meta.checkpoint}, not {what} {number}"
-        )
-    if meta.savepoint != savepoint:
-        raise MetadataError(
-            path, "payload.savepoint", f"is {str(meta.savepoint).lower()} in a {what}'s file"
-        )
 
 
 class Storage:
@@ -290,7 +268,7 @@ class Storage:
         except Exception as err:
             raise MetadataError(path, "file", f"cannot be read: {err!r}") from err
         meta = decode(data, expected_job=expected_job, source=path)
-        _check_named(meta, path)
+        check_named(meta, path)
         return meta
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:

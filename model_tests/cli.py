@@ -3,9 +3,10 @@
     ckpt conformance --impl fastimpl            # the corpus against fastimpl, in process
     ckpt conformance --impl-cmd "my-store --conformance"   # over the JSON-lines protocol
     ckpt conformance --impl fastimpl --live 200 # plus 200 random sequences per mode
+    ckpt audit /data/checkpoints/job-1          # the storage audit (pipeline/cli.py)
 
-Exit code 0 when every case passed (and live mode found nothing), 1 otherwise, 2 on bad
-usage.
+``conformance``: exit code 0 when every case passed (and live mode found nothing), 1
+otherwise, 2 on bad usage. ``audit``: see ``pipeline/cli.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
 
 app = typer.Typer(add_completion=False, help="ckpt-ownership command line.", no_args_is_help=True)
 console = Console(highlight=False)
+
+
+from pipeline.cli import audit  # noqa: E402
+
+app.command()(audit)
 
 
 @app.callback()

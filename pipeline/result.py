@@ -1,0 +1,138 @@
+"""The audit's answer: a summary, and the detail tables by name (the same columns whether
+Spark or the single-process scan computed them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import asdict, frozen
+
+# Every table the audit produces, with its columns in order. The Spark job writes each as
+# Parquet; the single-process scan returns each as a list of dicts with these keys.
+TABLES: dict[str, tuple[str, ...]] = {
+    "files": (
+        "path", "owner", "size", "mtime", "symlink", "status", "refs", "checkpoints",
+        "live_bytes", "dead_bytes",
+    ),
+    "references": (
+        "checkpoint", "job", "checkpoint_id", "savepoint", "subtask", "kind", "name",
+        "handle", "path", "offset", "length", "logical_id", "scope",
+    ),
+    "dangling": (
+        "checkpoint", "subtask", "name", "handle", "path", "offset", "length",
+        "logical_id", "file_size", "reason",
+    ),
+    "orphans": ("path", "owner", "size", "mtime"),
+    "owners": (
+        "owner", "files", "bytes", "live_bytes", "dead_bytes", "orphans", "orphan_bytes",
+        "amplification",
+    ),
+    "checkpoints": (
+        "checkpoint", "job", "checkpoint_id", "savepoint", "in_base", "references", "files",
+        "state_bytes", "physical_bytes", "amplification", "shared_bytes",
+        "reused_shared_bytes", "dangling",
+    ),
+    "corrupt": ("metadata", "field", "problem"),
+}
+
+# A file's status in the ``files`` table.
+REFERENCED = "referenced"
+ORPHAN = "orphan"
+PENDING = "pending"
+"""Unreferenced but younger than the grace period: a live writer may still be writing it."""
+WORKING = "working"
+"""Unreferenced working file of a live database (FLIP-427): the database owns it."""
+METADATA = "metadata"
+CORRUPT = "corrupt_metadata"
+
+MISSING = "missing file"
+BEYOND = "range beyond the file's size"
+NO_PATH = "placeholder without a path"
+
+
+@frozen
+class Summary:
+    base: str
+    engine: str
+    grace_seconds: float
+    now: float
+    files: int
+    bytes: int
+    data_files: int
+    data_bytes: int
+    referenced_files: int
+    live_bytes: int
+    dead_bytes: int
+    """Bytes of referenced files that no reference covers."""
+    orphans: int
+    orphan_bytes: int
+    pending: int
+    pending_bytes: int
+    working: int
+    working_bytes: int
+    metadata_files: int
+    corrupt_metadata: int
+    checkpoints: int
+    """Completed checkpoints of the audited job whose ``_metadata`` reads."""
+    other_metadata: int
+    """Checkpoints of other jobs and savepoints read because they may reference this job."""
+    references: int
+    dangling: int
+    dangling_missing: int
+    dangling_beyond: int
+    space_amplification: float | None
+    """Bytes of referenced files over the live bytes in them (1.0: no dead byte)."""
+    total_amplification: float | None
+    """Every data byte under the base (orphans and pending too) over the live bytes."""
+    shared_bytes: int
+    reused_shared_bytes: int
+    reused_share: float | None
+    """Of the shared state the retained checkpoints reference, the share an earlier
+    retained checkpoint referenced already (incremental reuse)."""
+    restore_source_of: tuple[str, ...]
+    """Checkpoints of other jobs that list this base among their shared bases."""
+
+    @property
+    def at_risk(self) -> bool:
+        """A retained checkpoint cannot be fully restored: a dangling reference or an
+        unreadable ``_metadata``."""
+        return self.dangling > 0 or self.corrupt_metadata > 0
+
+    @property
+    def verdict(self) -> str:
+        problems = []
+        if self.dangling:
+            problems.append(f"{self.dangling} dangling reference(s): DATA LOSS")
+        if self.corrupt_metadata:
+            problems.append(f"{self.corrupt_metadata} unreadable _metadata file(s)")
+        if self.orphans:
+            problems.append(f"{self.orphans} orphan file(s), {self.orphan_bytes} bytes leaked")
+        if not problems:
+            return "clean: no dangling reference, no orphan, every _metadata reads"
+        return "; ".join(problems)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["restore_source_of"] = list(self.restore_source_of)
+        doc["at_risk"] = self.at_risk
+        doc["verdict"] = self.verdict
+        return doc
+
+
+def ratio(num: int, den: int) -> float | None:
+    return None if den <= 0 else num / den
+
+
+Row = dict[str, Any]
+
+
+@frozen
+class Tables:
+    """The detail tables as rows (what the single-process scan returns, and what a Spark
+    result collects to)."""
+
+    summary: Summary
+    tables: dict[str, list[Row]]
+
+    def __getitem__(self, name: str) -> list[Row]:
+        return self.tables[name]

@@ -1,0 +1,398 @@
+"""The storage audit as a Spark job (issue 6).
+
+The driver lists the top levels of the job base (``chk-*``, ``shared/*``,
+``taskowned/*``); executors list the directories under them and read every ``_metadata``
+(``pipeline.scan``), one row per file and one per reference. Everything after that is
+DataFrame work: dangling references by a join of references with files, live bytes per
+file as the union of the referenced ranges (a window over each file's ranges in offset
+order), orphans by status, and the sums per owner directory and per checkpoint. The
+definitions are those of ``pipeline.single``; a test holds the two to the same answers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from attrs import frozen
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BooleanType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from pipeline import scan
+from pipeline.location import Location
+from pipeline.result import (
+    BEYOND,
+    CORRUPT,
+    METADATA,
+    MISSING,
+    NO_PATH,
+    ORPHAN,
+    PENDING,
+    REFERENCED,
+    TABLES,
+    WORKING,
+    Row,
+    Summary,
+    Tables,
+    ratio,
+)
+
+
+def _schema(*fields: tuple[str, Any]) -> StructType:
+    return StructType([StructField(n, t, True) for n, t in fields])
+
+
+FILES = _schema(
+    ("path", StringType()), ("size", LongType()), ("mtime", DoubleType()),
+    ("symlink", BooleanType()), ("owner", StringType()),
+)
+OUTSIDE = _schema(
+    ("path", StringType()), ("size", LongType()), ("mtime", DoubleType()),
+    ("symlink", BooleanType()),
+)
+REFS = _schema(
+    ("checkpoint", StringType()), ("job", StringType()), ("checkpoint_id", LongType()),
+    ("savepoint", BooleanType()), ("subtask", StringType()), ("kind", StringType()),
+    ("name", StringType()), ("handle", StringType()), ("path", StringType()),
+    ("offset", LongType()), ("length", LongType()), ("logical_id", StringType()),
+    ("scope", StringType()),
+)
+STREAMS = ("segment", "file")
+
+Progress = Callable[[str], None]
+
+
+@frozen
+class SparkAudit:
+    summary: Summary
+    frames: dict[str, DataFrame]
+
+    def collect(self) -> Tables:
+        """Every table as rows (for tests and small bases)."""
+        return Tables(
+            self.summary,
+            {n: [r.asDict() for r in df.collect()] for n, df in self.frames.items()},
+        )
+
+    def write_parquet(self, out: str) -> list[str]:
+        written = []
+        for name, df in self.frames.items():
+            path = f"{out.rstrip('/')}/{name}.parquet"
+            df.write.mode("overwrite").parquet(path)
+            written.append(path)
+        return written
+
+
+def _with_owner(rows: list[scan.FileRow]) -> list[tuple[str, int, float, bool, str]]:
+    return [(*r, scan.owner_dir(r[0])) for r in rows]
+
+
+def audit_spark(
+    spark: SparkSession,
+    loc: Location,
+    *,
+    grace: float,
+    now: float | None = None,
+    read_others: bool = True,
+    progress: Progress | None = None,
+) -> SparkAudit:
+    now = time.time() if now is None else now
+    say = progress or (lambda _msg: None)
+    sc = spark.sparkContext
+    job = loc.job_dir
+
+    say("listing the top levels of the job base")
+    units, top_files = scan.top_level(loc)
+    width = max(1, min(len(units), sc.defaultParallelism * 4))
+    say(f"listing {len(units)} directories on the executors")
+    sc.setJobDescription(f"list {len(units)} directories")
+    listed = sc.parallelize(units, width).flatMap(lambda u: _with_owner(scan.list_dir(loc, u)))
+    files = spark.createDataFrame(
+        sc.parallelize(_with_owner(top_files), 1).union(listed), FILES
+    ).cache()
+    n_files = files.count()
+
+    meta_pattern = f"^{_re(job)}/chk-[0-9]+/_metadata$"
+    metas = [r.path for r in files.where(F.col("path").rlike(meta_pattern)).collect()]
+    others = scan.other_metadata(loc) if read_others else []
+    say(f"{n_files} files; reading {len(metas)} _metadata files (+{len(others)} beside)")
+    sc.setJobDescription(f"read {len(metas) + len(others)} _metadata files")
+    read = (
+        sc.parallelize([*metas, *others], max(1, min(len(metas) + len(others), width)))
+        .map(lambda p: scan.read_metadata(loc, p))
+        .cache()
+    )
+    heads = read.map(lambda x: (x[0], x[2])).collect()
+    ckpt_rows: list[scan.CheckpointRow] = [h[0] for h in heads if h[0] is not None]
+    corrupt: list[scan.ErrorRow] = [h[1] for h in heads if h[1] is not None]
+    refs_all = spark.createDataFrame(read.flatMap(lambda x: x[1]), REFS)
+
+    own_keys = sorted(r[0] for r in ckpt_rows if r[5] == job)
+    in_job = F.col("path").startswith(job + "/")
+    refs = refs_all.where(F.col("checkpoint").isin(own_keys) | in_job).cache()
+    n_refs = refs.count()
+    say(f"{n_refs} references; joining")
+    sc.setJobDescription("audit: join references with files")
+
+    streams = refs.where(F.col("handle").isin(*STREAMS) & F.col("path").isNotNull())
+    outside = spark.createDataFrame(read.flatMap(lambda x: x[3]), OUTSIDE)
+    sizes = files.select("path", "size").unionByName(
+        outside.select("path", "size").distinct()
+    )
+
+    end = F.col("offset") + F.col("length")
+    joined = streams.join(sizes, "path", "left")
+    dangling = joined.where(F.col("size").isNull() | (end > F.col("size"))).select(
+        "checkpoint", "subtask", "name", "handle", "path", "offset", "length", "logical_id",
+        F.col("size").alias("file_size"),
+        F.when(F.col("size").isNull(), F.lit(MISSING)).otherwise(F.lit(BEYOND)).alias("reason"),
+    )
+    placeholders = refs.where(F.col("handle") == "placeholder").select(
+        "checkpoint", "subtask", "name", "handle", "path", "offset", "length", "logical_id",
+        F.lit(None).cast("long").alias("file_size"), F.lit(NO_PATH).alias("reason"),
+    )
+    dangling = dangling.unionByName(placeholders).cache()
+
+    # Live bytes: the union of a file's referenced ranges, clipped to its size.
+    ranges = (
+        streams.select("path", F.col("offset").alias("s"), end.alias("e"))
+        .distinct()
+        .join(files.select("path", "size"), "path")
+        .withColumn("e", F.least("e", "size"))
+    )
+    per_file = Window.partitionBy("path").orderBy("s", "e").rowsBetween(
+        Window.unboundedPreceding, -1
+    )
+    reach = F.coalesce(F.max("e").over(per_file), F.lit(0))
+    live = (
+        ranges.withColumn("c", F.greatest(F.lit(0), F.col("e") - F.greatest("s", reach)))
+        .groupBy("path")
+        .agg(F.sum("c").alias("live_bytes"))
+    )
+    counts = streams.groupBy("path").agg(
+        F.count(F.lit(1)).alias("refs"), F.countDistinct("checkpoint").alias("checkpoints")
+    )
+    meta_paths = [r[4] for r in ckpt_rows]
+    corrupt_paths = [e[0] for e in corrupt]
+    status = (
+        F.when(F.col("path").isin(meta_paths), F.lit(METADATA))
+        .when(F.col("path").isin(corrupt_paths), F.lit(CORRUPT))
+        .when(F.col("refs").isNotNull(), F.lit(REFERENCED))
+        .when(F.col("path").startswith(f"{job}/{scan.WORKING}"), F.lit(WORKING))
+        .when(F.col("mtime") > F.lit(now - grace), F.lit(PENDING))
+        .otherwise(F.lit(ORPHAN))
+    )
+    file_table = (
+        files.join(counts, "path", "left")
+        .join(live, "path", "left")
+        .withColumn("status", status)
+        .withColumn("refs", F.coalesce("refs", F.lit(0)))
+        .withColumn("checkpoints", F.coalesce("checkpoints", F.lit(0)))
+        .withColumn("live_bytes", F.coalesce("live_bytes", F.lit(0)).cast("long"))
+        .withColumn(
+            "dead_bytes",
+            F.when(F.col("status").isin(METADATA, CORRUPT), F.lit(0)).otherwise(
+                F.col("size") - F.col("live_bytes")
+            ),
+        )
+        .select(*TABLES["files"])
+        .cache()
+    )
+    data = file_table.where(~F.col("status").isin(METADATA, CORRUPT))
+    is_orphan = F.col("status") == ORPHAN
+    owners = (
+        data.groupBy("owner")
+        .agg(
+            F.count(F.lit(1)).alias("files"),
+            F.sum("size").alias("bytes"),
+            F.sum("live_bytes").alias("live_bytes"),
+            F.sum("dead_bytes").alias("dead_bytes"),
+            F.sum(is_orphan.cast("long")).alias("orphans"),
+            F.sum(F.when(is_orphan, F.col("size")).otherwise(0)).alias("orphan_bytes"),
+        )
+        .withColumn(
+            "amplification",
+            F.when(F.col("live_bytes") > 0, F.col("bytes") / F.col("live_bytes")),
+        )
+        .select(*TABLES["owners"])
+    )
+    orphans = file_table.where(is_orphan).select(*TABLES["orphans"])
+    checkpoints = _checkpoints(spark, ckpt_rows, streams, sizes, dangling, job)
+    frames: dict[str, DataFrame] = {
+        "files": file_table,
+        "references": refs.select(*TABLES["references"]),
+        "dangling": dangling.select(*TABLES["dangling"]),
+        "orphans": orphans,
+        "owners": owners,
+        "checkpoints": checkpoints,
+        "corrupt": spark.createDataFrame(
+            corrupt, "metadata string, field string, problem string"
+        ),
+    }
+    say("summing up")
+    sc.setJobDescription("audit: summary")
+    summary = _summary(loc, grace, now, file_table, dangling, checkpoints, ckpt_rows,
+                       len(corrupt), n_refs)
+    return SparkAudit(summary, frames)
+
+
+def _re(text: str) -> str:
+    return "".join("\\" + ch if not ch.isalnum() and ch not in "_-" else ch for ch in text)
+
+
+def _checkpoints(
+    spark: SparkSession,
+    ckpt_rows: list[scan.CheckpointRow],
+    streams: DataFrame,
+    sizes: DataFrame,
+    dangling: DataFrame,
+    job: str,
+) -> DataFrame:
+    per_ckpt = streams.groupBy("checkpoint").agg(
+        F.count(F.lit(1)).alias("references"), F.countDistinct("path").alias("files")
+    )
+    end = F.col("offset") + F.col("length")
+    rng = streams.select("checkpoint", "path", F.col("offset").alias("s"), end.alias("e"))
+    w = Window.partitionBy("checkpoint", "path").orderBy("s", "e").rowsBetween(
+        Window.unboundedPreceding, -1
+    )
+    reach = F.coalesce(F.max("e").over(w), F.lit(0))
+    state = (
+        rng.distinct()
+        .withColumn("c", F.greatest(F.lit(0), F.col("e") - F.greatest("s", reach)))
+        .groupBy("checkpoint")
+        .agg(F.sum("c").cast("long").alias("state_bytes"))
+    )
+    physical = (
+        streams.select("checkpoint", "path")
+        .distinct()
+        .join(sizes, "path")
+        .groupBy("checkpoint")
+        .agg(F.sum("size").alias("physical_bytes"))
+    )
+    shared = (
+        streams.where((F.col("scope") == "shared") & ~F.col("savepoint"))
+        .select("checkpoint", "job", "checkpoint_id", "path", "offset", "length")
+        .distinct()
+    )
+    first = F.min("checkpoint_id").over(Window.partitionBy("job", "path", "offset", "length"))
+    reuse = (
+        shared.withColumn("first", first)
+        .groupBy("checkpoint")
+        .agg(
+            F.sum("length").alias("shared_bytes"),
+            F.sum(F.when(F.col("checkpoint_id") > F.col("first"), F.col("length")).otherwise(0))
+            .alias("reused_shared_bytes"),
+        )
+    )
+    lost = dangling.groupBy("checkpoint").agg(F.count(F.lit(1)).alias("dangling"))
+    base = spark.createDataFrame(
+        [(r[0], r[1], r[2], r[3], r[5] == job) for r in ckpt_rows],
+        "checkpoint string, job string, checkpoint_id long, savepoint boolean, in_base boolean",
+    )
+    zero = F.lit(0).cast("long")
+    return (
+        base.join(per_ckpt, "checkpoint", "left")
+        .join(state, "checkpoint", "left")
+        .join(physical, "checkpoint", "left")
+        .join(reuse, "checkpoint", "left")
+        .join(lost, "checkpoint", "left")
+        .select(
+            "checkpoint", "job", "checkpoint_id", "savepoint", "in_base",
+            F.coalesce("references", zero).alias("references"),
+            F.coalesce("files", zero).alias("files"),
+            F.coalesce("state_bytes", zero).alias("state_bytes"),
+            F.coalesce("physical_bytes", zero).alias("physical_bytes"),
+            F.when(F.col("state_bytes") > 0, F.col("physical_bytes") / F.col("state_bytes"))
+            .alias("amplification"),
+            F.coalesce("shared_bytes", zero).alias("shared_bytes"),
+            F.coalesce("reused_shared_bytes", zero).alias("reused_shared_bytes"),
+            F.coalesce("dangling", zero).alias("dangling"),
+        )
+        .orderBy("checkpoint")
+    )
+
+
+def _summary(
+    loc: Location,
+    grace: float,
+    now: float,
+    files: DataFrame,
+    dangling: DataFrame,
+    checkpoints: DataFrame,
+    ckpt_rows: list[scan.CheckpointRow],
+    n_corrupt: int,
+    n_refs: int,
+) -> Summary:
+    by_status: dict[str, Row] = {
+        r["status"]: r.asDict()
+        for r in files.groupBy("status")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum("size").alias("bytes"),
+            F.sum("live_bytes").alias("live"),
+        )
+        .collect()
+    }
+
+    def get(status: str, col: str = "n") -> int:
+        return int(by_status.get(status, {}).get(col) or 0)
+
+    reasons = {r["reason"]: r["n"] for r in dangling.groupBy("reason").agg(
+        F.count(F.lit(1)).alias("n")).collect()}
+    own = checkpoints.where("in_base").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.sum("shared_bytes").alias("shared"),
+        F.sum("reused_shared_bytes").alias("reused"),
+    ).collect()[0]
+    n_ckpts = len(ckpt_rows)
+    data_statuses = (REFERENCED, ORPHAN, PENDING, WORKING)
+    data_files = sum(get(s) for s in data_statuses)
+    data_bytes = sum(get(s, "bytes") for s in data_statuses)
+    live = get(REFERENCED, "live")
+    ref_bytes = get(REFERENCED, "bytes")
+    shared = int(own["shared"] or 0)
+    reused = int(own["reused"] or 0)
+    job = loc.job_dir
+    return Summary(
+        base=loc.uri(),
+        engine="spark",
+        grace_seconds=grace,
+        now=now,
+        files=sum(int(r["n"]) for r in by_status.values()),
+        bytes=sum(int(r["bytes"] or 0) for r in by_status.values()),
+        data_files=data_files,
+        data_bytes=data_bytes,
+        referenced_files=get(REFERENCED),
+        live_bytes=live,
+        dead_bytes=ref_bytes - live,
+        orphans=get(ORPHAN),
+        orphan_bytes=get(ORPHAN, "bytes"),
+        pending=get(PENDING),
+        pending_bytes=get(PENDING, "bytes"),
+        working=get(WORKING),
+        working_bytes=get(WORKING, "bytes"),
+        metadata_files=get(METADATA),
+        corrupt_metadata=n_corrupt,
+        checkpoints=int(own["n"]),
+        other_metadata=n_ckpts - int(own["n"]),
+        references=n_refs,
+        dangling=sum(int(v) for v in reasons.values()),
+        dangling_missing=int(reasons.get(MISSING, 0)),
+        dangling_beyond=int(reasons.get(BEYOND, 0)),
+        space_amplification=ratio(ref_bytes, live),
+        total_amplification=ratio(data_bytes, live),
+        shared_bytes=shared,
+        reused_shared_bytes=reused,
+        reused_share=ratio(reused, shared),
+        restore_source_of=tuple(sorted(r[0] for r in ckpt_rows if r[5] != job and job in r[7])),
+    )
