@@ -1,7 +1,7 @@
 """``python -m bench``: run the benchmarks, print a table, write ``bench/results.json``.
 
 Options: ``--quick`` (smaller, for a smoke run; writes no file unless ``--out`` is
-given), ``--only NAME[,NAME]`` (``write``, ``small``, ``subsume``, ``memory``),
+given), ``--only NAME[,NAME]`` (``write``, ``small``, ``subsume``, ``memory``, ``audit``),
 ``--repeats N`` (runs per timed measurement, default 7), ``--out PATH``, ``--tmp DIR``
 (where the local-disk benchmark writes; default: the system temp dir).
 """
@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.audit import audit_throughput
 from bench.common import REPO, Figure, machine_info, table
 from bench.tables import memory_per_segment, subsume_cost
 from bench.throughput import small_segments, write_throughput
 
-NAMES = ("write", "small", "subsume", "memory")
+NAMES = ("write", "small", "subsume", "memory", "audit")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         "small": lambda: small_segments(args.repeats, args.quick, log),
         "subsume": lambda: subsume_cost(args.repeats, args.quick, log),
         "memory": lambda: memory_per_segment(args.repeats, args.quick, log),
+        "audit": lambda: audit_throughput(min(args.repeats, 5), args.quick, args.tmp, log),
     }
     info = machine_info()
     log(
@@ -78,7 +80,16 @@ def main(argv: list[str] | None = None) -> int:
         + (f"; missed: {'; '.join(missed)}" if missed else "")
     )
     if out is not None:
-        doc = {"machine": info, **{f.key: f.as_json() for f in figures}}
+        # A run of some figures keeps the others' last results; each figure carries the
+        # machine it was measured on when that differs from the file's "machine".
+        doc: dict[str, object] = {}
+        if out.exists() and set(chosen) != set(NAMES):
+            doc = json.loads(out.read_text())
+            for f in figures:
+                f.details["machine"] = info
+        else:
+            doc["machine"] = info
+        doc.update({f.key: f.as_json() for f in figures})
         out.write_text(json.dumps(doc, indent=2) + "\n")
         log(f"written: {out}")
     return 0

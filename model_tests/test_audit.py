@@ -227,3 +227,22 @@ def test_demo_audit_is_clean_on_the_demo_and_fails_on_a_leak(spark: Any, tmp_pat
     assert demo_audit.main([str(written), "--master", "local[2]"]) == 0
     (written / "across" / "job-1" / "shared" / "leaked.sst").write_bytes(b"x" * 10)
     assert demo_audit.main([str(written), "--master", "local[2]"]) == 1
+
+
+def test_the_benchmark_tree_is_audited_exactly(tmp_path: Path) -> None:
+    """``pipeline.treegen`` (the audit benchmark's trees) plants what both engines must
+    find; the benchmark refuses a run whose answer differs."""
+    import attrs
+
+    from bench.audit import _check
+    from pipeline.location import Location
+    from pipeline.treegen import generate
+
+    planted = generate(tmp_path, 2000)
+    t = audit_single(Location.parse(str(tmp_path / "job-1")), grace=HOUR)
+    _check(t.summary, planted, "single")
+    assert t.summary.space_amplification == pytest.approx(2.0)
+    share = t.summary.reused_share
+    assert share is not None and 0 < share < 1  # the newest checkpoint reuses older files
+    with pytest.raises(AssertionError, match="the tree holds"):
+        _check(t.summary, attrs.evolve(planted, orphans=1), "x")

@@ -316,9 +316,17 @@ def test_orphans_are_deleted_on_s3_in_bulk(
     t = audit_single(b.loc, grace=HOUR, now=later)
     keep = {f["path"] for f in t["files"] if f["status"] == REFERENCED}
     assert strays <= {o["path"] for o in t["orphans"]}
+    # A checkpoint that completes after the audit and references a stray saves it: the
+    # guard lists S3 again (no stale listing cache) and reads the new _metadata.
+    saved = f"{j}/chk-9999/incomplete"
+    entry = StateEntry(SubtaskId("v", 0, 1), StateKind.KEYED_SHARED, "s",
+                       SegmentHandle(saved, 0, 10, "u", Scope.SHARED), 1, (0, 127))
+    fs.pipe_file(b.loc.full(f"{j}/chk-9000/_metadata"),
+                 encode(9000, j, False, (entry,), ()))
     plan = plan_deletion(b.loc, t.summary, t["orphans"], grace=HOUR, now=later)
+    assert dict(plan.kept) == {saved: "referenced by a _metadata read just now"}
     outcome = deletion.execute(b.loc, plan, str(tmp_path / "log"))
     assert not outcome.failed
     after = audit_single(b.loc, grace=HOUR, now=later)
     assert after.summary.orphans == 0 and after.summary.dangling == 0
-    assert {f["path"] for f in after["files"] if f["status"] == REFERENCED} == keep
+    assert {f["path"] for f in after["files"] if f["status"] == REFERENCED} == keep | {saved}

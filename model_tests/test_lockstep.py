@@ -209,7 +209,10 @@ def s3_endpoint() -> Iterator[str]:
         try:
             host, port = server.get_host_and_port()
             endpoint = f"http://{host}:{port}"
-            s3(endpoint).mkdir(S3_BUCKET)
+            try:
+                s3(endpoint).mkdir(S3_BUCKET)
+            except FileExistsError:
+                pass  # moto keeps one in-process backend: another module's server made it
             yield endpoint
         finally:
             server.stop()

@@ -70,8 +70,14 @@ class Location:
         return self.protocol in LOCAL
 
     def fs(self) -> Any:
-        """The file system (fsspec caches instances, so executors build it once)."""
-        return fsspec.filesystem(self.protocol, **self.options)
+        """The file system (fsspec caches instances, so executors build it once).
+
+        On S3 directory listings are never cached: the deletion guards list again just
+        before deleting and must see a checkpoint that completed since the audit."""
+        options = dict(self.options)
+        if not self.local:
+            options.setdefault("use_listings_cache", False)
+        return fsspec.filesystem(self.protocol, **options)
 
     def full(self, rel: str) -> str:
         """The file-system path of a container-relative path."""

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from fastimpl.metadata import Metadata, MetadataError, check_named, decode, resolve
+from fastimpl.metadata import Metadata, MetadataError, check_named, decode
 from pipeline.location import Location
 from spec.handles import DirectoryHandle, FileHandle, PlaceholderHandle, SegmentHandle
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
@@ -238,10 +238,11 @@ def _read(
     except Exception as err:
         return None, [], (path, "file", f"cannot be read: {type(err).__name__}: {err}")
     try:
+        # decode validates every path (relative, normalised, under an allowed base);
+        # they are relative to the container already, as the audit keeps them.
         meta = decode(data, source=path)
         check_named(meta, path)
         _check_job(meta, path)
-        meta = resolve(meta, source=path)
     except MetadataError as err:
         return None, [], (path, err.field, err.problem)
     return _rows(meta, path)

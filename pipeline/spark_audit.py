@@ -13,21 +13,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from attrs import frozen
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    BooleanType,
-    DoubleType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
 
-from pipeline import scan
+from pipeline import arrow_rows, scan
 from pipeline.location import Location
 from pipeline.result import (
     BEYOND,
@@ -46,26 +37,6 @@ from pipeline.result import (
     ratio,
 )
 
-
-def _schema(*fields: tuple[str, Any]) -> StructType:
-    return StructType([StructField(n, t, True) for n, t in fields])
-
-
-FILES = _schema(
-    ("path", StringType()), ("size", LongType()), ("mtime", DoubleType()),
-    ("symlink", BooleanType()), ("owner", StringType()),
-)
-OUTSIDE = _schema(
-    ("path", StringType()), ("size", LongType()), ("mtime", DoubleType()),
-    ("symlink", BooleanType()),
-)
-REFS = _schema(
-    ("checkpoint", StringType()), ("job", StringType()), ("checkpoint_id", LongType()),
-    ("savepoint", BooleanType()), ("subtask", StringType()), ("kind", StringType()),
-    ("name", StringType()), ("handle", StringType()), ("path", StringType()),
-    ("offset", LongType()), ("length", LongType()), ("logical_id", StringType()),
-    ("scope", StringType()),
-)
 STREAMS = ("segment", "file")
 
 Progress = Callable[[str], None]
@@ -96,6 +67,14 @@ def _with_owner(rows: list[scan.FileRow]) -> list[tuple[str, int, float, bool, s
     return [(*r, scan.owner_dir(r[0])) for r in rows]
 
 
+def _paths_frame(spark: SparkSession, items: list[str], width: int) -> DataFrame:
+    """One string column spread over ``width`` partitions (at most one per item), so
+    the executors share the directories or files to read."""
+    sc = spark.sparkContext
+    rdd = sc.parallelize([(x,) for x in items], max(1, min(len(items), width)))
+    return spark.createDataFrame(rdd, "item string")
+
+
 def audit_spark(
     spark: SparkSession,
     loc: Location,
@@ -115,10 +94,14 @@ def audit_spark(
     width = max(1, min(len(units), sc.defaultParallelism * 4))
     say(f"listing {len(units)} directories on the executors")
     sc.setJobDescription(f"list {len(units)} directories")
-    listed = sc.parallelize(units, width).flatMap(lambda u: _with_owner(scan.list_dir(loc, u)))
-    files = spark.createDataFrame(
-        sc.parallelize(_with_owner(top_files), 1).union(listed), FILES
-    ).cache()
+    files = _paths_frame(spark, units, width).mapInArrow(
+        arrow_rows.list_dirs(loc), arrow_rows.FILES_DDL
+    )
+    if top_files:
+        files = files.unionByName(
+            spark.createDataFrame(_with_owner(top_files), arrow_rows.FILES_DDL)
+        )
+    files = files.cache()
     n_files = files.count()
 
     meta_pattern = f"^{_re(job)}/chk-[0-9]+/_metadata$"
@@ -126,15 +109,19 @@ def audit_spark(
     others = scan.other_metadata(loc) if read_others else []
     say(f"{n_files} files; reading {len(metas)} _metadata files (+{len(others)} beside)")
     sc.setJobDescription(f"read {len(metas) + len(others)} _metadata files")
-    read = (
-        sc.parallelize([*metas, *others], max(1, min(len(metas) + len(others), width)))
-        .map(lambda p: scan.read_metadata(loc, p))
-        .cache()
-    )
-    heads = read.map(lambda x: (x[0], x[2])).collect()
-    ckpt_rows: list[scan.CheckpointRow] = [h[0] for h in heads if h[0] is not None]
-    corrupt: list[scan.ErrorRow] = [h[1] for h in heads if h[1] is not None]
-    refs_all = spark.createDataFrame(read.flatMap(lambda x: x[1]), REFS)
+    read = _paths_frame(spark, [*metas, *others], width).mapInArrow(
+        arrow_rows.read_metadata(loc), arrow_rows.READ_DDL
+    ).cache()
+    heads = read.where(F.col("row").isin("head", "error")).collect()
+    ckpt_rows: list[scan.CheckpointRow] = [
+        (h.checkpoint, h.job, h.checkpoint_id, h.savepoint, h.metadata, h.base, h.entries,
+         list(h.shared_bases))
+        for h in heads if h.row == "head"
+    ]
+    corrupt: list[scan.ErrorRow] = [
+        (h.metadata, h.field, h.problem) for h in heads if h.row == "error"
+    ]
+    refs_all = read.where(F.col("row") == "ref").select(*TABLES["references"])
 
     own_keys = sorted(r[0] for r in ckpt_rows if r[5] == job)
     in_job = F.col("path").startswith(job + "/")
@@ -144,10 +131,8 @@ def audit_spark(
     sc.setJobDescription("audit: join references with files")
 
     streams = refs.where(F.col("handle").isin(*STREAMS) & F.col("path").isNotNull())
-    outside = spark.createDataFrame(read.flatMap(lambda x: x[3]), OUTSIDE)
-    sizes = files.select("path", "size").unionByName(
-        outside.select("path", "size").distinct()
-    )
+    outside = read.where(F.col("row") == "outside").select("path", "size").distinct()
+    sizes = files.select("path", "size").unionByName(outside)
 
     end = F.col("offset") + F.col("length")
     joined = streams.join(sizes, "path", "left")
