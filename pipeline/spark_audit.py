@@ -4,8 +4,9 @@ The driver lists the top levels of the job base (``chk-*``, ``shared/*``,
 ``taskowned/*``); executors list the directories under them and read every ``_metadata``
 (``pipeline.scan``), one row per file and one per reference. Everything after that is
 DataFrame work: dangling references by a join of references with files, live bytes per
-file as the union of the referenced ranges (a window over each file's ranges in offset
-order), orphans by status, and the sums per owner directory and per checkpoint. The
+file as the union of the referenced ranges (a fold over each file's ranges in offset
+order, after one shuffle of the references by checkpoint and file that the checkpoints
+table shares), orphans by status, and the sums per owner directory and per checkpoint. The
 definitions are those of ``pipeline.single``; a test holds the two to the same answers.
 """
 
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from attrs import frozen
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipeline import arrow_rows, scan
@@ -125,7 +126,9 @@ def audit_spark(
 
     own_keys = sorted(r[0] for r in ckpt_rows if r[5] == job)
     in_job = F.col("path").startswith(job + "/")
-    refs = refs_all.where(F.col("checkpoint").isin(own_keys) | in_job).cache()
+    # Not cached: a filter over the cached ``read`` costs about what a second cache does
+    # (measured at 1e5 references), and holds no second copy.
+    refs = refs_all.where(F.col("checkpoint").isin(own_keys) | in_job)
     n_refs = refs.count()
     say(f"{n_refs} references; joining")
     sc.setJobDescription("audit: join references with files")
@@ -147,24 +150,18 @@ def audit_spark(
     )
     dangling = dangling.unionByName(placeholders).cache()
 
-    # Live bytes: the union of a file's referenced ranges, clipped to its size.
-    ranges = (
-        streams.select("path", F.col("offset").alias("s"), end.alias("e"))
-        .distinct()
-        .join(files.select("path", "size"), "path")
-        .withColumn("e", F.least("e", "size"))
+    # One row per (checkpoint, file) with its ranges: the checkpoints table and the files
+    # table both start from it, so the references are shuffled once for the two.
+    per_ckpt_file = (
+        streams.groupBy("checkpoint", "path")
+        .agg(F.count(F.lit(1)).alias("n"),
+             F.collect_list(F.struct(F.col("offset").alias("s"), end.alias("e"))).alias("rs"))
+        .cache()
     )
-    per_file = Window.partitionBy("path").orderBy("s", "e").rowsBetween(
-        Window.unboundedPreceding, -1
-    )
-    reach = F.coalesce(F.max("e").over(per_file), F.lit(0))
-    live = (
-        ranges.withColumn("c", F.greatest(F.lit(0), F.col("e") - F.greatest("s", reach)))
-        .groupBy("path")
-        .agg(F.sum("c").alias("live_bytes"))
-    )
-    counts = streams.groupBy("path").agg(
-        F.count(F.lit(1)).alias("refs"), F.countDistinct("checkpoint").alias("checkpoints")
+    per_file = per_ckpt_file.groupBy("path").agg(
+        F.sum("n").alias("refs"),
+        F.count(F.lit(1)).alias("checkpoints"),
+        F.flatten(F.collect_list("rs")).alias("rs"),
     )
     meta_paths = [r[4] for r in ckpt_rows]
     corrupt_paths = [e[0] for e in corrupt]
@@ -177,8 +174,8 @@ def audit_spark(
         .otherwise(F.lit(ORPHAN))
     )
     file_table = (
-        files.join(counts, "path", "left")
-        .join(live, "path", "left")
+        files.join(per_file, "path", "left")
+        .withColumn("live_bytes", _covered("rs", "size"))
         .withColumn("status", status)
         .withColumn("refs", F.coalesce("refs", F.lit(0)))
         .withColumn("checkpoints", F.coalesce("checkpoints", F.lit(0)))
@@ -211,7 +208,9 @@ def audit_spark(
         .select(*TABLES["owners"])
     )
     orphans = file_table.where(is_orphan).select(*TABLES["orphans"])
-    checkpoints = _checkpoints(spark, ckpt_rows, streams, sizes, dangling, job)
+    checkpoints = _checkpoints(
+        spark, ckpt_rows, per_ckpt_file, streams, sizes, dangling, job
+    ).cache()
     frames: dict[str, DataFrame] = {
         "files": file_table,
         "references": refs.select(*TABLES["references"]),
@@ -234,49 +233,56 @@ def _re(text: str) -> str:
     return "".join("\\" + ch if not ch.isalnum() and ch not in "_-" else ch for ch in text)
 
 
+def _covered(ranges: str, limit: str | None = None) -> Column:
+    """Bytes covered by the union of an array of ``(s, e)`` ranges, each clipped to the
+    column ``limit`` when given: a fold over the ranges in offset order, carrying the
+    furthest end reached so far (``pipeline.single.covered``, as a Spark expression)."""
+    e = f"least(x.e, {limit})" if limit else "x.e"
+    return F.expr(
+        f"aggregate(array_sort(coalesce({ranges}, array())), "
+        "named_struct('reach', 0L, 'total', 0L), "
+        f"(acc, x) -> named_struct('reach', greatest(acc.reach, {e}), "
+        f"'total', acc.total + greatest(0L, {e} - greatest(x.s, acc.reach))), "
+        "acc -> acc.total)"
+    )
+
+
 def _checkpoints(
     spark: SparkSession,
     ckpt_rows: list[scan.CheckpointRow],
+    per_ckpt_file: DataFrame,
     streams: DataFrame,
     sizes: DataFrame,
     dangling: DataFrame,
     job: str,
 ) -> DataFrame:
-    per_ckpt = streams.groupBy("checkpoint").agg(
-        F.count(F.lit(1)).alias("references"), F.countDistinct("path").alias("files")
-    )
-    end = F.col("offset") + F.col("length")
-    rng = streams.select("checkpoint", "path", F.col("offset").alias("s"), end.alias("e"))
-    w = Window.partitionBy("checkpoint", "path").orderBy("s", "e").rowsBetween(
-        Window.unboundedPreceding, -1
-    )
-    reach = F.coalesce(F.max("e").over(w), F.lit(0))
-    state = (
-        rng.distinct()
-        .withColumn("c", F.greatest(F.lit(0), F.col("e") - F.greatest("s", reach)))
-        .groupBy("checkpoint")
-        .agg(F.sum("c").cast("long").alias("state_bytes"))
-    )
-    physical = (
-        streams.select("checkpoint", "path")
-        .distinct()
-        .join(sizes, "path")
-        .groupBy("checkpoint")
-        .agg(F.sum("size").alias("physical_bytes"))
-    )
-    shared = (
-        streams.where((F.col("scope") == "shared") & ~F.col("savepoint"))
-        .select("checkpoint", "job", "checkpoint_id", "path", "offset", "length")
-        .distinct()
-    )
-    first = F.min("checkpoint_id").over(Window.partitionBy("job", "path", "offset", "length"))
-    reuse = (
-        shared.withColumn("first", first)
+    per_ckpt = (
+        per_ckpt_file.join(sizes, "path", "left")
         .groupBy("checkpoint")
         .agg(
+            F.sum("n").alias("references"),
+            F.count(F.lit(1)).alias("files"),
+            F.sum(_covered("rs")).cast("long").alias("state_bytes"),
+            F.sum(F.coalesce("size", F.lit(0))).cast("long").alias("physical_bytes"),
+        )
+    )
+    # A shared segment is reused by every checkpoint of its job after the first (savepoints
+    # never count): one row per segment with the checkpoints using it, then back to them.
+    segments = (
+        streams.where((F.col("scope") == "shared") & ~F.col("savepoint"))
+        .groupBy("job", "path", "offset", "length")
+        .agg(
+            F.min("checkpoint_id").alias("first"),
+            F.collect_set(F.struct("checkpoint", "checkpoint_id")).alias("users"),
+        )
+    )
+    reuse = (
+        segments.select("length", "first", F.explode("users").alias("u"))
+        .groupBy(F.col("u.checkpoint").alias("checkpoint"))
+        .agg(
             F.sum("length").alias("shared_bytes"),
-            F.sum(F.when(F.col("checkpoint_id") > F.col("first"), F.col("length")).otherwise(0))
-            .alias("reused_shared_bytes"),
+            F.sum(F.when(F.col("u.checkpoint_id") > F.col("first"), F.col("length"))
+                  .otherwise(0)).alias("reused_shared_bytes"),
         )
     )
     lost = dangling.groupBy("checkpoint").agg(F.count(F.lit(1)).alias("dangling"))
@@ -287,8 +293,6 @@ def _checkpoints(
     zero = F.lit(0).cast("long")
     return (
         base.join(per_ckpt, "checkpoint", "left")
-        .join(state, "checkpoint", "left")
-        .join(physical, "checkpoint", "left")
         .join(reuse, "checkpoint", "left")
         .join(lost, "checkpoint", "left")
         .select(
