@@ -246,3 +246,33 @@ def test_the_benchmark_tree_is_audited_exactly(tmp_path: Path) -> None:
     assert share is not None and 0 < share < 1  # the newest checkpoint reuses older files
     with pytest.raises(AssertionError, match="the tree holds"):
         _check(t.summary, attrs.evolve(planted, orphans=1), "x")
+
+
+def test_the_audit_runs_under_spark_submit(tmp_path: Path) -> None:
+    """``spark-submit pipeline/submit.py BASE ...``: spark-submit's master is the one used
+    (not the CLI's default), and the answer is the planted one."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pipeline.submit
+    from pipeline.treegen import generate
+
+    planted = generate(tmp_path, 300)
+    summary = tmp_path / "summary.json"
+    submit = Path(sys.executable).parent / "spark-submit"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    proc = subprocess.run(
+        [str(submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+         "--name", "submitted-audit", str(pipeline.submit.__file__),
+         str(tmp_path / "job-1"), "--grace", "1h", "--json", str(summary)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = json.loads(summary.read_text())
+    assert got["engine"] == "spark"
+    assert (got["files"], got["orphans"], got["pending"], got["references"]) == (
+        planted.files, planted.orphans, planted.pending, planted.references)
+    assert "master local[2]" in proc.stdout + proc.stderr

@@ -59,7 +59,10 @@ def _options(pairs: list[str], endpoint: str | None) -> dict[str, Any]:
 
 def audit(
     base: Annotated[str, typer.Argument(help="The job's checkpoint base: a local path or s3://...")],
-    master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[*]",
+    master: Annotated[
+        str | None,
+        typer.Option(help="Spark master URL (default local[*]; under spark-submit, its own)."),
+    ] = None,
     engine: Annotated[
         str, typer.Option(help="spark, or single (one Python process, no Spark).")
     ] = "spark",
@@ -153,7 +156,7 @@ def audit(
 
 
 def _spark(
-    loc: Location, master: str, grace: float, now: float, others: bool, out: str | None,
+    loc: Location, master: str | None, grace: float, now: float, others: bool, out: str | None,
     limit: int, quiet: bool, err: Console,
 ) -> tuple[Summary, dict[str, list[Row]]]:
     from pipeline.progress import AuditProgress
@@ -168,6 +171,8 @@ def _spark(
 
     from pipeline.spark_audit import audit_spark
 
+    if not quiet:
+        err.print(f"Spark {spark.version}, master {spark.sparkContext.master}")
     with AuditProgress(err, spark, enabled=not quiet) as progress:
         result = audit_spark(spark, loc, grace=grace, now=now, read_others=others,
                              progress=progress)

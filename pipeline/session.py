@@ -33,11 +33,20 @@ def java_version() -> str | None:
     return lines[0] if lines else None
 
 
-def spark_session(master: str = "local[*]", *, app: str = "ckpt-audit",
+def submitted() -> bool:
+    """Whether this process was started by ``spark-submit`` (or the ``pyspark`` shell),
+    whose options (``--master``, ``--driver-memory``, ``--conf``) then rule."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def spark_session(master: str | None = None, *, app: str = "ckpt-audit",
                   conf: dict[str, str] | None = None) -> Any:
-    """Get or create the session. Executors run this interpreter (the venv's), the UI is
-    off, and the driver binds to 127.0.0.1 so that a machine without DNS still starts."""
-    if java_version() is None:
+    """Get or create the session: on ``master``, or else on spark-submit's master when
+    submitted, or else on ``local[*]``. Executors run this interpreter (the venv's) and
+    the UI is off. On a local master the driver binds to 127.0.0.1 (a machine without DNS
+    still starts) and shuffles use a few partitions; on a cluster, Spark's own defaults
+    and the submitter's options stand."""
+    if java_version() is None and not submitted():
         raise SparkUnavailable(JAVA_HINT)
     try:
         from pyspark.sql import SparkSession
@@ -47,20 +56,35 @@ def spark_session(master: str = "local[*]", *, app: str = "ckpt-audit",
         ) from err
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master is None and not submitted():
+        master = "local[*]"
     builder = (
-        SparkSession.builder.master(master)
-        .appName(app)
-        .config("spark.ui.enabled", "false")
+        SparkSession.builder.appName(app)
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.memory", os.environ.get("CKPT_SPARK_DRIVER_MEMORY", "2g"))
     )
+    if master is not None:
+        builder = builder.master(master)
+    if master is not None and master.startswith("local"):
+        builder = (
+            builder.config("spark.ui.enabled", "false")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.sql.shuffle.partitions", "4")
+        )
+        if not submitted():
+            builder = builder.config(
+                "spark.driver.memory", os.environ.get("CKPT_SPARK_DRIVER_MEMORY", "2g")
+            )
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    # spark-submit's master is known only now: on a local one, a few shuffle partitions
+    # (Spark's 200 cost tens of seconds on a small base), unless the submitter chose.
+    sc = spark.sparkContext
+    if (master is None and (sc.master or "").startswith("local")
+            and not sc.getConf().contains("spark.sql.shuffle.partitions")):
+        spark.conf.set("spark.sql.shuffle.partitions", "4")
     return spark
