@@ -276,3 +276,33 @@ def test_the_audit_runs_under_spark_submit(tmp_path: Path) -> None:
     assert (got["files"], got["orphans"], got["pending"], got["references"]) == (
         planted.files, planted.orphans, planted.pending, planted.references)
     assert "master local[2]" in proc.stdout + proc.stderr
+
+
+def test_a_range_beyond_64_bits_is_reported_not_fatal(spark: Any, tmp_path: Path) -> None:
+    """A ``_metadata`` whose handle ends past 2**63 - 1 (decode accepts any non-negative
+    integer) is one unreadable ``_metadata`` in both engines; Spark's 64-bit columns would
+    otherwise overflow and stop the audit."""
+    from fastimpl.metadata import encode
+    from pipeline.location import Location
+    from pipeline.spark_audit import audit_spark
+    from spec.config import Scope, StateKind
+    from spec.handles import SegmentHandle, StateEntry
+    from spec.ids import SubtaskId
+
+    f = tmp_path / "j/shared/v-0-1/f"
+    f.parent.mkdir(parents=True)
+    f.write_bytes(b"x" * 10)
+    sub = SubtaskId("v", 0, 1)
+    for cp, (off, n) in ((1, (0, 10)), (2, (2**62, 2**62))):
+        entry = StateEntry(sub, StateKind.KEYED_SHARED, "s",
+                           SegmentHandle("j/shared/v-0-1/f", off, n, "a", Scope.SHARED),
+                           1, (0, 127))
+        (tmp_path / f"j/chk-{cp}").mkdir()
+        (tmp_path / f"j/chk-{cp}/_metadata").write_bytes(encode(cp, "j", False, (entry,), ()))
+    loc = Location.parse(str(tmp_path / "j"))
+    now = time.time()
+    single = audit_single(loc, grace=HOUR, now=now)
+    assert [(c["metadata"], c["field"]) for c in single["corrupt"]] == [
+        ("j/chk-2/_metadata", "payload.entries")]
+    assert single.summary.checkpoints == 1 and single.summary.dangling == 0
+    assert comparable(audit_spark(spark, loc, grace=HOUR, now=now).collect()) == comparable(single)

@@ -33,6 +33,7 @@ savepoint directory), entries, shared bases (other bases it references)."""
 ErrorRow = tuple[str, str, str]
 """metadata path, field, problem."""
 
+INT64_MAX = 2**63 - 1
 CHECKPOINT_DIR = re.compile(r"^chk-(\d+)$")
 SAVEPOINT_DIR = re.compile(r"^savepoint-(\d+)$")
 WORKING = "taskowned/working/"
@@ -245,7 +246,15 @@ def _read(
         _check_job(meta, path)
     except MetadataError as err:
         return None, [], (path, err.field, err.problem)
-    return _rows(meta, path)
+    row, refs, _ = _rows(meta, path)
+    for r in refs:
+        # The audit's columns are 64-bit (Arrow, Spark): a range past 2**63 - 1 would stop
+        # the Spark job (overflow) instead of being reported; no file is that large.
+        if r[9] is not None and r[10] is not None and r[9] + r[10] > INT64_MAX:
+            return None, [], (path, "payload.entries",
+                              f"handle of {r[6]!r} ({r[8]}) ends at byte {r[9] + r[10]}, "
+                              f"beyond 2**63 - 1")
+    return row, refs, None
 
 
 def _check_job(meta: Metadata, path: str) -> None:

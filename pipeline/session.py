@@ -42,10 +42,12 @@ def submitted() -> bool:
 def spark_session(master: str | None = None, *, app: str = "ckpt-audit",
                   conf: dict[str, str] | None = None) -> Any:
     """Get or create the session: on ``master``, or else on spark-submit's master when
-    submitted, or else on ``local[*]``. Executors run this interpreter (the venv's) and
-    the UI is off. On a local master the driver binds to 127.0.0.1 (a machine without DNS
-    still starts) and shuffles use a few partitions; on a cluster, Spark's own defaults
-    and the submitter's options stand."""
+    submitted, or else on ``local[*]``. On a local master named here, executors run this
+    interpreter (the venv's), the UI is off, the driver binds to 127.0.0.1 (a machine
+    without DNS still starts) and shuffles use a few partitions. Under spark-submit its
+    JVM is up before this runs: its options rule (``--conf spark.driver.host=127.0.0.1``
+    where there is no DNS), and only the shuffle partitions are set, on a local master.
+    On a cluster, Spark's own defaults and the submitter's options stand."""
     if java_version() is None and not submitted():
         raise SparkUnavailable(JAVA_HINT)
     try:
@@ -54,10 +56,14 @@ def spark_session(master: str | None = None, *, app: str = "ckpt-audit",
         raise SparkUnavailable(
             "pyspark is not installed: `make` installs it (pip install -e '.[spark]')"
         ) from err
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master is None and not submitted():
         master = "local[*]"
+    local = master is not None and master.startswith("local")
+    if local:
+        # Executors on this machine: this interpreter (the venv's). On a cluster the
+        # submitter says which (PYSPARK_PYTHON): this path need not exist on its nodes.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app)
         .config("spark.ui.showConsoleProgress", "false")
@@ -66,17 +72,18 @@ def spark_session(master: str | None = None, *, app: str = "ckpt-audit",
     )
     if master is not None:
         builder = builder.master(master)
-    if master is not None and master.startswith("local"):
+    if local:
         builder = (
             builder.config("spark.ui.enabled", "false")
             .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.sql.shuffle.partitions", "4")
         )
-        if not submitted():
-            builder = builder.config(
-                "spark.driver.memory", os.environ.get("CKPT_SPARK_DRIVER_MEMORY", "2g")
-            )
+    if not submitted():
+        # The driver's JVM starts here (spark-submit has started it otherwise).
+        builder = builder.config(
+            "spark.driver.memory", os.environ.get("CKPT_SPARK_DRIVER_MEMORY", "2g")
+        )
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()

@@ -125,7 +125,7 @@ def audit_spark(
     refs_all = read.where(F.col("row") == "ref").select(*TABLES["references"])
 
     own_keys = sorted(r[0] for r in ckpt_rows if r[5] == job)
-    in_job = F.col("path").startswith(job + "/")
+    in_job = F.col("path").startswith(job + "/") | (F.col("path") == job)
     # Not cached: a filter over the cached ``read`` costs about what a second cache does
     # (measured at 1e5 references), and holds no second copy.
     refs = refs_all.where(F.col("checkpoint").isin(own_keys) | in_job)
@@ -134,7 +134,10 @@ def audit_spark(
     sc.setJobDescription("audit: join references with files")
 
     streams = refs.where(F.col("handle").isin(*STREAMS) & F.col("path").isNotNull())
-    outside = read.where(F.col("row") == "outside").select("path", "size").distinct()
+    # One size per path even if two executors stat a file that changes in between.
+    outside = (
+        read.where(F.col("row") == "outside").groupBy("path").agg(F.max("size").alias("size"))
+    )
     sizes = files.select("path", "size").unionByName(outside)
 
     end = F.col("offset") + F.col("length")
