@@ -246,15 +246,7 @@ def _read(
         _check_job(meta, path)
     except MetadataError as err:
         return None, [], (path, err.field, err.problem)
-    row, refs, _ = _rows(meta, path)
-    for r in refs:
-        # The audit's columns are 64-bit (Arrow, Spark): a range past 2**63 - 1 would stop
-        # the Spark job (overflow) instead of being reported; no file is that large.
-        if r[9] is not None and r[10] is not None and r[9] + r[10] > INT64_MAX:
-            return None, [], (path, "payload.entries",
-                              f"handle of {r[6]!r} ({r[8]}) ends at byte {r[9] + r[10]}, "
-                              f"beyond 2**63 - 1")
-    return row, refs, None
+    return _rows(meta, path)
 
 
 def _check_job(meta: Metadata, path: str) -> None:
@@ -267,7 +259,9 @@ def _check_job(meta: Metadata, path: str) -> None:
         )
 
 
-def _rows(meta: Metadata, path: str) -> tuple[CheckpointRow, list[RefRow], None]:
+def _rows(
+    meta: Metadata, path: str
+) -> tuple[CheckpointRow | None, list[RefRow], ErrorRow | None]:
     key = path.rsplit("/", 1)[0]
     base = "/".join(key.split("/")[:2]) if meta.savepoint else key.split("/")[0]
     refs: list[RefRow] = []
@@ -275,11 +269,16 @@ def _rows(meta: Metadata, path: str) -> tuple[CheckpointRow, list[RefRow], None]
         h = e.handle
         head = (key, meta.job, meta.checkpoint, meta.savepoint, e.subtask.dir_name(),
                 e.kind.value, e.name)
-        if isinstance(h, SegmentHandle):
-            refs.append((*head, "segment", h.path, h.offset, h.length, h.logical_id,
-                         h.scope.value))
-        elif isinstance(h, FileHandle):
-            refs.append((*head, "file", h.path, 0, h.length, h.logical_id, h.scope.value))
+        if isinstance(h, SegmentHandle | FileHandle):
+            offset = h.offset if isinstance(h, SegmentHandle) else 0
+            if offset + h.length > INT64_MAX:
+                # The audit's columns are 64-bit (Arrow, Spark): such a range would stop the
+                # Spark job (overflow) instead of being reported; no file is that large.
+                return None, [], (path, "payload.entries",
+                                  f"handle of {e.name!r} ({h.path}) ends at byte "
+                                  f"{offset + h.length}, beyond 2**63 - 1")
+            kind = "segment" if isinstance(h, SegmentHandle) else "file"
+            refs.append((*head, kind, h.path, offset, h.length, h.logical_id, h.scope.value))
         elif isinstance(h, DirectoryHandle):
             refs.append((*head, "directory", h.path, None, None, None, None))
         elif isinstance(h, PlaceholderHandle):
