@@ -7,7 +7,13 @@ behaves exactly as the reference model while writing real files; the lockstep te
 drive it beside the model.
 """
 
-from fastimpl.api import CheckpointStore, CheckpointStream, Coordinator, FileMergingManager
+from fastimpl.api import (
+    CheckpointStore,
+    CheckpointStream,
+    Coordinator,
+    FileMergingManager,
+    ManagerClosedError,
+)
 from fastimpl.cluster import Cluster
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.metadata import MetadataError
@@ -25,6 +31,7 @@ __all__ = [
     "DeleteFailure",
     "FileMergingManager",
     "IdSource",
+    "ManagerClosedError",
     "MetadataError",
     "RandomIds",
     "RecoveryError",

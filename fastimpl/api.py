@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
@@ -306,20 +307,88 @@ class Coordinator:
         self._store._apply(c.Cancel(retain))
 
 
+class ManagerClosedError(ValueError):
+    """A call on a :class:`FileMergingManager` after its ``close()``, or a write or close
+    of a stream it discarded when it closed. Nothing changed: no byte was written.
+
+    A ``ValueError``, as for a stream that is already closed. ``tm`` names the TM."""
+
+    def __init__(self, tm: TmId, what: str) -> None:
+        super().__init__(
+            f"{what}: the file-merging manager of TM {tm!r} is closed"
+            f" (store.task_manager({tm!r}) gives a new one)"
+        )
+        self.tm = tm
+
+
 class FileMergingManager:
-    """One TM's file-merging manager (FLIP-306's FileMergingSnapshotManager)."""
+    """One TM's file-merging manager (FLIP-306's FileMergingSnapshotManager).
+
+    A manager is a view of the TM for one user: ``store.task_manager(tm)`` returns a new
+    one on every call, and closing one does not touch the others (see :meth:`close`).
+    """
 
     def __init__(self, store: CheckpointStore, tm: TmId) -> None:
         self._store = store
         self.tm = tm
+        self._closed = False
+        # The streams opened here and not yet closed or discarded (weakly: a stream
+        # dropped without closing writes nothing anyway).
+        self._open: weakref.WeakSet[CheckpointStream] = weakref.WeakSet()
 
     @property
     def _cl(self) -> Cluster:
         return self._store._cluster
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self, what: str) -> None:
+        """Raise ``ManagerClosedError`` once closed; call it holding the store's lock."""
+        if self._closed:
+            raise ManagerClosedError(self.tm, what)
+
+    def close(self) -> None:
+        """Close this manager: every later call on it raises ``ManagerClosedError``.
+
+        Streams opened here and still open are discarded, as ``CheckpointStream.discard``
+        does: their bytes never reach storage, they give no handle, and a later
+        ``write`` or ``close`` on them raises ``ManagerClosedError``. Streams already
+        closed keep their handles. Closing again does nothing.
+
+        What it does not do: it writes, closes and deletes no file, and it is not a TM
+        leaving the job (that is ``crash`` then ``stopped``). The TM's files belong to
+        its checkpoints and are deleted by the store's rules, on subsumption, abort or
+        ``cancel``; its pooled files stay open for the TM's next writes. The TM itself
+        stays alive and keeps its subtasks: ``store.task_manager(tm)`` gives a new, open
+        manager for it, and other managers of the same TM are not affected.
+        """
+        with self._store._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for s in list(self._open):
+                s._discard_at_manager_close()
+            self._open.clear()
+
+    def __enter__(self) -> FileMergingManager:
+        with self._store._lock:
+            self._check_open("__enter__")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
     def subtasks(self) -> list[SubtaskId]:
         """The subtasks this TM hosts."""
         with self._store._lock:
+            self._check_open("subtasks")
             return sorted(s for s, t in self._cl.placement.items() if t == self.tm)
 
     def _attempt(self, subtask: SubtaskId) -> TmId | None:
@@ -336,7 +405,11 @@ class FileMergingManager:
     ) -> CheckpointStream:
         """A stream for one state handle; its scope follows ``kind`` (SHARED for
         incremental keyed state, EXCLUSIVE otherwise)."""
-        return CheckpointStream(self, checkpoint, subtask, kind, name, entries)
+        with self._store._lock:
+            self._check_open("open_stream")
+            s = CheckpointStream(self, checkpoint, subtask, kind, name, entries)
+            self._open.add(s)
+            return s
 
     @contextmanager
     def stream(
@@ -354,6 +427,8 @@ class FileMergingManager:
         self, checkpoint: int, subtask: SubtaskId, kind: StateKind, name: str, data: bytes
     ) -> StateEntry | None:
         """Open, write and close a stream in one call."""
+        with self._store._lock:
+            self._check_open("write")
         s = self.open_stream(checkpoint, subtask, kind, name)
         s.write(data)
         return s.close_and_get_handle()
@@ -362,6 +437,7 @@ class FileMergingManager:
         """Reuse shared state uploaded by an earlier checkpoint: the old handle (or a
         placeholder) when it may be reused (R20-R23), else a new upload of its bytes."""
         with self._store._lock:
+            self._check_open("reuse_shared")
             return self._cl.reuse_shared(
                 c.ReuseShared(checkpoint, subtask, name, self._attempt(subtask))
             )
@@ -369,6 +445,7 @@ class FileMergingManager:
     def acknowledge(self, checkpoint: int, subtask: SubtaskId) -> tuple[StateEntry, ...]:
         """Send ``subtask``'s handles for ``checkpoint`` to the coordinator."""
         with self._store._lock:
+            self._check_open("acknowledge")
             return self._store.coordinator.acknowledge(
                 checkpoint, subtask, attempt=self._attempt(subtask)
             )
@@ -377,6 +454,7 @@ class FileMergingManager:
         """Apply every notification in flight for this TM, in order; return how many."""
         n = 0
         with self._store._lock:
+            self._check_open("receive_notifications")
             while True:
                 idx = next((i for i, x in enumerate(self._cl.channel) if x[0] == self.tm), None)
                 if idx is None:
@@ -387,20 +465,27 @@ class FileMergingManager:
     def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
         """The handles ``subtask`` restores from (after a failover, restore or rescale)."""
         with self._store._lock:
+            self._check_open("state_to_restore")
             return self._cl.state_to_restore(subtask)
 
     def restore(self, subtask: SubtaskId) -> list[tuple[StateEntry, bytes]]:
         """Read back every handle ``subtask`` restores from. After a rescale one name may
         come from several old subtasks (their key-group ranges overlap the new one's)."""
+        with self._store._lock:
+            self._check_open("restore")
         return [(e, self._store.read(e)) for e in self.state_to_restore(subtask)]
 
     def crash(self) -> None:
         """The TM is lost: its memory goes, its process may still run (a zombie)."""
-        self._store._apply(c.CrashTm(self.tm))
+        with self._store._lock:
+            self._check_open("crash")
+            self._cl.apply(c.CrashTm(self.tm))
 
     def stopped(self) -> None:
         """A lost TM is known to have stopped; what waited for it may be deleted (R64)."""
-        self._store._apply(c.AttemptStopped(self.tm))
+        with self._store._lock:
+            self._check_open("stopped")
+            self._cl.apply(c.AttemptStopped(self.tm))
 
 
 class CheckpointStream:
@@ -423,11 +508,20 @@ class CheckpointStream:
         self.entries = entries
         self._buf: io.BytesIO | None = io.BytesIO()
         self.handle: StateEntry | None = None
+        self._dropped_by_manager = False  # discarded when its manager closed
+
+    def _refuse_if_dropped(self, what: str) -> None:
+        if self._dropped_by_manager:
+            raise ManagerClosedError(
+                self._manager.tm, f"{what} of stream {self.name!r} of {self.subtask}"
+            )
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        if self._buf is None:
+        buf = self._buf  # read once: the manager's close may drop it from another thread
+        if buf is None:
+            self._refuse_if_dropped("write")
             raise ValueError(f"stream {self.name!r} of {self.subtask} is closed")
-        return self._buf.write(data)
+        return buf.write(data)
 
     def close_and_get_handle(self) -> StateEntry | None:
         """Append the bytes durably and return the state entry (``None`` if empty, R10).
@@ -435,13 +529,15 @@ class CheckpointStream:
         A failing storage call declines the checkpoint for this subtask (R17) and is
         raised as ``StorageFault``.
         """
-        if self._buf is None:
-            return self.handle
-        data = self._buf.getvalue()
-        self._buf = None
         m = self._manager
         store = m._store
-        with store._lock:
+        with store._lock:  # one step with the manager's close: write all or nothing
+            if self._buf is None:
+                self._refuse_if_dropped("close")
+                return self.handle
+            data = self._buf.getvalue()
+            self._buf = None
+            m._open.discard(self)
             cmd = c.WriteState(
                 self.checkpoint,
                 self.subtask,
@@ -458,8 +554,15 @@ class CheckpointStream:
         self.close_and_get_handle()
 
     def discard(self) -> None:
-        """Drop the bytes without writing anything."""
-        self._buf = None
+        """Drop the bytes without writing anything (allowed after the manager closed)."""
+        with self._manager._store._lock:
+            self._buf = None
+            self._manager._open.discard(self)
+
+    def _discard_at_manager_close(self) -> None:
+        if self._buf is not None:
+            self._buf = None
+            self._dropped_by_manager = True
 
     def __enter__(self) -> CheckpointStream:
         return self
@@ -476,4 +579,10 @@ class CheckpointStream:
             self.discard()
 
 
-__all__ = ["CheckpointStore", "CheckpointStream", "Coordinator", "FileMergingManager"]
+__all__ = [
+    "CheckpointStore",
+    "CheckpointStream",
+    "Coordinator",
+    "FileMergingManager",
+    "ManagerClosedError",
+]

@@ -102,9 +102,13 @@ class Cluster:
         self.storage = Storage(fs, root, background_deletes=background_deletes)
         if self.mode is MergingMode.ACROSS_CHECKPOINT and not self.storage.open_files_readable:
             attrs.evolve(config, open_files_readable=False)  # raises Config's R16 error
+        self.open_files_durable = self.storage.open_files_readable and config.open_files_readable
+        """Whether an appended, flushed (and synced) segment of an open file survives a
+        crash. Not on an object store: there an acknowledgement first closes (uploads) every
+        file holding its segments (R12)."""
         self._hot: tuple[object, frozenset[str]] | None = None
-        self.failed_uploads: list[str] = []
-        """Files whose closing upload failed (object stores), for the acknowledging path."""
+        self.failed_uploads: set[str] = set()
+        """Files whose closing upload failed (object stores): a handle into one declines."""
         self.copy_bytes = False
         """Re-uploads (R20) copy the old bytes; off where every byte is a zero (tests)."""
         self.ids: IdSource = ids if ids is not None else RandomIds()
@@ -693,9 +697,8 @@ class Cluster:
                         )
                     )
         self.acked[key] = tuple(entries)
-        failed_before = len(self.failed_uploads)
         self._close_within_files(tm, lambda cp: cp == cmd.checkpoint, cmd.subtask)
-        lost = set(self.failed_uploads[failed_before:]) & {
+        lost = self.failed_uploads & {
             s.path for e in entries if (s := stream_of(e.handle)) is not None
         }
         if lost:  # R17: the handles name bytes that never reached storage
@@ -1040,7 +1043,7 @@ class Cluster:
                 f = self.files.get(path)
                 if f is not None:
                     f.open = False
-                self.failed_uploads.append(path)
+                self.failed_uploads.add(path)
             pf.open = False
         self._check_file(tm, path)
 
@@ -1059,8 +1062,12 @@ class Cluster:
                 assert pf.pool_key is not None
                 if pf.scope is Scope.SHARED and pf.pool_key[2] != str(subtask_done):
                     continue
-                if pf.scope is Scope.EXCLUSIVE and not self._tm_done_with(tm, pf.checkpoint):
-                    continue
+                if (
+                    pf.scope is Scope.EXCLUSIVE
+                    and self.open_files_durable
+                    and not self._tm_done_with(tm, pf.checkpoint)
+                ):
+                    continue  # R12: on an object store the acknowledgement uploads it now
             self._close_pfile(tm, path)
 
     def _tm_done_with(self, tm: TmId, checkpoint: int) -> bool:

@@ -10,7 +10,9 @@ production, where several processes share a root.
 from __future__ import annotations
 
 import base64
+import itertools
 import os
+import weakref
 from typing import Protocol
 
 
@@ -44,36 +46,60 @@ class CounterIds:
         return lid
 
 
-_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+"""Lower case only: two names must never differ by case alone (on a case-insensitive file
+system, macOS's or Windows's default, they would be one file)."""
 
 
-def _base62(n: int) -> str:
+def _base36(n: int) -> str:
     out = []
     while True:
-        n, r = divmod(n, 62)
+        n, r = divmod(n, 36)
         out.append(_DIGITS[r])
         if n == 0:
             return "".join(reversed(out))
 
 
-class RandomIds:
-    """Ids unique without coordination between processes: a random 96-bit prefix per
-    instance (drawn from ``os.urandom``) and a counter. Uniqueness does not need a fresh
-    random draw per id, which costs a system call; the ids stay short (about 20
-    characters), which keeps memory per tracked segment small."""
+def _random_prefix() -> str:
+    return base64.b32encode(os.urandom(10)).decode("ascii").lower()  # 80 bits, 16 chars
 
-    __slots__ = ("_next", "_prefix")
+
+_LIVE: weakref.WeakSet[RandomIds] = weakref.WeakSet()
+"""Every RandomIds of this process: a forked child draws new prefixes for them."""
+
+
+class RandomIds:
+    """Ids unique without coordination between processes: a random 80-bit prefix per
+    instance (drawn from ``os.urandom``, redrawn in a child after ``fork``) and a counter.
+    Uniqueness does not need a fresh random draw per id, which costs a system call; the
+    ids stay short (about 20 characters, lower case letters and digits), which keeps
+    memory per tracked segment small. Safe to share between threads: the counter is an
+    ``itertools.count``, whose ``next`` is atomic."""
+
+    __slots__ = ("__weakref__", "_counter", "_prefix")
 
     def __init__(self) -> None:
-        self._prefix = base64.urlsafe_b64encode(os.urandom(12)).decode("ascii")
-        self._next = 0
+        self._prefix = _random_prefix()
+        self._counter = itertools.count(1)
+        _LIVE.add(self)
+
+    def _redraw(self) -> None:
+        self._prefix = _random_prefix()
 
     def _token(self) -> str:
-        self._next += 1
-        return self._prefix + _base62(self._next)
+        return self._prefix + _base36(next(self._counter))
 
     def file_name(self, directory: str) -> str:
         return "f" + self._token()
 
     def logical_id(self) -> str:
         return "s" + self._token()
+
+
+def _after_fork_in_child() -> None:
+    for ids in list(_LIVE):
+        ids._redraw()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

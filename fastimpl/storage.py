@@ -8,7 +8,12 @@ as in ``spec.layout``.
 
 Durability (R12): a file written through ``append`` is flushed, and on a local file
 system ``os.fsync``-ed, before the call returns, so a handle built after it names bytes
-that survive a crash. On other stores a file is durable once closed.
+that survive a crash. On other stores a file is durable once closed. On a local file
+system a name is durable only once its directory is synced too, so the parent directory
+is ``fsync``-ed after a file is created (once per file, not per append), after the rename
+that puts a ``_metadata`` in place, and after each directory that ``makedirs`` newly
+creates. The local path makes its OS calls through one :class:`LocalOS` object (the real
+``os`` by default), so that a wrapper can fail or crash any of them.
 
 Deletions (issue 3) run off the write path: with ``background_deletes`` (the default) a
 delete is decided and recorded by the caller, and carried out by a worker thread that
@@ -21,6 +26,7 @@ so a late delete never removes a newer file. ``drain()`` waits for the queue to 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -80,6 +86,64 @@ class DeleteFailure:
         return f"DeleteFailure({kind} {self.path!r}, {self.attempts} attempts: {self.error!r})"
 
 
+class LocalOS:
+    """The operating-system calls of :class:`Storage` on a local file system.
+
+    Storage's local path (builtin ``open``, ``os.fsync``, ``os.replace``, ``os.remove``,
+    ``os.scandir``, ...) makes every OS call through one object of this class and nowhere
+    else. By default it is the real OS; a file system object with a ``local_os``
+    attribute (a ``LocalOS``, e.g. a fault-injecting wrapper) supplies its own. Each call
+    looks its function up when it is made (``os.fsync``, not a reference taken at import),
+    so that pyfakefs and a patched ``os.fsync`` are seen.
+    """
+
+    def open(self, path: str) -> IO[bytes]:
+        """A new file opened for writing (truncated if it exists)."""
+        return open(path, "wb")
+
+    def fsync(self, f: IO[bytes]) -> None:
+        """Make the bytes written to ``f`` (already flushed) durable."""
+        os.fsync(f.fileno())
+
+    def fsync_dir(self, path: str) -> None:
+        """Make the names in directory ``path`` durable: files created, renamed or
+        directories made in it survive a power loss only once this returns."""
+        if os.name == "nt":
+            return  # a directory cannot be opened on Windows; NTFS journals its names
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            # A file system that cannot sync a directory says so (some network and FUSE
+            # file systems): there is nothing more to do there. Any other error is real.
+            if err.errno not in (errno.EINVAL, errno.ENOTSUP):
+                raise
+        finally:
+            os.close(fd)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def mkdir(self, path: str) -> None:
+        os.mkdir(path)
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def remove(self, path: str) -> None:
+        os.remove(path)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
+    def rmtree(self, path: str) -> None:
+        shutil.rmtree(path)
+
+    def scandir(self, path: str) -> list[os.DirEntry[str]]:
+        with os.scandir(path) as it:
+            return list(it)
+
+
 class Storage:
     """Performs the effects of the store on a real file system."""
 
@@ -97,6 +161,9 @@ class Storage:
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.protocol = protocol
         self._local = protocol in ("file", "local")
+        local_os = getattr(fs, "local_os", None)
+        self.os: LocalOS = local_os if isinstance(local_os, LocalOS) else LocalOS()
+        """The OS calls of the local path (the file system's ``local_os`` if it has one)."""
         self.open_files_readable = protocol not in OBJECT_STORES
         """Whether flushed bytes of an open file are readable (not on object stores, R16)."""
         # fsspec's memory file system iterates a shared dict when it lists or deletes
@@ -122,6 +189,9 @@ class Storage:
         """Deletes that kept failing, by path: reported, and retried by ``retry_failed``."""
         self.deletes_done = 0
         self.delete_calls = 0
+        self.deleter_died: BaseException | None = None
+        """What ended the deleter thread abnormally (not an ``Exception``: those are
+        retried and reported), e.g. the process dying: ``drain`` raises it."""
 
     def full(self, path: str) -> str:
         if not path:
@@ -149,21 +219,62 @@ class Storage:
     def mkdir(self, path: str) -> None:
         self._wait_for_deletes_under(path)
         try:
-            self.fs.makedirs(self.full(path), exist_ok=True)
+            self._makedirs(self.full(path))
         except Exception as err:
             raise self._failed(StorageFault(StorageOp.CREATE, path, err)) from err
+
+    def _makedirs(self, full: str) -> None:
+        """Make directory ``full`` and its missing parents. On a local disk each parent
+        of a directory made here is synced afterwards (once), so the new names survive a
+        power loss; a directory that existed already costs one ``isdir``."""
+        if not self._local:
+            self.fs.makedirs(full, exist_ok=True)
+            return
+        osl = self.os
+        made: list[str] = []
+        d = full
+        while not osl.isdir(d):
+            made.append(d)
+            parent = os.path.dirname(d)
+            if not parent or parent == d:
+                break
+            d = parent
+        for d in reversed(made):
+            try:
+                osl.mkdir(d)
+            except FileExistsError:
+                if not osl.isdir(d):
+                    raise  # a file of that name
+        for d in made:
+            osl.fsync_dir(os.path.dirname(d) or ".")
 
     def create(self, path: str) -> None:
         self.fire(StorageOp.CREATE, path)
         self._wait_for_deletes_under(path)
         full = self.full(path)
+        parent = full.rsplit("/", 1)[0]
+        f: IO[bytes] | None = None
         try:
-            self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
-            f: IO[bytes] = open(full, "wb") if self._local else self.fs.open(full, "wb")  # noqa: SIM115
+            self._makedirs(parent)
+            if self._local:
+                f = self.os.open(full)
+                self.os.fsync_dir(parent)  # the new name survives a power loss (R12)
+            else:
+                f = self.fs.open(full, "wb")
         except Exception as err:
+            if f is not None:
+                self._close_quietly(path, f)
             self._remove_after_failure(path)
             raise self._failed(StorageFault(StorageOp.CREATE, path, err)) from err
+        assert f is not None
         self._open[path] = f
+
+    @staticmethod
+    def _close_quietly(path: str, f: IO[bytes]) -> None:
+        try:
+            f.close()
+        except Exception as err:
+            log.debug("closing %s after a failure: %r", path, err)
 
     def append(self, path: str, length: int, data: bytes | memoryview | None = None) -> None:
         """Append ``data`` (or ``length`` zero bytes) to an open file and make it durable."""
@@ -180,7 +291,7 @@ class Storage:
                     left -= n
             f.flush()
             if self._local:
-                os.fsync(f.fileno())
+                self.os.fsync(f)
         except Exception as err:
             raise self._failed(StorageFault(StorageOp.APPEND, path, err)) from err
 
@@ -215,25 +326,39 @@ class Storage:
     def write_metadata(self, path: str, data: bytes) -> None:
         """Write a checkpoint's metadata atomically: a temporary file, then a rename.
 
-        On object stores a single PUT is atomic already: the object appears whole or not.
+        On a local disk the temporary file is synced before the rename and its directory
+        after it, so a ``_metadata`` that this call put in place survives a power loss.
+        A crash before the rename leaves ``_metadata.inprogress``: never read as a
+        ``_metadata``, it is garbage that recovery deletes. On object stores a single PUT
+        is atomic already: the object appears whole or not.
         """
         self.fire(StorageOp.METADATA, path)
         full = self.full(path)
+        parent = full.rsplit("/", 1)[0]
         try:
-            self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
+            self._makedirs(parent)
             if self._local:
                 tmp = full + ".inprogress"
-                with open(tmp, "wb") as f:
+                with self.os.open(tmp) as f:
                     f.write(data)
                     f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, full)
+                    self.os.fsync(f)
+                self.os.replace(tmp, full)
+                self.os.fsync_dir(parent)
             else:
                 self.fs.pipe_file(full, data)
         except Exception as err:
             self._remove_after_failure(path)
             if self._local:
                 self._remove_after_failure(path + ".inprogress")
+                # The removal must not come back at a power loss either: recovery would
+                # take the aborted checkpoint for a completed one whose files are deleted.
+                try:
+                    self.os.fsync_dir(parent)
+                except FileNotFoundError:
+                    pass  # the directory was never made: nothing was put in it
+                except Exception as sync_err:
+                    log.warning("syncing %s after removing %s failed: %r", parent, path, sync_err)
             raise self._failed(StorageFault(StorageOp.METADATA, path, err)) from err
 
     def _remove_after_failure(self, path: str) -> None:
@@ -245,7 +370,7 @@ class Storage:
         full = self.full(path)
         try:
             if self._local:
-                os.remove(full)
+                self.os.remove(full)
             else:
                 self.fs.rm_file(full)
         except FileNotFoundError:
@@ -323,7 +448,7 @@ class Storage:
         while stack:
             rel, full = stack.pop()
             try:
-                entries = list(os.scandir(full))
+                entries = self.os.scandir(full)
             except (FileNotFoundError, NotADirectoryError):
                 continue  # the root not made yet, or a directory deleted meanwhile
             for e in entries:
@@ -368,7 +493,7 @@ class Storage:
     def _prune(self, dirs: tuple[str, ...]) -> None:
         for d in dirs:
             try:
-                os.rmdir(self.full(d))
+                self.os.rmdir(self.full(d))
             except OSError:
                 return  # not empty (or already gone): its parents are not empty either
 
@@ -400,12 +525,30 @@ class Storage:
             self._cv.notify_all()
 
     def _work(self) -> None:
+        try:
+            self._work_loop()
+        except BaseException as err:
+            # Not an error of a delete (those are retried and reported): the thread is
+            # ending (e.g. the process dying). Say so, so that ``drain`` does not wait for
+            # it forever; what it had not done is queued again, and a later delete starts
+            # a new thread for it.
+            with self._cv:
+                self.deleter_died = err
+                self._worker = None
+                self._busy = False
+                self._cv.notify_all()
+
+    def _work_loop(self) -> None:
         while True:
             with self._cv:
                 if not self._queue:
                     prunes, self._prunes = self._prunes, []
-                    for dirs in prunes:
-                        self._prune(dirs)  # after the deletes that emptied them
+                    for n, dirs in enumerate(prunes):
+                        try:
+                            self._prune(dirs)  # after the deletes that emptied them
+                        except BaseException:
+                            self._prunes[:0] = prunes[n:]
+                            raise
                     self._queued_dirs.clear()
                     self._worker = None
                     self._cv.notify_all()
@@ -414,6 +557,10 @@ class Storage:
                 self._busy = True
             try:
                 self._delete_with_retries(batch)
+            except BaseException:
+                with self._cv:
+                    self._queue.extendleft(reversed(batch))
+                raise
             finally:
                 with self._cv:
                     self._busy = False
@@ -438,9 +585,7 @@ class Storage:
                         time.sleep(self.retry_backoff * 4 ** (attempt - 1))
             if error is not None:
                 log.warning("delete of %s failed %d times: %r", path, self.delete_attempts, error)
-                self.failed_deletes[path] = DeleteFailure(
-                    path, is_dir, error, self.delete_attempts
-                )
+                self.failed_deletes[path] = DeleteFailure(path, is_dir, error, self.delete_attempts)
 
     def _delete_now(self, batch: list[tuple[str, bool]]) -> None:
         """One attempt at deleting ``batch``; a path already gone counts as deleted."""
@@ -450,9 +595,9 @@ class Storage:
                 full = self.full(path)
                 try:
                     if is_dir:
-                        shutil.rmtree(full)
+                        self.os.rmtree(full)
                     else:
-                        os.remove(full)
+                        self.os.remove(full)
                 except FileNotFoundError:
                     pass
             self.deletes_done += len(batch)
@@ -496,6 +641,8 @@ class Storage:
             return
         with self._cv:
             while self._queue or self._busy or self._worker is not None:
+                if self._worker is None and self.deleter_died is not None:
+                    raise self.deleter_died  # nothing is left to carry out the queue
                 self._cv.wait()
 
     def retry_failed(self) -> list[DeleteFailure]:

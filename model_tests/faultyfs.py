@@ -35,6 +35,28 @@ close is the upload, one mutating operation; creating and flushing change nothin
 Paths are the inner file system's (``/tmp/x/...`` for a local directory, ``/root/...``
 for memory).
 
+``local_root=DIR`` (over a ``LocalFileSystem``) makes it a local disk instead: its
+protocol says ``file``, so ``Storage`` takes its real local-disk path (builtin ``open``,
+``os.fsync``, ``os.replace``, directory syncs, pruning), and every OS call of that path
+goes through :class:`FaultyOS` (the wrapper's ``local_os``, see
+``fastimpl.storage.LocalOS``), with the same ``fail``/``crash_after``/``log``/``mutations``
+as above. Reads (``cat_file``) still go through the fsspec methods. Methods that ``fail``
+takes there: ``open`` (a file for writing), ``write``, ``flush``, ``fsync``, ``close``,
+``mkdir``, ``fsync_dir``, ``replace``, ``remove``, ``rmdir``, ``rmtree``, ``scandir``,
+``cat_file``, ``find``, ``ls``, ``info``; ``rm_file``, ``rm``, ``makedirs`` and ``mv``
+name ``remove``, ``rmtree``, ``mkdir`` and ``replace``. Mutating operations there:
+``create`` (opening a file for writing), ``flush`` (the written bytes reach the OS),
+``fsync``, ``fsync_dir``, ``mkdir``, ``replace``, ``remove`` and ``rmdir`` (``rmtree``
+counts each file and directory it removes, in sorted order). A crash there is a power
+loss by default (``crash_after(n, power_loss=True)``): what was not made durable is lost,
+as a local file system may lose it. Bytes survive up to the last ``fsync`` of their file;
+a directory holds the names it held at its last ``fsync_dir`` (a file or directory
+created, renamed in or removed since then is gone, back where it was, or back), and
+the directory tree under ``local_root`` is rewritten to that state. ``power_loss=False``
+is a process death instead: what reached the OS (flushed) survives, only bytes still in
+a file's buffer are lost. DIR itself and everything under it when the wrapper was made
+count as durable.
+
 The second half of the module holds what the fault, recovery and bad-input tests share:
 :class:`Place` (a local or memory root, with a store on the wrapper over it and a listing
 with contents hashes), :func:`payload` and :class:`Ledger` (the bytes the job wrote, to
@@ -43,21 +65,24 @@ compare with what the store reads back).
 
 from __future__ import annotations
 
+import builtins
 import errno
 import hashlib
 import itertools
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import fsspec  # type: ignore[import-untyped]
 from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
 from fsspec.utils import stringify_path  # type: ignore[import-untyped]
 
 from fastimpl import CheckpointStore, Cluster, CounterIds, IdSource
+from fastimpl.storage import LocalOS
 from spec.config import Config, JobSpec
 from spec.handles import SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
@@ -87,6 +112,29 @@ FS_METHODS = frozenset(
     }
 )
 _ALIASES = {"_open": "open", "_rm": "rm_file"}
+LOCAL_METHODS = frozenset(
+    {
+        "open",
+        "write",
+        "flush",
+        "fsync",
+        "close",
+        "mkdir",
+        "fsync_dir",
+        "replace",
+        "remove",
+        "rmdir",
+        "rmtree",
+        "scandir",
+        "cat_file",
+        "find",
+        "ls",
+        "info",
+    }
+)
+"""What ``fail`` takes on a local disk (``local_root``): the OS calls of ``FaultyOS`` and
+the fsspec reads ``Storage`` still makes there."""
+_LOCAL_ALIASES = {"rm_file": "remove", "rm": "rmtree", "makedirs": "mkdir", "mv": "replace"}
 
 
 class _Rule:
@@ -122,8 +170,17 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
     root_marker = "/"
     cachable = False
 
-    def __init__(self, inner: Any, *, object_store: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        object_store: bool = False,
+        local_root: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        if object_store and local_root is not None:
+            raise ValueError("an object store is no local disk")
         self.inner = inner
         self.object_store = object_store
         """Behave as an object store: the protocol says ``s3`` (so ``Storage`` treats it
@@ -131,6 +188,10 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         appears on the inner file system only when it is closed (the upload)."""
         if object_store:
             self.protocol = ("s3", "faulty")
+        self.local_os: FaultyOS | None = None
+        """On a local disk (``local_root``): the OS calls of ``Storage``'s local path."""
+        if local_root is not None:
+            self.protocol = ("file", "faulty")
         self._lock = threading.RLock()
         self._rules: list[_Rule] = []
         self.calls: dict[str, int] = {}
@@ -145,11 +206,19 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         self._crash_at: int | None = None
         self.crashed: tuple[str, str] | None = None
         """The (operation, path) the process died at, once it has."""
+        self.crashed_in: str | None = None
+        """The name of the thread whose operation the crash hit."""
         self.bulk_rm_sizes: list[int] = []
         """For every ``rm`` called with a list of paths: how many paths it named."""
         self._files: set[FaultyFile] = set()
         self.gates: dict[str, threading.Event] = {}
         """``hold(method)``: calls of ``method`` wait until the event is set."""
+        self.power_loss = True
+        """What a crash loses on a local disk (``crash_after``)."""
+        self._foreground: int | None = None
+        self._others: threading.Event | None = None
+        if local_root is not None:
+            self.local_os = FaultyOS(self, local_root)
 
     # ------------------------------------------------------------------ paths
 
@@ -175,15 +244,22 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         lost_reply: bool = False,
     ) -> None:
         """Fail the next ``times`` matching calls of ``method`` after skipping ``after``."""
-        method = _ALIASES.get(method, method)
-        if method not in FS_METHODS | FILE_METHODS:
-            raise ValueError(f"cannot fail {method!r}; known: {sorted(FS_METHODS | FILE_METHODS)}")
+        method = self._method(method)
+        known = LOCAL_METHODS if self.local_os is not None else FS_METHODS | FILE_METHODS
+        if method not in known:
+            raise ValueError(f"cannot fail {method!r}; known: {sorted(known)}")
         with self._lock:
             self._rules.append(_Rule(method, times, after, path_contains, exc, lost_reply))
 
+    def _method(self, name: str) -> str:
+        name = _ALIASES.get(name, name)
+        if self.local_os is not None:
+            name = _LOCAL_ALIASES.get(name, name)
+        return name
+
     def heal(self, *methods: str) -> None:
         """Forget the armed faults of ``methods`` (of every method if none is named)."""
-        names = {_ALIASES.get(m, m) for m in methods}
+        names = {self._method(m) for m in methods}
         with self._lock:
             self._rules = [r for r in self._rules if names and r.method not in names]
 
@@ -192,25 +268,47 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         with self._lock:
             return sum(r.times - r.fired for r in self._rules)
 
-    def crash_after(self, n: int) -> None:
-        """The ``n``-th mutating operation from now on crashes the process (n >= 1)."""
+    def crash_after(self, n: int, *, power_loss: bool = True) -> None:
+        """The ``n``-th mutating operation from now on crashes the process (n >= 1).
+
+        On a local disk (``local_root``) ``power_loss`` says what the crash loses: what
+        was not synced (the default), or only what had not reached the OS (a process
+        death). Elsewhere a crash is a process death."""
         if n < 1:
             raise ValueError("crash_after needs n >= 1")
         with self._lock:
             self._crash_at = self.mutations + n
+            self.power_loss = power_loss
 
     def hold(self, method: str) -> threading.Event:
         """Calls of ``method`` block until the returned event is set (e.g. to let deletes
         queue up behind a slow first one)."""
         ev = threading.Event()
-        self.gates[_ALIASES.get(method, method)] = ev
+        self.gates[self._method(method)] = ev
+        return ev
+
+    def hold_other_threads(self) -> threading.Event:
+        """Calls from threads other than the calling one (the deleter) wait until the
+        returned event is set, so that they run only while the caller lets them: with
+        the caller waiting for them, the order of all calls is deterministic. A crash
+        sets it (every later call raises ``SimulatedCrash``)."""
+        ev = threading.Event()
+        with self._lock:
+            self._foreground = threading.get_ident()
+            self._others = ev
         return ev
 
     # ------------------------------------------------------------------ the checks
 
+    def _wait_turn(self) -> None:
+        others = self._others
+        if others is not None and threading.get_ident() != self._foreground:
+            others.wait()
+
     def _enter(self, method: str, path: str) -> _Rule | None:
         """Count the call; raise an armed fault. A lost-reply rule is returned instead:
         the caller performs the call, then raises it."""
+        self._wait_turn()
         gate = self.gates.get(method)
         if gate is not None:
             gate.wait()
@@ -246,21 +344,31 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _mutate(self, op: str, path: str) -> None:
         """One mutating operation is about to happen: count it, or crash instead."""
+        self._wait_turn()
         with self._lock:
             self._alive()
             self.mutations += 1
             if self._crash_at is not None and self.mutations >= self._crash_at:
                 self.crashed = (op, path)
+                self.crashed_in = threading.current_thread().name
                 self._die()
                 raise SimulatedCrash(f"crash at operation {self.mutations}: {op} {path}")
             self.log.append((op, path))
 
     def _die(self) -> None:
         """Open files die with the process: unflushed bytes are lost, nothing is closed
-        properly (the inner handles are released without writing anything more)."""
+        properly (the inner handles are released without writing anything more). On a
+        local disk a power loss also loses what was not synced. Threads held back by
+        ``hold`` or ``hold_other_threads`` go on (to raise ``SimulatedCrash``)."""
         for f in list(self._files):
             f._drop()
         self._files.clear()
+        if self.local_os is not None:
+            self.local_os._die(self.power_loss)
+        if self._others is not None:
+            self._others.set()
+        for gate in self.gates.values():
+            gate.set()
 
     # ------------------------------------------------------------------ writing
 
@@ -352,7 +460,9 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def rm(self, path: Any, recursive: bool = False, maxdepth: int | None = None) -> None:
         """Delete files (a list: one bulk call) or, with ``recursive``, directories. Each
-        removed path is one mutating operation, so a crash may cut the call in half."""
+        removed path is one mutating operation, so a crash may cut the call in half. The
+        paths go in the order given (what a directory holds: deepest first), so that the
+        order of deletes does not depend on how they were batched."""
         paths = [path] if isinstance(path, str) else list(path)
         paths = [self._strip_protocol(p) for p in paths]
         if not isinstance(path, str):
@@ -361,12 +471,14 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         rule = self._enter("rm", paths[0] if len(paths) == 1 else ",".join(paths))
         missing = [p for p in paths if not self.inner.exists(p)]
         present = [p for p in paths if p not in missing]
-        expanded = (
-            self.inner.expand_path(present, recursive=recursive, maxdepth=maxdepth)
-            if present
-            else []
-        )
-        for p in sorted(expanded, reverse=True):
+        expanded = [
+            q
+            for p in present
+            for q in sorted(
+                self.inner.expand_path(p, recursive=recursive, maxdepth=maxdepth), reverse=True
+            )
+        ]
+        for p in expanded:
             if self.inner.isfile(p):
                 self._mutate("rm_file", p)
                 self.inner.rm_file(p)
@@ -528,6 +640,304 @@ class FaultyFile:
         self.close()
 
 
+class FaultyOS(LocalOS):
+    """The OS calls of ``Storage``'s local-disk path through a :class:`FaultyFileSystem`
+    (made with ``local_root``): each one can be failed or crashed with the wrapper's
+    ``fail``/``crash_after``, and each mutating one is counted and logged there.
+
+    Every call does the real OS call (``os.fsync`` included). Alongside, it keeps a model
+    of what a power loss would leave under ``root``: for each file the bytes of its last
+    ``fsync``, for each directory the names it held at its last ``fsync_dir``. Files and
+    directories are nodes (an inode each), so a rename moves a node and a name removed
+    still leads to the node's synced bytes. A crash with ``power_loss`` rewrites the tree
+    under ``root`` to that model.
+    """
+
+    def __init__(self, fs: FaultyFileSystem, root: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/") or "/"
+        self._ids = itertools.count(1)
+        self._node: dict[str, int] = {}
+        """Current path -> node, for the files and directories under the root (root too)."""
+        self._is_dir: dict[int, bool] = {}
+        self._synced: dict[int, bytes] = {}
+        """File node -> its bytes as of its last ``fsync``."""
+        self._listing: dict[int, dict[str, int]] = {}
+        """Directory node -> its names (name -> node) as of its last ``fsync_dir``."""
+        self._open_files: set[FaultyLocalFile] = set()
+        self._adopt(self.root)
+
+    # ------------------------------------------------------------------ the model
+
+    def _under(self, path: str) -> bool:
+        return path == self.root or path.startswith(self.root.rstrip("/") + "/")
+
+    def _adopt(self, path: str) -> int:
+        """A node for ``path`` as it is on disk now, durable with everything under it."""
+        node = next(self._ids)
+        self._node[path] = node
+        if os.path.isdir(path):
+            self._is_dir[node] = True
+            names = sorted(os.listdir(path))
+            self._listing[node] = {n: self._adopt(f"{path.rstrip('/')}/{n}") for n in names}
+        else:
+            self._is_dir[node] = False
+            with builtins.open(path, "rb") as f:
+                self._synced[node] = f.read()
+        return node
+
+    def _node_of(self, path: str) -> int:
+        node = self._node.get(path)
+        if node is None:  # made outside this layer (a test writing a file): durable as is
+            node = self._adopt(path)
+        return node
+
+    def _new(self, path: str, is_dir: bool) -> None:
+        if self._under(path):
+            node = next(self._ids)
+            self._node[path] = node
+            self._is_dir[node] = is_dir
+
+    def _forget(self, path: str) -> None:
+        self._node.pop(path, None)
+
+    def _die(self, power_loss: bool) -> None:
+        for f in list(self._open_files):
+            f._drop()
+        self._open_files.clear()
+        if power_loss:
+            self._restore()
+
+    def _restore(self) -> None:
+        """Rewrite the tree under the root to what the last syncs made durable."""
+        root = self.root
+        root_node = self._node.get(root)
+        for name in os.listdir(root):
+            full = f"{root.rstrip('/')}/{name}"
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full)
+            else:
+                os.remove(full)
+        if root_node is not None:
+            self._write_tree(root, root_node)
+
+    def _write_tree(self, path: str, node: int) -> None:
+        for name, child in sorted(self._listing.get(node, {}).items()):
+            full = f"{path.rstrip('/')}/{name}"
+            if self._is_dir[child]:
+                os.mkdir(full)
+                self._write_tree(full, child)
+            else:
+                with builtins.open(full, "wb") as f:
+                    f.write(self._synced.get(child, b""))
+
+    # ------------------------------------------------------------------ the OS calls
+
+    def open(self, path: str) -> IO[bytes]:
+        fs = self.fs
+        rule = fs._enter("open", path)
+        with fs._lock:
+            fs._mutate("create", path)
+            real = builtins.open(path, "wb", buffering=0)  # noqa: SIM115 (closed by the file)
+            if path not in self._node:
+                self._new(path, False)
+            f = FaultyLocalFile(self, path, real)
+            self._open_files.add(f)
+        if rule is not None:
+            f._drop()
+            fs._after(rule, "open", path)
+        return cast(IO[bytes], f)
+
+    def fsync(self, f: IO[bytes]) -> None:
+        lf = cast(FaultyLocalFile, f)
+        fs = self.fs
+        rule = fs._enter("fsync", lf.path)
+        with fs._lock:
+            fs._mutate("fsync", lf.path)
+            os.fsync(lf.fileno())
+            node = self._node.get(lf.path)
+            if node is not None:
+                self._synced[node] = bytes(lf.pushed)
+        fs._after(rule, "fsync", lf.path)
+
+    def fsync_dir(self, path: str) -> None:
+        fs = self.fs
+        rule = fs._enter("fsync_dir", path)
+        with fs._lock:
+            fs._mutate("fsync_dir", path)
+            super().fsync_dir(path)
+            if self._under(path):
+                base = path.rstrip("/")
+                self._listing[self._node_of(path)] = {
+                    n: self._node_of(f"{base}/{n}") for n in os.listdir(path)
+                }
+        fs._after(rule, "fsync_dir", path)
+
+    def isdir(self, path: str) -> bool:
+        self.fs._alive()
+        return os.path.isdir(path)
+
+    def mkdir(self, path: str) -> None:
+        fs = self.fs
+        rule = fs._enter("mkdir", path)
+        with fs._lock:
+            if os.path.lexists(path):
+                raise FileExistsError(errno.EEXIST, "exists", path)
+            fs._mutate("mkdir", path)
+            os.mkdir(path)
+            self._new(path, True)
+        fs._after(rule, "mkdir", path)
+
+    def replace(self, src: str, dst: str) -> None:
+        fs = self.fs
+        rule = fs._enter("replace", src)
+        with fs._lock:
+            fs._mutate("replace", f"{src} -> {dst}")
+            os.replace(src, dst)
+            node = self._node.pop(src, None)
+            if node is not None and self._under(dst):
+                self._node[dst] = node
+            else:
+                self._forget(dst)
+        fs._after(rule, "replace", src)
+
+    def remove(self, path: str) -> None:
+        fs = self.fs
+        rule = fs._enter("remove", path)
+        with fs._lock:
+            self._remove(path)
+        fs._after(rule, "remove", path)
+
+    def _remove(self, path: str) -> None:
+        if not os.path.lexists(path):
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        self.fs._mutate("remove", path)
+        os.remove(path)
+        self._forget(path)
+
+    def rmdir(self, path: str) -> None:
+        fs = self.fs
+        rule = fs._enter("rmdir", path)
+        with fs._lock:
+            self._rmdir(path)
+        fs._after(rule, "rmdir", path)
+
+    def _rmdir(self, path: str) -> None:
+        if not os.path.isdir(path):
+            raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+        if os.listdir(path):
+            raise OSError(errno.ENOTEMPTY, "directory not empty", path)
+        self.fs._mutate("rmdir", path)
+        os.rmdir(path)
+        self._forget(path)
+
+    def rmtree(self, path: str) -> None:
+        """Each file and directory removed is one mutating operation, in sorted order
+        (depth first), so that a crash can cut the call in half at a known point."""
+        fs = self.fs
+        rule = fs._enter("rmtree", path)
+        with fs._lock:
+            if not os.path.isdir(path):
+                raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+            self._rmtree(path)
+        fs._after(rule, "rmtree", path)
+
+    def _rmtree(self, path: str) -> None:
+        for name in sorted(os.listdir(path)):
+            full = f"{path}/{name}"
+            if os.path.isdir(full) and not os.path.islink(full):
+                self._rmtree(full)
+            else:
+                self._remove(full)
+        self._rmdir(path)
+
+    def scandir(self, path: str) -> list[os.DirEntry[str]]:
+        fs = self.fs
+        rule = fs._enter("scandir", path)
+        out = super().scandir(path)
+        fs._after(rule, "scandir", path)
+        return out
+
+
+class FaultyLocalFile:
+    """A file opened for writing through :class:`FaultyOS`: ``write`` keeps the bytes
+    here, ``flush`` hands them to the OS (one mutating operation), ``FaultyOS.fsync``
+    makes what was flushed durable. ``pushed`` is everything flushed so far (the file is
+    new or truncated when opened)."""
+
+    def __init__(self, los: FaultyOS, path: str, real: Any) -> None:
+        self.los = los
+        self.fs = los.fs
+        self.path = path
+        self._real = real
+        self._buf: list[bytes] = []
+        self.pushed = bytearray()
+        self.closed = False
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def fileno(self) -> int:
+        return int(self._real.fileno())
+
+    def write(self, data: Any) -> int:
+        if self.closed:
+            raise ValueError(f"write to closed file {self.path}")
+        rule = self.fs._enter("write", self.path)
+        chunk = bytes(data)
+        self._buf.append(chunk)
+        self.fs._after(rule, "write", self.path)
+        return len(chunk)
+
+    def _push(self) -> None:
+        if self._buf:
+            data, self._buf = b"".join(self._buf), []
+            self._real.write(data)
+            self.pushed += data
+
+    def flush(self) -> None:
+        if self.closed:
+            return
+        rule = self.fs._enter("flush", self.path)
+        with self.fs._lock:
+            self.fs._mutate("flush", self.path)
+            self._push()
+        self.fs._after(rule, "flush", self.path)
+
+    def close(self) -> None:
+        """Closing writes what is left in the buffer (nothing, when every write was
+        flushed); not a mutating operation of its own."""
+        if self.closed:
+            return
+        rule = self.fs._enter("close", self.path)
+        with self.fs._lock:
+            self.fs._alive()
+            self._push()
+            self._real.close()
+            self.closed = True
+            self.los._open_files.discard(self)
+        self.fs._after(rule, "close", self.path)
+
+    def _drop(self) -> None:
+        """Die: forget the unflushed bytes, release the real file without writing."""
+        self._buf = []
+        if not self.closed:
+            self.closed = True
+            try:
+                self._real.close()
+            except Exception:
+                pass
+
+    def __enter__(self) -> FaultyLocalFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # --------------------------------------------------------------------------- test helpers
 
 
@@ -602,8 +1012,11 @@ class Place:
         ids: IdSource | None = None,
         object_store: bool = False,
     ) -> tuple[CheckpointStore, FaultyFileSystem]:
-        """A store on this place, every storage call through a fresh wrapper."""
-        fs = FaultyFileSystem(self.inner, object_store=object_store)
+        """A store on this place, every storage call through a fresh wrapper: on a local
+        directory ``Storage``'s local-disk path through ``FaultyOS`` (unless it is to be
+        an object store), elsewhere fsspec calls."""
+        local_root = self.root if self.kind == "local" and not object_store else None
+        fs = FaultyFileSystem(self.inner, object_store=object_store, local_root=local_root)
         cluster = Cluster(
             config, job, fs, self.root, ids or CounterIds(), background_deletes=background_deletes
         )
@@ -665,4 +1078,13 @@ class Ledger:
         return out
 
 
-__all__ = ["FaultyFile", "FaultyFileSystem", "Ledger", "Place", "SimulatedCrash", "payload"]
+__all__ = [
+    "FaultyFile",
+    "FaultyFileSystem",
+    "FaultyLocalFile",
+    "FaultyOS",
+    "Ledger",
+    "Place",
+    "SimulatedCrash",
+    "payload",
+]

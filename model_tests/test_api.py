@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import io
+import os
+import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from fastimpl import CheckpointStore, CounterIds
+from fastimpl import CheckpointStore, CommandTrace, CounterIds
+from fastimpl.api import FileMergingManager, ManagerClosedError
+from model_tests.replay import replay
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
-from spec.handles import PlaceholderHandle, SegmentHandle
+from spec.handles import PlaceholderHandle, SegmentHandle, StateEntry
 from spec.ids import SubtaskId
 
 KS = StateKind.KEYED_SHARED
@@ -183,5 +189,293 @@ def test_coordinator_restart_keeps_retained_checkpoints(tmp_path: Path) -> None:
         store.coordinator.restart()
         assert store.coordinator.retained() == before
         _checkpoint(store, {s: b"c" for s in store.placement()})
+        store.flush()
+        assert store.check_invariants() == []
+
+
+# ------------------------------------------------------------------ closing a manager
+
+
+def _closed(tm: str, what: str) -> str:
+    """The start of ``ManagerClosedError``'s message: the call refused and the TM."""
+    return re.escape(f"{what}: the file-merging manager of TM {tm!r} is closed")
+
+
+def _bytes_on_disk(root: Path) -> dict[str, int]:
+    return {
+        os.path.relpath(os.path.join(d, f), root): os.path.getsize(os.path.join(d, f))
+        for d, _, files in os.walk(root)
+        for f in files
+    }
+
+
+_CALLS: dict[str, Callable[[FileMergingManager, int, SubtaskId], object]] = {
+    "open_stream": lambda m, cid, sub: m.open_stream(cid, sub, OP, "s"),
+    "stream": lambda m, cid, sub: m.stream(cid, sub, OP, "s").__enter__(),
+    "write": lambda m, cid, sub: m.write(cid, sub, OP, "s", b"data"),
+    "reuse_shared": lambda m, cid, sub: m.reuse_shared(cid, sub, "sst-1"),
+    "acknowledge": lambda m, cid, sub: m.acknowledge(cid, sub),
+    "receive_notifications": lambda m, cid, sub: m.receive_notifications(),
+    "state_to_restore": lambda m, cid, sub: m.state_to_restore(sub),
+    "restore": lambda m, cid, sub: m.restore(sub),
+    "subtasks": lambda m, cid, sub: m.subtasks(),
+    "crash": lambda m, cid, sub: m.crash(),
+    "stopped": lambda m, cid, sub: m.stopped(),
+    "__enter__": lambda m, cid, sub: m.__enter__(),
+}
+
+
+@pytest.mark.parametrize("call", sorted(_CALLS))
+def test_a_closed_manager_refuses_every_call(tmp_path: Path, call: str) -> None:
+    with _store(tmp_path, MergingMode.WITHIN_CHECKPOINT) as store:
+        _checkpoint(store, {s: b"v1" for s in store.placement()})  # "sst-1" to reuse
+        cid = store.coordinator.trigger()
+        sub, tm = next(iter(store.placement().items()))
+        mgr = store.task_manager(tm)
+        mgr.close()
+        assert mgr.closed
+        before = store.observe()
+        with pytest.raises(ManagerClosedError, match=_closed(tm, call)) as refused:
+            _CALLS[call](mgr, cid, sub)
+        assert refused.value.tm == tm
+        assert isinstance(refused.value, ValueError)  # as for a closed stream
+        assert store.observe() == before  # nothing changed
+        assert tm in store.task_managers()  # closing is not the TM leaving
+
+
+def test_closing_a_manager_discards_its_open_streams(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    with _store(tmp_path, MergingMode.WITHIN_CHECKPOINT) as store:
+        cid = store.coordinator.trigger()
+        tm = store.task_managers()[0]
+        mgr = store.task_manager(tm)
+        s0, s1 = mgr.subtasks()
+        kept = mgr.open_stream(cid, s0, OP, "kept")
+        kept.write(b"k" * 10)
+        entry = kept.close_and_get_handle()
+        assert entry is not None
+        dropped = mgr.open_stream(cid, s0, KS, "dropped")
+        dropped_name = f"'dropped' of {s0}"  # as the error message names it
+        dropped.write(b"d" * 1000)
+        files = store.observe().files
+        disk = _bytes_on_disk(root)
+        assert sum(disk.values()) == 10
+        refused = _closed(tm, f"close of stream 'ctx' of {s1}")
+        with (
+            pytest.raises(ManagerClosedError, match=refused),
+            mgr.stream(cid, s1, OP, "ctx") as out,
+        ):
+            out.write(b"c" * 100)
+            mgr.close()
+        store.flush()
+        assert store.observe().files == files  # neither stream's bytes reached storage
+        assert _bytes_on_disk(root) == disk
+        assert dropped.handle is None and out.handle is None
+        with pytest.raises(
+            ManagerClosedError, match=_closed(tm, f"write of stream {dropped_name}")
+        ):
+            dropped.write(b"more")
+        with pytest.raises(
+            ManagerClosedError, match=_closed(tm, f"close of stream {dropped_name}")
+        ):
+            dropped.close_and_get_handle()
+        dropped.discard()  # allowed: there is nothing left to drop
+        assert kept.close_and_get_handle() is entry  # a closed stream keeps its handle
+        with pytest.raises(ValueError, match="closed"):
+            kept.write(b"more")
+        assert store.observe().files == files
+        # The checkpoint goes on with a fresh manager of the same TM.
+        fresh = store.task_manager(tm)
+        assert fresh is not mgr and not fresh.closed
+        assert fresh.write(cid, s0, KS, "dropped", b"again") is not None
+        for sub, t in store.placement().items():
+            store.task_manager(t).acknowledge(cid, sub)
+        done = store.coordinator.complete(cid)
+        assert done is not None
+        mine = {e.name: store.read(e) for e in done.entries if e.subtask == s0}
+        assert mine == {"kept": b"k" * 10, "dropped": b"again"}
+        assert not any(e.name == "ctx" for e in done.entries)
+        store.deliver_notifications()
+        store.flush()
+        assert store.check_invariants() == []
+
+
+def test_closing_a_manager_twice_does_nothing(tmp_path: Path) -> None:
+    with _store(tmp_path, MergingMode.ACROSS_CHECKPOINT) as store:
+        cid = store.coordinator.trigger()
+        sub, tm = next(iter(store.placement().items()))
+        mgr = store.task_manager(tm)
+        out = mgr.open_stream(cid, sub, OP, "s")
+        out.write(b"x")
+        mgr.close()
+        before = store.observe()
+        mgr.close()
+        mgr.close()
+        assert mgr.closed and out.handle is None
+        assert store.observe() == before
+        assert store.observe().files == {}
+
+
+def test_a_manager_is_a_context_manager(tmp_path: Path) -> None:
+    with _store(tmp_path, MergingMode.WITHIN_CHECKPOINT) as store:
+        cid = store.coordinator.trigger()
+        sub, tm = next(iter(store.placement().items()))
+        with store.task_manager(tm) as mgr:
+            entry = mgr.write(cid, sub, OP, "written", b"w" * 5)
+            left_open = mgr.open_stream(cid, sub, OP, "left open")
+            left_open.write(b"o" * 50)
+        assert mgr.closed and left_open.handle is None
+        assert entry is not None and store.read(entry) == b"w" * 5
+        assert sum(store.observe().files.values()) == 5
+        with (
+            pytest.raises(RuntimeError, match="snapshot failed"),
+            store.task_manager(tm) as failing,
+        ):
+            half = failing.open_stream(cid, sub, OP, "half")
+            half.write(b"h" * 7)
+            raise RuntimeError("snapshot failed")
+        assert failing.closed and half.handle is None
+        assert sum(store.observe().files.values()) == 5
+        with pytest.raises(ManagerClosedError, match=_closed(tm, "__enter__")), mgr:
+            pass  # pragma: no cover - a closed manager is not entered again
+        assert store.check_invariants() == []
+
+
+def test_the_store_works_after_a_manager_closed(tmp_path: Path) -> None:
+    with _store(tmp_path, MergingMode.ACROSS_CHECKPOINT, num_retained=2) as store:
+        _checkpoint(store, {s: b"one" for s in store.placement()})
+        cid = store.coordinator.trigger()
+        tm, other = store.task_managers()
+        first, second = store.task_manager(tm), store.task_manager(tm)
+        s0 = first.subtasks()[0]
+        from_first = first.open_stream(cid, s0, OP, "from first")
+        from_first.write(b"1" * 10)
+        from_second = second.open_stream(cid, s0, OP, "from second")
+        from_second.write(b"2" * 20)
+        first.close()
+        # Other managers of the same TM, and their streams, are not affected.
+        assert not second.closed and second.subtasks() == [
+            s for s, t in sorted(store.placement().items()) if t == tm
+        ]
+        entry = from_second.close_and_get_handle()
+        assert entry is not None and store.read(entry) == b"2" * 20
+        assert from_first.handle is None
+        # A fresh manager for the same TM, from either accessor, is open.
+        assert not store.task_manager(tm).closed and not store.manager_for(s0).closed
+        for sub, t in store.placement().items():
+            m = store.task_manager(t)
+            m.write(cid, sub, KS, f"sst-{cid}", b"two")
+            assert m.reuse_shared(cid, sub, "sst-1") is not None
+            m.acknowledge(cid, sub)
+        assert store.coordinator.complete(cid) is not None
+        with store.task_manager(tm) as again, store.task_manager(other) as theirs:
+            assert again.receive_notifications() + theirs.receive_notifications() > 0
+        _checkpoint(store, {s: b"three" for s in store.placement()})
+        for sub, t in store.placement().items():
+            assert [d for _, d in store.task_manager(t).restore(sub)] == [b"three"]
+        store.flush()
+        assert store.check_invariants() == []
+        assert store.check_invariants(quiet=True) == []
+
+
+def _traced_job(root: Path, *, close_managers: bool) -> list[str]:
+    """Three checkpoints through the API; with ``close_managers`` each TM's manager is
+    closed at the end of each checkpoint with a stream still open, and refused after."""
+    out = io.StringIO()
+    config = Config.for_mode(MergingMode.ACROSS_CHECKPOINT, num_retained=2)
+    trace = CommandTrace(out, observations=True)
+    with CheckpointStore(
+        str(root), config, JOB, ids=CounterIds(), background_deletes=False, trace=trace
+    ) as store:
+        for n in range(1, 4):
+            cid = store.coordinator.trigger()
+            for tm in store.task_managers():
+                mgr = store.task_manager(tm)
+                for sub in mgr.subtasks():
+                    mgr.write(cid, sub, KS, f"{n}.sst", b"x" * (10 * n))
+                    mgr.acknowledge(cid, sub)
+                if close_managers:
+                    unfinished = mgr.open_stream(cid, mgr.subtasks()[0], OP, "unfinished")
+                    unfinished.write(b"u" * 99)
+                    mgr.close()
+                    assert unfinished.handle is None
+                    with pytest.raises(ManagerClosedError):
+                        mgr.write(cid, sub, OP, "late", b"late")
+            store.coordinator.complete(cid)
+            for tm in store.task_managers():
+                with store.task_manager(tm) as mgr:
+                    mgr.receive_notifications()
+        assert store.check_invariants() == []
+    return out.getvalue().splitlines()
+
+
+def test_closing_managers_adds_no_command_and_replays_through_the_model(
+    tmp_path: Path,
+) -> None:
+    plain = _traced_job(tmp_path / "plain", close_managers=False)
+    closing = _traced_job(tmp_path / "closing", close_managers=True)
+    assert closing == plain  # close() and the streams it discarded left no trace
+    report = replay(closing)
+    assert report.agrees, report.summary()
+    assert report.stopped is None
+
+
+def test_closing_a_manager_while_threads_write_through_it(tmp_path: Path) -> None:
+    job = JobSpec((VertexSpec("w", 8),), num_tms=2)
+    config = Config.for_mode(MergingMode.ACROSS_CHECKPOINT, max_file_size=4096)
+    with CheckpointStore(str(tmp_path), config, job, ids=CounterIds()) as store:
+        cid = store.coordinator.trigger()
+        tm = store.task_managers()[0]
+        mgr = store.task_manager(tm)
+        written: list[StateEntry] = []
+        refused: list[ManagerClosedError] = []
+        errors: list[BaseException] = []
+        started = [threading.Event() for _ in mgr.subtasks()]
+        closed = threading.Event()
+
+        def snapshot(sub: SubtaskId, started: threading.Event) -> None:
+            # Subtasks of even index hold a half-written stream until the manager closed
+            # (it is then refused for sure); the others write as fast as they can.
+            try:
+                for k in range(100_000):  # until refused
+                    with mgr.open_stream(cid, sub, OP, f"{sub.index}-{k}") as out:
+                        out.write(bytes([sub.index]) * 7)
+                        started.set()
+                        if sub.index % 2 == 0:
+                            closed.wait()
+                        out.write(bytes([sub.index]) * 7)
+                    assert out.handle is not None
+                    written.append(out.handle)
+            except ManagerClosedError as err:
+                refused.append(err)
+            except BaseException as err:  # pragma: no cover - reported below
+                errors.append(err)
+            finally:
+                started.set()
+
+        threads = [
+            threading.Thread(target=snapshot, args=(s, e))
+            for s, e in zip(mgr.subtasks(), started, strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        for event in started:
+            event.wait()
+        mgr.close()
+        closed.set()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        assert all(err.tm == tm for err in refused)
+        assert len(refused) == len(threads)  # each one stopped at the refusal
+        for entry in written:  # every handle returned names exactly its bytes
+            assert store.read(entry) == bytes([entry.subtask.index]) * 14
+        # Every byte on storage belongs to a returned handle: a refused stream wrote none.
+        assert sum(store.observe().files.values()) == 14 * len(written)
+        for sub, t in store.placement().items():
+            store.task_manager(t).acknowledge(cid, sub)
+        done = store.coordinator.complete(cid)
+        assert done is not None and len(done.entries) == len(written)
+        store.deliver_notifications()
         store.flush()
         assert store.check_invariants() == []

@@ -3,25 +3,40 @@ damaged data files, met by ``coordinator.restart()`` (which reads the retained m
 back), ``coordinator.restore()``/``rescale()`` and ``CheckpointStore.recover()``.
 
 Each refusal raises a clear error (its type, and a message naming the file, the field and
-the problem) and leaves storage exactly as it was: the full listing with every size and a
-hash of every file's contents is compared before and after (with queued background
-deletes drained). Once the good bytes are back, the same call succeeds and the store
-works on. ``model_tests/test_metadata.py`` covers the decoder itself.
+the problem) and leaves storage exactly as it was: the full listing (every file and
+directory, each file's listed size and its bytes) is compared before and after (with
+queued background deletes drained). Once the good bytes are back, the same call succeeds
+and the store works on. ``model_tests/test_metadata.py`` covers the decoder itself.
+
+Storages and merging modes (``SETTINGS``): local files and ``memory://`` in all three
+modes; S3 (s3fs against moto's server on 127.0.0.1, the ``s3_endpoint`` fixture of
+``test_lockstep``) in WITHIN_CHECKPOINT only. ACROSS_CHECKPOINT is refused on S3 by
+design (R16), and NONE differs from WITHIN only in how the data files are cut (a whole
+file per handle instead of segments of pooled files): what is S3's own here (listing,
+reading ``_metadata`` and ranges back, the object-store delete path that must not run)
+is the same in both. Every S3 request costs moto tens of milliseconds of this process's
+CPU (a store of three checkpoints about a second, a listing with every object's bytes
+about half a second), so on S3 each ``_metadata`` case is one test that meets every
+reader in turn on one store (``test_s3_refuses_bad_metadata``), with the full listing
+compared after each refusal; the data-file cases run on S3 as they are.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fastimpl import CheckpointStore, MetadataError, RecoveryError, StorageFault
+from fastimpl import CheckpointStore, MetadataError, RecoveryError, RecoveryReport, StorageFault
 from fastimpl.metadata import _canonical, encode
 from model_tests.faultyfs import Ledger, Place, payload
+from model_tests.test_lockstep import S3_BUCKET, s3, s3_endpoint  # noqa: F401 (a fixture)
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import FileHandle, SegmentHandle, StateEntry, stream_of
 from spec.layout import metadata_path
@@ -33,22 +48,68 @@ META = metadata_path("job-0", 3)
 """The newest retained checkpoint's ``_metadata``, which every case damages."""
 
 
-@pytest.fixture(params=[MergingMode.NONE, MergingMode.WITHIN_CHECKPOINT], ids=lambda m: m.name)
-def mode(request: pytest.FixtureRequest) -> MergingMode:
-    mode: MergingMode = request.param
-    return mode
+S3_MODE = MergingMode.WITHIN_CHECKPOINT
+"""The one merging mode the S3 cases run in (see the module's docstring)."""
+FILE_SETTINGS: list[tuple[str, MergingMode]] = [
+    (kind, m) for kind in ("local", "memory") for m in MergingMode
+]
+S3_SETTINGS: list[tuple[str, MergingMode]] = [("s3", S3_MODE)]
+SETTINGS = FILE_SETTINGS + S3_SETTINGS
+"""(storage, merging mode) of a test; the ``setting`` fixture's default is all of them."""
+_s3_roots = itertools.count()
 
 
-@pytest.fixture(params=["local", "memory"])
-def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
-    p = Place.make(request.param, tmp_path)
-    yield p
-    p.cleanup()
+def _setting_id(setting: tuple[str, MergingMode]) -> str:
+    return f"{setting[0]}-{setting[1].name}"
+
+
+on_file_systems = pytest.mark.parametrize("setting", FILE_SETTINGS, ids=_setting_id)
+on_s3 = pytest.mark.parametrize("setting", S3_SETTINGS, ids=_setting_id)
+
+
+@pytest.fixture(params=SETTINGS, ids=_setting_id)
+def setting(request: pytest.FixtureRequest) -> tuple[str, MergingMode]:
+    setting: tuple[str, MergingMode] = request.param
+    return setting
+
+
+@pytest.fixture
+def mode(setting: tuple[str, MergingMode]) -> MergingMode:
+    return setting[1]
+
+
+@pytest.fixture
+def place(
+    setting: tuple[str, MergingMode], request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Place]:
+    kind = setting[0]
+    if kind != "s3":
+        p = Place.make(kind, tmp_path)
+        yield p
+        p.cleanup()
+        return
+    endpoint: str = request.getfixturevalue("s3_endpoint")
+    fs = s3(endpoint)
+    root = f"{S3_BUCKET}/bad-input-{os.getpid()}-{next(_s3_roots)}"
+    yield Place("s3", root, f"s3://{root}", fs)
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+
+
+def _options(place: Place) -> dict[str, Any]:
+    """The storage options that reach ``place`` from its URL (S3: moto's endpoint and
+    the dummy credentials; nothing for local files and memory)."""
+    options: dict[str, Any] = place.inner.storage_options
+    return options
+
+
+def _config(mode: MergingMode) -> Config:
+    return Config.for_mode(mode, num_retained=2)
 
 
 def _store(place: Place, mode: MergingMode) -> tuple[CheckpointStore, Ledger]:
     """Three checkpoints, two retained (2 and 3), written through the public API."""
-    store = CheckpointStore(place.url, Config.for_mode(mode, num_retained=2), JOB)
+    store = CheckpointStore(place.url, _config(mode), JOB, storage_options=_options(place))
     ledger = Ledger()
     coord = store.coordinator
     for n in range(1, 4):
@@ -67,8 +128,12 @@ def _store(place: Place, mode: MergingMode) -> tuple[CheckpointStore, Ledger]:
         store.deliver_notifications()
     store.flush()
     assert [r.checkpoint for r in coord.retained()] == [2, 3]
-    assert META in place.snapshot()
+    assert place.inner.isfile(f"{place.root}/{META}")
     return store, ledger
+
+
+def _recover(place: Place, mode: MergingMode) -> tuple[CheckpointStore, RecoveryReport]:
+    return CheckpointStore.recover(place.url, _config(mode), JOB, storage_options=_options(place))
 
 
 # --------------------------------------------------------------------------- the cases
@@ -161,22 +226,61 @@ def _expect(err: BaseException, case: str, source: str = META) -> None:
         assert word in msg, (word, msg)
 
 
-def _unchanged(place: Place, store: CheckpointStore | None, before: dict[str, Any]) -> None:
+Listing = dict[str, tuple[str, int | None, bytes | None]]
+
+
+def _listing(place: Place) -> Listing:
+    """Everything under the place's root, by relative path: each file's type, size as
+    listed and bytes; each directory's type (on S3: each prefix that holds an object)."""
+    fs = place.inner
+    try:
+        found: dict[str, dict[str, Any]] = fs.find(place.root, withdirs=True, detail=True)
+    except FileNotFoundError:
+        return {}
+    prefix = place.root.rstrip("/") + "/"
+    files = sorted(p for p, info in found.items() if info["type"] == "file")
+    data: dict[str, bytes] = fs.cat(files) if files else {}  # concurrent on S3
+    out: Listing = {}
+    for p, info in found.items():
+        if not p.startswith(prefix):
+            continue  # the root itself
+        if info["type"] == "file":
+            out[p[len(prefix) :]] = ("file", int(info["size"]), bytes(data[p]))
+        else:
+            out[p[len(prefix) :]] = (str(info["type"]), None, None)
+    return out
+
+
+def _changes(before: Listing, after: Listing) -> list[str]:
+    out = [f"deleted {p}" for p in sorted(before.keys() - after.keys())]
+    out += [f"created {p}" for p in sorted(after.keys() - before.keys())]
+    for p in sorted(before.keys() & after.keys()):
+        (kind, size, data), (kind2, size2, data2) = before[p], after[p]
+        if (kind, size) != (kind2, size2):
+            out.append(f"{p}: {kind} of {size} bytes became {kind2} of {size2} bytes")
+        elif data != data2:
+            out.append(f"{p}: contents changed")
+    return out
+
+
+def _unchanged(place: Place, store: CheckpointStore | None, before: Listing) -> None:
     if store is not None:
         store.flush()
-    assert place.snapshot() == before
+    changes = _changes(before, _listing(place))
+    assert not changes, changes
 
 
 # --------------------------------------------------------------------------- metadata
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@on_file_systems
 def test_restart_refuses_bad_metadata(place: Place, mode: MergingMode, case: str) -> None:
     """R95: a coordinator restart reads the retained ``_metadata`` back; a bad one fails
     the restart before anything changes."""
     store, ledger = _store(place, mode)
     good = _damage(place, case)
-    before = place.snapshot()
+    before = _listing(place)
     with pytest.raises(MetadataError) as info:
         store.coordinator.restart()
     _expect(info.value, case)
@@ -190,6 +294,7 @@ def test_restart_refuses_bad_metadata(place: Place, mode: MergingMode, case: str
 
 @pytest.mark.parametrize("rescale", [False, True], ids=["restore", "rescale"])
 @pytest.mark.parametrize("case", list(CASES))
+@on_file_systems
 def test_restore_refuses_bad_metadata(
     place: Place, mode: MergingMode, case: str, rescale: bool
 ) -> None:
@@ -197,7 +302,7 @@ def test_restore_refuses_bad_metadata(
     running job ends or anything is deleted."""
     store, ledger = _store(place, mode)
     good = _damage(place, case)
-    before = place.snapshot()
+    before = _listing(place)
     coord = store.coordinator
     with pytest.raises(MetadataError) as info:
         if rescale:
@@ -216,22 +321,72 @@ def test_restore_refuses_bad_metadata(
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@on_file_systems
 def test_recover_refuses_bad_metadata(place: Place, mode: MergingMode, case: str) -> None:
     """Recovery reads every ``_metadata`` of the crashed job before it changes anything."""
     store, ledger = _store(place, mode)
     good = _damage(place, case)
     store.close()  # the process dies
-    before = place.snapshot()
-    config = Config.for_mode(mode, num_retained=2)
+    before = _listing(place)
     with pytest.raises(MetadataError) as info:
-        CheckpointStore.recover(place.url, config, JOB)
+        _recover(place, mode)
     _expect(info.value, case)
     _unchanged(place, None, before)
     place.write(META, good)
-    new, report = CheckpointStore.recover(place.url, config, JOB)
+    new, report = _recover(place, mode)
     assert report.checkpoints == (2, 3)
     assert ledger.problems(new) == []
     assert new.check_invariants() == []
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@on_s3
+def test_s3_refuses_bad_metadata(place: Place, mode: MergingMode, case: str) -> None:
+    """The three tests above on S3, on one store per case: a coordinator restart, a
+    restore and a rescale of the running job, then recovery once the process died. Each
+    refuses with the same error and leaves every object (listed size and bytes) as it was;
+    with the good bytes back, recovery succeeds and reads every retained byte back."""
+    store, ledger = _store(place, mode)
+    good = _damage(place, case)
+    before = _listing(place)
+    coord = store.coordinator
+    readers: dict[str, Callable[[], object]] = {
+        "restart": coord.restart,
+        "restore": lambda: coord.restore(3),
+        "rescale": lambda: coord.rescale(3, {"win": 3}),
+    }
+    for reader, call in readers.items():
+        with pytest.raises(MetadataError) as info:
+            call()
+        _expect(info.value, case)
+        _unchanged(place, store, before)
+        assert store.job_id == "job-0", reader
+        assert [r.checkpoint for r in coord.retained()] == [2, 3], reader
+    store.close()  # the process dies (every file was uploaded already: nothing changes)
+    with pytest.raises(MetadataError) as info:
+        _recover(place, mode)
+    _expect(info.value, case)
+    _unchanged(place, None, before)
+    place.write(META, good)
+    new, report = _recover(place, mode)
+    assert report.checkpoints == (2, 3)
+    assert ledger.problems(new) == []
+    assert new.check_invariants() == []
+
+
+@on_s3
+def test_across_checkpoint_on_s3_is_refused_before_any_io(place: Place, mode: MergingMode) -> None:
+    """R16: ACROSS_CHECKPOINT merging on S3 is a configuration error, for a new store and
+    for the recovery of a job whose checkpoints are there; the objects stay as they were."""
+    store, _ = _store(place, mode)
+    store.close()
+    before = _listing(place)
+    across = MergingMode.ACROSS_CHECKPOINT
+    with pytest.raises(ValueError, match=r"across-checkpoint-boundary .* \(R16\)"):
+        CheckpointStore(place.url, _config(across), JOB, storage_options=_options(place))
+    with pytest.raises(ValueError, match=r"across-checkpoint-boundary .* \(R16\)"):
+        _recover(place, across)
+    _unchanged(place, None, before)
 
 
 def _works(store: CheckpointStore, ledger: Ledger) -> None:
@@ -277,9 +432,9 @@ def test_a_truncated_data_file(place: Place, mode: MergingMode) -> None:
     assert path in msg and f"wanted {length} bytes" in msg and f"holds {length - 3}" in msg
     assert isinstance(info.value, ValueError)  # what a short read raised before
     store.close()
-    before = place.snapshot()
+    before = _listing(place)
     with pytest.raises(RecoveryError) as rec:
-        CheckpointStore.recover(place.url, Config.for_mode(mode, num_retained=2), JOB)
+        _recover(place, mode)
     msg = str(rec.value)
     assert path in msg and str(offset + length) in msg and str(offset + length - 3) in msg
     assert "chk-3" in msg or "checkpoint 3" in msg
@@ -291,14 +446,14 @@ def test_reading_a_handle_whose_file_is_missing(place: Place, mode: MergingMode)
     entry = _an_entry(store)
     path, _, _ = _extent(entry)
     place.inner.rm_file(f"{place.root}/{path}")
-    before = place.snapshot()
+    before = _listing(place)
     with pytest.raises(StorageFault) as info:
         store.read(entry)
     assert str(info.value).startswith(f"reading {path} failed: FileNotFoundError")
     assert isinstance(info.value.cause, FileNotFoundError)
     _unchanged(place, store, before)
     with pytest.raises(RecoveryError, match="missing"):
-        CheckpointStore.recover(place.url, Config.for_mode(mode, num_retained=2), JOB)
+        _recover(place, mode)
     _unchanged(place, store, before)
 
 

@@ -1,5 +1,7 @@
 """Failing storage calls through the public API (``model_tests/faultyfs.py`` wraps a local
-directory or memory, optionally as an object store where a file appears only once closed).
+directory or memory, optionally as an object store where a file appears only once closed;
+on a local directory the calls failed are the OS calls of ``Storage``'s local-disk path:
+builtin ``open``, ``os.fsync``, directory syncs, ``os.replace``, ``os.remove``).
 
 After every fault: the failing call is raised as ``StorageFault`` naming the path (or, for
 a metadata write, the checkpoint is aborted, R51), the checkpoint it broke does not
@@ -37,8 +39,9 @@ TARGET = SubtaskId("win", 1, 2)
 """The subtask whose write fails."""
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 KINDS = ["local", "memory", "object"]
-"""Where the files live: local disk and memory through the wrapper (open files readable),
-and memory behind the wrapper as an object store (a file appears once closed)."""
+"""Where the files live: local disk (``Storage``'s local path, its OS calls through
+``FaultyOS``) and memory through the wrapper (open files readable), and memory behind the
+wrapper as an object store (a file appears once closed)."""
 
 
 @pytest.fixture
@@ -125,10 +128,13 @@ WRITE_CASES = [
     for k, m in CASES
     for f in ["open", "write", "flush"]
     + (["close"] if k == "object" and m is MergingMode.NONE else [])
+    + (["fsync", "fsync_dir"] if k == "local" else [])
 ]
 """A close fails at a stream's close only on an object store without merging (the
 upload; a readable store loses nothing, see below; a pooled file closes at acknowledge,
-see test_a_failed_upload_at_acknowledge_declines_the_checkpoint)."""
+see test_a_failed_upload_at_acknowledge_declines_the_checkpoint). On a local disk the
+file's ``fsync`` (at every append) and its directory's (once, when it is created) fail
+too: a handle whose bytes or name are not durable must not exist."""
 
 
 @pytest.mark.parametrize(
@@ -141,7 +147,8 @@ def test_a_failing_write_declines_and_loses_nothing(
     upload) that fails while a stream closes raises ``StorageFault`` naming the path; the
     subtask declines, so the checkpoint is aborted; nothing completed is touched."""
     # every write opens a file of its own where the fault must hit the create
-    size = 1 if method == "open" and mode is not MergingMode.NONE else 32 * 2**20
+    at_create = method in ("open", "fsync_dir")
+    size = 1 if at_create and mode is not MergingMode.NONE else 32 * 2**20
     config = Config.for_mode(mode, num_retained=1, max_file_size=size)
     _, store, fs = _open(kind, tmp_path, places, config)
     ledger = Ledger()
@@ -161,7 +168,9 @@ def test_a_failing_write_declines_and_loses_nothing(
             stream.close_and_get_handle()
         err = info.value
         assert fs.faults_fired == 1
-        assert fs.fault_log[0][1].endswith("/" + err.path)
+        # a directory sync fails on the directory of the file being created
+        failed = err.path.rsplit("/", 1)[0] if method == "fsync_dir" else err.path
+        assert fs.fault_log[0][1].endswith("/" + failed)
         assert err.path in str(err) and "injected fault" in str(err)
         assert stream.handle is None
     assert cid not in coord.pending()  # declined: aborted
@@ -192,14 +201,33 @@ def test_an_error_closing_a_flushed_file_loses_nothing(
     _settle(store, ledger, 1)
 
 
+METADATA_CASES = [
+    (k, m, f)
+    for k, m in CASES
+    for f in (["fsync", "replace", "fsync_dir"] if k == "local" else ["pipe_file"])
+]
+"""The call of a metadata write that fails: the single PUT (``pipe_file``) or, on a local
+disk, the sync of the temporary file, the rename, or the directory sync after it."""
+
+
 @pytest.mark.parametrize("lost_reply", [False, True], ids=["failed", "lost-reply"])
-@pytest.mark.parametrize(("kind", "mode"), CASES, ids=CASE_IDS)
+@pytest.mark.parametrize(
+    ("kind", "mode", "method"),
+    METADATA_CASES,
+    ids=[f"{k}-{m.name}-{f}" for k, m, f in METADATA_CASES],
+)
 def test_a_failing_metadata_write_aborts_the_checkpoint(
-    tmp_path: Path, places: list[Place], kind: str, mode: MergingMode, lost_reply: bool
+    tmp_path: Path,
+    places: list[Place],
+    kind: str,
+    mode: MergingMode,
+    method: str,
+    lost_reply: bool,
 ) -> None:
     """R51: ``complete`` returns None, the checkpoint is aborted, no ``_metadata`` of it
     stays (also when the write happened and only its answer was lost: recovery would
-    take it for a completed checkpoint whose files the abort deletes)."""
+    take it for a completed checkpoint whose files the abort deletes), nor a temporary
+    ``_metadata.inprogress``."""
     config = Config.for_mode(mode, num_retained=1)
     place, store, fs = _open(kind, tmp_path, places, config)
     ledger = Ledger()
@@ -209,13 +237,16 @@ def test_a_failing_metadata_write_aborts_the_checkpoint(
     for sub, tm in sorted(store.placement().items()):
         _write_subtask(store, ledger, cid, sub, tm, reuse=(1,))
         store.task_manager(tm).acknowledge(cid, sub)
-    fs.fail("pipe_file", path_contains="_metadata", lost_reply=lost_reply)
+    where = f"chk-{cid}" if method == "fsync_dir" else "_metadata"
+    fs.fail(method, path_contains=where, lost_reply=lost_reply)
     assert coord.complete(cid) is None
     assert fs.faults_fired == 1
     assert cid not in coord.pending()
     store.deliver_notifications()
     store.flush()
-    assert metadata_path(store.job_id, cid) not in place.snapshot()
+    left = place.snapshot()
+    assert metadata_path(store.job_id, cid) not in left
+    assert metadata_path(store.job_id, cid) + ".inprogress" not in left
     assert [r.checkpoint for r in coord.retained()] == [2]
     assert ledger.problems(store) == []
     assert store.check_invariants() == []
@@ -332,6 +363,8 @@ def test_queued_deletes_go_in_fewer_calls_than_paths(
     assert not first & set(place.snapshot())
     assert storage.deletes_done == len(first)
     assert storage.delete_calls <= 2 < len(first)
+    if kind == "local":
+        return  # a local disk has no bulk call: one os.remove per path, in one batch
     # How the paths split between the (at most two) calls depends on when the worker
     # wakes: one path then 16, or the coordinator's 9 then the TMs' 8.
     assert len(fs.bulk_rm_sizes) <= 2 and sum(fs.bulk_rm_sizes) >= len(first) - 1
@@ -413,30 +446,49 @@ def test_reusing_state_whose_checkpoint_was_aborted(
 # --------------------------------------------------------------------------- random faults
 
 FAULTY_METHODS = ["open", "write", "flush", "close", "makedirs", "pipe_file", "cat_file"]
+LOCAL_FAULTY_METHODS = [
+    "open",
+    "write",
+    "flush",
+    "fsync",
+    "close",
+    "mkdir",
+    "fsync_dir",
+    "replace",
+    "cat_file",
+]
+"""On a local disk: the OS calls of ``Storage``'s local path (and its fsspec reads)."""
 SMALL_JOB = JobSpec((VertexSpec("src", 1), VertexSpec("win", 2)), num_tms=2)
 EXAMPLES = {"long": 3000, "ci": 300}.get(PROFILE, 200)
+LOCAL_EXAMPLES = {"long": 1000, "ci": 60}.get(PROFILE, 40)
+"""Local disk: every append and directory sync is a real ``fsync``, so fewer examples."""
 MAX_OPS = 60 if PROFILE == "long" else 30
 
 Fault = tuple[str, int, int, bool]
 """(method, after, times, lost_reply): ``FaultyFileSystem.fail`` arguments."""
+Op = tuple[str, int, Fault | None]
 
-faults: st.SearchStrategy[Fault | None] = st.one_of(
-    st.none(),
-    st.none(),
-    st.tuples(
-        st.sampled_from(FAULTY_METHODS), st.integers(0, 12), st.integers(1, 2), st.booleans()
-    ),
-)
-ops = st.one_of(
-    *[st.tuples(st.just("checkpoint"), st.booleans(), faults)] * 6,
-    st.tuples(st.just("savepoint"), st.just(False), faults),
-    st.tuples(st.just("abandon"), st.integers(0, 3), faults),
-    st.tuples(st.just("failover"), st.just(False), faults),
-    st.tuples(st.just("restart"), st.just(False), faults),
-    *[st.tuples(st.just("break_deletes"), st.integers(0, 10**6), st.none())] * 2,
-    st.tuples(st.just("heal_deletes"), st.just(False), st.none()),
-    st.tuples(st.just("retry_deletes"), st.just(False), st.none()),
-)
+
+def _ops(methods: list[str]) -> st.SearchStrategy[Op]:
+    faults: st.SearchStrategy[Fault | None] = st.one_of(
+        st.none(),
+        st.none(),
+        st.tuples(st.sampled_from(methods), st.integers(0, 12), st.integers(1, 2), st.booleans()),
+    )
+    return st.one_of(
+        *[st.tuples(st.just("checkpoint"), st.booleans(), faults)] * 6,
+        st.tuples(st.just("savepoint"), st.just(False), faults),
+        st.tuples(st.just("abandon"), st.integers(0, 3), faults),
+        st.tuples(st.just("failover"), st.just(False), faults),
+        st.tuples(st.just("restart"), st.just(False), faults),
+        *[st.tuples(st.just("break_deletes"), st.integers(0, 10**6), st.none())] * 2,
+        st.tuples(st.just("heal_deletes"), st.just(False), st.none()),
+        st.tuples(st.just("retry_deletes"), st.just(False), st.none()),
+    )
+
+
+ops = _ops(FAULTY_METHODS)
+local_ops = _ops(LOCAL_FAULTY_METHODS)
 
 
 class FaultyJob:
@@ -570,24 +622,55 @@ def test_random_faults_never_lose_a_byte(
     object_store: bool,
     num_retained: int,
     small_files: bool,
-    steps: list[tuple[str, int, Fault | None]],
+    steps: list[Op],
+) -> None:
+    _random_faults("memory", mode, object_store, num_retained, small_files, steps)
+
+
+@settings(max_examples=LOCAL_EXAMPLES)
+@given(
+    mode=st.sampled_from(MergingMode),
+    num_retained=st.integers(1, 2),
+    small_files=st.booleans(),
+    steps=st.lists(local_ops, min_size=10, max_size=MAX_OPS),
+)
+def test_random_faults_never_lose_a_byte_on_local_disk(
+    mode: MergingMode, num_retained: int, small_files: bool, steps: list[Op]
+) -> None:
+    """The same on a local directory: faults in the OS calls of ``Storage``'s local path
+    (builtin ``open``, ``os.fsync``, directory syncs, ``os.replace``)."""
+    _random_faults("local", mode, False, num_retained, small_files, steps)
+
+
+def _random_faults(
+    kind: str,
+    mode: MergingMode,
+    object_store: bool,
+    num_retained: int,
+    small_files: bool,
+    steps: list[Op],
 ) -> None:
     if object_store and mode is MergingMode.ACROSS_CHECKPOINT:
         mode = MergingMode.WITHIN_CHECKPOINT
     size = 512 if small_files else 32 * 2**20
     config = Config.for_mode(mode, num_retained=num_retained, max_file_size=size)
-    place = Place.make("memory", Path(tempfile.gettempdir()))
-    try:
-        job = FaultyJob(place, config, object_store)
-        for op, arg, fault in steps:
-            job.apply(op, arg, fault)
-        fired = job.fs.faults_fired
-        event(f"faults fired: {min(fired, 5)}{'+' if fired > 4 else ''}")
-        event(f"a delete failed for good: {job.delete_failures > 0}")
-        event(f"checkpoints completed: {min(job.completed, 5)}{'+' if job.completed > 4 else ''}")
-        job.quiesce()
-    finally:
-        place.cleanup()
+    with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
+        place = Place.make(kind, Path(tmp))
+        try:
+            _run_faulty_job(place, config, object_store, steps)
+        finally:
+            place.cleanup()
+
+
+def _run_faulty_job(place: Place, config: Config, object_store: bool, steps: list[Op]) -> None:
+    job = FaultyJob(place, config, object_store)
+    for op, arg, fault in steps:
+        job.apply(op, arg, fault)
+    fired = job.fs.faults_fired
+    event(f"faults fired: {min(fired, 5)}{'+' if fired > 4 else ''}")
+    event(f"a delete failed for good: {job.delete_failures > 0}")
+    event(f"checkpoints completed: {min(job.completed, 5)}{'+' if job.completed > 4 else ''}")
+    job.quiesce()
 
 
 def test_reading_past_the_wrapper_agrees_with_the_store(

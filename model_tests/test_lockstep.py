@@ -1,17 +1,23 @@
-"""fastimpl in lockstep with the reference model, on four storages (issue 3).
+"""An implementation in lockstep with the reference model, on four storages (issue 3).
 
-A Hypothesis state machine drives the reference model (through ``Harness``) and a
-``fastimpl.Cluster`` writing real files through fsspec, with the same commands:
-``LockstepHarness.run`` sends every command to both. After every command:
+A Hypothesis state machine drives the reference model (through ``Harness``) and an
+implementation under test writing real files through fsspec, with the same commands:
+``LockstepHarness.run`` sends every command to both. The implementation is an argument:
+anything that ``Target`` describes (run a command, observe itself, say whether a
+directory exists, settle and close), started by a ``StartTarget`` callable from a
+configuration, a job, a file system and a root. ``FastimplTarget`` (a ``fastimpl.Cluster``)
+is the one this project ships; ``lockstep(start, backend, mode, examples)`` runs the
+machine for any other, and ``LOCKSTEP_IMPL=module:callable`` runs ``test_lockstep`` with
+that one instead. After every command:
 
 * both accept it, or both refuse it with the same ``Reason``;
 * ``observe()`` of both are equal, field by field. Normalizations: the byte size of
   ``_metadata`` files (the model counts entries, fastimpl writes JSON) is compared as
   existence only; every data file's size must match exactly; on an object store the
   model's open files are left out of its file list (see below);
-* the managed directories fastimpl reports exist on the real storage (on an object store:
+* the managed directories the implementation reports exist on the real storage (on an object store:
   exactly when a file is stored under them, see below);
-* every safety invariant (I1-I5) holds on fastimpl's observation.
+* every safety invariant (I1-I5) holds on the implementation's observation.
 
 The rules are those of ``RefimplMachine`` (every command of the vocabulary, including
 failing storage calls armed by ``FailNextCall``, and quiescing midway and in teardown,
@@ -24,7 +30,7 @@ Storages (``BACKENDS``), each a pytest parameter:
   ``os.replace`` and fsspec's ``LocalFileSystem`` on the real disk;
 * ``memory``: fsspec's ``memory://``;
 * ``pyfakefs``: the same local code paths on pyfakefs's fake file system. The fake file
-  system is active only while a sequence runs (resumed when the machine builds its cluster,
+  system is active only while a sequence runs (resumed when the machine starts its target,
   paused in its teardown, after queued deletes are drained), so Hypothesis reads and
   writes its example database (``.hypothesis/``) on the real disk between sequences.
   One workaround: fsspec's ``LocalFileSystem.cat_file`` fails on pyfakefs's file objects
@@ -54,20 +60,21 @@ sequence), e.g.::
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import attrs
 import fsspec  # type: ignore[import-untyped]
 import pytest
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 from pyfakefs.fake_filesystem_unittest import Patcher
 
@@ -81,6 +88,7 @@ from spec.effects import Effect
 from spec.errors import CommandError
 from spec.invariants import check_safety
 from spec.layout import is_under
+from spec.observation import Observation
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 SCALE = 10 if PROFILE == "long" else 1
@@ -93,6 +101,8 @@ OVERRIDE = os.environ.get("LOCKSTEP_EXAMPLES", "").strip()
 """``LOCKSTEP_EXAMPLES=N``: N sequences per merging mode on every selected storage."""
 LOG = os.environ.get("LOCKSTEP_LOG", "").strip()
 """``LOCKSTEP_LOG=path``: a line per finished sequence, to follow a soak run."""
+IMPL = os.environ.get("LOCKSTEP_IMPL", "").strip()
+"""``LOCKSTEP_IMPL=module:callable``: the ``StartTarget`` that ``test_lockstep`` drives."""
 
 BACKENDS = ("local", "memory", "pyfakefs", "s3")
 OBJECT_STORE_MODES = (MergingMode.NONE, MergingMode.WITHIN_CHECKPOINT)
@@ -106,6 +116,64 @@ def examples(backend: str) -> int:
     if OVERRIDE:
         return int(OVERRIDE)
     return EXAMPLES[backend] * SCALE
+
+
+# ---------------------------------------------------------------------------- implementations
+
+
+class Target(Protocol):
+    """An implementation under test, running one job on one storage root."""
+
+    def apply(self, cmd: c.Command) -> None:
+        """Run a command of ``spec.commands``; raise ``CommandError`` if it is refused
+        (a refused command changes nothing)."""
+
+    def observe(self) -> Observation:
+        """What the implementation shows of itself: its real files and bookkeeping."""
+
+    def exists_dir(self, path: str) -> bool:
+        """Whether a directory (relative to the root) exists on the storage."""
+
+    def settle(self) -> None:
+        """Wait for work in the background (e.g. queued deletes) to finish."""
+
+    def close(self) -> None:
+        """Release what the implementation holds open (files, threads)."""
+
+
+StartTarget = Callable[[Config, JobSpec, Any, str], Target]
+"""``start(config, job, fs, root)``: a fresh implementation on an empty root. Names must
+be the model's deterministic ones (R2: ``f000001``..., ``s000001``...)."""
+
+
+class FastimplTarget:
+    """fastimpl's ``Cluster`` with the model's names (``CounterIds``)."""
+
+    def __init__(self, config: Config, job: JobSpec, fs: Any, root: str) -> None:
+        self.cluster = Cluster(config, job, fs, root, CounterIds())
+
+    def apply(self, cmd: c.Command) -> None:
+        self.cluster.apply(cmd)
+
+    def observe(self) -> Observation:
+        return self.cluster.observe()
+
+    def exists_dir(self, path: str) -> bool:
+        return bool(self.cluster.storage.exists_dir(path))
+
+    def settle(self) -> None:
+        self.cluster.storage.drain()
+
+    def close(self) -> None:
+        self.cluster.storage.close_all()
+
+
+def _start_from_env() -> StartTarget:
+    if not IMPL:
+        return FastimplTarget
+    module, _, name = IMPL.partition(":")
+    start: StartTarget = getattr(importlib.import_module(module), name or "start")
+    return start
 
 
 # ---------------------------------------------------------------------------- storages
@@ -130,7 +198,7 @@ class Backend:
     def activate(self) -> None:
         """A sequence starts using the storage."""
 
-    def deactivate(self, cluster: Cluster | None) -> None:
+    def deactivate(self, target: Target | None) -> None:
         """The sequence is over (called even if it never started)."""
 
     def new_root(self) -> str:
@@ -178,13 +246,11 @@ class FakeFsBackend(Backend):
     def activate(self) -> None:
         self.patcher.resume()
 
-    def deactivate(self, cluster: Cluster | None) -> None:
-        if cluster is not None:
-            # fastimpl may delete in a background thread: let it finish on the fake file
-            # system before the real one is back.
-            drain = getattr(cluster.storage, "drain", None)
-            if drain is not None:
-                drain()
+    def deactivate(self, target: Target | None) -> None:
+        if target is not None:
+            # The implementation may delete in a background thread: let it finish on the
+            # fake file system before the real one is back.
+            target.settle()
         self.patcher.pause()
 
 
@@ -253,12 +319,14 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
 
 
 class LockstepHarness(Harness):
-    """A harness whose every command also runs on a fastimpl cluster, compared."""
+    """A harness whose every command also runs on the implementation, compared."""
 
-    def __init__(self, config: Config, job: JobSpec, backend: Backend, root: str) -> None:
+    def __init__(
+        self, config: Config, job: JobSpec, backend: Backend, root: str, start: StartTarget
+    ) -> None:
         super().__init__(config, job)
         self.backend = backend
-        self.cluster = Cluster(config, job, backend.fs, root, CounterIds())
+        self.target = start(config, job, backend.fs, root)
         self.dir_view: dict[str, bool] = {}
         """Object stores: whether each managed directory held a file at the last check."""
 
@@ -273,23 +341,22 @@ class LockstepHarness(Harness):
             raise
         impl_err: CommandError | None = None
         try:
-            self.cluster.apply(cmd)
+            self.target.apply(cmd)
         except CommandError as err:
             impl_err = err
         history = self.history + ([cmd] if model_err is not None else [])
         repro = "\n".join(f"    {x!r}," for x in history)
         assert (model_err is None) == (impl_err is None), (
-            f"model {'refused: ' + str(model_err) if model_err else 'accepted'}, fastimpl "
+            f"model {'refused: ' + str(model_err) if model_err else 'accepted'}, implementation "
             f"{'refused: ' + str(impl_err) if impl_err else 'accepted'} {cmd!r} after:\n{repro}"
         )
         if model_err is not None and impl_err is not None:
             assert model_err.reason is impl_err.reason, f"{model_err} != {impl_err}\n{repro}"
-        impl = self.cluster.observe()
+        impl = self.target.observe()
         listed = not self.backend.object_store
         model = normalized(self.observe(), open_files_listed=listed)
         diff = differences(model, normalized(impl))
         assert not diff, "\n".join([*diff, "after commands:", repro])
-        storage = self.cluster.storage
         if self.backend.object_store:
             # Directories are key prefixes on S3: there are no empty ones, and one "exists"
             # exactly when an object lies under it. A LIST request per directory after
@@ -299,12 +366,12 @@ class LockstepHarness(Harness):
             wrong = [
                 d
                 for d, there in expected.items()
-                if self.dir_view.get(d) is not there and storage.exists_dir(d) is not there
+                if self.dir_view.get(d) is not there and self.target.exists_dir(d) is not there
             ]
             self.dir_view = expected
             assert not wrong, f"directory view disagrees with the files: {wrong}\n{repro}"
         else:
-            missing = [d for d in impl.directories if not storage.exists_dir(d)]
+            missing = [d for d in impl.directories if not self.target.exists_dir(d)]
             assert not missing, f"directories reported but not on storage: {missing}\n{repro}"
         broken = check_safety(impl)
         assert not broken, "\n".join([*(str(v) for v in broken), repro])
@@ -315,15 +382,18 @@ class LockstepHarness(Harness):
 
 class LockstepMachine(RefimplMachine):
     backend: Backend
+    start: ClassVar[StartTarget] = FastimplTarget
 
     root: str | None = None
-    cluster: Cluster | None = None
+    target: Target | None = None
 
     def make_harness(self, cfg: Config) -> Harness:
         self.backend.activate()
         self.root = self.backend.new_root()
-        h = LockstepHarness(self.backend.config(cfg), DEFAULT_JOB, self.backend, self.root)
-        self.cluster = h.cluster
+        h = LockstepHarness(
+            self.backend.config(cfg), DEFAULT_JOB, self.backend, self.root, type(self).start
+        )
+        self.target = h.target
         return h
 
     def transitions_are_pure(self) -> None:
@@ -339,15 +409,13 @@ class LockstepMachine(RefimplMachine):
             raise
         finally:
             try:
-                if self.cluster is not None:
-                    close_all = getattr(self.cluster.storage, "close_all", None)
-                    if close_all is not None:
-                        close_all()
+                if self.target is not None:
+                    self.target.close()
                 if self.root is not None:
                     self.backend.remove(self.root)
             finally:
-                self.backend.deactivate(self.cluster)
-                if LOG and self.cluster is not None:  # on the real disk, after deactivate
+                self.backend.deactivate(self.target)
+                if LOG and self.target is not None:  # on the real disk, after deactivate
                     self._log(outcome)
 
     def _log(self, outcome: BaseException | None) -> None:
@@ -374,14 +442,23 @@ def _cases() -> list[Any]:
     ]
 
 
-@pytest.mark.parametrize(("backend", "mode"), _cases(), indirect=["backend"])
-def test_lockstep(backend: Backend, mode: MergingMode) -> None:
+def lockstep(
+    start: StartTarget, backend: Backend, mode: MergingMode, max_examples: int, **kw: Any
+) -> None:
+    """Run the lockstep machine on ``start``'s implementation: raises with the minimal
+    command sequence if it ever disagrees with the model or breaks an invariant.
+    ``kw``: more Hypothesis settings."""
     machine = type(
         f"Lockstep{backend.name.title()}{mode.name}",
         (LockstepMachine,),
-        {"mode": mode, "backend": backend},
+        {"mode": mode, "backend": backend, "start": start},
     )
-    run_state_machine_as_test(machine, settings=settings(max_examples=examples(backend.name)))
+    run_state_machine_as_test(machine, settings=settings(max_examples=max_examples, **kw))
+
+
+@pytest.mark.parametrize(("backend", "mode"), _cases(), indirect=["backend"])
+def test_lockstep(backend: Backend, mode: MergingMode) -> None:
+    lockstep(_start_from_env(), backend, mode, examples(backend.name))
 
 
 @pytest.mark.parametrize("backend", ["s3"], indirect=True)
@@ -398,3 +475,31 @@ def test_across_checkpoint_refused_on_s3(backend: Backend) -> None:
         cluster.apply(c.Trigger())
         assert cluster.observe().files == {}
         backend.remove(root)
+
+
+class NotificationDroppingTarget(FastimplTarget):
+    """A broken implementation: it accepts a delivered notification and ignores it."""
+
+    def apply(self, cmd: c.Command) -> None:
+        if not isinstance(cmd, c.DeliverNotification):
+            super().apply(cmd)
+
+
+def test_the_machine_takes_the_implementation_and_catches_a_broken_one() -> None:
+    """The implementation is an argument: one that ignores notifications is caught, with
+    the command sequence that shows it; the shipped one passes the same run."""
+    backend = Backend("memory", fsspec.filesystem("memory"), f"/lockstep-arg-{next(_roots)}")
+    lockstep(FastimplTarget, backend, MergingMode.WITHIN_CHECKPOINT, 5)
+    # Shrinking a stateful failure takes minutes: the first failing sequence is enough.
+    no_shrink = {"phases": [Phase.generate], "report_multiple_bugs": False}
+    with pytest.raises(AssertionError, match=r"(?s)model: .*after commands:.*DeliverNotification"):
+        lockstep(
+            NotificationDroppingTarget, backend, MergingMode.WITHIN_CHECKPOINT, 50, **no_shrink
+        )
+
+
+def test_lockstep_impl_names_the_implementation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "IMPL", f"{__name__}:NotificationDroppingTarget")
+    assert _start_from_env() is NotificationDroppingTarget
+    monkeypatch.setattr(sys.modules[__name__], "IMPL", "")
+    assert _start_from_env() is FastimplTarget

@@ -4,7 +4,12 @@ The crash sweep runs a scripted job through the public API on the failing file s
 (``model_tests/faultyfs.py``) with deletes in the foreground (a deterministic order of
 storage calls), counts its N mutating storage operations, and then, for every k in 1..N,
 runs it again from scratch with the process dying at the k-th operation, recovers from
-what storage holds alone, and checks:
+what storage holds alone, and checks (a)-(d) below. It runs on memory (fsspec calls), on
+a local directory (``Storage``'s local-disk path, builtin ``open``, ``os.fsync``,
+directory syncs, ``os.replace``, through ``FaultyOS``: a crash there is a power loss,
+losing what was not synced, or a process death, in turn), with deletes in the deleter
+thread (``run_until_crash``: deterministic, the crash point counts the deleter's
+operations too), and on an object store (a file appears only once closed).
 
 (a) the latest checkpoint whose ``complete()`` returned before the crash, or a later one
     whose ``_metadata`` was written before the crash, is what recovery restores, and every
@@ -32,6 +37,8 @@ from fastimpl import CheckpointStore, MetadataError, RecoveryError
 from fastimpl.metadata import decode
 from fastimpl.recovery import RecoveryReport, recover
 from model_tests.faultyfs import FaultyFileSystem, Ledger, Place, SimulatedCrash, payload
+from pipeline.location import Location
+from pipeline.single import audit_single
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.handles import stream_of
 from spec.layout import SAVEPOINTS, metadata_path
@@ -42,7 +49,7 @@ JOB = JobSpec((VertexSpec("src", 2), VertexSpec("win", 2)), num_tms=2)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 LOCAL_STRIDE = 1 if PROFILE in ("ci", "long") else 3
 """Crash points tested on a local disk: every k in ci/long, every third k by default (each
-local run fsyncs; memory runs test every k in every profile)."""
+local run fsyncs files and directories; memory runs test every k in every profile)."""
 
 SWEEP_RESULTS: dict[str, tuple[int, int]] = {}
 """(N mutating operations, crash points tested) per sweep, for the report."""
@@ -110,28 +117,73 @@ def checkpoint(
     return cid
 
 
-def scripted_job(store: CheckpointStore, ledger: Ledger, prog: Progress) -> None:
+def scripted_job(
+    store: CheckpointStore, ledger: Ledger, prog: Progress, flush_after: tuple[int, ...] = ()
+) -> None:
     """Shared incremental state reused across checkpoints, operator state, an aborted
-    checkpoint, a savepoint, every notification delivered."""
+    checkpoint, a savepoint, every notification delivered. ``flush_after``: checkpoints
+    after which the job waits for queued deletes (and at the end, if any is named)."""
     c1 = checkpoint(store, ledger, prog)
     c2 = checkpoint(store, ledger, prog, reuse=(c1,))
+    if 2 in flush_after:
+        store.flush()
     checkpoint(store, ledger, prog, reuse=(c1,), abort=True)
     checkpoint(store, ledger, prog, reuse=(c1,), savepoint=True)
     c5 = checkpoint(store, ledger, prog, reuse=(c1, c2))
+    if 5 in flush_after:
+        store.flush()
     checkpoint(store, ledger, prog, reuse=(c1, c5))
+    if flush_after:
+        store.flush()
 
 
 def run_until_crash(
-    place: Place, config: Config, crash_at: int | None
+    place: Place,
+    config: Config,
+    crash_at: int | None,
+    *,
+    background: bool = False,
+    object_store: bool = False,
+    power_loss: bool = True,
 ) -> tuple[FaultyFileSystem, Ledger, Progress]:
-    store, fs = place.store(config, JOB, background_deletes=False)
+    """The scripted job, dying at the ``crash_at``-th mutating storage operation.
+
+    ``background``: deletes run in the deleter thread. Its storage calls are held back
+    (``hold_other_threads``) except while the job waits for it in ``Storage.drain``: when
+    ``Storage`` itself waits (a create under a directory whose delete is queued, a
+    listing) and at chosen points of the job (``store.flush()`` after checkpoints 2 and 5
+    and at the end). So deletes stay queued across whole checkpoints, the crash point
+    counts the deleter's operations as well as the job's, and which operation the k-th
+    is does not depend on thread scheduling. A crash releases the deleter, whose next
+    call raises ``SimulatedCrash`` too: the thread ends, and so does ``drain``."""
+    store, fs = place.store(config, JOB, background_deletes=background, object_store=object_store)
+    storage = store._cluster.storage
+    drain = storage.drain
+    if background:
+        turn = fs.hold_other_threads()
+
+        def drain_in_turn() -> None:
+            turn.set()
+            try:
+                drain()
+            finally:
+                if fs.crashed is None:
+                    turn.clear()
+
+        setattr(storage, "drain", drain_in_turn)  # noqa: B010 (mypy refuses assigning a method)
     if crash_at is not None:
-        fs.crash_after(crash_at)
+        fs.crash_after(crash_at, power_loss=power_loss)
     ledger, prog = Ledger(), Progress()
     try:
-        scripted_job(store, ledger, prog)
+        scripted_job(store, ledger, prog, flush_after=(2, 5) if background else ())
     except SimulatedCrash:
         assert fs.crashed is not None
+    if background:
+        try:
+            drain()  # the deleter thread has ended (it raised SimulatedCrash after a crash)
+        except SimulatedCrash:
+            pass
+        assert storage._worker is None
     return fs, ledger, prog
 
 
@@ -219,35 +271,123 @@ def check_recovery(
 # --------------------------------------------------------------------------- the crash sweep
 
 
-@pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
-def test_crash_between_any_two_storage_operations(
-    place: Place, tmp_path: Path, mode: MergingMode
-) -> None:
-    config = Config.for_mode(mode, num_retained=1)
-    fs, _, prog = run_until_crash(place, config, None)
+def sweep(
+    name: str,
+    kind: str,
+    tmp_path: Path,
+    config: Config,
+    *,
+    stride: int = 1,
+    first: int = 1,
+    background: bool = False,
+    object_store: bool = False,
+    power_loss: bool | None = True,
+) -> tuple[int, int]:
+    """Run the job once to count its N mutating operations, then once per crash point
+    ``first, first + stride, ... <= N + 1`` (N + 1: no crash), recovering and checking
+    (a)-(d) after each; fail with every crash point that broke something. On a local
+    disk a crash is a power loss (``power_loss``), a process death, or, with
+    ``power_loss=None``, each in turn (odd points a power loss, even ones a death).
+    Returns N and how many crashes hit an operation of the deleter thread."""
+    logs: list[list[tuple[str, str]]] = []
+    for _ in range(2 if background else 1):
+        base = Place.make(kind, tmp_path)
+        try:
+            fs, _, prog = run_until_crash(
+                base, config, None, background=background, object_store=object_store
+            )
+        finally:
+            base.cleanup()
+        logs.append([(op, path.replace(base.root, "")) for op, path in fs.log])
+    # the k-th operation is the same in every run, whichever thread carries it out
+    assert all(log == logs[0] for log in logs)
     n = fs.mutations
     assert prog.done == [1, 2, 5, 6] and prog.savepoints == [4]
     assert n > 50, n
-    stride = LOCAL_STRIDE if place.kind == "local" else 1
-    first = 1 + list(MergingMode).index(mode) % stride  # the sample shifts with the mode
     points = list(range(first, n + 2, stride))
     failures: list[str] = []
+    in_deleter = 0
     for k in points:
-        where = Place.make(place.kind, tmp_path)
+        loss = k % 2 == 1 if power_loss is None else power_loss
+        where = Place.make(kind, tmp_path)
         try:
-            fs, ledger, prog = run_until_crash(where, config, k)
-            assert (fs.crashed is not None) == (k <= n)
+            fs, ledger, prog = run_until_crash(
+                where,
+                config,
+                k,
+                background=background,
+                object_store=object_store,
+                power_loss=loss,
+            )
+            assert (fs.crashed is not None) == (k <= n), (k, n, fs.crashed)
+            in_deleter += fs.crashed_in == "fastimpl-deleter"
             try:
                 problems, _ = check_recovery(where, config, ledger, prog)
             except (RecoveryError, MetadataError) as err:
                 problems = [f"recover refused: {err!r}"]
             if problems:
-                failures.append(f"crash at op {k} {fs.crashed}: {problems[:4]}")
+                how = "power loss" if loss and kind == "local" else "death"
+                failures.append(f"crash ({how}) at op {k} {fs.crashed}: {problems[:4]}")
         finally:
             where.cleanup()
-    SWEEP_RESULTS[f"{place.kind}-{mode.name}"] = (n, len(points))
-    print(f"crash sweep {place.kind} {mode.name}: N={n}, {len(points)} crash points tested")
+    SWEEP_RESULTS[name] = (n, len(points))
+    print(f"crash sweep {name}: N={n}, {len(points)} crash points tested")
     assert not failures, "\n".join(failures[:10])
+    return n, in_deleter
+
+
+@pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
+def test_crash_between_any_two_storage_operations(
+    place: Place, tmp_path: Path, mode: MergingMode
+) -> None:
+    """On a local disk (``Storage``'s local path) a crash is a power loss at odd crash
+    points and a process death at even ones: what was not synced is lost, or only what
+    had not reached the OS."""
+    config = Config.for_mode(mode, num_retained=1)
+    stride = LOCAL_STRIDE if place.kind == "local" else 1
+    first = 1 + list(MergingMode).index(mode) % stride  # the sample shifts with the mode
+    sweep(
+        f"{place.kind}-{mode.name}",
+        place.kind,
+        tmp_path,
+        config,
+        stride=stride,
+        first=first,
+        power_loss=None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode"),
+    [
+        ("memory", MergingMode.NONE),
+        ("memory", MergingMode.WITHIN_CHECKPOINT),
+        ("memory", MergingMode.ACROSS_CHECKPOINT),
+        ("local", MergingMode.WITHIN_CHECKPOINT),
+    ],
+    ids=lambda v: v if isinstance(v, str) else v.name,
+)
+def test_crash_sweep_with_background_deletes(tmp_path: Path, kind: str, mode: MergingMode) -> None:
+    """The sweep with deletes in the deleter thread (see ``run_until_crash``): a crash
+    stops the deleter too, deletes queued at the crash are never carried out, and a
+    crash may cut a batch of deletes in half; recovery deletes what they left."""
+    config = Config.for_mode(mode, num_retained=1)
+    stride = LOCAL_STRIDE if kind == "local" else 1
+    _, in_deleter = sweep(
+        f"{kind}-{mode.name}-background", kind, tmp_path, config, stride=stride, background=True
+    )
+    assert in_deleter > 5  # crashes did cut the deleter's work
+
+
+@pytest.mark.parametrize(
+    "mode", [MergingMode.NONE, MergingMode.WITHIN_CHECKPOINT], ids=lambda m: m.name
+)
+def test_crash_sweep_on_an_object_store(tmp_path: Path, mode: MergingMode) -> None:
+    """The sweep on an object store (memory behind the wrapper, ``object_store=True``): a
+    file appears only when it is closed (the upload), so a crash loses every file still
+    open; ACROSS merging is refused there (R16)."""
+    config = Config.for_mode(mode, num_retained=1)
+    sweep(f"object-{mode.name}", "memory", tmp_path, config, object_store=True)
 
 
 def test_num_retained_two_crash_sweep_on_memory(tmp_path: Path) -> None:
@@ -363,6 +503,52 @@ def _named_by_metadata(place: Place) -> set[str]:
 
 def _store(place: Place, config: Config) -> CheckpointStore:
     return place.store(config, JOB, background_deletes=False)[0]
+
+
+@pytest.mark.parametrize("at", ["flush", "fsync", "replace"])
+@pytest.mark.parametrize(
+    "where", ["job-0/chk-6", f"{SAVEPOINTS}/savepoint-4"], ids=["checkpoint", "savepoint"]
+)
+def test_a_leftover_metadata_inprogress_is_never_a_completed_checkpoint(
+    tmp_path: Path, where: str, at: str
+) -> None:
+    """The process dies (on the local path, a process death: what reached the OS stays)
+    while it writes ``<where>/_metadata.inprogress``: before its bytes reached the OS
+    (``flush``: an empty file), before the sync, or before the rename (a whole, valid
+    metadata document under the temporary name). Recovery does not take it for a
+    completed checkpoint and does not fail on it: in a checkpoint directory of the crashed
+    job it is garbage, deleted like the other files of the aborted checkpoint; in a
+    savepoint directory it is the user's (an interrupted savepoint, never touched). The
+    storage audit (``pipeline``, single process) does not read it as a ``_metadata``
+    either: not a checkpoint, not an unreadable ``_metadata``."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    base = Place.make("local", tmp_path)
+    fs, _, _ = run_until_crash(base, config, None)
+    base.cleanup()
+    tmp = f"{where}/_metadata.inprogress"
+    # the k-th operation: ``at`` on the temporary file (a rename is logged "src -> dst")
+    k = 1 + next(
+        i for i, (op, path) in enumerate(fs.log) if op == at and path.split(" -> ")[0].endswith(tmp)
+    )
+    place = Place.make("local", tmp_path)
+    fs, ledger, prog = run_until_crash(place, config, k, power_loss=False)
+    assert fs.crashed is not None and fs.crashed[0] == at
+    left = place.snapshot()
+    assert tmp in left and f"{where}/_metadata" not in left
+    assert (left[tmp][0] == 0) == (at == "flush")
+    audit = audit_single(Location.parse(f"{place.root}/job-0"), grace=3600).summary
+    assert audit.corrupt_metadata == 0
+    assert audit.checkpoints == 1  # chk-5 (or chk-2 when the savepoint was interrupted)
+    problems, report = check_recovery(place, config, ledger, prog)
+    assert problems == []
+    after = place.snapshot()
+    if where.startswith(SAVEPOINTS):
+        assert report.checkpoints == (2,) and report.savepoints == ()
+        assert report.left_to_user == (where,)
+        assert tmp not in report.garbage and after[tmp] == left[tmp]
+    else:
+        assert report.checkpoints == (5,)
+        assert tmp in report.garbage and tmp not in after
 
 
 @pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)

@@ -33,7 +33,7 @@ from spec.effects import (
     WriteMetadata,
 )
 from spec.errors import Reason
-from spec.handles import FileHandle, SegmentHandle
+from spec.handles import FileHandle, SegmentHandle, stream_of
 from spec.ids import SAFE, SubtaskId, escape_name, unescape_name
 from spec.layout import savepoint_dir, shared_dir, taskowned_dir, working_dir
 
@@ -487,6 +487,33 @@ def test_r14_within_exclusive_file_closes_when_every_subtask_on_tm_acked() -> No
     assert CloseFile(path, "tm:tm-1") not in h.run(c.Acknowledge(1, AGG0))
     assert path in h.observe().open_files
     assert CloseFile(path, "tm:tm-1") in h.run(c.Acknowledge(1, SRC0))
+
+
+@pytest.mark.parametrize("finish", [c.Acknowledge, c.Decline])
+def test_r12_object_store_acknowledgement_closes_every_file_holding_its_segments(
+    finish: type[c.Acknowledge] | type[c.Decline],
+) -> None:
+    """Where open files are not durable, the first subtask to finish closes the TM's
+    EXCLUSIVE file too (its upload), and the TM's other subtask goes on in a new file."""
+    h = make(MergingMode.WITHIN_CHECKPOINT, open_files_readable=False)
+    h.run(c.Trigger())
+    path = written_path(write(h, 1, AGG0, "o", 10, EXCL))
+    shared = written_path(write(h, 1, AGG0, "sst-1", 10))
+    write(h, 1, SRC0, "o", 10, EXCL)
+    eff = h.run(finish(1, AGG0))
+    assert CloseFile(path, "tm:tm-1") in eff and CloseFile(shared, "tm:tm-1") in eff
+    assert path not in h.observe().open_files and shared not in h.observe().open_files
+    later = write(h, 1, SRC0, "o2", 10, EXCL)
+    assert written_path(later) != path and of_type(later, CreateFile)
+    if finish is c.Acknowledge:
+        h.run(c.Acknowledge(1, SRC0))
+        h.run(c.Acknowledge(1, AGG1))
+        h.run(c.Acknowledge(1, SRC1))
+        h.run(c.Complete(1))
+        retained = h.observe().retained
+        assert retained and not set(h.observe().open_files) & {
+            s.path for cp in retained for e in cp.entries if (s := stream_of(e.handle)) is not None
+        }
 
 
 def test_r14_within_exclusive_file_closes_when_last_subtask_declines() -> None:

@@ -22,7 +22,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from fastimpl import CheckpointStore, CommandTrace, CounterIds
 from model_tests.harness import Harness
 from model_tests.replay import TraceError, main, replay
-from model_tests.test_lockstep import Backend, LockstepMachine
+from model_tests.test_lockstep import Backend, FastimplTarget, LockstepMachine
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.errors import CommandError, Reason
 
@@ -40,8 +40,8 @@ class TracedMachine(LockstepMachine):
     def make_harness(self, cfg: Config) -> Harness:
         h = super().make_harness(cfg)
         self.out = io.StringIO()
-        assert self.cluster is not None
-        self.cluster.start_trace(CommandTrace(self.out, observations=True))
+        assert isinstance(self.target, FastimplTarget)
+        self.target.cluster.start_trace(CommandTrace(self.out, observations=True))
         return h
 
     def teardown(self) -> None:

@@ -989,8 +989,12 @@ class _Work:
             if subtask_done is not None:
                 if pf.scope is Scope.SHARED and pf.pool_key[2] != str(subtask_done):
                     continue
-                if pf.scope is Scope.EXCLUSIVE and not self._tm_done_with(tm, pf.checkpoint):
-                    continue
+                if (
+                    pf.scope is Scope.EXCLUSIVE
+                    and self.cfg.open_files_readable
+                    and not self._tm_done_with(tm, pf.checkpoint)
+                ):
+                    continue  # R12: on an object store the acknowledgement uploads it now
             self._close_pfile(tm, path)
 
     def _tm_done_with(self, tm: TmId, checkpoint: int) -> bool:

@@ -64,7 +64,7 @@ CONSTANT MaxTm
 CONSTANT MaxCheckpoint
 
 (***************************************************************************)
-(* NumRetained: state.checkpoints.num-retained (R52).                      *)
+(* NumRetained: execution.checkpointing.num-retained (R52).                *)
 (***************************************************************************)
 CONSTANT NumRetained
 
@@ -76,8 +76,8 @@ CONSTANT NumRetained
 CONSTANTS SegSize, PartialSize
 
 (***************************************************************************)
-(* MaxFileSize: state.checkpoints.file-merging.max-file-size in bytes      *)
-(* (R12: roll before a segment would exceed it, close once reached).       *)
+(* MaxFileSize: execution.checkpointing.file-merging.max-file-size, in    *)
+(* bytes (R12: roll before a segment would exceed it, close once reached).*)
 (***************************************************************************)
 CONSTANT MaxFileSize
 
