@@ -410,8 +410,8 @@ def memory_per_segment(
                 "a Manager as the cluster builds them (1000 per checkpoint bucket and "
                 "physical file, PFile with its pool key, Seg, offset and length ints of "
                 "their own), divided by N; plus the bytes of N logical id strings as each "
-                "id source makes them (made outside tracemalloc, which slows uuid4 down "
-                "tenfold). Deterministic: it counts bytes, not time"
+                "id source makes them (made outside tracemalloc, which slows their making "
+                "down). Deterministic: it counts bytes, not time"
             ),
             "getsizeof_parts": parts,
         },

@@ -561,8 +561,8 @@ class CheckpointStream:
 
     def _discard_at_manager_close(self) -> None:
         if self._buf is not None:
+            self._dropped_by_manager = True  # first: a write that sees no buffer says why
             self._buf = None
-            self._dropped_by_manager = True
 
     def __enter__(self) -> CheckpointStream:
         return self

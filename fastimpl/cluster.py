@@ -97,15 +97,14 @@ class Cluster:
         *,
         background_deletes: bool = True,
     ) -> None:
+        self.storage = Storage(fs, root, background_deletes=background_deletes)
+        if not self.storage.open_files_readable and config.open_files_readable:
+            # The store decides (an object store shows a file only once closed), and the
+            # configuration says so from here on, as the model is told (traces record it).
+            # Raises Config's R16 error for ACROSS merging.
+            config = attrs.evolve(config, open_files_readable=False)
         self.cfg = config
         self.mode = config.merging_mode
-        self.storage = Storage(fs, root, background_deletes=background_deletes)
-        if self.mode is MergingMode.ACROSS_CHECKPOINT and not self.storage.open_files_readable:
-            attrs.evolve(config, open_files_readable=False)  # raises Config's R16 error
-        self.open_files_durable = self.storage.open_files_readable and config.open_files_readable
-        """Whether an appended, flushed (and synced) segment of an open file survives a
-        crash. Not on an object store: there an acknowledgement first closes (uploads) every
-        file holding its segments (R12)."""
         self._hot: tuple[object, frozenset[str]] | None = None
         self.failed_uploads: set[str] = set()
         """Files whose closing upload failed (object stores): a handle into one declines."""
@@ -445,9 +444,7 @@ class Cluster:
         checkpoint for the subtask (R17) and is raised as ``StorageFault``.
         """
         if data is not None and len(data) != cmd.size:
-            raise CommandError(
-                Reason.BAD_ARGUMENT, f"size {cmd.size} but {len(data)} bytes given"
-            )
+            raise CommandError(Reason.BAD_ARGUMENT, f"size {cmd.size} but {len(data)} bytes given")
         if self.trace is not None:
             return self._traced(cmd, lambda: self._write_state(cmd, data, raise_fault=True))
         return self._write_state(cmd, data, raise_fault=True)
@@ -1064,7 +1061,7 @@ class Cluster:
                     continue
                 if (
                     pf.scope is Scope.EXCLUSIVE
-                    and self.open_files_durable
+                    and self.cfg.open_files_readable
                     and not self._tm_done_with(tm, pf.checkpoint)
                 ):
                     continue  # R12: on an object store the acknowledgement uploads it now

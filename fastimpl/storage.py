@@ -189,6 +189,8 @@ class Storage:
         """Deletes that kept failing, by path: reported, and retried by ``retry_failed``."""
         self.deletes_done = 0
         self.delete_calls = 0
+        self._unsynced_dirs: set[str] = set()
+        """Local disk: directories holding a name made here whose sync has not succeeded."""
         self.deleter_died: BaseException | None = None
         """What ended the deleter thread abnormally (not an ``Exception``: those are
         retried and reported), e.g. the process dying: ``drain`` raises it."""
@@ -226,11 +228,21 @@ class Storage:
     def _makedirs(self, full: str) -> None:
         """Make directory ``full`` and its missing parents. On a local disk each parent
         of a directory made here is synced afterwards (once), so the new names survive a
-        power loss; a directory that existed already costs one ``isdir``."""
+        power loss; a directory that existed already costs one ``isdir``. A parent whose
+        sync failed (or was never reached) stays owed, and is synced before any later
+        directory is made or file created: the next call would find the directory there
+        and not know that its name is not durable yet."""
         if not self._local:
             self.fs.makedirs(full, exist_ok=True)
             return
         osl = self.os
+        if self._unsynced_dirs:
+            for p in sorted(self._unsynced_dirs, key=len, reverse=True):
+                try:
+                    osl.fsync_dir(p)
+                except FileNotFoundError:
+                    pass  # deleted since: no name in it is owed any more
+                self._unsynced_dirs.discard(p)
         made: list[str] = []
         d = full
         while not osl.isdir(d):
@@ -239,14 +251,17 @@ class Storage:
             if not parent or parent == d:
                 break
             d = parent
+        owed = {os.path.dirname(d) or "." for d in made}
+        self._unsynced_dirs |= owed
         for d in reversed(made):
             try:
                 osl.mkdir(d)
             except FileExistsError:
                 if not osl.isdir(d):
                     raise  # a file of that name
-        for d in made:
-            osl.fsync_dir(os.path.dirname(d) or ".")
+        for p in sorted(owed, key=len, reverse=True):
+            osl.fsync_dir(p)
+            self._unsynced_dirs.discard(p)
 
     def create(self, path: str) -> None:
         self.fire(StorageOp.CREATE, path)
@@ -518,11 +533,14 @@ class Storage:
             if is_dir:
                 self._queued_dirs.add(path)
             if self._worker is None:
-                self._worker = threading.Thread(
-                    target=self._work, name="fastimpl-deleter", daemon=True
-                )
-                self._worker.start()
+                self._start_worker()
             self._cv.notify_all()
+
+    def _start_worker(self) -> None:
+        """Start the deleter thread; call it holding ``_cv``."""
+        self.deleter_died = None
+        self._worker = threading.Thread(target=self._work, name="fastimpl-deleter", daemon=True)
+        self._worker.start()
 
     def _work(self) -> None:
         try:
@@ -530,8 +548,8 @@ class Storage:
         except BaseException as err:
             # Not an error of a delete (those are retried and reported): the thread is
             # ending (e.g. the process dying). Say so, so that ``drain`` does not wait for
-            # it forever; what it had not done is queued again, and a later delete starts
-            # a new thread for it.
+            # it forever; what it had not done is queued again, and ``drain`` or a later
+            # delete starts a new thread for it.
             with self._cv:
                 self.deleter_died = err
                 self._worker = None
@@ -639,10 +657,18 @@ class Storage:
         """Wait until every queued delete has been carried out (or has failed for good)."""
         if not self.background:
             return
+        restarted = False
         with self._cv:
             while self._queue or self._busy or self._worker is not None:
-                if self._worker is None and self.deleter_died is not None:
-                    raise self.deleter_died  # nothing is left to carry out the queue
+                if self._worker is None:
+                    # The deleter ended with work left (it died, or a delete was queued
+                    # as it was dying): start one again, once; if that one dies too,
+                    # say why rather than wait forever.
+                    died = self.deleter_died
+                    if restarted and died is not None:
+                        raise died
+                    restarted = True
+                    self._start_worker()
                 self._cv.wait()
 
     def retry_failed(self) -> list[DeleteFailure]:
@@ -659,7 +685,10 @@ class Storage:
         return list(self.failed_deletes.values())
 
     def close_all(self) -> None:
-        """Finish queued deletes and close every open file."""
-        self.drain()
-        for path in list(self._open):
-            self.abandon(path)
+        """Finish queued deletes and close every open file (closed even if the deletes
+        cannot be finished)."""
+        try:
+            self.drain()
+        finally:
+            for path in list(self._open):
+                self.abandon(path)

@@ -112,16 +112,11 @@ FS_METHODS = frozenset(
     }
 )
 _ALIASES = {"_open": "open", "_rm": "rm_file"}
+LOCAL_WRITE_METHODS = ("open", "write", "flush", "fsync", "close", "mkdir", "fsync_dir", "replace")
+"""The OS calls of ``Storage``'s local write path, in the order a write makes them."""
 LOCAL_METHODS = frozenset(
     {
-        "open",
-        "write",
-        "flush",
-        "fsync",
-        "close",
-        "mkdir",
-        "fsync_dir",
-        "replace",
+        *LOCAL_WRITE_METHODS,
         "remove",
         "rmdir",
         "rmtree",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fastimpl import CheckpointStore, CommandTrace, CounterIds
+from fastimpl import CheckpointStore, CheckpointStream, CommandTrace, CounterIds
 from fastimpl.api import FileMergingManager, ManagerClosedError
 from model_tests.replay import replay
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
@@ -479,3 +479,52 @@ def test_closing_a_manager_while_threads_write_through_it(tmp_path: Path) -> Non
         store.deliver_notifications()
         store.flush()
         assert store.check_invariants() == []
+
+
+@pytest.mark.parametrize("mode", [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT])
+def test_pool_blocking_writes_the_same_files_either_way(tmp_path: Path, mode: MergingMode) -> None:
+    """Flink's non-blocking pool opens another physical file when the pooled one is busy
+    with another stream. Here a stream holds its bytes until it closes and appends them
+    under the store's lock, so a pooled file is never busy: with many streams of one TM
+    open at once, written from threads, both values of ``pool_blocking`` write one
+    EXCLUSIVE file per TM (and per checkpoint in WITHIN mode), the blocking pool's count."""
+    listings = []
+    for blocking in (False, True):
+        store = CheckpointStore(
+            str(tmp_path / f"blocking-{blocking}"),
+            Config.for_mode(mode, pool_blocking=blocking),
+            JobSpec((VertexSpec("w", 8),), num_tms=1),
+            ids=CounterIds(),
+            background_deletes=False,
+        )
+        tm = store.task_managers()[0]
+        for _ in range(3):
+            cid = store.coordinator.trigger()
+            subtasks = store.task_manager(tm).subtasks()
+            streams = [
+                store.task_manager(tm).open_stream(cid, s, StateKind.OPERATOR_LIST, "op")
+                for s in subtasks
+            ]  # all open at once
+
+            def fill(i: int, streams: list[CheckpointStream] = streams) -> None:
+                for _ in range(50):
+                    streams[i].write(b"x" * 100)
+                streams[i].close()
+
+            threads = [threading.Thread(target=fill, args=(i,)) for i in range(len(streams))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for s in subtasks:
+                store.task_manager(tm).acknowledge(cid, s)
+            assert store.coordinator.complete(cid) is not None
+            store.deliver_notifications()
+        files = store.observe().files
+        exclusive = sorted(p for p in files if "/taskowned/" in p)
+        assert len(exclusive) == 1, exclusive  # the retained checkpoint's one file
+        assert files[exclusive[0]] >= 8 * 50 * 100
+        assert store.check_invariants() == []
+        listings.append(sorted(files.items()))
+        store.close()
+    assert listings[0] == listings[1]

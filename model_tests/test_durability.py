@@ -27,7 +27,7 @@ from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-
 from pyfakefs.fake_filesystem_unittest import Patcher
 
 from fastimpl import CheckpointStore
-from fastimpl.storage import LocalOS, Storage
+from fastimpl.storage import LocalOS, Storage, StorageFault
 from model_tests.faultyfs import FaultyFileSystem, FaultyOS, Ledger, Place, SimulatedCrash, payload
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import stream_of
@@ -101,6 +101,43 @@ def test_create_append_and_metadata_sync_the_file_then_the_names(
     ]
     assert (root / "job-0/chk-1/_metadata").read_bytes() == b"{}"
     assert (root / data).read_bytes() == b"helloabc"
+
+
+@needs_proc
+def test_a_directory_sync_that_failed_is_owed_until_it_succeeds(
+    tmp_path: Path, syncs: list[Event], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first create in a new directory fails at syncing the directory's parent: the
+    directory is there, so the next create would not make it and, without the debt kept,
+    would never sync its name; a completed checkpoint in it could vanish at a power loss."""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    r = os.path.realpath(root)
+    storage = Storage(fsspec.filesystem("file"), str(root), background_deletes=False)
+    real = LocalOS.fsync_dir
+    failing = {"left": 1}
+
+    def fsync_dir(self: LocalOS, path: str) -> None:
+        if failing["left"] and path.endswith("/shared"):
+            failing["left"] -= 1
+            raise OSError(5, "I/O error syncing", path)
+        real(self, path)
+
+    monkeypatch.setattr(LocalOS, "fsync_dir", fsync_dir)
+    with pytest.raises(StorageFault):
+        storage.create("job-0/shared/v-0-1/f1")
+    assert (root / "job-0/shared/v-0-1").is_dir()
+    syncs.clear()
+    storage.create("job-0/shared/v-0-1/f2")
+    assert syncs[:3] == [
+        ("dir", f"{r}/job-0/shared", "v-0-1"),  # the debt, paid first
+        ("dir", f"{r}/job-0", "shared"),
+        ("dir", r, "job-0"),
+    ]
+    assert syncs[3][:2] == ("dir", f"{r}/job-0/shared/v-0-1")
+    syncs.clear()
+    storage.create("job-0/shared/v-0-1/f3")
+    assert syncs == [("dir", f"{r}/job-0/shared/v-0-1", "f2", "f3")]  # nothing owed now
 
 
 @needs_proc

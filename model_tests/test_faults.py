@@ -24,7 +24,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from fastimpl import CheckpointStore, MetadataError, StorageFault
-from model_tests.faultyfs import FaultyFileSystem, Ledger, Place, payload
+from model_tests.faultyfs import LOCAL_WRITE_METHODS, FaultyFileSystem, Ledger, Place, payload
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.errors import CommandError, Reason
 from spec.handles import stream_of
@@ -446,17 +446,7 @@ def test_reusing_state_whose_checkpoint_was_aborted(
 # --------------------------------------------------------------------------- random faults
 
 FAULTY_METHODS = ["open", "write", "flush", "close", "makedirs", "pipe_file", "cat_file"]
-LOCAL_FAULTY_METHODS = [
-    "open",
-    "write",
-    "flush",
-    "fsync",
-    "close",
-    "mkdir",
-    "fsync_dir",
-    "replace",
-    "cat_file",
-]
+LOCAL_FAULTY_METHODS = [*LOCAL_WRITE_METHODS, "cat_file"]
 """On a local disk: the OS calls of ``Storage``'s local path (and its fsspec reads)."""
 SMALL_JOB = JobSpec((VertexSpec("src", 1), VertexSpec("win", 2)), num_tms=2)
 EXAMPLES = {"long": 3000, "ci": 300}.get(PROFILE, 200)

@@ -26,6 +26,8 @@ repeated here.
 
 Storages (``BACKENDS``), each a pytest parameter:
 
+* ``memory-unreadable``: ``memory://`` with ``Config(open_files_readable=False)``, the
+  object-store rules (R12, R16) at memory's speed; NONE and WITHIN_CHECKPOINT;
 * ``local``: a directory under pytest's ``tmp_path``: builtin ``open``, ``os.fsync``,
   ``os.replace`` and fsspec's ``LocalFileSystem`` on the real disk;
 * ``memory``: fsspec's ``memory://``;
@@ -92,7 +94,7 @@ from spec.observation import Observation
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 SCALE = 10 if PROFILE == "long" else 1
-EXAMPLES = {"memory": 60, "local": 25, "pyfakefs": 8, "s3": 4}
+EXAMPLES = {"memory": 60, "local": 25, "pyfakefs": 8, "s3": 4, "memory-unreadable": 30}
 """Per merging mode (times SCALE). Seconds per sequence on two shared cores, measured:
 memory ~0.25, local ~0.55 (an fsync per append, R12), pyfakefs ~2-4 (every listing
 resolves each path in Python), S3 on moto ~8-10 (three HTTP calls per observation, one or
@@ -104,7 +106,7 @@ LOG = os.environ.get("LOCKSTEP_LOG", "").strip()
 IMPL = os.environ.get("LOCKSTEP_IMPL", "").strip()
 """``LOCKSTEP_IMPL=module:callable``: the ``StartTarget`` that ``test_lockstep`` drives."""
 
-BACKENDS = ("local", "memory", "pyfakefs", "s3")
+BACKENDS = ("local", "memory", "pyfakefs", "s3", "memory-unreadable")
 OBJECT_STORE_MODES = (MergingMode.NONE, MergingMode.WITHIN_CHECKPOINT)
 """ACROSS_CHECKPOINT needs open files to be readable and durable (R16)."""
 
@@ -215,6 +217,15 @@ class S3Backend(Backend):
     object_store = True
 
 
+class UnreadableOpenFilesBackend(Backend):
+    """``memory://`` with ``Config(open_files_readable=False)``: the object-store rules
+    (R12: an acknowledgement uploads every file holding its segments; R16) at memory's
+    speed, both sides told by the configuration. Files are listed as on memory."""
+
+    def config(self, cfg: Config) -> Config:
+        return attrs.evolve(cfg, open_files_readable=False)
+
+
 class _FakeFsLocal(LocalFileSystem):  # type: ignore[misc]
     """fsspec's local file system with one workaround for pyfakefs: ``cat_file`` reads
     through builtin ``open``. fsspec's own (``LocalFileOpener``) sets ``f.size`` on the
@@ -302,6 +313,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     name: str = request.param
     if name == "memory":
         yield Backend(name, fsspec.filesystem("memory"), f"/lockstep-{next(_roots)}")
+    elif name == "memory-unreadable":
+        fs = fsspec.filesystem("memory")
+        yield UnreadableOpenFilesBackend(name, fs, f"/lockstep-{next(_roots)}")
     elif name == "local":
         yield Backend(name, fsspec.filesystem("file"), str(tmp_path))
     elif name == "pyfakefs":
@@ -438,7 +452,7 @@ def _cases() -> list[Any]:
     return [
         pytest.param(b, m, id=f"{b}-{m.name}")
         for b in BACKENDS
-        for m in (OBJECT_STORE_MODES if b == "s3" else list(MergingMode))
+        for m in (OBJECT_STORE_MODES if b in ("s3", "memory-unreadable") else list(MergingMode))
     ]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from fastimpl import CheckpointStore, CounterIds
+from fastimpl import CheckpointStore, CounterIds, StorageFault
 from model_tests.test_lockstep import S3_BUCKET, s3, s3_endpoint
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import SegmentHandle, StateEntry, stream_of
@@ -79,6 +79,7 @@ def test_an_acknowledged_handle_is_readable_from_another_client(s3_endpoint: str
         assert _stored(other, prefix, written[key]) == data[key], f"{key} not stored at its ack"
     # The second subtask has not acknowledged: its segment in the closed file is stored
     # too, and what it writes from now on goes to a new file.
+    assert _stored(other, prefix, written[(second, "op")]) == data[(second, "op")]
     later = manager.write(cp, second, StateKind.OPERATOR_UNION, "union", b"later" * 4)
     assert later is not None and stream_of(later.handle).path not in exclusive  # type: ignore[union-attr]
     manager.acknowledge(cp, second)
@@ -119,10 +120,10 @@ def test_a_failed_upload_declines_every_subtask_whose_bytes_it_held(
         raise OSError("upload refused")
 
     f.close = failing_close
-    with pytest.raises(Exception, match=path):
+    with pytest.raises(StorageFault, match=path):
         manager.acknowledge(cp, first)
     assert cp not in store.coordinator.pending()
-    with pytest.raises(Exception):  # noqa: B017 - whatever it is, it must not be accepted
+    with pytest.raises(StorageFault, match=path):  # its segment was in the failed upload
         manager.acknowledge(cp, second)
     assert [r.checkpoint for r in store.coordinator.retained()] == [done]
     assert store.check_invariants() == []
