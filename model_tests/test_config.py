@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec.config import FLINK_OPTIONS, Config, MergingMode, RestoreMode
+from spec.config import Config, MergingMode, RestoreMode
+from spec.flink_options import FLINK_OPTIONS
 
 MIB = 1 << 20
 README = Path(__file__).resolve().parent.parent / "README.md"
