@@ -73,6 +73,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
@@ -328,6 +329,14 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if rule.exc is not None:
             return rule.exc
         return OSError(errno.EIO, f"injected fault: {method} failed", path)
+
+    @contextmanager
+    def call(self, method: str, path: str) -> Iterator[None]:
+        """One intercepted call: counted and failed as armed (``_enter``) before its body
+        runs; a lost-reply fault raised after the body succeeded (``_after``)."""
+        rule = self._enter(method, path)
+        yield
+        self._after(rule, method, path)
 
     def _after(self, rule: _Rule | None, method: str, path: str) -> None:
         if rule is not None:
@@ -746,19 +755,16 @@ class FaultyOS(LocalOS):
     def fsync(self, f: IO[bytes]) -> None:
         lf = cast(FaultyLocalFile, f)
         fs = self.fs
-        rule = fs._enter("fsync", lf.path)
-        with fs._lock:
+        with fs.call("fsync", lf.path), fs._lock:
             fs._mutate("fsync", lf.path)
             os.fsync(lf.fileno())
             node = self._node.get(lf.path)
             if node is not None:
                 self._synced[node] = bytes(lf.pushed)
-        fs._after(rule, "fsync", lf.path)
 
     def fsync_dir(self, path: str) -> None:
         fs = self.fs
-        rule = fs._enter("fsync_dir", path)
-        with fs._lock:
+        with fs.call("fsync_dir", path), fs._lock:
             fs._mutate("fsync_dir", path)
             super().fsync_dir(path)
             if self._under(path):
@@ -766,7 +772,6 @@ class FaultyOS(LocalOS):
                 self._listing[self._node_of(path)] = {
                     n: self._node_of(f"{base}/{n}") for n in os.listdir(path)
                 }
-        fs._after(rule, "fsync_dir", path)
 
     def isdir(self, path: str) -> bool:
         self.fs._alive()
@@ -774,19 +779,16 @@ class FaultyOS(LocalOS):
 
     def mkdir(self, path: str) -> None:
         fs = self.fs
-        rule = fs._enter("mkdir", path)
-        with fs._lock:
+        with fs.call("mkdir", path), fs._lock:
             if os.path.lexists(path):
                 raise FileExistsError(errno.EEXIST, "exists", path)
             fs._mutate("mkdir", path)
             os.mkdir(path)
             self._new(path, True)
-        fs._after(rule, "mkdir", path)
 
     def replace(self, src: str, dst: str) -> None:
         fs = self.fs
-        rule = fs._enter("replace", src)
-        with fs._lock:
+        with fs.call("replace", src), fs._lock:
             fs._mutate("replace", f"{src} -> {dst}")
             os.replace(src, dst)
             node = self._node.pop(src, None)
@@ -794,14 +796,11 @@ class FaultyOS(LocalOS):
                 self._node[dst] = node
             else:
                 self._forget(dst)
-        fs._after(rule, "replace", src)
 
     def remove(self, path: str) -> None:
         fs = self.fs
-        rule = fs._enter("remove", path)
-        with fs._lock:
+        with fs.call("remove", path), fs._lock:
             self._remove(path)
-        fs._after(rule, "remove", path)
 
     def _remove(self, path: str) -> None:
         if not os.path.lexists(path):
@@ -812,10 +811,8 @@ class FaultyOS(LocalOS):
 
     def rmdir(self, path: str) -> None:
         fs = self.fs
-        rule = fs._enter("rmdir", path)
-        with fs._lock:
+        with fs.call("rmdir", path), fs._lock:
             self._rmdir(path)
-        fs._after(rule, "rmdir", path)
 
     def _rmdir(self, path: str) -> None:
         if not os.path.isdir(path):
@@ -830,12 +827,10 @@ class FaultyOS(LocalOS):
         """Each file and directory removed is one mutating operation, in sorted order
         (depth first), so that a crash can cut the call in half at a known point."""
         fs = self.fs
-        rule = fs._enter("rmtree", path)
-        with fs._lock:
+        with fs.call("rmtree", path), fs._lock:
             if not os.path.isdir(path):
                 raise FileNotFoundError(errno.ENOENT, "no such directory", path)
             self._rmtree(path)
-        fs._after(rule, "rmtree", path)
 
     def _rmtree(self, path: str) -> None:
         for name in sorted(os.listdir(path)):
@@ -896,25 +891,21 @@ class FaultyLocalFile:
     def flush(self) -> None:
         if self.closed:
             return
-        rule = self.fs._enter("flush", self.path)
-        with self.fs._lock:
+        with self.fs.call("flush", self.path), self.fs._lock:
             self.fs._mutate("flush", self.path)
             self._push()
-        self.fs._after(rule, "flush", self.path)
 
     def close(self) -> None:
         """Closing writes what is left in the buffer (nothing, when every write was
         flushed); not a mutating operation of its own."""
         if self.closed:
             return
-        rule = self.fs._enter("close", self.path)
-        with self.fs._lock:
+        with self.fs.call("close", self.path), self.fs._lock:
             self.fs._alive()
             self._push()
             self._real.close()
             self.closed = True
             self.los._open_files.discard(self)
-        self.fs._after(rule, "close", self.path)
 
     def _drop(self) -> None:
         """Die: forget the unflushed bytes, release the real file without writing."""
