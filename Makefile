@@ -72,12 +72,14 @@ demo: $(STAMP) check-java
 
 # Every static and symbolic check (model_tests/verify.py): mypy --strict, CrossHair on the
 # contracts and diffbehavior fastimpl vs refimpl ("no counterexample found within limits",
-# never "proved"), the TLA+ models (TLC when tla2tools.jar is there, else parsed only and
-# said so), the exhaustive search of the model at two small bounds, and every must-fail
-# twin. A few minutes on two cores. TWIN=name searches with one must-fail twin instead
-# (exits non-zero: the search catches it): make verify TWIN=flink-38347
+# never "proved"), every TLA+ model checked by TLC with its recorded state count (TLC is
+# found at $$TLA2TOOLS_JAR, .cache/ or ../shared/tools/, see model_tests/tlc.py; without it
+# the output says NOT RUN and that nothing was model-checked), the exhaustive search of the
+# model at two small bounds, and every must-fail twin. 15-25 minutes on two cores, 8-12 of
+# them the TLA+ soak (VERIFY_ARGS=--no-soak leaves it out). TWIN=name searches with one
+# must-fail twin instead (exits non-zero: the search catches it): make verify TWIN=flink-38347
 verify: $(STAMP)
-	$(BIN)/python -m model_tests.verify $(if $(TWIN),--twin $(TWIN),)
+	$(BIN)/python -m model_tests.verify $(if $(TWIN),--twin $(TWIN),) $(VERIFY_ARGS)
 
 # Benchmarks: fastimpl's four figures (issue 3, about a minute) and the storage audit's
 # throughput, Spark local[2] against one Python process on 1e4, 1e5 and 1e6 files (issue 6,

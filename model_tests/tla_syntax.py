@@ -1,11 +1,12 @@
-"""Syntax check of the TLA+ modules in ``tla/``: syntax only, TLC not run.
+"""Syntax check of the TLA+ modules in ``tla/``, without TLC: a quick first gate.
 
-TLC (``tla2tools.jar``) cannot be installed on these machines, so the TLA+ models are not
-model-checked here. What can be checked is that every module parses: the PyPI package
-``tla`` (a TLA+ parser in Python) builds each module's syntax tree, or reports where it
-failed. A module that parses may still hold errors a parser cannot see (an undefined name,
-a wrong arity, a type error TLC would raise while evaluating): this check says nothing about
-those, and nothing about whether any invariant holds.
+The PyPI package ``tla`` (a TLA+ parser in Python) builds each module's syntax tree, or
+reports where it failed; ``config_problems`` checks that each ``tla/*.cfg`` names only
+things its module defines. Both run without Java. A module that parses may still hold
+errors a parser cannot see (an undefined name, a wrong arity, a type error TLC would raise
+while evaluating): this check says nothing about those, and nothing about whether any
+invariant holds. Model checking is TLC's (``model_tests/tlc.py``), in ``make verify`` and in
+the tests (``model_tests/test_tlc.py``) wherever a ``tla2tools.jar`` is found.
 
     python -m model_tests.tla_syntax            # every tla/*.tla file
     python -m model_tests.tla_syntax FILE...    # the named files
@@ -98,7 +99,30 @@ def check(paths: list[Path]) -> list[ParseResult]:
 _DEFINITION = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*(?:\([^)]*\))?\s*==", re.M)
 _DECLARATION = re.compile(r"^CONSTANTS?\s+([^\n]+)", re.M)
 _EXTENDS = re.compile(r"^EXTENDS\s+([^\n]+)", re.M)
-_CFG_NAMES = re.compile(r"^(SPECIFICATION|CONSTRAINT|INVARIANTS?|CONSTANTS?)\b", re.M)
+_CFG_NAMES = re.compile(
+    r"^(SPECIFICATION|INIT|NEXT|CONSTRAINTS?|ACTION_CONSTRAINTS?|INVARIANTS?|PROPERT(?:Y|IES)"
+    r"|CONSTANTS?|SYMMETRY|VIEW|ALIAS|POSTCONDITION|CHECK_DEADLOCK)\b",
+    re.M,
+)
+_CFG_SECTION = {
+    "SPECIFICATION": "SPEC",
+    "INIT": "SPEC",
+    "NEXT": "SPEC",
+    "CONSTRAINTS": "CONSTRAINT",
+    "ACTION_CONSTRAINT": "CONSTRAINT",
+    "ACTION_CONSTRAINTS": "CONSTRAINT",
+    "INVARIANTS": "INVARIANT",
+    "PROPERTY": "INVARIANT",
+    "PROPERTIES": "INVARIANT",
+    "CONSTANTS": "CONSTANT",
+    "SYMMETRY": "SPEC",
+    "VIEW": "SPEC",
+    "ALIAS": "SPEC",
+    "POSTCONDITION": "SPEC",
+    "CHECK_DEADLOCK": "FLAG",
+}
+"""Each config keyword and the kind of name it is followed by; CHECK_DEADLOCK takes a
+boolean, not a name."""
 
 
 def _module_text(directory: Path, name: str, seen: set[str]) -> str:
@@ -113,8 +137,9 @@ def _module_text(directory: Path, name: str, seen: set[str]) -> str:
 
 
 def _config_sections(cfg: str) -> dict[str, list[str]]:
-    """SPECIFICATION / CONSTRAINT / INVARIANT(S) / CONSTANT(S) of a TLC config: the
-    names each section mentions (for constants, the left-hand sides)."""
+    """The names a TLC config mentions, by the kind of definition each must be (``SPEC``,
+    ``CONSTRAINT``, ``INVARIANT``; for ``CONSTANT``, the left-hand sides); ``FLAG`` holds
+    a CHECK_DEADLOCK value that is not a boolean."""
     out: dict[str, list[str]] = {}
     section = ""
     for raw in cfg.splitlines():
@@ -123,9 +148,13 @@ def _config_sections(cfg: str) -> dict[str, list[str]]:
             continue
         head = _CFG_NAMES.match(line)
         if head:
-            section = head.group(1).rstrip("S") if head.group(1) != "SPECIFICATION" else "SPEC"
+            section = _CFG_SECTION.get(head.group(1), head.group(1))
             line = line[head.end() :].strip()
-        if not line or not section:
+            if section == "FLAG":
+                if line not in ("TRUE", "FALSE"):
+                    out.setdefault("FLAG", []).append(line or "(nothing)")
+                continue
+        if not line or not section or section == "FLAG":
             continue
         if section == "CONSTANT":
             out.setdefault(section, []).append(line.split("=", 1)[0].split("<-", 1)[0].strip())
@@ -148,6 +177,9 @@ def config_problems(module: Path, cfg: Path) -> list[str]:
         for kind in ("SPEC", "CONSTRAINT", "INVARIANT")
         for name in sections.get(kind, [])
         if name not in defined
+    ]
+    problems += [
+        f"{cfg.name}: CHECK_DEADLOCK {v} is not TRUE or FALSE" for v in sections.get("FLAG", [])
     ]
     given = set(sections.get("CONSTANT", []))
     problems += [f"{cfg.name}: constant {n} is not declared" for n in sorted(given - declared)]

@@ -12,10 +12,11 @@ The checks, in order:
    A planted wrong contract is checked first, so that a silent CrossHair cannot pass.
 3. CrossHair ``diffbehavior`` between fastimpl's redistribution (``assign``) and the
    model's (``redistribute``): the two must return the same for every input it tries.
-4. The TLA+ models in ``tla/``: model-checked by TLC when ``tla2tools.jar`` is present
-   (``TLA2TOOLS_JAR``, or ``.cache/tla2tools.jar``; a pinned release, checked against its
-   checksum). No package registry here carries TLC: without it the output says plainly
-   that no TLA+ model was model-checked, and the modules are only parsed ("syntax only").
+4. The TLA+ models in ``tla/``: every module parsed, every config's names checked, and
+   every model checked by TLC when a usable ``tla2tools.jar`` is found (``model_tests/tlc.py``
+   says where it looks and how a jar is accepted): each passing model must pass with the
+   state count its config records, each must-fail model must fail on the invariant it
+   names. Without a jar the output says plainly that no TLA+ model was model-checked.
 5. The exhaustive breadth-first search of the model (``explore.py``) at the two small
    bounds, every state checked for I1-I5 and quiesced for I6 ("exhaustive for bounds").
 6. Every must-fail twin (``twins.py``): the search must catch each one.
@@ -26,10 +27,7 @@ A check that did not run is listed as NOT RUN with the reason, never as passed.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,17 +38,12 @@ from pathlib import Path
 
 import attrs
 
-from model_tests import explore, tla_syntax
+from model_tests import explore, tla_syntax, tlc
 from model_tests.twins import TWINS
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 TLA_DIR = ROOT / "tla"
-TLC_VERSION = "1.7.4"
-TLC_URL = f"https://github.com/tlaplus/tlaplus/releases/download/v{TLC_VERSION}/tla2tools.jar"
-TLC_SHA256 = "936a262061c914694dfd669a543be24573c45d5aa0ff20a8b96b23d01e050e88"
-"""The v1.7.4 release jar's SHA-256 as other projects pin it (v1.8.0's asset is rolling,
-so it cannot be pinned). It could not be checked here: no machine here can download it."""
 CONTRACT_MODULES = ("spec.keygroups", "spec.ids")
 DIFF_PAIR = ("fastimpl.redistribute.assign", "refimpl.redistribute.redistribute")
 
@@ -183,75 +176,12 @@ def check_diffbehavior(iterations: int) -> Check:
     return ck
 
 
-def fetch_tlc(dest: Path, timeout: float = 20.0) -> str | None:
-    """Fill the cache with the pinned release; None if it worked, else why not. Nothing
-    is kept unless its SHA-256 is the pinned one."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(TLC_URL, timeout=timeout) as r:
-            data = r.read()
-    except Exception as err:  # offline, proxy, DNS: all mean the same here
-        return f"downloading {TLC_URL} failed: {type(err).__name__}: {err}"
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != TLC_SHA256:
-        return f"the download has SHA-256 {digest}, not the pinned {TLC_SHA256}: not kept"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(".part")
-    tmp.write_bytes(data)
-    tmp.replace(dest)
-    return None
-
-
-def tlc_jar() -> tuple[Path | None, str]:
-    """The TLC jar to use, or None and why not. Without ``TLA2TOOLS_JAR`` the cache
-    ``.cache/tla2tools.jar`` is used, filled by a download of the pinned release where the
-    machine can download it (``TLA2TOOLS_NO_DOWNLOAD=1`` skips the attempt)."""
-    named = os.environ.get("TLA2TOOLS_JAR", "").strip()
-    cache = ROOT / ".cache" / "tla2tools.jar"
-    fetch_error = ""
-    if not named and not cache.is_file() and not os.environ.get("TLA2TOOLS_NO_DOWNLOAD"):
-        fetch_error = fetch_tlc(cache) or ""
-    candidates = [Path(named)] if named else [cache]
-    for jar in candidates:
-        if not jar.is_file():
-            continue
-        digest = hashlib.sha256(jar.read_bytes()).hexdigest()
-        if digest != TLC_SHA256 and not os.environ.get("TLA2TOOLS_ANY_VERSION"):
-            return None, (
-                f"{jar} has SHA-256 {digest}, not the pinned v{TLC_VERSION} ({TLC_SHA256}); "
-                "set TLA2TOOLS_ANY_VERSION=1 to use it anyway"
-            )
-        if shutil.which("java") is None:
-            return None, "java is not installed (apt-get install openjdk-17-jre-headless)"
-        return jar, f"{jar} (sha256 {digest[:12]}...)"
-    where = named or ".cache/tla2tools.jar"
-    return None, (
-        f"TLC is not available: no tla2tools.jar at {where} (v{TLC_VERSION} from {TLC_URL}, "
-        "sha256 pinned in model_tests/verify.py). No package registry reachable here carries "
-        "it; on a machine that can download it, put it there or set TLA2TOOLS_JAR"
-        + (f" ({fetch_error})" if fetch_error else "")
-    )
-
-
-def tla_models(folder: Path = TLA_DIR) -> list[tuple[Path, Path, str]]:
-    """(module, config, expectation) of every ``tla/*.cfg``. A config names its module
-    and what TLC must find in comment lines: ``\\* module: MCSmall`` (default: the
-    config's own name) and ``\\* expect: pass`` or ``\\* expect: violates NoDanglingInv``."""
-    out = []
-    for cfg in sorted(folder.glob("*.cfg")):
-        text = cfg.read_text()
-        mod = re.search(r"\\\*\s*module:\s*(\w+)", text)
-        exp = re.search(r"\\\*\s*expect:\s*([^\n]+)", text)
-        module = folder / f"{mod.group(1) if mod else cfg.stem}.tla"
-        out.append((module, cfg, exp.group(1).strip() if exp else "pass"))
-    return out
-
-
 def check_tla(include_soak: bool) -> list[Check]:
-    models = [m for m in tla_models() if include_soak or "soak" not in m[1].stem.lower()]
+    found = tlc.models()
+    chosen = [m for m in found if include_soak or "soak" not in m.name.lower()]
     checks: list[Check] = []
-    syntax = Check("TLA+ syntax only (TLC not run)")
+    t0 = time.perf_counter()
+    syntax = Check("TLA+ syntax (the `tla` parser)")
     modules = tla_syntax.tla_files(TLA_DIR)
     try:
         results = tla_syntax.check(modules)
@@ -267,66 +197,49 @@ def check_tla(include_soak: bool) -> list[Check]:
     elif results:
         syntax.status = "ok"
         names = ", ".join(r.path.name for r in results)
-        syntax.summary = f"{len(results)} modules parsed ({names}): syntax only, not model-checked"
+        syntax.summary = f"{len(results)} modules parsed ({names})"
+    syntax.seconds = time.perf_counter() - t0
     checks.append(syntax)
-    refs = Check("TLA+ configs refer to defined names (static, TLC not run)")
-    problems = [e for module, cfg, _ in models for e in tla_syntax.config_problems(module, cfg)]
+    refs = Check("TLA+ configs refer to defined names (static)", seconds=0.01)
+    problems = [e for m in found for e in tla_syntax.config_problems(m.module, m.cfg)]
     refs.details = problems
-    if not models:
+    if not found:
         refs.summary = "no .cfg in tla/"
     elif problems:
         refs.status, refs.summary = "FAILED", f"{len(problems)} problem(s) in the configs"
     else:
         refs.status = "ok"
         refs.summary = (
-            f"{len(models)} configs: every spec, constraint, invariant and constant is defined"
+            f"{len(found)} configs: every spec, constraint, invariant and constant is defined"
         )
     checks.append(refs)
-    jar, why = tlc_jar()
+    t0 = time.perf_counter()
+    jar, where = tlc.find_jar()
     if jar is None:
-        checks.append(Check("TLA+ model checking (TLC)", "NOT RUN", f"NOT model-checked: {why}"))
+        checks.append(Check("TLA+ model checking (TLC)", "NOT RUN", f"NOT model-checked: {where}"))
         return checks
-    for module, cfg, expect in models:
-        checks.append(_tlc(jar, module, cfg, expect))
+    print(f"TLC: {where}, accepted in {time.perf_counter() - t0:.1f} s", flush=True)
+    skipped = [m.name for m in found if m not in chosen]
+    for model in chosen:
+        checks.append(_tlc(jar, model))
+    if skipped:
+        checks.append(
+            Check(
+                f"TLC {', '.join(skipped)}",
+                "NOT RUN",
+                "left out by --no-soak: not model-checked in this run",
+            )
+        )
     return checks
 
 
-def _tlc(jar: Path, module: Path, cfg: Path, expect: str) -> Check:
-    ck = Check(f"TLC {cfg.name}")
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as meta:
-        _code, out = _run(
-            [
-                "java",
-                "-XX:+UseParallelGC",
-                "-cp",
-                str(jar),
-                "tlc2.TLC",
-                "-workers",
-                "auto",
-                "-metadir",
-                meta,
-                "-config",
-                cfg.name,
-                module.name,
-            ],
-            3600,
-            TLA_DIR,
-        )
-    ck.seconds = time.perf_counter() - t0
-    states = re.findall(r"(\d[\d,]*) distinct states found", out)
-    found = states[-1] if states else "?"
-    violated = sorted(set(re.findall(r"Invariant (\w+) is violated", out)))
-    completed = "Model checking completed. No error has been found." in out
-    ck.details = out.strip().splitlines()[-15:]
-    if expect == "pass":
-        ok = completed and not violated
-        ck.summary = f"{found} distinct states, {'no violation' if ok else f'violated {violated}'}"
-    else:
-        target = expect.removeprefix("violates").strip()
-        ok = target in violated
-        ck.summary = f"must fail on {target}: violated {violated or 'nothing'} ({found} states)"
+def _tlc(jar: Path, model: tlc.Model) -> Check:
+    ck = Check(f"TLC {model.cfg.name}")
+    r = tlc.run(jar, model.module, model.cfg, simulate=model.simulate)
+    ok, ck.summary = tlc.judge(model, r)
     ck.status = "ok" if ok else "FAILED"
+    ck.seconds = r.seconds
+    ck.details = list(r.tail)
     return ck
 
 
@@ -381,7 +294,7 @@ def check_trace() -> list[Check]:
     module, cfg = TLA_DIR / "MCTrace.tla", TLA_DIR / "MCTrace.cfg"
     current = module.exists() and cfg.exists()
     same = current and module.read_text() == fresh.module and cfg.read_text() == fresh.cfg
-    tla = Check("TLA+ trace model tla/MCTrace (generated, syntax only here)")
+    tla = Check("TLA+ trace model tla/MCTrace is current (TLC checks it with the models)")
     if same:
         tla.status = "ok"
         tla.summary = f"{fresh.records} accepted commands, matches the example trace"
@@ -397,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--twin", choices=sorted(TWINS), help="search with a must-fail twin")
     parser.add_argument("--contract-timeout", type=float, default=10.0)
     parser.add_argument("--diff-iterations", type=int, default=50)
-    parser.add_argument("--soak", action="store_true", help="also the TLA+ soak model")
+    parser.add_argument(
+        "--no-soak", action="store_true", help="leave out the TLA+ soak models (MCSoak*)"
+    )
     args = parser.parse_args(argv)
     if args.twin:
         return explore.main(["--twin", args.twin])
@@ -405,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         lambda: [check_mypy()],
         lambda: [check_contracts(args.contract_timeout)],
         lambda: [check_diffbehavior(args.diff_iterations)],
-        lambda: check_tla(args.soak),
+        lambda: check_tla(not args.no_soak),
         check_trace,
         check_search,
         check_twins,

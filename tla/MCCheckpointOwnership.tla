@@ -15,10 +15,12 @@
 (*    AttemptStopped of a lost one, Failover when one is lost;             *)
 (*  - with MaxJob > 1: a CLAIM Restore of the latest retained checkpoint   *)
 (*    to each parallelism of RescalePars, from the first job only.         *)
-(* MaxMoves bounds the depth as explore's max_depth does: the constraint   *)
-(* LevelBound stops the search at TLC level MaxMoves + 1 (the initial      *)
-(* state is level 1).  The parts are named so that a must-fail model can   *)
-(* swap one of them.                                                       *)
+(* MaxMoves bounds the depth as explore's max_depth does: every spec of   *)
+(* this wrapper takes its steps through Bounded, which allows a move only  *)
+(* from a state fewer than MaxMoves moves from the initial one, so TLC     *)
+(* generates, counts and checks exactly the states explore does (run with  *)
+(* -workers 1, so that a state is first reached at its least depth).  The *)
+(* parts are named so that a must-fail model can swap one of them.         *)
 (***************************************************************************)
 EXTENDS CheckpointOwnership, TLC
 
@@ -33,7 +35,16 @@ CONSTANT MaxMoves
 (***************************************************************************)
 CONSTANT Crashes
 
-LevelBound == TLCGet("level") <= MaxMoves + 1
+(***************************************************************************)
+(* Bounded(A): A, taken from a state at most MaxMoves - 1 moves deep.      *)
+(* In the next-state relation TLCGet("level") is the level of the state    *)
+(* being expanded, and the initial state is level 1.  A guard here, not a  *)
+(* CONSTRAINT: TLC checks, but does not count, a successor that fails a    *)
+(* constraint, so a constraint either counts one level short of explore    *)
+(* or checks one level past it.  States MaxMoves deep have no successor:   *)
+(* the dead end of the bound, which is why deadlock is not checked.        *)
+(***************************************************************************)
+Bounded(A) == TLCGet("level") <= MaxMoves /\ A
 
 (***************************************************************************)
 (* Write (or reuse) and acknowledge, as one move (explore's moves()).      *)
@@ -97,8 +108,10 @@ SmallNext ==
     \/ SmallRestore
 
 (***************************************************************************)
-(* SmallSpec: the explore-like model (MCSmall*.cfg).  Spec, with every     *)
-(* command, is the soak model (MCSoak.cfg).                                *)
+(* SmallSpec: the explore-like model (MCSmall*.cfg, MCMedium.cfg).         *)
+(* SoakSpec: Next, every command, within the same depth bound (MCSoak).    *)
 (***************************************************************************)
-SmallSpec == Init /\ [][SmallNext]_vars
+SmallSpec == Init /\ [][Bounded(SmallNext)]_vars
+
+SoakSpec == Init /\ [][Bounded(Next)]_vars
 =========================================================================================

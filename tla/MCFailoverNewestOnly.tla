@@ -49,5 +49,5 @@ BugNext ==
     \/ BugCrash
     \/ SmallRestore
 
-BugSpec == Init /\ [][BugNext]_vars
+BugSpec == Init /\ [][Bounded(BugNext)]_vars
 =====================================================================================

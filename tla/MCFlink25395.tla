@@ -38,5 +38,5 @@ BugNext ==
     \/ SmallCrash
     \/ SmallRestore
 
-BugSpec == Init /\ [][BugNext]_vars
+BugSpec == Init /\ [][Bounded(BugNext)]_vars
 ===================================================================================

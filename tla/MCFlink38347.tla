@@ -67,5 +67,5 @@ BugNext ==
        /\ UNCHANGED <<abortsHeard, completeHeard>>
     \/ \E n \in DOMAIN channel : CounterDeliver(n)
 
-BugSpec == BugInit /\ [][BugNext]_bugVars
+BugSpec == BugInit /\ [][Bounded(BugNext)]_bugVars
 ===================================================================================
