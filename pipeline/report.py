@@ -12,7 +12,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from pipeline.names import shown
-
 from pipeline.result import Row, Summary
 
 
