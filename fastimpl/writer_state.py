@@ -41,8 +41,16 @@ WRITER_STATE = "_writer_state.json"
 FORMAT = "ckpt-writer-state"
 VERSION = 1
 
-_QUIET = (c.WriteState, c.ReuseShared, c.Acknowledge, c.DeliverNotification,
-          c.DropNotification, c.DuplicateNotification, c.FailNextCall, c.RetryDeletes)
+_QUIET = (
+    c.WriteState,
+    c.ReuseShared,
+    c.Acknowledge,
+    c.DeliverNotification,
+    c.DropNotification,
+    c.DuplicateNotification,
+    c.FailNextCall,
+    c.RetryDeletes,
+)
 """Commands that change neither the pending nor the retained set."""
 
 
@@ -68,9 +76,7 @@ class WriterStatePublisher:
             self.triggered.setdefault(cid, (now, retained))
         for cid in [k for k in self.triggered if k not in cl.pending]:
             del self.triggered[cid]
-        open_files = sorted(
-            p for m in cl.mgr.values() for p, pf in m.pfiles.items() if pf.open
-        )
+        open_files = sorted(p for m in cl.mgr.values() for p, pf in m.pfiles.items() if pf.open)
         self.seq += 1
         doc: dict[str, Any] = {
             "format": FORMAT,

@@ -46,8 +46,14 @@ def _old(p: Path, data: bytes = b"s" * 10) -> None:
 
 
 def _meta(cp: int, path: str, job: str = JOB) -> bytes:
-    e = StateEntry(SubtaskId("v", 0, 1), StateKind.KEYED_SHARED, "s",
-                   SegmentHandle(path, 0, 10, f"l{cp}", Scope.SHARED), 1, (0, 127))
+    e = StateEntry(
+        SubtaskId("v", 0, 1),
+        StateKind.KEYED_SHARED,
+        "s",
+        SegmentHandle(path, 0, 10, f"l{cp}", Scope.SHARED),
+        1,
+        (0, 127),
+    )
     return encode(cp, job, False, (e,), ())
 
 
@@ -182,13 +188,22 @@ def names_that_are_not_utf8(tmp: Path) -> Hostile:
     os.mkdir(d)
     with open(d + b"/inside", "wb") as f:
         f.write(b"s" * 10)
-    h.unreadable |= {shown(os.fsdecode(raw)[len(str(h.base.parent)) + 1:]),
-                     shown(os.fsdecode(d)[len(str(h.base.parent)) + 1:])}
+    h.unreadable |= {
+        shown(os.fsdecode(raw)[len(str(h.base.parent)) + 1 :]),
+        shown(os.fsdecode(d)[len(str(h.base.parent)) + 1 :]),
+    }
     return h
 
 
-MARKUP_NAMES = ("[bold]innocent[/bold]", "[/]", "[hidden]secret", "esc\x1b[31mred",
-                "new\nline", "back\\slash", "sp ace")
+MARKUP_NAMES = (
+    "[bold]innocent[/bold]",
+    "[/]",
+    "[hidden]secret",
+    "esc\x1b[31mred",
+    "new\nline",
+    "back\\slash",
+    "sp ace",
+)
 
 
 def names_with_markup_and_control_characters(tmp: Path) -> Hostile:
@@ -202,10 +217,20 @@ def names_with_markup_and_control_characters(tmp: Path) -> Hostile:
 CASES: dict[str, Callable[[Path], Hostile]] = {
     f.__name__: f
     for f in (
-        valid, fifo_metadata_in_job, fifo_metadata_in_sibling_job, fifo_metadata_in_savepoint,
-        metadata_link_to_dev_zero, metadata_link_out_of_the_base, metadata_link_loop,
-        metadata_is_a_directory, metadata_nested_too_deeply, metadata_too_large,
-        checkpoint_id_beyond_64_bits, deeper_than_path_max, symlink_loops_among_the_files,
-        names_that_are_not_utf8, names_with_markup_and_control_characters,
+        valid,
+        fifo_metadata_in_job,
+        fifo_metadata_in_sibling_job,
+        fifo_metadata_in_savepoint,
+        metadata_link_to_dev_zero,
+        metadata_link_out_of_the_base,
+        metadata_link_loop,
+        metadata_is_a_directory,
+        metadata_nested_too_deeply,
+        metadata_too_large,
+        checkpoint_id_beyond_64_bits,
+        deeper_than_path_max,
+        symlink_loops_among_the_files,
+        names_that_are_not_utf8,
+        names_with_markup_and_control_characters,
     )
 }

@@ -345,3 +345,50 @@ def test_orphans_are_deleted_on_s3_in_bulk(
     after = audit_single(b.loc, grace=HOUR, now=later)
     assert after.summary.orphans == 0 and after.summary.dangling == 0
     assert {f["path"] for f in after["files"] if f["status"] == REFERENCED} == keep | {saved}
+
+
+def test_a_path_inside_a_base_is_refused_whatever_the_flags(tmp_path: Path) -> None:
+    """Issue 15, defect 1: a base given one level too deep (``BASE/shared``,
+    ``BASE/chk-N``, ``BASE/shared/<subtask>``, ``BASE/taskowned/<tm>``) makes every live
+    file look orphaned; it is refused, with every flag there is, even for a report."""
+    b, _strays = base_with_strays(tmp_path)
+    base = tmp_path / "root" / b.job_dir
+    before = snapshot(b)
+    chk = sorted(p.name for p in base.iterdir() if p.name.startswith("chk-"))[0]
+    subtask = sorted(p.name for p in (base / "shared").iterdir() if p.is_dir())[0]
+    inside = ["shared", chk, f"shared/{subtask}", "taskowned/tm-gone"]
+    flags = ["--grace", "0s", "--allow-short-grace", "--no-live-writer",
+             "--log", str(tmp_path / "log")]
+    for sub in inside:
+        for extra in ([], ["--delete-orphans", *flags]):
+            r = run(str(base / sub), "--engine", "single", "-q", *extra)
+            assert r.exit_code == 3, (sub, r.output)
+            assert "inside the checkpoint base" in r.output
+    assert snapshot(b) == before
+    assert not (tmp_path / "log").exists()
+
+
+def test_deletes_are_paced_one_file_at_a_time(tmp_path: Path) -> None:
+    b, strays = base_with_strays(tmp_path)
+    t = audit_single(b.loc, grace=DAY)
+    plan = plan_deletion(b.loc, t.summary, t["orphans"], grace=DAY)
+    assert {c.path for c in plan.delete} == strays
+    start = time.monotonic()
+    out = execute(b.loc, plan, str(tmp_path / "log"), rate=5)
+    assert time.monotonic() - start >= (len(strays) - 1) / 5
+    assert set(out.deleted) == strays and not out.failed
+    events = [json.loads(x) for x in (tmp_path / "log").read_text().splitlines()]
+    assert events[0]["outcomes"] == {"delete": 3, "keep-active": 0, "defer": 0,
+                                     "skip-unknown": 0}
+
+
+def test_a_path_inside_a_base_is_refused_on_s3(s3_endpoint: str) -> None:  # noqa: F811
+    fs = s3(s3_endpoint)
+    opts = {"key": "testing", "secret": "testing",
+            "client_kwargs": {"endpoint_url": s3_endpoint}}
+    b = build(CASE, fs, f"{S3_BUCKET}/inside", "s3://", opts)
+    deletion.check_base(b.loc)  # the base itself is one
+    for sub in ("shared", "taskowned"):
+        loc = Location.parse(b.loc.uri(f"{b.job_dir}/{sub}"), opts)
+        with pytest.raises(deletion.NotABase, match="inside the checkpoint base"):
+            deletion.check_base(loc, layout=False)

@@ -76,8 +76,21 @@ def test_hostile_base_single_engine_and_cli(case: str, tmp_path: Path) -> None:
         t = audit_single(Location.parse(str(h.base)), grace=HOUR)
         check(h, t)
         log = tmp_path / "log.jsonl"
-        r = CliRunner().invoke(app, ["audit", str(h.base), "--engine", "single", "-q",
-                                     "--delete-orphans", "--log", str(log), "--json", "-"])
+        r = CliRunner().invoke(
+            app,
+            [
+                "audit",
+                str(h.base),
+                "--engine",
+                "single",
+                "-q",
+                "--delete-orphans",
+                "--log",
+                str(log),
+                "--json",
+                "-",
+            ],
+        )
     assert r.exception is None or isinstance(r.exception, SystemExit), r.output
     assert "Traceback" not in r.output
     if h.corrupt:
@@ -97,8 +110,9 @@ def test_names_are_printed_escaped_and_logged_exactly(tmp_path: Path) -> None:
     the exact names (a name that is not UTF-8 too, as path_hex)."""
     h = CASES["names_with_markup_and_control_characters"](tmp_path)
     base = str(h.base)
-    dry = CliRunner().invoke(app, ["audit", base, "--engine", "single", "-q",
-                                   "--delete-orphans", "--dry-run"])
+    dry = CliRunner().invoke(
+        app, ["audit", base, "--engine", "single", "-q", "--delete-orphans", "--dry-run"]
+    )
     assert dry.exit_code == 0, dry.output
     assert "\x1b" not in dry.output
     lines = [x for x in dry.output.splitlines() if x.startswith("would delete ")]
@@ -107,13 +121,15 @@ def test_names_are_printed_escaped_and_logged_exactly(tmp_path: Path) -> None:
     for n in MARKUP_NAMES:
         assert shown(n) in dry.output
     log = tmp_path / "log.jsonl"
-    real = CliRunner().invoke(app, ["audit", base, "--engine", "single", "-q",
-                                    "--delete-orphans", "--log", str(log)])
+    real = CliRunner().invoke(
+        app, ["audit", base, "--engine", "single", "-q", "--delete-orphans", "--log", str(log)]
+    )
     assert real.exit_code == 0, real.output
     events = [json.loads(x) for x in log.read_text().splitlines()]
     assert {e["path"] for e in events if e["event"] == "deleted"} == h.orphans
     assert {e["shown"] for e in events if e["event"] == "will-delete"} == {
-        shown(p) for p in h.orphans}
+        shown(p) for p in h.orphans
+    }
     assert not any((h.base.parent / p).exists() for p in h.orphans)
 
 

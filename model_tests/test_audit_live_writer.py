@@ -108,9 +108,24 @@ def _race(tmp_path: Path, mode: MergingMode, *, fenced: bool) -> tuple[Writer, s
         strays.add(f"{loc.job_dir}/{_stray(job_dir, n).relative_to(job_dir)}")
         if n % 2 and fenced:
             r = CliRunner().invoke(
-                app, ["audit", str(job_dir), "--engine", "single", "-q", "--delete-orphans",
-                      "--grace", "0s", "--allow-short-grace", "--max-deletes-per-second", "0",
-                      "--log", str(tmp_path / "cli.jsonl")], catch_exceptions=False)
+                app,
+                [
+                    "audit",
+                    str(job_dir),
+                    "--engine",
+                    "single",
+                    "-q",
+                    "--delete-orphans",
+                    "--grace",
+                    "0s",
+                    "--allow-short-grace",
+                    "--max-deletes-per-second",
+                    "0",
+                    "--log",
+                    str(tmp_path / "cli.jsonl"),
+                ],
+                catch_exceptions=False,
+            )
             assert r.exit_code in (0, 3), r.output  # 3: a guard stopped this run
             continue
         later = time.time() + DAY  # grace and hard floor protect nothing now
@@ -120,8 +135,15 @@ def _race(tmp_path: Path, mode: MergingMode, *, fenced: bool) -> tuple[Writer, s
             if t.summary.corrupt_metadata:
                 continue  # a _metadata replaced while read: the guard refuses anyway
             plan = deletion.plan_deletion(
-                loc, t.summary, t["orphans"], grace=0, allow_short_grace=True,
-                no_live_writer=not fenced, now=later, state_before=state)
+                loc,
+                t.summary,
+                t["orphans"],
+                grace=0,
+                allow_short_grace=True,
+                no_live_writer=not fenced,
+                now=later,
+                state_before=state,
+            )
         except deletion.DeletionRefused:
             continue
         deletion.execute(loc, plan, str(tmp_path / "lib.jsonl"), rate=0)
@@ -133,13 +155,17 @@ def _deleted(*logs: Path) -> set[str]:
     out: set[str] = set()
     for log in logs:
         if log.exists():
-            out |= {json.loads(x)["path"] for x in log.read_text().splitlines()
-                    if json.loads(x)["event"] == "deleted"}
+            out |= {
+                json.loads(x)["path"]
+                for x in log.read_text().splitlines()
+                if json.loads(x)["event"] == "deleted"
+            }
     return out
 
 
-@pytest.mark.parametrize("mode", [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT],
-                         ids=["WITHIN", "ACROSS"])
+@pytest.mark.parametrize(
+    "mode", [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT], ids=["WITHIN", "ACROSS"]
+)
 def test_a_live_writer_loses_nothing_at_grace_zero(tmp_path: Path, mode: MergingMode) -> None:
     writer, strays, store = _race(tmp_path, mode, fenced=True)
     with store:

@@ -207,6 +207,13 @@ def audit(
     raise typer.Exit(code)
 
 
+# ``--help`` wraps to the terminal itself: one line per paragraph.
+audit.__doc__ = "\n\n".join(
+    " ".join(line.strip() for line in para.splitlines())
+    for para in (audit.__doc__ or "").strip().split("\n\n")
+)
+
+
 def _spark(
     loc: Location, master: str | None, grace: float, now: float, others: bool, out: str | None,
     limit: int, quiet: bool, err: Console,
@@ -275,9 +282,9 @@ def _delete(
         return 0
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     path = log or f"ckpt-audit-deletions-{stamp}.jsonl"
-    outcome = execute(loc, plan, path, rate=rate)
-    console.print(f"deleted {len(outcome.deleted)} file(s), {len(outcome.failed)} failed; "
-                  f"log: {shown(outcome.log)}", markup=False)
-    for p, why in outcome.failed:
+    done = execute(loc, plan, path, rate=rate)
+    console.print(f"deleted {len(done.deleted)} file(s), {len(done.failed)} failed; "
+                  f"log: {shown(done.log)}", markup=False)
+    for p, why in done.failed:
         err.print(f"failed {shown(p)}: {why}", markup=False, soft_wrap=True)
-    return EXIT_DELETE_FAILED if outcome.failed else 0
+    return EXIT_DELETE_FAILED if done.failed else 0

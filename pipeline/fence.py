@@ -107,5 +107,6 @@ def _parse(doc: Any, job_dir: str) -> WriterState:
     running = doc["running"]
     if not isinstance(running, bool):
         raise TypeError("running is not a boolean")
-    return WriterState(_num(doc["published_at"]), _int(doc["seq"]), running, tuple(pending),
-                       frozenset(files))
+    return WriterState(
+        _num(doc["published_at"]), _int(doc["seq"]), running, tuple(pending), frozenset(files)
+    )

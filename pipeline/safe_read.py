@@ -43,9 +43,14 @@ def read_regular(loc: Location, rel: str, limit: int = LIMIT) -> bytes:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
-                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-                       (stat.S_ISSOCK, "socket"), (stat.S_ISLNK, "symbolic link")):
+    for test, name in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISLNK, "symbolic link"),
+    ):
         if test(mode):
             return name
     return "special file"
