@@ -146,6 +146,8 @@ class Cluster:
         self.job_spec = job_spec
         self.trace: CommandTrace | None = None
         """Where executed commands are logged (``start_trace``); None: not logged."""
+        self.on_applied: Callable[[c.Command], None] | None = None
+        """Told each command applied (``fastimpl.writer_state`` publishes the writer's state)."""
 
     # ------------------------------------------------------------------ dispatch
 
@@ -155,6 +157,8 @@ class Cluster:
             self._dispatch(cmd)
         else:
             self._traced(cmd, lambda: self._dispatch(cmd))
+        if self.on_applied is not None:
+            self.on_applied(cmd)
 
     def start_trace(self, trace: CommandTrace) -> None:
         """Log every command executed from now on to ``trace`` (``fastimpl.trace``). A

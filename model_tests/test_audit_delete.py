@@ -111,7 +111,7 @@ def test_the_log_is_complete_before_the_first_delete(
     before = snapshot(b)
     log = tmp_path / "deletions.jsonl"
 
-    def crash(loc: Location, paths: list[str]) -> Any:
+    def crash(loc: Location, paths: list[str], rate: float = 0) -> Any:
         text = log.read_text()
         assert all(p in text for p in strays), "deleting before the log names every file"
         raise KeyboardInterrupt  # the process dies at the first delete
@@ -122,7 +122,8 @@ def test_the_log_is_complete_before_the_first_delete(
     with pytest.raises(KeyboardInterrupt):
         execute(b.loc, plan, str(log))
     assert snapshot(b) == before
-    assert {json.loads(x)["path"] for x in log.read_text().splitlines()[1:]} == strays
+    events = [json.loads(x) for x in log.read_text().splitlines()]
+    assert {e["path"] for e in events if e["event"] == "will-delete"} == strays
 
 
 def test_young_files_and_referenced_files_are_never_deleted(tmp_path: Path) -> None:
@@ -138,16 +139,26 @@ def test_young_files_and_referenced_files_are_never_deleted(tmp_path: Path) -> N
     assert all(Path(b.loc.full(p)).exists() for p in keep)
 
 
-def test_a_grace_period_under_an_hour_needs_force(tmp_path: Path) -> None:
+def test_a_grace_period_under_an_hour_needs_its_own_flags(tmp_path: Path) -> None:
+    """One flag per danger: --allow-short-grace for the grace; on a base whose writer
+    publishes no state, --no-live-writer too (only age would protect a live writer);
+    the old catch-all --force is gone."""
     b, strays = base_with_strays(tmp_path)
     before = snapshot(b)
     base = str(tmp_path / "root" / b.job_dir)
     r = run(base, "--engine", "single", "-q", "--delete-orphans", "--grace", "30m")
     assert r.exit_code == 3
-    assert "under one hour" in r.output
+    assert "under one hour" in r.output and "--allow-short-grace" in r.output
     assert snapshot(b) == before
-    r = run(base, "--engine", "single", "-q", "--delete-orphans", "--grace", "30m", "--force",
-            "--log", str(tmp_path / "log"))
+    r = run(base, "--engine", "single", "-q", "--delete-orphans", "--grace", "30m",
+            "--allow-short-grace")
+    assert r.exit_code == 3 and "--no-live-writer" in r.output, r.output
+    assert snapshot(b) == before
+    assert run(base, "--engine", "single", "-q", "--delete-orphans", "--grace", "30m",
+               "--force").exit_code == 2
+    assert snapshot(b) == before
+    r = run(base, "--engine", "single", "-q", "--delete-orphans", "--grace", "30m",
+            "--allow-short-grace", "--no-live-writer", "--log", str(tmp_path / "log"))
     assert r.exit_code == 0, r.output
     assert not any(Path(b.loc.full(s)).exists() for s in strays)
 
@@ -199,7 +210,7 @@ def test_a_restore_source_or_savepoint_reference_refuses_the_deletion(
 def test_the_savepoint_directory_itself_is_refused(tmp_path: Path) -> None:
     sp = old(tmp_path / "root" / "savepoints" / "savepoint-3" / "data")
     r = run(str(tmp_path / "root" / "savepoints"), "--engine", "single", "-q",
-            "--delete-orphans", "--force")
+            "--delete-orphans")
     assert r.exit_code == 3
     assert "savepoint" in r.output
     assert sp.exists()
@@ -246,24 +257,28 @@ def test_a_file_referenced_or_touched_since_the_audit_is_kept(tmp_path: Path) ->
     plan = plan_deletion(b.loc, t.summary, t["orphans"], grace=HOUR)
     kept = dict(plan.kept)
     assert kept[first] == "referenced by a _metadata read just now"
-    assert kept[second] == "modified within the grace period since the audit"
+    outcomes = {p: o for p, o, _w in plan.outcomes}
+    assert outcomes == {first: deletion.KEEP_ACTIVE, second: deletion.DEFER,
+                        third: deletion.DELETE}
+    assert "floor" in kept[second] or "grace" in kept[second]
     assert [c.path for c in plan.delete] == [third]
 
 
-def test_a_base_without_checkpoints_or_layout_needs_force(tmp_path: Path) -> None:
+def test_no_flag_deletes_in_a_base_without_checkpoints_or_layout(tmp_path: Path) -> None:
+    """An empty reference set (no readable checkpoint) never means "nothing is
+    referenced", and a directory without the layout is not a base: refused, and no
+    flag lifts either."""
     job = tmp_path / "root" / "job-x"
     stray = old(job / "shared" / "v-0-1" / "f")
-    r = run(str(job), "--engine", "single", "-q", "--delete-orphans")
-    assert r.exit_code == 3 and "no readable checkpoint" in r.output
+    for flags in ([], ["--grace", "0s", "--allow-short-grace", "--no-live-writer"]):
+        r = run(str(job), "--engine", "single", "-q", "--delete-orphans", *flags)
+        assert r.exit_code == 3 and "empty" in r.output, r.output
     assert stray.exists()
     home = tmp_path / "root" / "not-a-base"
     precious = old(home / "notes.txt")
-    r = run(str(home), "--engine", "single", "-q", "--delete-orphans", "--force",
-            "--log", str(tmp_path / "log"))
-    assert r.exit_code == 0  # forced: the user said it is a base with no checkpoint
-    r = run(str(home), "--engine", "single", "-q", "--delete-orphans")
-    assert r.exit_code == 3
-    old(home / "notes.txt")
+    for flags in ([], ["--grace", "0s", "--allow-short-grace", "--no-live-writer"]):
+        r = run(str(home), "--engine", "single", "-q", "--delete-orphans", *flags)
+        assert r.exit_code == 3 and "not a checkpoint base" in r.output, r.output
     with pytest.raises(DeletionRefused, match="not a checkpoint base"):
         loc = Location.parse(str(home))
         t = audit_single(loc, grace=HOUR)
@@ -330,3 +345,50 @@ def test_orphans_are_deleted_on_s3_in_bulk(
     after = audit_single(b.loc, grace=HOUR, now=later)
     assert after.summary.orphans == 0 and after.summary.dangling == 0
     assert {f["path"] for f in after["files"] if f["status"] == REFERENCED} == keep | {saved}
+
+
+def test_a_path_inside_a_base_is_refused_whatever_the_flags(tmp_path: Path) -> None:
+    """Issue 15, defect 1: a base given one level too deep (``BASE/shared``,
+    ``BASE/chk-N``, ``BASE/shared/<subtask>``, ``BASE/taskowned/<tm>``) makes every live
+    file look orphaned; it is refused, with every flag there is, even for a report."""
+    b, _strays = base_with_strays(tmp_path)
+    base = tmp_path / "root" / b.job_dir
+    before = snapshot(b)
+    chk = sorted(p.name for p in base.iterdir() if p.name.startswith("chk-"))[0]
+    subtask = sorted(p.name for p in (base / "shared").iterdir() if p.is_dir())[0]
+    inside = ["shared", chk, f"shared/{subtask}", "taskowned/tm-gone"]
+    flags = ["--grace", "0s", "--allow-short-grace", "--no-live-writer",
+             "--log", str(tmp_path / "log")]
+    for sub in inside:
+        for extra in ([], ["--delete-orphans", *flags]):
+            r = run(str(base / sub), "--engine", "single", "-q", *extra)
+            assert r.exit_code == 3, (sub, r.output)
+            assert "inside the checkpoint base" in r.output
+    assert snapshot(b) == before
+    assert not (tmp_path / "log").exists()
+
+
+def test_deletes_are_paced_one_file_at_a_time(tmp_path: Path) -> None:
+    b, strays = base_with_strays(tmp_path)
+    t = audit_single(b.loc, grace=DAY)
+    plan = plan_deletion(b.loc, t.summary, t["orphans"], grace=DAY)
+    assert {c.path for c in plan.delete} == strays
+    start = time.monotonic()
+    out = execute(b.loc, plan, str(tmp_path / "log"), rate=5)
+    assert time.monotonic() - start >= (len(strays) - 1) / 5
+    assert set(out.deleted) == strays and not out.failed
+    events = [json.loads(x) for x in (tmp_path / "log").read_text().splitlines()]
+    assert events[0]["outcomes"] == {"delete": 3, "keep-active": 0, "defer": 0,
+                                     "skip-unknown": 0}
+
+
+def test_a_path_inside_a_base_is_refused_on_s3(s3_endpoint: str) -> None:  # noqa: F811
+    fs = s3(s3_endpoint)
+    opts = {"key": "testing", "secret": "testing",
+            "client_kwargs": {"endpoint_url": s3_endpoint}}
+    b = build(CASE, fs, f"{S3_BUCKET}/inside", "s3://", opts)
+    deletion.check_base(b.loc)  # the base itself is one
+    for sub in ("shared", "taskowned"):
+        loc = Location.parse(b.loc.uri(f"{b.job_dir}/{sub}"), opts)
+        with pytest.raises(deletion.NotABase, match="inside the checkpoint base"):
+            deletion.check_base(loc, layout=False)

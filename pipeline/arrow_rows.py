@@ -21,6 +21,10 @@ FILES_ARROW = pa.schema([
     ("path", pa.string()), ("size", pa.int64()), ("mtime", pa.float64()),
     ("symlink", pa.bool_()), ("owner", pa.string()),
 ])
+# What the executors' listing returns: the files, and (``problem`` set, the rest null but
+# ``path``) what could not be listed; every string is UTF-8 (``pipeline.names``).
+LISTED_DDL = FILES_DDL + ", problem string"
+LISTED_ARROW = FILES_ARROW.append(pa.field("problem", pa.string()))
 
 # One schema for everything reading a _metadata gives (``row`` says which): a reference,
 # the checkpoint itself ("head"), an error, or a file outside the base it references.
@@ -67,15 +71,27 @@ def file_batch(rows: list[tuple[str, int, float, bool]]) -> pa.RecordBatch:
     )
 
 
+def listed_batch(rows: list[scan.FileRow], problems: list[scan.Problem]) -> pa.RecordBatch:
+    files = file_batch(rows)
+    n = len(problems)
+    cols = [pa.concat_arrays([files.column(0), pa.array([p for p, _ in problems], pa.string())])]
+    for i, f in enumerate(FILES_ARROW):
+        if i:
+            cols.append(pa.concat_arrays([files.column(i), pa.nulls(n, f.type)]))
+    cols.append(pa.array([None] * len(rows) + [why for _, why in problems], pa.string()))
+    return pa.RecordBatch.from_arrays(cols, schema=LISTED_ARROW)
+
+
 def list_dirs(loc: Location) -> Any:
-    """``mapInArrow`` function: a batch of directory names in, their files out."""
+    """``mapInArrow`` function: a batch of directory names in, their files (and what
+    could not be listed) out."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for unit in batch.column(0).to_pylist():
-                rows = scan.list_dir(loc, unit)
-                if rows:
-                    yield file_batch(rows)
+                rows, problems = scan.list_dir(loc, unit)
+                if rows or problems:
+                    yield listed_batch(rows, problems)
 
     return run
 

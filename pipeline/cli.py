@@ -5,11 +5,13 @@
     ckpt audit BASE --out audit/ --json audit/summary.json   # Parquet details + summary
     ckpt audit BASE --delete-orphans --dry-run          # exactly what would be deleted
     ckpt audit BASE --delete-orphans --grace 48h        # log, then delete
+    ckpt audit BASE --delete-orphans --grace 0s --allow-short-grace   # live writer fenced
 
 Exit codes: 0 the base is readable and loses no data (orphans are reported, not failed);
 1 a dangling reference or an unreadable ``_metadata`` (a retained checkpoint cannot be
 restored: page someone); 2 bad usage or the audit could not run; 3 a guard refused the
-deletion (nothing deleted); 4 some deletes failed (see the log).
+deletion, or the path is not a checkpoint base or lies inside one (nothing deleted);
+4 some deletes failed (see the log).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from pipeline.location import Location, LocationError
+from pipeline.names import shown
 from pipeline.result import Row, Summary
 
 EXIT_AT_RISK = 1
@@ -75,15 +79,30 @@ def audit(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="With --delete-orphans: print, delete nothing.")
     ] = False,
-    force: Annotated[
+    allow_short_grace: Annotated[
         bool,
         typer.Option(
-            "--force", help="Allow a grace period under 1 h, or a base without checkpoints."
+            "--allow-short-grace",
+            help="Allow a grace period under 1 h. Files younger than 60 s (the hard floor) "
+            "or modified since the live writer's oldest pending checkpoint are still never "
+            "deleted.",
         ),
     ] = False,
+    no_live_writer: Annotated[
+        bool,
+        typer.Option(
+            "--no-live-writer",
+            help="With a grace under 1 h on a base whose writer publishes no state: you "
+            "declare that no writer is running (only age would protect its files).",
+        ),
+    ] = False,
+    max_deletes_per_second: Annotated[
+        float, typer.Option(help="Delete rate limit (0: no limit).")
+    ] = 100.0,
     log: Annotated[
         str | None,
-        typer.Option(help="Deletion log (JSON lines), written before deleting. "
+        typer.Option(help="Append-only deletion log (JSON lines, exact names), written and "
+                     "synced before the first delete. "
                      "Default: ./ckpt-audit-deletions-<UTC time>.jsonl"),
     ] = None,
     out: Annotated[
@@ -106,7 +125,17 @@ def audit(
     limit: Annotated[int, typer.Option(help="Rows per table on the terminal.")] = 20,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
 ) -> None:
-    """Audit a checkpoint base: orphans, dangling references, space amplification."""
+    """Audit a checkpoint base: orphans, dangling references, space amplification.
+
+    With --delete-orphans every unreferenced file gets one outcome: delete, keep-active
+    (referenced now, open in the live writer's pool, a database's working file), defer
+    (younger than the grace period or the 60 s hard floor, or newer than the live
+    writer's fence) or skip-unknown (not a regular file, a link, outside the base).
+    No flag allows deleting in a path that is not a checkpoint base or lies inside one
+    (BASE/shared, BASE/chk-34), nor with an unreadable, empty or shrunken reference set.
+    Names are printed escaped (\\xNN for control characters, spaces and bytes that are
+    not UTF-8; \\\\ for a backslash); the log holds them exactly.
+    """
     # Off a terminal (CI logs, pipes) rich would wrap every table at 80 columns.
     console = Console(highlight=False, width=None if os.isatty(1) else 160)
     err = Console(stderr=True, highlight=False)
@@ -116,12 +145,26 @@ def audit(
     try:
         loc = Location.parse(base, _options(storage_option or [], endpoint_url))
     except LocationError as e:
-        err.print(f"[red]error:[/] {e}")
+        err.print(f"[red]error:[/] {escape(shown(str(e)))}")
         raise typer.Exit(EXIT_USAGE) from None
     fs = loc.fs()
     if not fs.exists(loc.full(loc.job_dir)):
-        err.print(f"[red]error:[/] {loc.uri()} does not exist")
+        err.print(f"[red]error:[/] {escape(shown(loc.uri()))} does not exist")
         raise typer.Exit(EXIT_USAGE)
+    from pipeline.deletion import DeletionRefused, NotABase, check_base
+    from pipeline.fence import StateError, read_state
+
+    try:
+        check_base(loc, layout=False)  # inside a base: refused even for a report
+    except NotABase as e:
+        err.print(f"[red]refused:[/] {escape(str(e))}")
+        raise typer.Exit(EXIT_REFUSED) from None
+    state_error: str | None = None
+    state = None
+    try:
+        state = read_state(loc)  # before listing: its fence covers what is written after
+    except StateError as e:
+        state_error = str(e)
     now = time.time()
     details: dict[str, list[Row]]
     if engine == "single":
@@ -147,12 +190,28 @@ def audit(
         write_json(summary, json_out)
     if out:
         write_json(summary, os.path.join(out, "summary.json"))
-        console.print(f"details written to {out}")
+        console.print(f"details written to {shown(out)}", markup=False)
     code = EXIT_AT_RISK if summary.at_risk else 0
     if delete_orphans:
-        code = max(code, _delete(console, err, loc, summary, details["orphans"], grace_s,
-                                 force=force, dry_run=dry_run, log=log, now=now))
+        if state_error is not None:
+            err.print(f"[red]deletion refused, nothing deleted:[/] {escape(state_error)}")
+            raise typer.Exit(max(code, EXIT_REFUSED))
+        try:
+            code = max(code, _delete(
+                console, err, loc, summary, details["orphans"], grace_s,
+                allow_short_grace=allow_short_grace, no_live_writer=no_live_writer,
+                dry_run=dry_run, log=log, now=now, state=state, rate=max_deletes_per_second))
+        except DeletionRefused as e:
+            err.print(f"[red]deletion refused, nothing deleted:[/] {escape(str(e))}")
+            code = max(code, EXIT_REFUSED)
     raise typer.Exit(code)
+
+
+# ``--help`` wraps to the terminal itself: one line per paragraph.
+audit.__doc__ = "\n\n".join(
+    " ".join(line.strip() for line in para.splitlines())
+    for para in (audit.__doc__ or "").strip().split("\n\n")
+)
 
 
 def _spark(
@@ -195,20 +254,25 @@ def _spark(
 
 def _delete(
     console: Console, err: Console, loc: Location, summary: Summary, orphans: list[Row],
-    grace: float, *, force: bool, dry_run: bool, log: str | None, now: float,
+    grace: float, *, allow_short_grace: bool, no_live_writer: bool, dry_run: bool,
+    log: str | None, now: float, state: Any, rate: float,
 ) -> int:
-    from pipeline.deletion import DeletionRefused, execute, plan_deletion
+    from pipeline.deletion import DELETE, OUTCOMES, execute, plan_deletion
 
-    try:
-        plan = plan_deletion(loc, summary, orphans, grace=grace, force=force, now=now)
-    except DeletionRefused as e:
-        err.print(f"[red]deletion refused, nothing deleted:[/] {e}")
-        return EXIT_REFUSED
-    for path, why in plan.kept:
-        console.print(f"keep   {path}: {why}")
+    plan = plan_deletion(loc, summary, orphans, grace=grace,
+                         allow_short_grace=allow_short_grace, no_live_writer=no_live_writer,
+                         now=now, state_before=state)
+    # Names escaped and markup off: what is printed is what is deleted, one per line.
+    for path, outcome, why in plan.outcomes:
+        if outcome != DELETE:
+            console.print(f"{outcome:<12} {shown(loc.uri(path))}: {why}", markup=False,
+                          soft_wrap=True)
     verb = "would delete" if dry_run else "delete"
     for c in plan.delete:
-        console.print(f"{verb} {loc.uri(c.path)} ({c.size} bytes)")
+        console.print(f"{verb} {shown(loc.uri(c.path))} ({c.size} bytes)", markup=False,
+                      soft_wrap=True)
+    console.print("outcomes: " + ", ".join(f"{plan.count(o)} {o}" for o in OUTCOMES),
+                  markup=False)
     if dry_run:
         console.print(f"dry run: {len(plan.delete)} file(s), {plan.bytes} bytes would be "
                       "deleted; nothing was deleted")
@@ -218,9 +282,9 @@ def _delete(
         return 0
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     path = log or f"ckpt-audit-deletions-{stamp}.jsonl"
-    outcome = execute(loc, plan, path)
-    console.print(f"deleted {len(outcome.deleted)} file(s), {len(outcome.failed)} failed; "
-                  f"log: {outcome.log}")
-    for p, why in outcome.failed:
-        err.print(f"[red]failed[/] {p}: {why}")
-    return EXIT_DELETE_FAILED if outcome.failed else 0
+    done = execute(loc, plan, path, rate=rate)
+    console.print(f"deleted {len(done.deleted)} file(s), {len(done.failed)} failed; "
+                  f"log: {shown(done.log)}", markup=False)
+    for p, why in done.failed:
+        err.print(f"failed {shown(p)}: {why}", markup=False, soft_wrap=True)
+    return EXIT_DELETE_FAILED if done.failed else 0

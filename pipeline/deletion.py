@@ -1,45 +1,81 @@
-"""Deleting orphans, opt-in and guarded (issue 6).
+"""Deleting orphans, opt-in, guarded, fail-closed (issues 6 and 15).
 
-An orphan is a file under the job base that no readable ``_metadata`` references and that
-is older than the grace period. Before anything goes, :func:`plan_deletion` applies
-every guard, and re-checks each candidate against storage as it is *now* (a checkpoint
-may have completed since the audit listed it):
+Each danger has its own explicit opt-in, and some guards have none:
 
-* the grace period is at least an hour unless forced; the base looks like a job base and
-  has at least one readable checkpoint unless forced; no ``_metadata`` is unreadable (its
-  references are unknown) and no other job's checkpoint names this base as a restore
-  source (under NO_CLAIM its files belong to the user);
-* a candidate lies under the job base, is not a ``_metadata`` file, not a live database's
-  working file, not a savepoint's, not a symbolic link, and on a local disk its real path
-  is under the base's real path (a linked directory cannot lead outside);
-* it still exists, is still older than the grace period, and no ``_metadata`` read again
-  now references it.
+* never lifted: the path must be a checkpoint base (it holds ``chk-*``, ``shared/`` or
+  ``taskowned/``) and not inside one (``BASE/shared``, ``BASE/chk-34``,
+  ``BASE/taskowned/tm-1``: :func:`check_base`), nor the savepoint directory; every
+  ``_metadata`` (of the job, of the jobs beside it and of the savepoints) and every
+  directory must read (else what they reference is unknown); the reference set read just
+  before deleting must be neither empty nor smaller than the audit's (Paimon #7710: an
+  empty or shrunken list of used files is never "nothing is referenced"); no other job
+  may name the base as a restore source; no file younger than :data:`HARD_FLOOR` goes; a
+  published writer state must read; nothing the writer's fence protects goes (below);
+* ``--allow-short-grace``: a grace period under :data:`MIN_GRACE`;
+* ``--no-live-writer``: a grace period under :data:`MIN_GRACE` on a base whose writer
+  publishes no state (the operator says none is running; without it only age protects).
 
-:func:`execute` writes the whole list to a log (flushed and synced) before the first
-delete, then deletes and appends each outcome to the same log.
+Each file the audit found unreferenced gets one outcome (:data:`OUTCOMES`):
+
+* ``delete``: collected;
+* ``keep-active``: referenced by a ``_metadata`` read just now, open in the writer's pool,
+  or a live database's working file;
+* ``defer``: younger than the grace period or the hard floor, modified at or after the
+  writer's fence, or the collection stopped because a checkpoint a pending one may reuse
+  from is gone;
+* ``skip-unknown``: not something the audit may delete (not a regular file, a link, a
+  ``_metadata`` or the writer state, outside the base, a path that is not normalised, gone).
+
+Order, so that a live writer loses nothing: the writer state is read before the audit
+lists and again here; the candidates are stat-ed again, then every ``_metadata`` is listed
+and read again (list before reading the references), then the state once more.
+
+:func:`execute` writes the plan, every outcome and every file it will delete to an
+append-only JSON-lines log (exact names: ``pipeline.names``), synced, before the first
+delete; then deletes one file at a time (never recursively), at most ``rate`` a second,
+appending each result.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from attrs import frozen
 
-from pipeline import scan
+from fastimpl.writer_state import WRITER_STATE
+from pipeline import fence, scan
 from pipeline.location import Location
+from pipeline.names import exact_fields
 from pipeline.result import Row, Summary
 from spec.layout import METADATA, SAVEPOINTS, is_under
 
 MIN_GRACE = 3600.0
-"""Below one hour a half-written file of a live checkpoint could look orphaned."""
+"""Below one hour only an explicit ``--allow-short-grace`` collects."""
+HARD_FLOOR = 60.0
+"""Seconds: a file modified more recently is never deleted, whatever the flags."""
+DEFAULT_RATE = 100.0
+"""Deletes a second at most (``--max-deletes-per-second``)."""
+
+DELETE = "delete"
+KEEP_ACTIVE = "keep-active"
+DEFER = "defer"
+SKIP_UNKNOWN = "skip-unknown"
+OUTCOMES = (DELETE, KEEP_ACTIVE, DEFER, SKIP_UNKNOWN)
+
+_LAYOUT_DIRS = ("shared", "taskowned")
 
 
 class DeletionRefused(Exception):
     """A guard refused the whole deletion; nothing was deleted."""
+
+
+class NotABase(DeletionRefused):
+    """The path is not a checkpoint base, or lies inside one. No flag lifts this."""
 
 
 @frozen
@@ -57,10 +93,15 @@ class Plan:
     delete: tuple[Candidate, ...]
     kept: tuple[tuple[str, str], ...]
     """Orphans of the audit that a per-file guard kept, with the reason."""
+    outcomes: tuple[tuple[str, str, str], ...] = ()
+    """(path, outcome, why) of every orphan of the audit, deleted ones too."""
 
     @property
     def bytes(self) -> int:
         return sum(c.size for c in self.delete)
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for _p, o, _w in self.outcomes if o == outcome)
 
 
 @frozen
@@ -70,25 +111,85 @@ class Outcome:
     log: str
 
 
+# --------------------------------------------------------------------------- the base
+
+
+def _is_layout(name: str) -> bool:
+    return name in _LAYOUT_DIRS or bool(scan.CHECKPOINT_DIR.match(name))
+
+
+def _looks_like_base(names: set[str]) -> bool:
+    return any(scan.CHECKPOINT_DIR.match(n) for n in names) or bool(
+        names & {*_LAYOUT_DIRS, WRITER_STATE}
+    )
+
+
+def check_base(loc: Location, *, layout: bool = True) -> None:
+    """Refuse a path that lies inside a checkpoint base or (``layout``) is not one (no
+    flag lifts it): a base given one level too deep makes every live file look
+    unreferenced."""
+    if loc.job_dir == SAVEPOINTS or (
+        scan.SAVEPOINT_DIR.match(loc.job_dir) and loc.container.rstrip("/").endswith(SAVEPOINTS)
+    ):
+        raise NotABase(f"{loc.uri()} is a savepoint directory: savepoints belong to the user")
+    # Walk up: an ancestor that is a base, entered through one of its layout entries
+    # (shared, taskowned, chk-N), holds this path inside it.
+    parts = [p for p in loc.container.split("/") if p] + [loc.job_dir]
+    prefix = "/" if loc.local and loc.container.startswith("/") else ""
+    for depth in range(len(parts) - 1, max(0, len(parts) - 6), -1):
+        below = parts[depth]
+        anc = prefix + "/".join(parts[:depth])
+        if below == SAVEPOINTS and scan.SAVEPOINT_DIR.match(parts[depth + 1]):
+            raise NotABase(f"{loc.uri()} lies inside the savepoint directory {anc}/{below}")
+        if not _is_layout(below) or not anc:
+            continue
+        names = _names(loc, anc)
+        if _looks_like_base(names - {below}):
+            raise NotABase(
+                f"{loc.uri()} lies inside the checkpoint base {anc} (through {below}/): "
+                f"audit {anc} itself; no flag allows this"
+            )
+    if layout and not _looks_like_base(scan.base_entries(loc)):
+        raise NotABase(
+            f"{loc.uri()} has no chk-*, shared/ or taskowned/ directory: not a checkpoint "
+            "base; no flag allows deleting in it"
+        )
+
+
+def _names(loc: Location, full_dir: str) -> set[str]:
+    try:
+        if loc.local:
+            return set(os.listdir(full_dir))
+        fs: Any = loc.fs()
+        return {str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(full_dir, detail=False)}
+    except (OSError, ValueError):
+        return set()
+
+
+# --------------------------------------------------------------------------- the plan
+
+
 def plan_deletion(
     loc: Location,
     summary: Summary,
     orphans: Iterable[Row],
     *,
     grace: float,
-    force: bool = False,
+    allow_short_grace: bool = False,
+    no_live_writer: bool = False,
     now: float | None = None,
+    state_before: fence.WriterState | None = None,
 ) -> Plan:
-    """The files to delete, after every guard; raises :class:`DeletionRefused` when a
-    guard refuses the whole deletion."""
+    """The outcome of every orphan of the audit; raises :class:`DeletionRefused` when a
+    guard refuses the whole deletion. ``state_before``: the writer state read before the
+    audit listed the base (the CLI passes it)."""
     now = time.time() if now is None else now
-    if grace < MIN_GRACE and not force:
+    if grace < MIN_GRACE and not allow_short_grace:
         raise DeletionRefused(
             f"grace period {grace:g} s is under one hour: a file a live writer is still "
-            "writing could be taken for an orphan; pass --force to allow it"
+            "writing could be taken for an orphan; pass --allow-short-grace to allow it"
         )
-    if loc.job_dir == SAVEPOINTS:
-        raise DeletionRefused("the base is the savepoint directory: savepoints belong to the user")
+    check_base(loc)
     if summary.corrupt_metadata:
         raise DeletionRefused(
             f"{summary.corrupt_metadata} _metadata file(s) cannot be read, so what they "
@@ -100,43 +201,89 @@ def plan_deletion(
             + ", ".join(summary.restore_source_of)
             + ": its files belong to the user (NO_CLAIM) or to the restored job (CLAIM)"
         )
-    names = scan.base_entries(loc)
-    looks_like_base = any(scan.CHECKPOINT_DIR.match(n) for n in names) or bool(
-        names & {"shared", "taskowned"}
+    states = [state_before, _state(loc)]
+    candidates = sorted({str(o["path"]) for o in orphans})
+    current = {p: _stat(loc, p) for p in candidates}  # listed before the references
+    referenced, own = _referenced_now(loc)
+    states.append(_state(loc))
+    if not own or not referenced:
+        raise DeletionRefused(
+            "the reference set read just now is empty (no readable checkpoint or no "
+            "reference): that never means nothing is referenced; nothing deleted"
+        )
+    if len(own) < summary.checkpoints:
+        raise DeletionRefused(
+            f"the job had {summary.checkpoints} readable checkpoint(s) when audited and "
+            f"{len(own)} now: the reference set shrank; audit again"
+        )
+    known = [s for s in states if s is not None]
+    if not known and grace < MIN_GRACE and not no_live_writer:
+        raise DeletionRefused(
+            "the base has no published writer state (fastimpl.writer_state), so only age "
+            "protects a live writer's files and the grace period is under one hour; pass "
+            "--no-live-writer if no writer is running"
+        )
+    wall = min((s.fence for s in known), default=None)
+    cut = None if wall is None else wall - fence.margin(loc)
+    open_files = frozenset().union(*(s.open_files for s in known)) if known else frozenset()
+    pins = frozenset().union(*(s.pins for s in known)) if known else frozenset()
+    lost_pins = sorted(p for p in pins if p not in set(own.values()))
+    stop = (
+        f"checkpoint(s) {lost_pins} that a pending checkpoint may reuse from are gone: "
+        "their references are unknown, collection stopped"
+        if lost_pins else None
     )
-    if not looks_like_base and not force:
-        raise DeletionRefused(
-            f"{loc.uri()} has no chk-*, shared/ or taskowned/ directory: not a checkpoint "
-            "base; pass --force if it is one"
-        )
-    if summary.checkpoints == 0 and not force:
-        raise DeletionRefused(
-            "the job has no readable checkpoint, so every file looks orphaned; if the job "
-            "is gone for good pass --force"
-        )
 
-    referenced = _referenced_now(loc)
     root_real = os.path.realpath(loc.full(loc.job_dir)) if loc.local else ""
     delete: list[Candidate] = []
     kept: list[tuple[str, str]] = []
-    for o in sorted(orphans, key=lambda r: str(r["path"])):
-        path = str(o["path"])
-        why = _refuse(loc, path, root_real)
-        if why is None and path in referenced:
-            why = "referenced by a _metadata read just now"
-        current: tuple[int, float] | None = None
-        if why is None:
-            current = _stat(loc, path)
-            if current is None:
-                why = "gone already"
-            elif current[1] > now - grace:
-                why = "modified within the grace period since the audit"
-        if why is not None:
+    outcomes: list[tuple[str, str, str]] = []
+    for path in candidates:
+        outcome, why = _judge(loc, path, root_real, current[path], referenced, open_files,
+                              now=now, grace=grace, cut=cut, stop=stop)
+        outcomes.append((path, outcome, why))
+        if outcome == DELETE:
+            st = current[path]
+            assert st is not None
+            delete.append(Candidate(path, st[0], st[1]))
+        else:
             kept.append((path, why))
-            continue
-        assert current is not None
-        delete.append(Candidate(path, current[0], current[1]))
-    return Plan(loc.uri(), grace, now, tuple(delete), tuple(kept))
+    return Plan(loc.uri(), grace, now, tuple(delete), tuple(kept), tuple(outcomes))
+
+
+def _judge(
+    loc: Location, path: str, root_real: str, st: tuple[int, float, bool] | None,
+    referenced: set[str], open_files: frozenset[str], *, now: float, grace: float,
+    cut: float | None, stop: str | None,
+) -> tuple[str, str]:
+    why = _refuse(loc, path, root_real)
+    if why is not None:
+        return SKIP_UNKNOWN, why
+    if st is None:
+        return SKIP_UNKNOWN, "gone already, or not a regular file"
+    if path in referenced:
+        return KEEP_ACTIVE, "referenced by a _metadata read just now"
+    if path in open_files:
+        return KEEP_ACTIVE, "open in the live writer's pool"
+    if scan.is_working(path, loc.job_dir):
+        return KEEP_ACTIVE, "a live database's working file"
+    mtime = st[1]
+    if cut is not None and mtime >= cut:
+        return DEFER, "modified at or after the live writer's fence (a pending checkpoint)"
+    if mtime > now - HARD_FLOOR:
+        return DEFER, f"modified within the hard floor ({HARD_FLOOR:g} s)"
+    if mtime > now - grace:
+        return DEFER, "modified within the grace period"
+    if stop is not None:
+        return DEFER, stop
+    return DELETE, "unreferenced, older than the grace period and the writer's fence"
+
+
+def _state(loc: Location) -> fence.WriterState | None:
+    try:
+        return fence.read_state(loc)
+    except fence.StateError as err:
+        raise DeletionRefused(f"the writer state is unreadable ({err}): nothing deleted") from None
 
 
 def _refuse(loc: Location, path: str, root_real: str) -> str | None:
@@ -145,83 +292,117 @@ def _refuse(loc: Location, path: str, root_real: str) -> str | None:
         return "not a normalised relative path"
     if not is_under(path, loc.job_dir) or path == loc.job_dir:
         return "outside the job base"
-    if parts[-1] == METADATA or parts[-1].startswith(METADATA + "."):
-        return "a _metadata file"
-    if scan.is_working(path, loc.job_dir):
-        return "a live database's working file"
+    if any(p == METADATA or p.startswith(METADATA + ".") for p in parts[1:]):
+        return "a _metadata file, or inside one"
+    if path == f"{loc.job_dir}/{WRITER_STATE}":
+        return "the writer's published state"
     if loc.local:
         full = loc.full(path)
-        if os.path.islink(full):
+        try:
+            mode = os.lstat(full).st_mode
+        except OSError:
+            return None  # _stat reports it gone
+        if stat.S_ISLNK(mode):
             return "a symbolic link"
+        if not stat.S_ISREG(mode):
+            return "not a regular file"
         real = os.path.realpath(full)
         if not is_under(real, root_real):
             return f"its real path {real} is outside the job base"
     return None
 
 
-def _stat(loc: Location, path: str) -> tuple[int, float] | None:
+def _stat(loc: Location, path: str) -> tuple[int, float, bool] | None:
     rows = scan.stat_files(loc, [path])
-    return (rows[0][1], rows[0][2]) if rows else None
+    return (rows[0][1], rows[0][2], rows[0][3]) if rows else None
 
 
-def _referenced_now(loc: Location) -> set[str]:
-    """Every path a ``_metadata`` references, read again just before deleting."""
-    units, _ = scan.top_level(loc)
+def _referenced_now(loc: Location) -> tuple[set[str], dict[str, int]]:
+    """Every path a ``_metadata`` references, and the job's checkpoints read (key: id),
+    listed and read again just before deleting. Anything unreadable refuses the deletion."""
+    problems: list[scan.Problem] = []
+    units, _ = scan.top_level(loc, problems)
     paths = [f"{u}/{METADATA}" for u in units if scan.CHECKPOINT_DIR.match(u.split("/")[-1])]
+    others = scan.other_metadata(loc, problems)
+    unlisted = [p for p in problems if p[1] != scan.NOT_UTF8]
+    if unlisted:
+        raise DeletionRefused(
+            f"{len(unlisted)} path(s) cannot be listed, and may hold a checkpoint that "
+            f"references this base: {unlisted[0][0]}: {unlisted[0][1]}"
+        )
     out: set[str] = set()
-    for p in [*paths, *scan.other_metadata(loc)]:
-        _row, refs, err, _stats = scan.read_metadata(loc, p)
+    own: dict[str, int] = {}
+    for p in [*paths, *others]:
+        row, refs, err, _stats = scan.read_metadata(loc, p)
         if err is not None:
             raise DeletionRefused(f"{p} became unreadable: {err[1]}: {err[2]}")
+        if row is not None and row[5] == loc.job_dir:
+            own[row[0]] = row[2]
         out.update(r[8] for r in refs if r[8] is not None)
-    return out
+    return out, own
 
 
-def execute(loc: Location, plan: Plan, log_path: str) -> Outcome:
-    """Log every path of the plan (synced), then delete, appending each outcome."""
+# --------------------------------------------------------------------------- execute
+
+
+def execute(
+    loc: Location, plan: Plan, log_path: str, *, rate: float = DEFAULT_RATE
+) -> Outcome:
+    """Log the plan, every outcome and every file to delete (synced), then delete one
+    file at a time, at most ``rate`` a second, appending each result. The log is opened
+    for appending only: earlier runs' records stay."""
+    if os.path.lexists(log_path) and not os.path.isfile(log_path):
+        raise DeletionRefused(f"the deletion log {log_path} is not a regular file")
     with open(log_path, "a", encoding="utf-8") as log:
-        head = {"event": "plan", "base": plan.base, "grace_seconds": plan.grace,
-                "time": plan.now, "files": len(plan.delete), "bytes": plan.bytes}
-        log.write(json.dumps(head) + "\n")
+
+        def write(doc: dict[str, Any]) -> None:
+            log.write(json.dumps(doc) + "\n")
+
+        write({"event": "plan", "base": plan.base, "grace_seconds": plan.grace,
+               "time": plan.now, "files": len(plan.delete), "bytes": plan.bytes,
+               "rate_per_second": rate,
+               "outcomes": {o: plan.count(o) for o in OUTCOMES}})
+        for p, outcome, why in plan.outcomes:
+            if outcome != DELETE:
+                write({"event": "outcome", "outcome": outcome, "why": why,
+                       **exact_fields(p)})
         for c in plan.delete:
-            log.write(json.dumps({"event": "will-delete", "path": c.path, "size": c.size,
-                                  "mtime": c.mtime}) + "\n")
+            write({"event": "will-delete", "outcome": DELETE, "size": c.size,
+                   "mtime": c.mtime, **exact_fields(c.path)})
         log.flush()
         os.fsync(log.fileno())
-        deleted, failed = _delete(loc, [c.path for c in plan.delete])
+        deleted, failed = _delete(loc, [c.path for c in plan.delete], rate)
         for p in deleted:
-            log.write(json.dumps({"event": "deleted", "path": p}) + "\n")
+            write({"event": "deleted", **exact_fields(p)})
         for p, err in failed:
-            log.write(json.dumps({"event": "failed", "path": p, "error": err}) + "\n")
+            write({"event": "failed", "error": err, **exact_fields(p)})
         log.flush()
         os.fsync(log.fileno())
     return Outcome(tuple(deleted), tuple(failed), log_path)
 
 
-def _delete(loc: Location, paths: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+def _delete(
+    loc: Location, paths: list[str], rate: float = DEFAULT_RATE
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """One file at a time (``os.remove``, ``rm_file``: never a directory, never
+    recursive), paced to ``rate`` deletes a second."""
     deleted: list[str] = []
     failed: list[tuple[str, str]] = []
-    if loc.local:
-        for p in paths:
-            try:
-                os.remove(loc.full(p))
-                deleted.append(p)
-            except OSError as err:
-                failed.append((p, f"{type(err).__name__}: {err}"))
-        return deleted, failed
-    fs: Any = loc.fs()
-    for i in range(0, len(paths), 1000):  # S3's DeleteObjects takes 1000 keys a call
-        batch = paths[i : i + 1000]
+    fs: Any = None if loc.local else loc.fs()
+    start = time.monotonic()
+    for i, p in enumerate(paths):
+        if rate > 0:
+            wait = start + i / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
         try:
-            fs.rm([loc.full(p) for p in batch])
-            deleted.extend(batch)
-        except Exception:
-            for p in batch:  # find out which ones failed
-                try:
-                    fs.rm_file(loc.full(p))
-                    deleted.append(p)
-                except FileNotFoundError:
-                    deleted.append(p)
-                except Exception as err:
-                    failed.append((p, f"{type(err).__name__}: {err}"))
+            if loc.local:
+                os.remove(loc.full(p))
+            else:
+                fs.rm_file(loc.full(p))
+            deleted.append(p)
+        except FileNotFoundError:
+            deleted.append(p)  # gone already: what the delete wanted
+        except Exception as err:
+            failed.append((p, f"{type(err).__name__}: {err}"))
     return deleted, failed

@@ -8,8 +8,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from pipeline.names import shown
 from pipeline.result import Row, Summary
 
 
@@ -42,7 +44,7 @@ def render(
     """The summary, then the rows that need attention (dangling, unreadable metadata,
     orphans), then the owners with the most dead bytes and the checkpoints."""
     s = summary
-    t = Table(title=f"Storage audit of {s.base} ({s.engine})", show_header=False)
+    t = Table(title=f"Storage audit of {escape(shown(s.base))} ({s.engine})", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
     t.add_row("files", f"{s.files:,} ({_bytes(s.bytes)})")
@@ -65,14 +67,18 @@ def render(
     if s.working:
         t.add_row("database working files", f"{s.working:,} ({_bytes(s.working_bytes)})")
     if s.restore_source_of:
-        t.add_row("restore source of", ", ".join(s.restore_source_of))
-    t.add_row("verdict", f"[bold {'red' if s.at_risk else 'green'}]{s.verdict}[/]")
+        t.add_row("restore source of", escape(", ".join(shown(x) for x in s.restore_source_of)))
+    if s.unreadable:
+        t.add_row("unreadable paths", f"[red]{s.unreadable}[/] (listed below; never deleted)")
+    t.add_row("verdict", f"[bold {'red' if s.at_risk else 'green'}]{escape(s.verdict)}[/]")
     console.print(t)
     _rows(console, "Dangling references (data loss)", details.get("dangling", ()),
           ("checkpoint", "subtask", "name", "path", "offset", "length", "file_size", "reason"),
           limit, style="red")
     _rows(console, "Unreadable _metadata", details.get("corrupt", ()),
           ("metadata", "field", "problem"), limit, style="red")
+    _rows(console, "Paths not listed or not examined", details.get("unreadable", ()),
+          ("path", "problem"), limit, style="red")
     orphans = sorted(details.get("orphans", ()), key=lambda r: -int(r["size"]))
     _rows(console, "Orphans (largest first)", orphans, ("path", "owner", "size"), limit,
           style="yellow", total=s.orphans)
@@ -94,7 +100,11 @@ def _cell(col: str, v: Any) -> str:
         return _bytes(int(v))
     if col == "amplification":
         return _x(float(v))
-    return str(v)
+    # Names escaped (no markup, no control character, no raw byte); messages keep spaces.
+    return escape(shown(str(v), spaces=col not in _NAMES))
+
+
+_NAMES = frozenset({"path", "owner", "checkpoint", "metadata", "name", "subtask"})
 
 
 def _rows(

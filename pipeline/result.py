@@ -33,6 +33,7 @@ TABLES: dict[str, tuple[str, ...]] = {
         "reused_shared_bytes", "dangling",
     ),
     "corrupt": ("metadata", "field", "problem"),
+    "unreadable": ("path", "problem"),
 }
 
 # A file's status in the ``files`` table.
@@ -91,6 +92,9 @@ class Summary:
     retained checkpoint referenced already (incremental reuse)."""
     restore_source_of: tuple[str, ...]
     """Checkpoints of other jobs that list this base among their shared bases."""
+    unreadable: int = 0
+    """Paths that could not be listed or examined, or whose name is not UTF-8 (reported,
+    skipped, never deleted; a deletion is refused while a directory cannot be listed)."""
 
     @property
     def at_risk(self) -> bool:
@@ -105,6 +109,8 @@ class Summary:
             problems.append(f"{self.dangling} dangling reference(s): DATA LOSS")
         if self.corrupt_metadata:
             problems.append(f"{self.corrupt_metadata} unreadable _metadata file(s)")
+        if self.unreadable:
+            problems.append(f"{self.unreadable} path(s) could not be listed or examined")
         if self.orphans:
             problems.append(f"{self.orphans} orphan file(s), {self.orphan_bytes} bytes leaked")
         if not problems:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterator
 from typing import Any
 
 from fastimpl.metadata import Metadata, MetadataError, check_named, decode
 from pipeline.location import Location
+from pipeline.names import is_utf8, shown
+from pipeline.safe_read import Refused, read_regular
 from spec.handles import DirectoryHandle, FileHandle, PlaceholderHandle, SegmentHandle
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
 
@@ -33,6 +36,11 @@ savepoint directory), entries, shared bases (other bases it references)."""
 ErrorRow = tuple[str, str, str]
 """metadata path, field, problem."""
 
+Problem = tuple[str, str]
+"""A path that could not be listed or examined (shown escaped, ``pipeline.names``) and why."""
+
+NOT_UTF8 = "name is not UTF-8: not a checkpoint file (the layout escapes names); skipped"
+
 INT64_MAX = 2**63 - 1
 CHECKPOINT_DIR = re.compile(r"^chk-(\d+)$")
 SAVEPOINT_DIR = re.compile(r"^savepoint-(\d+)$")
@@ -42,24 +50,35 @@ WORKING = "taskowned/working/"
 # --------------------------------------------------------------------------- listing
 
 
-def list_dir(loc: Location, rel_dir: str) -> list[FileRow]:
-    """Every file under ``rel_dir`` (recursively). Symbolic links are reported, never
-    followed: a link to a directory outside the base must not make its files look ours."""
+def list_dir(loc: Location, rel_dir: str) -> tuple[list[FileRow], list[Problem]]:
+    """Every file under ``rel_dir`` (recursively), and what could not be listed. Symbolic
+    links are reported, never followed: a link to a directory outside the base must not
+    make its files look ours. A name that is not UTF-8 is never one of ours (the layout
+    escapes names): it is reported and skipped, as a directory that cannot be listed."""
+    problems: list[Problem] = []
     if loc.local:
-        return list(_walk_local(loc.full(rel_dir), rel_dir + "/"))
+        return list(_walk_local(loc.full(rel_dir), rel_dir + "/", problems)), problems
     fs = loc.fs()
     try:
         found = fs.find(loc.full(rel_dir), detail=True)
     except FileNotFoundError:
-        return []
+        return [], problems
+    except Exception as err:
+        problems.append((shown(rel_dir), _cannot("listed", err)))
+        return [], problems
     return [
         (loc.rel(p), int(info.get("size") or 0), _mtime(info), False)
         for p, info in found.items()
         if info.get("type") == "file"
-    ]
+    ], problems
 
 
-def _walk_local(full: str, rel: str) -> Iterator[FileRow]:
+def _cannot(what: str, err: BaseException) -> str:
+    why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+    return f"cannot be {what}: {type(err).__name__}: {why}"
+
+
+def _walk_local(full: str, rel: str, problems: list[Problem]) -> Iterator[FileRow]:
     stack = [(rel, full)]
     while stack:
         rel, full = stack.pop()
@@ -67,14 +86,29 @@ def _walk_local(full: str, rel: str) -> Iterator[FileRow]:
             entries = list(os.scandir(full))
         except (FileNotFoundError, NotADirectoryError):
             continue  # deleted while we listed
+        except OSError as err:  # unreadable, name too long, too deep, ...
+            problems.append((shown(rel.rstrip("/")), _cannot("listed", err)))
+            continue
         for e in entries:
             name = rel + e.name
+            if not is_utf8(e.name):
+                problems.append((shown(name), NOT_UTF8))
+                continue
             try:
+                if e.name == METADATA and not e.is_file(follow_symlinks=False):
+                    # Listed as a file so it is read, and reported, as the unreadable
+                    # _metadata it is (a directory, a FIFO, a link), never descended.
+                    st = e.stat(follow_symlinks=False)
+                    yield (name, 0, st.st_mtime, e.is_symlink())
+                    continue
                 if e.is_dir(follow_symlinks=False):
                     stack.append((name + "/", e.path))
                     continue
                 st = e.stat(follow_symlinks=False)
             except FileNotFoundError:
+                continue
+            except OSError as err:
+                problems.append((shown(name), _cannot("examined", err)))
                 continue
             yield (name, st.st_size, st.st_mtime, e.is_symlink())
 
@@ -100,34 +134,36 @@ def stat_files(loc: Location, paths: list[str]) -> list[FileRow]:
         for p in paths:
             try:
                 st = os.lstat(loc.full(p))
-            except (FileNotFoundError, NotADirectoryError):
+            except OSError:  # gone, or a name the OS refuses: missing for the audit
                 continue
-            if not os.path.isdir(loc.full(p)):
-                out.append((p, st.st_size, st.st_mtime, os.path.islink(loc.full(p))))
+            if not stat.S_ISDIR(st.st_mode):
+                out.append((p, st.st_size, st.st_mtime, stat.S_ISLNK(st.st_mode)))
         return out
     fs = loc.fs()
     for p in paths:
         try:
             info = fs.info(loc.full(p))
-        except FileNotFoundError:
+        except (FileNotFoundError, OSError):
             continue
         if info.get("type") == "file":
             out.append((p, int(info.get("size") or 0), _mtime(info), False))
     return out
 
 
-def top_level(loc: Location) -> tuple[list[str], list[FileRow]]:
+def top_level(
+    loc: Location, problems: list[Problem] | None = None
+) -> tuple[list[str], list[FileRow]]:
     """The directories under the job base that executors list (each ``chk-*``, each
     ``shared/*`` and ``taskowned/*``, any other directory whole), and the files found on
-    the way (strays at the top levels)."""
+    the way (strays at the top levels). What cannot be listed goes to ``problems``."""
     units: list[str] = []
     files: list[FileRow] = []
     base = loc.job_dir
-    for name, is_dir, row in _entries(loc, base):
+    for name, is_dir, row in _entries(loc, base, problems):
         if not is_dir:
             files.append(row)
         elif name in ("shared", "taskowned"):
-            for _sub, sub_dir, sub_row in _entries(loc, f"{base}/{name}"):
+            for _sub, sub_dir, sub_row in _entries(loc, f"{base}/{name}", problems):
                 if sub_dir:
                     units.append(sub_row[0])
                 else:
@@ -137,29 +173,46 @@ def top_level(loc: Location) -> tuple[list[str], list[FileRow]]:
     return sorted(units), files
 
 
-def base_entries(loc: Location) -> set[str]:
-    """The names directly under the job base."""
-    return {name for name, _d, _r in _entries(loc, loc.job_dir)}
+def base_entries(loc: Location, rel_dir: str | None = None) -> set[str]:
+    """The names directly under the job base (or ``rel_dir``)."""
+    return {name for name, _d, _r in _entries(loc, loc.job_dir if rel_dir is None else rel_dir)}
 
 
-def _entries(loc: Location, rel_dir: str) -> Iterator[tuple[str, bool, FileRow]]:
+def _entries(
+    loc: Location, rel_dir: str, problems: list[Problem] | None = None
+) -> Iterator[tuple[str, bool, FileRow]]:
+    sink: list[Problem] = [] if problems is None else problems
     if loc.local:
         try:
             entries = list(os.scandir(loc.full(rel_dir)))
         except (FileNotFoundError, NotADirectoryError):
             return
+        except OSError as err:
+            sink.append((shown(rel_dir), _cannot("listed", err)))
+            return
         for e in entries:
-            rel = f"{rel_dir}/{e.name}"
-            if e.is_dir(follow_symlinks=False):
-                yield e.name, True, (rel, 0, 0.0, False)
-            else:
-                st = e.stat(follow_symlinks=False)
-                yield e.name, False, (rel, st.st_size, st.st_mtime, e.is_symlink())
+            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+            if not is_utf8(e.name):
+                sink.append((shown(rel), NOT_UTF8))
+                continue
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    yield e.name, True, (rel, 0, 0.0, False)
+                else:
+                    st = e.stat(follow_symlinks=False)
+                    yield e.name, False, (rel, st.st_size, st.st_mtime, e.is_symlink())
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                sink.append((shown(rel), _cannot("examined", err)))
         return
     fs = loc.fs()
     try:
         listing = fs.ls(loc.full(rel_dir), detail=True)
     except FileNotFoundError:
+        return
+    except Exception as err:
+        sink.append((shown(rel_dir), _cannot("listed", err)))
         return
     for info in listing:
         rel = loc.rel(info["name"])
@@ -187,20 +240,21 @@ def metadata_paths(files: list[FileRow] | Iterator[FileRow], job_dir: str) -> li
     return out
 
 
-def other_metadata(loc: Location) -> list[str]:
+def other_metadata(loc: Location, problems: list[Problem] | None = None) -> list[str]:
     """``_metadata`` files beside the job base that may reference it: the checkpoints of
     the other jobs in the same container (a job restored from this one) and the
-    savepoints. Read, never audited for orphans."""
+    savepoints. Read, never audited for orphans. A sibling that cannot be listed goes to
+    ``problems``: it may hold a checkpoint that references this base."""
     out: list[str] = []
-    for name, is_dir, _row in _entries(loc, ""):
+    for name, is_dir, _row in _entries(loc, "", problems):
         if not is_dir or name == loc.job_dir:
             continue
         if name == SAVEPOINTS:
-            for sp, sp_dir, _ in _entries(loc, SAVEPOINTS):
+            for sp, sp_dir, _ in _entries(loc, SAVEPOINTS, problems):
                 if sp_dir and SAVEPOINT_DIR.match(sp):
                     out.append(f"{SAVEPOINTS}/{sp}/{METADATA}")
             continue
-        for chk, chk_dir, _ in _entries(loc, name):
+        for chk, chk_dir, _ in _entries(loc, name, problems):
             if chk_dir and CHECKPOINT_DIR.match(chk):
                 out.append(f"{name}/{chk}/{METADATA}")
     return sorted(out)
@@ -231,13 +285,14 @@ def read_metadata(loc: Location, path: str) -> Read:
 def _read(
     loc: Location, path: str
 ) -> tuple[CheckpointRow | None, list[RefRow], ErrorRow | None]:
-    fs = loc.fs()
     try:
-        data = bytes(fs.cat_file(loc.full(path)))
+        data = read_regular(loc, path)
     except FileNotFoundError:
         return None, [], None  # a checkpoint subsumed while we listed: not an error
+    except Refused as err:
+        return None, [], (path, "file", str(err))
     except Exception as err:
-        return None, [], (path, "file", f"cannot be read: {type(err).__name__}: {err}")
+        return None, [], (path, "file", _cannot("read", err))
     try:
         # decode validates every path (relative, normalised, under an allowed base);
         # they are relative to the container already, as the audit keeps them.
@@ -246,6 +301,14 @@ def _read(
         _check_job(meta, path)
     except MetadataError as err:
         return None, [], (path, err.field, err.problem)
+    except RecursionError:
+        return None, [], (path, "file", "cannot be decoded: nested too deeply")
+    except Exception as err:  # hostile bytes must give a row, never stop the audit
+        return None, [], (path, "file", f"cannot be decoded: {type(err).__name__}: {err}")
+    if meta.checkpoint > INT64_MAX:
+        # The audit's columns are 64-bit (Arrow, Spark): both engines refuse it alike.
+        return None, [], (path, "payload.checkpoint",
+                          f"checkpoint id {meta.checkpoint} is beyond 2**63 - 1")
     return _rows(meta, path)
 
 

@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 
+from fastimpl.writer_state import WRITER_STATE
 from pipeline import scan
 from pipeline.location import Location
 from pipeline.result import (
@@ -51,11 +52,14 @@ def audit_single(
     loc: Location, *, grace: float, now: float | None = None, read_others: bool = True
 ) -> Tables:
     now = time.time() if now is None else now
-    units, files = scan.top_level(loc)
+    problems: list[scan.Problem] = []
+    units, files = scan.top_level(loc, problems)
     for unit in units:
-        files.extend(scan.list_dir(loc, unit))
+        rows, trouble = scan.list_dir(loc, unit)
+        files.extend(rows)
+        problems.extend(trouble)
     metas = scan.metadata_paths(files, loc.job_dir)
-    others = scan.other_metadata(loc) if read_others else []
+    others = scan.other_metadata(loc, problems) if read_others else []
     ckpt_rows: list[scan.CheckpointRow] = []
     refs: list[scan.RefRow] = []
     corrupt: list[scan.ErrorRow] = []
@@ -69,7 +73,7 @@ def audit_single(
             corrupt.append(err)
         outside.update((f[0], f) for f in stats)
     return analyse(loc, files, ckpt_rows, refs, corrupt, list(outside.values()),
-                   grace=grace, now=now, engine="single-process")
+                   grace=grace, now=now, engine="single-process", problems=problems)
 
 
 def analyse(
@@ -83,6 +87,7 @@ def analyse(
     grace: float,
     now: float,
     engine: str,
+    problems: list[scan.Problem] | None = None,
 ) -> Tables:
     job = loc.job_dir
     in_base = {r[0] for r in ckpt_rows if r[5] == job}
@@ -120,9 +125,10 @@ def analyse(
     meta_paths = {r[4] for r in ckpt_rows}
     corrupt_paths = {e[0] for e in corrupt}
     file_rows: list[Row] = []
+    state_file = f"{job}/{WRITER_STATE}"
     for path, size, mtime, link in files:
         live = covered(ranges[path], size) if path in ranges else 0
-        if path in meta_paths:
+        if path in meta_paths or path == state_file:
             status = METADATA
         elif path in corrupt_paths:
             status = CORRUPT
@@ -183,6 +189,8 @@ def analyse(
         "owners": list(owners.values()),
         "checkpoints": checkpoints,
         "corrupt": [dict(zip(TABLES["corrupt"], e, strict=True)) for e in corrupt],
+        "unreadable": [dict(zip(TABLES["unreadable"], p, strict=True))
+                       for p in sorted(set(problems or ()))],
     }
     summary = summarise(loc, engine, grace, now, tables, ckpt_rows)
     return Tables(summary, tables)
@@ -320,4 +328,5 @@ def summarise(
         reused_shared_bytes=reused,
         reused_share=ratio(reused, shared),
         restore_source_of=sources,
+        unreadable=len(t["unreadable"]),
     )

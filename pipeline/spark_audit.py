@@ -15,10 +15,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import attrs
 from attrs import frozen
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from fastimpl.writer_state import WRITER_STATE
 from pipeline import arrow_rows, scan
 from pipeline.location import Location
 from pipeline.result import (
@@ -91,13 +93,18 @@ def audit_spark(
     job = loc.job_dir
 
     say("listing the top levels of the job base")
-    units, top_files = scan.top_level(loc)
+    problems: list[scan.Problem] = []
+    units, top_files = scan.top_level(loc, problems)
     width = max(1, min(len(units), sc.defaultParallelism * 4))
     say(f"listing {len(units)} directories on the executors")
     sc.setJobDescription(f"list {len(units)} directories")
-    files = _paths_frame(spark, units, width).mapInArrow(
-        arrow_rows.list_dirs(loc), arrow_rows.FILES_DDL
+    listed = _paths_frame(spark, units, width).mapInArrow(
+        arrow_rows.list_dirs(loc), arrow_rows.LISTED_DDL
+    ).cache()
+    problems.extend(
+        (r.path, r.problem) for r in listed.where(F.col("problem").isNotNull()).collect()
     )
+    files = listed.where(F.col("problem").isNull()).drop("problem")
     if top_files:
         files = files.unionByName(
             spark.createDataFrame(_with_owner(top_files), arrow_rows.FILES_DDL)
@@ -107,7 +114,7 @@ def audit_spark(
 
     meta_pattern = f"^{_re(job)}/chk-[0-9]+/_metadata$"
     metas = [r.path for r in files.where(F.col("path").rlike(meta_pattern)).collect()]
-    others = scan.other_metadata(loc) if read_others else []
+    others = scan.other_metadata(loc, problems) if read_others else []
     say(f"{n_files} files; reading {len(metas)} _metadata files (+{len(others)} beside)")
     sc.setJobDescription(f"read {len(metas) + len(others)} _metadata files")
     read = _paths_frame(spark, [*metas, *others], width).mapInArrow(
@@ -169,7 +176,7 @@ def audit_spark(
     meta_paths = [r[4] for r in ckpt_rows]
     corrupt_paths = [e[0] for e in corrupt]
     status = (
-        F.when(F.col("path").isin(meta_paths), F.lit(METADATA))
+        F.when(F.col("path").isin([*meta_paths, f"{job}/{WRITER_STATE}"]), F.lit(METADATA))
         .when(F.col("path").isin(corrupt_paths), F.lit(CORRUPT))
         .when(F.col("refs").isNotNull(), F.lit(REFERENCED))
         .when(F.col("path").startswith(f"{job}/{scan.WORKING}"), F.lit(WORKING))
@@ -224,11 +231,15 @@ def audit_spark(
         "corrupt": spark.createDataFrame(
             corrupt, "metadata string, field string, problem string"
         ),
+        "unreadable": spark.createDataFrame(
+            sorted(set(problems)), "path string, problem string"
+        ),
     }
     say("summing up")
     sc.setJobDescription("audit: summary")
     summary = _summary(loc, grace, now, file_table, dangling, checkpoints, ckpt_rows,
                        len(corrupt), n_refs)
+    summary = attrs.evolve(summary, unreadable=len(set(problems)))
     return SparkAudit(summary, frames)
 
 

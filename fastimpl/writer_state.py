@@ -1,0 +1,122 @@
+"""The writer's published state: what an outside garbage collector must not take.
+
+A live writer's files are not all referenced by a ``_metadata`` yet: a checkpoint in flight
+has written files that no completed checkpoint names, an ACROSS pool file stays open and
+takes segments of the next checkpoint although it was created for an older one, and an in-
+flight checkpoint may reuse a segment of a retained checkpoint that is subsumed before it
+completes. Age by modification time cannot tell these from garbage. So the coordinator
+publishes, whenever its pending or retained set changes (trigger, complete, abort, failover,
+restore, cancel), a small JSON file in the job base, ``_writer_state.json``:
+
+* ``published_at`` and, per pending checkpoint, ``triggered_at`` (the writer's clock) and
+  ``retained_at_trigger`` (the checkpoints it may reuse from);
+* ``open_files``: every physical file open in a TM's pool at publication.
+
+The audit (``pipeline.deletion``) reads it before listing and again before deleting; it
+never collects a file that is open, nor one modified at or after the fence (the oldest
+pending trigger, or the publication when nothing is pending): every file a later write
+touches is newer than that (a file opened after a publication is newer than it), and it
+stops collecting when a checkpoint some pending one may reuse from is gone.
+
+Publishing is opt-in (:func:`publish_state`), written straight to the file system (not
+through the store's fault-injecting path, so armed faults and call counts are unchanged),
+atomically: a temporary file, then a rename (a single PUT on object stores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from spec import commands as c
+from spec.layout import job_base
+
+if TYPE_CHECKING:
+    from fastimpl.api import CheckpointStore
+    from fastimpl.cluster import Cluster
+
+WRITER_STATE = "_writer_state.json"
+FORMAT = "ckpt-writer-state"
+VERSION = 1
+
+_QUIET = (
+    c.WriteState,
+    c.ReuseShared,
+    c.Acknowledge,
+    c.DeliverNotification,
+    c.DropNotification,
+    c.DuplicateNotification,
+    c.FailNextCall,
+    c.RetryDeletes,
+)
+"""Commands that change neither the pending nor the retained set."""
+
+
+class WriterStatePublisher:
+    """Called by the cluster after each command it applied (``Cluster.on_applied``)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.triggered: dict[int, tuple[float, tuple[int, ...]]] = {}
+        self.seq = 0
+        self._last: object = None
+
+    def __call__(self, cmd: c.Command) -> None:
+        if isinstance(cmd, _QUIET):
+            return
+        self.publish()
+
+    def publish(self) -> None:
+        cl = self.cluster
+        now = time.time()
+        retained = tuple(r.id for r in cl.retained)
+        for cid in cl.pending:
+            self.triggered.setdefault(cid, (now, retained))
+        for cid in [k for k in self.triggered if k not in cl.pending]:
+            del self.triggered[cid]
+        open_files = sorted(p for m in cl.mgr.values() for p, pf in m.pfiles.items() if pf.open)
+        self.seq += 1
+        doc: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "job": cl.job,
+            "seq": self.seq,
+            "published_at": now,
+            "running": cl.running,
+            "latest_completed": cl.latest_completed,
+            "retained": list(retained),
+            "pending": [
+                {"checkpoint": cid, "triggered_at": t, "retained_at_trigger": list(pins)}
+                for cid, (t, pins) in sorted(self.triggered.items())
+            ],
+            "open_files": open_files,
+        }
+        _write_atomic(cl, f"{job_base(cl.job)}/{WRITER_STATE}", json.dumps(doc).encode())
+
+
+def _write_atomic(cl: Cluster, rel: str, data: bytes) -> None:
+    st = cl.storage
+    full = st.full(rel)
+    if st.protocol in ("file", "local"):
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        tmp = f"{full}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, full)
+    else:
+        st.fs.pipe_file(full, data)
+
+
+def publish_state(store: CheckpointStore) -> WriterStatePublisher:
+    """Make ``store``'s coordinator publish its state for outside collectors (the audit's
+    ``--delete-orphans`` at a short grace needs it); publishes once now."""
+    cluster = store._cluster
+    pub = WriterStatePublisher(cluster)
+    with store._lock:
+        cluster.on_applied = pub
+        pub.publish()
+    return pub

@@ -1,0 +1,192 @@
+"""Issue 15, defect 2: ``--delete-orphans`` at grace 0 beside a live writer loses nothing.
+
+A writer thread checkpoints every ~100 ms through the public API with a 0.5 s pause
+between writing and acknowledging (files exist long before any ``_metadata`` names them),
+reusing shared state, in WITHIN and ACROSS mode (a pool file stays open across
+checkpoints). Its coordinator publishes its state (``fastimpl.writer_state``). Meanwhile
+the audit deletes at grace 0: through the CLI (``--grace 0s --allow-short-grace``), and
+through the library with its clock a day ahead, so that the grace and the hard floor
+protect nothing and only the writer's fence, its open files and the references do. Old
+strays planted on the way are deleted (the collection works); every checkpoint is
+readable while retained and restorable at the end. The same race without the fence
+loses files: the test can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from fastimpl import CheckpointStore
+from fastimpl.writer_state import publish_state
+from model_tests.cli import app
+from pipeline import deletion, fence
+from pipeline.location import Location
+from pipeline.single import audit_single
+from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
+from spec.handles import stream_of
+
+KS = StateKind.KEYED_SHARED
+OP = StateKind.OPERATOR_LIST
+DAY = 86400.0
+JOB = JobSpec((VertexSpec("w", 2),), num_tms=1)
+
+
+class Writer(threading.Thread):
+    def __init__(self, store: CheckpointStore, checkpoints: int) -> None:
+        super().__init__(daemon=True)
+        self.store = store
+        self.checkpoints = checkpoints
+        self.errors: list[str] = []
+        self.completed = 0
+
+    def check_retained(self) -> None:
+        for r in self.store.coordinator.retained():
+            for e in r.entries:
+                s = stream_of(e.handle)
+                if s is None:
+                    continue
+                try:
+                    self.store.read(e)
+                except Exception as err:
+                    self.errors.append(f"chk-{r.checkpoint} {s.path}: {err}")
+
+    def run(self) -> None:
+        try:
+            coord = self.store.coordinator
+            for n in range(self.checkpoints):
+                cid = coord.trigger()
+                for sub, tm in self.store.placement().items():
+                    mgr = self.store.task_manager(tm)
+                    mgr.write(cid, sub, KS, f"sst-{cid}", os.urandom(300))
+                    if n and mgr.reuse_shared(cid, sub, f"sst-{cid - 1}") is None:
+                        self.errors.append(f"reuse of sst-{cid - 1} failed")
+                    mgr.write(cid, sub, OP, "offsets", os.urandom(40))
+                time.sleep(0.5)  # written, not yet acknowledged: no _metadata names it
+                for sub, tm in self.store.placement().items():
+                    self.store.task_manager(tm).acknowledge(cid, sub)
+                if coord.complete(cid) is None:
+                    self.errors.append(f"chk-{cid} did not complete")
+                self.store.deliver_notifications()
+                self.completed += 1
+                self.check_retained()
+                time.sleep(0.1)
+        except Exception as err:  # reported by the test
+            self.errors.append(f"writer: {type(err).__name__}: {err}")
+
+
+def _stray(job_dir: Path, n: int) -> Path:
+    p = job_dir / "shared" / f"stray-{n}.sst"
+    p.write_bytes(b"s" * 10)
+    t = time.time() - 3 * DAY
+    os.utime(p, (t, t))
+    return p
+
+
+def _race(tmp_path: Path, mode: MergingMode, *, fenced: bool) -> tuple[Writer, set[str], Any]:
+    config = Config.for_mode(mode, num_retained=2)
+    store = CheckpointStore(str(tmp_path / "root"), config, JOB)
+    if fenced:
+        publish_state(store)
+    writer = Writer(store, 12)
+    writer.start()
+    while writer.completed == 0:
+        time.sleep(0.05)
+    job_dir = tmp_path / "root" / store.job_id
+    loc = Location.parse(str(job_dir))
+    strays: set[str] = set()
+    n = 0
+    while writer.is_alive():
+        n += 1
+        strays.add(f"{loc.job_dir}/{_stray(job_dir, n).relative_to(job_dir)}")
+        if n % 2 and fenced:
+            r = CliRunner().invoke(
+                app,
+                [
+                    "audit",
+                    str(job_dir),
+                    "--engine",
+                    "single",
+                    "-q",
+                    "--delete-orphans",
+                    "--grace",
+                    "0s",
+                    "--allow-short-grace",
+                    "--max-deletes-per-second",
+                    "0",
+                    "--log",
+                    str(tmp_path / "cli.jsonl"),
+                ],
+                catch_exceptions=False,
+            )
+            assert r.exit_code in (0, 3), r.output  # 3: a guard stopped this run
+            continue
+        later = time.time() + DAY  # grace and hard floor protect nothing now
+        try:
+            state = fence.read_state(loc) if fenced else None
+            t = audit_single(loc, grace=0, now=later)
+            if t.summary.corrupt_metadata:
+                continue  # a _metadata replaced while read: the guard refuses anyway
+            plan = deletion.plan_deletion(
+                loc,
+                t.summary,
+                t["orphans"],
+                grace=0,
+                allow_short_grace=True,
+                no_live_writer=not fenced,
+                now=later,
+                state_before=state,
+            )
+        except deletion.DeletionRefused:
+            continue
+        deletion.execute(loc, plan, str(tmp_path / "lib.jsonl"), rate=0)
+    writer.join()
+    return writer, strays, store
+
+
+def _deleted(*logs: Path) -> set[str]:
+    out: set[str] = set()
+    for log in logs:
+        if log.exists():
+            out |= {
+                json.loads(x)["path"]
+                for x in log.read_text().splitlines()
+                if json.loads(x)["event"] == "deleted"
+            }
+    return out
+
+
+@pytest.mark.parametrize(
+    "mode", [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT], ids=["WITHIN", "ACROSS"]
+)
+def test_a_live_writer_loses_nothing_at_grace_zero(tmp_path: Path, mode: MergingMode) -> None:
+    writer, strays, store = _race(tmp_path, mode, fenced=True)
+    with store:
+        assert writer.errors == []
+        assert writer.completed == 12
+        deleted = _deleted(tmp_path / "cli.jsonl", tmp_path / "lib.jsonl")
+        assert deleted & strays, "the audit never collected a planted orphan"
+        for r in store.coordinator.retained():  # every retained checkpoint restores
+            for sub, tm in store.placement().items():
+                got = store.task_manager(tm).restore(sub)
+                assert got and all(len(b) > 0 for _e, b in got)
+            assert r.entries
+        after = audit_single(Location.parse(str(tmp_path / "root" / store.job_id)), grace=0)
+        assert after.summary.dangling == 0 and after.summary.corrupt_metadata == 0
+
+
+def test_the_same_race_without_the_fence_loses_files(tmp_path: Path) -> None:
+    """The test above can fail: without the published state (no fence, no open files)
+    and with the clock past the hard floor and the grace (what age-only collection
+    did), the same race deletes live files."""
+    writer, _strays, store = _race(tmp_path, MergingMode.WITHIN_CHECKPOINT, fenced=False)
+    with store:
+        after = audit_single(Location.parse(str(tmp_path / "root" / store.job_id)), grace=0)
+        assert writer.errors or after.summary.dangling > 0
