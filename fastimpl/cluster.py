@@ -918,7 +918,11 @@ class Cluster:
                     f"logical id {h.logical_id!r} names {h.path!r}, already registered "
                     f"for {reg.path!r} (conflicting registration)",
                 )
-            new = RegEntry(h.logical_id, h.path, h, isinstance(h, FileHandle))
+            # I5: the registry deletes a whole file only if it may be the coordinator's; a
+            # file the user holds (another base's, R72 outside the lineage) is only read
+            f = self.files.get(h.path)
+            owned = isinstance(h, FileHandle) and (f is None or f.owner != USER)
+            new = RegEntry(h.logical_id, h.path, h, owned)
             if reg is not None:
                 new.refs = reg.refs
                 new.pins = reg.pins

@@ -35,7 +35,7 @@ import time
 from collections import deque
 from typing import IO, Any
 
-from fastimpl.metadata import MAX_BYTES, Metadata, MetadataError, check_named, decode
+from fastimpl.metadata import Metadata, MetadataError, check_named, decode
 from spec.commands import StorageOp
 from spec.layout import is_under
 
@@ -402,8 +402,7 @@ class Storage:
         Only reads: a corrupt, truncated, missing or foreign file is reported, never deleted.
         """
         try:
-            # one byte past the bound: a larger file is refused without reading it whole
-            data = bytes(self.fs.cat_file(self.full(path), start=0, end=MAX_BYTES + 1))
+            data = bytes(self.fs.cat_file(self.full(path)))
         except FileNotFoundError as err:
             raise MetadataError(path, "file", "does not exist") from err
         except Exception as err:
