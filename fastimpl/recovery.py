@@ -234,18 +234,19 @@ def _check_ids(keep: list[Completed]) -> None:
     """R54: one logical id names one extent in every kept checkpoint; otherwise their
     registration would conflict. Checked before anything changes (``decode`` checks one
     file on its own)."""
-    seen: dict[str, tuple[str, str]] = {}
+    seen: dict[str, tuple[tuple[str, int, int], str]] = {}
     for done in keep:
         for e in done.entries:
             s = stream_of(e.handle)
             if s is None:
                 continue
-            prev = seen.setdefault(s.logical_id, (s.path, done.metadata))
-            if prev[0] != s.path:
+            extent = (s.path, getattr(s, "offset", 0), s.length)
+            prev = seen.setdefault(s.logical_id, (extent, done.metadata))
+            if prev[0] != extent:
                 raise MetadataError(
                     done.metadata,
                     "payload.entries",
-                    f"logical id {s.logical_id!r} names {s.path!r}, but {prev[0]!r} in "
+                    f"logical id {s.logical_id!r} names {extent}, but {prev[0]} in "
                     f"{prev[1]} (conflicting registration)",
                 )
 
