@@ -1523,7 +1523,8 @@ class Cluster:
 
     def _may_claim(self, path: str, recorded: Completed | None, is_dir: bool = False) -> bool:
         """I5: the coordinator takes a path only in a base of its lineage, and never a
-        path of the user's that the claimed checkpoint did not itself hold."""
+        path of the user's that the claimed checkpoint did not itself hold (its files, and
+        its directories with everything in them, R72, as the store recorded them)."""
         if base_of(path) not in self.lineage:
             return False
         f = self.files.get(path)
@@ -1532,8 +1533,11 @@ class Cluster:
             return True
         if recorded is None:
             return False
-        held = set(recorded.directories) if is_dir else self._paths_of(recorded)
-        return path in held
+        if is_dir:
+            return path in recorded.directories
+        return path in self._paths_of(recorded) or any(
+            is_under(path, d) for d in recorded.directories
+        )
 
     def _claim(self, source: Completed, recorded: Completed | None = None) -> None:
         """R72: the new job's coordinator owns the restored checkpoint: what of it lies in
