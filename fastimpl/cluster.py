@@ -377,7 +377,9 @@ class Cluster:
         if why is None:
             return False
         self.refused_deletes.append(RefusedDelete(path, actor, is_dir, why))
-        log.error("refused to delete %s %s (%s): %s", "directory" if is_dir else "file", path, actor, why)
+        log.error(
+            "refused to delete %s %s (%s): %s", "directory" if is_dir else "file", path, actor, why
+        )
         return True
 
     def _foreign(self, path: str, is_dir: bool) -> str | None:
@@ -399,9 +401,7 @@ class Cluster:
         owner = f.owner if f is not None else self.dir_owner.get(path)
         if owner == USER:
             return "the user's"
-        if is_dir and any(
-            g.owner == USER for p, g in self.files.items() if is_under(p, path)
-        ):
+        if is_dir and any(g.owner == USER for p, g in self.files.items() if is_under(p, path)):
             return "holds the user's files"
         return None
 

@@ -183,7 +183,9 @@ def check_directory(path: str, bases: tuple[str, ...], source: str, field: str) 
     rest = path[len(base) + 1 :].split("/") if path != base else []
     if base.startswith(SAVEPOINTS + "/") or len(rest) < 2 or rest[0] not in MANAGED:
         raise MetadataError(
-            source, field, f"{path!r} is not a managed directory (<base>/shared/... or taskowned/...)"
+            source,
+            field,
+            f"{path!r} is not a managed directory (<base>/shared/... or taskowned/...)",
         )
     return path
 

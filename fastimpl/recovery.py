@@ -251,9 +251,7 @@ def _check_ids(keep: list[Completed]) -> None:
                 )
 
 
-def _user_held(
-    reader: Storage, own: str, files: dict[str, int], keep: list[Completed]
-) -> set[str]:
+def _user_held(reader: Storage, own: str, files: dict[str, int], keep: list[Completed]) -> set[str]:
     """The files of the crashed job's ``own`` base that a ``_metadata`` outside it names
     (a newer incarnation's checkpoint that claimed them, R72): never garbage. If one
     cannot be read, every file of ``own`` is kept. Files a kept checkpoint refers to are

@@ -23,6 +23,7 @@ the store's (issue 14, defects 1 and 6).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -34,21 +35,23 @@ import pytest
 
 from fastimpl import CheckpointStore, MetadataError, RecoveryError
 from fastimpl.metadata import MAX_PATH, _canonical, decode, encode, resolve
-from model_tests.faultyfs import Ledger, Place, payload
+from fastimpl.recovery import recover
+from model_tests.faultyfs import FaultyFileSystem, Ledger, Place, payload
 from model_tests.test_bad_input import (
     FILE_SETTINGS,
     JOB,
     KS,
     OP,
+    SETTINGS,
     _config,
     _listing,
     _options,
     _setting_id,
     _unchanged,
-    s3_endpoint,  # noqa: F401 (a fixture)
     setting,  # noqa: F401 (a fixture)
 )
-from model_tests.test_bad_input import place as place  # noqa: F401 (a fixture)
+from model_tests.test_bad_input import place as place
+from model_tests.test_lockstep import s3_endpoint  # noqa: F401 (a fixture)
 from spec.config import Config, MergingMode, RestoreMode, StateKind
 from spec.effects import COORDINATOR
 from spec.ids import SubtaskId
@@ -246,19 +249,21 @@ class World:
             place.inner.makedirs(f"{place.root}-outside", exist_ok=True)
             place.inner.pipe_file(self.outside, b"beside the root")
         sp = savepoint_dir(self.savepoint)
-        self.sentinel_paths = sorted(
-            p
-            for p in files
-            if p.startswith(sp + "/") or p.startswith("job-0/")
-        ) + ["other-app/shared/x/data", "other-app/f", "job-9/shared/src-0-2/f"]
+        self.sentinel_paths = [
+            *sorted(p for p in files if p.startswith(sp + "/") or p.startswith("job-0/")),
+            "other-app/shared/x/data",
+            "other-app/f",
+            "job-9/shared/src-0-2/f",
+        ]
         assert any(p.startswith(sp + "/") for p in self.sentinel_paths)
-        assert any(p.startswith("job-0/shared/") or p.startswith("job-0/taskowned/")
-                   for p in self.sentinel_paths) or mode is MergingMode.NONE
+        assert any(p.startswith("job-0/shared/") for p in self.sentinel_paths)
         self.before = {p: self.place.read(p) for p in self.sentinel_paths}
 
     def a_job0_file(self) -> str:
         """A data file of the NO_CLAIM source (not its ``_metadata``)."""
-        return next(p for p in self.sentinel_paths if p.startswith("job-0/") and "_metadata" not in p)
+        return next(
+            p for p in self.sentinel_paths if p.startswith("job-0/") and "_metadata" not in p
+        )
 
     def retained_meta(self) -> str:
         return self.store.coordinator.retained()[-1].metadata
@@ -339,7 +344,7 @@ def _more(w: World, n: int) -> None:
 @pytest.fixture
 def world(
     setting: tuple[str, MergingMode],  # noqa: F811
-    place: Place,  # noqa: F811
+    place: Place,
 ) -> Iterator[World]:
     w = World(place, setting[1])
     yield w
@@ -355,13 +360,15 @@ def test_a_claim_of_a_changed_metadata_is_refused(world: World) -> None:
     _naming_foreign_files(w, meta)
     before = _listing(w.place)
     with pytest.raises(MetadataError) as info:
-        w.store.coordinator.restore(int(meta.split("chk-")[1].split("/")[0]), mode=RestoreMode.CLAIM)
+        w.store.coordinator.restore(
+            int(meta.split("chk-")[1].split("/")[0]), mode=RestoreMode.CLAIM
+        )
     assert meta in str(info.value) and "did not hold when it completed" in str(info.value)
     _unchanged(w.place, w.store, before)
     assert w.store.job_id == "job-1"
 
 
-@pytest.mark.parametrize("setting", FILE_SETTINGS, ids=_setting_id)
+@pytest.mark.parametrize("setting", SETTINGS, ids=_setting_id)
 def test_every_deleting_path_keeps_every_sentinel(world: World) -> None:
     """The forged ``_metadata`` is read back by a coordinator restart (R95), so the
     retained checkpoint in memory names the foreign files; then subsume, abort, failover
@@ -393,7 +400,7 @@ def test_every_deleting_path_keeps_every_sentinel(world: World) -> None:
     assert w.problems() == []
 
 
-@pytest.mark.parametrize("setting", FILE_SETTINGS, ids=_setting_id)
+@pytest.mark.parametrize("setting", SETTINGS, ids=_setting_id)
 def test_recovery_keeps_every_sentinel(world: World) -> None:
     """``recover(crashed_job='job-1')`` with the forged ``_metadata``: only job-1's own
     base is the new coordinator's; its garbage collection and the checkpoints after it
@@ -451,7 +458,7 @@ def test_recovering_a_job_id_that_is_no_job_base_is_refused(tmp_path: Path, cras
 # --------------------------------------------------------------------------- 3. the guard
 
 
-@pytest.mark.parametrize("setting", FILE_SETTINGS, ids=_setting_id)
+@pytest.mark.parametrize("setting", SETTINGS, ids=_setting_id)
 def test_the_guard_refuses_a_foreign_delete_before_it_happens(world: World) -> None:
     """A bug anywhere (simulated: the coordinator's delete called directly) cannot delete
     a savepoint, a NO_CLAIM source's file, a sibling's file, a base or what lies past
@@ -461,8 +468,15 @@ def test_the_guard_refuses_a_foreign_delete_before_it_happens(world: World) -> N
     sp_file = next(p for p in w.sentinel_paths if p.startswith("savepoints/"))
     for path in [sp_file, w.a_job0_file(), "other-app/f", "job-1/../other-app/f", "job-1/.."]:
         cl._delete_file(path, COORDINATOR)
-    for d in ["savepoints", savepoint_dir(w.savepoint), "job-1", "job-1/shared", "other-app",
-              "job-1/..", "job-0/shared"]:
+    for d in [
+        "savepoints",
+        savepoint_dir(w.savepoint),
+        "job-1",
+        "job-1/shared",
+        "other-app",
+        "job-1/..",
+        "job-0/shared",
+    ]:
         cl._delete_dir(d, COORDINATOR)
     assert w.lost() == []
     refused = {r.path for r in cl.refused_deletes}
@@ -533,12 +547,15 @@ HOSTILE: dict[str, tuple[Callable[[bytes], bytes], str]] = {
 @pytest.mark.parametrize("case", list(HOSTILE))
 @pytest.mark.parametrize(
     "setting",
-    [("local", MergingMode.NONE), ("memory", MergingMode.WITHIN_CHECKPOINT),
-     ("local", MergingMode.ACROSS_CHECKPOINT)],
+    [
+        ("local", MergingMode.NONE),
+        ("memory", MergingMode.WITHIN_CHECKPOINT),
+        ("local", MergingMode.ACROSS_CHECKPOINT),
+    ],
     ids=_setting_id,
 )
 def test_hostile_metadata_is_reported_not_crashed_on(
-    place: Place,  # noqa: F811
+    place: Place,
     setting: tuple[str, MergingMode],  # noqa: F811
     case: str,
 ) -> None:
@@ -548,7 +565,10 @@ def test_hostile_metadata_is_reported_not_crashed_on(
     edit, problem = HOSTILE[case]
     place.write(meta, edit(place.read(meta)))
     before = _listing(place)
-    for call in (store.coordinator.restart, lambda: store.coordinator.restore(3, mode=RestoreMode.CLAIM)):
+    for call in (
+        store.coordinator.restart,
+        lambda: store.coordinator.restore(3, mode=RestoreMode.CLAIM),
+    ):
         with pytest.raises(MetadataError) as info:
             call()
         assert meta in str(info.value) and problem in str(info.value), str(info.value)
@@ -562,7 +582,7 @@ def test_hostile_metadata_is_reported_not_crashed_on(
 
 @pytest.mark.parametrize("setting", FILE_SETTINGS, ids=_setting_id)
 def test_one_id_for_two_extents_across_kept_checkpoints(
-    place: Place,  # noqa: F811
+    place: Place,
     setting: tuple[str, MergingMode],  # noqa: F811
 ) -> None:
     """Each file is fine on its own, but checkpoint 3 names under one of checkpoint 2's
@@ -571,6 +591,7 @@ def test_one_id_for_two_extents_across_kept_checkpoints(
     mode = setting[1]
     store = _store2(place, mode)
     store.close()
+
     def extent(h: dict[str, Any]) -> tuple[Any, ...]:
         return (h.get("path"), h.get("offset", 0), h.get("length"))
 
@@ -580,9 +601,9 @@ def test_one_id_for_two_extents_across_kept_checkpoints(
     ids2 = {e["handle"]["id"]: extent(e["handle"]) for e in two if "path" in e["handle"]}
     lid, old = sorted(ids2.items())[0]
     target = next(
-        e for e in doc["payload"]["entries"]
-        if "path" in e["handle"] and extent(e["handle"]) != old
-        and e["handle"]["id"] not in ids2
+        e
+        for e in doc["payload"]["entries"]
+        if "path" in e["handle"] and extent(e["handle"]) != old and e["handle"]["id"] not in ids2
     )
     target["handle"]["id"] = lid
     place.write(meta, _reseal_doc(doc))
@@ -608,6 +629,27 @@ def test_an_unreadable_directory_is_a_recovery_error(tmp_path: Path) -> None:
     finally:
         locked.chmod(0o755)
     _unchanged(p, None, before)
+
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_a_directory_the_os_refuses_to_list_is_a_recovery_error(tmp_path: Path, kind: str) -> None:
+    """What chmod 000 does, for any user (root reads such a directory): the listing's
+    call fails with ``PermissionError`` (through the fault wrapper, on the local-disk path
+    and on fsspec's); recovery refuses naming it, and nothing changes."""
+    p = Place.make(kind, tmp_path)
+    store = _store2(p, MergingMode.WITHIN_CHECKPOINT)
+    store.close()
+    before = _listing(p)
+    locked = f"{p.root}/job-0/shared"
+    fs = FaultyFileSystem(p.inner, local_root=p.root if kind == "local" else None)
+    denied = PermissionError(errno.EACCES, "Permission denied", locked)
+    fs.fail("scandir" if kind == "local" else "find", exc=denied, times=100)
+    with pytest.raises(RecoveryError) as info:
+        recover(_config(MergingMode.WITHIN_CHECKPOINT), JOB, fs, p.root)
+    msg = str(info.value)
+    assert "PermissionError" in msg and "Permission denied" in msg, msg
+    _unchanged(p, None, before)
+    p.cleanup()
 
 
 def test_a_path_past_path_max_is_a_recovery_error(tmp_path: Path) -> None:
