@@ -162,6 +162,9 @@ class Cluster:
         own and those its predecessors held when claimed; a NO_CLAIM restore starts a
         lineage of its own (R73). Never a savepoint's, never what a file merely names."""
         self.refused_deletes: list[RefusedDelete] = []
+        self.triggered_savepoints: set[int] = set()
+        """Savepoints this store triggered: their directories hold files of its own (being
+        written, or written late, R43) besides the completed savepoint's (the user's)."""
         self.job_spec = job_spec
         self.trace: CommandTrace | None = None
         """Where executed commands are logged (``start_trace``); None: not logged."""
@@ -385,14 +388,15 @@ class Cluster:
     def _foreign(self, path: str, is_dir: bool) -> str | None:
         """Why ``path`` is not the store's to delete, or None. Ownership the store can
         prove: bases it made or claimed (not ``savepoints``), and the directory of a
-        savepoint it triggered until that savepoint completes (R55)."""
+        savepoint it triggered, for what in it is not the user's (R55: a completed
+        savepoint is the user's; a file written there late is not part of it, R43)."""
         try:
             parts = path_parts(path, "<delete>", "path")
         except MetadataError as err:
             return err.problem
         base = base_of(path)
-        pending_sp = {savepoint_dir(i) for i in self.savepoint_ids - set(self.savepoints)}
-        if base not in (self.bases - {SAVEPOINTS}) | pending_sp:
+        own_sp = {savepoint_dir(i) for i in self.triggered_savepoints}
+        if base not in (self.bases - {SAVEPOINTS}) | own_sp:
             return f"{base!r} is not a base this store made or claimed"
         depth = len(parts) - len(base.split("/"))
         if depth < (2 if is_dir else 1):
@@ -493,6 +497,7 @@ class Cluster:
         self.pending[cid] = Pending(cid, cmd.savepoint)
         if cmd.savepoint:
             self.savepoint_ids.add(cid)
+            self.triggered_savepoints.add(cid)
 
     # ------------------------------------------------------------------ writing (R10-R17)
 
