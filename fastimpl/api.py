@@ -164,8 +164,17 @@ class CheckpointStore:
             return self._cluster.observe()
 
     def check_invariants(self, *, quiet: bool = False) -> list[Violation]:
-        """I1-I5 on the real files (and I6 when the job is quiet); empty when all hold."""
-        return check_all(self.observe(), quiet=quiet)
+        """I1-I5 on the real files (and I6 when the job is quiet); empty when all hold.
+
+        A delete the store's guard refused before it happened (a path outside what the
+        store can prove it owns, ``Cluster.refused_deletes``) is an I5 violation too:
+        nothing was deleted, but something decided to."""
+        with self._lock:
+            refused = [
+                Violation("I5", f"{r.actor} tried to delete {r.path}: refused, {r.reason}")
+                for r in self._cluster.refused_deletes
+            ]
+        return refused + check_all(self.observe(), quiet=quiet)
 
     def read(self, entry: StateEntry) -> bytes:
         """The bytes a state handle names, read back from storage."""

@@ -9,6 +9,7 @@ so with ``CounterIds`` the names match the reference model's, file by file.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -16,7 +17,7 @@ import attrs
 
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.manager import Manager
-from fastimpl.metadata import metadata_bytes
+from fastimpl.metadata import MetadataError, base_of, metadata_bytes, path_parts
 from fastimpl.records import (
     ABORT,
     COMPLETE,
@@ -69,6 +70,19 @@ _T = TypeVar("_T")
 OutKey = tuple[TmId, SubtaskId, int]
 BackendKey = tuple[TmId, SubtaskId, str]
 _METADATA_SUFFIX = "/" + METADATA
+log = logging.getLogger("fastimpl.cluster")
+
+
+@attrs.define
+class RefusedDelete:
+    """A delete the guard refused (I5 before the fact): ``path`` lies outside what the
+    store can prove it owns, or is the user's. Nothing was deleted; it is reported by
+    ``CheckpointStore.check_invariants`` as an I5 violation, and logged."""
+
+    path: str
+    actor: str
+    is_dir: bool
+    reason: str
 
 
 def _tm_of_actor(actor: str) -> TmId | None:
@@ -143,6 +157,14 @@ class Cluster:
         self.assignment: dict[SubtaskId, tuple[StateEntry, ...]] = {}
         """Each new subtask's share of the checkpoint restored last (R75, R76)."""
         self.bases: set[str] = {job_base(job_id), SAVEPOINTS}
+        self.lineage: set[str] = {job_base(job_id)}
+        """Bases whose files a CLAIM may give the coordinator (R72, I5): the running job's
+        own and those its predecessors held when claimed; a NO_CLAIM restore starts a
+        lineage of its own (R73). Never a savepoint's, never what a file merely names."""
+        self.refused_deletes: list[RefusedDelete] = []
+        self.triggered_savepoints: set[int] = set()
+        """Savepoints this store triggered: their directories hold files of its own (being
+        written, or written late, R43) besides the completed savepoint's (the user's)."""
         self.job_spec = job_spec
         self.trace: CommandTrace | None = None
         """Where executed commands are logged (``start_trace``); None: not logged."""
@@ -354,7 +376,46 @@ class Cluster:
         if not any(x.path == d.path and x.is_dir == d.is_dir for x in self.deferred):
             self.deferred.append(d)
 
+    def _refuse_delete(self, path: str, actor: str, is_dir: bool) -> bool:
+        """I5, checked before the delete: a path the store cannot prove is its own is never
+        deleted, whatever decided it (a bug, or a file that named it). The refusal is
+        recorded (``refused_deletes``) and logged; the path stays."""
+        why = self._foreign(path, is_dir)
+        if why is None:
+            return False
+        self.refused_deletes.append(RefusedDelete(path, actor, is_dir, why))
+        log.error(
+            "refused to delete %s %s (%s): %s", "directory" if is_dir else "file", path, actor, why
+        )
+        return True
+
+    def _foreign(self, path: str, is_dir: bool) -> str | None:
+        """Why ``path`` is not the store's to delete, or None. Ownership the store can
+        prove: bases it made or claimed (not ``savepoints``), and the directory of a
+        savepoint it triggered, for what in it is not the user's (R55: a completed
+        savepoint is the user's; a file written there late is not part of it, R43)."""
+        try:
+            parts = path_parts(path, "<delete>", "path")
+        except MetadataError as err:
+            return err.problem
+        base = base_of(path)
+        own_sp = {savepoint_dir(i) for i in self.triggered_savepoints}
+        if base not in (self.bases - {SAVEPOINTS}) | own_sp:
+            return f"{base!r} is not a base this store made or claimed"
+        depth = len(parts) - len(base.split("/"))
+        if depth < (2 if is_dir else 1):
+            return "a base, or a folder of a base, is never deleted whole"
+        f = self.files.get(path)
+        owner = f.owner if f is not None else self.dir_owner.get(path)
+        if owner == USER:
+            return "the user's"
+        if is_dir and any(g.owner == USER for p, g in self.files.items() if is_under(p, path)):
+            return "holds the user's files"
+        return None
+
     def _delete_file(self, path: str, actor: str) -> None:
+        if self._refuse_delete(path, actor, False):
+            return
         f = self.files.get(path)
         wait = self._waits_for(None if f is None else f.creator, actor)
         if wait is not None:
@@ -391,6 +452,8 @@ class Cluster:
 
     def _delete_dir(self, path: str, actor: str) -> None:
         """R42: delete a managed directory with everything in it."""
+        if self._refuse_delete(path, actor, True):
+            return
         inside = sorted(p for p in self.files if is_under(p, path))
         d = self.dirs.get(path)
         waits = {self._waits_for(d.creator if d is not None else None, actor)}
@@ -438,6 +501,7 @@ class Cluster:
         self.pending[cid] = Pending(cid, cmd.savepoint)
         if cmd.savepoint:
             self.savepoint_ids.add(cid)
+            self.triggered_savepoints.add(cid)
 
     # ------------------------------------------------------------------ writing (R10-R17)
 
@@ -845,16 +909,29 @@ class Cluster:
             if f is not None and f.owner == COORDINATOR:
                 self._delete_file(reg.path, COORDINATOR)
 
-    def _register(self, done: Completed) -> None:
-        """R54: keyed by unique handle ids; refs are the checkpoint ids that use them."""
+    def _register(self, done: Completed, recorded: Completed | None = None) -> None:
+        """R54: keyed by unique handle ids; refs are the checkpoint ids that use them.
+
+        A logical id already registered for another path is a ``MetadataError`` naming
+        the file (checked for every retained checkpoint before anything changes, see
+        ``conflicting_ids``; here it is the last line of defence)."""
         for e in done.entries:
             h = e.handle
             if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
                 continue
             reg = self.registry.get(h.logical_id)
             if reg is not None and reg.path != h.path:
-                raise AssertionError(f"conflicting registration of {h.logical_id}")
-            new = RegEntry(h.logical_id, h.path, h, isinstance(h, FileHandle))
+                raise MetadataError(
+                    done.metadata,
+                    "payload.entries",
+                    f"logical id {h.logical_id!r} names {h.path!r}, already registered "
+                    f"for {reg.path!r} (conflicting registration)",
+                )
+            # I5: the registry deletes a whole file only if it may be the coordinator's; a
+            # file the user holds (another base's, R72 outside the lineage) is only read
+            f = self.files.get(h.path)
+            owned = isinstance(h, FileHandle) and (f is None or f.owner != USER)
+            new = RegEntry(h.logical_id, h.path, h, owned)
             if reg is not None:
                 new.refs = reg.refs
                 new.pins = reg.pins
@@ -872,7 +949,8 @@ class Cluster:
             md = self.dirs.get(d)
             if md is not None:
                 md.handed_over = True
-            self.dir_owner[d] = COORDINATOR  # R42
+            if self._may_claim(d, recorded or done, is_dir=True):
+                self.dir_owner[d] = COORDINATOR  # R42
 
     def _subsume(self, old: Completed) -> None:
         """R52, R54: drop a checkpoint's references; delete what nobody refers to."""
@@ -1371,14 +1449,17 @@ class Cluster:
             raise CommandError(
                 Reason.NOT_RETAINED, f"checkpoint {cmd.checkpoint} is not retained nor a savepoint"
             )
+        recorded = source
         source = self.load_completed(source.metadata, source.job)  # validated before any change
+        mode = RestoreMode.NO_CLAIM if source.savepoint else cmd.mode  # R73
+        if mode is RestoreMode.CLAIM:
+            self._check_claim(source, recorded)
         names = {v.name for v in self.vertices}
         new_par = dict(cmd.parallelism)
         if not set(new_par) <= names or any(
             p < 1 or p > self.cfg.max_parallelism for p in new_par.values()
         ):
             raise CommandError(Reason.BAD_ARGUMENT, f"bad parallelism {cmd.parallelism}")
-        mode = RestoreMode.NO_CLAIM if source.savepoint else cmd.mode  # R73
         old_vertices = self.vertices
         if self.running:
             self._end_job(retain=True)
@@ -1388,6 +1469,10 @@ class Cluster:
         self.job_seq += 1
         self.job = f"job-{self.job_seq}"
         self.bases.add(job_base(self.job))
+        if mode is RestoreMode.CLAIM:
+            self.lineage.add(job_base(self.job))
+        else:
+            self.lineage = {job_base(self.job)}  # R73: the source stays outside for good
         self.vertices = tuple(
             VertexSpec(v.name, new_par.get(v.name, v.parallelism)) for v in self.vertices
         )
@@ -1411,7 +1496,7 @@ class Cluster:
         self.restoring = tuple(e for s in sorted(assignment) for e in assignment[s])
         self.assignment = {s: tuple(v) for s, v in assignment.items()}
         if mode is RestoreMode.CLAIM:
-            self._claim(source)
+            self._claim(source, recorded)
         same = all(
             v.parallelism == ov.parallelism
             for v, ov in zip(self.vertices, old_vertices, strict=True)
@@ -1423,21 +1508,62 @@ class Cluster:
                         t = self.placement[s]
                         self.backend[(t, s, e.name)] = BackendRef(e, source.id, True)
 
-    def _claim(self, source: Completed) -> None:
-        """R72: the new job's coordinator owns the restored checkpoint."""
-        self.bases.add(source.metadata.split("/", 1)[0])
-        paths = {source.metadata} | {
-            s.path for e in source.entries if (s := stream_of(e.handle)) is not None
+    @staticmethod
+    def _paths_of(done: Completed) -> set[str]:
+        return {done.metadata} | {
+            s.path for e in done.entries if (s := stream_of(e.handle)) is not None
         }
+
+    def _check_claim(self, source: Completed, recorded: Completed) -> None:
+        """R72, I5: a CLAIM takes what the checkpoint held when it completed, no more. A
+        ``_metadata`` that names a file or directory the store did not record for it
+        (changed since, however well its checksum matches) is refused before any change."""
+        extra = sorted(
+            (self._paths_of(source) - self._paths_of(recorded))
+            | (set(source.directories) - set(recorded.directories))
+        )
+        if extra:
+            raise MetadataError(
+                source.metadata,
+                "payload",
+                f"names {extra[0]!r}, which checkpoint {source.id} did not hold when it "
+                "completed: a claim takes only what the store recorded",
+            )
+
+    def _may_claim(self, path: str, recorded: Completed | None, is_dir: bool = False) -> bool:
+        """I5: the coordinator takes a path only in a base of its lineage, and never a
+        path of the user's that the claimed checkpoint did not itself hold (its files, and
+        its directories with everything in them, R72, as the store recorded them)."""
+        if base_of(path) not in self.lineage:
+            return False
+        f = self.files.get(path)
+        owner = self.dir_owner.get(path) if is_dir else (f.owner if f is not None else None)
+        if owner != USER:
+            return True
+        if recorded is None:
+            return False
+        if is_dir:
+            return path in recorded.directories
+        return path in self._paths_of(recorded) or any(
+            is_under(path, d) for d in recorded.directories
+        )
+
+    def _claim(self, source: Completed, recorded: Completed | None = None) -> None:
+        """R72: the new job's coordinator owns the restored checkpoint: what of it lies in
+        its lineage (I5); anything else it names stays whose it was (read, never deleted)."""
+        self.bases.add(base_of(source.metadata))
+        paths = self._paths_of(source)
         for d in source.directories:
+            if not self._may_claim(d, recorded, is_dir=True):
+                continue
             paths |= {p for p in self.files if is_under(p, d)}
             if d in self.dir_owner:
                 self.dir_owner[d] = COORDINATOR
         for p in sorted(paths):
             f = self.files.get(p)
-            if f is not None:
+            if f is not None and self._may_claim(p, recorded):
                 f.owner = COORDINATOR
-        self._register(source)
+        self._register(source, recorded)
         for d in source.directories:
             md = self.dirs.get(d)
             if md is not None:

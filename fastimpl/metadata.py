@@ -80,6 +80,18 @@ class Metadata:
 # --------------------------------------------------------------------------- paths
 
 
+MAX_PATH = 4096
+"""Longest path (in UTF-8 bytes) a file may name: Linux's PATH_MAX. A longer one could
+only fail later, as a raw ``OSError`` of the file system, instead of here."""
+MAX_COMPONENT = 255
+"""Longest path component (in UTF-8 bytes): NAME_MAX of every common file system."""
+MAX_INT = 2**63 - 1
+"""Largest integer a field may hold: a 64-bit file offset; larger ones are nonsense."""
+MANAGED = ("shared", "taskowned")
+"""The folders of a job base that hold managed directories (R40): a directory a file
+names lies in one of them, never above (a base, or ``<base>/shared`` itself)."""
+
+
 def allowed_bases(
     job: str, checkpoint: int, savepoint: bool, shared_bases: tuple[str, ...] = ()
 ) -> tuple[str, ...]:
@@ -99,19 +111,46 @@ def base_of(path: str) -> str:
     return parts[0]
 
 
-def check_path(path: object, bases: tuple[str, ...] | None, source: str, field: str) -> str:
-    """Return ``path`` if it is a relative, normalised path under one of ``bases``."""
+def path_parts(path: object, source: str, field: str) -> tuple[str, ...]:
+    """The components of a relative, normalised path, or ``MetadataError``.
+
+    The one place that decides whether a path a file names (a handle's path, a
+    directory, a shared base, a base a job moved to) is acceptable: a non-empty string,
+    relative (no leading ``/`` or ``\\``, no drive, no protocol), ``/``-separated
+    components none of which is empty, ``.`` or ``..`` (leading, inner or trailing),
+    with no backslash, NUL, control character or unpaired surrogate (a name that is
+    not UTF-8), within ``MAX_COMPONENT`` and ``MAX_PATH``. Nothing is normalised
+    silently: ``a//b`` or ``a/./b`` is refused, not read as ``a/b``, so a checked path
+    compares equal to exactly the paths the store itself builds.
+    """
     if not isinstance(path, str) or not path:
         raise MetadataError(source, field, f"path must be a non-empty string, got {path!r}")
+    try:
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise MetadataError(source, field, f"path {path!r} is not valid UTF-8") from None
     if path.startswith("/") or path.startswith("\\") or (len(path) > 1 and path[1] == ":"):
         raise MetadataError(source, field, f"absolute path {path!r} is not allowed")
-    if "://" in path:
+    if "://" in path or "::" in path:
         raise MetadataError(source, field, f"path {path!r} names a protocol (absolute)")
-    parts = path.split("/")
+    if size > MAX_PATH:
+        raise MetadataError(source, field, f"path of {size} bytes is longer than {MAX_PATH}")
+    parts = tuple(path.split("/"))
     if ".." in parts:
         raise MetadataError(source, field, f"path {path!r} contains a '..' component")
-    if any(p in ("", ".") for p in parts) or "\\" in path or "\0" in path:
+    if any(p in ("", ".") for p in parts) or "\\" in path:
         raise MetadataError(source, field, f"path {path!r} is not normalised")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
+        raise MetadataError(source, field, f"path {path!r} holds a control character")
+    if any(len(p.encode("utf-8")) > MAX_COMPONENT for p in parts):
+        raise MetadataError(source, field, f"a component of {path!r} is over {MAX_COMPONENT} bytes")
+    return parts
+
+
+def check_path(path: object, bases: tuple[str, ...] | None, source: str, field: str) -> str:
+    """Return ``path`` if it is a relative, normalised path under one of ``bases``."""
+    path_parts(path, source, field)
+    assert isinstance(path, str)
     if bases is not None and not any(is_under(path, b) for b in bases):
         raise MetadataError(
             source,
@@ -121,21 +160,76 @@ def check_path(path: object, bases: tuple[str, ...] | None, source: str, field: 
     return path
 
 
+def check_job(job: object, source: str, field: str) -> str:
+    """A job id whose base is a job base: any string escapes to one safe component
+    (R3), but it must not escape to ``savepoints`` (the user's) or exceed a component."""
+    if not isinstance(job, str):
+        raise MetadataError(source, field, f"expected a string, got {job!r}")
+    try:
+        base = job_base(job)
+    except UnicodeEncodeError:
+        raise MetadataError(source, field, f"job id {job!r} is not valid UTF-8") from None
+    path_parts(base, source, field)
+    if base == SAVEPOINTS:
+        raise MetadataError(source, field, f"job id {job!r} names the savepoints directory")
+    return job
+
+
+def check_directory(path: str, bases: tuple[str, ...], source: str, field: str) -> str:
+    """A managed directory (R40): ``<job base>/shared/<name>...`` or
+    ``<job base>/taskowned/<name>...`` of an allowed base that is not a savepoint's."""
+    check_path(path, bases, source, field)
+    base = base_of(path)
+    rest = path[len(base) + 1 :].split("/") if path != base else []
+    if base.startswith(SAVEPOINTS + "/") or len(rest) < 2 or rest[0] not in MANAGED:
+        raise MetadataError(
+            source,
+            field,
+            f"{path!r} is not a managed directory (<base>/shared/... or taskowned/...)",
+        )
+    return path
+
+
 def _handle_paths(h: Handle) -> list[str]:
     return [] if isinstance(h, PlaceholderHandle) else [h.path]
 
 
+def check_ids(meta: Metadata, source: str) -> None:
+    """R54: a logical id names one extent; two different extents under one id would
+    make the registry's entries conflict (FLINK-29913)."""
+    seen: dict[str, tuple[int, tuple[str, int, int]]] = {}
+    for i, e in enumerate(meta.entries):
+        h = e.handle
+        if not isinstance(h, SegmentHandle | FileHandle):
+            continue
+        extent = (h.path, h.offset if isinstance(h, SegmentHandle) else 0, h.length)
+        prev = seen.setdefault(h.logical_id, (i, extent))
+        if prev[1] != extent:
+            raise MetadataError(
+                source,
+                f"entries[{i}].handle.id",
+                f"logical id {h.logical_id!r} names {extent[0]!r} here and "
+                f"{prev[1][0]!r} in entries[{prev[0]}] (duplicate id)",
+            )
+
+
 def validate_paths(meta: Metadata, source: str = "<metadata>") -> None:
+    check_job(meta.job, source, "job")
     for i, b in enumerate(meta.shared_bases):
         check_path(b, None, source, f"shared_bases[{i}]")
         if base_of(b) != b:
             raise MetadataError(source, f"shared_bases[{i}]", f"{b!r} is not a base directory")
+        if is_under(b, SAVEPOINTS):
+            # A savepoint is the user's and self-contained (R55); a restore from one never
+            # claims it (R73), so no checkpoint or other savepoint refers to its files.
+            raise MetadataError(source, f"shared_bases[{i}]", f"{b!r} is a savepoint's directory")
     bases = allowed_bases(meta.job, meta.checkpoint, meta.savepoint, meta.shared_bases)
     for i, e in enumerate(meta.entries):
         for p in _handle_paths(e.handle):
             check_path(p, bases, source, f"entries[{i}].handle.path")
     for i, d in enumerate(meta.directories):
-        check_path(d, bases, source, f"directories[{i}]")
+        check_directory(d, bases, source, f"directories[{i}]")
+    check_ids(meta, source)
 
 
 def resolve(meta: Metadata, base: str = "", *, source: str = "<metadata>") -> Metadata:
@@ -147,10 +241,14 @@ def resolve(meta: Metadata, base: str = "", *, source: str = "<metadata>") -> Me
     """
     validate_paths(meta, source)
     if base:
-        check_base = base.strip("/")
-        if base.startswith("/") or ".." in check_base.split("/"):
-            raise MetadataError(source, "base", f"base {base!r} must be relative, without '..'")
-        prefix = check_base + "/" if check_base else ""
+        # the same check as every path a file names (``path_parts``), for the same reasons
+        try:
+            path_parts(base.rstrip("/"), source, "base")
+        except MetadataError as err:
+            raise MetadataError(
+                source, "base", f"base {base!r} must be relative, without '..': {err.problem}"
+            ) from None
+        prefix = base.rstrip("/") + "/"
     else:
         prefix = ""
 
@@ -310,11 +408,17 @@ class _Reader:
             raise self.fail(field, f"expected an integer, got {v!r}")
         if minimum is not None and v < minimum:
             raise self.fail(field, f"expected an integer >= {minimum}, got {v}")
+        if abs(v) > MAX_INT:
+            raise self.fail(field, f"integer of {v.bit_length()} bits is out of range")
         return v
 
     def string(self, v: object, field: str) -> str:
         if not isinstance(v, str):
             raise self.fail(field, f"expected a string, got {v!r}")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise self.fail(field, f"{v!r} is not valid UTF-8 (an unpaired surrogate)") from None
         return v
 
     def boolean(self, v: object, field: str) -> bool:
@@ -391,14 +495,30 @@ class _Reader:
         )
 
 
+MAX_BYTES = 256 << 20
+"""Largest ``_metadata`` read: far above any real one (a million handles), small enough
+that a hostile file cannot exhaust memory before it is refused."""
+
+
 def decode(data: bytes, *, expected_job: str | None = None, source: str = "<metadata>") -> Metadata:
     """Parse and validate a ``_metadata`` file; ``source`` names it in error messages.
 
     Raises ``MetadataError`` on truncated or invalid JSON, a bad magic, an unsupported
     version, a checksum mismatch, a missing or ill-typed field, a job id other than
-    ``expected_job`` (a foreign file) and a path that is absolute, has ``..`` or lies
-    outside the job base (or the savepoint dir).
+    ``expected_job`` (a foreign file), a path that ``path_parts`` refuses or that lies
+    outside the job base (or the savepoint dir), a directory that is not a managed one,
+    a logical id naming two extents, nesting too deep to parse and a file over
+    ``MAX_BYTES``: never another exception, whatever the bytes.
     """
+    if len(data) > MAX_BYTES:
+        raise MetadataError(source, "file", f"{len(data)} bytes, more than {MAX_BYTES}")
+    try:
+        return _decode(data, expected_job, source)
+    except RecursionError:
+        raise MetadataError(source, "file", "nested too deeply (not a metadata file)") from None
+
+
+def _decode(data: bytes, expected_job: str | None, source: str) -> Metadata:
     r = _Reader(source)
     if not data:
         raise r.fail("file", "empty (truncated) metadata")
@@ -408,6 +528,8 @@ def decode(data: bytes, *, expected_job: str | None = None, source: str = "<meta
         raise r.fail("file", f"not UTF-8 (corrupt): {exc}") from None
     except json.JSONDecodeError as exc:
         raise r.fail("file", f"truncated or invalid JSON: {exc}") from None
+    except ValueError as exc:  # e.g. an integer literal of more than 4300 digits
+        raise r.fail("file", f"invalid JSON: {exc}") from None
     doc = r.obj(doc_v, "file")
     magic = r.get(doc, "format", "")
     if magic != MAGIC:
@@ -424,11 +546,14 @@ def decode(data: bytes, *, expected_job: str | None = None, source: str = "<meta
         )
     digest = r.string(r.get(doc, "sha256", ""), "sha256")
     payload = r.obj(r.get(doc, "payload", ""), "payload")
-    actual = hashlib.sha256(_canonical(payload)).hexdigest()
+    try:
+        actual = hashlib.sha256(_canonical(payload)).hexdigest()
+    except (UnicodeEncodeError, ValueError) as exc:  # a lone surrogate, a huge number
+        raise r.fail("payload", f"cannot be encoded canonically: {exc}") from None
     if actual != digest:
         raise r.fail("sha256", f"checksum mismatch: stored {digest}, computed {actual}")
     w = "payload."
-    job = r.string(r.get(payload, "job", w), w + "job")
+    job = check_job(r.string(r.get(payload, "job", w), w + "job"), source, w + "job")
     if expected_job is not None and job != expected_job:
         raise r.fail(w + "job", f"foreign job id {job!r}, expected {expected_job!r}")
     checkpoint = r.integer(r.get(payload, "checkpoint", w), w + "checkpoint")

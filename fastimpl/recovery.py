@@ -15,15 +15,23 @@ longer write (half-written files of pending checkpoints, segments of aborted one
 deleted): it is deleted at once by the new coordinator, so nothing is kept forever.
 Savepoints are the user's and are never touched; a savepoint directory without
 ``_metadata`` (an interrupted savepoint) is left to the user and listed in the report.
-Other bases of the job's lineage (``job-<n>``) hold garbage too, unless a base newer than
-the crashed job holds a ``_metadata`` (then only the crashed job's own base is touched):
-a newer base without any (an incarnation an earlier recovery started, dead before it
-completed a checkpoint) is garbage whole; in an older base (a predecessor) every file
-that neither a kept checkpoint nor any ``_metadata`` outside the crashed job's bases
-names (a checkpoint the predecessor kept for the user when it ended, a savepoint) is the
-garbage of a claimed checkpoint whose deletion the crash cut short. What a ``_metadata``
-names stays the user's; if one cannot be read, nothing outside the crashed job's own
-bases is deleted.
+
+Only the crashed job's own base is the new coordinator's (I5): that is all the caller's
+``crashed_job`` proves. Every other base under the root (a predecessor the crashed job
+claimed, an incarnation an earlier recovery started, an unrelated job, a sibling
+application's folder) is the user's whatever a ``_metadata`` says about it: its files are
+read where a kept checkpoint refers to them, never deleted, and listed in
+``report.left_alone``. Inside the own base, a file that a ``_metadata`` elsewhere names
+(a newer incarnation's checkpoint that claimed it) is the user's too; if one of those
+cannot be read, no file of the own base is garbage. Leaking what another base holds is
+the price of never deleting what is not provably ours (a persisted lineage record would
+let recovery take a predecessor's leftovers back: see ISSUE 14 and the xfail test of
+``test_recovery``).
+
+Anything wrong with what storage holds is a ``MetadataError`` or ``RecoveryError`` naming
+the file and the problem (an unreadable or unlistable directory, a path past PATH_MAX,
+one logical id naming two extents in two kept checkpoints), raised before anything is
+deleted.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from attrs import frozen
 
 from fastimpl.cluster import Cluster
 from fastimpl.ids import IdSource
-from fastimpl.metadata import MetadataError
+from fastimpl.metadata import MetadataError, base_of, check_job
 from fastimpl.records import Completed, Status, StoredFile
 from fastimpl.storage import Storage
 from spec import commands as c
@@ -65,6 +73,9 @@ class RecoveryReport:
     """Paths of the crashed job deleted as garbage (files and directories)."""
     left_to_user: tuple[str, ...]
     """Interrupted savepoint directories, not deleted."""
+    left_alone: tuple[str, ...] = ()
+    """Other bases under the root (not ``savepoints``): never the new coordinator's, never
+    deleted; a kept checkpoint may read files there."""
 
 
 def _numbered(pattern: str, paths: dict[str, int]) -> dict[int, str]:
@@ -109,10 +120,20 @@ def recover(
     background_deletes: bool = True,
 ) -> tuple[Cluster, RecoveryReport]:
     """A running store that continues the crashed ``job`` from what storage holds."""
+    try:
+        check_job(job, "<recover>", "crashed_job")
+    except MetadataError as err:
+        raise RecoveryError(f"crashed_job {job!r}: {err.problem}") from None
+    own = job_base(job)
     reader = Storage(fs, root, background_deletes=False)
-    files = reader.list_files()
-    esc = re.escape(job)
-    metas = _numbered(rf"{esc}/chk-(\d+)/{METADATA}", files)
+    try:
+        files = reader.list_files()
+    except Exception as err:  # an unreadable directory, a path past PATH_MAX, ...
+        where = getattr(err, "filename", None) or root
+        raise RecoveryError(
+            f"cannot list the checkpoints under {root!r}: {where}: {type(err).__name__}: {err}"
+        ) from err
+    metas = _numbered(rf"{re.escape(own)}/chk-(\d+)/{METADATA}", files)
     # Read and validate everything before changing anything.
     completed: list[Completed] = []
     for cid, path in sorted(metas.items()):
@@ -123,6 +144,7 @@ def recover(
     keep = completed[-config.num_retained :] if completed else []
     for done in keep:
         _check_bytes(done, files)
+    _check_ids(keep)
     sp_metas = _numbered(rf"{SAVEPOINTS}/savepoint-(\d+)/{METADATA}", files)
     savepoints: dict[int, Completed] = {}
     for sid, path in sorted(sp_metas.items()):
@@ -148,17 +170,10 @@ def recover(
     cl.next_checkpoint = max(cids, default=0) + 1
     cl.savepoints = savepoints
     cl.savepoint_ids = set(savepoints)
-    dead, older = _lineage(job, tops, files)
-    own_bases = {job_base(job)} | dead
-    claimed_bases = (
-        own_bases | older | {b for done in keep for b in _bases_of(done) if b != SAVEPOINTS}
-    )
-    user_held = _user_held(reader, claimed_bases - own_bases, own_bases, files, keep)
+    user_held = _user_held(reader, own, files, keep)
     for path, size in files.items():
-        base = path.split("/", 1)[0]
-        owner = COORDINATOR if base in claimed_bases and path not in user_held else USER
+        owner = COORDINATOR if base_of(path) == own and path not in user_held else USER
         cl.files[path] = StoredFile(size, False, owner, None)
-    cl.bases |= claimed_bases
     garbage: list[str] = []
     if keep:
         latest = keep[-1]
@@ -182,10 +197,11 @@ def recover(
         cl.job_seq += 1
         cl.job = f"job-{cl.job_seq}"
         cl.bases.add(job_base(cl.job))
+        cl.lineage = {job_base(cl.job)}
         for rec in cl.tms.values():
             rec.status = Status.ALIVE
         cl.running = True
-    # Garbage of the dead incarnation: whatever no kept checkpoint refers to.
+    # Garbage of the dead incarnation: whatever in its own base no kept checkpoint refers to.
     referenced: set[str] = set()
     kept_dirs: set[str] = set()
     for done in keep:
@@ -193,9 +209,9 @@ def recover(
         referenced |= {s.path for e in done.entries if (s := stream_of(e.handle)) is not None}
         kept_dirs |= set(done.directories)
     for d in sorted(kept_dirs):
-        cl.dir_owner[d] = COORDINATOR
+        cl.dir_owner[d] = COORDINATOR if base_of(d) == own else USER
     for path in sorted(files):
-        if path.split("/", 1)[0] not in claimed_bases or path in referenced or path in user_held:
+        if base_of(path) != own or path in referenced or path in user_held:
             continue
         if any(is_under(path, d) for d in kept_dirs):
             continue  # a kept directory goes whole when its checkpoints are subsumed (R42)
@@ -209,62 +225,48 @@ def recover(
         savepoints=tuple(sorted(savepoints)),
         garbage=tuple(garbage),
         left_to_user=tuple(interrupted),
+        left_alone=tuple(sorted(t for t in tops if t not in (own, SAVEPOINTS))),
     )
     return cl, report
 
 
-def _lineage(job: str, tops: set[str], files: dict[str, int]) -> tuple[set[str], set[str]]:
-    """Other bases of the crashed ``job``'s lineage (``<prefix>-<n>``) whose garbage is the
-    new coordinator's to delete, unless a base newer than ``job`` holds a ``_metadata``
-    (then the crashed job is not the newest incarnation, and nothing but its own base is
-    touched): the newer bases (an earlier recovery of this job started them and died
-    before completing a checkpoint: a job refers only to its own files and its
-    predecessors', so nothing can refer to theirs), and the older bases (predecessors,
-    whose files only a ``_metadata`` can still name, see ``_user_held``)."""
-    m = _JOB.match(job)
-    if m is None:
-        return set(), set()
-    prefix, seq = m.group(1), int(m.group(2))
-    newer: set[str] = set()
-    older: set[str] = set()
-    for t in tops:
-        tm = _JOB.match(t)
-        if tm is not None and tm.group(1) == prefix and int(tm.group(2)) != seq:
-            (newer if int(tm.group(2)) > seq else older).add(t)
-    if newer & {p.split("/", 1)[0] for p in files if p.endswith(_META)}:
-        return set(), set()
-    return newer, older
+def _check_ids(keep: list[Completed]) -> None:
+    """R54: one logical id names one extent in every kept checkpoint; otherwise their
+    registration would conflict. Checked before anything changes (``decode`` checks one
+    file on its own)."""
+    seen: dict[str, tuple[tuple[str, int, int], str]] = {}
+    for done in keep:
+        for e in done.entries:
+            s = stream_of(e.handle)
+            if s is None:
+                continue
+            extent = (s.path, getattr(s, "offset", 0), s.length)
+            prev = seen.setdefault(s.logical_id, (extent, done.metadata))
+            if prev[0] != extent:
+                raise MetadataError(
+                    done.metadata,
+                    "payload.entries",
+                    f"logical id {s.logical_id!r} names {extent}, but {prev[0]} in "
+                    f"{prev[1]} (conflicting registration)",
+                )
 
 
-def _user_held(
-    reader: Storage,
-    bases: set[str],
-    own: set[str],
-    files: dict[str, int],
-    keep: list[Completed],
-) -> set[str]:
-    """The files of other ``bases`` that a ``_metadata`` outside the crashed job's ``own``
-    bases names, with those ``_metadata``: checkpoints an ended job kept for the user (R70,
-    R91) and savepoints are never garbage. If one cannot be read, every file of ``bases``
-    is kept. Files a kept checkpoint refers to are claimed (R72) all the same."""
+def _user_held(reader: Storage, own: str, files: dict[str, int], keep: list[Completed]) -> set[str]:
+    """The files of the crashed job's ``own`` base that a ``_metadata`` outside it names
+    (a newer incarnation's checkpoint that claimed them, R72): never garbage. If one
+    cannot be read, every file of ``own`` is kept. Files a kept checkpoint refers to are
+    claimed (R72) all the same."""
     held: set[str] = set()
-    for path in sorted(p for p in files if p.split("/", 1)[0] not in own and p.endswith(_META)):
+    mine = {p for p in files if base_of(p) == own}
+    for path in sorted(p for p in files if base_of(p) != own and p.endswith(_META)):
         try:
             meta = reader.read_metadata(path)
         except MetadataError:
-            return {p for p in files if p.split("/", 1)[0] in bases}
-        held.add(path)
+            held = set(mine)
+            break
         held |= {s.path for e in meta.entries if (s := stream_of(e.handle)) is not None}
-        held |= {p for d in meta.directories for p in files if is_under(p, d)}
+        held |= {p for d in meta.directories for p in mine if is_under(p, d)}
+    held &= mine
     for done in keep:
         held -= {s.path for e in done.entries if (s := stream_of(e.handle)) is not None}
     return held
-
-
-def _bases_of(done: Completed) -> set[str]:
-    out = {done.metadata.split("/", 1)[0]}
-    for e in done.entries:
-        s = stream_of(e.handle)
-        if s is not None:
-            out.add(s.path.split("/", 1)[0])
-    return out

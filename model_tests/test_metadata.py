@@ -6,6 +6,7 @@ import itertools
 import json
 from typing import Any
 
+import attrs
 import fsspec  # type: ignore[import-untyped]
 import pytest
 from hypothesis import given
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from fastimpl.metadata import (
     MAGIC,
+    MANAGED,
     Metadata,
     MetadataError,
     _canonical,
@@ -91,8 +93,16 @@ def metadatas(draw: st.DrawFn) -> Metadata:
     checkpoint = draw(st.integers(0, 10**9))
     savepoint = draw(st.booleans())
     base = savepoint_dir(checkpoint) if savepoint and draw(st.booleans()) else job_base(job)
-    entries = tuple(draw(st.lists(entries_of(base), max_size=5)))
-    dirs = tuple(draw(st.lists(rel_paths(job_base(job)), max_size=3, unique=True)))
+    drawn = draw(st.lists(entries_of(base), max_size=5))
+    # a logical id names one extent (R54): ids are unique, as the store draws them
+    entries = tuple(
+        attrs.evolve(e, handle=attrs.evolve(e.handle, logical_id=f"{i}-{e.handle.logical_id}"))
+        if isinstance(e.handle, SegmentHandle | FileHandle)
+        else e
+        for i, e in enumerate(drawn)
+    )
+    managed = st.sampled_from(MANAGED).map(lambda m: f"{job_base(job)}/{m}")
+    dirs = tuple(draw(st.lists(managed.flatmap(rel_paths), max_size=3, unique=True)))
     return Metadata(job, checkpoint, savepoint, entries, dirs)
 
 
@@ -299,10 +309,13 @@ def test_savepoint_paths() -> None:
     h = FileHandle(f"{sp}/f", 3, "u", Scope.EXCLUSIVE)
     e = StateEntry(SUB, StateKind.KEYED_FULL, "k", h)
     assert decode(encode(5, JOB, True, (e,), ())).entries == (e,)
-    # a checkpoint that references a savepoint's files declares that base explicitly
-    meta = decode(encode(5, JOB, False, (e,), ()))
-    assert meta.shared_bases == (sp,)
-    assert meta.entries == (e,)
+    # no checkpoint refers to a savepoint's files (R55, R73: a savepoint restore never
+    # claims, its first checkpoint is full): a file that does is refused, as a shared base
+    with pytest.raises(MetadataError, match=r"shared_bases\[0\].*savepoint's directory"):
+        encode(5, JOB, False, (e,), ())
+    doc = json.loads(encode(5, JOB, True, (e,), ()))
+    doc["payload"].update(savepoint=False, shared_bases=[sp])
+    expect(reseal(doc), "shared_bases[0]", "savepoint's directory")
 
 
 def test_cross_job_reference_is_declared() -> None:

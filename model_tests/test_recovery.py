@@ -421,7 +421,9 @@ def test_a_crash_during_recovery_is_recovered_again(tmp_path: Path) -> None:
     """The process dies again while recovery deletes the crashed job's garbage, or while
     the new incarnation writes, completes or subsumes its first checkpoint. Recovering
     again (the new incarnation once it has a completed checkpoint of its own, else the
-    original job) keeps every byte, and leaves no file of either incarnation behind."""
+    original job) keeps every byte and leaves no file of the recovered job's base behind;
+    the other incarnation's base is never the new coordinator's (nothing proves it is
+    this job's lineage, I5): it is left alone and reported."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     base = Place.make("memory", tmp_path)
     fs, _, _ = run_until_crash(base, config, None)
@@ -475,11 +477,17 @@ def _recover_again(place: Place, config: Config, ledger: Ledger, prog: Progress)
     store.flush()
     problems += [f"quiet: {v}" for v in store.check_invariants(quiet=True)]
     refs = _referenced(store) | _named_by_metadata(place)
+    # Only the crashed job's own base is the new coordinator's (I5): the other
+    # incarnation's leftovers stay, and the report says where.
+    alone = set(report.left_alone)
     problems += [
         f"leaked {p}"
         for p in sorted(place.snapshot())
-        if not p.startswith(SAVEPOINTS) and p not in refs
+        if not p.startswith(SAVEPOINTS) and p not in refs and p.split("/", 1)[0] not in alone
     ]
+    other = "job-0" if crashed == "job-1" else "job-1"
+    if any(p.startswith(other + "/") for p in files) and other not in alone:
+        problems.append(f"{other} holds files but is not in report.left_alone {report.left_alone}")
     store.close()
     return problems
 
