@@ -32,7 +32,7 @@ from fastimpl.cluster import Cluster
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.records import Status
 from fastimpl.recovery import RecoveryReport, recover
-from fastimpl.storage import OBJECT_STORES, DeleteFailure
+from fastimpl.storage import DeleteFailure, open_files_readable
 from fastimpl.trace import CommandTrace
 from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, StateKind
@@ -40,11 +40,6 @@ from spec.handles import SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.invariants import Violation, check_all
 from spec.observation import Observation, RetainedView
-
-
-def _protocol(fs: Any) -> str:
-    p = fs.protocol
-    return str(p if isinstance(p, str) else p[0])
 
 
 class CheckpointStore:
@@ -197,12 +192,14 @@ class CheckpointStore:
 
 
 def _refuse_unreadable_open_files(fs: Any, config: Config) -> None:
-    """R16: ACROSS merging on an object store would lose data: refuse it before any I/O.
+    """R16: ACROSS merging where open files are not readable would lose data: refuse it
+    before any I/O. The answer comes from the storage that finally holds the bytes,
+    through any wrappers (an unknown wrapper is refused: ``UnknownWrapperError``).
 
-    ``Config`` refuses ACROSS when told the store hides open files; an object store
-    always does, so check again with that fact.
+    ``Config`` refuses ACROSS when told the store hides open files; check again with
+    what the file system says.
     """
-    if _protocol(fs) in OBJECT_STORES and config.open_files_readable:
+    if config.open_files_readable and not open_files_readable(fs):
         attrs.evolve(config, open_files_readable=False)
 
 

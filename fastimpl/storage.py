@@ -46,6 +46,70 @@ _BATCH = 1000
 
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "adl", "oss"})
 """Protocols whose objects appear only once closed: ACROSS merging is refused there."""
+READABLE_STORES = frozenset({"file", "local", "memory", "hdfs", "arrow_hdfs"})
+"""Protocols whose flushed bytes of an open file are readable (and durable) at once.
+A store named in neither set is taken to hide open files: the safe guess (R16)."""
+
+
+class UnknownWrapperError(ValueError):
+    """A file system wraps another one in a way the store does not know (issue 14): where
+    its bytes end up, and when, cannot be told, so it is refused rather than guessed."""
+
+
+def _protocol_names(fs: Any) -> tuple[str, ...]:
+    p = fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)
+
+
+def _wrapped(fs: Any) -> list[Any]:
+    """The file systems ``fs`` holds as attributes: a wrapper passes calls on to them."""
+    from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
+
+    held = [v for v in vars(fs).values() if isinstance(v, AbstractFileSystem) and v is not fs]
+    options = getattr(fs, "storage_options", None) or {}
+    if not held and isinstance(options, dict) and "target_protocol" in options:
+        held.append(options["target_protocol"])  # a target named but not held
+    return held
+
+
+def open_files_readable(fs: Any) -> bool:
+    """R16, decided by the storage that finally holds the bytes (issue 14): whether the
+    flushed bytes of a file still open for writing are readable and durable there.
+
+    Walks a chain of fsspec wrappers (chained URLs such as ``simplecache::s3://``,
+    ``DirFileSystem.fs``, a cache's ``fs``/``target_protocol``). A file system may state
+    the answer itself with a boolean ``open_files_readable`` attribute (a wrapper that
+    knows what it does); a wrapper that does not, and that the store does not know,
+    raises ``UnknownWrapperError``: a wrong "readable" would let ACROSS merging name bytes
+    that never reached the store, and a wrong guess either way is not ours to make.
+    """
+    from fsspec.implementations.cached import CachingFileSystem  # type: ignore[import-untyped]
+    from fsspec.implementations.dirfs import DirFileSystem  # type: ignore[import-untyped]
+
+    declared = getattr(fs, "open_files_readable", None)
+    if isinstance(declared, bool):
+        return declared
+    names = _protocol_names(fs)
+    if OBJECT_STORES.intersection(names):
+        return False
+    if isinstance(fs, CachingFileSystem):
+        # simplecache/filecache write to a local copy and upload it at close; blockcache
+        # writes through but serves reads from cached blocks, stale while a file grows.
+        # Either way a reader does not see an open file's flushed bytes where they end up.
+        return False
+    if isinstance(fs, DirFileSystem):
+        return open_files_readable(fs.fs)
+    inner = _wrapped(fs)
+    if inner:
+        kind = f"{type(fs).__module__}.{type(fs).__qualname__}"
+        raise UnknownWrapperError(
+            f"file system {kind} (protocol {'/'.join(names)}) wraps another one the store"
+            " cannot see through: whether an open file's flushed bytes reach the storage"
+            " that holds them is unknown (R16); unwrap it, or give its class a boolean"
+            " open_files_readable attribute saying so"
+        )
+    return bool(READABLE_STORES.intersection(names))
+
 
 log = logging.getLogger("fastimpl.storage")
 
@@ -164,8 +228,9 @@ class Storage:
         local_os = getattr(fs, "local_os", None)
         self.os: LocalOS = local_os if isinstance(local_os, LocalOS) else LocalOS()
         """The OS calls of the local path (the file system's ``local_os`` if it has one)."""
-        self.open_files_readable = protocol not in OBJECT_STORES
-        """Whether flushed bytes of an open file are readable (not on object stores, R16)."""
+        self.open_files_readable = open_files_readable(fs)
+        """Whether flushed bytes of an open file are readable where they end up (not on
+        object stores, nor through a cache that uploads at close, R16)."""
         # fsspec's memory file system iterates a shared dict when it lists or deletes
         # recursively; a lock keeps the deleter thread from racing the writer there.
         self._fs_lock: threading.Lock | None = threading.Lock() if protocol == "memory" else None

@@ -216,6 +216,13 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if local_root is not None:
             self.local_os = FaultyOS(self, local_root)
 
+    @property
+    def open_files_readable(self) -> bool:
+        """What this wrapper does with an open file's flushed bytes (it passes them on to
+        ``inner`` at once unless it plays an object store): ``fastimpl.storage`` asks a
+        wrapper this instead of guessing (R16, issue 14)."""
+        return not self.object_store
+
     # ------------------------------------------------------------------ paths
 
     @classmethod
