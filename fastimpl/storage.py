@@ -30,6 +30,7 @@ import errno
 import logging
 import os
 import shutil
+import stat
 import threading
 import time
 from collections import deque
@@ -134,6 +135,36 @@ class ReadFault(StorageFault, ValueError):
         self.args = (message,)
 
 
+class UnsafePathError(OSError):
+    """A path of the store's tree leads through a symbolic link, or names a special file
+    (FIFO, device, socket) where a regular file belongs (issue 14). The store never
+    creates either, so one is a hand-made change: it is refused, never followed, read
+    or deleted through. An ``OSError``, so that every caller handles it as the failed
+    storage call it is (a ``ReadFault``, a ``MetadataError``, a delete kept failing)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(errno.ELOOP, message, path)
+        self.args = (message,)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 class DeleteFailure:
     """A delete that failed ``attempts`` times in a row; kept until a retry succeeds."""
 
@@ -188,6 +219,13 @@ class LocalOS:
     def isdir(self, path: str) -> bool:
         return os.path.isdir(path)
 
+    def lstat(self, path: str) -> os.stat_result:
+        """The status of ``path`` itself: a symbolic link is not followed."""
+        return os.lstat(path)
+
+    def readlink(self, path: str) -> str:
+        return os.readlink(path)
+
     def mkdir(self, path: str) -> None:
         os.mkdir(path)
 
@@ -208,6 +246,23 @@ class LocalOS:
             return list(it)
 
 
+def _through_local_dirfs(fs: Any, root: str) -> tuple[Any, str]:
+    """``dir::`` over a local disk is that disk under a longer root: unwrapped, so that
+    its calls take the local path (its syncs, and its refusal of links, issue 14)."""
+    from fsspec.implementations.dirfs import DirFileSystem
+    from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
+
+    inner = fs
+    while isinstance(inner, DirFileSystem):
+        inner = inner.fs
+    if inner is fs or not isinstance(inner, LocalFileSystem):
+        return fs, root
+    while isinstance(fs, DirFileSystem):
+        root = fs._join(root) if root else fs.path
+        fs = fs.fs
+    return fs, root
+
+
 class Storage:
     """Performs the effects of the store on a real file system."""
 
@@ -220,6 +275,7 @@ class Storage:
         delete_attempts: int = 3,
         retry_backoff: float = 0.05,
     ) -> None:
+        fs, root = _through_local_dirfs(fs, root)
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/") if root else ""
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
@@ -265,6 +321,53 @@ class Storage:
             return self.root
         return f"{self.root}/{path}" if self.root else path
 
+    # ------------------------------------------------------------------ links (issue 14)
+
+    def _check_tree(self, path: str, leaf: str) -> None:
+        """On a local disk, refuse (``UnsafePathError``) a symbolic link among the
+        components of ``path`` below the root; ``leaf`` says what ``path`` itself may be:
+
+        - ``"file"``: a regular file (a read: a FIFO, device or socket is refused before
+          anything opens it, so nothing blocks on one);
+        - ``"dir"``: a directory or nothing yet, never a link (a directory made or reused);
+        - ``"any"``: anything (a create or rename replaces it; a delete removes a link
+          itself, never its target): only the directories above it are checked.
+
+        Every link is refused, one whose target is inside the base too: the store never
+        makes one, so a link is a hand-made change, and one inside would give a file two
+        names (two owners, a double delete). The root and the directories above it are
+        the user's choice of where the base lives, and may be links. A component that
+        does not exist ends the check: nothing below it exists to be followed.
+        """
+        if not self._local or not path:
+            return
+        parts = path.split("/")
+        last = len(parts) - 1
+        checked = len(parts) if leaf in ("file", "dir") else last
+        for i in range(checked):
+            rel = "/".join(parts[: i + 1])
+            full = self.full(rel)
+            try:
+                mode = self.os.lstat(full).st_mode
+            except FileNotFoundError:
+                if leaf == "file":
+                    raise
+                return
+            if stat.S_ISLNK(mode):
+                try:
+                    target = f" to {self.os.readlink(full)!r}"
+                except OSError:
+                    target = ""
+                raise UnsafePathError(
+                    path,
+                    f"{path}: {rel} is a symbolic link{target}; the store never follows a"
+                    " link in its tree (nothing was read, written or deleted through it)",
+                )
+            if i == last and leaf == "file" and not stat.S_ISREG(mode):
+                raise UnsafePathError(
+                    path, f"{path} is {_kind_of(mode)} where a regular file belongs: not opened"
+                )
+
     # ------------------------------------------------------------------ faults
 
     def arm(self, op: StorageOp) -> None:
@@ -286,6 +389,7 @@ class Storage:
     def mkdir(self, path: str) -> None:
         self._wait_for_deletes_under(path)
         try:
+            self._check_tree(path, "dir")
             self._makedirs(self.full(path))
         except Exception as err:
             raise self._failed(StorageFault(StorageOp.CREATE, path, err)) from err
@@ -335,6 +439,7 @@ class Storage:
         parent = full.rsplit("/", 1)[0]
         f: IO[bytes] | None = None
         try:
+            self._check_tree(path, "any")
             self._makedirs(parent)
             if self._local:
                 f = self.os.open(full)
@@ -416,6 +521,7 @@ class Storage:
         full = self.full(path)
         parent = full.rsplit("/", 1)[0]
         try:
+            self._check_tree(path, "any")
             self._makedirs(parent)
             if self._local:
                 tmp = full + ".inprogress"
@@ -450,11 +556,14 @@ class Storage:
         full = self.full(path)
         try:
             if self._local:
+                self._check_tree(path, "any")
                 self.os.remove(full)
             else:
                 self.fs.rm_file(full)
         except FileNotFoundError:
             pass
+        except UnsafePathError as err:
+            log.warning("not removing %s after a failed write: %s", path, err)
         except Exception as err:
             log.warning("removing %s after a failed write failed: %r", path, err)
             self.failed_deletes[path] = DeleteFailure(path, False, err, 1)
@@ -467,9 +576,12 @@ class Storage:
         Only reads: a corrupt, truncated, missing or foreign file is reported, never deleted.
         """
         try:
+            self._check_tree(path, "file")
             data = bytes(self.fs.cat_file(self.full(path)))
         except FileNotFoundError as err:
             raise MetadataError(path, "file", "does not exist") from err
+        except UnsafePathError as err:
+            raise MetadataError(path, "file", f"refused: {err}") from err
         except Exception as err:
             raise MetadataError(path, "file", f"cannot be read: {err!r}") from err
         meta = decode(data, expected_job=expected_job, source=path)
@@ -481,6 +593,7 @@ class Storage:
         short file raises ``ReadFault`` (a ``StorageFault``: a re-upload that cannot read
         the old bytes declines, R17)."""
         try:
+            self._check_tree(path, "file")
             data = bytes(self.fs.cat_file(self.full(path), start=offset, end=offset + length))
         except Exception as err:
             why = f"{type(err).__name__}: {err}"
@@ -573,6 +686,7 @@ class Storage:
     def _prune(self, dirs: tuple[str, ...]) -> None:
         for d in dirs:
             try:
+                self._check_tree(d, "dir")
                 self.os.rmdir(self.full(d))
             except OSError:
                 return  # not empty (or already gone): its parents are not empty either
@@ -677,7 +791,13 @@ class Storage:
             for path, is_dir in batch:
                 full = self.full(path)
                 try:
-                    if is_dir:
+                    self._check_tree(path, "any")
+                    if is_dir and stat.S_ISLNK(self.os.lstat(full).st_mode):
+                        # A managed directory replaced by a link: its name goes, the
+                        # link's target is not the store's and is never descended into.
+                        log.warning("%s is a symbolic link: removing the link only", path)
+                        self.os.remove(full)
+                    elif is_dir:
                         self.os.rmtree(full)
                     else:
                         self.os.remove(full)
