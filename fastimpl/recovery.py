@@ -42,6 +42,7 @@ from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
 from spec.effects import COORDINATOR, USER
 from spec.handles import stream_of
+from spec.keygroups import max_parallelism_refusal
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
 
 _JOB = re.compile(r"^(.*?)-(\d+)$")
@@ -119,15 +120,22 @@ def recover(
         meta = reader.read_metadata(path, expected_job=job)
         if meta.checkpoint != cid or meta.savepoint:
             raise MetadataError(path, "checkpoint", f"names checkpoint {meta.checkpoint}")
-        completed.append(Completed(cid, job, False, meta.entries, meta.directories, path))
+        completed.append(
+            Completed(cid, job, False, meta.entries, meta.directories, path, meta.max_parallelism)
+        )
     keep = completed[-config.num_retained :] if completed else []
     for done in keep:
         _check_bytes(done, files)
+        why = max_parallelism_refusal(done.max_parallelism, config.max_parallelism, done.entries)
+        if why is not None:  # R77, before anything changes
+            raise RecoveryError(f"{done.metadata}: {why}; nothing was deleted")
     sp_metas = _numbered(rf"{SAVEPOINTS}/savepoint-(\d+)/{METADATA}", files)
     savepoints: dict[int, Completed] = {}
     for sid, path in sorted(sp_metas.items()):
         meta = reader.read_metadata(path)
-        savepoints[sid] = Completed(sid, meta.job, True, meta.entries, meta.directories, path)
+        savepoints[sid] = Completed(
+            sid, meta.job, True, meta.entries, meta.directories, path, meta.max_parallelism
+        )
     sp_dirs = {m.group(1) for p in files if (m := re.match(rf"({SAVEPOINTS}/savepoint-\d+)/", p))}
     interrupted = sorted(d for d in sp_dirs if f"{d}/{METADATA}" not in files)
 
