@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import shutil
 import stat
 import threading
@@ -38,8 +39,10 @@ from typing import IO, Any
 
 from fastimpl.metadata import Metadata, MetadataError, check_named, decode
 from spec.commands import StorageOp
-from spec.layout import is_under
+from spec.layout import SAVEPOINTS, is_under
 
+_JOB_NAME = re.compile(r"job-(\d+)")
+_SAVEPOINT_NAME = re.compile(r"savepoint-(\d+)")
 _ZEROS = memoryview(bytes(4 << 20))
 """Zero bytes for appends given as a length: slices of one buffer, no copies."""
 _BATCH = 1000
@@ -165,6 +168,21 @@ def _kind_of(mode: int) -> str:
     return "not a regular file"
 
 
+WRITER_LEASE = "_writer"
+"""The file at the root naming the one store that may write there (issue 14): written
+when a store opens a base, checked before every ``_metadata`` write and every delete, so a
+store another one has taken the base from (a recovery, a second run) stops changing it."""
+
+
+class FencedError(StorageFault):
+    """Another store has taken this base over (its lease replaced ours): this store may no
+    longer write metadata or delete anything there."""
+
+    def __init__(self, op: StorageOp, path: str, detail: str) -> None:
+        super().__init__(op, path)
+        self.args = (f"{op.value} {path} refused: {detail}",)
+
+
 class DeleteFailure:
     """A delete that failed ``attempts`` times in a row; kept until a retry succeeds."""
 
@@ -218,6 +236,16 @@ class LocalOS:
 
     def isdir(self, path: str) -> bool:
         return os.path.isdir(path)
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        """Create ``path`` holding ``data`` (synced), failing with ``FileExistsError``
+        if it exists: ``O_EXCL`` makes the check and the creation one step."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def lstat(self, path: str) -> os.stat_result:
         """The status of ``path`` itself: a symbolic link is not followed."""
@@ -312,6 +340,9 @@ class Storage:
         self.delete_calls = 0
         self._unsynced_dirs: set[str] = set()
         """Local disk: directories holding a name made here whose sync has not succeeded."""
+        self.lease: bytes | None = None
+        """This store's token in ``WRITER_LEASE`` (``None``: no lease is kept or checked,
+        e.g. the model-driven ``Cluster`` of the lockstep tests)."""
         self.deleter_died: BaseException | None = None
         """What ended the deleter thread abnormally (not an ``Exception``: those are
         retried and reported), e.g. the process dying: ``drain`` raises it."""
@@ -367,6 +398,78 @@ class Storage:
                 raise UnsafePathError(
                     path, f"{path} is {_kind_of(mode)} where a regular file belongs: not opened"
                 )
+
+    # ------------------------------------------------------------------ the base's owner
+
+    def existing(self) -> tuple[list[int], list[int], bool]:
+        """What the base holds already: the numbers of its ``job-<n>`` entries, of its
+        ``savepoints/savepoint-<n>`` entries, and whether a writer lease is there."""
+        jobs: list[int] = []
+        sps: list[int] = []
+        names = self._names(self.root)
+        for name in names:
+            m = _JOB_NAME.fullmatch(name)
+            if m:
+                jobs.append(int(m.group(1)))
+        if SAVEPOINTS in names:
+            for name in self._names(self.full(SAVEPOINTS)):
+                m = _SAVEPOINT_NAME.fullmatch(name)
+                if m:
+                    sps.append(int(m.group(1)))
+        return sorted(jobs), sorted(sps), WRITER_LEASE in names
+
+    def _names(self, full: str) -> set[str]:
+        try:
+            if self._local:
+                return {e.name for e in self.os.scandir(full or "/")}
+            listed = self.fs.ls(full or "/", detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+        return {str(p).rstrip("/").rsplit("/", 1)[-1] for p in listed}
+
+    def take_lease(self, token: bytes, *, exclusive: bool) -> bool:
+        """Write this store's token into ``WRITER_LEASE``; ``exclusive``: only if no lease
+        is there (atomically where the store can: ``O_EXCL`` on a local disk, a
+        conditional PUT on S3). False if ``exclusive`` and a lease was there."""
+        full = self.full(WRITER_LEASE)
+        try:
+            if self._local:
+                self._makedirs(self.root or "/")
+                self._check_tree(WRITER_LEASE, "any")
+                if exclusive:
+                    self.os.create_exclusive(full, token)
+                else:
+                    tmp = full + ".inprogress"
+                    with self.os.open(tmp) as f:
+                        f.write(token)
+                        f.flush()
+                        self.os.fsync(f)
+                    self.os.replace(tmp, full)
+                self.os.fsync_dir(self.root or "/")
+            else:
+                self.fs.pipe_file(full, token, mode="create" if exclusive else "overwrite")
+        except FileExistsError:
+            return False
+        self.lease = token
+        return True
+
+    def check_lease(self, op: StorageOp, path: str) -> None:
+        """Raise ``FencedError`` unless ``WRITER_LEASE`` still holds this store's token."""
+        if self.lease is None:
+            return
+        try:
+            held = bytes(self.fs.cat_file(self.full(WRITER_LEASE)))
+        except FileNotFoundError:
+            held = b""
+        except Exception as err:
+            raise StorageFault(op, path, err) from err
+        if held != self.lease:
+            raise FencedError(
+                op,
+                path,
+                f"another store has taken the base over ({WRITER_LEASE} holds"
+                f" {held[:80]!r}, this store's lease was {self.lease[:80]!r})",
+            )
 
     # ------------------------------------------------------------------ faults
 
@@ -518,6 +621,7 @@ class Storage:
         is atomic already: the object appears whole or not.
         """
         self.fire(StorageOp.METADATA, path)
+        self.check_lease(StorageOp.METADATA, path)
         full = self.full(path)
         parent = full.rsplit("/", 1)[0]
         try:
@@ -630,6 +734,7 @@ class Storage:
             p = p if isinstance(p, str) else str(p)
             rel = p[len(prefix) :] if p.startswith(prefix) else p.lstrip("/")
             out[rel] = int(info["size"])
+        out.pop(WRITER_LEASE, None)  # the store's own lease, not checkpoint data
         return out
 
     def _list_local(self) -> dict[str, int]:
@@ -653,7 +758,35 @@ class Storage:
                         out[name] = e.stat(follow_symlinks=False).st_size
                 except FileNotFoundError:
                     continue
+        out.pop(WRITER_LEASE, None)  # the store's own lease, not checkpoint data
         return out
+
+    def files_under(self, path: str) -> set[str]:
+        """Every file below directory ``path`` now (queued deletes done first), by path
+        relative to the root; links and what they point at are not followed."""
+        self.drain()
+        if self._local:
+            out: set[str] = set()
+            stack = [path]
+            while stack:
+                d = stack.pop()
+                try:
+                    entries = self.os.scandir(self.full(d))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                for e in entries:
+                    rel = f"{d}/{e.name}"
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(rel)
+                    else:
+                        out.add(rel)  # a file, a link or a special file: not ours to delete
+            return out
+        prefix = self.root + "/" if self.root else ""
+        try:
+            found = self.fs.find(self.full(path))
+        except FileNotFoundError:
+            return set()
+        return {str(p)[len(prefix) :] if str(p).startswith(prefix) else str(p) for p in found}
 
     def exists_dir(self, path: str) -> bool:
         self.drain()
@@ -786,6 +919,7 @@ class Storage:
 
     def _delete_now(self, batch: list[tuple[str, bool]]) -> None:
         """One attempt at deleting ``batch``; a path already gone counts as deleted."""
+        self.check_lease(StorageOp.DELETE, batch[0][0] if batch else "")
         self.delete_calls += 1
         if self._local:
             for path, is_dir in batch:
