@@ -122,12 +122,11 @@ class CheckpointStore:
         """Continue a job whose process died, from what storage holds (see ``recovery``)."""
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         _refuse_unreadable_open_files(fs, config)
-        # The recovery takes the base over first: a writer still running there (a zombie
-        # of the crashed job) is fenced before anything is read, claimed or deleted.
-        token = _lease_token()
-        Storage(fs, root, background_deletes=False).take_lease(token, exclusive=False)
-        cluster, report = recover(config, job, fs, root, job=crashed_job, ids=ids or RandomIds())
-        cluster.storage.lease = token
+        # The recovery takes the base over (``lease``) before its first delete: a writer
+        # still running there (a zombie of the crashed job) is fenced from then on.
+        cluster, report = recover(
+            config, job, fs, root, job=crashed_job, ids=ids or RandomIds(), lease=_lease_token()
+        )
         return cls(url, config, job, storage_options=storage_options, _cluster=cluster), report
 
     # ------------------------------------------------------------------ the job

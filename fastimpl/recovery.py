@@ -108,8 +108,13 @@ def recover(
     job: str = "job-0",
     ids: IdSource | None = None,
     background_deletes: bool = True,
+    lease: bytes | None = None,
 ) -> tuple[Cluster, RecoveryReport]:
-    """A running store that continues the crashed ``job`` from what storage holds."""
+    """A running store that continues the crashed ``job`` from what storage holds.
+
+    ``lease``: take the base over with this token (issue 14) once everything is read and
+    validated and before the first delete, so that a writer still running there is fenced
+    before its files are claimed or collected, and a refused recovery changes nothing."""
     reader = Storage(fs, root, background_deletes=False)
     files = reader.list_files()
     esc = re.escape(job)
@@ -193,6 +198,9 @@ def recover(
         for rec in cl.tms.values():
             rec.status = Status.ALIVE
         cl.running = True
+    if lease is not None:
+        reader.take_lease(lease, exclusive=False)
+        cl.storage.lease = lease
     # Garbage of the dead incarnation: whatever no kept checkpoint refers to.
     referenced: set[str] = set()
     kept_dirs: set[str] = set()

@@ -12,17 +12,26 @@ each with a deletion record. Local files, ``memory://`` (every merging mode) and
 moto (WITHIN; ACROSS is refused there, R16).
 """
 
+# ruff: noqa: F811 (pytest fixtures imported above are test parameters of the same name)
+
 from __future__ import annotations
 
 import pytest
 
 from fastimpl import BaseInUseError, CheckpointStore, FencedError
 from model_tests.faultyfs import Place, payload
-from model_tests.test_bad_input import JOB, KS, OP, Listing, _listing, _options
-from model_tests.test_bad_input import mode as _mode_fixture  # noqa: F401
-from model_tests.test_bad_input import place as _place_fixture  # noqa: F401
-from model_tests.test_bad_input import setting as _setting_fixture  # noqa: F401
-from model_tests.test_lockstep import s3_endpoint as _s3_fixture  # noqa: F401
+from model_tests.test_bad_input import (
+    JOB,
+    KS,
+    OP,
+    Listing,
+    _listing,
+    _options,
+    mode,  # noqa: F401
+    place,  # noqa: F401
+    setting,  # noqa: F401
+)
+from model_tests.test_lockstep import s3_endpoint  # noqa: F401
 from spec.config import Config, MergingMode
 from spec.layout import job_base
 

@@ -10,6 +10,8 @@ recorded value is bad metadata. Local files and ``memory://`` in every merging m
 (moto) in WITHIN (ACROSS is refused there, R16; see ``test_bad_input``).
 """
 
+# ruff: noqa: F811 (pytest fixtures imported above are test parameters of the same name)
+
 from __future__ import annotations
 
 import pytest
@@ -17,11 +19,19 @@ import pytest
 from fastimpl import CheckpointStore, MetadataError, RecoveryError
 from fastimpl.metadata import decode, encode
 from model_tests.faultyfs import Ledger, Place, payload
-from model_tests.test_bad_input import JOB, KS, META, _listing, _options, _reseal, _unchanged
-from model_tests.test_bad_input import mode as _mode_fixture  # noqa: F401
-from model_tests.test_bad_input import place as _place_fixture  # noqa: F401
-from model_tests.test_bad_input import setting as _setting_fixture  # noqa: F401
-from model_tests.test_lockstep import s3_endpoint as _s3_fixture  # noqa: F401
+from model_tests.test_bad_input import (
+    JOB,
+    KS,
+    META,
+    _listing,
+    _options,
+    _reseal,
+    _unchanged,
+    mode,  # noqa: F401
+    place,  # noqa: F401
+    setting,  # noqa: F401
+)
+from model_tests.test_lockstep import s3_endpoint  # noqa: F401
 from spec.config import Config, MergingMode
 from spec.errors import CommandError, Reason
 
