@@ -8,6 +8,7 @@ drive it beside the model.
 """
 
 from fastimpl.api import (
+    BaseInUseError,
     CheckpointStore,
     CheckpointStream,
     Coordinator,
@@ -18,10 +19,18 @@ from fastimpl.cluster import Cluster
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.metadata import MetadataError
 from fastimpl.recovery import RecoveryError, RecoveryReport, recover
-from fastimpl.storage import DeleteFailure, Storage, StorageFault
+from fastimpl.storage import (
+    DeleteFailure,
+    FencedError,
+    Storage,
+    StorageFault,
+    UnknownWrapperError,
+    UnsafePathError,
+)
 from fastimpl.trace import CommandTrace
 
 __all__ = [
+    "BaseInUseError",
     "CheckpointStore",
     "CheckpointStream",
     "Cluster",
@@ -29,6 +38,7 @@ __all__ = [
     "Coordinator",
     "CounterIds",
     "DeleteFailure",
+    "FencedError",
     "FileMergingManager",
     "IdSource",
     "ManagerClosedError",
@@ -38,5 +48,7 @@ __all__ = [
     "RecoveryReport",
     "Storage",
     "StorageFault",
+    "UnknownWrapperError",
+    "UnsafePathError",
     "recover",
 ]

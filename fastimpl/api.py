@@ -18,33 +18,52 @@ failing.
 from __future__ import annotations
 
 import io
+import os
+import socket
 import threading
+import time
+import uuid
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import fsspec  # type: ignore[import-untyped]
 
 from fastimpl.cluster import Cluster
 from fastimpl.ids import IdSource, RandomIds
-from fastimpl.records import Status
+from fastimpl.records import Status, StoredFile
 from fastimpl.recovery import RecoveryReport, recover
-from fastimpl.storage import OBJECT_STORES, DeleteFailure
+from fastimpl.storage import WRITER_LEASE, DeleteFailure, Storage, open_files_readable
 from fastimpl.trace import CommandTrace
 from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, StateKind
+from spec.effects import USER
 from spec.handles import SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.invariants import Violation, check_all
 from spec.observation import Observation, RetainedView
 
+OnExisting = Literal["refuse", "fresh-id"]
+"""What a new store does on a base that holds a job already (issue 14): ``"refuse"``
+(the default) raises ``BaseInUseError``; ``"fresh-id"`` starts a new job beside the old
+ones, under a job id and checkpoint ids none of them used, and takes the base over.
+Continuing a job that was there is ``CheckpointStore.recover``."""
 
-def _protocol(fs: Any) -> str:
-    p = fs.protocol
-    return str(p if isinstance(p, str) else p[0])
+
+class BaseInUseError(ValueError):
+    """The base holds another job's files (or another store's lease): a new store there
+    would overwrite or delete them. Nothing was written."""
+
+
+def _lease_token() -> bytes:
+    """A token no other store holds, with what a person needs to find its owner."""
+    return (
+        f"{uuid.uuid4().hex} host={socket.gethostname()} pid={os.getpid()}"
+        f" since={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
+    ).encode()
 
 
 class CheckpointStore:
@@ -52,6 +71,15 @@ class CheckpointStore:
 
     ``url`` is any fsspec URL (a local path, ``memory://...``, ``s3://bucket/prefix``);
     ``storage_options`` go to the file system (e.g. ``client_kwargs``, ``key``).
+
+    One store writes a base at a time. Opening one on a base that holds a job (a
+    ``job-<n>`` or a savepoint) is refused unless ``on_existing="fresh-id"`` says to start
+    a new job beside it (see ``OnExisting``); a silent continuation would overwrite the old
+    job's ``_metadata`` and delete its retained checkpoints. The store writes a lease
+    (``_writer`` at the root) when it opens the base and checks it before every
+    ``_metadata`` write and every delete: once another store takes the base over (a
+    ``fresh-id`` open, a ``recover``), this one fails those calls with ``FencedError``
+    (a checkpoint it completes is aborted, R51) instead of destroying the other's files.
     """
 
     def __init__(
@@ -64,14 +92,17 @@ class CheckpointStore:
         background_deletes: bool = True,
         storage_options: Mapping[str, Any] | None = None,
         trace: CommandTrace | None = None,
+        on_existing: OnExisting = "refuse",
         _cluster: Cluster | None = None,
     ) -> None:
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         _refuse_unreadable_open_files(fs, config)
         self._lock = threading.RLock()
-        self._cluster = _cluster or Cluster(
-            config, job, fs, root, ids or RandomIds(), background_deletes=background_deletes
-        )
+        if _cluster is None:
+            _cluster = _open_base(
+                url, config, job, fs, root, ids or RandomIds(), background_deletes, on_existing
+            )
+        self._cluster = _cluster
         self._cluster.copy_bytes = True
         if trace is not None:  # every command from here on, as NDJSON (fastimpl.trace)
             self._cluster.start_trace(trace)
@@ -91,7 +122,11 @@ class CheckpointStore:
         """Continue a job whose process died, from what storage holds (see ``recovery``)."""
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         _refuse_unreadable_open_files(fs, config)
-        cluster, report = recover(config, job, fs, root, job=crashed_job, ids=ids or RandomIds())
+        # The recovery takes the base over (``lease``) before its first delete: a writer
+        # still running there (a zombie of the crashed job) is fenced from then on.
+        cluster, report = recover(
+            config, job, fs, root, job=crashed_job, ids=ids or RandomIds(), lease=_lease_token()
+        )
         return cls(url, config, job, storage_options=storage_options, _cluster=cluster), report
 
     # ------------------------------------------------------------------ the job
@@ -205,13 +240,64 @@ class CheckpointStore:
             self._cluster.apply(cmd)
 
 
-def _refuse_unreadable_open_files(fs: Any, config: Config) -> None:
-    """R16: ACROSS merging on an object store would lose data: refuse it before any I/O.
+def _open_base(
+    url: str,
+    config: Config,
+    job: JobSpec,
+    fs: Any,
+    root: str,
+    ids: IdSource,
+    background_deletes: bool,
+    on_existing: OnExisting,
+) -> Cluster:
+    """A new job's store on ``url``, after deciding what to do with what the base holds
+    (``OnExisting``) and taking the base's lease."""
+    if on_existing not in ("refuse", "fresh-id"):
+        raise ValueError(f"on_existing must be 'refuse' or 'fresh-id', not {on_existing!r}")
+    probe = Storage(fs, root, background_deletes=False)
+    jobs, savepoints, leased = probe.existing()
+    token = _lease_token()
+    if on_existing == "refuse":
+        if jobs or savepoints or leased:
+            held = [f"job-{n}" for n in jobs] + [f"savepoint-{n}" for n in savepoints]
+            what = ", ".join(held[:10]) + (" ..." if len(held) > 10 else "")
+            lease = f"another store's lease ({WRITER_LEASE})" if leased else ""
+            raise BaseInUseError(
+                f"{url} holds {what or lease}{' and ' + lease if what and lease else ''}:"
+                " a new job there would overwrite or delete it. Pass"
+                " on_existing='fresh-id' to start a new job beside it, or use"
+                " CheckpointStore.recover(...) to continue a job that was there"
+            )
+        if not probe.take_lease(token, exclusive=True):
+            raise BaseInUseError(f"{url}: another store took the base just now ({WRITER_LEASE})")
+    else:
+        probe.take_lease(token, exclusive=False)  # fences any store writing there
+    seq = max(jobs, default=-1) + 1
+    cluster = Cluster(
+        config, job, fs, root, ids, job_id=f"job-{seq}", background_deletes=background_deletes
+    )
+    cluster.job_seq = seq
+    # Savepoint directories are named by checkpoint id: a new job's ids start above them.
+    cluster.next_checkpoint = max(savepoints, default=0) + 1
+    cluster.storage.lease = token
+    if jobs or savepoints:
+        # What the base held is the user's (another run's): recorded as such, so that the
+        # new job's bookkeeping and invariants see it (I3), and a delete of it is caught
+        # as one of a protected file (I5).
+        for path, size in cluster.storage.list_files().items():
+            cluster.files[path] = StoredFile(size, False, USER, None)
+    return cluster
 
-    ``Config`` refuses ACROSS when told the store hides open files; an object store
-    always does, so check again with that fact.
+
+def _refuse_unreadable_open_files(fs: Any, config: Config) -> None:
+    """R16: ACROSS merging where open files are not readable would lose data: refuse it
+    before any I/O. The answer comes from the storage that finally holds the bytes,
+    through any wrappers (an unknown wrapper is refused: ``UnknownWrapperError``).
+
+    ``Config`` refuses ACROSS when told the store hides open files; check again with
+    what the file system says.
     """
-    if _protocol(fs) in OBJECT_STORES and config.open_files_readable:
+    if config.open_files_readable and not open_files_readable(fs):
         attrs.evolve(config, open_files_readable=False)
 
 
@@ -285,23 +371,33 @@ class Coordinator:
         *,
         mode: RestoreMode | None = None,
         parallelism: Mapping[str, int] | None = None,
+        max_parallelism: int | None = None,
     ) -> str:
         """Start a new job from a retained checkpoint or a savepoint; return its id.
 
         ``parallelism`` rescales vertices (key groups and list state are redistributed);
-        ``mode`` defaults to the configured restore mode.
+        ``mode`` defaults to the configured restore mode. ``max_parallelism`` (default:
+        the configured one) must be the one the checkpoint was taken with: any other is
+        refused with ``Reason.MAX_PARALLELISM_CHANGED`` (R77).
         """
         with self._store._lock:
             chosen = mode if mode is not None else self._cl.cfg.restore_mode
             par = tuple(sorted((parallelism or {}).items()))
-            self._cl.apply(c.Restore(checkpoint, par, chosen))
+            self._cl.apply(c.Restore(checkpoint, par, chosen, max_parallelism))
             return self._cl.job
 
     def rescale(
-        self, checkpoint: int, parallelism: Mapping[str, int], *, mode: RestoreMode | None = None
+        self,
+        checkpoint: int,
+        parallelism: Mapping[str, int],
+        *,
+        mode: RestoreMode | None = None,
+        max_parallelism: int | None = None,
     ) -> str:
         """``restore`` with new parallelisms."""
-        return self.restore(checkpoint, mode=mode, parallelism=parallelism)
+        return self.restore(
+            checkpoint, mode=mode, parallelism=parallelism, max_parallelism=max_parallelism
+        )
 
     def failover(self) -> None:
         """Abort pending checkpoints, replace lost TMs, restart subtasks from the latest."""

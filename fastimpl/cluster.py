@@ -52,7 +52,7 @@ from spec.handles import (
     stream_of,
 )
 from spec.ids import SubtaskId, TmId
-from spec.keygroups import key_group_range
+from spec.keygroups import key_group_range, max_parallelism_refusal
 from spec.layout import (
     METADATA,
     SAVEPOINTS,
@@ -66,6 +66,7 @@ from spec.layout import (
 )
 from spec.observation import DeletionRecord, Observation, RegistryView, RetainedView
 
+log = logging.getLogger("fastimpl.cluster")
 _T = TypeVar("_T")
 OutKey = tuple[TmId, SubtaskId, int]
 BackendKey = tuple[TmId, SubtaskId, str]
@@ -462,6 +463,8 @@ class Cluster:
         if waits:
             self._defer(Deferred(actor, path, True, min(w for w in waits if w)))
             return
+        if self.storage.lease is not None and self._holds_unknown_files(path, inside, actor):
+            return
         try:
             self.storage.delete_dir(path, self._prunable_parents(path))
         except StorageFault:
@@ -472,6 +475,37 @@ class Cluster:
         for sub in [x for x in self.dir_owner if is_under(x, path)]:
             del self.dir_owner[sub]
             self.dirs.pop(sub, None)
+
+    def _holds_unknown_files(self, path: str, inside: list[str], actor: str) -> bool:
+        """Issue 14: a recursive delete removes only what the store knows it wrote. If
+        the directory holds a file the store has no record of (another run's, a user's,
+        a link), its known files are deleted one by one, each with its deletion record,
+        and the directory and the unknown files stay (logged). Checked where a store
+        keeps a lease (``CheckpointStore``): the model-driven lockstep store writes alone
+        under a fresh root."""
+        try:
+            on_storage = self.storage.files_under(path)
+        except Exception as err:  # cannot tell: keep everything, retry later (R45)
+            log.warning("listing %s before deleting it failed: %r", path, err)
+            self._defer(Deferred(actor, path, True, None))
+            return True
+        unknown = sorted(on_storage - set(inside))
+        if not unknown:
+            return False
+        log.warning(
+            "not deleting directory %s: it holds %d file(s) the store did not write (%s);"
+            " deleting only the store's own",
+            path,
+            len(unknown),
+            ", ".join(unknown[:5]),
+        )
+        for p in inside:
+            if p in self.files:
+                self._delete_file(p, actor)
+        for sub in [x for x in self.dir_owner if is_under(x, path)]:
+            del self.dir_owner[sub]
+            self.dirs.pop(sub, None)
+        return True
 
     def _retry_deletes(self) -> None:
         """R45: retry deletes that failed; a delete that fails again stays queued."""
@@ -864,12 +898,25 @@ class Cluster:
             else metadata_path(self.job, cmd.checkpoint)
         )
         done = Completed(
-            cmd.checkpoint, self.job, p.savepoint, tuple(entries), tuple(directories), meta
+            cmd.checkpoint,
+            self.job,
+            p.savepoint,
+            tuple(entries),
+            tuple(directories),
+            meta,
+            self.cfg.max_parallelism,
         )
         try:
             self.storage.write_metadata(
                 meta,
-                metadata_bytes(done.id, done.job, done.savepoint, done.entries, done.directories),
+                metadata_bytes(
+                    done.id,
+                    done.job,
+                    done.savepoint,
+                    done.entries,
+                    done.directories,
+                    max_parallelism=done.max_parallelism,  # R77
+                ),
             )
         except StorageFault:
             self._coordinator_abort(cmd.checkpoint)  # R51
@@ -1411,7 +1458,13 @@ class Cluster:
         """
         meta = self.storage.read_metadata(metadata, expected_job=job)
         return Completed(
-            meta.checkpoint, meta.job, meta.savepoint, meta.entries, meta.directories, metadata
+            meta.checkpoint,
+            meta.job,
+            meta.savepoint,
+            meta.entries,
+            meta.directories,
+            metadata,
+            meta.max_parallelism,
         )
 
     def _restart_coordinator(self) -> None:
@@ -1460,6 +1513,7 @@ class Cluster:
             p < 1 or p > self.cfg.max_parallelism for p in new_par.values()
         ):
             raise CommandError(Reason.BAD_ARGUMENT, f"bad parallelism {cmd.parallelism}")
+        self._check_max_parallelism(source, cmd)
         old_vertices = self.vertices
         if self.running:
             self._end_job(retain=True)
@@ -1507,6 +1561,19 @@ class Cluster:
                     if e.kind is StateKind.KEYED_SHARED and isinstance(e.handle, FileHandle):
                         t = self.placement[s]
                         self.backend[(t, s, e.name)] = BackendRef(e, source.id, True)
+
+    def _check_max_parallelism(self, source: Completed, cmd: c.Restore) -> None:
+        """R77: refused unless the new job's max parallelism (the command's, else the
+        configured one) is the one the checkpoint's metadata records."""
+        configured = self.cfg.max_parallelism
+        wanted = configured if cmd.max_parallelism is None else cmd.max_parallelism
+        why = max_parallelism_refusal(source.max_parallelism, wanted, source.entries)
+        if why is None and wanted != configured:
+            why = f"the restore asks for max parallelism {wanted}, the job runs with {configured}"
+        if why is not None:
+            raise CommandError(
+                Reason.MAX_PARALLELISM_CHANGED, f"checkpoint {source.id} ({source.metadata}): {why}"
+            )
 
     @staticmethod
     def _paths_of(done: Completed) -> set[str]:

@@ -3,7 +3,7 @@
 Written atomically by ``Storage.write_metadata``; read back, and validated, by
 ``Storage.read_metadata``. The file is canonical JSON (sorted keys, no spaces, UTF-8)::
 
-    {"format": "ckpt-ownership/metadata", "version": 1,
+    {"format": "ckpt-ownership/metadata", "version": 2,
      "sha256": "<hex digest of the canonical JSON of payload>",
      "payload": {"job": "j", "checkpoint": 3, "savepoint": false,
                  "directories": ["j/taskowned/tm1"],
@@ -12,7 +12,10 @@ Written atomically by ``Storage.write_metadata``; read back, and validated, by
                               "handle": {"type": "segment", "path": "j/shared/v-0-2/f",
                                          "offset": 0, "length": 10, "id": "u1",
                                          "scope": "shared"}}],
-                 "shared_bases": ["j0"]}}
+                 "shared_bases": ["j0"], "max_parallelism": 128}}
+
+Version 2 added ``max_parallelism`` (R77: a checkpoint is restored only with the max
+parallelism it was taken with); a version-1 file, which lacks it, is still read.
 
 Every path is relative to the base directory that contains the job (the storage root, as
 in ``spec.layout``), never absolute and never with ``.``/``..`` components, and lies under
@@ -49,8 +52,12 @@ from spec.ids import SubtaskId
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base, savepoint_dir
 
 MAGIC = "ckpt-ownership/metadata"
-VERSION = 1
-SUPPORTED_VERSIONS = frozenset({VERSION})
+VERSION = 2
+"""Version 2 records the max parallelism the checkpoint was taken with (R77)."""
+SUPPORTED_VERSIONS = frozenset({1, VERSION})
+"""Version 1 (no max parallelism) is still read: R77 then checks key-group ranges."""
+MAX_PARALLELISM_LIMIT = 32768
+"""Flink's upper bound on the max parallelism (``KeyGroupRangeAssignment``)."""
 
 
 class MetadataError(ValueError):
@@ -75,6 +82,8 @@ class Metadata:
     shared_bases: tuple[str, ...] = ()
     """Other bases this checkpoint references (a restored job's predecessor, R95)."""
     version: int = VERSION
+    max_parallelism: int | None = None
+    """R77: the max parallelism the checkpoint was taken with (``None``: version 1)."""
 
 
 # --------------------------------------------------------------------------- paths
@@ -325,8 +334,13 @@ def encode(
     savepoint: bool,
     entries: tuple[StateEntry, ...],
     directories: tuple[str, ...],
+    *,
+    max_parallelism: int | None = None,
 ) -> bytes:
     """The bytes of a completed checkpoint's ``_metadata``.
+
+    ``max_parallelism`` (R77) makes a version-2 file that records it; without it the file
+    is version 1, as written before the record existed (tests build those).
 
     Paths are relative to the job's container (the storage root); one that is absolute,
     has ``..`` or lies outside the job base (or savepoint dir) raises ``MetadataError``.
@@ -338,7 +352,7 @@ def encode(
     shared = tuple(sorted({base_of(p) for p in paths if not any(is_under(p, b) for b in own)}))
     meta = Metadata(job, checkpoint, savepoint, tuple(entries), tuple(directories), shared)
     validate_paths(meta, "<encode>")
-    payload = {
+    payload: dict[str, Any] = {
         "job": job,
         "checkpoint": checkpoint,
         "savepoint": savepoint,
@@ -357,6 +371,9 @@ def encode(
             for e in entries
         ],
     }
+    if max_parallelism is not None:
+        payload["max_parallelism"] = max_parallelism
+    version = 1 if max_parallelism is None else VERSION
     body = _canonical(payload)
     # The canonical document, keys in sorted order, with the payload encoded only once.
     return b"".join(
@@ -368,7 +385,7 @@ def encode(
             b',"sha256":"',
             hashlib.sha256(body).hexdigest().encode("ascii"),
             b'","version":',
-            _canonical(VERSION),
+            _canonical(version),
             b"}\n",
         )
     )
@@ -570,6 +587,18 @@ def _decode(data: bytes, expected_job: str | None, source: str) -> Metadata:
         r.string(b, f"{w}shared_bases[{i}]")
         for i, b in enumerate(r.array(r.get(payload, "shared_bases", w), w + "shared_bases"))
     )
-    meta = Metadata(job, checkpoint, savepoint, entries, directories, shared, version)
+    max_par: int | None = None
+    if version >= 2:
+        max_par = r.integer(r.get(payload, "max_parallelism", w), w + "max_parallelism", 1)
+        if max_par > MAX_PARALLELISM_LIMIT:
+            raise r.fail(w + "max_parallelism", f"{max_par} exceeds {MAX_PARALLELISM_LIMIT}")
+        for i, e in enumerate(entries):
+            if e.key_groups is not None and not 0 <= e.key_groups[0] <= e.key_groups[1] < max_par:
+                raise r.fail(
+                    f"{w}entries[{i}].key_groups",
+                    f"{list(e.key_groups)} lies outside the key groups of max parallelism"
+                    f" {max_par}",
+                )
+    meta = Metadata(job, checkpoint, savepoint, entries, directories, shared, version, max_par)
     validate_paths(meta, source)
     return meta

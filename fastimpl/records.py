@@ -144,7 +144,15 @@ class Pending:
 
 
 class Completed:
-    __slots__ = ("directories", "entries", "id", "job", "metadata", "savepoint")
+    __slots__ = (
+        "directories",
+        "entries",
+        "id",
+        "job",
+        "max_parallelism",
+        "metadata",
+        "savepoint",
+    )
 
     def __init__(
         self,
@@ -154,6 +162,7 @@ class Completed:
         entries: tuple[StateEntry, ...],
         directories: tuple[str, ...],
         metadata: str,
+        max_parallelism: int | None = None,
     ) -> None:
         self.id = cid
         self.job = job
@@ -161,6 +170,8 @@ class Completed:
         self.entries = entries
         self.directories = directories
         self.metadata = metadata
+        self.max_parallelism = max_parallelism
+        """R77: the max parallelism it was taken with (``None``: a version-1 file)."""
 
 
 class RegEntry:

@@ -50,6 +50,7 @@ from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
 from spec.effects import COORDINATOR, USER
 from spec.handles import stream_of
+from spec.keygroups import max_parallelism_refusal
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
 
 _JOB = re.compile(r"^(.*?)-(\d+)$")
@@ -118,8 +119,13 @@ def recover(
     job: str = "job-0",
     ids: IdSource | None = None,
     background_deletes: bool = True,
+    lease: bytes | None = None,
 ) -> tuple[Cluster, RecoveryReport]:
-    """A running store that continues the crashed ``job`` from what storage holds."""
+    """A running store that continues the crashed ``job`` from what storage holds.
+
+    ``lease``: take the base over with this token (issue 14) once everything is read and
+    validated and before the first delete, so that a writer still running there is fenced
+    before its files are claimed or collected, and a refused recovery changes nothing."""
     try:
         check_job(job, "<recover>", "crashed_job")
     except MetadataError as err:
@@ -140,16 +146,23 @@ def recover(
         meta = reader.read_metadata(path, expected_job=job)
         if meta.checkpoint != cid or meta.savepoint:
             raise MetadataError(path, "checkpoint", f"names checkpoint {meta.checkpoint}")
-        completed.append(Completed(cid, job, False, meta.entries, meta.directories, path))
+        completed.append(
+            Completed(cid, job, False, meta.entries, meta.directories, path, meta.max_parallelism)
+        )
     keep = completed[-config.num_retained :] if completed else []
     for done in keep:
         _check_bytes(done, files)
+        why = max_parallelism_refusal(done.max_parallelism, config.max_parallelism, done.entries)
+        if why is not None:  # R77, before anything changes
+            raise RecoveryError(f"{done.metadata}: {why}; nothing was deleted")
     _check_ids(keep)
     sp_metas = _numbered(rf"{SAVEPOINTS}/savepoint-(\d+)/{METADATA}", files)
     savepoints: dict[int, Completed] = {}
     for sid, path in sorted(sp_metas.items()):
         meta = reader.read_metadata(path)
-        savepoints[sid] = Completed(sid, meta.job, True, meta.entries, meta.directories, path)
+        savepoints[sid] = Completed(
+            sid, meta.job, True, meta.entries, meta.directories, path, meta.max_parallelism
+        )
     sp_dirs = {m.group(1) for p in files if (m := re.match(rf"({SAVEPOINTS}/savepoint-\d+)/", p))}
     interrupted = sorted(d for d in sp_dirs if f"{d}/{METADATA}" not in files)
 
@@ -201,6 +214,9 @@ def recover(
         for rec in cl.tms.values():
             rec.status = Status.ALIVE
         cl.running = True
+    if lease is not None:
+        reader.take_lease(lease, exclusive=False)
+        cl.storage.lease = lease
     # Garbage of the dead incarnation: whatever in its own base no kept checkpoint refers to.
     referenced: set[str] = set()
     kept_dirs: set[str] = set()

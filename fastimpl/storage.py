@@ -29,7 +29,9 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import shutil
+import stat
 import threading
 import time
 from collections import deque
@@ -37,8 +39,10 @@ from typing import IO, Any
 
 from fastimpl.metadata import Metadata, MetadataError, check_named, decode
 from spec.commands import StorageOp
-from spec.layout import is_under
+from spec.layout import SAVEPOINTS, is_under
 
+_JOB_NAME = re.compile(r"job-(\d+)")
+_SAVEPOINT_NAME = re.compile(r"savepoint-(\d+)")
 _ZEROS = memoryview(bytes(4 << 20))
 """Zero bytes for appends given as a length: slices of one buffer, no copies."""
 _BATCH = 1000
@@ -46,6 +50,70 @@ _BATCH = 1000
 
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "adl", "oss"})
 """Protocols whose objects appear only once closed: ACROSS merging is refused there."""
+READABLE_STORES = frozenset({"file", "local", "memory", "hdfs", "arrow_hdfs"})
+"""Protocols whose flushed bytes of an open file are readable (and durable) at once.
+A store named in neither set is taken to hide open files: the safe guess (R16)."""
+
+
+class UnknownWrapperError(ValueError):
+    """A file system wraps another one in a way the store does not know (issue 14): where
+    its bytes end up, and when, cannot be told, so it is refused rather than guessed."""
+
+
+def _protocol_names(fs: Any) -> tuple[str, ...]:
+    p = fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)
+
+
+def _wrapped(fs: Any) -> list[Any]:
+    """The file systems ``fs`` holds as attributes: a wrapper passes calls on to them."""
+    from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
+
+    held = [v for v in vars(fs).values() if isinstance(v, AbstractFileSystem) and v is not fs]
+    options = getattr(fs, "storage_options", None) or {}
+    if not held and isinstance(options, dict) and "target_protocol" in options:
+        held.append(options["target_protocol"])  # a target named but not held
+    return held
+
+
+def open_files_readable(fs: Any) -> bool:
+    """R16, decided by the storage that finally holds the bytes (issue 14): whether the
+    flushed bytes of a file still open for writing are readable and durable there.
+
+    Walks a chain of fsspec wrappers (chained URLs such as ``simplecache::s3://``,
+    ``DirFileSystem.fs``, a cache's ``fs``/``target_protocol``). A file system may state
+    the answer itself with a boolean ``open_files_readable`` attribute (a wrapper that
+    knows what it does); a wrapper that does not, and that the store does not know,
+    raises ``UnknownWrapperError``: a wrong "readable" would let ACROSS merging name bytes
+    that never reached the store, and a wrong guess either way is not ours to make.
+    """
+    from fsspec.implementations.cached import CachingFileSystem  # type: ignore[import-untyped]
+    from fsspec.implementations.dirfs import DirFileSystem  # type: ignore[import-untyped]
+
+    declared = getattr(fs, "open_files_readable", None)
+    if isinstance(declared, bool):
+        return declared
+    names = _protocol_names(fs)
+    if OBJECT_STORES.intersection(names):
+        return False
+    if isinstance(fs, CachingFileSystem):
+        # simplecache/filecache write to a local copy and upload it at close; blockcache
+        # writes through but serves reads from cached blocks, stale while a file grows.
+        # Either way a reader does not see an open file's flushed bytes where they end up.
+        return False
+    if isinstance(fs, DirFileSystem):
+        return open_files_readable(fs.fs)
+    inner = _wrapped(fs)
+    if inner:
+        kind = f"{type(fs).__module__}.{type(fs).__qualname__}"
+        raise UnknownWrapperError(
+            f"file system {kind} (protocol {'/'.join(names)}) wraps another one the store"
+            " cannot see through: whether an open file's flushed bytes reach the storage"
+            " that holds them is unknown (R16); unwrap it, or give its class a boolean"
+            " open_files_readable attribute saying so"
+        )
+    return bool(READABLE_STORES.intersection(names))
+
 
 log = logging.getLogger("fastimpl.storage")
 
@@ -68,6 +136,51 @@ class ReadFault(StorageFault, ValueError):
     def __init__(self, path: str, message: str, cause: BaseException | None = None) -> None:
         super().__init__(StorageOp.APPEND, path, cause)
         self.args = (message,)
+
+
+class UnsafePathError(OSError):
+    """A path of the store's tree leads through a symbolic link, or names a special file
+    (FIFO, device, socket) where a regular file belongs (issue 14). The store never
+    creates either, so one is a hand-made change: it is refused, never followed, read
+    or deleted through. An ``OSError``, so that every caller handles it as the failed
+    storage call it is (a ``ReadFault``, a ``MetadataError``, a delete kept failing)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(errno.ELOOP, message, path)
+        self.args = (message,)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+WRITER_LEASE = "_writer"
+"""The file at the root naming the one store that may write there (issue 14): written
+when a store opens a base, checked before every ``_metadata`` write and every delete, so a
+store another one has taken the base from (a recovery, a second run) stops changing it."""
+
+
+class FencedError(StorageFault):
+    """Another store has taken this base over (its lease replaced ours): this store may no
+    longer write metadata or delete anything there."""
+
+    def __init__(self, op: StorageOp, path: str, detail: str) -> None:
+        super().__init__(op, path)
+        self.args = (f"{op.value} {path} refused: {detail}",)
 
 
 class DeleteFailure:
@@ -124,6 +237,23 @@ class LocalOS:
     def isdir(self, path: str) -> bool:
         return os.path.isdir(path)
 
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        """Create ``path`` holding ``data`` (synced), failing with ``FileExistsError``
+        if it exists: ``O_EXCL`` makes the check and the creation one step."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def lstat(self, path: str) -> os.stat_result:
+        """The status of ``path`` itself: a symbolic link is not followed."""
+        return os.lstat(path)
+
+    def readlink(self, path: str) -> str:
+        return os.readlink(path)
+
     def mkdir(self, path: str) -> None:
         os.mkdir(path)
 
@@ -144,6 +274,23 @@ class LocalOS:
             return list(it)
 
 
+def _through_local_dirfs(fs: Any, root: str) -> tuple[Any, str]:
+    """``dir::`` over a local disk is that disk under a longer root: unwrapped, so that
+    its calls take the local path (its syncs, and its refusal of links, issue 14)."""
+    from fsspec.implementations.dirfs import DirFileSystem
+    from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
+
+    inner = fs
+    while isinstance(inner, DirFileSystem):
+        inner = inner.fs
+    if inner is fs or not isinstance(inner, LocalFileSystem):
+        return fs, root
+    while isinstance(fs, DirFileSystem):
+        root = fs._join(root) if root else fs.path
+        fs = fs.fs
+    return fs, root
+
+
 class Storage:
     """Performs the effects of the store on a real file system."""
 
@@ -156,6 +303,7 @@ class Storage:
         delete_attempts: int = 3,
         retry_backoff: float = 0.05,
     ) -> None:
+        fs, root = _through_local_dirfs(fs, root)
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/") if root else ""
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
@@ -164,8 +312,9 @@ class Storage:
         local_os = getattr(fs, "local_os", None)
         self.os: LocalOS = local_os if isinstance(local_os, LocalOS) else LocalOS()
         """The OS calls of the local path (the file system's ``local_os`` if it has one)."""
-        self.open_files_readable = protocol not in OBJECT_STORES
-        """Whether flushed bytes of an open file are readable (not on object stores, R16)."""
+        self.open_files_readable = open_files_readable(fs)
+        """Whether flushed bytes of an open file are readable where they end up (not on
+        object stores, nor through a cache that uploads at close, R16)."""
         # fsspec's memory file system iterates a shared dict when it lists or deletes
         # recursively; a lock keeps the deleter thread from racing the writer there.
         self._fs_lock: threading.Lock | None = threading.Lock() if protocol == "memory" else None
@@ -191,6 +340,9 @@ class Storage:
         self.delete_calls = 0
         self._unsynced_dirs: set[str] = set()
         """Local disk: directories holding a name made here whose sync has not succeeded."""
+        self.lease: bytes | None = None
+        """This store's token in ``WRITER_LEASE`` (``None``: no lease is kept or checked,
+        e.g. the model-driven ``Cluster`` of the lockstep tests)."""
         self.deleter_died: BaseException | None = None
         """What ended the deleter thread abnormally (not an ``Exception``: those are
         retried and reported), e.g. the process dying: ``drain`` raises it."""
@@ -199,6 +351,125 @@ class Storage:
         if not path:
             return self.root
         return f"{self.root}/{path}" if self.root else path
+
+    # ------------------------------------------------------------------ links (issue 14)
+
+    def _check_tree(self, path: str, leaf: str) -> None:
+        """On a local disk, refuse (``UnsafePathError``) a symbolic link among the
+        components of ``path`` below the root; ``leaf`` says what ``path`` itself may be:
+
+        - ``"file"``: a regular file (a read: a FIFO, device or socket is refused before
+          anything opens it, so nothing blocks on one);
+        - ``"dir"``: a directory or nothing yet, never a link (a directory made or reused);
+        - ``"any"``: anything (a create or rename replaces it; a delete removes a link
+          itself, never its target): only the directories above it are checked.
+
+        Every link is refused, one whose target is inside the base too: the store never
+        makes one, so a link is a hand-made change, and one inside would give a file two
+        names (two owners, a double delete). The root and the directories above it are
+        the user's choice of where the base lives, and may be links. A component that
+        does not exist ends the check: nothing below it exists to be followed.
+        """
+        if not self._local or not path:
+            return
+        parts = path.split("/")
+        last = len(parts) - 1
+        checked = len(parts) if leaf in ("file", "dir") else last
+        for i in range(checked):
+            rel = "/".join(parts[: i + 1])
+            full = self.full(rel)
+            try:
+                mode = self.os.lstat(full).st_mode
+            except FileNotFoundError:
+                if leaf == "file":
+                    raise
+                return
+            if stat.S_ISLNK(mode):
+                try:
+                    target = f" to {self.os.readlink(full)!r}"
+                except OSError:
+                    target = ""
+                raise UnsafePathError(
+                    path,
+                    f"{path}: {rel} is a symbolic link{target}; the store never follows a"
+                    " link in its tree (nothing was read, written or deleted through it)",
+                )
+            if i == last and leaf == "file" and not stat.S_ISREG(mode):
+                raise UnsafePathError(
+                    path, f"{path} is {_kind_of(mode)} where a regular file belongs: not opened"
+                )
+
+    # ------------------------------------------------------------------ the base's owner
+
+    def existing(self) -> tuple[list[int], list[int], bool]:
+        """What the base holds already: the numbers of its ``job-<n>`` entries, of its
+        ``savepoints/savepoint-<n>`` entries, and whether a writer lease is there."""
+        jobs: list[int] = []
+        sps: list[int] = []
+        names = self._names(self.root)
+        for name in names:
+            m = _JOB_NAME.fullmatch(name)
+            if m:
+                jobs.append(int(m.group(1)))
+        if SAVEPOINTS in names:
+            for name in self._names(self.full(SAVEPOINTS)):
+                m = _SAVEPOINT_NAME.fullmatch(name)
+                if m:
+                    sps.append(int(m.group(1)))
+        return sorted(jobs), sorted(sps), WRITER_LEASE in names
+
+    def _names(self, full: str) -> set[str]:
+        try:
+            if self._local:
+                return {e.name for e in self.os.scandir(full or "/")}
+            listed = self.fs.ls(full or "/", detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+        return {str(p).rstrip("/").rsplit("/", 1)[-1] for p in listed}
+
+    def take_lease(self, token: bytes, *, exclusive: bool) -> bool:
+        """Write this store's token into ``WRITER_LEASE``; ``exclusive``: only if no lease
+        is there (atomically where the store can: ``O_EXCL`` on a local disk, a
+        conditional PUT on S3). False if ``exclusive`` and a lease was there."""
+        full = self.full(WRITER_LEASE)
+        try:
+            if self._local:
+                self._makedirs(self.root or "/")
+                self._check_tree(WRITER_LEASE, "any")
+                if exclusive:
+                    self.os.create_exclusive(full, token)
+                else:
+                    tmp = full + ".inprogress"
+                    with self.os.open(tmp) as f:
+                        f.write(token)
+                        f.flush()
+                        self.os.fsync(f)
+                    self.os.replace(tmp, full)
+                self.os.fsync_dir(self.root or "/")
+            else:
+                self.fs.pipe_file(full, token, mode="create" if exclusive else "overwrite")
+        except FileExistsError:
+            return False
+        self.lease = token
+        return True
+
+    def check_lease(self, op: StorageOp, path: str) -> None:
+        """Raise ``FencedError`` unless ``WRITER_LEASE`` still holds this store's token."""
+        if self.lease is None:
+            return
+        try:
+            held = bytes(self.fs.cat_file(self.full(WRITER_LEASE)))
+        except FileNotFoundError:
+            held = b""
+        except Exception as err:
+            raise StorageFault(op, path, err) from err
+        if held != self.lease:
+            raise FencedError(
+                op,
+                path,
+                f"another store has taken the base over ({WRITER_LEASE} holds"
+                f" {held[:80]!r}, this store's lease was {self.lease[:80]!r})",
+            )
 
     # ------------------------------------------------------------------ faults
 
@@ -221,6 +492,7 @@ class Storage:
     def mkdir(self, path: str) -> None:
         self._wait_for_deletes_under(path)
         try:
+            self._check_tree(path, "dir")
             self._makedirs(self.full(path))
         except Exception as err:
             raise self._failed(StorageFault(StorageOp.CREATE, path, err)) from err
@@ -270,6 +542,7 @@ class Storage:
         parent = full.rsplit("/", 1)[0]
         f: IO[bytes] | None = None
         try:
+            self._check_tree(path, "any")
             self._makedirs(parent)
             if self._local:
                 f = self.os.open(full)
@@ -348,9 +621,11 @@ class Storage:
         is atomic already: the object appears whole or not.
         """
         self.fire(StorageOp.METADATA, path)
+        self.check_lease(StorageOp.METADATA, path)
         full = self.full(path)
         parent = full.rsplit("/", 1)[0]
         try:
+            self._check_tree(path, "any")
             self._makedirs(parent)
             if self._local:
                 tmp = full + ".inprogress"
@@ -385,11 +660,14 @@ class Storage:
         full = self.full(path)
         try:
             if self._local:
+                self._check_tree(path, "any")
                 self.os.remove(full)
             else:
                 self.fs.rm_file(full)
         except FileNotFoundError:
             pass
+        except UnsafePathError as err:
+            log.warning("not removing %s after a failed write: %s", path, err)
         except Exception as err:
             log.warning("removing %s after a failed write failed: %r", path, err)
             self.failed_deletes[path] = DeleteFailure(path, False, err, 1)
@@ -402,9 +680,12 @@ class Storage:
         Only reads: a corrupt, truncated, missing or foreign file is reported, never deleted.
         """
         try:
+            self._check_tree(path, "file")
             data = bytes(self.fs.cat_file(self.full(path)))
         except FileNotFoundError as err:
             raise MetadataError(path, "file", "does not exist") from err
+        except UnsafePathError as err:
+            raise MetadataError(path, "file", f"refused: {err}") from err
         except Exception as err:
             raise MetadataError(path, "file", f"cannot be read: {err!r}") from err
         meta = decode(data, expected_job=expected_job, source=path)
@@ -416,6 +697,7 @@ class Storage:
         short file raises ``ReadFault`` (a ``StorageFault``: a re-upload that cannot read
         the old bytes declines, R17)."""
         try:
+            self._check_tree(path, "file")
             data = bytes(self.fs.cat_file(self.full(path), start=offset, end=offset + length))
         except Exception as err:
             why = f"{type(err).__name__}: {err}"
@@ -452,6 +734,7 @@ class Storage:
             p = p if isinstance(p, str) else str(p)
             rel = p[len(prefix) :] if p.startswith(prefix) else p.lstrip("/")
             out[rel] = int(info["size"])
+        out.pop(WRITER_LEASE, None)  # the store's own lease, not checkpoint data
         return out
 
     def _list_local(self) -> dict[str, int]:
@@ -475,7 +758,35 @@ class Storage:
                         out[name] = e.stat(follow_symlinks=False).st_size
                 except FileNotFoundError:
                     continue
+        out.pop(WRITER_LEASE, None)  # the store's own lease, not checkpoint data
         return out
+
+    def files_under(self, path: str) -> set[str]:
+        """Every file below directory ``path`` now (queued deletes done first), by path
+        relative to the root; links and what they point at are not followed."""
+        self.drain()
+        if self._local:
+            out: set[str] = set()
+            stack = [path]
+            while stack:
+                d = stack.pop()
+                try:
+                    entries = self.os.scandir(self.full(d))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                for e in entries:
+                    rel = f"{d}/{e.name}"
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(rel)
+                    else:
+                        out.add(rel)  # a file, a link or a special file: not ours to delete
+            return out
+        prefix = self.root + "/" if self.root else ""
+        try:
+            found = self.fs.find(self.full(path))
+        except FileNotFoundError:
+            return set()
+        return {str(p)[len(prefix) :] if str(p).startswith(prefix) else str(p) for p in found}
 
     def exists_dir(self, path: str) -> bool:
         self.drain()
@@ -508,6 +819,7 @@ class Storage:
     def _prune(self, dirs: tuple[str, ...]) -> None:
         for d in dirs:
             try:
+                self._check_tree(d, "dir")
                 self.os.rmdir(self.full(d))
             except OSError:
                 return  # not empty (or already gone): its parents are not empty either
@@ -607,12 +919,19 @@ class Storage:
 
     def _delete_now(self, batch: list[tuple[str, bool]]) -> None:
         """One attempt at deleting ``batch``; a path already gone counts as deleted."""
+        self.check_lease(StorageOp.DELETE, batch[0][0] if batch else "")
         self.delete_calls += 1
         if self._local:
             for path, is_dir in batch:
                 full = self.full(path)
                 try:
-                    if is_dir:
+                    self._check_tree(path, "any")
+                    if is_dir and stat.S_ISLNK(self.os.lstat(full).st_mode):
+                        # A managed directory replaced by a link: its name goes, the
+                        # link's target is not the store's and is never descended into.
+                        log.warning("%s is a symbolic link: removing the link only", path)
+                        self.os.remove(full)
+                    elif is_dir:
                         self.os.rmtree(full)
                     else:
                         self.os.remove(full)

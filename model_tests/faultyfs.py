@@ -83,7 +83,7 @@ from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
 from fsspec.utils import stringify_path  # type: ignore[import-untyped]
 
 from fastimpl import CheckpointStore, Cluster, CounterIds, IdSource
-from fastimpl.storage import LocalOS
+from fastimpl.storage import WRITER_LEASE, LocalOS
 from spec.config import Config, JobSpec
 from spec.handles import SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
@@ -215,6 +215,13 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         self._others: threading.Event | None = None
         if local_root is not None:
             self.local_os = FaultyOS(self, local_root)
+
+    @property
+    def open_files_readable(self) -> bool:
+        """What this wrapper does with an open file's flushed bytes (it passes them on to
+        ``inner`` at once unless it plays an object store): ``fastimpl.storage`` asks a
+        wrapper this instead of guessing (R16, issue 14)."""
+        return not self.object_store
 
     # ------------------------------------------------------------------ paths
 
@@ -958,13 +965,14 @@ class Place:
             self.inner.rm(self.root, recursive=True)
 
     def snapshot(self) -> dict[str, tuple[int, str]]:
-        """Every file under the root: size and SHA-256 of the contents, by relative path."""
+        """Every file under the root: size and SHA-256 of the contents, by relative path;
+        not the store's lease (``WRITER_LEASE``), which is no checkpoint data."""
         if not self.inner.exists(self.root):
             return {}
         out: dict[str, tuple[int, str]] = {}
         prefix = self.root.rstrip("/") + "/"
         for p, info in self.inner.find(self.root, detail=True).items():
-            if info.get("type") != "file":
+            if info.get("type") != "file" or p == prefix + WRITER_LEASE:
                 continue
             data = bytes(self.inner.cat_file(p))
             out[p[len(prefix) :]] = (len(data), hashlib.sha256(data).hexdigest())

@@ -13,6 +13,7 @@ import pytest
 
 from fastimpl import CheckpointStore, CheckpointStream, CommandTrace, CounterIds
 from fastimpl.api import FileMergingManager, ManagerClosedError
+from fastimpl.storage import WRITER_LEASE
 from model_tests.replay import replay
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.handles import PlaceholderHandle, SegmentHandle, StateEntry
@@ -202,10 +203,12 @@ def _closed(tm: str, what: str) -> str:
 
 
 def _bytes_on_disk(root: Path) -> dict[str, int]:
+    """Checkpoint bytes on disk (the store's lease, ``WRITER_LEASE``, is none of them)."""
     return {
         os.path.relpath(os.path.join(d, f), root): os.path.getsize(os.path.join(d, f))
         for d, _, files in os.walk(root)
         for f in files
+        if os.path.join(d, f) != os.path.join(root, WRITER_LEASE)
     }
 
 

@@ -191,8 +191,8 @@ CASES: dict[str, tuple[Callable[[bytes], bytes], tuple[str, ...]]] = {
     ),
     "binary": (lambda b: b"\x89PNG\r\n\x1a\n\x00\xff", ("file", "not UTF-8")),
     "unsupported-version": (
-        lambda b: _reseal(b, lambda d: d.update(version=2)),
-        ("version", "unsupported version 2"),
+        lambda b: _reseal(b, lambda d: d.update(version=3)),
+        ("version", "unsupported version 3"),
     ),
     "dotdot-path": (
         _set_path("job-0/../elsewhere/f"),

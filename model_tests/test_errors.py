@@ -38,6 +38,7 @@ def test_every_reason_is_exercised(h: Harness) -> None:
         refused(h, c.WriteState(1, s0, KS, "x", 1)),  # CHECKPOINT_FINISHED_FOR_TM
         refused(h, c.Restore(42, (), RestoreMode.CLAIM)),  # NOT_RETAINED
         refused(h, c.Restore(1, (("agg", 0),), RestoreMode.CLAIM)),  # BAD_ARGUMENT
+        refused(h, c.Restore(1, (), RestoreMode.CLAIM, 256)),  # MAX_PARALLELISM_CHANGED
         refused(h, c.DeliverNotification(0)),  # NO_SUCH_NOTIFICATION
         refused(h, c.CrashTm("tm-99")),  # UNKNOWN_TM
         refused(h, c.AttemptStopped(tm0)),  # TM_NOT_LOST

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import fsspec  # type: ignore[import-untyped]
 import pytest
+from attrs import evolve
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -167,16 +168,27 @@ def expect(data: bytes, *words: str, **kw: Any) -> MetadataError:
 # --------------------------------------------------------------------------- round trip
 
 
-@given(metadatas())
-def test_round_trip(meta: Metadata) -> None:
-    data = encode(meta.checkpoint, meta.job, meta.savepoint, meta.entries, meta.directories)
+@given(metadatas(), st.none() | st.integers(1001, 32768))
+def test_round_trip(meta: Metadata, max_par: int | None) -> None:
+    """Without a max parallelism a version-1 file, with one a version-2 file (R77), whose
+    key-group ranges must then lie within it (ordered pairs here)."""
+    if max_par is not None:
+        meta = evolve(
+            meta,
+            entries=tuple(
+                e
+                if e.key_groups is None
+                else evolve(e, key_groups=(min(e.key_groups), max(e.key_groups)))
+                for e in meta.entries
+            ),
+        )
+    meta = evolve(meta, version=1 if max_par is None else 2, max_parallelism=max_par)
+    args = (meta.checkpoint, meta.job, meta.savepoint, meta.entries, meta.directories)
+    data = encode(*args, max_parallelism=max_par)
     back = decode(data, expected_job=meta.job)
     assert back == meta
     assert resolve(back) == meta
-    assert (
-        metadata_bytes(meta.checkpoint, meta.job, meta.savepoint, meta.entries, meta.directories)
-        == data
-    )
+    assert metadata_bytes(*args, max_parallelism=max_par) == data
 
 
 def test_format_header() -> None:

@@ -15,12 +15,12 @@ from refimpl.redistribute import redistribute
 from spec import commands as c
 from spec import effects as ef
 from spec.commands import StorageOp
-from spec.config import Config, MergingMode, RestoreMode, StateKind, VertexSpec
+from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
 from spec.effects import COORDINATOR, USER, Effect
 from spec.errors import Reason
 from spec.handles import FileHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
-from spec.keygroups import key_group_range, ranges_overlap
+from spec.keygroups import key_group_range, max_parallelism_refusal, ranges_overlap
 from spec.layout import is_under, metadata_path, savepoint_dir, taskowned_dir
 from spec.observation import Observation
 
@@ -548,6 +548,43 @@ def test_r76_restore_rescale_splits_operator_state(mode: MergingMode) -> None:
     }
     # 4 elements over 3 subtasks: runs of 2, 1, 1 in old-subtask order
     assert got == {0: [(old[0], (0, 2))], 1: [(old[1], (0, 1))], 2: [(old[1], (1, 2))]}
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("restore", list(RestoreMode))
+def test_r77_a_changed_max_parallelism_is_refused(mode: MergingMode, restore: RestoreMode) -> None:
+    """Restore and rescale with a max parallelism other than the checkpoint's are refused
+    before anything changes; the same value (said or implied) is accepted."""
+    h = Harness(Config.for_mode(mode, max_parallelism=128))
+    h.checkpoint(shared=["a"])
+    before = h.observe()
+    for other in (64, 256, 129):
+        for par in ((), AGG3):
+            assert refused(h, c.Restore(1, par, restore, other)) is Reason.MAX_PARALLELISM_CHANGED
+    assert h.observe() == before
+    h.run(c.Restore(1, AGG3, restore, 128))
+    assert h.observe().restoring
+
+
+def test_r77_the_refusal_names_both_values() -> None:
+    h = Harness(Config.for_mode(MergingMode.WITHIN_CHECKPOINT, max_parallelism=128))
+    h.checkpoint(shared=["a"])
+    err = h.try_run(c.Restore(1, (), RestoreMode.CLAIM, 256))
+    assert err is not None and "128" in err.detail and "256" in err.detail
+
+
+def test_r77_ranges_decide_when_the_value_was_not_recorded() -> None:
+    """A version-1 checkpoint (no recorded value): a keyed range that another max
+    parallelism would cut differently is refused; ranges it cuts the same pass."""
+    e = StateEntry(
+        SubtaskId("v", 1, 2), KS, "s", FileHandle("p", 1, "u", Scope.SHARED), 1, (64, 127)
+    )
+    assert max_parallelism_refusal(None, 128, [e]) is None
+    for other in (64, 256, 1):
+        why = max_parallelism_refusal(None, other, [e])
+        assert why is not None and str(other) in why and "[64, 127]" in why
+    assert max_parallelism_refusal(128, 128, [e]) is None
+    assert "128" in (max_parallelism_refusal(128, 256, []) or "")
 
 
 # ---------------------------------------------------------------- R80-R82 amplification

@@ -91,6 +91,8 @@ def _record(cmd: c.Command, where: str, sizes: set[int], partial: set[int]) -> d
         case c.Failover():
             pass
         case c.Restore():
+            if cmd.max_parallelism is not None:
+                raise TraceOutsideModel(f"{where}: the TLA+ spec has no max parallelism (R77)")
             r["c"] = cmd.checkpoint
             r["mode"] = "CLAIM" if cmd.mode is RestoreMode.CLAIM else "NO_CLAIM"
         case c.Cancel():

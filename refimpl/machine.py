@@ -67,7 +67,7 @@ from spec.handles import (
     stream_of,
 )
 from spec.ids import SubtaskId, TmId
-from spec.keygroups import key_group_range
+from spec.keygroups import key_group_range, max_parallelism_refusal
 from spec.layout import (
     METADATA,
     checkpoint_dir,
@@ -741,7 +741,13 @@ class _Work:
             else metadata_path(self.job, cmd.checkpoint)
         )
         done = Completed(
-            cmd.checkpoint, self.job, p.savepoint, tuple(entries), tuple(directories), meta
+            cmd.checkpoint,
+            self.job,
+            p.savepoint,
+            tuple(entries),
+            tuple(directories),
+            meta,
+            self.cfg.max_parallelism,  # R77: the metadata records it
         )
         try:
             self._fire(StorageOp.METADATA, meta, COORDINATOR)
@@ -1291,6 +1297,17 @@ class _Work:
 
     # ------------------------------------------------------------------ restore (R70-R76)
 
+    def _check_max_parallelism(self, source: Completed, cmd: c.Restore) -> None:
+        """R77: the max parallelism of the new job (the command's, else the configured
+        one) is the one the checkpoint was taken with, or the restore is refused."""
+        configured = self.cfg.max_parallelism
+        wanted = configured if cmd.max_parallelism is None else cmd.max_parallelism
+        why = max_parallelism_refusal(source.max_parallelism, wanted, source.entries)
+        if why is None and wanted != configured:
+            why = f"the restore asks for max parallelism {wanted}, the job runs with {configured}"
+        if why is not None:
+            raise CommandError(Reason.MAX_PARALLELISM_CHANGED, f"checkpoint {source.id}: {why}")
+
     def restore(self, cmd: c.Restore) -> None:
         source = next((r for r in self.retained if r.id == cmd.checkpoint), None)
         if source is None:
@@ -1305,6 +1322,7 @@ class _Work:
             p < 1 or p > self.cfg.max_parallelism for p in new_par.values()
         ):
             raise CommandError(Reason.BAD_ARGUMENT, f"bad parallelism {cmd.parallelism}")
+        self._check_max_parallelism(source, cmd)
         mode = RestoreMode.NO_CLAIM if source.savepoint else cmd.mode  # R73
         # R71, R74: the new job's TMs start with empty tables and new directories, so no
         # restored file is ever theirs, whatever its path; only the mode decides (_claim).

@@ -112,6 +112,8 @@ class Completed:
     entries: tuple[StateEntry, ...]
     directories: tuple[str, ...]
     metadata: str
+    max_parallelism: int | None = None
+    """R77: the max parallelism the checkpoint was taken with (``None``: not recorded)."""
 
 
 @frozen

@@ -140,6 +140,9 @@ class Restore:
     checkpoint: int
     parallelism: tuple[tuple[str, int], ...] = ()
     mode: RestoreMode = RestoreMode.NO_CLAIM
+    max_parallelism: int | None = None
+    """The new job's max parallelism; ``None``: the configured one. It must be the one
+    the checkpoint was taken with (R77)."""
 
 
 class StorageOp(enum.Enum):

@@ -23,6 +23,7 @@ class Reason(enum.Enum):
     NO_SUCH_STATE = "no_such_state"
     NOT_RETAINED = "not_retained"
     BAD_ARGUMENT = "bad_argument"
+    MAX_PARALLELISM_CHANGED = "max_parallelism_changed"
 
 
 class CommandError(Exception):

@@ -2,6 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Protocol
+
+
+class _Keyed(Protocol):
+    """What R77 reads of a state entry (``spec.handles.StateEntry``)."""
+
+    @property
+    def key_groups(self) -> tuple[int, int] | None: ...
+
+    @property
+    def subtask(self) -> _Subtask: ...
+
+
+class _Subtask(Protocol):
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def parallelism(self) -> int: ...
+
 
 def key_group_range(max_parallelism: int, parallelism: int, index: int) -> tuple[int, int]:
     """The inclusive key-group range ``(start, end)`` of subtask ``index``.
@@ -49,3 +70,38 @@ def even_split(total: int, parts: int) -> list[tuple[int, int]]:
         out.append((start, start + n))
         start += n
     return out
+
+
+def max_parallelism_refusal(
+    recorded: int | None, wanted: int, entries: Iterable[_Keyed]
+) -> str | None:
+    """R77: why a checkpoint taken with max parallelism ``recorded`` cannot be restored
+    with ``wanted`` (``None``: it can). Key group ``g`` of keyed state goes to subtask
+    ``g * p // max_parallelism``: another max parallelism hands key groups to the wrong
+    subtasks or to none, so it is refused (as Flink does).
+
+    ``recorded`` is ``None`` for a checkpoint whose metadata does not say (a version-1
+    ``_metadata``): then its keyed entries' key-group ranges must be the ones ``wanted``
+    cuts for their subtasks. That catches a change whenever one range differs, but not
+    always (a checkpoint with no keyed state has no range to compare).
+    """
+    if recorded is not None:
+        if recorded != wanted:
+            return (
+                f"the checkpoint was taken with max parallelism {recorded}, the restore asks"
+                f" for {wanted}: key groups would go to the wrong subtasks (R77)"
+            )
+        return None
+    for e in entries:
+        kg = e.key_groups
+        if kg is None:
+            continue
+        s = e.subtask
+        cut = key_group_range(wanted, s.parallelism, s.index) if s.parallelism <= wanted else None
+        if kg != cut:
+            return (
+                f"key groups {list(kg)} of subtask {s.index}/{s.parallelism} were cut for"
+                f" another max parallelism than {wanted} (the checkpoint's metadata does not"
+                " record its own): key groups would go to the wrong subtasks (R77)"
+            )
+    return None
