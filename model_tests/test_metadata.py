@@ -361,6 +361,30 @@ def test_resolve_refuses_bad_records() -> None:
         resolve(decode(sample()), "../up")
 
 
+def test_resolve_names_the_file_and_moves_every_path() -> None:
+    """A refusal names the file it came from; a base prefixes every handle path and every
+    directory once, and no base leaves them as stored (mutation run, issue 14)."""
+    bad = Metadata(JOB, 1, False, (), (f"{BASE}/../x",))
+    with pytest.raises(MetadataError) as caught:
+        resolve(bad, source="moved/job-1/chk-1/_metadata")
+    assert caught.value.source == "moved/job-1/chk-1/_metadata"
+    for wrong in ("/abs", "/abs/", "up/../..", ".."):
+        with pytest.raises(MetadataError, match="base"):
+            resolve(decode(sample()), wrong)
+    meta = decode(sample())
+    stored = [h.path for e in meta.entries if isinstance(h := e.handle, SegmentHandle | FileHandle)]
+    assert stored and meta.directories
+    assert resolve(meta) == meta
+    assert resolve(meta, "") == meta
+    for base, prefix in (("Xdir", "Xdir/"), ("Xdir/", "Xdir/"), ("a/b", "a/b/")):
+        moved = resolve(meta, base)
+        paths = [
+            h.path for e in moved.entries if isinstance(h := e.handle, SegmentHandle | FileHandle)
+        ]
+        assert paths == [prefix + p for p in stored], base
+        assert moved.directories == tuple(prefix + d for d in meta.directories), base
+
+
 # --------------------------------------------------------------------------- moving
 
 

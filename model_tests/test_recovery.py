@@ -733,3 +733,28 @@ def test_recovering_an_incarnation_that_died_before_its_first_checkpoint(
         assert second.checkpoints == (6,)
     finally:
         place.cleanup()
+
+
+@pytest.mark.parametrize(
+    "mode", [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT], ids=lambda m: m.name
+)
+def test_recovery_keeps_whole_the_directories_a_users_checkpoint_names(
+    place: Place, mode: MergingMode
+) -> None:
+    """I5, R42: a directory that the user's checkpoint (job-0's 2, left by the CLAIM
+    restore) names is the user's whole, with files no handle names in it (a mutation run
+    found recovery could ignore ``directories`` of user-held metadata and still pass)."""
+    store, ledger, config = _lineage_job(place, mode)
+    checkpoint(store, ledger, Progress())
+    meta = store._cluster.load_completed(metadata_path("job-0", 2))
+    assert meta.directories, "WITHIN and ACROSS checkpoints name their managed directories"
+    planted = {f"{d}/the-users-extra-file": d.encode() for d in meta.directories}
+    for path, data in planted.items():
+        place.write(path, data)
+    new, report = CheckpointStore.recover(place.url, config, JOB, crashed_job="job-1")
+    new.flush()
+    assert not set(report.garbage) & set(planted)
+    assert {p: place.read(p) for p in planted} == planted
+    assert more_checkpoints(new, ledger, 3, [("job-1", 4)]) == []
+    new.flush()
+    assert {p: place.read(p) for p in planted} == planted

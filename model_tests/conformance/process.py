@@ -58,8 +58,10 @@ class _Pipe:
         line = _readline(stdout, self)
         try:
             reply = json.loads(line)
-        except json.JSONDecodeError as err:
+        except ValueError as err:  # JSONDecodeError, or an integer of over 4300 digits
             raise ProtocolError(f"{self._who()} answered with no JSON: {line[:200]!r}") from err
+        except RecursionError:
+            raise ProtocolError(f"{self._who()} answered with JSON nested too deeply") from None
         if not isinstance(reply, dict):
             raise ProtocolError(
                 f"{self._who()} answered with {type(reply).__name__}, not an object"
