@@ -42,6 +42,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastimpl import CheckpointStore, CounterIds, MetadataError, RecoveryError
+from fastimpl.storage import WRITER_LEASE
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.errors import CommandError
 from spec.layout import metadata_path
@@ -97,7 +98,8 @@ class World:
         }[name]
 
     def sentinels(self) -> dict[str, str]:
-        """Every file that is not job-1's or a successor's: path -> SHA-256 of its bytes."""
+        """Every file that is not job-1's or a successor's, nor the writer lease: path ->
+        SHA-256 of its bytes."""
         out: dict[str, str] = {}
         for top in (self.outside, self.root):
             for p in sorted(top.rglob("*")):
@@ -105,6 +107,8 @@ class World:
                     continue
                 rel = p.relative_to(self.tmp)
                 parts = rel.parts
+                if parts[:2] == ("root", WRITER_LEASE):
+                    continue  # the store's own lease: written by whichever store owns the base
                 if parts[0] == "root" and len(parts) > 1 and parts[1].startswith("job-"):
                     if parts[1] != "job-0":
                         continue  # job-1 and the jobs started from it are the store's own
