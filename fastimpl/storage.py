@@ -439,12 +439,7 @@ class Storage:
                 if exclusive:
                     self.os.create_exclusive(full, token)
                 else:
-                    tmp = full + ".inprogress"
-                    with self.os.open(tmp) as f:
-                        f.write(token)
-                        f.flush()
-                        self.os.fsync(f)
-                    self.os.replace(tmp, full)
+                    self._write_replace(full, token)
                 self.os.fsync_dir(self.root or "/")
             else:
                 self.fs.pipe_file(full, token, mode="create" if exclusive else "overwrite")
@@ -611,6 +606,16 @@ class Storage:
             except Exception as err:  # a dead writer's upload may fail: nothing to keep
                 log.debug("closing abandoned %s: %r", path, err)
 
+    def _write_replace(self, full: str, data: bytes) -> None:
+        """Write ``data`` to ``full`` whole or not at all on a local disk: a synced
+        ``.inprogress`` twin, then a rename (the caller syncs the directory)."""
+        tmp = full + ".inprogress"
+        with self.os.open(tmp) as f:
+            f.write(data)
+            f.flush()
+            self.os.fsync(f)
+        self.os.replace(tmp, full)
+
     def write_metadata(self, path: str, data: bytes) -> None:
         """Write a checkpoint's metadata atomically: a temporary file, then a rename.
 
@@ -628,12 +633,7 @@ class Storage:
             self._check_tree(path, "any")
             self._makedirs(parent)
             if self._local:
-                tmp = full + ".inprogress"
-                with self.os.open(tmp) as f:
-                    f.write(data)
-                    f.flush()
-                    self.os.fsync(f)
-                self.os.replace(tmp, full)
+                self._write_replace(full, data)
                 self.os.fsync_dir(parent)
             else:
                 self.fs.pipe_file(full, data)
