@@ -199,3 +199,18 @@ def test_a_directory_delete_keeps_files_the_store_did_not_write(
         if listing[p][0] == "file" and p not in after:
             assert p in deleted, p
     a.close()
+
+
+@pytest.mark.parametrize("value", ["overwrite", "continue", "", None, "FRESH-ID"])
+def test_an_unknown_on_existing_is_refused_before_anything_changes(
+    place: Place, mode: MergingMode, value: object
+) -> None:
+    """Only the two documented answers are taken: anything else (a guess at "continue"
+    or "overwrite" included) is refused naming the value, with the base untouched."""
+    a, _ = _first_run(place, mode)
+    a.coordinator.cancel(retain=True)
+    a.close()
+    before = _listing(place)
+    with pytest.raises(ValueError, match=r"on_existing must be 'refuse' or 'fresh-id'"):
+        _open(place, mode, on_existing=value)
+    assert _listing(place) == before
