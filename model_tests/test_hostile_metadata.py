@@ -481,6 +481,7 @@ def test_the_guard_refuses_a_foreign_delete_before_it_happens(world: World) -> N
     assert w.lost() == []
     refused = {r.path for r in cl.refused_deletes}
     assert {sp_file, "other-app/f", "job-1/..", "savepoints", "job-1"} <= refused
+    assert {r.actor for r in cl.refused_deletes} == {COORDINATOR}, "each names who tried"
     violations = w.store.check_invariants()
     assert len([v for v in violations if v.invariant == "I5"]) == len(cl.refused_deletes) == 12
 

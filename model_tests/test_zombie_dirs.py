@@ -20,6 +20,7 @@ from model_tests.harness import DEFAULT_JOB, KS, MERGING
 from model_tests.test_lockstep import Backend, FastimplTarget, LockstepHarness
 from spec import commands as c
 from spec.config import Config, MergingMode
+from spec.errors import CommandError, Reason
 
 _runs = itertools.count()
 
@@ -107,3 +108,30 @@ def test_a_zombies_directory_waits_though_it_holds_only_live_files(
     h.run(c.AttemptStopped("tm-2"))
     obs = h.target.observe()
     assert obs.pending_deletes == () and not any(_on_storage(h, d) for d in made)
+
+
+@pytest.mark.parametrize("storage", ["memory", "local"])
+@pytest.mark.parametrize("mode", MERGING)
+def test_a_stopped_zombie_lets_go_of_its_open_files_and_stops_only_once(
+    mode: MergingMode, storage: str, tmp_path: Path
+) -> None:
+    """R64: once a lost attempt is known to have stopped, the file it was writing is no
+    longer open anywhere (its handle is dropped, not left to leak), and a second
+    ``AttemptStopped`` is refused as the model refuses it: the TM is no longer lost."""
+    h = _harness(mode, storage, tmp_path)
+    h.checkpoint()
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    h.run(c.Trigger())
+    s = next(s for s in h.subtasks if h.tm_of(s) == "tm-3")
+    h.run(c.WriteState(h.last_checkpoint, s, KS, "zombie", 10, attempt="tm-2"))
+    cl = _cluster(h)
+    writing = sorted(p for p, f in cl.files.items() if f.creator == "tm-2" and f.open)
+    assert writing and all(p in cl.storage._open for p in writing)
+
+    h.run(c.AttemptStopped("tm-2"))
+    assert not any(p in cl.storage._open for p in writing)
+    assert not set(writing) & h.target.observe().open_files
+    with pytest.raises(CommandError) as refused:
+        h.run(c.AttemptStopped("tm-2"))
+    assert refused.value.reason is Reason.TM_NOT_LOST
