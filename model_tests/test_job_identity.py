@@ -198,6 +198,8 @@ def test_a_directory_delete_keeps_files_the_store_did_not_write(
     for p in listing:
         if listing[p][0] == "file" and p not in after:
             assert p in deleted, p
+    # each by its owner (I5): the one-by-one deletes name who deleted, as a whole one does
+    assert [v for v in a.check_invariants() if v.invariant == "I5"] == []
     a.close()
 
 
