@@ -113,7 +113,8 @@ MUTATE_CLUSTER := _protected _record_delete _waits_for _defer _delete_file _prun
                   _delete_dir _retry_deletes _run_deferred _take_over_files _register \
                   _release_entry _subsume _attempt_stopped _referenced _collect_dirs _restore \
                   _claim _end_job _owners _tm_release_dirs _writer_tm load_completed \
-                  _restart_coordinator
+                  _restart_coordinator _refuse_delete _foreign _holds_unknown_files \
+                  _check_claim _may_claim _paths_of _check_max_parallelism
 MUTATE_FUNCS ?= fastimpl.metadata.* fastimpl.recovery.* \
                 $(foreach f,$(MUTATE_CLUSTER),fastimpl.cluster.xǁClusterǁ$(f)__mutmut_*)
 mutate: $(STAMP)

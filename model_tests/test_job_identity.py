@@ -198,4 +198,21 @@ def test_a_directory_delete_keeps_files_the_store_did_not_write(
     for p in listing:
         if listing[p][0] == "file" and p not in after:
             assert p in deleted, p
+    # each by its owner (I5): the one-by-one deletes name who deleted, as a whole one does
+    assert [v for v in a.check_invariants() if v.invariant == "I5"] == []
     a.close()
+
+
+@pytest.mark.parametrize("value", ["overwrite", "continue", "", None, "FRESH-ID"])
+def test_an_unknown_on_existing_is_refused_before_anything_changes(
+    place: Place, mode: MergingMode, value: object
+) -> None:
+    """Only the two documented answers are taken: anything else (a guess at "continue"
+    or "overwrite" included) is refused naming the value, with the base untouched."""
+    a, _ = _first_run(place, mode)
+    a.coordinator.cancel(retain=True)
+    a.close()
+    before = _listing(place)
+    with pytest.raises(ValueError, match=r"on_existing must be 'refuse' or 'fresh-id'"):
+        _open(place, mode, on_existing=value)
+    assert _listing(place) == before

@@ -376,7 +376,10 @@ def test_resolve_names_the_file_and_moves_every_path() -> None:
     assert stored and meta.directories
     assert resolve(meta) == meta
     assert resolve(meta, "") == meta
-    for base, prefix in (("Xdir", "Xdir/"), ("Xdir/", "Xdir/"), ("a/b", "a/b/")):
+    # A base ending in characters a wrong strip would eat ("dirX", ".X": a valid name
+    # whose stripped form "." is not) is checked and prefixed exactly as given.
+    bases = (("Xdir", "Xdir/"), ("Xdir/", "Xdir/"), ("a/b", "a/b/"), ("dirX", "dirX/"))
+    for base, prefix in (*bases, ("moved/.X", "moved/.X/"), ("a/..X/", "a/..X/")):
         moved = resolve(meta, base)
         paths = [
             h.path for e in moved.entries if isinstance(h := e.handle, SegmentHandle | FileHandle)
