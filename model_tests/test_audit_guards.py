@@ -176,8 +176,8 @@ def test_a_lost_pin_of_a_pending_checkpoint_stops_the_collection(tmp_path: Path)
     outcomes = {p: (o, w) for p, o, w in plan.outcomes}
     assert plan.delete == ()
     stray_rel = f"{loc.job_dir}/shared/stray.sst"
-    for p in (kept, stray_rel):
-        assert outcomes[p][0] == deletion.DEFER and "are gone" in outcomes[p][1], outcomes
+    for rel in (kept, stray_rel):
+        assert outcomes[rel][0] == deletion.DEFER and "are gone" in outcomes[rel][1], outcomes
     deletion.execute(loc, plan, str(tmp_path / "log"), rate=0)
     assert stray.exists()
     done(c3)

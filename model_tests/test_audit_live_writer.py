@@ -107,7 +107,7 @@ def _stray(loc: Location, n: int) -> str:
 def _backdate_in_moto(key: str, when: float) -> None:
     """S3 cannot backdate an object; moto's server runs in this process, so its record of
     the object's time is set, as ``os.utime`` does on a disk."""
-    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.core.models import DEFAULT_ACCOUNT_ID
     from moto.s3.models import s3_backends
 
     bucket, name = key.split("/", 1)
