@@ -10,7 +10,9 @@ Select one with the HYPOTHESIS_PROFILE environment variable (unset or empty: "de
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 _SUPPRESSED: list[HealthCheck] = [HealthCheck.too_slow]
@@ -49,3 +51,12 @@ settings.register_profile(
 
 PROFILE: str = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 settings.load_profile(PROFILE)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    """One SparkSession (one JVM) for every Spark test of the run: mark the test
+    ``xdist_group("spark")`` so that ``--dist loadgroup`` keeps them in one worker."""
+    from pipeline.session import spark_session
+
+    return spark_session("local[2]")

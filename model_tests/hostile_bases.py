@@ -10,9 +10,11 @@ not listed), never read, followed, or deleted.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from attrs import define, field
 
@@ -234,3 +236,55 @@ CASES: dict[str, Callable[[Path], Hostile]] = {
         names_with_markup_and_control_characters,
     )
 }
+
+
+# --------------------------------------------------------------------------- object stores
+
+ON_OBJECT_STORES = (
+    "valid",
+    "metadata_is_a_directory",
+    "metadata_nested_too_deeply",
+    "metadata_too_large",
+    "checkpoint_id_beyond_64_bits",
+    "names_with_markup_and_control_characters",
+)
+"""The cases an object store can hold: uploaded as they are (``upload``)."""
+
+NOT_ON_OBJECT_STORES = {
+    "fifo_metadata_in_job": "an object store has no FIFOs",
+    "fifo_metadata_in_sibling_job": "an object store has no FIFOs",
+    "fifo_metadata_in_savepoint": "an object store has no FIFOs",
+    "metadata_link_to_dev_zero": "an object store has no links (nor devices)",
+    "metadata_link_out_of_the_base": "an object store has no links",
+    "metadata_link_loop": "an object store has no links",
+    "symlink_loops_among_the_files": "an object store has no links",
+    "deeper_than_path_max": "an S3 key has at most 1024 bytes and no PATH_MAX: no such tree",
+    "names_that_are_not_utf8": "an S3 key is UTF-8: no such name",
+}
+
+
+def upload(h: Hostile, fs: Any, container: str, rename: Callable[[str], str] = str) -> list[str]:
+    """Copy a case's tree (regular files; directories are implied by their keys) under
+    ``container`` on an object store; the job base is ``container/<JOB>`` and every
+    container-relative path the case names stays the same (or becomes ``rename(path)``).
+    Returns the keys written."""
+    root = h.base.parent
+    keys = []
+    for d, _dirs, files in os.walk(root):
+        for n in files:
+            p = Path(d) / n
+            st = p.lstat()
+            assert stat.S_ISREG(st.st_mode), f"{p}: only regular files go to an object store"
+            key = f"{container}/{rename(p.relative_to(root).as_posix())}"
+            if st.st_size > 1 << 20:
+                # metadata_too_large, sparse on disk: the same size, streamed as zeros
+                with p.open("rb") as src:
+                    assert not src.read(1 << 20).strip(b"\0"), f"{p}: a large file of data"
+                with fs.open(key, "wb") as f:
+                    for _ in range(st.st_size >> 20):
+                        f.write(bytes(1 << 20))
+                    f.write(bytes(st.st_size & ((1 << 20) - 1)))
+            else:
+                fs.pipe_file(key, p.read_bytes())
+            keys.append(key)
+    return keys

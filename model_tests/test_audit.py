@@ -24,13 +24,6 @@ from pipeline.single import audit_single, covered
 pytestmark = pytest.mark.xdist_group("spark")
 
 
-@pytest.fixture(scope="session")
-def spark() -> Any:
-    from pipeline.session import spark_session
-
-    return spark_session("local[2]")
-
-
 def s3_options(endpoint: str) -> dict[str, Any]:
     return {"key": "testing", "secret": "testing",
             "client_kwargs": {"endpoint_url": endpoint}}

@@ -243,6 +243,10 @@ def _spark(
         details = {
             "dangling": [r.asDict() for r in f["dangling"].limit(max(limit, 1)).collect()],
             "corrupt": [r.asDict() for r in f["corrupt"].collect()],
+            # The summary says these are "listed below": on Spark too.
+            "unreadable": [
+                r.asDict() for r in f["unreadable"].orderBy("path").limit(max(limit, 1)).collect()
+            ],
             # Every orphan comes to the driver: deletion needs the full list.
             "orphans": [r.asDict() for r in f["orphans"].orderBy(F.desc("size")).collect()],
             "owners": [r.asDict() for r in

@@ -94,7 +94,8 @@ class Summary:
     """Checkpoints of other jobs that list this base among their shared bases."""
     unreadable: int = 0
     """Paths that could not be listed or examined, or whose name is not UTF-8 (reported,
-    skipped, never deleted; a deletion is refused while a directory cannot be listed)."""
+    skipped, never deleted; a deletion is refused while a directory where a ``_metadata``
+    may lie cannot be listed: ``pipeline.deletion``)."""
 
     @property
     def at_risk(self) -> bool:

@@ -66,11 +66,23 @@ def list_dir(loc: Location, rel_dir: str) -> tuple[list[FileRow], list[Problem]]
     except Exception as err:
         problems.append((shown(rel_dir), _cannot("listed", err)))
         return [], problems
-    return [
-        (loc.rel(p), int(info.get("size") or 0), _mtime(info), False)
-        for p, info in found.items()
-        if info.get("type") == "file"
-    ], problems
+    rows: list[FileRow] = []
+    below_metadata: dict[str, float] = {}
+    for p, info in found.items():
+        if info.get("type") != "file":
+            continue
+        rel = loc.rel(p)
+        parts = rel.split("/")
+        if METADATA in parts[:-1]:
+            # A key below a "_metadata" makes it a directory, as on a local disk: listed as
+            # the _metadata, so it is read and reported unreadable, its keys never listed.
+            d = "/".join(parts[: parts.index(METADATA) + 1])
+            below_metadata[d] = max(below_metadata.get(d, 0.0), _mtime(info))
+            continue
+        rows.append((rel, int(info.get("size") or 0), _mtime(info), False))
+    listed = {r[0] for r in rows}
+    rows += [(d, 0, m, False) for d, m in sorted(below_metadata.items()) if d not in listed]
+    return rows, problems
 
 
 def _cannot(what: str, err: BaseException) -> str:
