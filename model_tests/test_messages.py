@@ -1,0 +1,218 @@
+"""spec.messages: every message between a coordinator and its TMs survives bytes
+unchanged, and bytes that are not a message of this version are refused with the field
+that is wrong, changing nothing."""
+
+from __future__ import annotations
+
+import json
+import typing
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spec import messages as m
+from spec.config import Scope, StateKind
+from spec.handles import (
+    DirectoryHandle,
+    FileHandle,
+    Handle,
+    PlaceholderHandle,
+    SegmentHandle,
+    StateEntry,
+)
+from spec.ids import SubtaskId
+
+names = st.text(min_size=1, max_size=8).filter(lambda s: "/" not in s and "\\" not in s)
+names = names.filter(lambda s: "\x00" not in s and s not in (".", ".."))
+subtasks = st.builds(
+    lambda v, p, i: SubtaskId(v, i % p, p),
+    st.text(min_size=1, max_size=6),
+    st.integers(1, 8),
+    st.integers(0, 7),
+)
+sizes = st.integers(0, 2**40)
+cids = st.integers(1, 2**40)
+scopes = st.sampled_from(Scope)
+handles: st.SearchStrategy[Handle] = st.one_of(
+    st.builds(SegmentHandle, st.text(), sizes, sizes, st.text(), scopes),
+    st.builds(FileHandle, st.text(), sizes, st.text(), scopes),
+    st.builds(PlaceholderHandle, st.text()),
+    st.builds(DirectoryHandle, st.text()),
+)
+key_groups = st.none() | st.tuples(st.integers(0, 127), st.integers(0, 127))
+entries = st.lists(
+    st.builds(
+        StateEntry,
+        subtasks,
+        st.sampled_from(StateKind),
+        st.text(),
+        handles,
+        sizes,
+        key_groups,
+        st.none() | st.tuples(sizes, sizes),
+    ),
+    max_size=4,
+).map(tuple)
+
+messages: st.SearchStrategy[m.Message] = st.one_of(
+    st.builds(m.Acknowledgement, names, cids, subtasks, names, entries),
+    st.builds(m.Decline, names, cids, subtasks, names),
+    st.builds(
+        m.CheckpointComplete, names, cids, sizes, st.booleans(), st.frozensets(cids, max_size=4)
+    ),
+    st.builds(m.CheckpointAborted, names, cids, sizes, st.booleans()),
+    st.builds(
+        m.RestoreAssignment,
+        names,
+        subtasks,
+        names,
+        entries,
+        st.frozensets(st.text(), max_size=4),
+        cids,
+        sizes,
+        sizes,
+    ),
+    st.builds(m.AttemptStopped, names, names),
+)
+
+
+def test_the_strategy_covers_every_message_type() -> None:
+    assert set(m.MESSAGE_TYPES) == set(typing.get_args(m.Message))
+    assert len(m.MESSAGE_TYPES) == 6
+
+
+@given(messages)
+def test_every_message_round_trips_through_bytes(msg: m.Message) -> None:
+    data = m.encode_message(msg)
+    assert isinstance(data, bytes)
+    back = m.decode_message(data)
+    assert back == msg
+    assert type(back) is type(msg)
+    assert m.encode_message(back) == data  # one encoding per value
+
+
+SAMPLE = m.Acknowledgement(
+    "job-0",
+    3,
+    SubtaskId("win", 1, 2),
+    "tm-1",
+    (
+        StateEntry(
+            SubtaskId("win", 1, 2),
+            StateKind.KEYED_SHARED,
+            "a.sst",
+            SegmentHandle("job-0/shared/win-1-2/f1", 0, 10, "l1", Scope.SHARED),
+            1,
+            (64, 127),
+        ),
+    ),
+)
+
+
+def _envelope() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(m.encode_message(SAMPLE))
+    return data
+
+
+def _bytes(obj: object) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def _with(path: tuple[str | int, ...], value: object) -> bytes:
+    env = _envelope()
+    node: Any = env
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    return _bytes(env)
+
+
+def _without(path: tuple[str | int, ...]) -> bytes:
+    env = _envelope()
+    node: Any = env
+    for p in path[:-1]:
+        node = node[p]
+    del node[path[-1]]
+    return _bytes(env)
+
+
+BAD: list[tuple[str, bytes, str]] = [
+    ("not json", b"\x00\x01garbage", "$"),
+    ("not utf-8", b"\xff\xfe{}", "$"),
+    ("a list", b"[1, 2]", "$"),
+    ("a foreign version", _with(("version",), 2), "$.version"),
+    ("version 0", _with(("version",), 0), "$.version"),
+    ("a version as text", _with(("version",), "1"), "$.version"),
+    ("a version as a bool", _with(("version",), True), "$.version"),
+    ("no version", _without(("version",)), "$.version"),
+    ("no message", _without(("message",)), "$"),
+    ("an extra envelope field", _with(("extra",), 1), "$"),
+    ("an unknown type", _with(("message", "type"), "Shutdown"), "$.message.type"),
+    ("a command's type", _with(("message", "type"), "Trigger"), "$.message.type"),
+    ("checkpoint 0", _with(("message", "checkpoint"), 0), "$.message.checkpoint"),
+    ("a negative checkpoint", _with(("message", "checkpoint"), -4), "$.message.checkpoint"),
+    ("a float checkpoint", _with(("message", "checkpoint"), 3.0), "$.message.checkpoint"),
+    ("a bool checkpoint", _with(("message", "checkpoint"), True), "$.message.checkpoint"),
+    ("no checkpoint", _without(("message", "checkpoint")), "$.message"),
+    ("an unknown field", _with(("message", "color"), "red"), "$.message"),
+    ("a path as job", _with(("message", "job"), "../job-0"), "$.message.job"),
+    ("an empty attempt", _with(("message", "attempt"), ""), "$.message.attempt"),
+    ("a path as attempt", _with(("message", "attempt"), "tm-1/x"), "$.message.attempt"),
+    (
+        "a subtask out of range",
+        _with(("message", "subtask", "index"), 5),
+        "$.message.subtask",
+    ),
+    (
+        "a handle of an unknown type",
+        _with(("message", "entries", 0, "handle", "type"), "Link"),
+        "$.message.entries[0].handle.type",
+    ),
+    (
+        "an offset as text",
+        _with(("message", "entries", 0, "handle", "offset"), "0"),
+        "$.message.entries[0].handle.offset",
+    ),
+    ("entries not a list", _with(("message", "entries"), {}), "$.message.entries"),
+    (
+        "a duplicated key",
+        m.encode_message(SAMPLE).replace(b'"checkpoint":3', b'"checkpoint":3,"checkpoint":4'),
+        "$",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "data", "where"), BAD, ids=[b[0] for b in BAD])
+def test_a_bad_message_is_refused_naming_the_field(what: str, data: bytes, where: str) -> None:
+    with pytest.raises(m.MessageError) as err:
+        m.decode_message(data)
+    assert err.value.where == where, (what, str(err.value))
+    assert str(err.value).startswith(where)
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: m.CheckpointComplete("job-0", 0, 0, False), "checkpoint"),
+        (lambda: m.CheckpointComplete("job-0", 2, -1, False), "subsumed"),
+        (lambda: m.CheckpointAborted("job-0", 2, -1, True), "latest_completed"),
+        (lambda: m.AttemptStopped("job-0", ""), "tm"),
+        (lambda: m.Decline("a/b", 1, SubtaskId("v", 0, 1), "tm-1"), "job"),
+    ],
+)
+def test_an_invalid_message_cannot_be_built(build: Any, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        build()
+
+
+def test_only_messages_are_encoded() -> None:
+    with pytest.raises(TypeError):
+        m.encode_message(SubtaskId("v", 0, 1))  # type: ignore[arg-type]
+
+
+def test_messages_are_frozen() -> None:
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        SAMPLE.checkpoint = 4  # type: ignore[misc]

@@ -1,0 +1,209 @@
+"""The messages that cross a process boundary between a coordinator and its TMs.
+
+A coordinator and a TM meet only through these values (issue 16): a TM acknowledges or
+declines a checkpoint, the coordinator tells TMs that a checkpoint completed or aborted,
+hands a restoring subtask what it starts from, and the engine tells the coordinator that
+an attempt it gave up on has stopped. Each is a frozen attrs value, and each travels as
+bytes: ``encode_message`` / ``decode_message``, JSON through ``spec.codec`` wrapped in an
+envelope that carries ``MESSAGE_VERSION``.
+
+Decoding refuses, with a ``MessageError`` naming the field (``$.message.checkpoint``),
+anything that is not exactly a message of this version: bytes that are not UTF-8 JSON,
+a foreign version, an unknown message type, a missing or unknown field, a value of the
+wrong type or out of range. Decoding builds a new value and touches nothing else, so a
+refused message changes nothing anywhere.
+
+A savepoint finishing is not a message of its own: it is a ``CheckpointComplete`` with
+``savepoint=True`` (R35), and a complete of a checkpoint says which savepoints are still
+pending (``pending_savepoints``), as the model's notification does.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Union
+
+from attrs import field, frozen
+
+from spec import codec
+from spec.handles import StateEntry
+from spec.ids import SubtaskId, TmId
+
+MESSAGE_VERSION = 1
+"""Bumped on any change a peer of the previous version would misread."""
+
+
+class MessageError(codec.CodecError):
+    """Bytes that are not a message of ``MESSAGE_VERSION``; ``where`` names the field."""
+
+
+class _FieldError(ValueError):
+    """A field's value out of range; ``field`` lets the decoder name it."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(f"{name}: {problem}")
+        self.field = name
+        self.problem = problem
+
+
+def _checkpoint_id(_inst: object, attribute: Any, value: int) -> None:
+    if value < 1:
+        raise _FieldError(attribute.name, f"a checkpoint id is >= 1, got {value}")
+
+
+def _non_negative(_inst: object, attribute: Any, value: int) -> None:
+    if value < 0:
+        raise _FieldError(attribute.name, f"must be >= 0, got {value}")
+
+
+def _name(_inst: object, attribute: Any, value: str) -> None:
+    if not value or any(ch in value for ch in "/\\\x00") or value in (".", ".."):
+        raise _FieldError(attribute.name, f"{value!r} is not a name (empty, a path or a dot)")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+# ---------------------------------------------------------------------------- TM -> coordinator
+
+
+@frozen
+class Acknowledgement:
+    """A subtask's snapshot for ``checkpoint``, sent by the TM attempt ``attempt``."""
+
+    job: str = field(validator=_name)
+    checkpoint: int = field(validator=_checkpoint_id)
+    subtask: SubtaskId
+    attempt: TmId = field(validator=_name)
+    entries: tuple[StateEntry, ...]
+
+
+@frozen
+class Decline:
+    """A subtask cannot finish ``checkpoint`` (a failed write, R17)."""
+
+    job: str = field(validator=_name)
+    checkpoint: int = field(validator=_checkpoint_id)
+    subtask: SubtaskId
+    attempt: TmId = field(validator=_name)
+
+
+# ---------------------------------------------------------------------------- coordinator -> TMs
+
+
+@frozen
+class CheckpointComplete:
+    """``checkpoint`` completed; every segment last used at or below ``subsumed`` may go
+    (R31). With ``savepoint`` it finishes that savepoint only (R35)."""
+
+    job: str = field(validator=_name)
+    checkpoint: int = field(validator=_checkpoint_id)
+    subsumed: int = field(validator=_non_negative)
+    savepoint: bool
+    pending_savepoints: frozenset[int] = frozenset()
+    """Savepoints still pending when it was sent: the others up to ``checkpoint`` are
+    finished (R35)."""
+
+
+@frozen
+class CheckpointAborted:
+    """``checkpoint`` aborted; ``latest_completed`` is the newest completed one (R32)."""
+
+    job: str = field(validator=_name)
+    checkpoint: int = field(validator=_checkpoint_id)
+    latest_completed: int = field(validator=_non_negative)
+    savepoint: bool
+
+
+# ---------------------------------------------------------------------------- coordinator -> one TM
+
+
+@frozen
+class RestoreAssignment:
+    """What ``subtask`` (hosted by ``tm``) starts from after a failover, restore or
+    rescale, and the files every retained checkpoint refers to: anything else in its
+    directories that no live writer holds is garbage (R62)."""
+
+    job: str = field(validator=_name)
+    subtask: SubtaskId
+    tm: TmId = field(validator=_name)
+    entries: tuple[StateEntry, ...]
+    referenced: frozenset[str]
+    first_checkpoint: int = field(validator=_checkpoint_id)
+    """The first checkpoint id the new attempt may write for (R60)."""
+    latest_completed: int = field(validator=_non_negative)
+    subsumed: int = field(validator=_non_negative)
+
+
+# ---------------------------------------------------------------------------- engine -> coordinator
+
+
+@frozen
+class AttemptStopped:
+    """A TM attempt the coordinator gave up on is known to have stopped (R64)."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+
+
+Message = Union[  # noqa: UP007 - the codec reads the union's members
+    Acknowledgement,
+    Decline,
+    CheckpointComplete,
+    CheckpointAborted,
+    RestoreAssignment,
+    AttemptStopped,
+]
+MESSAGE_TYPES: tuple[type, ...] = (
+    Acknowledgement,
+    Decline,
+    CheckpointComplete,
+    CheckpointAborted,
+    RestoreAssignment,
+    AttemptStopped,
+)
+
+
+def encode_message(msg: Message) -> bytes:
+    """``msg`` as bytes: ``{"version": MESSAGE_VERSION, "message": {...}}`` in UTF-8."""
+    if not isinstance(msg, MESSAGE_TYPES):
+        raise TypeError(f"not a message: {type(msg).__name__}")
+    envelope = {"version": MESSAGE_VERSION, "message": codec.encode(msg)}
+    return json.dumps(envelope, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode_message(data: bytes) -> Message:
+    """The message ``encode_message`` turned into ``data``; ``MessageError`` naming the
+    field for anything else."""
+    try:
+        envelope = json.loads(bytes(data).decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise MessageError("$", f"not a UTF-8 JSON message: {err}") from None
+    if not isinstance(envelope, dict):
+        raise MessageError("$", f"expected an object, got {type(envelope).__name__}")
+    unknown = sorted(set(envelope) - {"version", "message"})
+    if unknown:
+        raise MessageError("$", f"unknown field(s) {', '.join(unknown)} in the envelope")
+    version = envelope.get("version")
+    if type(version) is not int or version != MESSAGE_VERSION:
+        raise MessageError(
+            "$.version", f"version {version!r}: this side speaks version {MESSAGE_VERSION} only"
+        )
+    if "message" not in envelope:
+        raise MessageError("$", "no message in the envelope")
+    try:
+        msg: Message = codec.decode(Message, envelope["message"], "$.message")
+    except MessageError:
+        raise
+    except codec.CodecError as err:
+        cause = err.__cause__
+        if isinstance(cause, _FieldError):  # a validator: name the field, not its object
+            raise MessageError(f"{err.where}.{cause.field}", cause.problem) from None
+        raise MessageError(err.where, err.problem) from None
+    return msg
