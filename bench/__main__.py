@@ -1,7 +1,8 @@
 """``python -m bench``: run the benchmarks, print a table, write ``bench/results.json``.
 
 Options: ``--quick`` (smaller, for a smoke run; writes no file unless ``--out`` is
-given), ``--only NAME[,NAME]`` (``write``, ``small``, ``subsume``, ``memory``, ``audit``),
+given), ``--only NAME[,NAME]`` (``write``, ``small``, ``subsume``, ``memory``, ``steady``,
+``audit``),
 ``--repeats N`` (runs per timed measurement, default 7), ``--out PATH``, ``--tmp DIR``
 (where the local-disk benchmark writes; default: the system temp dir).
 """
@@ -18,10 +19,11 @@ from pathlib import Path
 
 from bench.audit import audit_throughput
 from bench.common import REPO, Figure, machine_info, table
+from bench.memory import memory_over_checkpoints
 from bench.tables import memory_per_segment, subsume_cost
 from bench.throughput import small_segments, write_throughput
 
-NAMES = ("write", "small", "subsume", "memory", "audit")
+NAMES = ("write", "small", "subsume", "memory", "steady", "audit")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         "small": lambda: small_segments(args.repeats, args.quick, log),
         "subsume": lambda: subsume_cost(args.repeats, args.quick, log),
         "memory": lambda: memory_per_segment(args.repeats, args.quick, log),
+        "steady": lambda: memory_over_checkpoints(args.quick, log),
         "audit": lambda: audit_throughput(min(args.repeats, 5), args.quick, args.tmp, log),
     }
     info = machine_info()

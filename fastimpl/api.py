@@ -80,6 +80,10 @@ class CheckpointStore:
     ``_metadata`` write and every delete: once another store takes the base over (a
     ``fresh-id`` open, a ``recover``), this one fails those calls with ``FencedError``
     (a checkpoint it completes is aborted, R51) instead of destroying the other's files.
+
+    ``deletion_log`` keeps every delete in ``observe().deletions`` (for tests and
+    traces): off by default, the history grows with every checkpoint; without it
+    ``observe().deletions`` holds only the deletes that broke I2 or I5.
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class CheckpointStore:
         storage_options: Mapping[str, Any] | None = None,
         trace: CommandTrace | None = None,
         on_existing: OnExisting = "refuse",
+        deletion_log: bool = False,
         _cluster: Cluster | None = None,
     ) -> None:
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
@@ -104,6 +109,8 @@ class CheckpointStore:
             )
         self._cluster = _cluster
         self._cluster.copy_bytes = True
+        if deletion_log:
+            self._cluster.keep_deletion_log()
         if trace is not None:  # every command from here on, as NDJSON (fastimpl.trace)
             self._cluster.start_trace(trace)
         self.coordinator = Coordinator(self)
@@ -118,6 +125,7 @@ class CheckpointStore:
         crashed_job: str = "job-0",
         ids: IdSource | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        deletion_log: bool = False,
     ) -> tuple[CheckpointStore, RecoveryReport]:
         """Continue a job whose process died, from what storage holds (see ``recovery``)."""
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
@@ -127,7 +135,15 @@ class CheckpointStore:
         cluster, report = recover(
             config, job, fs, root, job=crashed_job, ids=ids or RandomIds(), lease=_lease_token()
         )
-        return cls(url, config, job, storage_options=storage_options, _cluster=cluster), report
+        store = cls(
+            url,
+            config,
+            job,
+            storage_options=storage_options,
+            deletion_log=deletion_log,
+            _cluster=cluster,
+        )
+        return store, report
 
     # ------------------------------------------------------------------ the job
 
@@ -561,7 +577,7 @@ class FileMergingManager:
         with self._store._lock:
             self._check_open("receive_notifications")
             while True:
-                idx = next((i for i, x in enumerate(self._cl.channel) if x[0] == self.tm), None)
+                idx = self._cl.channel.first_for(self.tm)
                 if idx is None:
                     return n
                 self._cl.apply(c.DeliverNotification(idx))

@@ -19,13 +19,10 @@ from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.manager import Manager
 from fastimpl.metadata import MetadataError, base_of, metadata_bytes, path_parts
 from fastimpl.records import (
-    ABORT,
-    COMPLETE,
     BackendRef,
     Completed,
     Deferred,
     ManagedDir,
-    Notice,
     Pending,
     PFile,
     PoolKey,
@@ -38,6 +35,7 @@ from fastimpl.records import (
 from fastimpl.redistribute import assign
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.trace import CommandTrace
+from fastimpl.transport import InMemoryTransport
 from spec import commands as c
 from spec.commands import StorageOp
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
@@ -64,6 +62,7 @@ from spec.layout import (
     shared_dir,
     taskowned_dir,
 )
+from spec.messages import CheckpointAborted, CheckpointComplete
 from spec.observation import DeletionRecord, Observation, RegistryView, RetainedView
 
 log = logging.getLogger("fastimpl.cluster")
@@ -71,7 +70,9 @@ _T = TypeVar("_T")
 OutKey = tuple[TmId, SubtaskId, int]
 BackendKey = tuple[TmId, SubtaskId, str]
 _METADATA_SUFFIX = "/" + METADATA
-log = logging.getLogger("fastimpl.cluster")
+_BAD_DELETIONS_KEPT = 1000
+_DELETED_BY_BOUND = 512
+_REFUSED_KEPT = 1000
 
 
 @attrs.define
@@ -111,6 +112,7 @@ class Cluster:
         job_id: str = "job-0",
         *,
         background_deletes: bool = True,
+        deletion_log: bool = False,
     ) -> None:
         self.storage = Storage(fs, root, background_deletes=background_deletes)
         if not self.storage.open_files_readable and config.open_files_readable:
@@ -137,7 +139,6 @@ class Cluster:
         self.next_tm = job_spec.num_tms + 1
         self.next_checkpoint = 1
         self.pending: dict[int, Pending] = {}
-        self.aborted: set[int] = set()
         self.retained: list[Completed] = []
         self.savepoints: dict[int, Completed] = {}
         self.savepoint_ids: set[int] = set()
@@ -151,9 +152,19 @@ class Cluster:
         self.dirs: dict[str, ManagedDir] = {}
         self.dir_owner: dict[str, str] = {}
         self.files: dict[str, StoredFile] = {}
-        self.deletions: list[DeletionRecord] = []
+        self.deletions: list[DeletionRecord] | None = [] if deletion_log else None
+        """Every delete, in order (``observe().deletions``): an opt-in log for tests and
+        traces, since it grows with every checkpoint (``keep_deletion_log``)."""
+        self.bad_deletions: list[DeletionRecord] = []
+        """Without the log, the deletes that broke I2 or I5 (none, unless the store has a
+        bug): what the invariant checks need, at most ``_BAD_DELETIONS_KEPT`` of them."""
+        self.deleted_by: dict[str, str] = {}
+        """Who deleted each path whose delete may still fail in the background: the file
+        stays its deleter's until the delete is done (``_owners``). Pruned once settled."""
+        self._deleted_by_bound = _DELETED_BY_BOUND
         self.deferred: list[Deferred] = []
-        self.channel: list[Notice] = []
+        self.channel = InMemoryTransport()
+        """The coordinator's notices in flight to TMs, encoded (``spec.messages``)."""
         self.restoring: tuple[StateEntry, ...] = ()
         self.assignment: dict[SubtaskId, tuple[StateEntry, ...]] = {}
         """Each new subtask's share of the checkpoint restored last (R75, R76)."""
@@ -192,6 +203,8 @@ class Cluster:
         ids = "counter" if isinstance(self.ids, CounterIds) else "random"
         trace.header(self.cfg, self.job_spec, ids)
         self.trace = trace
+        if trace.observations:  # a replay compares the whole history
+            self.keep_deletion_log()
 
     def _traced(self, cmd: c.Command, run: Callable[[], _T]) -> _T:
         trace = self.trace
@@ -229,10 +242,9 @@ class Cluster:
             case c.DeliverNotification():
                 self._deliver(cmd.index)
             case c.DropNotification():
-                self._notice_at(cmd.index)
-                del self.channel[cmd.index]
+                self.channel.drop(cmd.index)
             case c.DuplicateNotification():
-                self.channel.append(self._notice_at(cmd.index))
+                self.channel.duplicate(cmd.index)
             case c.CrashTm():
                 self._crash_tm(cmd.tm)
             case c.AttemptStopped():
@@ -352,18 +364,45 @@ class Cluster:
         owner = f.owner if f is not None else self.dir_owner.get(path)
         return owner == USER or not any(is_under(path, b) for b in self.bases)
 
+    def keep_deletion_log(self) -> None:
+        """Log every delete from now on (``observe().deletions``): for tests and traces
+        that compare the history; off by default, as it grows with every checkpoint."""
+        if self.deletions is None:
+            self.deletions = list(self.bad_deletions)
+
     def _record_delete(self, path: str, actor: str) -> None:
         f = self.files.get(path)
-        self.deletions.append(
-            DeletionRecord(
-                path=path,
-                actor=actor,
-                owner=None if f is None else f.owner,
-                existed=f is not None,
-                protected=f is not None and self._protected(path),
-            )
+        rec = DeletionRecord(
+            path=path,
+            actor=actor,
+            owner=None if f is None else f.owner,
+            existed=f is not None,
+            protected=f is not None and self._protected(path),
         )
+        if self.deletions is not None:
+            self.deletions.append(rec)
+        elif (rec.protected or not rec.existed or rec.owner != actor) and len(
+            self.bad_deletions
+        ) < _BAD_DELETIONS_KEPT:
+            self.bad_deletions.append(rec)  # I2, I5: kept for check_invariants
         self.files.pop(path, None)
+        self.failed_uploads.discard(path)
+        self.deleted_by[path] = actor
+        if len(self.deleted_by) > self._deleted_by_bound:
+            self._forget_settled_deletes()
+
+    def _forget_settled_deletes(self) -> None:
+        """Drop who deleted what once the storage has carried the deletes out; keep those
+        that failed (their files stay their deleter's until a retry succeeds)."""
+        if not self.storage.idle():
+            return
+        failed = list(self.storage.failed_deletes.values())
+        self.deleted_by = {
+            p: a
+            for p, a in self.deleted_by.items()
+            if any(p == f.path or (f.is_dir and is_under(p, f.path)) for f in failed)
+        }
+        self._deleted_by_bound = max(_DELETED_BY_BOUND, 2 * len(self.deleted_by))
 
     def _waits_for(self, creator: TmId | None, actor: str) -> TmId | None:
         """R64: a lost attempt's files are deleted by others only once it has stopped."""
@@ -384,7 +423,8 @@ class Cluster:
         why = self._foreign(path, is_dir)
         if why is None:
             return False
-        self.refused_deletes.append(RefusedDelete(path, actor, is_dir, why))
+        if len(self.refused_deletes) < _REFUSED_KEPT:  # each is logged too
+            self.refused_deletes.append(RefusedDelete(path, actor, is_dir, why))
         log.error(
             "refused to delete %s %s (%s): %s", "directory" if is_dir else "file", path, actor, why
         )
@@ -788,8 +828,8 @@ class Cluster:
             for directory in (shared_dir(self.job, cmd.subtask), taskowned_dir(self.job, tm)):
                 if directory in self.dir_owner:
                     d = self.dirs[directory]
-                    if d.creator == tm:
-                        d.used_by.add(cmd.checkpoint)
+                    if d.creator == tm and not d.handed_over:  # R41; once handed over,
+                        d.used_by.add(cmd.checkpoint)  # the coordinator's (R42)
                     entries.append(
                         StateEntry(
                             cmd.subtask, StateKind.CHANNEL, "dir", DirectoryHandle(directory), 0
@@ -842,14 +882,19 @@ class Cluster:
     def _current_tms(self) -> list[TmId]:
         return sorted({t for t in self.placement.values() if self.tms[t].status is Status.ALIVE})
 
-    def _notify(self, kind: int, checkpoint: int, mark: int, savepoint: bool) -> None:
+    def _notify_complete(self, checkpoint: int, savepoint: bool) -> None:
         open_sps = frozenset(k for k, p in self.pending.items() if p.savepoint)
+        msg = CheckpointComplete(self.job, checkpoint, self.watermark, savepoint, open_sps)
         for tm in self._current_tms():
-            self.channel.append((tm, kind, checkpoint, mark, savepoint, open_sps))
+            self.channel.send(tm, msg)
+
+    def _notify_abort(self, checkpoint: int, savepoint: bool) -> None:
+        msg = CheckpointAborted(self.job, checkpoint, self.latest_completed, savepoint)
+        for tm in self._current_tms():
+            self.channel.send(tm, msg)
 
     def _coordinator_abort(self, checkpoint: int) -> None:
         p = self.pending.pop(checkpoint)
-        self.aborted.add(checkpoint)
         for key in sorted(k for k, r in self.registry.items() if checkpoint in r.pins):
             self.registry[key].pins.discard(checkpoint)
             self._release_entry(key)
@@ -857,7 +902,7 @@ class Cluster:
             f = self.files.get(path)
             if f is not None and f.owner == COORDINATOR:
                 self._delete_file(path, COORDINATOR)
-        self._notify(ABORT, checkpoint, self.latest_completed, p.savepoint)
+        self._notify_abort(checkpoint, p.savepoint)
 
     def _complete(self, cmd: c.Complete) -> None:
         self._require_running()
@@ -930,7 +975,7 @@ class Cluster:
                 if f is not None:
                     f.owner = USER
             self.savepoints[done.id] = done
-            self._notify(COMPLETE, done.id, self.watermark, True)
+            self._notify_complete(done.id, True)
             return
         self.restoring = ()
         self.latest_completed = cmd.checkpoint
@@ -938,7 +983,7 @@ class Cluster:
         self.retained.append(done)
         while len(self.retained) > self.cfg.num_retained:  # R52
             self._subsume(self.retained.pop(0))
-        self._notify(COMPLETE, cmd.checkpoint, self.watermark, False)
+        self._notify_complete(cmd.checkpoint, False)
         for older in sorted(
             k for k, v in self.pending.items() if k < cmd.checkpoint and not v.savepoint
         ):
@@ -1025,26 +1070,18 @@ class Cluster:
 
     # ------------------------------------------------------------------ notifications
 
-    def _notice_at(self, index: int) -> Notice:
-        if not 0 <= index < len(self.channel):
-            raise CommandError(
-                Reason.NO_SUCH_NOTIFICATION, f"no notification {index} of {len(self.channel)}"
-            )
-        return self.channel[index]
-
     def _deliver(self, index: int) -> None:
         """R34: any notice may arrive at any time, twice or never."""
-        tm, kind, checkpoint, mark, savepoint, still_open = self._notice_at(index)
-        del self.channel[index]
+        tm, msg = self.channel.take(index)
         rec = self.tms.get(tm)
         if rec is None or rec.status is Status.STOPPED:
             return
-        if kind == COMPLETE:
-            self._tm_complete(tm, checkpoint, mark, savepoint)
-            if not savepoint:
-                self._finish_savepoints(tm, checkpoint, still_open)
-        else:
-            self._tm_abort(tm, checkpoint, mark, savepoint)
+        if isinstance(msg, CheckpointComplete):
+            self._tm_complete(tm, msg.checkpoint, msg.subsumed, msg.savepoint)
+            if not msg.savepoint:
+                self._finish_savepoints(tm, msg.checkpoint, msg.pending_savepoints)
+        elif isinstance(msg, CheckpointAborted):
+            self._tm_abort(tm, msg.checkpoint, msg.latest_completed, msg.savepoint)
 
     def _finish_savepoints(self, tm: TmId, checkpoint: int, still_open: frozenset[int]) -> None:
         """R35: savepoints up to c that are not listed as pending are finished."""
@@ -1078,6 +1115,32 @@ class Cluster:
                 self._discard(tm, lid)
         self._tm_drop_outputs_where(tm, lambda cp: cp <= checkpoint and not self._is_savepoint(cp))
         self._close_within_files(tm, lambda cp: cp <= checkpoint)
+        self._forget_settled_aborts(tm)
+
+    def _forget_settled_aborts(self, tm: TmId) -> None:
+        """Keep the aborts a TM heard only while they still decide something: whether a
+        write is late (not once the checkpoint is below the finished mark, or a finished
+        savepoint) and whether a directory it made may go (R41, while one of its
+        directories that was not handed over lists the checkpoint). Without this the
+        set grows with every abort the job ever had."""
+        rec = self.tms[tm]
+        if not rec.known_aborted:
+            return
+        listed = {
+            cp
+            for d in self.dirs.values()
+            if d.creator == tm and not d.handed_over
+            for cp in d.used_by
+        }
+        rec.known_aborted = {
+            cp
+            for cp in rec.known_aborted
+            if cp in listed
+            or not (
+                cp in rec.finished_savepoints
+                or (cp <= rec.finished_mark and not self._is_savepoint(cp))
+            )
+        }
 
     def _tm_abort(self, tm: TmId, checkpoint: int, latest_completed: int, savepoint: bool) -> None:
         rec = self.tms[tm]
@@ -1311,7 +1374,7 @@ class Cluster:
         self.outputs = {k: v for k, v in self.outputs.items() if k[0] != tm}
         self.acked = {k: v for k, v in self.acked.items() if k[0] != tm}
         self.backend = {k: v for k, v in self.backend.items() if k[0] != tm}
-        self.channel = [n for n in self.channel if n[0] != tm]
+        self.channel.forget(tm)
 
     def _referenced(self, path: str) -> bool:
         for r in self.retained:
@@ -1483,9 +1546,6 @@ class Cluster:
             self.retained.append(done)
         received = {p for pend in self.pending.values() for p in pend.received}
         self.pending = {}
-        self.aborted |= set(range(self.latest_completed + 1, self.next_checkpoint)) - set(
-            self.savepoints
-        )
         for path in sorted(received):
             f = self.files.get(path)
             if f is not None and f.owner == COORDINATOR and not self._referenced(path):
@@ -1710,11 +1770,10 @@ class Cluster:
         owners = {p: f.owner for p, f in self.files.items()}
         failed = self.storage.failed_deletes
         if failed:
-            by_path = {d.path: d.actor for d in self.deletions}
             for path, failure in failed.items():
-                for rec in self.deletions:
-                    if rec.path == path or (failure.is_dir and is_under(rec.path, path)):
-                        owners.setdefault(rec.path, by_path.get(rec.path, rec.actor))
+                for gone, actor in self.deleted_by.items():
+                    if gone == path or (failure.is_dir and is_under(gone, path)):
+                        owners.setdefault(gone, actor)
         return owners
 
     def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
@@ -1782,7 +1841,7 @@ class Cluster:
                 k: RegistryView(r.path, frozenset(r.refs), r.owned)
                 for k, r in self.registry.items()
             },
-            deletions=tuple(self.deletions),
+            deletions=tuple(self.bad_deletions if self.deletions is None else self.deletions),
             pending_deletes=(
                 *(d.path for d in self.deferred),
                 *sorted(self.storage.failed_deletes),

@@ -186,13 +186,6 @@ class RegEntry:
         self.pins: set[int] = set()
 
 
-COMPLETE = 0
-ABORT = 1
-
-Notice = tuple[TmId, int, int, int, bool, frozenset[int]]
-"""(tm, kind, checkpoint, mark, savepoint, pending savepoints)."""
-
-
 class StoredFile:
     """The catalog's record of a file on storage: who owns it, who wrote it."""
 

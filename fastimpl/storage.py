@@ -972,6 +972,14 @@ class Storage:
         if self._queued_dirs and any(is_under(path, d) for d in list(self._queued_dirs)):
             self.drain()
 
+    def idle(self) -> bool:
+        """No delete is queued or under way: every one asked for so far is done or is
+        in ``failed_deletes``."""
+        if not self.background:
+            return True
+        with self._cv:
+            return not self._queue and not self._busy and self._worker is None
+
     def drain(self) -> None:
         """Wait until every queued delete has been carried out (or has failed for good)."""
         if not self.background:

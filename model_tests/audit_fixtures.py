@@ -56,7 +56,7 @@ def build(case_file: str, fs: Any, root: str, uri_prefix: str = "",
     """Run a corpus case's commands on fastimpl under ``root``; the audited base is the
     job base of the newest retained checkpoint."""
     case = load(CORPUS / case_file)
-    cluster = Cluster(case.config, case.job, fs, root, CounterIds())
+    cluster = Cluster(case.config, case.job, fs, root, CounterIds(), deletion_log=True)
     for step in case.steps:
         try:
             cluster.apply(step.command)

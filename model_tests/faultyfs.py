@@ -1005,6 +1005,7 @@ class Place:
         background_deletes: bool = True,
         ids: IdSource | None = None,
         object_store: bool = False,
+        deletion_log: bool = True,
     ) -> tuple[CheckpointStore, FaultyFileSystem]:
         """A store on this place, every storage call through a fresh wrapper: on a local
         directory ``Storage``'s local-disk path through ``FaultyOS`` (unless it is to be
@@ -1012,7 +1013,13 @@ class Place:
         local_root = self.root if self.kind == "local" and not object_store else None
         fs = FaultyFileSystem(self.inner, object_store=object_store, local_root=local_root)
         cluster = Cluster(
-            config, job, fs, self.root, ids or CounterIds(), background_deletes=background_deletes
+            config,
+            job,
+            fs,
+            self.root,
+            ids or CounterIds(),
+            background_deletes=background_deletes,
+            deletion_log=deletion_log,
         )
         cluster.storage.retry_backoff = 1e-4
         return CheckpointStore(self.url, config, job, _cluster=cluster), fs

@@ -46,6 +46,7 @@ def _open(place: Place, mode: MergingMode, **kw: object) -> CheckpointStore:
         _config(mode),
         JOB,
         storage_options=_options(place),
+        deletion_log=True,  # the tests compare what went with what was deleted
         **kw,  # type: ignore[arg-type]
     )
 
@@ -148,7 +149,7 @@ def test_a_store_whose_base_was_taken_over_changes_nothing(place: Place, mode: M
 def test_recover_fences_a_writer_still_running(place: Place, mode: MergingMode) -> None:
     a, _ = _first_run(place, mode)
     b, report = CheckpointStore.recover(
-        place.url, _config(mode), JOB, storage_options=_options(place)
+        place.url, _config(mode), JOB, storage_options=_options(place), deletion_log=True
     )
     assert report.checkpoints == (2,)
     known = _listing(place)

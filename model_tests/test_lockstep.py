@@ -152,7 +152,7 @@ class FastimplTarget:
     """fastimpl's ``Cluster`` with the model's names (``CounterIds``)."""
 
     def __init__(self, config: Config, job: JobSpec, fs: Any, root: str) -> None:
-        self.cluster = Cluster(config, job, fs, root, CounterIds())
+        self.cluster = Cluster(config, job, fs, root, CounterIds(), deletion_log=True)
 
     def apply(self, cmd: c.Command) -> None:
         self.cluster.apply(cmd)
@@ -485,7 +485,7 @@ def test_across_checkpoint_refused_on_s3(backend: Backend) -> None:
         cfg = backend.config(Config.for_mode(mode))
         assert not cfg.open_files_readable
         root = backend.new_root()
-        cluster = Cluster(cfg, DEFAULT_JOB, backend.fs, root, CounterIds())
+        cluster = Cluster(cfg, DEFAULT_JOB, backend.fs, root, CounterIds(), deletion_log=True)
         cluster.apply(c.Trigger())
         assert cluster.observe().files == {}
         backend.remove(root)

@@ -231,7 +231,7 @@ def example_trace(*, observations: bool = False) -> list[str]:
         trace = CommandTrace(str(path), observations=observations)
         fs = fsspec.filesystem("memory")
         root = f"/trace-example-{uuid.uuid4().hex}"  # memory:// is one per process
-        cluster = Cluster(config, job, fs, root, CounterIds())
+        cluster = Cluster(config, job, fs, root, CounterIds(), deletion_log=True)
         cluster.start_trace(trace)
 
         def run(cmd: c.Command) -> None:

@@ -75,7 +75,7 @@ class FastimplSession:
     def __init__(self, config: Config, job: JobSpec, fs: Any, root: str) -> None:
         self.fs = fs
         self.root = root
-        self.cluster = Cluster(config, job, fs, root, CounterIds())
+        self.cluster = Cluster(config, job, fs, root, CounterIds(), deletion_log=True)
 
     def run(self, command: Command) -> Reason | None:
         try:

@@ -1,0 +1,128 @@
+"""Figure 6: the product's memory over a long steady job (issue 16).
+
+A job that checkpoints forever must not keep a record per checkpoint: the deletion
+history, the aborts a TM heard, who deleted what... A ``CheckpointStore`` (the public
+API, ``memory://``, WITHIN_CHECKPOINT merging, 2 vertices of parallelism 2 on 2 TMs,
+``num_retained`` 2) runs 10,000 checkpoint cycles: every subtask writes fresh shared
+state and an operator list, acknowledges, the checkpoint completes and the TMs receive
+their notifications (one checkpoint in 50 is aborted instead). ``tracemalloc`` counts
+the bytes allocated by the product's own lines (``fastimpl/``, ``spec/``) that are still
+live, at ten points over the 100 checkpoints up to the 1,000th and up to the 10,000th;
+the figure is the ratio of the two peaks (goal: flat, at most 1.1). A peak rather than
+one sample: bounded tables that are pruned in batches (who deleted what, kept while a
+background delete may still fail) go up and down over a few dozen checkpoints. The same
+job with the opt-in deletion log (``deletion_log=True``, for tests and traces), over
+2,000 checkpoints, is the contrast: it grows by design.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.common import Case, Figure
+from fastimpl.api import CheckpointStore
+from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
+
+JOB = JobSpec((VertexSpec("src", 2), VertexSpec("win", 2)), num_tms=2)
+GOAL_RATIO = 1.1
+_ROOT = Path(__file__).resolve().parent.parent
+_PRODUCT = (str(_ROOT / "fastimpl") + "/*", str(_ROOT / "spec") + "/*")
+_runs = itertools.count()
+
+
+def _product_bytes() -> int:
+    gc.collect()
+    snap = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(True, pattern) for pattern in _PRODUCT]
+    )
+    return sum(s.size for s in snap.statistics("filename"))
+
+
+def steady_job(
+    checkpoints: int, marks: tuple[int, ...], *, deletion_log: bool
+) -> dict[int, tuple[int, int]]:
+    """Run ``checkpoints`` cycles; for each of ``marks`` (checkpoints done) the peak of
+    the product's live bytes at ten samples over the 100 checkpoints up to it, and all
+    live traced bytes at that peak."""
+    cfg = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=2)
+    url = f"memory://bench-memory-{next(_runs)}"
+    out: dict[int, tuple[int, int]] = {}
+    tracemalloc.start()
+    try:
+        with CheckpointStore(url, cfg, JOB, deletion_log=deletion_log) as store:
+            coord = store.coordinator
+            subtasks = sorted(store.placement())
+            for n in range(1, checkpoints + 1):
+                cp = coord.trigger()
+                for s in subtasks:
+                    m = store.manager_for(s)
+                    m.write(cp, s, StateKind.KEYED_SHARED, f"{cp}.sst", b"k" * 200)
+                    m.write(cp, s, StateKind.OPERATOR_LIST, "offsets", b"o" * 40)
+                    m.acknowledge(cp, s)
+                if n % 50 == 0:
+                    coord.abort(cp)
+                else:
+                    coord.complete(cp)
+                for tm in store.task_managers():
+                    store.task_manager(tm).receive_notifications()
+                mark = next((k for k in marks if k - 100 < n <= k and (k - n) % 10 == 0), None)
+                if mark is not None:
+                    store.flush()
+                    got = (_product_bytes(), tracemalloc.get_traced_memory()[0])
+                    out[mark] = max(out.get(mark, got), got)
+            bad = store.check_invariants()
+            if bad:
+                raise AssertionError(f"the steady job broke invariants: {bad[:3]}")
+    finally:
+        tracemalloc.stop()
+    return out
+
+
+def memory_over_checkpoints(quick: bool = False, log: Callable[[str], None] = print) -> Figure:
+    total = 2_000 if quick else 10_000
+    cases: list[Case] = []
+    results: dict[str, dict[int, tuple[int, int]]] = {}
+    for label, with_log, n in (("default", False, total), ("with deletion_log", True, 2_000)):
+        first = n // 10
+        got = steady_job(n, (first, n), deletion_log=with_log)
+        results[label] = got
+        (p1, a1), (p2, a2) = got[first], got[n]
+        case = Case(
+            f"{label}: product bytes at {n:,} / at {first:,} checkpoints",
+            float(p2),
+            float(p1),
+            p2 / p1,
+            f"all traced bytes {a1:,} -> {a2:,}",
+            {"product_bytes": [float(p1), float(p2)], "all_bytes": [float(a1), float(a2)]},
+        )
+        cases.append(case)
+        log(
+            f"  {label}: product {p1:,} B at {first:,}, {p2:,} B at {n:,} checkpoints"
+            f" (x{p2 / p1:.2f}); all traced {a1:,} -> {a2:,} B"
+        )
+    head = cases[0]
+    return Figure(
+        key="memory_over_checkpoints",
+        title=f"6. product memory over {total:,} checkpoints of a steady job",
+        unit="B",
+        value=head.value,
+        baseline=head.baseline,
+        baseline_what=f"the same store after {total // 10:,} checkpoints",
+        ratio=head.ratio,
+        ratio_what=(
+            f"peak live bytes near {total:,} / near {total // 10:,} checkpoints"
+            " (tracemalloc, fastimpl/ and spec/ lines)"
+        ),
+        goal=f"flat: ratio <= {GOAL_RATIO}",
+        met=head.ratio <= GOAL_RATIO,
+        cases=cases,
+        details={
+            "job": "2 vertices x parallelism 2 on 2 TMs, WITHIN_CHECKPOINT, num_retained 2,"
+            " memory://, 1 checkpoint in 50 aborted",
+            "marks": [total // 10, total],
+        },
+    )
