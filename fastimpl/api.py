@@ -330,20 +330,14 @@ class Coordinator:
     def trigger(self, *, savepoint: bool = False) -> int:
         """Start a checkpoint (or a savepoint); return its id."""
         with self._store._lock:
-            cid = self._cl.next_checkpoint
-            self._cl.apply(c.Trigger(savepoint))
-            return cid
+            return self._cl.trigger(savepoint)
 
     def acknowledge(
         self, checkpoint: int, subtask: SubtaskId, *, attempt: TmId | None = None
     ) -> tuple[StateEntry, ...]:
         """A subtask reports the handles it wrote for ``checkpoint``; return them."""
         with self._store._lock:
-            tm = attempt or self._cl.placement.get(subtask)
-            key = (tm or "", subtask, checkpoint)
-            entries = tuple(self._cl.outputs.get(key, ()))
-            self._cl.apply(c.Acknowledge(checkpoint, subtask, attempt))
-            return entries
+            return self._cl.acknowledge(c.Acknowledge(checkpoint, subtask, attempt))
 
     def decline(self, checkpoint: int, subtask: SubtaskId) -> None:
         self._store._apply(c.Decline(checkpoint, subtask))
@@ -353,14 +347,10 @@ class Coordinator:
         ``_metadata`` and subsume what retention lets go. ``None`` if writing the metadata
         failed (the checkpoint is then aborted, R51)."""
         with self._store._lock:
-            self._cl.apply(c.Complete(checkpoint))
-            for r in self._cl.retained:
-                if r.id == checkpoint:
-                    return RetainedView(r.id, r.job, r.metadata, r.entries, r.directories)
-            sp = self._cl.savepoints.get(checkpoint)
-            if sp is not None:
-                return RetainedView(sp.id, sp.job, sp.metadata, sp.entries, sp.directories)
+            done = self._cl.complete(checkpoint)
+        if done is None:
             return None
+        return RetainedView(done.id, done.job, done.metadata, done.entries, done.directories)
 
     def abort(self, checkpoint: int) -> None:
         self._store._apply(c.Abort(checkpoint))

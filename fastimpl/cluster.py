@@ -187,12 +187,32 @@ class Cluster:
 
     def apply(self, cmd: c.Command) -> None:
         """Apply one command; raise ``CommandError`` (nothing changed) if it is invalid."""
-        if self.trace is None:
-            self._dispatch(cmd)
-        else:
-            self._traced(cmd, lambda: self._dispatch(cmd))
+        self._run(cmd, lambda: self._dispatch(cmd))
+
+    def _run(self, cmd: c.Command, run: Callable[[], _T]) -> _T:
+        result = run() if self.trace is None else self._traced(cmd, run)
         if self.on_applied is not None:
             self.on_applied(cmd)
+        return result
+
+    # The coordinator's calls return what they produced (raft's ``Ready``): callers never
+    # read it back from the tables afterwards.
+
+    def trigger(self, savepoint: bool = False) -> int:
+        """``Trigger``; the new checkpoint's id."""
+        cmd = c.Trigger(savepoint)
+        return self._run(cmd, lambda: self._trigger(cmd))
+
+    def acknowledge(self, cmd: c.Acknowledge) -> tuple[StateEntry, ...]:
+        """``Acknowledge``; the entries the subtask wrote and reports (its directory
+        handles, R40, are added by the acknowledgement itself and not listed)."""
+        return self._run(cmd, lambda: self._acknowledge(cmd))
+
+    def complete(self, checkpoint: int) -> Completed | None:
+        """``Complete``; the completed checkpoint, or ``None`` if writing its
+        ``_metadata`` failed and it was aborted (R51)."""
+        cmd = c.Complete(checkpoint)
+        return self._run(cmd, lambda: self._complete(cmd))
 
     def start_trace(self, trace: CommandTrace) -> None:
         """Log every command executed from now on to ``trace`` (``fastimpl.trace``). A
@@ -568,7 +588,7 @@ class Cluster:
 
     # ------------------------------------------------------------------ trigger (R50)
 
-    def _trigger(self, cmd: c.Trigger) -> None:
+    def _trigger(self, cmd: c.Trigger) -> int:
         self._require_running()
         cid = self.next_checkpoint
         self.next_checkpoint += 1
@@ -576,6 +596,7 @@ class Cluster:
         if cmd.savepoint:
             self.savepoint_ids.add(cid)
             self.triggered_savepoints.add(cid)
+        return cid
 
     # ------------------------------------------------------------------ writing (R10-R17)
 
@@ -819,10 +840,11 @@ class Cluster:
 
     # ------------------------------------------------------------------ acknowledge
 
-    def _acknowledge(self, cmd: c.Acknowledge) -> None:
+    def _acknowledge(self, cmd: c.Acknowledge) -> tuple[StateEntry, ...]:
         tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
         key = (tm, cmd.subtask, cmd.checkpoint)
-        entries = self.outputs.pop(key, [])
+        written = tuple(self.outputs.pop(key, ()))
+        entries = list(written)
         if self.mode is not MergingMode.NONE and not self._is_savepoint(cmd.checkpoint):
             # R40: every acknowledgement reports the managed directories that exist
             for directory in (shared_dir(self.job, cmd.subtask), taskowned_dir(self.job, tm)):
@@ -850,7 +872,7 @@ class Cluster:
                     s = stream_of(e.handle)
                     if s is not None and isinstance(e.handle, FileHandle):
                         self._delete_file(s.path, COORDINATOR)
-            return  # R56
+            return written  # R56
         p = self.pending[cmd.checkpoint]
         p.received |= self._take_over_files(entries)
         p.acks[cmd.subtask] = tuple(entries)
@@ -860,10 +882,11 @@ class Cluster:
             if isinstance(e.handle, PlaceholderHandle)
         ):
             self._coordinator_abort(cmd.checkpoint)  # R22
-            return
+            return written
         for e in entries:
             if isinstance(e.handle, PlaceholderHandle):
                 self.registry[e.handle.logical_id].pins.add(cmd.checkpoint)
+        return written
 
     def _take_over_files(self, entries: Iterable[StateEntry]) -> set[str]:
         """R43: whole-file handles (NONE mode, savepoints) become the coordinator's."""
@@ -904,7 +927,7 @@ class Cluster:
                 self._delete_file(path, COORDINATOR)
         self._notify_abort(checkpoint, p.savepoint)
 
-    def _complete(self, cmd: c.Complete) -> None:
+    def _complete(self, cmd: c.Complete) -> Completed | None:
         self._require_running()
         p = self._require_pending(cmd.checkpoint)
         missing = [s for s in self.placement if s not in p.acks]
@@ -965,7 +988,7 @@ class Cluster:
             )
         except StorageFault:
             self._coordinator_abort(cmd.checkpoint)  # R51
-            return
+            return None
         self.files[meta] = StoredFile(len(entries), False, COORDINATOR, None)
         del self.pending[cmd.checkpoint]
         if p.savepoint:
@@ -976,7 +999,7 @@ class Cluster:
                     f.owner = USER
             self.savepoints[done.id] = done
             self._notify_complete(done.id, True)
-            return
+            return done
         self.restoring = ()
         self.latest_completed = cmd.checkpoint
         self._register(done)
@@ -989,6 +1012,7 @@ class Cluster:
         ):
             self._coordinator_abort(older)  # R53
         self._collect_dirs()
+        return done
 
     def _release_entry(self, key: str) -> None:
         """R54: an entry nobody refers to goes; the coordinator deletes what it owns."""

@@ -38,6 +38,13 @@ class InMemoryTransport:
     def send(self, tm: TmId, msg: Message) -> None:
         self._queue.append((tm, encode_message(msg)))
 
+    def put(self, tm: TmId, data: bytes) -> Message:
+        """Queue bytes that came from elsewhere (another process's pipe) for ``tm``, once
+        they decode: ``MessageError`` naming the field otherwise, and nothing queued."""
+        msg = decode_message(data)
+        self._queue.append((tm, bytes(data)))
+        return msg
+
     def first_for(self, tm: TmId) -> int | None:
         """The index of the oldest message for ``tm`` in flight, if any."""
         return next((i for i, (t, _) in enumerate(self._queue) if t == tm), None)
@@ -51,8 +58,10 @@ class InMemoryTransport:
     def take(self, index: int) -> tuple[TmId, Message]:
         """Remove the message at ``index`` and return it decoded, with its recipient."""
         self._check(index)
-        tm, data = self._queue.pop(index)
-        return tm, decode_message(data)
+        tm, data = self._queue[index]
+        msg = decode_message(data)  # before it leaves the queue: a refusal changes nothing
+        del self._queue[index]
+        return tm, msg
 
     def drop(self, index: int) -> None:
         """Lose the message at ``index`` (a test adapter's fault)."""
