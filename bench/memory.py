@@ -9,8 +9,8 @@ their notifications (one checkpoint in 50 is aborted instead). ``tracemalloc`` c
 the bytes allocated by the product's own lines (``fastimpl/``, ``spec/``) that are still
 live, at ten points over the 100 checkpoints up to the 1,000th and up to the 10,000th;
 the figure is the ratio of the two peaks (goal: flat, at most 1.1). A peak rather than
-one sample: bounded tables that are pruned in batches (who deleted what, kept while a
-background delete may still fail) go up and down over a few dozen checkpoints. The same
+one sample: what is in flight (queued deletes, notices not yet received) goes up and
+down from one checkpoint to the next. The same
 job with the opt-in deletion log (``deletion_log=True``, for tests and traces), over
 2,000 checkpoints, is the contrast: it grows by design.
 """

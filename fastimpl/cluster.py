@@ -62,7 +62,7 @@ from spec.layout import (
     shared_dir,
     taskowned_dir,
 )
-from spec.messages import CheckpointAborted, CheckpointComplete
+from spec.messages import Acknowledgement, CheckpointAborted, CheckpointComplete
 from spec.observation import DeletionRecord, Observation, RegistryView, RetainedView
 
 log = logging.getLogger("fastimpl.cluster")
@@ -71,7 +71,6 @@ OutKey = tuple[TmId, SubtaskId, int]
 BackendKey = tuple[TmId, SubtaskId, str]
 _METADATA_SUFFIX = "/" + METADATA
 _BAD_DELETIONS_KEPT = 1000
-_DELETED_BY_BOUND = 512
 _REFUSED_KEPT = 1000
 
 
@@ -158,10 +157,6 @@ class Cluster:
         self.bad_deletions: list[DeletionRecord] = []
         """Without the log, the deletes that broke I2 or I5 (none, unless the store has a
         bug): what the invariant checks need, at most ``_BAD_DELETIONS_KEPT`` of them."""
-        self.deleted_by: dict[str, str] = {}
-        """Who deleted each path whose delete may still fail in the background: the file
-        stays its deleter's until the delete is done (``_owners``). Pruned once settled."""
-        self._deleted_by_bound = _DELETED_BY_BOUND
         self.deferred: list[Deferred] = []
         self.channel = InMemoryTransport()
         """The coordinator's notices in flight to TMs, encoded (``spec.messages``)."""
@@ -407,22 +402,6 @@ class Cluster:
             self.bad_deletions.append(rec)  # I2, I5: kept for check_invariants
         self.files.pop(path, None)
         self.failed_uploads.discard(path)
-        self.deleted_by[path] = actor
-        if len(self.deleted_by) > self._deleted_by_bound:
-            self._forget_settled_deletes()
-
-    def _forget_settled_deletes(self) -> None:
-        """Drop who deleted what once the storage has carried the deletes out; keep those
-        that failed (their files stay their deleter's until a retry succeeds)."""
-        if not self.storage.idle():
-            return
-        failed = list(self.storage.failed_deletes.values())
-        self.deleted_by = {
-            p: a
-            for p, a in self.deleted_by.items()
-            if any(p == f.path or (f.is_dir and is_under(p, f.path)) for f in failed)
-        }
-        self._deleted_by_bound = max(_DELETED_BY_BOUND, 2 * len(self.deleted_by))
 
     def _waits_for(self, creator: TmId | None, actor: str) -> TmId | None:
         """R64: a lost attempt's files are deleted by others only once it has stopped."""
@@ -483,7 +462,8 @@ class Cluster:
             self._defer(Deferred(actor, path, False, wait))
             return
         try:
-            self.storage.delete_file(path, self._prunable_parents(path))
+            # The storage remembers who deleted it only until the delete is done (_owners)
+            self.storage.delete_file(path, self._prunable_parents(path), {path: actor})
         except StorageFault:
             self._defer(Deferred(actor, path, False, None))
             return
@@ -526,7 +506,7 @@ class Cluster:
         if self.storage.lease is not None and self._holds_unknown_files(path, inside, actor):
             return
         try:
-            self.storage.delete_dir(path, self._prunable_parents(path))
+            self.storage.delete_dir(path, self._prunable_parents(path), {p: actor for p in inside})
         except StorageFault:
             self._defer(Deferred(actor, path, True, None))
             return
@@ -842,51 +822,73 @@ class Cluster:
 
     def _acknowledge(self, cmd: c.Acknowledge) -> tuple[StateEntry, ...]:
         tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
-        key = (tm, cmd.subtask, cmd.checkpoint)
+        written, ack = self._tm_acknowledge(tm, cmd.subtask, cmd.checkpoint)
+        self._receive_ack(ack)
+        return written
+
+    def _tm_acknowledge(
+        self, tm: TmId, subtask: SubtaskId, checkpoint: int
+    ) -> tuple[tuple[StateEntry, ...], Acknowledgement]:
+        """The TM's half: what the subtask wrote, plus the managed directories that exist
+        (R40), as the message to the coordinator; the subtask's WITHIN files close (R14).
+        Raises ``StorageFault`` (the subtask declines, R17) if a handle names bytes whose
+        upload failed."""
+        key = (tm, subtask, checkpoint)
         written = tuple(self.outputs.pop(key, ()))
         entries = list(written)
-        if self.mode is not MergingMode.NONE and not self._is_savepoint(cmd.checkpoint):
+        if self.mode is not MergingMode.NONE and not self._is_savepoint(checkpoint):
             # R40: every acknowledgement reports the managed directories that exist
-            for directory in (shared_dir(self.job, cmd.subtask), taskowned_dir(self.job, tm)):
+            for directory in (shared_dir(self.job, subtask), taskowned_dir(self.job, tm)):
                 if directory in self.dir_owner:
                     d = self.dirs[directory]
                     if d.creator == tm and not d.handed_over:  # R41; once handed over,
-                        d.used_by.add(cmd.checkpoint)  # the coordinator's (R42)
+                        d.used_by.add(checkpoint)  # the coordinator's (R42)
                     entries.append(
-                        StateEntry(
-                            cmd.subtask, StateKind.CHANNEL, "dir", DirectoryHandle(directory), 0
-                        )
+                        StateEntry(subtask, StateKind.CHANNEL, "dir", DirectoryHandle(directory), 0)
                     )
         self.acked[key] = tuple(entries)
-        self._close_within_files(tm, lambda cp: cp == cmd.checkpoint, cmd.subtask)
+        self._close_within_files(tm, lambda cp: cp == checkpoint, subtask)
         lost = self.failed_uploads & {
             s.path for e in entries if (s := stream_of(e.handle)) is not None
         }
         if lost:  # R17: the handles name bytes that never reached storage
-            self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+            self._write_failed(tm, subtask, checkpoint)
             raise StorageFault(StorageOp.APPEND, min(lost))
-        if cmd.attempt is not None or cmd.checkpoint not in self.pending:
-            if cmd.attempt is None:
+        return written, Acknowledgement(self.job, checkpoint, subtask, tm, tuple(entries))
+
+    def _receive_ack(self, ack: Acknowledgement) -> None:
+        """The coordinator's half. It knows the sender only from the message: an attempt
+        it has given up on (a lost TM, or one that no longer hosts the subtask) is
+        ignored (R56), and so is a late acknowledgement of a checkpoint no longer
+        pending, except that its whole files are handed over and deleted (R43)."""
+        rec = self.tms.get(ack.attempt)
+        current = (
+            rec is not None
+            and rec.status is Status.ALIVE
+            and self.placement.get(ack.subtask) == ack.attempt
+        )
+        entries = ack.entries
+        if not current or ack.checkpoint not in self.pending:
+            if current:
                 self._take_over_files(entries)  # R43: a late ack still hands files over
                 for e in entries:
                     s = stream_of(e.handle)
                     if s is not None and isinstance(e.handle, FileHandle):
                         self._delete_file(s.path, COORDINATOR)
-            return written  # R56
-        p = self.pending[cmd.checkpoint]
+            return  # R56
+        p = self.pending[ack.checkpoint]
         p.received |= self._take_over_files(entries)
-        p.acks[cmd.subtask] = tuple(entries)
+        p.acks[ack.subtask] = entries
         if not all(
             e.handle.logical_id in self.registry
             for e in entries
             if isinstance(e.handle, PlaceholderHandle)
         ):
-            self._coordinator_abort(cmd.checkpoint)  # R22
-            return written
+            self._coordinator_abort(ack.checkpoint)  # R22
+            return
         for e in entries:
             if isinstance(e.handle, PlaceholderHandle):
-                self.registry[e.handle.logical_id].pins.add(cmd.checkpoint)
-        return written
+                self.registry[e.handle.logical_id].pins.add(ack.checkpoint)
 
     def _take_over_files(self, entries: Iterable[StateEntry]) -> set[str]:
         """R43: whole-file handles (NONE mode, savepoints) become the coordinator's."""
@@ -1792,12 +1794,9 @@ class Cluster:
         """Who owns each file; a file whose background delete keeps failing is still
         its deleter's (it is listed in ``pending_deletes`` until a retry succeeds)."""
         owners = {p: f.owner for p, f in self.files.items()}
-        failed = self.storage.failed_deletes
-        if failed:
-            for path, failure in failed.items():
-                for gone, actor in self.deleted_by.items():
-                    if gone == path or (failure.is_dir and is_under(gone, path)):
-                        owners.setdefault(gone, actor)
+        for failure in self.storage.failed_deletes.values():
+            for gone, actor in failure.deleted_by.items():
+                owners.setdefault(gone, actor)
         return owners
 
     def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:

@@ -186,13 +186,23 @@ class FencedError(StorageFault):
 class DeleteFailure:
     """A delete that failed ``attempts`` times in a row; kept until a retry succeeds."""
 
-    __slots__ = ("attempts", "error", "is_dir", "path")
+    __slots__ = ("attempts", "deleted_by", "error", "is_dir", "path")
 
-    def __init__(self, path: str, is_dir: bool, error: BaseException, attempts: int) -> None:
+    def __init__(
+        self,
+        path: str,
+        is_dir: bool,
+        error: BaseException,
+        attempts: int,
+        deleted_by: dict[str, str] | None = None,
+    ) -> None:
         self.path = path
         self.is_dir = is_dir
         self.error = error
         self.attempts = attempts
+        self.deleted_by: dict[str, str] = deleted_by or {}
+        """Who decided to delete each file the failed delete was to remove: they stay
+        that party's until a retry succeeds (the store's bookkeeping has let them go)."""
 
     def __repr__(self) -> str:
         kind = "directory" if self.is_dir else "file"
@@ -335,6 +345,8 @@ class Storage:
         self._busy = False
         self._worker: threading.Thread | None = None
         self.failed_deletes: dict[str, DeleteFailure] = {}
+        self._deleters: dict[str, dict[str, str]] = {}
+        """Who asked for each queued delete (``deleted_by``), until it is done or fails."""
         """Deletes that kept failing, by path: reported, and retried by ``retry_failed``."""
         self.deletes_done = 0
         self.delete_calls = 0
@@ -794,7 +806,9 @@ class Storage:
 
     # ------------------------------------------------------------------ deleting
 
-    def delete_file(self, path: str, prune: tuple[str, ...] = ()) -> None:
+    def delete_file(
+        self, path: str, prune: tuple[str, ...] = (), deleted_by: dict[str, str] | None = None
+    ) -> None:
         """Delete a file (queued when deleting in the background).
 
         ``prune``: parent directories, innermost first, to remove afterwards if that left
@@ -803,7 +817,7 @@ class Storage:
         """
         self.fire(StorageOp.DELETE, path)
         self.abandon(path)
-        self._submit(path, False)
+        self._submit(path, False, deleted_by)
         if prune and self._local:
             self._submit_prune(prune)
 
@@ -824,16 +838,18 @@ class Storage:
             except OSError:
                 return  # not empty (or already gone): its parents are not empty either
 
-    def delete_dir(self, path: str, prune: tuple[str, ...] = ()) -> None:
+    def delete_dir(
+        self, path: str, prune: tuple[str, ...] = (), deleted_by: dict[str, str] | None = None
+    ) -> None:
         """Delete a managed directory and everything in it (``prune``: as for files)."""
         self.fire(StorageOp.DELETE, path)
         for p in [p for p in self._open if is_under(p, path)]:
             self.abandon(p)
-        self._submit(path, True)
+        self._submit(path, True, deleted_by)
         if prune and self._local:
             self._submit_prune(prune)
 
-    def _submit(self, path: str, is_dir: bool) -> None:
+    def _submit(self, path: str, is_dir: bool, deleted_by: dict[str, str] | None = None) -> None:
         if not self.background:
             try:
                 self._delete_now([(path, is_dir)])
@@ -842,6 +858,8 @@ class Storage:
             return
         with self._cv:
             self._queue.append((path, is_dir))
+            if deleted_by:
+                self._deleters[path] = deleted_by
             if is_dir:
                 self._queued_dirs.add(path)
             if self._worker is None:
@@ -899,9 +917,13 @@ class Storage:
     def _delete_with_retries(self, batch: list[tuple[str, bool]]) -> None:
         try:
             self._delete_now(batch)
-            return
         except Exception:
             pass  # the bulk call failed: retry path by path, to find which ones fail
+        else:
+            with self._cv:
+                for path, _ in batch:
+                    self._deleters.pop(path, None)
+            return
         for path, is_dir in batch:
             error: BaseException | None = None
             for attempt in range(1, self.delete_attempts + 1):
@@ -913,9 +935,13 @@ class Storage:
                     error = err
                     if attempt < self.delete_attempts:
                         time.sleep(self.retry_backoff * 4 ** (attempt - 1))
+            with self._cv:
+                by = self._deleters.pop(path, None)
             if error is not None:
                 log.warning("delete of %s failed %d times: %r", path, self.delete_attempts, error)
-                self.failed_deletes[path] = DeleteFailure(path, is_dir, error, self.delete_attempts)
+                self.failed_deletes[path] = DeleteFailure(
+                    path, is_dir, error, self.delete_attempts, by
+                )
 
     def _delete_now(self, batch: list[tuple[str, bool]]) -> None:
         """One attempt at deleting ``batch``; a path already gone counts as deleted."""
@@ -971,14 +997,6 @@ class Storage:
     def _wait_for_deletes_under(self, path: str) -> None:
         if self._queued_dirs and any(is_under(path, d) for d in list(self._queued_dirs)):
             self.drain()
-
-    def idle(self) -> bool:
-        """No delete is queued or under way: every one asked for so far is done or is
-        in ``failed_deletes``."""
-        if not self.background:
-            return True
-        with self._cv:
-            return not self._queue and not self._busy and self._worker is None
 
     def drain(self) -> None:
         """Wait until every queued delete has been carried out (or has failed for good)."""

@@ -64,9 +64,9 @@ def test_the_deletion_history_is_opt_in(mode: MergingMode, tmp_path: Path) -> No
 def test_a_failing_delete_keeps_its_owner_after_many_more_deletes(
     mode: MergingMode, tmp_path: Path, places: list[Place]
 ) -> None:
-    """Who deleted what is forgotten in batches once the deletes are done (R45): a delete
-    that keeps failing is not done, so its file stays its deleter's (I3) however many
-    deletes follow."""
+    """Who deleted what is kept only until the delete is done (R45): a delete that keeps
+    failing is not done, so its file stays its deleter's (I3) however many deletes
+    follow, and is listed until a retry succeeds."""
     place = Place.make("memory", tmp_path)
     places.append(place)
     store, fs = place.store(Config.for_mode(mode, num_retained=1), JOB, deletion_log=False)
