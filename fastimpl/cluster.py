@@ -62,7 +62,7 @@ from spec.layout import (
     shared_dir,
     taskowned_dir,
 )
-from spec.messages import Acknowledgement, CheckpointAborted, CheckpointComplete
+from spec.messages import Acknowledgement, CheckpointAborted, CheckpointComplete, Decline
 from spec.observation import DeletionRecord, Observation, RegistryView, RetainedView
 
 log = logging.getLogger("fastimpl.cluster")
@@ -732,8 +732,15 @@ class Cluster:
         self._tm_drop_outputs(tm, subtask, checkpoint)
         self.acked[(tm, subtask, checkpoint)] = ()
         self._close_within_files(tm, lambda cp: cp == checkpoint, subtask)
-        if checkpoint in self.pending and self.tms[tm].status is Status.ALIVE:
-            self._coordinator_abort(checkpoint)
+        self._receive_decline(Decline(self.job, checkpoint, subtask, tm))
+
+    def _receive_decline(self, msg: Decline) -> None:
+        """The coordinator's half: a decline from a live attempt aborts the checkpoint; one
+        from an attempt it gave up on, or of a checkpoint no longer pending, changes
+        nothing (R56)."""
+        rec = self.tms.get(msg.attempt)
+        if msg.checkpoint in self.pending and rec is not None and rec.status is Status.ALIVE:
+            self._coordinator_abort(msg.checkpoint)
 
     # ------------------------------------------------------------------ reuse (R20-R23)
 
