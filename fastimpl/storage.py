@@ -923,6 +923,7 @@ class Storage:
             with self._cv:
                 for path, _ in batch:
                     self._deleters.pop(path, None)
+                self._release_deleters()
             return
         for path, is_dir in batch:
             error: BaseException | None = None
@@ -937,6 +938,7 @@ class Storage:
                         time.sleep(self.retry_backoff * 4 ** (attempt - 1))
             with self._cv:
                 by = self._deleters.pop(path, None)
+                self._release_deleters()
             if error is not None:
                 log.warning("delete of %s failed %d times: %r", path, self.delete_attempts, error)
                 self.failed_deletes[path] = DeleteFailure(
@@ -993,6 +995,13 @@ class Storage:
             if lock is not None:
                 lock.release()
         self.deletes_done += len(batch)
+
+    def _release_deleters(self) -> None:
+        """A dict keeps the table of its largest size: once no delete is in flight, start
+        a new one, so that a burst of queued deletes (a slow store) is not memory held
+        for good. Call it holding ``_cv``."""
+        if not self._deleters:
+            self._deleters = {}
 
     def _wait_for_deletes_under(self, path: str) -> None:
         if self._queued_dirs and any(is_under(path, d) for d in list(self._queued_dirs)):
