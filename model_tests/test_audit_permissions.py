@@ -45,9 +45,9 @@ except PermissionError as err:
     probe_error = repr(err)
 out = {"probe": probe_error, "runs": []}
 if probe_error is not None:
-    for base, engine, log in runs:
-        args = ["audit", base, "-q", "--delete-orphans", "--log", log, "--limit", "50",
-                "--json", log + ".summary.json"]
+    for base, engine, log, delete in runs:
+        args = ["audit", base, "-q", "--limit", "50", "--json", log + ".summary.json"]
+        args += ["--delete-orphans", "--log", log] if delete else []
         args += ["--engine", "single"] if engine == "single" else ["--master", "local[2]"]
         r = CliRunner().invoke(app, args)
         summary = None
@@ -55,6 +55,7 @@ if probe_error is not None:
             with open(log + ".summary.json") as f:
                 summary = json.load(f)
         out["runs"].append({"base": base, "engine": engine, "exit": r.exit_code,
+                            "log": log if delete else None,
                             "output": r.output, "summary": summary,
                             "exception": None if r.exception is None
                             or isinstance(r.exception, SystemExit) else repr(r.exception)})
@@ -95,6 +96,9 @@ def data_dir(base: Path) -> tuple[Path, str]:
 
 CASES = {"sibling_app": sibling_app, "checkpoint_dir": checkpoint_dir, "data_dir": data_dir}
 REFUSES = {"sibling_app": "cannot be listed", "checkpoint_dir": "became unreadable"}
+AT_RISK = {"checkpoint_dir"}
+"""A checkpoint directory that cannot be listed hides a _metadata: a report alone exits 1
+(restorability unknown), never 0 ("nothing lost")."""
 
 
 def everything(tmp: Path) -> tuple[Path, list[Path], list[str]]:
@@ -116,7 +120,7 @@ def locked_dirs() -> Iterator[list[Path]]:
         d.chmod(0o755)  # so that pytest can remove the temporary tree
 
 
-def _run(prefix: list[str], probe: Path, runs: list[tuple[str, str, str]]) -> dict[str, Any]:
+def _run(prefix: list[str], probe: Path, runs: list[tuple[str, str, str, bool]]) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # Spark's executors import this tree
     p = subprocess.run(
         [*prefix, sys.executable, "-c", SCRIPT, json.dumps([str(probe), runs])],
@@ -137,7 +141,9 @@ def _run(prefix: list[str], probe: Path, runs: list[tuple[str, str, str]]) -> di
     return result
 
 
-def _check(run: dict[str, Any], unreadable: list[str], refused: str | None) -> None:
+def _check(
+    run: dict[str, Any], unreadable: list[str], refused: str | None, at_risk: bool = False
+) -> None:
     out = " ".join(run["output"].split())  # messages wrap at the terminal's width
     assert run["exception"] is None and "Traceback" not in out, out
     assert run["summary"] is not None, out
@@ -145,7 +151,10 @@ def _check(run: dict[str, Any], unreadable: list[str], refused: str | None) -> N
     for s in unreadable:
         assert s in out, (s, out)
     assert out.count("PermissionError") >= len(unreadable), out
-    if refused is None:
+    if run["log"] is None:
+        assert run["exit"] == (1 if at_risk else 0), out
+        assert ("restorability unknown" in out) == at_risk, out
+    elif refused is None:
         assert run["exit"] == 0, out
     else:
         assert run["exit"] == 3, out
@@ -165,11 +174,14 @@ def test_unreadable_directories_with_the_single_engine(
         locked, shown = make(base)
         locked_dirs.append(locked)
         cases.append((name, base, shown))
-        runs.append((str(base), "single", str(tmp_path / f"{name}.jsonl")))
+        runs.append((str(base), "single", str(tmp_path / f"{name}-report.jsonl"), False))
+        runs.append((str(base), "single", str(tmp_path / f"{name}.jsonl"), True))
     for d in locked_dirs:
         d.chmod(0)
     result = _run(prefix, probe, runs)
-    for (name, base, shown), run in zip(cases, result["runs"], strict=True):
+    pairs = zip(result["runs"][::2], result["runs"][1::2], strict=True)
+    for (name, base, shown), (report, run) in zip(cases, pairs, strict=True):
+        _check(report, [shown], None, at_risk=name in AT_RISK)
         _check(run, [shown], REFUSES.get(name))
         stray = base.parent / STRAY
         if name in REFUSES:
@@ -197,10 +209,14 @@ def test_unreadable_directories_on_spark_and_single_alike(
     for d in locked_dirs:
         d.chmod(0)
     runs = [
-        (str(base), engine, str(tmp_path / f"{engine}.jsonl")) for engine in ("single", "spark")
+        (str(base), engine, str(tmp_path / f"{engine}{tail}.jsonl"), delete)
+        for engine in ("single", "spark")
+        for tail, delete in (("-report", False), ("", True))
     ]
     result = _run(prefix, locked[0], runs)
-    single, spark = result["runs"]
+    single_report, single, spark_report, spark = result["runs"]
+    for report in (single_report, spark_report):
+        _check(report, shown, None, at_risk=True)
     for run in (single, spark):
         _check(run, shown, "cannot be listed")
     keys = (
