@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -28,12 +29,13 @@ import fsspec  # type: ignore[import-untyped]
 import pytest
 from attrs import frozen
 
+from fastimpl import MetadataError
 from model_tests import refusal_table
 from model_tests.harness import DEFAULT_JOB, KS, OP, Harness, merging
 from model_tests.targets import FastimplTarget
 from spec import commands as c
 from spec import refusals as r
-from spec.config import Config, MergingMode
+from spec.config import Config, MergingMode, RestoreMode
 from spec.errors import CommandError, Reason
 from spec.ids import SubtaskId, TmId
 
@@ -303,12 +305,12 @@ def build(sc: Scenario, violated: tuple[str, ...]) -> tuple[list[c.Command], c.C
 
 class Both:
     """The model (through ``Harness``) and fastimpl (through ``FastimplTarget``) on a
-    fresh ``memory://`` root, fed the same commands."""
+    fresh root of ``fs`` (``memory://`` unless given), fed the same commands."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, fs: Any = None, base: str = "") -> None:
         self.model = Harness(config, DEFAULT_JOB)
-        self.fs = fsspec.filesystem("memory")
-        self.root = f"/refusals-{next(_roots)}"
+        self.fs = fs if fs is not None else fsspec.filesystem("memory")
+        self.root = f"{base}/refusals-{next(_roots)}"
         self.fs.makedirs(self.root, exist_ok=True)
         self.product = FastimplTarget(config, DEFAULT_JOB, self.fs, self.root)
 
@@ -334,10 +336,10 @@ def outcome(run: Callable[[], object]) -> Reason | None:
     return None
 
 
-def check(config: Config, case: Case) -> list[str]:
+def check(config: Config, case: Case, fs: Any = None, base: str = "") -> list[str]:
     """What is wrong with either implementation on one case (empty: both are right)."""
     setup, probe = build(scenarios()[case.command], case.violated)
-    both = Both(config)
+    both = Both(config, fs, base)
     try:
         for cmd in setup:
             both.setup(cmd)
@@ -404,6 +406,16 @@ def test_both_implementations_refuse_as_the_spec_says(mode: MergingMode, case: C
     assert check(merging(mode), case) == []
 
 
+@pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
+@pytest.mark.parametrize("case", [k for k in CASES if len(k.violated) < 2], ids=_case_id)
+def test_on_a_local_disk_a_refusal_touches_no_file(
+    mode: MergingMode, case: Case, tmp_path: Path
+) -> None:
+    """The same on real files (fastimpl's observation lists them): a refused command
+    creates, writes and deletes nothing on disk."""
+    assert check(merging(mode), case, fsspec.filesystem("file"), str(tmp_path)) == []
+
+
 def test_the_check_catches_a_wrong_reason_and_a_wrong_order() -> None:
     """The comparison is not vacuous: a spec that swapped two guards, or gave a guard
     another reason, would be contradicted by both implementations."""
@@ -419,3 +431,30 @@ def test_spec_md_refusal_table_is_generated_from_the_data() -> None:
     for command, guards in r.GUARDS.items():
         for g in guards:
             assert f"| `{command.__name__}` | " in text and f"`{g.reason.name}`" in text
+
+
+@pytest.mark.parametrize("mode", [RestoreMode.CLAIM, RestoreMode.NO_CLAIM], ids=lambda m: m.name)
+@pytest.mark.parametrize("violated", ["parallelism_valid", "max_parallelism_same"])
+def test_fastimpl_reads_the_restored_metadata_before_the_restore_arguments(
+    mode: RestoreMode, violated: str
+) -> None:
+    """What SPEC.md says of errors outside the table: a damaged ``_metadata`` is found
+    before the arguments are checked, and the restore changes nothing."""
+    sc = scenarios()[c.Restore]
+    setup, probe = build(sc, (violated,))
+    assert isinstance(probe, c.Restore)
+    both = Both(Config())
+    try:
+        for cmd in setup:
+            both.setup(cmd)
+        metadata = f"{both.root}/{both.model.state.retained[-1].metadata}"
+        both.fs.pipe(metadata, b"{not json")
+        before = both.product.observe()
+        with pytest.raises(MetadataError, match="_metadata"):
+            both.product.apply(attrs.evolve(probe, mode=mode))
+        assert both.product.observe() == before
+        # The model has no bad storage: it refuses by the table.
+        expected = next(g.reason for g in r.GUARDS[c.Restore] if g.name == violated)
+        assert outcome(lambda: both.model.run(probe)) is expected
+    finally:
+        both.close()
