@@ -71,8 +71,8 @@ class Scenario:
 
 @frozen
 class Roles:
-    """Who is who in the default job, read off the model after the setup (the product
-    places subtasks the same way: lockstep checks it)."""
+    """Who is who in the default job, read off a fresh model (the product places
+    subtasks the same way: lockstep checks it)."""
 
     subtask: SubtaskId
     host: TmId
@@ -88,18 +88,20 @@ def _roles() -> Roles:
     return Roles(s, host, other)
 
 
-def _checkpoint(subtasks: list[SubtaskId], checkpoint: int, *, ack: bool = True) -> list[c.Command]:
+def _checkpoint(subtasks: list[SubtaskId], checkpoint: int) -> list[c.Command]:
+    """Trigger ``checkpoint``; every subtask writes shared and operator state and
+    acknowledges."""
     out: list[c.Command] = [c.Trigger()]
     for s in subtasks:
         out.append(c.WriteState(checkpoint, s, KS, "sst-1", 100))
         out.append(c.WriteState(checkpoint, s, OP, "offsets", 26, entries=2))
-        if ack:
-            out.append(c.Acknowledge(checkpoint, s))
+        out.append(c.Acknowledge(checkpoint, s))
     return out
 
 
 def _completed_first() -> list[c.Command]:
-    """Checkpoint 1 completed. Its notifications are delivered by ``run_setup``."""
+    """Checkpoint 1 completed, its notifications still in flight (``DELIVER_ALL``
+    delivers them)."""
     h = Harness(Config(), DEFAULT_JOB)
     return [*_checkpoint(h.subtasks, 1), c.Complete(1)]
 
