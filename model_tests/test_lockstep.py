@@ -5,7 +5,7 @@ implementation under test writing real files through fsspec, with the same comma
 ``LockstepHarness.run`` sends every command to both. The implementation is an argument:
 anything that ``Target`` describes (run a command, observe itself, say whether a
 directory exists, settle and close), started by a ``StartTarget`` callable from a
-configuration, a job, a file system and a root. ``FastimplTarget`` (a ``fastimpl.Cluster``)
+configuration, a job, a file system and a root. ``FastimplTarget`` (``model_tests/targets.py``)
 is the one this project ships; ``lockstep(start, backend, mode, examples)`` runs the
 machine for any other, and ``LOCKSTEP_IMPL=module:callable`` runs ``test_lockstep`` with
 that one instead. After every command:
@@ -68,9 +68,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import attrs
 import fsspec  # type: ignore[import-untyped]
@@ -83,6 +83,7 @@ from pyfakefs.fake_filesystem_unittest import Patcher
 from fastimpl import Cluster, CounterIds
 from model_tests.compare import differences, normalized
 from model_tests.harness import DEFAULT_JOB, Harness, InvariantBroken
+from model_tests.targets import FastimplTarget, StartTarget, Target
 from model_tests.test_refimpl_machine import RefimplMachine
 from spec import commands as c
 from spec.config import Config, JobSpec, MergingMode
@@ -90,7 +91,6 @@ from spec.effects import Effect
 from spec.errors import CommandError
 from spec.invariants import check_safety
 from spec.layout import is_under
-from spec.observation import Observation
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 SCALE = 10 if PROFILE == "long" else 1
@@ -121,53 +121,6 @@ def examples(backend: str) -> int:
 
 
 # ---------------------------------------------------------------------------- implementations
-
-
-class Target(Protocol):
-    """An implementation under test, running one job on one storage root."""
-
-    def apply(self, cmd: c.Command) -> None:
-        """Run a command of ``spec.commands``; raise ``CommandError`` if it is refused
-        (a refused command changes nothing)."""
-
-    def observe(self) -> Observation:
-        """What the implementation shows of itself: its real files and bookkeeping."""
-
-    def exists_dir(self, path: str) -> bool:
-        """Whether a directory (relative to the root) exists on the storage."""
-
-    def settle(self) -> None:
-        """Wait for work in the background (e.g. queued deletes) to finish."""
-
-    def close(self) -> None:
-        """Release what the implementation holds open (files, threads)."""
-
-
-StartTarget = Callable[[Config, JobSpec, Any, str], Target]
-"""``start(config, job, fs, root)``: a fresh implementation on an empty root. Names must
-be the model's deterministic ones (R2: ``f000001``..., ``s000001``...)."""
-
-
-class FastimplTarget:
-    """fastimpl's ``Cluster`` with the model's names (``CounterIds``)."""
-
-    def __init__(self, config: Config, job: JobSpec, fs: Any, root: str) -> None:
-        self.cluster = Cluster(config, job, fs, root, CounterIds())
-
-    def apply(self, cmd: c.Command) -> None:
-        self.cluster.apply(cmd)
-
-    def observe(self) -> Observation:
-        return self.cluster.observe()
-
-    def exists_dir(self, path: str) -> bool:
-        return bool(self.cluster.storage.exists_dir(path))
-
-    def settle(self) -> None:
-        self.cluster.storage.drain()
-
-    def close(self) -> None:
-        self.cluster.storage.close_all()
 
 
 def _start_from_env() -> StartTarget:

@@ -22,7 +22,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from fastimpl import CheckpointStore, CommandTrace, CounterIds
 from model_tests.harness import Harness
 from model_tests.replay import TraceError, main, replay
-from model_tests.test_lockstep import Backend, FastimplTarget, LockstepMachine
+from model_tests.targets import FastimplTarget
+from model_tests.test_lockstep import Backend, LockstepMachine
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.errors import CommandError, Reason
 

@@ -17,7 +17,8 @@ from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-
 
 from fastimpl.cluster import Cluster
 from model_tests.harness import DEFAULT_JOB, KS, MERGING
-from model_tests.test_lockstep import Backend, FastimplTarget, LockstepHarness
+from model_tests.targets import FastimplTarget
+from model_tests.test_lockstep import Backend, LockstepHarness
 from spec import commands as c
 from spec.config import Config, MergingMode
 from spec.errors import CommandError, Reason
