@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from model_tests.conformance.adapter import Implementation
+    from conformance.adapter import Implementation
 
 app = typer.Typer(add_completion=False, help="ckpt-ownership command line.", no_args_is_help=True)
 console = Console(highlight=False)
@@ -57,10 +57,10 @@ def conformance(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="A line per case.")] = False,
 ) -> None:
     """Run the conformance corpus (and optionally live mode) against an implementation."""
-    from model_tests.conformance.adapter import Fastimpl, Model
-    from model_tests.conformance.case import CORPUS, CaseError, case_name, corpus_files, load
-    from model_tests.conformance.process import ProcessImplementation
-    from model_tests.conformance.runner import CaseResult, run_case
+    from conformance.adapter import Fastimpl, Model
+    from conformance.case import CORPUS, CaseError, case_name, corpus_files, load
+    from conformance.process import ProcessImplementation
+    from conformance.runner import CaseResult, run_case
 
     if (impl is None) == (impl_cmd is None):
         console.print("[red]give exactly one of --impl and --impl-cmd[/red]")
@@ -125,7 +125,7 @@ def conformance(
 
 
 def _live(candidate: Implementation, examples: int, out: Path) -> list[str]:
-    from model_tests.conformance.live import live
+    from conformance.live import live
     from spec.config import MergingMode
 
     found = []

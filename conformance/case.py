@@ -14,7 +14,7 @@ step every mapping is empty and nothing else has a value), so that a case stays 
 
 A reader applies the steps' changes in order to get the full expected observation
 (``from_json`` does). Observations are stored normalized as
-``model_tests.compare.normalized`` makes them (metadata files by existence, size -1;
+``conformance.compare.normalized`` makes them (metadata files by existence, size -1;
 files still open left out where the storage does not list them, ``open_files_readable``
 false).
 """
@@ -26,6 +26,7 @@ import json
 import re
 import typing
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,21 @@ from spec.observation import Observation
 
 FORMAT = "ckpt-conformance-case"
 VERSION = 1
-CORPUS = Path(__file__).resolve().parent / "corpus"
-SCHEMA = Path(__file__).resolve().parent / "schema.json"
+
+
+def _package_data(name: str) -> Path:
+    """A data file shipped inside this package (the wheel's package data), found through
+    importlib.resources so that an installed ``ckpt`` needs no source tree."""
+    found = resources.files("conformance") / name
+    if not isinstance(found, Path):
+        raise RuntimeError(
+            f"conformance/{name} is inside an archive ({found!r}); install the wheel unzipped"
+        )
+    return found
+
+
+CORPUS = _package_data("corpus")
+SCHEMA = _package_data("schema.json")
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 """Short names: lower case, digits and dashes, at most 64 characters (also file names)."""
 OBSERVATION_FIELDS = tuple(f.name for f in attrs.fields(Observation))

@@ -2,12 +2,12 @@
 through which the suite tests fastimpl over a process boundary, and a worked example for
 implementers in other languages.
 
-    python -m model_tests.conformance.fastimpl_server
+    python -m conformance.fastimpl_server
 
 Hostile input (a line that is not UTF-8 or not JSON, nested too deeply, not an object, an
 unknown op or a missing, foreign or ill-typed field, a job too large to build) gets one
 ``{"error": ...}`` reply naming the line and the problem, and changes nothing: the session
-that was running goes on as if the line had not come (model_tests/test_protocol_input.py).
+that was running goes on as if the line had not come (tests/test_protocol_input.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import sys
 from typing import IO, Any
 
-from model_tests.conformance.adapter import Fastimpl, FastimplSession
+from conformance.adapter import Fastimpl, FastimplSession
 from spec import codec
 from spec.config import Config, JobSpec
 

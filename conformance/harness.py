@@ -1,4 +1,4 @@
-"""A small driver around the reference model for tests: run commands, check every safety
+"""A small driver around the reference model: run commands, check every safety
 invariant after each one, and bring the system to a quiet state (R60 of SPEC.md)."""
 
 from __future__ import annotations

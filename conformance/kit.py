@@ -2,7 +2,7 @@
 implementation, and pytest runs every case of the corpus against it (as fsspec's
 abstract test classes do for file systems)::
 
-    from model_tests.conformance.kit import ConformanceSuite
+    from conformance.kit import ConformanceSuite
 
     class TestMyStore(ConformanceSuite):
         def implementation(self) -> Implementation:
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import pytest
 
-from model_tests.conformance.adapter import Implementation
-from model_tests.conformance.case import Case, case_name, corpus_files, load
-from model_tests.conformance.runner import run_case
+from conformance.adapter import Implementation
+from conformance.case import Case, case_name, corpus_files, load
+from conformance.runner import run_case
 
 CASES = corpus_files()
 

@@ -12,12 +12,12 @@ from attrs import frozen
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from model_tests.compare import differences, normalized
-from model_tests.conformance.adapter import Implementation, Session
-from model_tests.conformance.case import Case, write_case
-from model_tests.conformance.runner import expected_steps
-from model_tests.harness import DEFAULT_JOB, Harness
-from model_tests.test_refimpl_machine import RefimplMachine
+from conformance.adapter import Implementation, Session
+from conformance.case import Case, write_case
+from conformance.compare import differences, normalized
+from conformance.harness import DEFAULT_JOB, Harness
+from conformance.machine import RefimplMachine
+from conformance.runner import expected_steps
 from spec.commands import Command
 from spec.config import Config, JobSpec, MergingMode
 from spec.errors import CommandError, Reason

@@ -23,7 +23,7 @@ import typing
 from collections.abc import Mapping
 from typing import IO, Any
 
-from model_tests.conformance.case import OBSERVATION_HINTS
+from conformance.case import OBSERVATION_HINTS
 from spec import codec
 from spec.commands import Command
 from spec.config import Config, JobSpec

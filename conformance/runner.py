@@ -8,9 +8,9 @@ from collections.abc import Iterable
 import attrs
 from attrs import frozen
 
-from model_tests.compare import differences, normalized
-from model_tests.conformance.adapter import Implementation, Model, Session
-from model_tests.conformance.case import Case, Step
+from conformance.adapter import Implementation, Model, Session
+from conformance.case import Case, Step
+from conformance.compare import differences, normalized
 from spec.commands import Command
 from spec.config import Config, JobSpec
 

@@ -1,8 +1,8 @@
 """``schema.json``, the JSON Schema of a conformance case, derived from the vocabulary's
 type hints the way ``spec.codec`` encodes values (so the two cannot drift apart):
 
-    python -m model_tests.conformance.schema_gen          # print it
-    python -m model_tests.conformance.schema_gen --write  # rewrite schema.json
+    python -m conformance.schema_gen          # print it
+    python -m conformance.schema_gen --write  # rewrite schema.json
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from model_tests.conformance.case import FORMAT, GROWING, MAPPINGS, NAME, RETAINED, SCHEMA, VERSION
+from conformance.case import FORMAT, GROWING, MAPPINGS, NAME, RETAINED, SCHEMA, VERSION
 from spec import commands
 from spec.config import Config, JobSpec
 from spec.errors import Reason

@@ -1,9 +1,9 @@
-"""Build and check the conformance corpus (``model_tests/conformance/corpus/*.json``).
+"""Build and check the conformance corpus (``conformance/corpus/*.json``).
 
-    python -m model_tests.conformance.corpus_tool record    # cases from the rule tests
-    python -m model_tests.conformance.corpus_tool random N  # N generated random cases
-    python -m model_tests.conformance.corpus_tool regen     # recompute every expectation
-    python -m model_tests.conformance.corpus_tool check     # exit 1 on any problem
+    python -m model_tests.corpus_tool record    # cases from the rule tests
+    python -m model_tests.corpus_tool random N  # N generated random cases
+    python -m model_tests.corpus_tool regen     # recompute every expectation
+    python -m model_tests.corpus_tool check     # exit 1 on any problem
 
 ``record`` runs the hand-written rule and bug tests (``test_rules_*.py``,
 ``test_flink_bugs.py``, ``test_invariants.py``) under pytest with the model's ``Harness``
@@ -12,7 +12,7 @@ after the test (``test_r12_bytes_durable_before_handle`` -> ``r12-bytes-durable-
 that pins the rule, invariant or Flink bug the test is named for. A test that edits the
 model's state by hand between commands cannot be replayed from commands alone and gives
 no case. ``random`` records the sequences that the model's random state machine
-(``test_refimpl_machine.RefimplMachine``, derandomized) drives, in every merging mode.
+(``conformance.machine.RefimplMachine``, derandomized) drives, in every merging mode.
 
 Expectations always come from the model (``runner.expected_steps``), never from the test
 that produced the sequence: a test monkeypatched with a buggy rule (the Flink bug twins)
@@ -36,8 +36,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
-from model_tests import traceability
-from model_tests.conformance.case import (
+from conformance.case import (
     CORPUS,
     GZIP_PREFIX,
     NAME,
@@ -51,20 +50,21 @@ from model_tests.conformance.case import (
     schema,
     write_case,
 )
-from model_tests.conformance.runner import expected_steps, recomputed
-from model_tests.harness import DEFAULT_JOB, KS, Harness
+from conformance.harness import DEFAULT_JOB, KS, Harness
+from conformance.runner import expected_steps, recomputed
+from model_tests import traceability
 from spec import commands as c
 from spec.commands import Command
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, VertexSpec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 RULE_TESTS = (
-    "model_tests/test_rules_layout_segments.py",
-    "model_tests/test_rules_reuse_notifications.py",
-    "model_tests/test_rules_ownership_failover.py",
-    "model_tests/test_rules_coordinator_restore.py",
-    "model_tests/test_flink_bugs.py",
-    "model_tests/test_invariants.py",
+    "tests/test_rules_layout_segments.py",
+    "tests/test_rules_reuse_notifications.py",
+    "tests/test_rules_ownership_failover.py",
+    "tests/test_rules_coordinator_restore.py",
+    "tests/test_flink_bugs.py",
+    "tests/test_invariants.py",
 )
 FLINK_BUGS = (
     "FLINK-25395",
@@ -368,7 +368,7 @@ def record_random(count: int) -> list[Case]:
     from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from model_tests import test_refimpl_machine as m
+    from conformance import machine as m
 
     rec = Recorder()
     modes = list(MergingMode)

@@ -59,7 +59,7 @@ def test_references() -> tuple[dict[str, set[str]], set[str]]:
     """Rule or invariant -> test function names, and the Flink bug tests."""
     tests: dict[str, set[str]] = defaultdict(set)
     bugs: set[str] = set()
-    for path in sorted((ROOT / "model_tests").glob("test_*.py")):
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):

@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
+import fsspec  # type: ignore[import-untyped]
 from attrs import define, field
+from typer.testing import CliRunner
 
+from ckpt.cli import app
+from conformance.case import CORPUS, load
 from fastimpl.cluster import Cluster
 from fastimpl.ids import CounterIds
 from fastimpl.metadata import encode
-from model_tests.conformance.case import CORPUS, load
 from pipeline.location import Location
 from pipeline.result import BEYOND, MISSING, Row, Tables
+from pipeline.single import audit_single
 from spec.config import Scope, StateKind
 from spec.errors import CommandError
 from spec.handles import SegmentHandle, StateEntry, stream_of
@@ -172,3 +177,39 @@ def comparable(t: Tables) -> dict[str, Any]:
             (tuple((k, norm(r[k])) for k in sorted(r)) for r in rows), key=repr
         )
     return out
+
+
+# --------------------------------------------------------------------------- stray files
+
+CASE = "random-within-002.json.gz"
+"""The corpus case whose files the stray-file bases start from."""
+
+
+
+
+def old(path: Path, data: bytes = b"x" * 64) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    t = time.time() - 3 * DAY
+    os.utime(path, (t, t))
+    return path
+
+
+def base_with_strays(tmp_path: Path) -> tuple[Built, set[str]]:
+    b = build(CASE, fsspec.filesystem("file"), str(tmp_path / "root"))
+    b.cluster.storage.close_all()
+    root = Path(b.loc.container)
+    j = b.job_dir
+    strays = {f"{j}/shared/stray.sst", f"{j}/taskowned/tm-gone/leftover",
+              f"{j}/chk-9999/incomplete"}
+    for s in strays:
+        old(root / s)
+    return b, strays
+
+
+def snapshot(b: Built) -> dict[str, int]:
+    return {f["path"]: f["size"] for f in audit_single(b.loc, grace=HOUR)["files"]}
+
+
+def run(*args: str) -> Any:
+    return CliRunner().invoke(app, ["audit", *args], catch_exceptions=False)

@@ -15,6 +15,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.lockstep import (  # noqa: F401 (fixtures: a lockstep storage, moto's S3 server)
+    backend,
+    s3_endpoint,
+)
+
 _SUPPRESSED: list[HealthCheck] = [HealthCheck.too_slow]
 
 settings.register_profile(

@@ -10,9 +10,11 @@ not listed), never read, followed, or deleted.
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from attrs import define, field
 
 from fastimpl.metadata import encode
 from pipeline.names import shown
+from pipeline.result import ORPHAN, Tables
 from pipeline.safe_read import LIMIT
 from spec.config import Scope, StateKind
 from spec.handles import SegmentHandle, StateEntry
@@ -288,3 +291,34 @@ def upload(h: Hostile, fs: Any, container: str, rename: Callable[[str], str] = s
                 fs.pipe_file(key, p.read_bytes())
             keys.append(key)
     return keys
+
+
+# --------------------------------------------------------------------------- checking a report
+
+
+@contextmanager
+def deadline(seconds: int, what: str) -> Iterator[None]:
+    """A hang fails the test instead of stopping the run."""
+
+    def fire(_sig: int, _frame: Any) -> None:
+        raise TimeoutError(f"{what} still running after {seconds} s: it hangs")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def check(h: Hostile, t: Tables) -> None:
+    assert {c["metadata"] for c in t["corrupt"]} == h.corrupt, t["corrupt"]
+    got = {u["path"] for u in t["unreadable"]}
+    for u in h.unreadable:
+        assert any(g.startswith(u) for g in got), (u, got)
+    if not h.unreadable:
+        assert got == set(), got
+    orphans = {f["path"] for f in t["files"] if f["status"] == ORPHAN}
+    assert h.orphans <= orphans
+    assert t.summary.checkpoints == 1 and t.summary.dangling == 0

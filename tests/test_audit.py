@@ -16,10 +16,10 @@ from typing import Any
 import fsspec  # type: ignore[import-untyped]
 import pytest
 
-from model_tests.audit_fixtures import DAY, HOUR, Built, build, comparable, plant
-from model_tests.test_lockstep import S3_BUCKET, s3, s3_endpoint  # noqa: F401 (fixture)
 from pipeline.result import ORPHAN, PENDING, Tables
 from pipeline.single import audit_single, covered
+from tests.audit_fixtures import DAY, HOUR, Built, build, comparable, plant
+from tests.lockstep import S3_BUCKET, s3
 
 pytestmark = pytest.mark.xdist_group("spark")
 
@@ -120,7 +120,7 @@ def test_single_audit_is_exact_on_planted_faults_local(case: str, tmp_path: Path
 
 
 def test_spark_audit_is_exact_on_planted_faults_s3(
-    spark: Any, s3_endpoint: str  # noqa: F811
+    spark: Any, s3_endpoint: str
 ) -> None:
     """On S3 an object's time cannot be set, so the audit's clock moves 10 days on
     instead: every unreferenced file is then an orphan, before and after."""
@@ -139,7 +139,7 @@ def test_spark_audit_is_exact_on_planted_faults_s3(
     check_planted(before, after, planted)
 
 
-def test_single_audit_is_exact_on_planted_faults_s3(s3_endpoint: str) -> None:  # noqa: F811
+def test_single_audit_is_exact_on_planted_faults_s3(s3_endpoint: str) -> None:
     b = s3_base("random-none-002.json.gz", s3_endpoint)
     now = time.time() + 10 * DAY
     before = audit_single(b.loc, grace=HOUR, now=now)

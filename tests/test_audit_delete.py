@@ -13,14 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import fsspec  # type: ignore[import-untyped]
 import pytest
-from typer.testing import CliRunner
 
 from fastimpl.metadata import encode
-from model_tests.audit_fixtures import DAY, HOUR, Built, build
-from model_tests.cli import app
-from model_tests.test_lockstep import S3_BUCKET, s3, s3_endpoint  # noqa: F401 (fixture)
 from pipeline import deletion
 from pipeline.deletion import DeletionRefused, execute, plan_deletion
 from pipeline.location import Location
@@ -29,38 +24,20 @@ from pipeline.single import audit_single
 from spec.config import Scope, StateKind
 from spec.handles import SegmentHandle, StateEntry
 from spec.ids import SubtaskId
+from tests.audit_fixtures import (
+    CASE,
+    DAY,
+    HOUR,
+    Built,
+    base_with_strays,
+    build,
+    old,
+    run,
+    snapshot,
+)
+from tests.lockstep import S3_BUCKET, s3
 
 pytestmark = pytest.mark.xdist_group("spark")
-
-CASE = "random-within-002.json.gz"
-
-
-def old(path: Path, data: bytes = b"x" * 64) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    t = time.time() - 3 * DAY
-    os.utime(path, (t, t))
-    return path
-
-
-def base_with_strays(tmp_path: Path) -> tuple[Built, set[str]]:
-    b = build(CASE, fsspec.filesystem("file"), str(tmp_path / "root"))
-    b.cluster.storage.close_all()
-    root = Path(b.loc.container)
-    j = b.job_dir
-    strays = {f"{j}/shared/stray.sst", f"{j}/taskowned/tm-gone/leftover",
-              f"{j}/chk-9999/incomplete"}
-    for s in strays:
-        old(root / s)
-    return b, strays
-
-
-def snapshot(b: Built) -> dict[str, int]:
-    return {f["path"]: f["size"] for f in audit_single(b.loc, grace=HOUR)["files"]}
-
-
-def run(*args: str) -> Any:
-    return CliRunner().invoke(app, ["audit", *args], catch_exceptions=False)
 
 
 def referenced(b: Built) -> set[str]:
@@ -317,7 +294,7 @@ def test_spark_command_end_to_end_with_parquet_and_deletion(
 
 
 def test_orphans_are_deleted_on_s3_in_bulk(
-    s3_endpoint: str, tmp_path: Path  # noqa: F811
+    s3_endpoint: str, tmp_path: Path
 ) -> None:
     fs = s3(s3_endpoint)
     opts = {"key": "testing", "secret": "testing",
@@ -382,7 +359,7 @@ def test_deletes_are_paced_one_file_at_a_time(tmp_path: Path) -> None:
                                      "skip-unknown": 0}
 
 
-def test_a_path_inside_a_base_is_refused_on_s3(s3_endpoint: str) -> None:  # noqa: F811
+def test_a_path_inside_a_base_is_refused_on_s3(s3_endpoint: str) -> None:
     fs = s3(s3_endpoint)
     opts = {"key": "testing", "secret": "testing",
             "client_kwargs": {"endpoint_url": s3_endpoint}}

@@ -23,13 +23,12 @@ import pytest
 
 from fastimpl import CheckpointStore
 from fastimpl.writer_state import FORMAT, WRITER_STATE, publish_state
-from model_tests.audit_fixtures import DAY
-from model_tests.test_audit_delete import base_with_strays, old, run, snapshot
 from pipeline import deletion, fence
 from pipeline.deletion import DeletionRefused, plan_deletion
 from pipeline.location import Location
 from pipeline.single import audit_single
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
+from tests.audit_fixtures import DAY, base_with_strays, old, run, snapshot
 
 KS = StateKind.KEYED_SHARED
 

@@ -1,4 +1,4 @@
-"""Issue 15: every hostile base of ``model_tests.hostile_bases`` through both engines.
+"""Issue 15: every hostile base of ``tests.hostile_bases`` through both engines.
 
 Each case must give a report, not a hang or a traceback: the hostile part is a row (an
 unreadable ``_metadata`` or a path not listed), the valid part is audited as usual, the
@@ -10,42 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from model_tests.audit_fixtures import comparable
-from model_tests.cli import app
-from model_tests.hostile_bases import CASES, MARKUP_NAMES, Hostile
+from ckpt.cli import app
 from pipeline.location import Location
 from pipeline.names import shown, unshown
-from pipeline.result import ORPHAN, Tables
 from pipeline.single import audit_single
+from tests.audit_fixtures import comparable
+from tests.hostile_bases import CASES, MARKUP_NAMES, check, deadline
 
 pytestmark = pytest.mark.xdist_group("spark")
 HOUR = 3600.0
-
-
-@contextmanager
-def deadline(seconds: int, what: str) -> Iterator[None]:
-    """A hang fails the test instead of stopping the run."""
-
-    def fire(_sig: int, _frame: Any) -> None:
-        raise TimeoutError(f"{what} still running after {seconds} s: it hangs")
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def tree(root: Path) -> set[str]:
@@ -54,18 +33,6 @@ def tree(root: Path) -> set[str]:
     for d, dirs, files in os.walk(root):
         out |= {os.path.relpath(os.path.join(d, n), root) for n in [*dirs, *files]}
     return out
-
-
-def check(h: Hostile, t: Tables) -> None:
-    assert {c["metadata"] for c in t["corrupt"]} == h.corrupt, t["corrupt"]
-    got = {u["path"] for u in t["unreadable"]}
-    for u in h.unreadable:
-        assert any(g.startswith(u) for g in got), (u, got)
-    if not h.unreadable:
-        assert got == set(), got
-    orphans = {f["path"] for f in t["files"] if f["status"] == ORPHAN}
-    assert h.orphans <= orphans
-    assert t.summary.checkpoints == 1 and t.summary.dangling == 0
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

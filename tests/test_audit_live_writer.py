@@ -27,15 +27,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from ckpt.cli import app
 from fastimpl import CheckpointStore
 from fastimpl.writer_state import publish_state
-from model_tests.cli import app
-from model_tests.test_lockstep import S3_BUCKET, s3_endpoint  # noqa: F401 (fixture)
 from pipeline import deletion, fence
 from pipeline.location import Location
 from pipeline.single import audit_single
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import stream_of
+from tests.lockstep import S3_BUCKET
 
 KS = StateKind.KEYED_SHARED
 OP = StateKind.OPERATOR_LIST
@@ -236,7 +236,7 @@ def test_a_live_writer_loses_nothing_at_grace_zero(tmp_path: Path, mode: Merging
 
 
 def test_a_live_writer_on_s3_loses_nothing_at_grace_zero(
-    s3_endpoint: str,  # noqa: F811
+    s3_endpoint: str,
     tmp_path: Path,
 ) -> None:
     """The race on S3 (moto), WITHIN: ACROSS is refused on object stores (R16: an open

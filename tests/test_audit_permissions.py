@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from model_tests.hostile_bases import JOB, _meta, _old, valid
+from tests.hostile_bases import JOB, _meta, _old, valid
 
 pytestmark = pytest.mark.xdist_group("spark")
 REPO = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ STRAY = f"{JOB}/shared/v-0-1/stray"
 SCRIPT = r"""
 import json, os, sys
 from typer.testing import CliRunner
-from model_tests.cli import app
+from ckpt.cli import app
 
 probe, runs = json.loads(sys.argv[1])
 try:

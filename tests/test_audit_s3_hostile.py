@@ -21,21 +21,22 @@ from typing import Any
 
 import pytest
 
-from model_tests.hostile_bases import (
+from pipeline import deletion, fence
+from pipeline.deletion import DeletionRefused, plan_deletion
+from pipeline.location import Location
+from pipeline.single import audit_single
+from tests.hostile_bases import (
     CASES,
     JOB,
     NOT_ON_OBJECT_STORES,
     ON_OBJECT_STORES,
     Hostile,
+    check,
+    deadline,
     upload,
     valid,
 )
-from model_tests.test_audit_hostile import check, deadline
-from model_tests.test_lockstep import S3_BUCKET, s3, s3_endpoint  # noqa: F401 (fixture)
-from pipeline import deletion, fence
-from pipeline.deletion import DeletionRefused, plan_deletion
-from pipeline.location import Location
-from pipeline.single import audit_single
+from tests.lockstep import S3_BUCKET, s3
 
 pytestmark = pytest.mark.xdist_group("spark")
 HOUR = 3600.0
@@ -68,7 +69,7 @@ def test_every_hostile_case_is_placed_on_object_stores_or_said_why_not() -> None
 
 @pytest.mark.parametrize("name", ON_OBJECT_STORES)
 def test_hostile_base_on_s3_is_reported_and_collected_safely(
-    s3_endpoint: str,  # noqa: F811
+    s3_endpoint: str,
     tmp_path: Path,
     name: str,
 ) -> None:
@@ -98,13 +99,13 @@ def test_hostile_base_on_s3_is_reported_and_collected_safely(
 
 def test_the_hostile_bases_on_s3_give_the_same_tables_on_both_engines(
     spark: Any,
-    s3_endpoint: str,  # noqa: F811
+    s3_endpoint: str,
     tmp_path: Path,
 ) -> None:
     """Every case an object store can hold, in one base (one Spark audit: each case's
     hostile ``chk-2`` renamed apart), through both engines."""
-    from model_tests.audit_fixtures import comparable
     from pipeline.spark_audit import audit_spark
+    from tests.audit_fixtures import comparable
 
     fs = s3(s3_endpoint)
     container = f"{S3_BUCKET}/hostile{next(_n)}"
@@ -148,7 +149,7 @@ STATES = {
 
 @pytest.mark.parametrize("kind", ["not-json", "wrong-type", "a-directory", "oversized"])
 def test_an_unreadable_writer_state_refuses_the_deletion_on_s3(
-    s3_endpoint: str,  # noqa: F811
+    s3_endpoint: str,
     tmp_path: Path,
     kind: str,
 ) -> None:

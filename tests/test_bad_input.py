@@ -6,7 +6,7 @@ Each refusal raises a clear error (its type, and a message naming the file, the 
 the problem) and leaves storage exactly as it was: the full listing (every file and
 directory, each file's listed size and its bytes) is compared before and after (with
 queued background deletes drained). Once the good bytes are back, the same call succeeds
-and the store works on. ``model_tests/test_metadata.py`` covers the decoder itself.
+and the store works on. ``tests/test_metadata.py`` covers the decoder itself.
 
 Storages and merging modes (``SETTINGS``): local files and ``memory://`` in all three
 modes; S3 (s3fs against moto's server on 127.0.0.1, the ``s3_endpoint`` fixture of
@@ -24,87 +24,40 @@ compared after each refusal; the data-file cases run on S3 as they are.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-import os
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from fastimpl import CheckpointStore, MetadataError, RecoveryError, RecoveryReport, StorageFault
 from fastimpl.metadata import _canonical, encode
-from model_tests.faultyfs import Ledger, Place, payload
-from model_tests.test_lockstep import S3_BUCKET, s3, s3_endpoint  # noqa: F401 (a fixture)
-from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
+from spec.config import MergingMode
 from spec.handles import FileHandle, SegmentHandle, StateEntry, stream_of
-from spec.layout import metadata_path
-
-KS = StateKind.KEYED_SHARED
-OP = StateKind.OPERATOR_LIST
-JOB = JobSpec((VertexSpec("src", 2), VertexSpec("win", 2)), num_tms=2)
-META = metadata_path("job-0", 3)
-"""The newest retained checkpoint's ``_metadata``, which every case damages."""
-
-
-S3_MODE = MergingMode.WITHIN_CHECKPOINT
-"""The one merging mode the S3 cases run in (see the module's docstring)."""
-FILE_SETTINGS: list[tuple[str, MergingMode]] = [
-    (kind, m) for kind in ("local", "memory") for m in MergingMode
-]
-S3_SETTINGS: list[tuple[str, MergingMode]] = [("s3", S3_MODE)]
-SETTINGS = FILE_SETTINGS + S3_SETTINGS
-"""(storage, merging mode) of a test; the ``setting`` fixture's default is all of them."""
-_s3_roots = itertools.count()
-
-
-def _setting_id(setting: tuple[str, MergingMode]) -> str:
-    return f"{setting[0]}-{setting[1].name}"
-
-
-on_file_systems = pytest.mark.parametrize("setting", FILE_SETTINGS, ids=_setting_id)
-on_s3 = pytest.mark.parametrize("setting", S3_SETTINGS, ids=_setting_id)
-
-
-@pytest.fixture(params=SETTINGS, ids=_setting_id)
-def setting(request: pytest.FixtureRequest) -> tuple[str, MergingMode]:
-    setting: tuple[str, MergingMode] = request.param
-    return setting
-
-
-@pytest.fixture
-def mode(setting: tuple[str, MergingMode]) -> MergingMode:
-    return setting[1]
-
-
-@pytest.fixture
-def place(
-    setting: tuple[str, MergingMode], request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[Place]:
-    kind = setting[0]
-    if kind != "s3":
-        p = Place.make(kind, tmp_path)
-        yield p
-        p.cleanup()
-        return
-    endpoint: str = request.getfixturevalue("s3_endpoint")
-    fs = s3(endpoint)
-    root = f"{S3_BUCKET}/bad-input-{os.getpid()}-{next(_s3_roots)}"
-    yield Place("s3", root, f"s3://{root}", fs)
-    if fs.exists(root):
-        fs.rm(root, recursive=True)
-
-
-def _options(place: Place) -> dict[str, Any]:
-    """The storage options that reach ``place`` from its URL (S3: moto's endpoint and
-    the dummy credentials; nothing for local files and memory)."""
-    options: dict[str, Any] = place.inner.storage_options
-    return options
-
-
-def _config(mode: MergingMode) -> Config:
-    return Config.for_mode(mode, num_retained=2)
+from tests.faultyfs import Ledger, Place, payload
+from tests.storage_settings import (
+    JOB,
+    KS,
+    META,
+    OP,
+    Listing,
+    _config,
+    _listing,
+    _options,
+    _reseal,
+    _unchanged,
+    on_file_systems,
+    on_s3,
+)
+from tests.storage_settings import (
+    mode as mode,
+)
+from tests.storage_settings import (
+    place as place,
+)
+from tests.storage_settings import (
+    setting as setting,
+)
 
 
 def _store(place: Place, mode: MergingMode) -> tuple[CheckpointStore, Ledger]:
@@ -137,14 +90,6 @@ def _recover(place: Place, mode: MergingMode) -> tuple[CheckpointStore, Recovery
 
 
 # --------------------------------------------------------------------------- the cases
-
-
-def _reseal(data: bytes, edit: Callable[[dict[str, Any]], None]) -> bytes:
-    """Edit the document and give it a valid checksum again, to reach the later checks."""
-    doc = json.loads(data)
-    edit(doc)
-    doc["sha256"] = hashlib.sha256(_canonical(doc["payload"])).hexdigest()
-    return _canonical(doc) + b"\n"
 
 
 def _flip_a_byte(data: bytes) -> bytes:
@@ -224,50 +169,6 @@ def _expect(err: BaseException, case: str, source: str = META) -> None:
     assert source in msg, msg
     for word in CASES[case][1]:
         assert word in msg, (word, msg)
-
-
-Listing = dict[str, tuple[str, int | None, bytes | None]]
-
-
-def _listing(place: Place) -> Listing:
-    """Everything under the place's root, by relative path: each file's type, size as
-    listed and bytes; each directory's type (on S3: each prefix that holds an object)."""
-    fs = place.inner
-    try:
-        found: dict[str, dict[str, Any]] = fs.find(place.root, withdirs=True, detail=True)
-    except FileNotFoundError:
-        return {}
-    prefix = place.root.rstrip("/") + "/"
-    files = sorted(p for p, info in found.items() if info["type"] == "file")
-    data: dict[str, bytes] = fs.cat(files) if files else {}  # concurrent on S3
-    out: Listing = {}
-    for p, info in found.items():
-        if not p.startswith(prefix):
-            continue  # the root itself
-        if info["type"] == "file":
-            out[p[len(prefix) :]] = ("file", int(info["size"]), bytes(data[p]))
-        else:
-            out[p[len(prefix) :]] = (str(info["type"]), None, None)
-    return out
-
-
-def _changes(before: Listing, after: Listing) -> list[str]:
-    out = [f"deleted {p}" for p in sorted(before.keys() - after.keys())]
-    out += [f"created {p}" for p in sorted(after.keys() - before.keys())]
-    for p in sorted(before.keys() & after.keys()):
-        (kind, size, data), (kind2, size2, data2) = before[p], after[p]
-        if (kind, size) != (kind2, size2):
-            out.append(f"{p}: {kind} of {size} bytes became {kind2} of {size2} bytes")
-        elif data != data2:
-            out.append(f"{p}: contents changed")
-    return out
-
-
-def _unchanged(place: Place, store: CheckpointStore | None, before: Listing) -> None:
-    if store is not None:
-        store.flush()
-    changes = _changes(before, _listing(place))
-    assert not changes, changes
 
 
 # --------------------------------------------------------------------------- metadata

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from model_tests.harness import Harness
+from conformance.harness import Harness
 from spec import codec
 from spec import commands as c
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec

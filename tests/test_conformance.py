@@ -10,9 +10,8 @@ from typing import ClassVar
 
 import pytest
 
-from model_tests.conformance import corpus_tool
-from model_tests.conformance.adapter import Fastimpl, Implementation, Model
-from model_tests.conformance.case import (
+from conformance.adapter import Fastimpl, Implementation, Model
+from conformance.case import (
     CaseError,
     corpus_files,
     dumps,
@@ -21,14 +20,15 @@ from model_tests.conformance.case import (
     schema,
     to_json,
 )
-from model_tests.conformance.kit import ConformanceSuite
-from model_tests.conformance.process import ProcessImplementation, ProtocolError
-from model_tests.conformance.runner import run_case
-from model_tests.conformance.schema_gen import text as schema_text
+from conformance.kit import ConformanceSuite
+from conformance.process import ProcessImplementation, ProtocolError
+from conformance.runner import run_case
+from conformance.schema_gen import text as schema_text
+from model_tests import corpus_tool
 from spec import commands as c
 from spec.errors import Reason
 
-SERVER = f"{sys.executable} -m model_tests.conformance.fastimpl_server"
+SERVER = f"{sys.executable} -m conformance.fastimpl_server"
 
 
 class TestFastimplInProcess(ConformanceSuite):
@@ -181,8 +181,8 @@ def test_live_mode_shrinks_a_mismatch_to_a_case_the_candidate_fails(
 ) -> None:
     import attrs
 
+    from conformance.live import live
     from fastimpl.cluster import Cluster
-    from model_tests.conformance.live import live
     from spec.config import MergingMode
 
     shown = Cluster.observe
@@ -213,7 +213,7 @@ def test_live_mode_shrinks_a_mismatch_to_a_case_the_candidate_fails(
 def test_the_command_line_reports_and_exits_by_outcome(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from model_tests.cli import app
+    from ckpt.cli import app
 
     runner = CliRunner()
     ok = runner.invoke(app, ["conformance", "--impl", "fastimpl", "--cases", "r41-*"])

@@ -28,10 +28,10 @@ from pyfakefs.fake_filesystem_unittest import Patcher
 
 from fastimpl import CheckpointStore
 from fastimpl.storage import LocalOS, Storage, StorageFault
-from model_tests.faultyfs import FaultyFileSystem, FaultyOS, Ledger, Place, SimulatedCrash, payload
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import stream_of
 from spec.layout import metadata_path
+from tests.faultyfs import FaultyFileSystem, FaultyOS, Ledger, Place, SimulatedCrash, payload
 
 KS = StateKind.KEYED_SHARED
 OP = StateKind.OPERATOR_LIST

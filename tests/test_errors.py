@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from model_tests.harness import KS, Harness
+from conformance.harness import KS, Harness
 from spec import commands as c
 from spec.config import Config, MergingMode, RestoreMode
 from spec.errors import Reason

@@ -1,4 +1,4 @@
-"""Failing storage calls through the public API (``model_tests/faultyfs.py`` wraps a local
+"""Failing storage calls through the public API (``tests/faultyfs.py`` wraps a local
 directory or memory, optionally as an object store where a file appears only once closed;
 on a local directory the calls failed are the OS calls of ``Storage``'s local-disk path:
 builtin ``open``, ``os.fsync``, directory syncs, ``os.replace``, ``os.remove``).
@@ -24,13 +24,13 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from fastimpl import CheckpointStore, MetadataError, StorageFault
-from model_tests.faultyfs import LOCAL_WRITE_METHODS, FaultyFileSystem, Ledger, Place, payload
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.errors import CommandError, Reason
 from spec.handles import stream_of
 from spec.ids import SubtaskId
 from spec.layout import metadata_path, shared_dir
 from spec.observation import RetainedView
+from tests.faultyfs import LOCAL_WRITE_METHODS, FaultyFileSystem, Ledger, Place, payload
 
 KS = StateKind.KEYED_SHARED
 OP = StateKind.OPERATOR_LIST

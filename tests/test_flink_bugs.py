@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import pytest
 from attrs import evolve
 
-from model_tests.harness import ALL_MODES, MERGING, Harness, InvariantBroken, merging
+from conformance.harness import ALL_MODES, MERGING, Harness, InvariantBroken, merging
 from model_tests.twins import no_last_used_advance
 from refimpl.machine import _Work
 from refimpl.state import (

@@ -36,8 +36,13 @@ import pytest
 from fastimpl import CheckpointStore, MetadataError, RecoveryError
 from fastimpl.metadata import MAX_PATH, _canonical, decode, encode, resolve
 from fastimpl.recovery import recover
-from model_tests.faultyfs import FaultyFileSystem, Ledger, Place, payload
-from model_tests.test_bad_input import (
+from spec.config import Config, MergingMode, RestoreMode, StateKind
+from spec.effects import COORDINATOR
+from spec.ids import SubtaskId
+from spec.layout import metadata_path, savepoint_dir, shared_dir
+from tests.faultyfs import FaultyFileSystem, Ledger, Place, payload
+from tests.metadata_samples import sample
+from tests.storage_settings import (
     FILE_SETTINGS,
     JOB,
     KS,
@@ -50,12 +55,7 @@ from model_tests.test_bad_input import (
     _unchanged,
     setting,  # noqa: F401 (a fixture)
 )
-from model_tests.test_bad_input import place as place
-from model_tests.test_lockstep import s3_endpoint  # noqa: F401 (a fixture)
-from spec.config import Config, MergingMode, RestoreMode, StateKind
-from spec.effects import COORDINATOR
-from spec.ids import SubtaskId
-from spec.layout import metadata_path, savepoint_dir, shared_dir
+from tests.storage_settings import place as place
 
 SUB = SubtaskId("src", 0, 2)
 
@@ -87,8 +87,6 @@ BAD_FORMS: dict[str, Callable[[str], str]] = {
 
 
 def _sample() -> bytes:
-    from model_tests.test_metadata import sample
-
     return sample("job-0")
 
 

@@ -10,7 +10,7 @@ from typing import TypeVar
 import pytest
 from attrs import evolve
 
-from model_tests.harness import Harness
+from conformance.harness import Harness
 from spec import commands as c
 from spec.commands import StorageOp
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind

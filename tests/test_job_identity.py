@@ -19,8 +19,10 @@ from __future__ import annotations
 import pytest
 
 from fastimpl import BaseInUseError, CheckpointStore, FencedError
-from model_tests.faultyfs import Place, payload
-from model_tests.test_bad_input import (
+from spec.config import Config, MergingMode
+from spec.layout import job_base
+from tests.faultyfs import Place, payload
+from tests.storage_settings import (
     JOB,
     KS,
     OP,
@@ -31,9 +33,6 @@ from model_tests.test_bad_input import (
     place,  # noqa: F401
     setting,  # noqa: F401
 )
-from model_tests.test_lockstep import s3_endpoint  # noqa: F401
-from spec.config import Config, MergingMode
-from spec.layout import job_base
 
 
 def _config(mode: MergingMode) -> Config:

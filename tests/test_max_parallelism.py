@@ -18,8 +18,10 @@ import pytest
 
 from fastimpl import CheckpointStore, MetadataError, RecoveryError
 from fastimpl.metadata import decode, encode
-from model_tests.faultyfs import Ledger, Place, payload
-from model_tests.test_bad_input import (
+from spec.config import Config, MergingMode
+from spec.errors import CommandError, Reason
+from tests.faultyfs import Ledger, Place, payload
+from tests.storage_settings import (
     JOB,
     KS,
     META,
@@ -31,9 +33,6 @@ from model_tests.test_bad_input import (
     place,  # noqa: F401
     setting,  # noqa: F401
 )
-from model_tests.test_lockstep import s3_endpoint  # noqa: F401
-from spec.config import Config, MergingMode
-from spec.errors import CommandError, Reason
 
 TAKEN = 128
 

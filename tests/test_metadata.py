@@ -36,8 +36,8 @@ from spec.handles import (
 )
 from spec.ids import SubtaskId
 from spec.layout import job_base, metadata_path, savepoint_dir, shared_dir
+from tests.metadata_samples import JOB, SUB, sample
 
-JOB = "job-1"
 BASE = job_base(JOB)
 _roots = itertools.count()
 
@@ -108,36 +108,6 @@ def metadatas(draw: st.DrawFn) -> Metadata:
 
 
 # --------------------------------------------------------------------------- helpers
-
-SUB = SubtaskId("src", 0, 2)
-
-
-def sample_entries(job: str = JOB) -> tuple[StateEntry, ...]:
-    shared = shared_dir(job, SUB)
-    return (
-        StateEntry(
-            SUB,
-            StateKind.KEYED_SHARED,
-            "keyed",
-            SegmentHandle(f"{shared}/seg-1", 0, 10, "u1", Scope.SHARED),
-            1,
-            (0, 63),
-            None,
-        ),
-        StateEntry(
-            SUB,
-            StateKind.OPERATOR_LIST,
-            "ops",
-            FileHandle(f"{job_base(job)}/chk-3/f-2", 7, "u2", Scope.EXCLUSIVE),
-            4,
-            None,
-            (0, 2),
-        ),
-    )
-
-
-def sample(job: str = JOB) -> bytes:
-    return encode(3, job, False, sample_entries(job), (f"{job_base(job)}/taskowned/tm1",))
 
 
 def reseal(doc: dict[str, Any]) -> bytes:

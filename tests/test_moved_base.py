@@ -3,7 +3,7 @@
 Every path in a ``_metadata`` file is relative to the storage root that holds the job
 bases (``job-0/``, ``job-1/``, ``savepoints/``), so the whole tree may be moved: renamed
 to another parent directory on a local disk, copied to another prefix on ``memory://`` or
-S3 (object stores cannot rename). ``model_tests/test_metadata.py`` checks the decoder
+S3 (object stores cannot rename). ``tests/test_metadata.py`` checks the decoder
 alone; here a job writes through ``CheckpointStore`` and is recovered from the new place
 with ``CheckpointStore.recover(new_url, ..., crashed_job=...)``.
 
@@ -51,12 +51,12 @@ import pytest
 
 from fastimpl import CheckpointStore
 from fastimpl.metadata import decode
-from model_tests.faultyfs import Ledger, Place, payload
-from model_tests.test_lockstep import S3_BUCKET, s3, s3_endpoint  # noqa: F401 (a fixture)
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.handles import SegmentHandle, stream_of
 from spec.layout import METADATA
 from spec.observation import RetainedView
+from tests.faultyfs import Ledger, Place, payload
+from tests.lockstep import S3_BUCKET, s3
 
 KS = StateKind.KEYED_SHARED
 OP = StateKind.OPERATOR_LIST

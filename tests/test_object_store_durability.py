@@ -15,11 +15,9 @@ from typing import Any
 import pytest
 
 from fastimpl import CheckpointStore, CounterIds, StorageFault
-from model_tests.test_lockstep import S3_BUCKET, s3, s3_endpoint
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import SegmentHandle, StateEntry, stream_of
-
-__all__ = ["s3_endpoint"]  # the fixture, imported for pytest
+from tests.lockstep import S3_BUCKET, s3
 
 JOB = JobSpec((VertexSpec("agg", 2),), num_tms=1)
 

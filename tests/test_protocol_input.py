@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from model_tests.conformance.fastimpl_server import MAX_SIZE, serve
-from model_tests.conformance.process import ProcessImplementation, ProtocolError
+from conformance.fastimpl_server import MAX_SIZE, serve
+from conformance.process import ProcessImplementation, ProtocolError
 from spec import codec
 from spec.config import Config, JobSpec, MergingMode, VertexSpec
 
@@ -115,7 +115,7 @@ def test_a_refused_start_keeps_the_session_it_replaced() -> None:
 
 def test_the_server_process_refuses_bytes_that_are_not_utf8() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "model_tests.conformance.fastimpl_server"],
+        [sys.executable, "-m", "conformance.fastimpl_server"],
         input=b"\xff\xfe{}\n" + START.encode() + b"\n" + TRIGGER.encode() + b"\n",
         capture_output=True,
         timeout=120,

@@ -1,7 +1,7 @@
 """Recovery after the whole process died (fastimpl.recovery, ``CheckpointStore.recover``).
 
 The crash sweep runs a scripted job through the public API on the failing file system
-(``model_tests/faultyfs.py``) with deletes in the foreground (a deterministic order of
+(``tests/faultyfs.py``) with deletes in the foreground (a deterministic order of
 storage calls), counts its N mutating storage operations, and then, for every k in 1..N,
 runs it again from scratch with the process dying at the k-th operation, recovers from
 what storage holds alone, and checks (a)-(d) below. It runs on memory (fsspec calls), on
@@ -36,12 +36,12 @@ import pytest
 from fastimpl import CheckpointStore, MetadataError, RecoveryError
 from fastimpl.metadata import decode
 from fastimpl.recovery import RecoveryReport, recover
-from model_tests.faultyfs import FaultyFileSystem, Ledger, Place, SimulatedCrash, payload
 from pipeline.location import Location
 from pipeline.single import audit_single
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.handles import stream_of
 from spec.layout import SAVEPOINTS, metadata_path
+from tests.faultyfs import FaultyFileSystem, Ledger, Place, SimulatedCrash, payload
 
 KS = StateKind.KEYED_SHARED
 OP = StateKind.OPERATOR_LIST

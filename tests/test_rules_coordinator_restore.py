@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from model_tests.harness import ALL_MODES, JOB, KS, MERGING, ONE, OP, Harness, S, created, deleted
+from conformance.harness import ALL_MODES, JOB, KS, MERGING, ONE, OP, Harness, S, created, deleted
 from refimpl.redistribute import redistribute
 from spec import commands as c
 from spec import effects as ef

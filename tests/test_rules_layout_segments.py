@@ -15,7 +15,7 @@ from attrs import evolve
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from model_tests.harness import ALL_MODES, DEFAULT_JOB, JOB, MERGING, Harness, of_type
+from conformance.harness import ALL_MODES, DEFAULT_JOB, JOB, MERGING, Harness, of_type
 from refimpl import initial_state
 from refimpl.state import TmRec, TmStatus, place, subtasks_of
 from spec import commands as c

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from model_tests.harness import ALL_MODES, JOB, KS, MERGING, ONE, OP, Harness, S, created, deleted
+from conformance.harness import ALL_MODES, JOB, KS, MERGING, ONE, OP, Harness, S, created, deleted
 from spec import commands as c
 from spec.commands import StorageOp
 from spec.config import Config, MergingMode

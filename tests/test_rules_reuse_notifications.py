@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_tests.harness import ALL_MODES, MERGING, Harness, of_type
+from conformance.harness import ALL_MODES, MERGING, Harness, of_type
 from refimpl.state import NoticeKind
 from spec import commands as c
 from spec.config import Config, MergingMode, StateKind

@@ -22,10 +22,10 @@ from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
 
 from fastimpl import CheckpointStore
 from fastimpl.storage import UnknownWrapperError, open_files_readable
-from model_tests.faultyfs import FaultyFileSystem
-from model_tests.test_lockstep import S3_BUCKET, s3, s3_endpoint  # noqa: F401 (a fixture)
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import FileHandle, SegmentHandle, stream_of
+from tests.faultyfs import FaultyFileSystem
+from tests.lockstep import S3_BUCKET, s3
 
 JOB = JobSpec((VertexSpec("src", 2),), num_tms=1)
 S3_OPTIONS = {"key": "testing", "secret": "testing"}
@@ -38,7 +38,7 @@ def _options(endpoint: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def prefix(s3_endpoint: str) -> Iterator[str]:  # noqa: F811 (the fixture)
+def prefix(s3_endpoint: str) -> Iterator[str]:
     root = f"{S3_BUCKET}/wrappers-{os.getpid()}-{next(_n)}"
     yield root
     fs = s3(s3_endpoint)
@@ -58,7 +58,7 @@ def _objects(endpoint: str, root: str) -> dict[str, int]:
 def test_across_is_refused_through_a_wrapper_over_s3(
     wrapper: str,
     prefix: str,
-    s3_endpoint: str,  # noqa: F811
+    s3_endpoint: str,
 ) -> None:
     url = f"{wrapper}::s3://{prefix}"
     cfg = Config.for_mode(MergingMode.ACROSS_CHECKPOINT)
@@ -73,7 +73,7 @@ def test_across_is_refused_through_a_wrapper_over_s3(
 def test_within_through_a_wrapper_leaves_every_named_byte_on_s3(
     wrapper: str,
     prefix: str,
-    s3_endpoint: str,  # noqa: F811
+    s3_endpoint: str,
 ) -> None:
     """The modes R16 allows work through the wrapper, and what a completed checkpoint
     names is on S3 itself (I1 where the bytes finally live), not only in a cache."""
@@ -136,7 +136,7 @@ class _PlainStore(AbstractFileSystem):  # type: ignore[misc]
 def test_an_unknown_wrapper_is_refused_in_every_mode(
     mode: MergingMode,
     prefix: str,
-    s3_endpoint: str,  # noqa: F811
+    s3_endpoint: str,
 ) -> None:
     fsspec.register_implementation("madeupwrap", _MadeUpWrapper, clobber=True)
     target = s3(s3_endpoint)

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from conformance.harness import Harness
 from fastimpl import CheckpointStore, CommandTrace, CounterIds
-from model_tests.harness import Harness
 from model_tests.replay import TraceError, main, replay
-from model_tests.test_lockstep import Backend, FastimplTarget, LockstepMachine
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.errors import CommandError, Reason
+from tests.lockstep import Backend, FastimplTarget, LockstepMachine
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 EXAMPLES = 200 if PROFILE == "long" else 10

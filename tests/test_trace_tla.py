@@ -1,6 +1,6 @@
 """Traces as TLA+ trace-validation models (model_tests/trace_tla.py, tla/TraceCheck.tla):
 what the converter writes, what it refuses, and that the checked-in MCTrace is current.
-TLC replays the checked-in MCTrace through the spec in model_tests/test_tlc.py."""
+TLC replays the checked-in MCTrace through the spec in tests/test_tlc.py."""
 
 from __future__ import annotations
 

@@ -15,12 +15,12 @@ import fsspec  # type: ignore[import-untyped]
 import pytest
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
+from conformance.harness import DEFAULT_JOB, KS, MERGING
 from fastimpl.cluster import Cluster
-from model_tests.harness import DEFAULT_JOB, KS, MERGING
-from model_tests.test_lockstep import Backend, FastimplTarget, LockstepHarness
 from spec import commands as c
 from spec.config import Config, MergingMode
 from spec.errors import CommandError, Reason
+from tests.lockstep import Backend, FastimplTarget, LockstepHarness
 
 _runs = itertools.count()
 
