@@ -230,4 +230,7 @@ def test_the_command_line_reports_and_exits_by_outcome(tmp_path: Path) -> None:
     )
     assert bad.exit_code == 1, bad.output
     assert "FAIL" in bad.output and "first mismatch" in bad.output
-    assert "closed its output" in bad.output
+    # The quitter exits after its first answer: the next command either finds its input
+    # closed (it has exited: a broken pipe) or is written and then meets the end of its
+    # output; which one depends on the scheduler, and both name the dead process.
+    assert "closed its output" in bad.output or "stopped reading its input" in bad.output
