@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "spec" / "SPEC.md"
 TLA_SPEC = ROOT / "tla" / "CheckpointOwnership.tla"
 """The specification; the other modules of tla/ wrap it or break it on purpose."""
-TEST_DIRS = ("model_tests", "tests")
+TEST_DIRS = ("tests",)
 """Where test files are looked for (both while the tests move to ``tests/``)."""
 NOT_MODELLED = "not modelled"
 TLA_ABSTRACTED = {

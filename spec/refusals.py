@@ -6,7 +6,7 @@ implementations and the documentation cannot drift apart: SPEC.md's refusal tabl
 generated from ``GUARDS`` (``python -m model_tests.refusal_table --write``), and a test
 builds, for every guard, a state that violates it (and, for the order, states that
 violate two guards at once) and checks that the reference model and fastimpl refuse with
-exactly the listed ``Reason`` and change nothing (``model_tests/test_refusals.py``).
+exactly the listed ``Reason`` and change nothing (``tests/test_refusals.py``).
 
 The first guard that fails decides the reason; a command that passes every guard of its
 list is accepted. Argument checks done when a command is built (a negative size raises
