@@ -189,6 +189,20 @@ def test_a_directory_must_be_a_managed_one(directory: str) -> None:
         decode(_reseal_doc(doc), source="job-0/chk-3/_metadata")
 
 
+@pytest.mark.parametrize("kind", ["shared/src-0-2", "taskowned/tm-1"])
+def test_a_savepoint_holds_no_managed_directory(kind: str) -> None:
+    """R55: a savepoint is self-contained and the user's: a directory inside its own
+    folder shaped like a managed one is refused all the same (a CLAIM-less restore never
+    deletes it, but nothing the store reads may name it as deletable whole)."""
+    doc = json.loads(_sample())
+    doc["payload"].update(savepoint=True, directories=[f"{savepoint_dir(3)}/{kind}"])
+    with pytest.raises(MetadataError, match=r"directories\[0\]: .*not a managed directory"):
+        decode(_reseal_doc(doc), source=f"{savepoint_dir(3)}/_metadata")
+    # the same directory under the job's base is a managed one
+    doc["payload"].update(directories=[f"job-0/{kind}"])
+    assert decode(_reseal_doc(doc)).directories == (f"job-0/{kind}",)
+
+
 # --------------------------------------------------------------------------- 2. ownership
 
 
