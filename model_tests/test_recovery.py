@@ -760,6 +760,11 @@ def test_recovery_keeps_whole_the_directories_a_users_checkpoint_names(
     assert {p: place.read(p) for p in planted} == planted
 
 
+def _public_store(place: Place, config: Config) -> CheckpointStore:
+    """A store through the public constructor only (deletes in the foreground)."""
+    return CheckpointStore(place.url, config, JOB, background_deletes=False)
+
+
 def _successor_reusing_the_predecessors_files(
     place: Place,
 ) -> tuple[CheckpointStore, Ledger, Config]:
@@ -769,7 +774,7 @@ def _successor_reusing_the_predecessors_files(
     ``_metadata`` goes) while job-0's ``sst-3`` files stay, named now only by job-1's
     checkpoints; then a savepoint of job-1 that names no file of job-0."""
     config = Config.for_mode(MergingMode.NONE, num_retained=2)
-    store = _store(place, config)
+    store = _public_store(place, config)
     ledger, prog = Ledger(), Progress()
     c1 = checkpoint(store, ledger, prog)
     checkpoint(store, ledger, prog, reuse=(c1,))
@@ -827,7 +832,7 @@ def test_an_unreadable_metadata_elsewhere_keeps_the_base_but_the_kept_checkpoint
     checkpoint it restores (R72: the new coordinator owns its files and deletes them once
     it is subsumed), so that the base does not keep it forever."""
     config = Config.for_mode(mode, num_retained=2)
-    store = _store(place, config)
+    store = _public_store(place, config)
     ledger, prog = Ledger(), Progress()
     c1 = checkpoint(store, ledger, prog)
     c2 = checkpoint(store, ledger, prog, reuse=(c1,))
