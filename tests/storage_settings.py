@@ -23,7 +23,7 @@ from fastimpl import CheckpointStore
 from fastimpl.metadata import _canonical
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.layout import metadata_path
-from tests.faultyfs import Place
+from tests.faultyfs import Place, payload
 from tests.lockstep import S3_BUCKET, s3
 
 KS = StateKind.KEYED_SHARED
@@ -142,3 +142,19 @@ def _unchanged(place: Place, store: CheckpointStore | None, before: Listing) -> 
         store.flush()
     changes = _changes(before, _listing(place))
     assert not changes, changes
+
+
+def _checkpoint(store: CheckpointStore) -> int | None:
+    """One checkpoint of every subtask (keyed and operator state), completed, its
+    notices delivered and the deletes flushed; its id, or None if it did not complete."""
+    coord = store.coordinator
+    cid = coord.trigger()
+    for sub, tm in sorted(store.placement().items()):
+        mgr = store.task_manager(tm)
+        mgr.write(cid, sub, KS, f"sst-{cid}", payload(sub, f"sst-{cid}"))
+        mgr.write(cid, sub, OP, "offsets", payload(sub, "offsets", cid))
+        mgr.acknowledge(cid, sub)
+    done = coord.complete(cid)
+    store.deliver_notifications()
+    store.flush()
+    return None if done is None else cid

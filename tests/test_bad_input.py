@@ -117,6 +117,20 @@ def _foreign_job(data: bytes) -> bytes:
     return _canonical(raw) + b"\n"
 
 
+def _first_handle_as(handle: dict[str, Any]) -> Callable[[bytes], bytes]:
+    """The first entry's handle replaced by one a subtask acknowledges but a completed
+    checkpoint never holds (the coordinator resolves placeholders, R22, and lists
+    directories apart): accepted, it restored as state nobody can read (I1)."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        first = doc["payload"]["entries"][0]
+        if handle["type"] == "placeholder":  # the id of state the checkpoint does hold
+            handle["id"] = doc["payload"]["entries"][-1]["handle"]["id"]
+        first["handle"] = handle
+
+    return lambda data: _reseal(data, edit)
+
+
 def _misnamed(data: bytes) -> bytes:
     return _reseal(data, lambda d: d["payload"].update(checkpoint=2))
 
@@ -153,6 +167,14 @@ CASES: dict[str, tuple[Callable[[bytes], bytes], tuple[str, ...]]] = {
         ("payload.checkpoint", "names checkpoint 2, not checkpoint 3"),
     ),
     "savepoint-flag": (_as_savepoint, ("payload.savepoint", "true in a checkpoint's file")),
+    "placeholder-handle": (
+        _first_handle_as({"type": "placeholder"}),
+        ("entries[0].handle.type", "placeholder handle is no state of a completed checkpoint"),
+    ),
+    "directory-handle": (
+        _first_handle_as({"type": "directory", "path": "job-0/shared/src-0-2"}),
+        ("entries[0].handle.type", "directory handle is no state of a completed checkpoint"),
+    ),
 }
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -185,6 +186,20 @@ def test_a_directory_must_be_a_managed_one(directory: str) -> None:
     doc["payload"]["directories"] = [directory]
     with pytest.raises(MetadataError, match=r"directories\[0\]: .*not a managed directory"):
         decode(_reseal_doc(doc), source="job-0/chk-3/_metadata")
+
+
+@pytest.mark.parametrize("kind", ["shared/src-0-2", "taskowned/tm-1"])
+def test_a_savepoint_holds_no_managed_directory(kind: str) -> None:
+    """R55: a savepoint is self-contained and the user's: a directory inside its own
+    folder shaped like a managed one is refused all the same (a CLAIM-less restore never
+    deletes it, but nothing the store reads may name it as deletable whole)."""
+    doc = json.loads(_sample())
+    doc["payload"].update(savepoint=True, directories=[f"{savepoint_dir(3)}/{kind}"])
+    with pytest.raises(MetadataError, match=r"directories\[0\]: .*not a managed directory"):
+        decode(_reseal_doc(doc), source=f"{savepoint_dir(3)}/_metadata")
+    # the same directory under the job's base is a managed one
+    doc["payload"].update(directories=[f"job-0/{kind}"])
+    assert decode(_reseal_doc(doc)).directories == (f"job-0/{kind}",)
 
 
 # --------------------------------------------------------------------------- 2. ownership
@@ -457,10 +472,14 @@ def test_recovering_a_job_id_that_is_no_job_base_is_refused(tmp_path: Path, cras
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=_setting_id)
-def test_the_guard_refuses_a_foreign_delete_before_it_happens(world: World) -> None:
+def test_the_guard_refuses_a_foreign_delete_before_it_happens(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
     """A bug anywhere (simulated: the coordinator's delete called directly) cannot delete
     a savepoint, a NO_CLAIM source's file, a sibling's file, a base or what lies past
-    ``..``: the guard refuses, records and reports each (I5), and the file stays."""
+    ``..``: the guard refuses, records and reports each (I5) saying why, logs it as an
+    error naming the path, who tried and why, and the file stays."""
+    caplog.set_level(logging.ERROR)
     w = world
     cl = w.store._cluster
     sp_file = next(p for p in w.sentinel_paths if p.startswith("savepoints/"))
@@ -482,6 +501,20 @@ def test_the_guard_refuses_a_foreign_delete_before_it_happens(world: World) -> N
     assert {r.actor for r in cl.refused_deletes} == {COORDINATOR}, "each names who tried"
     violations = w.store.check_invariants()
     assert len([v for v in violations if v.invariant == "I5"]) == len(cl.refused_deletes) == 12
+    details = [v.detail for v in violations if v.invariant == "I5"]
+    for path, why in [
+        (sp_file, "the user's"),
+        (w.a_job0_file(), "the user's"),
+        ("other-app/f", "not a base this store made or claimed"),
+        ("job-1/..", "'..' component"),
+        ("job-1", "never deleted whole"),
+        ("job-0/shared", "never deleted whole"),
+    ]:
+        said = [d for d in details if d.startswith(f"{COORDINATOR} tried to delete {path}: ")]
+        assert said and all(why in d for d in said), (path, said)
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    for r in cl.refused_deletes:
+        assert any(r.path in m and f"({r.actor})" in m and r.reason in m for m in logged), r
 
 
 # --------------------------------------------------------------------------- 4. defect 6

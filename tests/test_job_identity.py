@@ -21,12 +21,11 @@ import pytest
 from fastimpl import BaseInUseError, CheckpointStore, FencedError
 from spec.config import Config, MergingMode
 from spec.layout import job_base
-from tests.faultyfs import Place, payload
+from tests.faultyfs import Place
 from tests.storage_settings import (
     JOB,
-    KS,
-    OP,
     Listing,
+    _checkpoint,
     _listing,
     _options,
     mode,  # noqa: F401
@@ -47,20 +46,6 @@ def _open(place: Place, mode: MergingMode, **kw: object) -> CheckpointStore:
         storage_options=_options(place),
         **kw,  # type: ignore[arg-type]
     )
-
-
-def _checkpoint(store: CheckpointStore) -> int | None:
-    coord = store.coordinator
-    cid = coord.trigger()
-    for sub, tm in sorted(store.placement().items()):
-        mgr = store.task_manager(tm)
-        mgr.write(cid, sub, KS, f"sst-{cid}", payload(sub, f"sst-{cid}"))
-        mgr.write(cid, sub, OP, "offsets", payload(sub, "offsets", cid))
-        mgr.acknowledge(cid, sub)
-    done = coord.complete(cid)
-    store.deliver_notifications()
-    store.flush()
-    return None if done is None else cid
 
 
 def _under(listing: Listing, base: str) -> Listing:

@@ -36,7 +36,7 @@ from spec.handles import (
 )
 from spec.ids import SubtaskId
 from spec.layout import job_base, metadata_path, savepoint_dir, shared_dir
-from tests.metadata_samples import JOB, SUB, sample
+from tests.metadata_samples import JOB, SUB, sample, sample_entries
 
 BASE = job_base(JOB)
 _roots = itertools.count()
@@ -62,13 +62,13 @@ def subtasks(draw: st.DrawFn) -> SubtaskId:
 
 
 def handles(base: str) -> st.SearchStrategy[Handle]:
+    """The handles a completed checkpoint's entry holds (placeholders and directory
+    handles never: ``test_an_entry_names_the_bytes_it_holds``)."""
     n = st.integers(0, 2**40)
     scopes = st.sampled_from(Scope)
     return st.one_of(
         st.builds(SegmentHandle, rel_paths(base), n, n, names, scopes),
         st.builds(FileHandle, rel_paths(base), n, names, scopes),
-        st.builds(DirectoryHandle, rel_paths(base)),
-        st.builds(PlaceholderHandle, names),
     )
 
 
@@ -159,6 +159,21 @@ def test_round_trip(meta: Metadata, max_par: int | None) -> None:
     assert back == meta
     assert resolve(back) == meta
     assert metadata_bytes(*args, max_parallelism=max_par) == data
+
+
+@pytest.mark.parametrize(
+    "handle", [PlaceholderHandle("u1"), DirectoryHandle(f"{job_base(JOB)}/shared/src-0-2")]
+)
+@pytest.mark.parametrize("at", [0, 1])
+def test_an_entry_names_the_bytes_it_holds(handle: Handle, at: int) -> None:
+    """A subtask acknowledges placeholders (R22) and directories, but the coordinator
+    resolves the one and lists the other apart before it writes ``_metadata``: an entry
+    holding either is refused, naming the entry, wherever it stands (it restored as
+    state nobody can read, I1)."""
+    entries = list(sample_entries())
+    entries[at] = evolve(entries[at], handle=handle)
+    data = encode(3, JOB, False, tuple(entries), (f"{job_base(JOB)}/taskowned/tm1",))
+    expect(data, f"entries[{at}].handle.type", "no state of a completed checkpoint")
 
 
 def test_format_header() -> None:
