@@ -11,13 +11,14 @@ STAMP := $(VENV)/.installed
 # The editable install maps only the packages that exist when it runs, so a new top-level
 # package (e.g. spec/ or refimpl/ appearing) re-runs it.
 PKG_INITS := $(wildcard spec/__init__.py refimpl/__init__.py fastimpl/__init__.py \
-                        pipeline/__init__.py model_tests/__init__.py bench/__init__.py)
+                        pipeline/__init__.py conformance/__init__.py ckpt/__init__.py \
+                        model_tests/__init__.py bench/__init__.py)
 
-# Hypothesis profile for model_tests/conftest.py (default, dev, ci, long); unset means "default".
+# Hypothesis profile for tests/conftest.py (default, dev, ci, long); unset means "default".
 # Passed through from the environment or the command line: make test HYPOTHESIS_PROFILE=long
 export HYPOTHESIS_PROFILE
 
-.PHONY: all test lint demo verify bench mutants mutate mutate-results clean check-python check-java
+.PHONY: all test lint demo verify bench mutants mutate mutate-results wheel-check clean check-python check-java
 .DEFAULT_GOAL := test
 
 all: test
@@ -47,8 +48,12 @@ $(STAMP): pyproject.toml $(PKG_INITS)
 	$(BIN)/python -m pip install -e '.[test,spark]'
 	touch $@
 
+# Every Python folder: the product (what the wheel ships), the proof tools, the benchmarks
+# and the tests.
+LINTED := spec refimpl fastimpl pipeline conformance ckpt model_tests bench tests
+
 lint: $(STAMP)
-	$(BIN)/ruff check spec refimpl fastimpl pipeline model_tests bench
+	$(BIN)/ruff check $(LINTED)
 	$(BIN)/mypy
 
 # pytest-xdist workers: one per core by default (PYTEST_WORKERS=0 runs in one process).
@@ -56,7 +61,7 @@ PYTEST_WORKERS ?= auto
 
 # --dist loadgroup: the Spark tests share one worker (xdist_group "spark"), so one JVM.
 test: $(STAMP) check-java
-	$(BIN)/ruff check spec refimpl fastimpl pipeline model_tests bench
+	$(BIN)/ruff check $(LINTED)
 	$(BIN)/mypy
 	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
@@ -124,6 +129,14 @@ mutate: $(STAMP)
 
 mutate-results:
 	$(BIN)/mutmut results
+
+# The wheel on its own (model_tests/wheel_check.py, issue 16): build it, install it with its
+# dependencies from the index in a fresh venv, and run the installed `ckpt conformance
+# --impl fastimpl` on the whole corpus from a folder outside the repository; the wheel must
+# hold the corpus and schema and none of model_tests, bench or tests. The test suite runs
+# the same check without downloading (tests/test_wheel.py: --deps here).
+wheel-check: $(STAMP)
+	$(BIN)/python -m model_tests.wheel_check
 
 clean:
 	rm -rf $(VENV) mutants .demo .mypy_cache .ruff_cache .pytest_cache .hypothesis .crosshair build dist *.egg-info

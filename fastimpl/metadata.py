@@ -475,10 +475,15 @@ class _Reader:
                 self.string(self.get(d, "id", w), w + "id"),
                 self.scope(self.get(d, "scope", w), w + "scope"),
             )
-        if kind == "directory":
-            return DirectoryHandle(self.string(self.get(d, "path", w), w + "path"))
-        if kind == "placeholder":
-            return PlaceholderHandle(self.string(self.get(d, "id", w), w + "id"))
+        if kind in ("directory", "placeholder"):
+            # What a subtask acknowledges, never what a completed checkpoint holds: the
+            # coordinator resolves placeholders (R22) and lists directories apart before
+            # it writes the file. Accepted, one would restore as state nobody can read.
+            raise self.fail(
+                w + "type",
+                f"a {kind} handle is no state of a completed checkpoint"
+                " (a 'segment' or 'file' is expected)",
+            )
         raise self.fail(w + "type", f"unknown handle type {kind!r}")
 
     def entry(self, d: dict[str, Any], field: str) -> StateEntry:
@@ -524,7 +529,8 @@ def decode(data: bytes, *, expected_job: str | None = None, source: str = "<meta
     version, a checksum mismatch, a missing or ill-typed field, a job id other than
     ``expected_job`` (a foreign file), a path that ``path_parts`` refuses or that lies
     outside the job base (or the savepoint dir), a directory that is not a managed one,
-    a logical id naming two extents, nesting too deep to parse and a file over
+    a logical id naming two extents, an entry whose handle is a placeholder or a
+    directory (never in a completed checkpoint), nesting too deep to parse and a file over
     ``MAX_BYTES``: never another exception, whatever the bytes.
     """
     if len(data) > MAX_BYTES:

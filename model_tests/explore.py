@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 from attrs import frozen
 
-from model_tests.harness import Harness
+from conformance.harness import Harness
 from model_tests.twins import TWINS, Twin, swapped_in
 from refimpl import ModelState, initial_state, observe, step
 from refimpl.state import TmStatus

@@ -1,6 +1,6 @@
 """A pytest plugin that runs a whole session with one mutant of ``model_tests/mutants.py``.
 
-    CKPT_MUTANT=flink-38347 pytest -p model_tests.mutant_plugin model_tests/test_lockstep.py
+    CKPT_MUTANT=flink-38347 pytest -p model_tests.mutant_plugin tests/test_lockstep.py
 
 The mutant named by ``CKPT_MUTANT`` (``none``: no mutant, for a baseline run) is patched
 into fastimpl before any test runs and removed when the session ends. The terminal summary

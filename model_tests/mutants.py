@@ -14,7 +14,7 @@ created afresh by each ``patch``, so that nothing outlives the patch.
 For each mutant the runner (a) runs the conformance corpus in process against fastimpl
 with the mutant applied, named cases first, and stops at the first case that fails: the
 case and the step that killed it; (b) runs the lockstep machine on ``memory://``
-(``model_tests/test_lockstep.py``) in a pytest subprocess that applies the mutant through
+(``tests/test_lockstep.py``) in a pytest subprocess that applies the mutant through
 ``model_tests/mutant_plugin.py``: whether it failed, and its first error line. Each
 killing case is then run against the unmutated fastimpl, which must pass it (else the
 kill proves nothing), and the lockstep run is done once without a mutant first, for the
@@ -44,12 +44,12 @@ from pathlib import Path
 import attrs
 import pytest
 
+from conformance.adapter import Fastimpl
+from conformance.case import OBSERVATION_FIELDS, Case, case_name, corpus_files, load
+from conformance.runner import run_case
 from fastimpl.cluster import Cluster
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, Completed, PFile, RegEntry, Seg
-from model_tests.conformance.adapter import Fastimpl
-from model_tests.conformance.case import OBSERVATION_FIELDS, Case, case_name, corpus_files, load
-from model_tests.conformance.runner import run_case
 from spec import commands as c
 from spec.config import Scope, StateKind
 from spec.effects import COORDINATOR, tm_actor
@@ -584,7 +584,7 @@ def run_lockstep(name: str, examples: int) -> LockstepRun:
         sys.executable,
         "-m",
         "pytest",
-        "model_tests/test_lockstep.py",
+        "tests/test_lockstep.py",
         "-k",
         "test_lockstep and memory",
         "-x",

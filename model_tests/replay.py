@@ -26,8 +26,8 @@ from collections.abc import Iterable
 
 import attrs
 
+from conformance.compare import differences, normalized
 from fastimpl.trace import FORMAT, VERSION
-from model_tests.compare import differences, normalized
 from refimpl import initial_state, observe, step
 from spec import codec
 from spec.config import Config, JobSpec

@@ -6,7 +6,7 @@ things its module defines. Both run without Java. A module that parses may still
 errors a parser cannot see (an undefined name, a wrong arity, a type error TLC would raise
 while evaluating): this check says nothing about those, and nothing about whether any
 invariant holds. Model checking is TLC's (``model_tests/tlc.py``), in ``make verify`` and in
-the tests (``model_tests/test_tlc.py``) wherever a ``tla2tools.jar`` is found.
+the tests (``tests/test_tlc.py``) wherever a ``tla2tools.jar`` is found.
 
     python -m model_tests.tla_syntax            # every tla/*.tla file
     python -m model_tests.tla_syntax FILE...    # the named files

@@ -20,6 +20,7 @@ import datetime as dt
 import os
 import re
 import time
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import typer
@@ -29,6 +30,7 @@ from rich.markup import escape
 from pipeline.location import Location, LocationError
 from pipeline.names import shown
 from pipeline.result import Row, Summary
+from pipeline.scan import CHECKPOINT_DIR
 
 EXIT_AT_RISK = 1
 EXIT_USAGE = 2
@@ -192,6 +194,14 @@ def audit(
         write_json(summary, os.path.join(out, "summary.json"))
         console.print(f"details written to {shown(out)}", markup=False)
     code = EXIT_AT_RISK if summary.at_risk else 0
+    unexamined = _unexamined_checkpoints(loc, details.get("unreadable", ()))
+    if unexamined:
+        # A checkpoint directory that cannot be listed hides a _metadata that may be
+        # unrestorable: "nothing lost" cannot be said, whatever the other tables show.
+        err.print(f"[red]not examined, restorability unknown:[/] {escape(unexamined[0])}"
+                  + (f" and {len(unexamined) - 1} more" if len(unexamined) > 1 else ""),
+                  markup=True)
+        code = max(code, EXIT_AT_RISK)
     if delete_orphans:
         if state_error is not None:
             err.print(f"[red]deletion refused, nothing deleted:[/] {escape(state_error)}")
@@ -205,6 +215,19 @@ def audit(
             err.print(f"[red]deletion refused, nothing deleted:[/] {escape(str(e))}")
             code = max(code, EXIT_REFUSED)
     raise typer.Exit(code)
+
+
+def _unexamined_checkpoints(loc: Location, unreadable: Iterable[Row]) -> list[str]:
+    """The job base or its ``chk-*`` directories among the paths that could not be
+    listed (``unreadable`` rows: path, problem)."""
+    out = []
+    for row in unreadable:
+        parts = str(row["path"]).rstrip("/").split("/")
+        if parts == [loc.job_dir] or (
+            len(parts) == 2 and parts[0] == loc.job_dir and CHECKPOINT_DIR.match(parts[1])
+        ):
+            out.append(shown(str(row["path"])))
+    return out
 
 
 # ``--help`` wraps to the terminal itself: one line per paragraph.
@@ -243,10 +266,9 @@ def _spark(
         details = {
             "dangling": [r.asDict() for r in f["dangling"].limit(max(limit, 1)).collect()],
             "corrupt": [r.asDict() for r in f["corrupt"].collect()],
-            # The summary says these are "listed below": on Spark too.
-            "unreadable": [
-                r.asDict() for r in f["unreadable"].orderBy("path").limit(max(limit, 1)).collect()
-            ],
+            # The summary says these are "listed below": on Spark too. All of them: an
+            # unlisted checkpoint directory among them changes the exit code.
+            "unreadable": [r.asDict() for r in f["unreadable"].orderBy("path").collect()],
             # Every orphan comes to the driver: deletion needs the full list.
             "orphans": [r.asDict() for r in f["orphans"].orderBy(F.desc("size")).collect()],
             "owners": [r.asDict() for r in

@@ -107,7 +107,7 @@ FLINK_OPTIONS: tuple[FlinkOption, ...] = (
     ),
 )
 """Flink key -> ``Config`` field: the one table ``from_flink``, ``to_flink`` and the README's
-configuration table (checked by model_tests/test_config.py) follow."""
+configuration table (checked by tests/test_config.py) follow."""
 
 _FLINK_KEYS: dict[str, FlinkOption] = {k: o for o in FLINK_OPTIONS for k in o.keys}
 

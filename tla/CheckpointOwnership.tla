@@ -1472,7 +1472,7 @@ Quiet(s) ==
     /\ s.running => (DOMAIN s.pending = {} /\ s.calm = NumRetained + 1)
 
 (***************************************************************************)
-(* Quiesce(s): the harness's quiesce() (model_tests/harness.py) as an      *)
+(* Quiesce(s): the harness's quiesce() (conformance/harness.py) as an      *)
 (* operator: stop every lost attempt, deliver every notification, fail     *)
 (* over if a placed TM is not alive, abort what is pending, then           *)
 (* NumRetained + 1 fault-free checkpoints (every subtask writes fresh      *)

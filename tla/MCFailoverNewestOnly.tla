@@ -9,7 +9,7 @@
 (* segments takes checkpoint 1's file for garbage and deletes it, while    *)
 (* checkpoint 1 is still retained: I1 breaks.  The Python counterpart is   *)
 (* the rule test test_r61_segments_of_all_retained_checkpoints_are_kept    *)
-(* (model_tests/test_rules_ownership_failover.py); the swapped rule here   *)
+(* (tests/test_rules_ownership_failover.py); the swapped rule here         *)
 (* is _restore_manager with `keep` computed from retained[-1] only.        *)
 (*                                                                         *)
 (* Differs from MCCheckpointOwnership only in the failover move: Failover  *)

@@ -6,7 +6,7 @@
 (* them lost its data.                                                     *)
 (*                                                                         *)
 (* The same buggy rule as test_flink_25395_buggy_rule_is_caught in         *)
-(* model_tests/test_flink_bugs.py: Flink before both fixes, i.e. R20       *)
+(* tests/test_flink_bugs.py: Flink before both fixes, i.e. R20             *)
 (* without the "known completed" test (FLINK-25395) AND R21 without the    *)
 (* lastUsed advance (FLINK-35570).  Broken R20 alone is masked in merging  *)
 (* modes by R21 (the reused segment outlives the abort of its checkpoint)  *)

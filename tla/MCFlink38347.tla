@@ -5,7 +5,7 @@
 (* ids that used it (R41).                                                 *)
 (*                                                                         *)
 (* The same buggy rule as test_flink_38347_buggy_rule_is_caught in         *)
-(* model_tests/test_flink_bugs.py (Flink's DirectoryHandleWithReference-   *)
+(* tests/test_flink_bugs.py (Flink's DirectoryHandleWithReference-         *)
 (* Track before the fix): +1 per checkpoint that reported the directory,   *)
 (* -1 per abort notification the TM hears, tracking stops once the TM      *)
 (* hears a completion; at a count <= 0 the TM deletes the directory with   *)

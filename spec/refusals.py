@@ -1,0 +1,212 @@
+"""Which commands are refused, and why: for each command, its guards in the order they are
+checked and the ``Reason`` each refuses with.
+
+The refusals are data, as h11 states its state machine as tables, so that the rules, the
+implementations and the documentation cannot drift apart: SPEC.md's refusal table is
+generated from ``GUARDS`` (``python -m model_tests.refusal_table --write``), and a test
+builds, for every guard, a state that violates it (and, for the order, states that
+violate two guards at once) and checks that the reference model and fastimpl refuse with
+exactly the listed ``Reason`` and change nothing (``tests/test_refusals.py``).
+
+The first guard that fails decides the reason; a command that passes every guard of its
+list is accepted. Argument checks done when a command is built (a negative size raises
+``ValueError`` in ``spec.commands``) are not refusals and are not listed.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+
+from attrs import frozen
+
+from spec import commands as c
+from spec.errors import Reason
+
+
+@frozen
+class Guard:
+    """One check a command must pass. ``name`` is stable: tests key their violations by it."""
+
+    name: str
+    reason: Reason
+    refused_when: str
+    """The state (or argument) that makes the command fail this guard, in words."""
+    rules: tuple[str, ...] = ()
+    """The SPEC.md rules the guard carries out."""
+
+
+RUNNING = Guard("running", Reason.JOB_NOT_RUNNING, "the job has ended (Cancel)", ("R90",))
+SUBTASK_KNOWN = Guard(
+    "subtask_known", Reason.UNKNOWN_SUBTASK, "the subtask is not one of the running job's"
+)
+CHECKPOINT_TRIGGERED = Guard(
+    "checkpoint_triggered",
+    Reason.UNKNOWN_CHECKPOINT,
+    "the checkpoint id was never triggered (not in 1 .. last triggered)",
+    ("R10",),
+)
+WRITER_KNOWN = Guard(
+    "writer_known", Reason.UNKNOWN_TM, "the `attempt` names a TM that never existed", ("R64",)
+)
+HOST_ALIVE = Guard(
+    "host_alive",
+    Reason.TM_NOT_ALIVE,
+    "no `attempt` is given and the subtask's TM is lost (not yet failed over)",
+    ("R57",),
+)
+ATTEMPT_LOST = Guard(
+    "attempt_lost",
+    Reason.TM_NOT_LOST,
+    "an `attempt` is given and that TM is not lost (alive or stopped): only a zombie "
+    "acts for a subtask it no longer hosts",
+    ("R56", "R64"),
+)
+ATTEMPT_HOSTED = Guard(
+    "attempt_hosted",
+    Reason.NOT_HOSTED,
+    "an `attempt` is given and that lost TM never hosted the subtask",
+    ("R64",),
+)
+NOT_FINISHED_FOR_TM = Guard(
+    "not_finished_for_tm",
+    Reason.CHECKPOINT_FINISHED_FOR_TM,
+    "the writing TM knows the checkpoint finished (it learned of its completion, "
+    "subsumption or abort) or started after it",
+    ("R10", "R35"),
+)
+NOT_ACKNOWLEDGED = Guard(
+    "not_acknowledged",
+    Reason.ALREADY_ACKNOWLEDGED,
+    "the writing TM already acknowledged the checkpoint for the subtask",
+    ("R10",),
+)
+STATE_EXISTS = Guard(
+    "state_exists",
+    Reason.NO_SUCH_STATE,
+    "the writing TM never wrote (or restored) shared state of that name for the subtask",
+    ("R20",),
+)
+CHECKPOINT_PENDING = Guard(
+    "checkpoint_pending",
+    Reason.CHECKPOINT_NOT_PENDING,
+    "the checkpoint was triggered but is no longer pending (completed or aborted)",
+    ("R51",),
+)
+ALL_ACKNOWLEDGED = Guard(
+    "all_acknowledged",
+    Reason.NOT_ALL_ACKNOWLEDGED,
+    "a subtask of the running job has not acknowledged the checkpoint",
+    ("R51",),
+)
+NOTIFICATION_EXISTS = Guard(
+    "notification_exists",
+    Reason.NO_SUCH_NOTIFICATION,
+    "no notification is in flight at that index",
+    ("R34",),
+)
+TM_KNOWN = Guard("tm_known", Reason.UNKNOWN_TM, "the TM never existed")
+TM_ALIVE_IN_JOB = Guard(
+    "tm_alive_in_job",
+    Reason.TM_NOT_ALIVE,
+    "the TM is lost or stopped, or hosts no subtask of the running job",
+    ("R57",),
+)
+TM_LOST = Guard("tm_lost", Reason.TM_NOT_LOST, "the TM is alive or already stopped", ("R64",))
+PARTIAL_WRITE = Guard(
+    "partial_write",
+    Reason.BAD_ARGUMENT,
+    "`written` is not strictly between 0 and `size`",
+    ("R65",),
+)
+SOURCE_RETAINED = Guard(
+    "source_retained",
+    Reason.NOT_RETAINED,
+    "the checkpoint is neither retained by the current job (running, or ended with "
+    "`Cancel(retain=True)`) nor a completed savepoint",
+    ("R70",),
+)
+PARALLELISM_VALID = Guard(
+    "parallelism_valid",
+    Reason.BAD_ARGUMENT,
+    "a parallelism names an unknown vertex or lies outside 1 .. max parallelism",
+    ("R75",),
+)
+MAX_PARALLELISM_SAME = Guard(
+    "max_parallelism_same",
+    Reason.MAX_PARALLELISM_CHANGED,
+    "the new job's max parallelism is not the one the checkpoint was taken with",
+    ("R77",),
+)
+
+_WRITER = (
+    RUNNING,
+    SUBTASK_KNOWN,
+    CHECKPOINT_TRIGGERED,
+    WRITER_KNOWN,
+    HOST_ALIVE,
+    ATTEMPT_LOST,
+    ATTEMPT_HOSTED,
+    NOT_FINISHED_FOR_TM,
+    NOT_ACKNOWLEDGED,
+)
+"""The checks on the TM a write or acknowledgement comes from (R10, R56, R64)."""
+_HOST_WRITER = (
+    RUNNING,
+    SUBTASK_KNOWN,
+    CHECKPOINT_TRIGGERED,
+    HOST_ALIVE,
+    NOT_FINISHED_FOR_TM,
+    NOT_ACKNOWLEDGED,
+)
+"""The same for commands that carry no ``attempt``: they always come from the subtask's
+current TM, which is always known, and never from a zombie."""
+
+GUARDS: Mapping[type[c.Command], tuple[Guard, ...]] = {
+    c.Trigger: (RUNNING,),
+    c.WriteState: _WRITER,
+    c.ReuseShared: (*_WRITER, STATE_EXISTS),
+    c.Acknowledge: _WRITER,
+    c.Decline: _HOST_WRITER,
+    c.Complete: (RUNNING, CHECKPOINT_TRIGGERED, CHECKPOINT_PENDING, ALL_ACKNOWLEDGED),
+    c.Abort: (RUNNING, CHECKPOINT_TRIGGERED, CHECKPOINT_PENDING),
+    c.DeliverNotification: (NOTIFICATION_EXISTS,),
+    c.DropNotification: (NOTIFICATION_EXISTS,),
+    c.DuplicateNotification: (NOTIFICATION_EXISTS,),
+    c.CrashTm: (RUNNING, TM_KNOWN, TM_ALIVE_IN_JOB),
+    c.AttemptStopped: (TM_KNOWN, TM_LOST),
+    c.CrashDuringWrite: (*_HOST_WRITER, PARTIAL_WRITE),
+    c.Failover: (RUNNING,),
+    c.RestartCoordinator: (RUNNING,),
+    c.Restore: (SOURCE_RETAINED, PARALLELISM_VALID, MAX_PARALLELISM_SAME),
+    c.FailNextCall: (),
+    c.RetryDeletes: (),
+    c.Cancel: (RUNNING,),
+}
+"""Every command of ``spec.commands.Command``, in the order of that union."""
+
+COMMANDS: tuple[type[c.Command], ...] = typing.get_args(c.Command)
+
+
+def guards_of(command: c.Command | type[c.Command]) -> tuple[Guard, ...]:
+    kind = command if isinstance(command, type) else type(command)
+    return GUARDS[kind]
+
+
+def markdown() -> str:
+    """SPEC.md's refusal table: one row per guard, in order; a command with no guard is
+    never refused."""
+    lines = [
+        "| command | # | refused when | `Reason` | rules |",
+        "|---|---|---|---|---|",
+    ]
+    for kind in COMMANDS:
+        guards = GUARDS[kind]
+        if not guards:
+            lines.append(f"| `{kind.__name__}` | — | never refused | — | — |")
+        for i, g in enumerate(guards, start=1):
+            rules = ", ".join(g.rules) or "—"
+            lines.append(
+                f"| `{kind.__name__}` | {i} | {g.refused_when} | `{g.reason.name}` | {rules} |"
+            )
+    return "\n".join(lines)

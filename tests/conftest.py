@@ -1,0 +1,67 @@
+"""Hypothesis settings profiles for the model tests.
+
+Select one with the HYPOTHESIS_PROFILE environment variable (unset or empty: "default"):
+
+- ``default`` / ``dev``: 100 examples, 40 steps per state-machine run.
+- ``ci``: derandomized, no example database, 200 examples, prints reproduction blobs.
+- ``long``: 5000 examples, 100 steps per state-machine run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from tests.lockstep import (  # noqa: F401 (fixtures: a lockstep storage, moto's S3 server)
+    backend,
+    s3_endpoint,
+)
+
+_SUPPRESSED: list[HealthCheck] = [HealthCheck.too_slow]
+
+settings.register_profile(
+    "default",
+    max_examples=100,
+    deadline=None,
+    stateful_step_count=40,
+    suppress_health_check=_SUPPRESSED,
+)
+settings.register_profile(
+    "dev",
+    max_examples=100,
+    deadline=None,
+    stateful_step_count=40,
+    suppress_health_check=_SUPPRESSED,
+)
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    database=None,
+    max_examples=200,
+    stateful_step_count=40,
+    print_blob=True,
+    suppress_health_check=_SUPPRESSED,
+)
+settings.register_profile(
+    "long",
+    max_examples=5000,
+    deadline=None,
+    stateful_step_count=100,
+    suppress_health_check=_SUPPRESSED,
+)
+
+PROFILE: str = os.environ.get("HYPOTHESIS_PROFILE") or "default"
+settings.load_profile(PROFILE)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    """One SparkSession (one JVM) for every Spark test of the run: mark the test
+    ``xdist_group("spark")`` so that ``--dist loadgroup`` keeps them in one worker."""
+    from pipeline.session import spark_session
+
+    return spark_session("local[2]")

@@ -1,0 +1,187 @@
+"""Issue 15: the guards that stop a whole collection (nothing deleted) when what the
+audit knows about the references is incomplete:
+
+* the reference set read just before deleting is smaller than the audit's (fewer
+  readable checkpoints of the job: Paimon #7710, a shrunken list of used files is never
+  "these are unused");
+* the writer's published state (``_writer_state.json``) exists and cannot be read: a
+  broken file, a wrong field, a FIFO, a link, a directory, over the size limit (an
+  unreadable state never means "no writer");
+* a checkpoint that a pending one may reuse from (its ``retained_at_trigger``) is gone:
+  the pending one may name that checkpoint's files, which no ``_metadata`` names now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from fastimpl import CheckpointStore
+from fastimpl.writer_state import FORMAT, WRITER_STATE, publish_state
+from pipeline import deletion, fence
+from pipeline.deletion import DeletionRefused, plan_deletion
+from pipeline.location import Location
+from pipeline.single import audit_single
+from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
+from tests.audit_fixtures import DAY, base_with_strays, old, run, snapshot
+
+KS = StateKind.KEYED_SHARED
+
+
+def test_a_shrunken_reference_set_refuses_the_deletion(tmp_path: Path) -> None:
+    """The audit read three checkpoints; before the deletion one of them is no longer
+    there (an unmounted volume, a partial listing, a mistaken move) while the others
+    still read: the collection stops rather than judge by the smaller set."""
+    b, strays = base_with_strays(tmp_path)
+    t = audit_single(b.loc, grace=DAY)
+    assert t.summary.checkpoints >= 2
+    base = Path(b.loc.full(b.job_dir))
+    newest = max(
+        (p for p in base.iterdir() if p.name.startswith("chk-") and (p / "_metadata").exists()),
+        key=lambda p: int(p.name[4:]),
+    )
+    shutil.move(newest, tmp_path / "elsewhere")
+    before = snapshot(b)
+    with pytest.raises(DeletionRefused, match="shrank"):
+        plan_deletion(b.loc, t.summary, t["orphans"], grace=DAY)
+    assert snapshot(b) == before
+    assert all(Path(b.loc.full(s)).exists() for s in strays)
+
+
+def _state(**over: object) -> bytes:
+    doc: dict[str, object] = {
+        "format": FORMAT,
+        "version": 1,
+        "seq": 1,
+        "published_at": time.time(),
+        "running": True,
+        "pending": [],
+        "open_files": [],
+    }
+    doc.update(over)
+    return json.dumps(doc).encode()
+
+
+def _plant_state(kind: str, path: Path, tmp_path: Path) -> None:
+    if kind == "not-json":
+        path.write_bytes(b'{"format": "ckpt-writer-st')
+    elif kind == "wrong-type":
+        path.write_bytes(_state(published_at="yesterday"))
+    elif kind == "open-file-outside":
+        path.write_bytes(_state(open_files=["other-job/shared/x"]))
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link":
+        target = tmp_path / "elsewhere" / WRITER_STATE
+        target.parent.mkdir()
+        target.write_bytes(_state())  # a good state, but what a link says is not trusted
+        path.symlink_to(target)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "oversized":
+        with open(path, "wb") as f:
+            f.truncate(fence.LIMIT + 1)  # sparse
+    else:
+        raise AssertionError(kind)
+
+
+STATE_KINDS = [
+    "not-json",
+    "wrong-type",
+    "open-file-outside",
+    "fifo",
+    "link",
+    "directory",
+    "oversized",
+]
+
+
+@pytest.mark.parametrize("kind", STATE_KINDS)
+def test_an_unreadable_writer_state_refuses_the_deletion(tmp_path: Path, kind: str) -> None:
+    """Read before listing (the CLI) and again before deleting (``plan_deletion``):
+    either read refuses, at any grace, with every flag; nothing hangs on a FIFO."""
+    b, strays = base_with_strays(tmp_path)
+    _plant_state(kind, Path(b.loc.full(fence.state_path(b.loc))), tmp_path)
+    t = audit_single(b.loc, grace=DAY)
+    assert strays <= {o["path"] for o in t["orphans"]}
+    before = snapshot(b)
+    with pytest.raises(DeletionRefused, match="writer state is unreadable"):
+        plan_deletion(b.loc, t.summary, t["orphans"], grace=DAY)
+    for flags in ([], ["--grace", "0s", "--allow-short-grace", "--no-live-writer"]):
+        r = run(
+            b.loc.full(b.job_dir),
+            "--engine",
+            "single",
+            "-q",
+            "--delete-orphans",
+            "--log",
+            str(tmp_path / "log"),
+            *flags,
+        )
+        assert r.exit_code == 3, r.output
+        assert "refused" in r.output and WRITER_STATE in r.output, r.output
+    assert snapshot(b) == before
+    assert not (tmp_path / "log").exists()
+
+
+def test_a_lost_pin_of_a_pending_checkpoint_stops_the_collection(tmp_path: Path) -> None:
+    """chk-3 is triggered while chk-1 is retained and reuses chk-1's file; chk-2
+    completes and subsumes chk-1 while chk-3 is pending. chk-1's file is now named by
+    no ``_metadata``, and is older than the writer's fence: only the lost pin tells the
+    audit it is not garbage. The collection stops (every orphan deferred); chk-3 then
+    completes and restores."""
+    job = JobSpec((VertexSpec("w", 1),), num_tms=1)
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    store = CheckpointStore(str(tmp_path / "root"), config, job)
+    publish_state(store)
+    co = store.coordinator
+    ((sub, tm),) = store.placement().items()
+    mgr = store.task_manager(tm)
+
+    def done(cid: int) -> None:
+        mgr.acknowledge(cid, sub)
+        assert co.complete(cid) is not None
+        store.deliver_notifications()
+
+    c1 = co.trigger()
+    mgr.write(c1, sub, KS, "sst-1", os.urandom(100))
+    done(c1)
+    c2 = co.trigger()
+    mgr.write(c2, sub, KS, "sst-2", os.urandom(100))
+    base = tmp_path / "root" / store.job_id
+    long_ago = time.time() - 3 * DAY  # everything so far was written long before chk-3
+    for p in base.rglob("*"):
+        if p.is_file() and p.name != WRITER_STATE:
+            os.utime(p, (long_ago, long_ago))
+    stray = old(base / "shared" / "stray.sst")
+    c3 = co.trigger()
+    reused = mgr.reuse_shared(c3, sub, "sst-1")
+    assert reused is not None
+    mgr.write(c3, sub, KS, "sst-3", os.urandom(100))
+    done(c2)  # subsumes chk-1: chk-3 is pending and pinned it
+    store.flush()  # chk-1's _metadata is deleted in the background: gone before the audit
+    assert [r.checkpoint for r in co.retained()] == [c2]
+    loc = Location.parse(str(base))
+    state = fence.read_state(loc)
+    assert state is not None and c1 in state.pins
+    kept = reused.handle.path  # type: ignore[union-attr]
+    t = audit_single(loc, grace=DAY)
+    assert kept in {o["path"] for o in t["orphans"]}
+    plan = plan_deletion(loc, t.summary, t["orphans"], grace=DAY, state_before=state)
+    outcomes = {p: (o, w) for p, o, w in plan.outcomes}
+    assert plan.delete == ()
+    stray_rel = f"{loc.job_dir}/shared/stray.sst"
+    for rel in (kept, stray_rel):
+        assert outcomes[rel][0] == deletion.DEFER and "are gone" in outcomes[rel][1], outcomes
+    deletion.execute(loc, plan, str(tmp_path / "log"), rate=0)
+    assert stray.exists()
+    done(c3)
+    after = audit_single(loc, grace=DAY)
+    assert after.summary.dangling == 0, after["dangling"]
+    assert mgr.restore(sub)
+    store.close()

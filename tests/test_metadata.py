@@ -1,0 +1,450 @@
+"""The versioned, checksummed, relative-path ``_metadata`` format (issue 3)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import attrs
+import fsspec  # type: ignore[import-untyped]
+import pytest
+from attrs import evolve
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fastimpl.metadata import (
+    MAGIC,
+    MANAGED,
+    Metadata,
+    MetadataError,
+    _canonical,
+    decode,
+    encode,
+    metadata_bytes,
+    resolve,
+)
+from fastimpl.storage import Storage
+from spec.config import Scope, StateKind
+from spec.handles import (
+    DirectoryHandle,
+    FileHandle,
+    Handle,
+    PlaceholderHandle,
+    SegmentHandle,
+    StateEntry,
+)
+from spec.ids import SubtaskId
+from spec.layout import job_base, metadata_path, savepoint_dir, shared_dir
+from tests.metadata_samples import JOB, SUB, sample, sample_entries
+
+BASE = job_base(JOB)
+_roots = itertools.count()
+
+# --------------------------------------------------------------------------- strategies
+
+names = st.text(min_size=1, max_size=8)
+components = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=6
+).filter(lambda s: s not in (".", ".."))
+
+
+@st.composite
+def rel_paths(draw: st.DrawFn, base: str) -> str:
+    parts = draw(st.lists(components, min_size=1, max_size=3))
+    return "/".join([base, *parts])
+
+
+@st.composite
+def subtasks(draw: st.DrawFn) -> SubtaskId:
+    p = draw(st.integers(1, 8))
+    return SubtaskId(draw(names), draw(st.integers(0, p - 1)), p)
+
+
+def handles(base: str) -> st.SearchStrategy[Handle]:
+    """The handles a completed checkpoint's entry holds (placeholders and directory
+    handles never: ``test_an_entry_names_the_bytes_it_holds``)."""
+    n = st.integers(0, 2**40)
+    scopes = st.sampled_from(Scope)
+    return st.one_of(
+        st.builds(SegmentHandle, rel_paths(base), n, n, names, scopes),
+        st.builds(FileHandle, rel_paths(base), n, names, scopes),
+    )
+
+
+pairs = st.none() | st.tuples(st.integers(0, 1000), st.integers(0, 1000))
+
+
+def entries_of(base: str) -> st.SearchStrategy[StateEntry]:
+    return st.builds(
+        StateEntry,
+        subtasks(),
+        st.sampled_from(StateKind),
+        names,
+        handles(base),
+        st.integers(0, 10**6),
+        pairs,
+        pairs,
+    )
+
+
+@st.composite
+def metadatas(draw: st.DrawFn) -> Metadata:
+    job = draw(names)
+    checkpoint = draw(st.integers(0, 10**9))
+    savepoint = draw(st.booleans())
+    base = savepoint_dir(checkpoint) if savepoint and draw(st.booleans()) else job_base(job)
+    drawn = draw(st.lists(entries_of(base), max_size=5))
+    # a logical id names one extent (R54): ids are unique, as the store draws them
+    entries = tuple(
+        attrs.evolve(e, handle=attrs.evolve(e.handle, logical_id=f"{i}-{e.handle.logical_id}"))
+        if isinstance(e.handle, SegmentHandle | FileHandle)
+        else e
+        for i, e in enumerate(drawn)
+    )
+    managed = st.sampled_from(MANAGED).map(lambda m: f"{job_base(job)}/{m}")
+    dirs = tuple(draw(st.lists(managed.flatmap(rel_paths), max_size=3, unique=True)))
+    return Metadata(job, checkpoint, savepoint, entries, dirs)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def reseal(doc: dict[str, Any]) -> bytes:
+    """Re-encode a tampered document with a valid checksum, to reach later checks."""
+    import hashlib
+
+    doc["sha256"] = hashlib.sha256(_canonical(doc["payload"])).hexdigest()
+    return _canonical(doc)
+
+
+def tampered(edit: Any) -> bytes:
+    doc = json.loads(sample())
+    edit(doc)
+    return reseal(doc)
+
+
+def expect(data: bytes, *words: str, **kw: Any) -> MetadataError:
+    with pytest.raises(MetadataError) as info:
+        decode(data, source="j/chk-3/_metadata", **kw)
+    msg = str(info.value)
+    assert "j/chk-3/_metadata" in msg
+    for w in words:
+        assert w in msg, (w, msg)
+    assert isinstance(info.value, ValueError)
+    return info.value
+
+
+# --------------------------------------------------------------------------- round trip
+
+
+@given(metadatas(), st.none() | st.integers(1001, 32768))
+def test_round_trip(meta: Metadata, max_par: int | None) -> None:
+    """Without a max parallelism a version-1 file, with one a version-2 file (R77), whose
+    key-group ranges must then lie within it (ordered pairs here)."""
+    if max_par is not None:
+        meta = evolve(
+            meta,
+            entries=tuple(
+                e
+                if e.key_groups is None
+                else evolve(e, key_groups=(min(e.key_groups), max(e.key_groups)))
+                for e in meta.entries
+            ),
+        )
+    meta = evolve(meta, version=1 if max_par is None else 2, max_parallelism=max_par)
+    args = (meta.checkpoint, meta.job, meta.savepoint, meta.entries, meta.directories)
+    data = encode(*args, max_parallelism=max_par)
+    back = decode(data, expected_job=meta.job)
+    assert back == meta
+    assert resolve(back) == meta
+    assert metadata_bytes(*args, max_parallelism=max_par) == data
+
+
+@pytest.mark.parametrize(
+    "handle", [PlaceholderHandle("u1"), DirectoryHandle(f"{job_base(JOB)}/shared/src-0-2")]
+)
+@pytest.mark.parametrize("at", [0, 1])
+def test_an_entry_names_the_bytes_it_holds(handle: Handle, at: int) -> None:
+    """A subtask acknowledges placeholders (R22) and directories, but the coordinator
+    resolves the one and lists the other apart before it writes ``_metadata``: an entry
+    holding either is refused, naming the entry, wherever it stands (it restored as
+    state nobody can read, I1)."""
+    entries = list(sample_entries())
+    entries[at] = evolve(entries[at], handle=handle)
+    data = encode(3, JOB, False, tuple(entries), (f"{job_base(JOB)}/taskowned/tm1",))
+    expect(data, f"entries[{at}].handle.type", "no state of a completed checkpoint")
+
+
+def test_format_header() -> None:
+    doc = json.loads(sample())
+    assert doc["format"] == MAGIC
+    assert doc["version"] == 1
+    assert len(doc["sha256"]) == 64
+    assert doc["payload"]["job"] == JOB
+    assert doc["payload"]["checkpoint"] == 3
+    for e in doc["payload"]["entries"]:
+        assert not e["handle"]["path"].startswith("/")
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_empty_file() -> None:
+    expect(b"", "truncated")
+
+
+def test_truncated() -> None:
+    data = sample()
+    for cut in (1, len(data) // 2, len(data) - 3):
+        expect(data[:cut], "truncated or invalid JSON")
+
+
+def test_invalid_json() -> None:
+    expect(b"{not json", "invalid JSON")
+
+
+def test_not_utf8() -> None:
+    expect(b"\xff\xfe\x00", "UTF-8")
+
+
+def test_not_an_object() -> None:
+    expect(b"[1, 2]", "file", "expected an object")
+
+
+def test_bad_magic() -> None:
+    expect(tampered(lambda d: d.update(format="something-else")), "format", "bad magic")
+
+
+def test_missing_magic() -> None:
+    expect(tampered(lambda d: d.pop("format")), "format", "missing field")
+
+
+def test_unsupported_version() -> None:
+    expect(tampered(lambda d: d.update(version=99)), "version", "unsupported version 99")
+    expect(tampered(lambda d: d.update(version=[1])), "version", "unsupported version")
+    expect(tampered(lambda d: d.update(version=True)), "version", "unsupported version")
+
+
+def test_checksum_mismatch() -> None:
+    doc = json.loads(sample())
+    doc["payload"]["entries"][0]["handle"]["length"] = 11  # a flipped value
+    expect(_canonical(doc), "sha256", "checksum mismatch")
+
+
+def test_bit_flip_in_file() -> None:
+    data = bytearray(sample())
+    i = data.index(b'"length":10')
+    data[i + len(b'"length":')] = ord("9")
+    expect(bytes(data), "checksum mismatch")
+
+
+def test_missing_field() -> None:
+    expect(
+        tampered(lambda d: d["payload"]["entries"][0].pop("kind")),
+        "payload.entries[0].kind",
+        "missing field",
+    )
+    expect(tampered(lambda d: d["payload"].pop("checkpoint")), "payload.checkpoint", "missing")
+
+
+def test_wrong_type() -> None:
+    def edit(d: dict[str, Any]) -> None:
+        d["payload"]["entries"][0]["handle"]["offset"] = "zero"
+
+    expect(tampered(edit), "payload.entries[0].handle.offset", "expected an integer")
+
+
+def test_unknown_kind_and_handle_type() -> None:
+    expect(
+        tampered(lambda d: d["payload"]["entries"][0].update(kind="nope")),
+        "payload.entries[0].kind",
+        "unknown state kind",
+    )
+    expect(
+        tampered(lambda d: d["payload"]["entries"][0]["handle"].update(type="nope")),
+        "handle.type",
+        "unknown handle type",
+    )
+
+
+def test_foreign_job() -> None:
+    expect(sample("other-job"), "payload.job", "foreign job id 'other-job'", expected_job=JOB)
+    assert decode(sample(), expected_job=JOB).job == JOB
+
+
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [
+        ("/etc/passwd", "absolute path"),
+        (f"{BASE}/../other/x", "'..' component"),
+        ("../x", "'..' component"),
+        ("other-job/shared/x", "outside the job base"),
+        (f"{BASE}x/shared/f", "outside the job base"),
+        (f"{BASE}//x", "not normalised"),
+        ("s3://bucket/x", "absolute"),
+    ],
+)
+def test_path_outside_base(path: str, problem: str) -> None:
+    def edit(d: dict[str, Any]) -> None:
+        d["payload"]["entries"][0]["handle"]["path"] = path
+
+    err = expect(tampered(edit), "entries[0].handle.path", problem)
+    assert err.field.endswith("entries[0].handle.path")
+
+
+def test_directory_outside_base() -> None:
+    expect(
+        tampered(lambda d: d["payload"]["directories"].append("elsewhere/tm")),
+        "directories[1]",
+        "outside the job base",
+    )
+
+
+def test_savepoint_paths() -> None:
+    sp = savepoint_dir(5)
+    h = FileHandle(f"{sp}/f", 3, "u", Scope.EXCLUSIVE)
+    e = StateEntry(SUB, StateKind.KEYED_FULL, "k", h)
+    assert decode(encode(5, JOB, True, (e,), ())).entries == (e,)
+    # no checkpoint refers to a savepoint's files (R55, R73: a savepoint restore never
+    # claims, its first checkpoint is full): a file that does is refused, as a shared base
+    with pytest.raises(MetadataError, match=r"shared_bases\[0\].*savepoint's directory"):
+        encode(5, JOB, False, (e,), ())
+    doc = json.loads(encode(5, JOB, True, (e,), ()))
+    doc["payload"].update(savepoint=False, shared_bases=[sp])
+    expect(reseal(doc), "shared_bases[0]", "savepoint's directory")
+
+
+def test_cross_job_reference_is_declared() -> None:
+    """A restored job's checkpoint may reference its predecessor's shared files (R95)."""
+    prev = shared_dir("job-0", SUB)
+    e = StateEntry(SUB, StateKind.KEYED_SHARED, "k", FileHandle(f"{prev}/f", 3, "u", Scope.SHARED))
+    meta = decode(encode(7, "job-2", False, (e,), ()), expected_job="job-2")
+    assert meta.shared_bases == ("job-0",)
+    assert resolve(meta).entries == (e,)
+    # an undeclared foreign base (tampered, resealed) is refused
+    doc = json.loads(encode(7, "job-2", False, (e,), ()))
+    doc["payload"]["shared_bases"] = []
+    expect(reseal(doc), "entries[0].handle.path", "outside the job base")
+    # a declared base must itself be a base directory, relative and without '..'
+    for bad, problem in (("job-0/shared", "not a base directory"), ("..", "'..'")):
+        doc["payload"]["shared_bases"] = [bad]
+        expect(reseal(doc), "shared_bases[0]", problem)
+
+
+def test_encode_refuses_bad_paths() -> None:
+    e = StateEntry(SUB, StateKind.CHANNEL, "c", FileHandle("/abs/f", 1, "u", Scope.EXCLUSIVE))
+    with pytest.raises(MetadataError, match="absolute path"):
+        encode(1, JOB, False, (e,), ())
+
+
+def test_resolve_refuses_bad_records() -> None:
+    meta = Metadata(JOB, 1, False, (), (f"{BASE}/../x",))
+    with pytest.raises(MetadataError, match=r"directories\[0\].*'\.\.' component"):
+        resolve(meta)
+    with pytest.raises(MetadataError, match="base"):
+        resolve(decode(sample()), "../up")
+
+
+def test_resolve_names_the_file_and_moves_every_path() -> None:
+    """A refusal names the file it came from; a base prefixes every handle path and every
+    directory once, and no base leaves them as stored (mutation run, issue 14)."""
+    bad = Metadata(JOB, 1, False, (), (f"{BASE}/../x",))
+    with pytest.raises(MetadataError) as caught:
+        resolve(bad, source="moved/job-1/chk-1/_metadata")
+    assert caught.value.source == "moved/job-1/chk-1/_metadata"
+    for wrong in ("/abs", "/abs/", "up/../..", ".."):
+        with pytest.raises(MetadataError, match="base"):
+            resolve(decode(sample()), wrong)
+    meta = decode(sample())
+    stored = [h.path for e in meta.entries if isinstance(h := e.handle, SegmentHandle | FileHandle)]
+    assert stored and meta.directories
+    assert resolve(meta) == meta
+    assert resolve(meta, "") == meta
+    # A base ending in characters a wrong strip would eat ("dirX", ".X": a valid name
+    # whose stripped form "." is not) is checked and prefixed exactly as given.
+    bases = (("Xdir", "Xdir/"), ("Xdir/", "Xdir/"), ("a/b", "a/b/"), ("dirX", "dirX/"))
+    for base, prefix in (*bases, ("moved/.X", "moved/.X/"), ("a/..X/", "a/..X/")):
+        moved = resolve(meta, base)
+        paths = [
+            h.path for e in moved.entries if isinstance(h := e.handle, SegmentHandle | FileHandle)
+        ]
+        assert paths == [prefix + p for p in stored], base
+        assert moved.directories == tuple(prefix + d for d in meta.directories), base
+
+
+# --------------------------------------------------------------------------- moving
+
+
+def _mem_root() -> tuple[Any, str]:
+    return fsspec.filesystem("memory"), f"/metadata-test-{next(_roots)}"
+
+
+def _write_checkpoint(storage: Storage) -> dict[str, bytes]:
+    files = {
+        f"{shared_dir(JOB, SUB)}/seg-1": b"x" * 10,
+        f"{BASE}/chk-3/f-2": b"y" * 7,
+    }
+    for p, data in files.items():
+        full = storage.full(p)
+        storage.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
+        storage.fs.pipe_file(full, data)
+    storage.write_metadata(metadata_path(JOB, 3), sample())
+    return files
+
+
+def test_moved_checkpoint_still_decodes_and_resolves() -> None:
+    fs, root = _mem_root()
+    old = Storage(fs, root)
+    files = _write_checkpoint(old)
+    new_root = f"{root}-moved/elsewhere"
+    fs.mv(f"{root}/{BASE}", f"{new_root}/{BASE}", recursive=True)
+    assert not fs.exists(f"{root}/{BASE}")
+    new = Storage(fs, new_root)
+    meta = new.read_metadata(metadata_path(JOB, 3), expected_job=JOB)
+    resolved = resolve(meta)
+    paths = {e.handle.path for e in resolved.entries if isinstance(e.handle, SegmentHandle)}
+    paths |= {e.handle.path for e in resolved.entries if isinstance(e.handle, FileHandle)}
+    assert paths == set(files)
+    for p in paths:
+        assert fs.cat_file(new.full(p)) == files[p]
+    # moved one level deeper below a storage root: resolve against the new container
+    deeper = Storage(fs, f"{root}-moved")
+    again = deeper.read_metadata(f"elsewhere/{metadata_path(JOB, 3)}", expected_job=JOB)
+    for e in resolve(again, "elsewhere").entries:
+        if isinstance(e.handle, SegmentHandle | FileHandle):
+            assert fs.cat_file(deeper.full(e.handle.path)) == files[e.handle.path[10:]]
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda b: b[: len(b) // 2],
+        lambda b: b.replace(b'"length":10', b'"length":12'),
+        lambda b: b"",
+        lambda b: b.replace(MAGIC.encode(), b"foreign/format"),
+    ],
+    ids=["truncated", "checksum", "empty", "magic"],
+)
+def test_corrupt_metadata_through_storage_deletes_nothing(corrupt: Any) -> None:
+    fs, root = _mem_root()
+    storage = Storage(fs, root)
+    _write_checkpoint(storage)
+    path = metadata_path(JOB, 3)
+    fs.pipe_file(storage.full(path), corrupt(fs.cat_file(storage.full(path))))
+    before = storage.list_files()
+    assert path in before and len(before) == 3
+    with pytest.raises(MetadataError) as info:
+        storage.read_metadata(path, expected_job=JOB)
+    assert path in str(info.value)
+    assert storage.list_files() == before
+
+
+def test_foreign_metadata_through_storage_deletes_nothing() -> None:
+    fs, root = _mem_root()
+    storage = Storage(fs, root)
+    _write_checkpoint(storage)
+    before = storage.list_files()
+    with pytest.raises(MetadataError, match="foreign job id"):
+        storage.read_metadata(metadata_path(JOB, 3), expected_job="someone-else")
+    assert storage.list_files() == before

@@ -1,0 +1,591 @@
+"""Rules R40-R45 (directories, hand-over, one owner, retried deletes) and R60-R65
+(failover, safe cleanup, exclusive directories, zombies, crashes mid-write) of SPEC.md,
+checked against the reference model one scenario at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+
+from conformance.harness import ALL_MODES, JOB, KS, MERGING, ONE, OP, Harness, S, created, deleted
+from spec import commands as c
+from spec.commands import StorageOp
+from spec.config import Config, MergingMode
+from spec.effects import (
+    COORDINATOR,
+    AppendBytes,
+    CallFailed,
+    CloseFile,
+    CreateFile,
+    DeleteDir,
+    Effect,
+    MakeDir,
+)
+from spec.errors import Reason
+from spec.handles import stream_of
+from spec.ids import SubtaskId
+from spec.layout import is_under, shared_dir, taskowned_dir
+from spec.observation import Observation
+
+
+def appended(effects: Iterable[Effect]) -> list[str]:
+    return [e.path for e in effects if isinstance(e, AppendBytes)]
+
+
+def dir_deletes(effects: Iterable[Effect]) -> list[tuple[str, str]]:
+    return [(e.path, e.actor) for e in effects if isinstance(e, DeleteDir)]
+
+
+def ref_paths(obs: Observation) -> set[str]:
+    """Every file a handle of a retained checkpoint refers to."""
+    return {s.path for r in obs.retained for e in r.entries if (s := stream_of(e.handle))}
+
+
+def one(mode: MergingMode, **kw: object) -> Harness:
+    return Harness(Config.for_mode(mode, **kw), ONE)
+
+
+def cp_one(
+    h: Harness,
+    *,
+    write: Iterable[str] = (),
+    reuse: Iterable[str] = (),
+    size: int = 100,
+    complete: bool = True,
+) -> tuple[int, list[Effect]]:
+    """One checkpoint of the single-subtask job; returns its id and the write effects."""
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    effects: list[Effect] = []
+    for name in reuse:
+        effects += h.run(c.ReuseShared(cp, S, name))
+    for name in write:
+        effects += h.run(c.WriteState(cp, S, KS, name, size))
+    h.run(c.Acknowledge(cp, S))
+    if complete:
+        h.run(c.Complete(cp))
+        h.deliver_all()
+    return cp, effects
+
+
+def on_tm(h: Harness, tm: str) -> list[SubtaskId]:
+    return [s for s in h.subtasks if h.tm_of(s) == tm]
+
+
+# ---------------------------------------------------------------- R40 directories
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r40_directories_created_lazily_at_first_write(mode: MergingMode) -> None:
+    h = one(mode)
+    assert h.run(c.Trigger()) == ()
+    assert h.observe().directories == {}
+    first = h.run(c.WriteState(1, S, KS, "a", 10))
+    assert [e for e in first if isinstance(e, MakeDir)] == [MakeDir(shared_dir(JOB, S), "tm:tm-1")]
+    second = h.run(c.WriteState(1, S, KS, "b", 10))
+    assert not [e for e in second if isinstance(e, MakeDir)]
+    excl = h.run(c.WriteState(1, S, OP, "o", 10))
+    assert [e for e in excl if isinstance(e, MakeDir)] == [
+        MakeDir(taskowned_dir(JOB, "tm-1"), "tm:tm-1")
+    ]
+    assert h.observe().directories == {
+        shared_dir(JOB, S): "tm:tm-1",
+        taskowned_dir(JOB, "tm-1"): "tm:tm-1",
+    }
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r40_every_ack_reports_existing_directories(mode: MergingMode) -> None:
+    h = one(mode)
+    h.run(c.Trigger())
+    h.run(c.WriteState(1, S, OP, "o", 10))  # only the exclusive directory exists
+    h.run(c.Acknowledge(1, S))
+    h.run(c.Complete(1))
+    assert h.observe().retained[-1].directories == (taskowned_dir(JOB, "tm-1"),)
+    h.deliver_all()
+    cp_one(h, write=["a"])
+    cp, _ = cp_one(h)  # writes nothing: both directories exist and are still reported
+    obs = h.observe()
+    assert set(obs.retained[-1].directories) == {shared_dir(JOB, S), taskowned_dir(JOB, "tm-1")}
+    assert cp in obs.registry[f"dir:{shared_dir(JOB, S)}"].refs
+
+
+# ---------------------------------------------------------------- R41 TM deletes its dirs
+
+
+def test_r41_directory_deleted_only_when_all_uses_aborted() -> None:
+    h = one(MergingMode.WITHIN_CHECKPOINT)
+    d = shared_dir(JOB, S)
+    h.run(c.Trigger())
+    h.run(c.Trigger())
+    h.run(c.WriteState(1, S, KS, "a", 100))
+    h.run(c.Acknowledge(1, S))
+    h.run(c.Acknowledge(2, S))  # reports the directory again: used by {1, 2}
+    h.run(c.Abort(1))
+    h.run(c.DuplicateNotification(0))  # a counter would reach zero on two abort(1)
+    effects = h.run(c.DeliverNotification(0)) + h.run(c.DeliverNotification(0))
+    assert not dir_deletes(effects)
+    assert d in h.observe().directories
+    h.run(c.Abort(2))
+    assert dir_deletes(h.run(c.DeliverNotification(0))) == [(d, "tm:tm-1")]
+    assert h.observe().directories == {}
+
+
+def test_r41_directory_with_a_file_in_it_is_kept() -> None:
+    h = one(MergingMode.ACROSS_CHECKPOINT, max_space_amplification=0.0)  # no R81 roll
+    d = shared_dir(JOB, S)
+    h.run(c.Trigger())
+    path = created(h.run(c.WriteState(1, S, KS, "a", 100)))[0]
+    h.run(c.Acknowledge(1, S))
+    h.run(c.Abort(1))
+    assert dir_deletes(h.run(c.DeliverNotification(0))) == []
+    obs = h.observe()
+    assert path in obs.open_files and is_under(path, d)  # the pool file still lies in it
+    assert obs.directories[d] == "tm:tm-1"
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r41_empty_directory_used_by_a_completed_checkpoint_is_kept(mode: MergingMode) -> None:
+    h = one(mode, max_file_size=100)
+    d = shared_dir(JOB, S)
+    cp_one(h, write=["a"])
+    cp_one(h)  # reports d but keeps nothing in it: a's file goes once 1 is subsumed
+    assert not [p for p in h.observe().files if is_under(p, d)]
+    cp_one(h, complete=False)
+    h.run(c.Abort(h.last_checkpoint))
+    effects: list[Effect] = []
+    while h.state.channel:
+        effects += h.run(c.DeliverNotification(0))
+    assert dir_deletes(effects) == []  # used by 1 and 2, which did not abort
+    assert h.observe().directories[d] == COORDINATOR
+
+
+# ---------------------------------------------------------------- R42 coordinator's dirs
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r42_completed_checkpoint_hands_directories_to_coordinator(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode))
+    cp = h.checkpoint()
+    obs = h.observe()
+    assert len(obs.directories) == 6  # four subtask dirs, two TM dirs
+    for d, owner in obs.directories.items():
+        assert owner == COORDINATOR
+        assert obs.registry[f"dir:{d}"].refs == frozenset({cp})
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r42_coordinator_deletes_abandoned_directory_once_unreferenced(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode))
+    h.checkpoint()
+    lost = taskowned_dir(JOB, "tm-2")
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    assert lost in h.observe().directories  # still referenced by checkpoint 1
+    h.checkpoint()
+    h.checkpoint()
+    obs = h.observe()
+    assert lost in obs.directories and lost in obs.pending_deletes  # waits for tm-2 (R64)
+    assert (lost, COORDINATOR) in dir_deletes(h.run(c.AttemptStopped("tm-2")))
+    obs = h.observe()
+    assert lost not in obs.directories and lost not in obs.pending_deletes
+    assert taskowned_dir(JOB, "tm-1") in obs.directories  # a live TM still works in it
+
+
+# ---------------------------------------------------------------- R43 hand-over by ack
+
+
+def test_r43_ack_hands_whole_files_to_coordinator_who_deletes_on_abort() -> None:
+    h = one(MergingMode.NONE)
+    h.run(c.Trigger())
+    paths = created(h.run(c.WriteState(1, S, KS, "a", 10)) + h.run(c.WriteState(1, S, OP, "o", 5)))
+    assert {h.observe().owners[p] for p in paths} == {"tm:tm-1"}
+    h.run(c.Acknowledge(1, S))
+    assert {h.observe().owners[p] for p in paths} == {COORDINATOR}
+    assert sorted(deleted(h.run(c.Abort(1)), COORDINATOR)) == sorted(paths)
+    assert h.observe().files == {}
+
+
+def test_r43_late_ack_after_abort_still_hands_over() -> None:
+    h = one(MergingMode.NONE)
+    h.run(c.Trigger())
+    paths = created(h.run(c.WriteState(1, S, KS, "a", 10)))
+    h.run(c.Abort(1))  # the TM has not heard of it yet
+    assert deleted(h.run(c.Acknowledge(1, S)), COORDINATOR) == paths
+    assert h.observe().files == {}
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r43_savepoint_ack_hands_files_to_coordinator(mode: MergingMode) -> None:
+    h = one(mode)
+    h.run(c.Trigger(savepoint=True))
+    paths = created(h.run(c.WriteState(1, S, KS, "a", 10)) + h.run(c.WriteState(1, S, OP, "o", 5)))
+    h.run(c.Acknowledge(1, S))
+    assert {h.observe().owners[p] for p in paths} == {COORDINATOR}
+    assert sorted(deleted(h.run(c.Abort(1)), COORDINATOR)) == sorted(paths)
+
+
+# ---------------------------------------------------------------- R44 one owner
+
+HAND_OVERS = (
+    c.Acknowledge,
+    c.Complete,
+    c.Failover,
+    c.RestartCoordinator,
+    c.AttemptStopped,
+    c.Restore,
+    c.Cancel,
+)
+
+
+class _Tracking(Harness):
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.changes: list[tuple[str, str, str, str]] = []
+
+    def run(self, cmd: c.Command) -> tuple[Effect, ...]:
+        before = dict(self.observe().owners)
+        effects = super().run(cmd)
+        for path, owner in self.observe().owners.items():
+            if path in before and before[path] != owner:
+                self.changes.append((type(cmd).__name__, path, before[path], owner))
+        return effects
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r44_owner_changes_only_at_hand_overs(mode: MergingMode) -> None:
+    h = _Tracking(Config.for_mode(mode, num_retained=2))
+    h.checkpoint()
+    h.checkpoint(savepoint=True)
+    h.checkpoint(reuse=["sst-1"], shared=["sst-2"], complete=False)
+    zombie = on_tm(h, "tm-2")[0]
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Trigger())
+    h.run(c.WriteState(h.last_checkpoint, zombie, KS, "z", 30, attempt="tm-2"))
+    h.run(c.Failover())
+    h.checkpoint()
+    h.run(c.AttemptStopped("tm-2"))
+    h.checkpoint()
+    h.run(c.Cancel(retain=True))
+    kinds = {k for k, *_ in h.changes}
+    assert kinds <= {t.__name__ for t in HAND_OVERS}, h.changes
+    assert all(new == "user" for k, _, _, new in h.changes if k == "Complete")  # R55
+    assert {"Acknowledge", "Complete", "Cancel"} <= kinds  # R43 savepoint, R55, R91
+    if mode is not MergingMode.NONE:
+        assert {"Failover", "AttemptStopped"} <= kinds  # R61, R64
+    obs = h.observe()
+    assert set(obs.owners) == set(obs.files)
+
+
+# ---------------------------------------------------------------- R45 failed deletes
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r45_failed_delete_is_kept_and_retried(mode: MergingMode) -> None:
+    h = one(mode, max_file_size=100)
+    h.checkpoint()
+    h.run(c.FailNextCall(StorageOp.DELETE))
+    h.checkpoint(deliver=False)  # subsumes checkpoint 1: the first delete fails
+    failed = [e for e in h.last_effects if isinstance(e, CallFailed)]
+    assert len(failed) == 1 and failed[0].op == "delete"
+    path = failed[0].path
+    assert path in h.observe().files and h.observe().pending_deletes == (path,)
+    h.deliver_all()
+    h.run(c.FailNextCall(StorageOp.DELETE))
+    h.run(c.RetryDeletes())  # fails again: still kept
+    assert path in h.observe().pending_deletes and path in h.observe().files
+    assert path in deleted(h.run(c.RetryDeletes()), failed[0].actor)
+    assert path not in h.observe().files and h.observe().pending_deletes == ()
+
+
+def test_r45_failed_directory_delete_is_retried() -> None:
+    h = one(MergingMode.WITHIN_CHECKPOINT)
+    d = shared_dir(JOB, S)
+    h.run(c.Trigger())
+    h.run(c.Trigger())
+    h.run(c.WriteState(1, S, KS, "a", 100))
+    h.run(c.Acknowledge(1, S))
+    h.run(c.Acknowledge(2, S))
+    h.run(c.Abort(1))
+    assert deleted(h.run(c.DeliverNotification(0)))  # the file goes, the directory stays
+    h.run(c.Abort(2))
+    h.run(c.FailNextCall(StorageOp.DELETE))
+    assert [e for e in h.run(c.DeliverNotification(0)) if isinstance(e, CallFailed)]
+    assert d in h.observe().directories and d in h.observe().pending_deletes
+    assert dir_deletes(h.run(c.RetryDeletes())) == [(d, "tm:tm-1")]
+    assert h.observe().directories == {} and h.observe().pending_deletes == ()
+
+
+# ---------------------------------------------------------------- R60 failover
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r60_failover_aborts_pending_and_replaces_lost_tm(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode))
+    h.checkpoint()
+    moved = on_tm(h, "tm-2")
+    pending = h.checkpoint(complete=False)  # fully acknowledged
+    h.run(c.Failover())
+    err = h.try_run(c.Complete(pending))
+    assert err is not None and err.reason is Reason.CHECKPOINT_NOT_PENDING
+    assert h.live_tms() == ["tm-1", "tm-2"]  # nobody was lost: nobody is replaced
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    assert h.live_tms() == ["tm-1", "tm-3"]
+    assert [h.tm_of(s) for s in moved] == ["tm-3", "tm-3"]
+    h.run(c.Trigger())
+    assert h.last_checkpoint == pending + 1  # R50: ids go on
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r60_survivor_drops_unacknowledged_state(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h.checkpoint()  # the 100-byte shared files are full and closed
+    h.run(c.Trigger())
+    s = on_tm(h, "tm-1")[0]
+    path = created(h.run(c.WriteState(h.last_checkpoint, s, KS, "sst-1", 10)))
+    assert path and path[0] in h.observe().files
+    h.run(c.CrashTm("tm-2"))
+    assert path[0] in deleted(h.run(c.Failover()), "tm:tm-1")
+    assert path[0] not in h.observe().files
+
+
+def test_r60_no_stale_pool_survives_failover() -> None:
+    h = Harness(Config.for_mode(MergingMode.ACROSS_CHECKPOINT))
+    h.checkpoint()
+    mine = h.observe().open_files
+    assert len(mine) == 6  # four subtask pools, two TM pools
+    closed = {e.path for e in h.run(c.Failover()) if isinstance(e, CloseFile)}
+    assert closed == mine and not h.observe().open_files
+    h.run(c.Trigger())
+    s = on_tm(h, "tm-1")[0]
+    new = created(h.run(c.WriteState(h.last_checkpoint, s, KS, "x", 10)), "tm:tm-1")
+    assert len(new) == 1 and new[0] not in mine
+
+
+# ---------------------------------------------------------------- R61 hand back segments
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r61_segments_of_all_retained_checkpoints_are_kept(mode: MergingMode) -> None:
+    h = one(mode, num_retained=2, max_file_size=100)
+    _, e1 = cp_one(h, write=["a"])
+    _, e2 = cp_one(h, write=["b"])  # checkpoint 1 alone refers to a's file
+    f1, f2 = created(e1)[0], created(e2)[0]
+    h.run(c.Failover())
+    obs = h.observe()
+    assert obs.owners[f1] == obs.owners[f2] == "tm:tm-1"
+    assert obs.ref_counts[f1] == obs.ref_counts[f2] == 1
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r61_last_used_is_the_newest_retained_checkpoint(mode: MergingMode) -> None:
+    h = one(mode, num_retained=2, max_file_size=100)
+    _, e1 = cp_one(h, write=["a"])
+    cp_one(h, reuse=["a"], write=["b"])  # checkpoint 2 uses a's segment too
+    f1 = created(e1)[0]
+    h.run(c.Failover())
+    cp_one(h, write=["c"])  # subsumes 1; 2 still refers to a
+    assert f1 in h.observe().files
+    assert [r.checkpoint for r in h.observe().retained] == [2, 3]
+    cp_one(h, write=["d"])  # subsumes 2: nobody refers to a any more
+    assert f1 not in h.observe().files
+    assert any(d.path == f1 and d.actor == "tm:tm-1" for d in h.observe().deletions)
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r61_handed_back_state_stays_reusable(mode: MergingMode) -> None:
+    h = one(mode, num_retained=2)
+    cp_one(h, write=["a", "b"])
+    h.run(c.Failover())
+    h.run(c.Trigger())
+    effects = h.run(c.ReuseShared(h.last_checkpoint, S, "a"))
+    assert not [e for e in effects if isinstance(e, CreateFile | AppendBytes)]
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r61_replacement_tm_takes_over_lost_tms_shared_files(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode))
+    h.checkpoint()
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    obs = h.observe()
+    for s in on_tm(h, "tm-3"):
+        files = [p for p in obs.files if is_under(p, shared_dir(JOB, s))]
+        assert files and all(obs.owners[p] == "tm:tm-3" for p in files)
+    exclusive = [p for p in obs.files if is_under(p, taskowned_dir(JOB, "tm-2"))]
+    assert exclusive and all(obs.owners[p] == "tm:tm-2" for p in exclusive)  # R63
+
+
+# ---------------------------------------------------------------- R62 safe cleanup
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r62_failover_deletes_garbage_of_unfinished_checkpoints(mode: MergingMode) -> None:
+    h = one(mode, num_retained=2, max_file_size=100)
+    _, e1 = cp_one(h, write=["a"])
+    _, e2 = cp_one(h, write=["b"])
+    _, e3 = cp_one(h, write=["c"], complete=False)  # acknowledged, never completed
+    garbage = created(e3)[0]
+    assert deleted(h.run(c.Failover()), "tm:tm-1") == [garbage]
+    files = h.observe().files
+    assert garbage not in files and created(e1)[0] in files and created(e2)[0] in files
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r62_garbage_of_a_lost_attempt_waits_for_it(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode, max_file_size=50))
+    h.checkpoint()
+    h.run(c.Trigger())
+    s = on_tm(h, "tm-2")[0]
+    garbage = created(h.run(c.WriteState(h.last_checkpoint, s, KS, "x", 50)))[0]
+    h.run(c.CrashTm("tm-2"))
+    assert garbage not in deleted(h.run(c.Failover()))
+    assert h.observe().owners[garbage] == "tm:tm-2"
+    assert garbage in deleted(h.run(c.AttemptStopped("tm-2")), COORDINATOR)
+
+
+# ---------------------------------------------------------------- R63 exclusive dirs
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r63_exclusive_directory_reused_only_by_the_same_tm(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode))
+    h.run(c.Trigger())
+    for s in h.subtasks:
+        h.run(c.WriteState(1, s, OP, "o", 10))
+    assert h.observe().directories[taskowned_dir(JOB, "tm-2")] == "tm:tm-2"
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    obs = h.observe()
+    assert obs.directories[taskowned_dir(JOB, "tm-2")] == COORDINATOR
+    assert obs.directories[taskowned_dir(JOB, "tm-1")] == "tm:tm-1"
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    survivor = h.run(c.WriteState(cp, on_tm(h, "tm-1")[0], OP, "o", 10))
+    newcomer = h.run(c.WriteState(cp, on_tm(h, "tm-3")[0], OP, "o", 10))
+    assert not [e for e in survivor if isinstance(e, MakeDir)]
+    assert all(is_under(p, taskowned_dir(JOB, "tm-1")) for p in created(survivor))
+    assert MakeDir(taskowned_dir(JOB, "tm-3"), "tm:tm-3") in newcomer
+    assert all(not is_under(p, taskowned_dir(JOB, "tm-2")) for p in created(newcomer))
+
+
+# ---------------------------------------------------------------- R64 zombies
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r64_zombie_may_write_but_its_ack_is_ignored(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode))
+    h.checkpoint()
+    zombie = on_tm(h, "tm-2")
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    written = appended(h.run(c.WriteState(cp, zombie[0], OP, "x", 10, attempt="tm-2")))
+    assert written and h.observe().owners[written[0]] == "tm:tm-2"
+    for s in zombie:
+        h.run(c.Acknowledge(cp, s, attempt="tm-2"))
+    for s in h.subtasks:
+        if s != zombie[0]:
+            h.run(c.Acknowledge(cp, s))
+    err = h.try_run(c.Complete(cp))
+    assert err is not None and err.reason is Reason.NOT_ALL_ACKNOWLEDGED
+    assert h.observe().owners[written[0]] == "tm:tm-2"  # not handed over (R43 needs a live ack)
+    h.run(c.Acknowledge(cp, zombie[0]))
+    h.run(c.Complete(cp))
+    assert written[0] not in ref_paths(h.observe())
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r64_deletes_of_a_zombies_files_wait_until_it_stopped(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h.run(c.Trigger())
+    made: list[str] = []
+    for s in h.subtasks:
+        made += created(h.run(c.WriteState(1, s, KS, "sst", 100)), "tm:tm-2")
+        h.run(c.Acknowledge(1, s))
+    h.run(c.Complete(1))
+    h.deliver_all()
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    h.checkpoint()
+    h.checkpoint()  # checkpoint 1 is subsumed: its files are garbage
+    obs = h.observe()
+    assert made and all(p in obs.files and p in obs.pending_deletes for p in made)
+    assert not any(d.path in made for d in obs.deletions)
+    h.run(c.AttemptStopped("tm-2"))
+    obs = h.observe()
+    assert not set(made) & set(obs.files) and obs.pending_deletes == ()
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r64_zombie_applies_notifications_already_sent(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h.checkpoint()
+    h.checkpoint(deliver=False)  # complete(2, watermark 1) is in flight to tm-2
+    h.run(c.CrashTm("tm-2"))
+    idx = next(i for i, n in enumerate(h.state.channel) if n.tm == "tm-2")
+    own = deleted(h.run(c.DeliverNotification(idx)))
+    assert own and own == deleted(h.last_effects, "tm:tm-2")
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r64_coordinator_takes_and_deletes_what_a_stopped_attempt_owned(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode))
+    h.checkpoint()
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    h.run(c.Trigger())
+    z = on_tm(h, "tm-3")[0]
+    h.run(c.WriteState(h.last_checkpoint, z, OP, "zombie", 10, attempt="tm-2"))
+    h.run(c.WriteState(h.last_checkpoint, z, KS, "zombie", 10, attempt="tm-2"))
+    owned = {p for p, o in h.observe().owners.items() if o == "tm:tm-2"}
+    assert owned
+    gone = set(deleted(h.run(c.AttemptStopped("tm-2")), COORDINATOR))
+    obs = h.observe()
+    assert all(o != "tm:tm-2" for o in obs.owners.values())
+    for path in owned:  # deleted by the coordinator, or its and still referenced
+        assert path in gone or (obs.owners[path] == COORDINATOR and path in ref_paths(obs))
+    assert gone or mode is MergingMode.ACROSS_CHECKPOINT  # ACROSS: only pooled, live files
+
+
+# ---------------------------------------------------------------- R65 crash mid-write
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r65_crash_during_write_leaves_half_written_file(mode: MergingMode) -> None:
+    h = Harness(Config.for_mode(mode))
+    h.run(c.Trigger())
+    s = on_tm(h, "tm-2")[0]
+    effects = h.run(c.CrashDuringWrite(1, s, KS, "x", 100, 40))
+    path = created(effects)[0]
+    assert [e.length for e in effects if isinstance(e, AppendBytes)] == [40]
+    assert not [e for e in effects if isinstance(e, CloseFile)]
+    obs = h.observe()
+    assert obs.files[path] == 40 and obs.owners[path] == "tm:tm-2"
+    assert h.lost_tms() == ["tm-2"]
+    h.run(c.Failover())
+    h.checkpoint()
+    assert path not in ref_paths(h.observe())  # no handle ever pointed at it
+    assert deleted(h.run(c.AttemptStopped("tm-2")), COORDINATOR) == [path]
+    assert h.quiesce() == []
+
+
+def test_r65_crash_in_pooled_file_leaves_dead_bytes() -> None:
+    h = Harness(Config.for_mode(MergingMode.ACROSS_CHECKPOINT))
+    h.checkpoint()
+    s = on_tm(h, "tm-2")[0]
+    pool = next(p for p in h.observe().open_files if is_under(p, shared_dir(JOB, s)))
+    size = h.observe().files[pool]
+    h.run(c.Trigger())
+    effects = h.run(c.CrashDuringWrite(h.last_checkpoint, s, KS, "x", 100, 40))
+    assert effects == (AppendBytes(pool, size, 40, "tm:tm-2"),)
+    obs = h.observe()
+    assert obs.files[pool] == size + 40 and obs.owners[pool] == "tm:tm-2"
+    h.run(c.Failover())  # tm-3 takes the pool over with the live segments only (R61)
+    obs = h.observe()
+    assert obs.owners[pool] == "tm:tm-3" and obs.ref_counts[pool] == 1
+    assert obs.live_segments[pool] == ((0, size),)  # no segment for the 40 dead bytes
+    assert h.quiesce() == []
