@@ -41,7 +41,11 @@ from tests.storage_settings import (
 
 def _earlier_job(place: Place, mode: MergingMode) -> tuple[CheckpointStore, int]:
     store = CheckpointStore(
-        place.url, Config.for_mode(mode, num_retained=1), JOB, storage_options=_options(place)
+        place.url,
+        Config.for_mode(mode, num_retained=1),
+        JOB,
+        storage_options=_options(place),
+        deletion_log=True,  # the tests read who deleted each file
     )
     assert _checkpoint(store) is not None
     cid = _checkpoint(store)
