@@ -10,11 +10,13 @@ Select one with the HYPOTHESIS_PROFILE environment variable (unset or empty: "de
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.faultyfs import Place
 from tests.lockstep import (  # noqa: F401 (fixtures: a lockstep storage, moto's S3 server)
     backend,
     s3_endpoint,
@@ -65,3 +67,12 @@ def spark() -> Any:
     from pipeline.session import spark_session
 
     return spark_session("local[2]")
+
+
+@pytest.fixture
+def places() -> Iterator[list[Place]]:
+    """The places a test made, cleaned up (memory roots removed) after it."""
+    made: list[Place] = []
+    yield made
+    for p in made:
+        p.cleanup()

@@ -5,7 +5,6 @@ over 10,000 checkpoints is ``bench/memory.py``, not a timed test.)"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,6 @@ from tests.faultyfs import Place
 JOB = JobSpec((VertexSpec("src", 2), VertexSpec("win", 1)), num_tms=2)
 MODES = list(MergingMode)
 
-
-@pytest.fixture
-def places() -> Iterator[list[Place]]:
-    made: list[Place] = []
-    yield made
-    for p in made:
-        p.cleanup()
 
 
 def _checkpoints(store: CheckpointStore, n: int, *, abort_every: int = 0) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,14 +42,6 @@ KINDS = ["local", "memory", "object"]
 ``FaultyOS``) and memory through the wrapper (open files readable), and memory behind the
 wrapper as an object store (a file appears once closed)."""
 
-
-@pytest.fixture
-def places() -> Iterator[list[Place]]:
-    """The places a test made, cleaned up (memory roots removed) after it."""
-    made: list[Place] = []
-    yield made
-    for p in made:
-        p.cleanup()
 
 
 def _open(
