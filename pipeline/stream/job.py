@@ -1,0 +1,195 @@
+"""The streaming job on Spark: ``rate-micro-batch`` rows, keyed by word, through
+``foreachBatch``.
+
+Why ``foreachBatch`` and an RDD of our own: each micro-batch is one checkpoint, and a
+subtask must own a fixed range of key groups (``g * p // 128``), keep its RocksDB, snapshot
+it at the end of the batch and hand an acknowledgement back to the driver. In
+``foreachBatch`` the driver runs code before and after the batch's tasks (trigger, then
+receive and complete); ``partitionBy`` with our partition function makes partition ``i``
+exactly subtask ``i``; ``mapPartitionsWithIndex`` runs the state update and the snapshot
+once per partition, and ``collect`` returns one result per partition, from the attempt
+Spark accepted. Spark's own stateful operators (``applyInPandasWithState``,
+``transformWithStateInPandas``) keep state in Spark's state store, place keys by Spark's
+hash, and offer no end-of-partition hook to snapshot in: two state systems, and no say
+over the files.
+
+Masters: ``local[N]`` runs the job (no task retries: a failing task fails the batch);
+worker kills need ``local[N,F]`` with F >= 2 or ``local-cluster``; speculation needs a
+standalone cluster with workers on distinct hosts (STREAM_NOTES §2c). The failure flags
+come with fastimpl's TaskManager and Coordinator parties.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from attrs import define, field, frozen
+
+from fastimpl.api import CheckpointStore
+from pipeline.stream.check import Comparison, batch_counts, compare
+from pipeline.stream.checkpointing import InProcessCoordinator
+from pipeline.stream.driver import BatchDriver, BatchReport
+from pipeline.stream.sink import read_all, write_batch
+from pipeline.stream.source import RateSource
+from pipeline.stream.subtask import VERTEX, BatchOrder, SubtaskResult, run_subtask
+from pipeline.stream.windows import Windowing
+from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
+from spec.config import Config, JobSpec, VertexSpec
+
+
+@frozen
+class StreamSettings:
+    base: str
+    """Checkpoint storage (a local directory or an fsspec URL)."""
+    work_dir: str
+    """The executors' local disk (RocksDB, local checkpoints) and Spark's own checkpoint."""
+    out: str
+    """The sink's directory."""
+    config: Config = field(factory=Config)
+    parallelism: int = 4
+    num_tms: int | None = None
+    """TMs of the store (default: one per subtask, as one Python worker runs each)."""
+    source: RateSource = field(factory=lambda: RateSource(1000))
+    windowing: Windowing = field(factory=lambda: Windowing(5000, 0))
+    batches: int = 20
+    master: str = "local[*]"
+    write_buffer_size: int = 64 * 1024
+    compact_every: int = 0
+
+
+@define
+class StreamRun:
+    settings: StreamSettings
+    reports: list[BatchReport]
+    seconds: float
+    storage_files: list[tuple[int, int, int]]
+    """Per checkpoint: (files on storage, created since the previous, deleted since)."""
+    comparison: Comparison | None = None
+    final_watermark: int = -1
+
+
+def _keyed(word_args: dict[str, Any], row: Any) -> tuple[int, tuple[str, int]]:
+    word = word_of(int(row[0]), **word_args)
+    return key_group(word), (word, int(row[1]))
+
+
+def _partition(parallelism: int, group: int) -> int:
+    return subtask_of(group, parallelism)
+
+
+def _task(
+    order: BatchOrder, index: int, rows: Iterator[tuple[int, tuple[str, int]]]
+) -> Iterator[SubtaskResult]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    # Unique per attempt across the application: names the attempt's local DB directory.
+    attempt = f"t{ctx.taskAttemptId()}" if ctx is not None else f"p{os.getpid()}"
+    yield run_subtask(order, index, attempt, ((g, w, ts) for g, (w, ts) in rows))
+
+
+class _Files:
+    """What storage holds after each checkpoint, by listing it (whichever party wrote)."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec  # type: ignore[import-untyped]
+
+        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.seen: set[str] = set()
+        self.rows: list[tuple[int, int, int]] = []
+
+    def sample(self) -> None:
+        now = set(self.fs.find(self.root)) if self.fs.exists(self.root) else set()
+        self.rows.append((len(now), len(now - self.seen), len(self.seen - now)))
+        self.seen = now
+
+
+def run_stream(
+    settings: StreamSettings,
+    *,
+    spark: Any = None,
+    on_batch: Callable[[BatchReport], None] | None = None,
+    check: bool = True,
+) -> StreamRun:
+    """Run the job for ``settings.batches`` micro-batches; compare with the batch
+    computation when ``check``."""
+    if spark is None:
+        from pipeline.session import spark_session
+
+        spark = spark_session(settings.master, app="ckpt-stream")
+    p = settings.parallelism
+    if not 1 <= p <= MAX_PARALLELISM:
+        raise ValueError(f"parallelism must be in 1..{MAX_PARALLELISM}, got {p}")
+    store = CheckpointStore(
+        settings.base,
+        settings.config,
+        JobSpec((VertexSpec(VERTEX, p),), num_tms=settings.num_tms or p),
+    )
+    files = _Files(settings.base)
+    driver = BatchDriver(
+        InProcessCoordinator(store, url=settings.base),
+        settings.windowing,
+        p,
+        str(Path(settings.work_dir) / "local"),
+        write_buffer_size=settings.write_buffer_size,
+        compact_every=settings.compact_every,
+    )
+    out = Path(settings.out)
+    done = threading.Event()
+    word_args = settings.source.word_args()
+
+    def per_batch(df: Any, batch_id: int) -> None:
+        if batch_id >= settings.batches:
+            done.set()  # stop asked for: the query is being stopped
+            return
+        order = driver.order(batch_id)
+        results: list[SubtaskResult] = (
+            df.rdd.map(functools.partial(_keyed, word_args))
+            .partitionBy(p, functools.partial(_partition, p))
+            .mapPartitionsWithIndex(functools.partial(_task, order))
+            .collect()
+        )
+        write_batch(out, batch_id, [w for r in results for w in r.closed])
+        report = driver.finish(order, results)
+        files.sample()
+        if on_batch is not None:
+            on_batch(report)
+        if batch_id + 1 >= settings.batches:
+            done.set()
+
+    t0 = time.perf_counter()
+    query = (
+        settings.source.read_stream(spark)
+        .writeStream.foreachBatch(per_batch)
+        .option("checkpointLocation", str(Path(settings.work_dir) / "spark"))
+        .start()
+    )
+    try:
+        while not done.wait(0.2):
+            if not query.isActive:
+                break
+        err = query.exception()
+    finally:
+        query.stop()
+        store.close()
+    if err is not None and len(driver.reports) < settings.batches:
+        raise RuntimeError(f"the streaming query failed: {err}")
+    run = StreamRun(
+        settings,
+        list(driver.reports),
+        time.perf_counter() - t0,
+        files.rows,
+        final_watermark=driver.watermark,
+    )
+    if check:
+        emitted = [w for rows in read_all(out).values() for w in rows]
+        last = driver.reports[-1].watermark if driver.reports else -1
+        expected = batch_counts(settings.source, len(driver.reports), settings.windowing)
+        run.comparison = compare(expected, emitted, settings.windowing, last)
+    return run
