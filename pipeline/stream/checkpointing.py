@@ -35,7 +35,7 @@ from attrs import field, frozen
 
 from fastimpl.api import CheckpointStore
 from spec import codec
-from spec.config import StateKind
+from spec.config import Config, JobSpec, StateKind, VertexSpec
 from spec.handles import SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
 from spec.messages import (
@@ -44,6 +44,9 @@ from spec.messages import (
     decode_message,
     encode_message,
 )
+
+VERTEX = "count"
+"""The keyed stage's name: the vertex of the job's checkpoints."""
 
 
 class CheckpointNotCompleted(RuntimeError):
@@ -106,6 +109,32 @@ class CoordinatorSide(Protocol):
 
     def task_manager_recipe(self) -> TaskManagerRecipe:
         """What a worker needs to build its ``TaskManagerSide`` (picklable)."""
+
+    def violations(self, *, quiet: bool = False) -> list[str]:
+        """The store's invariants (I1-I5, and I6 when ``quiet``) checked on the real
+        files; empty when they hold."""
+
+    def close(self) -> None:
+        """Finish queued deletes; checkpoints stay on storage."""
+
+
+def open_coordinator(
+    url: str,
+    config: Config,
+    parallelism: int,
+    *,
+    num_tms: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> CoordinatorSide:
+    """The coordinator of a new job on ``url`` whose keyed stage has ``parallelism``
+    subtasks hosted by ``num_tms`` TMs (default: one per subtask)."""
+    store = CheckpointStore(
+        url,
+        config,
+        JobSpec((VertexSpec(VERTEX, parallelism),), num_tms=num_tms or parallelism),
+        storage_options=storage_options,
+    )
+    return InProcessCoordinator(store, storage_options, url=url)
 
 
 @frozen
@@ -330,6 +359,13 @@ class InProcessCoordinator:
                 min(r.checkpoint for r in retained) - 1 if retained else 0,
             )
         )
+
+    def violations(self, *, quiet: bool = False) -> list[str]:
+        self.store.flush()
+        return [str(v) for v in self.store.check_invariants(quiet=quiet)]
+
+    def close(self) -> None:
+        self.store.close()
 
 
 def decode_assignment(data: bytes) -> RestoreAssignment:

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 from attrs import define, field, frozen
 
-from pipeline.stream.checkpointing import CoordinatorSide
-from pipeline.stream.subtask import VERTEX, BatchOrder, SubtaskResult
+from pipeline.stream.checkpointing import VERTEX, CoordinatorSide
+from pipeline.stream.subtask import BatchOrder, SubtaskResult
 from pipeline.stream.windows import NO_WATERMARK, Windowing
 from spec.ids import SubtaskId
 

@@ -31,16 +31,15 @@ from typing import Any
 
 from attrs import define, field, frozen
 
-from fastimpl.api import CheckpointStore
 from pipeline.stream.check import Comparison, batch_counts, compare
-from pipeline.stream.checkpointing import InProcessCoordinator
+from pipeline.stream.checkpointing import open_coordinator
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.sink import read_all, write_batch
 from pipeline.stream.source import RateSource
-from pipeline.stream.subtask import VERTEX, BatchOrder, SubtaskResult, run_subtask
+from pipeline.stream.subtask import BatchOrder, SubtaskResult, run_subtask
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
-from spec.config import Config, JobSpec, VertexSpec
+from spec.config import Config
 
 
 @frozen
@@ -72,6 +71,8 @@ class StreamRun:
     """Per checkpoint: (files on storage, created since the previous, deleted since)."""
     comparison: Comparison | None = None
     final_watermark: int = -1
+    violations: list[str] = field(factory=list)
+    """The store's invariants I1-I5 on the real files after the run."""
 
 
 def _keyed(word_args: dict[str, Any], row: Any) -> tuple[int, tuple[str, int]]:
@@ -126,14 +127,10 @@ def run_stream(
     p = settings.parallelism
     if not 1 <= p <= MAX_PARALLELISM:
         raise ValueError(f"parallelism must be in 1..{MAX_PARALLELISM}, got {p}")
-    store = CheckpointStore(
-        settings.base,
-        settings.config,
-        JobSpec((VertexSpec(VERTEX, p),), num_tms=settings.num_tms or p),
-    )
+    coordinator = open_coordinator(settings.base, settings.config, p, num_tms=settings.num_tms)
     files = _Files(settings.base)
     driver = BatchDriver(
-        InProcessCoordinator(store, url=settings.base),
+        coordinator,
         settings.windowing,
         p,
         str(Path(settings.work_dir) / "local"),
@@ -177,7 +174,8 @@ def run_stream(
         err = query.exception()
     finally:
         query.stop()
-        store.close()
+        violations = coordinator.violations()
+        coordinator.close()
     if err is not None and len(driver.reports) < settings.batches:
         raise RuntimeError(f"the streaming query failed: {err}")
     run = StreamRun(
@@ -186,6 +184,7 @@ def run_stream(
         time.perf_counter() - t0,
         files.rows,
         final_watermark=driver.watermark,
+        violations=violations,
     )
     if check:
         emitted = [w for rows in read_all(out).values() for w in rows]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from attrs import field, frozen
 
-from pipeline.stream.checkpointing import TaskManagerRecipe, decode_assignment
+from pipeline.stream.checkpointing import VERTEX, TaskManagerRecipe, decode_assignment
 from pipeline.stream.rocks import WindowCounts, options
 from pipeline.stream.snapshot import (
     SnapshotStats,
@@ -38,9 +38,6 @@ from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM
 from spec.ids import SubtaskId
 from spec.keygroups import key_group_range
-
-VERTEX = "count"
-"""The keyed stage's name: the vertex of the job's checkpoints."""
 
 
 @frozen

@@ -1,0 +1,87 @@
+"""The streaming job without Spark: the same driver, subtask and snapshot code, with the
+partitions of each micro-batch run one after another in this process."""
+
+from __future__ import annotations
+
+import collections
+import shutil
+from pathlib import Path
+
+from pipeline.stream.check import batch_counts
+from pipeline.stream.checkpointing import VERTEX, open_coordinator
+from pipeline.stream.driver import BatchDriver, BatchReport
+from pipeline.stream.source import RateSource
+from pipeline.stream.subtask import BatchOrder, SubtaskResult, run_subtask, subtask_dir
+from pipeline.stream.windows import Windowing
+from pipeline.stream.words import key_group, subtask_of, word_of
+from spec.config import Config
+from spec.ids import SubtaskId
+
+
+class LocalJob:
+    """A job whose micro-batches run in this process; ``emitted`` is the sink's union."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        config: Config,
+        *,
+        parallelism: int = 2,
+        source: RateSource | None = None,
+        windowing: Windowing | None = None,
+        write_buffer_size: int = 4096,
+        auto_compactions: bool = True,
+    ) -> None:
+        self.url = str(tmp / "base")
+        self.source = source or RateSource(400, vocabulary=300)
+        self.windowing = windowing or Windowing(3000)
+        self.parallelism = parallelism
+        self.coordinator = open_coordinator(self.url, config, parallelism)
+        self.work = str(tmp / "work")
+        self.driver = BatchDriver(
+            self.coordinator,
+            self.windowing,
+            parallelism,
+            self.work,
+            write_buffer_size=write_buffer_size,
+            auto_compactions=auto_compactions,
+        )
+        self.emitted: dict[int, list[tuple[int, str, int]]] = {}
+        self.next_batch = 0
+        self._attempts = 0
+
+    def partitions(self, batch: int) -> dict[int, list[tuple[int, str, int]]]:
+        parts: dict[int, list[tuple[int, str, int]]] = collections.defaultdict(list)
+        event = self.source.event_ms(batch)
+        for v in self.source.values(batch):
+            w = word_of(v, **self.source.word_args())
+            g = key_group(w)
+            parts[subtask_of(g, self.parallelism)].append((g, w, event))
+        return parts
+
+    def run_tasks(self, order: BatchOrder) -> list[SubtaskResult]:
+        parts = self.partitions(order.batch_id)
+        out = []
+        for i in range(self.parallelism):
+            self._attempts += 1
+            out.append(run_subtask(order, i, f"a{self._attempts}", parts.get(i, [])))
+        return out
+
+    def batch(self) -> BatchReport:
+        """Run the next micro-batch to its completed checkpoint (sink first)."""
+        order = self.driver.order(self.next_batch)
+        results = self.run_tasks(order)
+        self.emitted[order.batch_id] = [w for r in results for w in r.closed]
+        report = self.driver.finish(order, results)
+        self.next_batch += 1
+        return report
+
+    def lose_local_state(self, index: int) -> None:
+        """The worker's disk of subtask ``index`` is gone (a new worker)."""
+        shutil.rmtree(subtask_dir(self.work, SubtaskId(VERTEX, index, self.parallelism)))
+
+    def expected(self) -> collections.Counter[tuple[int, str]]:
+        return batch_counts(self.source, self.next_batch, self.windowing)
+
+    def closed_watermark(self) -> int:
+        return self.driver.reports[-1].watermark
