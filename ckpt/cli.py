@@ -4,9 +4,12 @@
     ckpt conformance --impl-cmd "my-store --conformance"   # over the JSON-lines protocol
     ckpt conformance --impl fastimpl --live 200 # plus 200 random sequences per mode
     ckpt audit /data/checkpoints/job-1          # the storage audit (pipeline/cli.py)
+    ckpt stream --merging across --batches 20   # the streaming word count (pipeline/stream)
 
 ``conformance``: exit code 0 when every case passed (and live mode found nothing), 1
-otherwise, 2 on bad usage. ``audit``: see ``pipeline/cli.py``.
+otherwise, 2 on bad usage. ``audit``: see ``pipeline/cli.py``. ``stream``: 0 when every
+closed window's count equals the batch computation's and the store's invariants hold, 1
+otherwise, 2 on bad usage.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -141,6 +145,102 @@ def _live(candidate: Implementation, examples: int, out: Path) -> list[str]:
             console.print(r.mismatch, markup=False, soft_wrap=True)
             found.append(str(r.case))
     return found
+
+
+_MERGING = {"none": "NONE", "within": "WITHIN_CHECKPOINT", "across": "ACROSS_CHECKPOINT"}
+
+
+@app.command()
+def stream(
+    merging: Annotated[str, typer.Option(help="File merging: none, within or across.")] = "across",
+    num_retained: Annotated[int, typer.Option(help="execution.checkpointing.num-retained.")] = 1,
+    max_file_size: Annotated[
+        str, typer.Option(help="execution.checkpointing.file-merging.max-file-size.")
+    ] = "32mb",
+    max_space_amplification: Annotated[
+        float, typer.Option(help="execution.checkpointing.file-merging.max-space-amplification.")
+    ] = 2.0,
+    flink_option: Annotated[
+        list[str] | None,
+        typer.Option("-D", "--flink-option", help="Any other supported Flink key: KEY=VALUE."),
+    ] = None,
+    parallelism: Annotated[int, typer.Option(help="Subtasks of the keyed stage.")] = 4,
+    window_ms: Annotated[int, typer.Option(help="Tumbling window size, in ms.")] = 5000,
+    watermark_delay_ms: Annotated[int, typer.Option(help="Watermark delay, in ms.")] = 0,
+    rows_per_batch: Annotated[int, typer.Option(help="Rows per micro-batch.")] = 1000,
+    batches: Annotated[int, typer.Option(help="Micro-batches (= checkpoints) to run.")] = 20,
+    vocabulary: Annotated[int, typer.Option(help="Words in the Zipf vocabulary.")] = 1000,
+    base: Annotated[
+        str | None, typer.Option(help="Checkpoint storage (default: a new run directory).")
+    ] = None,
+    run_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where work/ and out/ go (default: ckpt-stream/run-<UTC time>)."),
+    ] = None,
+    master: Annotated[str, typer.Option(help="Spark master.")] = "local[*]",
+    write_buffer_size: Annotated[
+        int, typer.Option(help="RocksDB memtable size, in bytes (small: more SSTs).")
+    ] = 64 * 1024,
+    check: Annotated[
+        bool, typer.Option(help="Compare with the batch computation at the end.")
+    ] = True,
+) -> None:
+    """Run the streaming word count on Spark with RocksDB state checkpointed into the store."""
+    from pipeline.stream.job import StreamSettings, run_stream
+    from pipeline.stream.source import RateSource
+    from pipeline.stream.summary import batch_line, print_summary
+    from pipeline.stream.windows import Windowing
+    from spec.config import Config, MergingMode
+
+    if merging not in _MERGING:
+        console.print(f"[red]--merging must be none, within or across, not {merging!r}[/red]")
+        raise typer.Exit(2)
+    mode = MergingMode[_MERGING[merging]]
+    flink: dict[str, object] = {
+        "execution.checkpointing.file-merging.enabled": mode is not MergingMode.NONE,
+        "execution.checkpointing.file-merging.across-checkpoint-boundary": (
+            mode is MergingMode.ACROSS_CHECKPOINT
+        ),
+        "execution.checkpointing.num-retained": num_retained,
+        "execution.checkpointing.file-merging.max-file-size": max_file_size,
+        "execution.checkpointing.file-merging.max-space-amplification": max_space_amplification,
+    }
+    for item in flink_option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            console.print(f"[red]-D {item!r}: expected KEY=VALUE[/red]")
+            raise typer.Exit(2)
+        flink[key.strip()] = value
+    try:
+        config = Config.from_flink(flink)
+        settings_dir = run_dir or Path("ckpt-stream") / time.strftime(
+            "run-%Y%m%dT%H%M%SZ", time.gmtime()
+        )
+        if settings_dir.exists() and any(settings_dir.iterdir()):
+            raise ValueError(f"{settings_dir} is not empty: give a new --run-dir")
+        settings = StreamSettings(
+            base=base or str(settings_dir / "checkpoints"),
+            work_dir=str(settings_dir / "work"),
+            out=str(settings_dir / "out"),
+            config=config,
+            parallelism=parallelism,
+            source=RateSource(rows_per_batch, vocabulary=vocabulary),
+            windowing=Windowing(window_ms, watermark_delay_ms),
+            batches=batches,
+            master=master,
+            write_buffer_size=write_buffer_size,
+        )
+    except (ValueError, TypeError) as err:
+        console.print(f"[red]{escape(str(err))}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"run directory {settings_dir}, checkpoints in {settings.base}")
+    run = run_stream(
+        settings,
+        on_batch=lambda r: console.print(batch_line(r), markup=False, soft_wrap=True),
+        check=check,
+    )
+    ok = print_summary(console, run)
+    raise typer.Exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

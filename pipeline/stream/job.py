@@ -127,6 +127,11 @@ def run_stream(
     p = settings.parallelism
     if not 1 <= p <= MAX_PARALLELISM:
         raise ValueError(f"parallelism must be in 1..{MAX_PARALLELISM}, got {p}")
+    if settings.config.max_parallelism != MAX_PARALLELISM:
+        raise ValueError(
+            f"pipeline.max-parallelism is {settings.config.max_parallelism}; the stream's"
+            f" key groups are fixed at {MAX_PARALLELISM}"
+        )
     coordinator = open_coordinator(settings.base, settings.config, p, num_tms=settings.num_tms)
     files = _Files(settings.base)
     driver = BatchDriver(
