@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import fnmatch
 import time
+import urllib.parse
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -177,6 +178,13 @@ def stream(
         Path | None,
         typer.Option(help="Where work/ and out/ go (default: ckpt-stream/run-<UTC time>)."),
     ] = None,
+    storage_option: Annotated[
+        list[str] | None,
+        typer.Option("--storage-option", "-o", help="fsspec option of --base: key=value."),
+    ] = None,
+    endpoint_url: Annotated[
+        str | None, typer.Option(help="S3 endpoint of --base (MinIO, moto, ...).")
+    ] = None,
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[*]",
     write_buffer_size: Annotated[
         int, typer.Option(help="RocksDB memtable size, in bytes (small: more SSTs).")
@@ -211,8 +219,19 @@ def stream(
             console.print(f"[red]-D {item!r}: expected KEY=VALUE[/red]")
             raise typer.Exit(2)
         flink[key.strip()] = value
+    options: dict[str, Any] = {}
+    for item in storage_option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            console.print(f"[red]-o {escape(item)!r}: expected key=value[/red]")
+            raise typer.Exit(2)
+        options[key] = value
+    if endpoint_url:
+        options.setdefault("client_kwargs", {})["endpoint_url"] = endpoint_url
+    # An object store shows a file only once it is closed: ACROSS is refused there (R16).
+    local = base is None or urllib.parse.urlsplit(base).scheme in ("", "file")
     try:
-        config = Config.from_flink(flink)
+        config = Config.from_flink(flink, open_files_readable=local)
         settings_dir = run_dir or Path("ckpt-stream") / time.strftime(
             "run-%Y%m%dT%H%M%SZ", time.gmtime()
         )
@@ -223,6 +242,7 @@ def stream(
             work_dir=str(settings_dir / "work"),
             out=str(settings_dir / "out"),
             config=config,
+            storage_options=options,
             parallelism=parallelism,
             source=RateSource(rows_per_batch, vocabulary=vocabulary),
             windowing=Windowing(window_ms, watermark_delay_ms),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import shutil
 from pathlib import Path
+from typing import Any
 
 from pipeline.stream.check import batch_counts
 from pipeline.stream.checkpointing import VERTEX, open_coordinator
@@ -31,12 +32,16 @@ class LocalJob:
         windowing: Windowing | None = None,
         write_buffer_size: int = 4096,
         auto_compactions: bool = True,
+        url: str | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
-        self.url = str(tmp / "base")
+        self.url = url or str(tmp / "base")
         self.source = source or RateSource(400, vocabulary=300)
         self.windowing = windowing or Windowing(3000)
         self.parallelism = parallelism
-        self.coordinator = open_coordinator(self.url, config, parallelism)
+        self.coordinator = open_coordinator(
+            self.url, config, parallelism, storage_options=storage_options
+        )
         self.work = str(tmp / "work")
         self.driver = BatchDriver(
             self.coordinator,

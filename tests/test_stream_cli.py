@@ -20,6 +20,8 @@ from ckpt.cli import app
         (["--max-file-size", "lots"], "max-file-size"),
         (["--num-retained", "0"], "num-retained"),
         (["--window-ms", "0"], "windowing"),
+        (["-o", "no-equals-sign"], "key=value"),
+        (["--base", "s3://bucket/x", "--merging", "across"], "within-checkpoint merging"),
     ],
 )
 def test_bad_usage_exits_2_naming_the_problem(tmp_path: Path, args: list[str], says: str) -> None:

@@ -32,6 +32,7 @@ from pipeline.stream.windows import Windowing
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import FileHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
+from tests.lockstep import S3_BUCKET
 from tests.stream_harness import LocalJob
 
 MODES = list(MergingMode)
@@ -174,6 +175,37 @@ def test_a_missing_db_is_restored_and_every_window_counts_once(
     tmp_path: Path, mode: MergingMode
 ) -> None:
     job = LocalJob(tmp_path, Config.for_mode(mode, num_retained=2), parallelism=2)
+    missing_db_restores(job)
+
+
+_s3_bases = iter(range(10**6))
+
+
+@pytest.mark.parametrize(
+    "mode", [MergingMode.NONE, MergingMode.WITHIN_CHECKPOINT], ids=lambda m: m.name
+)
+def test_on_s3_a_missing_db_is_restored_and_every_window_counts_once(
+    tmp_path: Path, mode: MergingMode, s3_endpoint: str
+) -> None:
+    """Checkpoint storage on S3 (moto): the workers read their restore from it directly.
+    (ACROSS needs open files to be readable, which S3 refuses: R16.)"""
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": s3_endpoint},
+    }
+    url = f"s3://{S3_BUCKET}/stream{next(_s3_bases)}"
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(mode, num_retained=2, open_files_readable=False),
+        parallelism=2,
+        url=url,
+        storage_options=options,
+    )
+    missing_db_restores(job)
+
+
+def missing_db_restores(job: LocalJob) -> None:
     for _ in range(4):
         job.batch()
     job.lose_local_state(1)

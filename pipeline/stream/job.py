@@ -51,6 +51,8 @@ class StreamSettings:
     out: str
     """The sink's directory."""
     config: Config = field(factory=Config)
+    storage_options: dict[str, Any] = field(factory=dict)
+    """fsspec options of ``base`` (an S3 endpoint, credentials)."""
     parallelism: int = 4
     num_tms: int | None = None
     """TMs of the store (default: one per subtask, as one Python worker runs each)."""
@@ -98,10 +100,10 @@ def _task(
 class _Files:
     """What storage holds after each checkpoint, by listing it (whichever party wrote)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
         import fsspec  # type: ignore[import-untyped]
 
-        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
         self.seen: set[str] = set()
         self.rows: list[tuple[int, int, int]] = []
 
@@ -120,10 +122,6 @@ def run_stream(
 ) -> StreamRun:
     """Run the job for ``settings.batches`` micro-batches; compare with the batch
     computation when ``check``."""
-    if spark is None:
-        from pipeline.session import spark_session
-
-        spark = spark_session(settings.master, app="ckpt-stream")
     p = settings.parallelism
     if not 1 <= p <= MAX_PARALLELISM:
         raise ValueError(f"parallelism must be in 1..{MAX_PARALLELISM}, got {p}")
@@ -132,8 +130,18 @@ def run_stream(
             f"pipeline.max-parallelism is {settings.config.max_parallelism}; the stream's"
             f" key groups are fixed at {MAX_PARALLELISM}"
         )
-    coordinator = open_coordinator(settings.base, settings.config, p, num_tms=settings.num_tms)
-    files = _Files(settings.base)
+    coordinator = open_coordinator(
+        settings.base,
+        settings.config,
+        p,
+        num_tms=settings.num_tms,
+        storage_options=settings.storage_options,
+    )
+    if spark is None:
+        from pipeline.session import spark_session
+
+        spark = spark_session(settings.master, app="ckpt-stream")
+    files = _Files(settings.base, settings.storage_options)
     driver = BatchDriver(
         coordinator,
         settings.windowing,
