@@ -43,3 +43,6 @@ def test_the_stream_on_spark_counts_every_closed_window_like_a_batch_job(
     assert run.comparison.windows >= 3, run.comparison
     assert run.comparison.equal, run.comparison.mismatches[:10]
     assert run.violations == []
+    # What storage holds after each checkpoint covers what the checkpoint references.
+    assert [x.checkpoint for x in run.storage] == list(range(1, 11))
+    assert all(x.referenced_bytes > 0 and x.state_bytes >= x.referenced_bytes for x in run.storage)

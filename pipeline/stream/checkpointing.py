@@ -110,6 +110,11 @@ class CoordinatorSide(Protocol):
     def task_manager_recipe(self) -> TaskManagerRecipe:
         """What a worker needs to build its ``TaskManagerSide`` (picklable)."""
 
+    def settle(self) -> None:
+        """Wait until the deletes already decided are carried out (for figures: what
+        storage holds then is what the retained checkpoints need, plus what merging
+        keeps)."""
+
     def violations(self, *, quiet: bool = False) -> list[str]:
         """The store's invariants (I1-I5, and I6 when ``quiet``) checked on the real
         files; empty when they hold."""
@@ -359,6 +364,9 @@ class InProcessCoordinator:
                 min(r.checkpoint for r in retained) - 1 if retained else 0,
             )
         )
+
+    def settle(self) -> None:
+        self.store.flush()
 
     def violations(self, *, quiet: bool = False) -> list[str]:
         self.store.flush()

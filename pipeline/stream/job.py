@@ -32,7 +32,7 @@ from typing import Any
 from attrs import define, field, frozen
 
 from pipeline.stream.check import Comparison, batch_counts, compare
-from pipeline.stream.checkpointing import open_coordinator
+from pipeline.stream.checkpointing import decode_assignment, open_coordinator
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.sink import read_all, write_batch
 from pipeline.stream.source import RateSource
@@ -40,6 +40,7 @@ from pipeline.stream.subtask import BatchOrder, SubtaskResult, run_subtask
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
 from spec.config import Config
+from spec.handles import stream_of
 
 
 @frozen
@@ -69,8 +70,8 @@ class StreamRun:
     settings: StreamSettings
     reports: list[BatchReport]
     seconds: float
-    storage_files: list[tuple[int, int, int]]
-    """Per checkpoint: (files on storage, created since the previous, deleted since)."""
+    storage: list[StorageSample]
+    """What storage held after each completed checkpoint."""
     comparison: Comparison | None = None
     final_watermark: int = -1
     violations: list[str] = field(factory=list)
@@ -97,19 +98,59 @@ def _task(
     yield run_subtask(order, index, attempt, ((g, w, ts) for g, (w, ts) in rows))
 
 
+@frozen
+class StorageSample:
+    checkpoint: int
+    files: int
+    created: int
+    """Files that appeared since the previous sample."""
+    deleted: int
+    state_bytes: int
+    """Bytes of every file but the ``_metadata`` and lease files."""
+    referenced_bytes: int
+    """Bytes the latest completed checkpoint's state entries name (each range once)."""
+
+    @property
+    def amplification(self) -> float | None:
+        """Bytes held for state per byte the latest checkpoint needs."""
+        return self.state_bytes / self.referenced_bytes if self.referenced_bytes else None
+
+
 class _Files:
-    """What storage holds after each checkpoint, by listing it (whichever party wrote)."""
+    """What storage holds after each checkpoint, by listing it (whichever party wrote),
+    against what the latest checkpoint references (from the restore assignments)."""
 
     def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
         import fsspec  # type: ignore[import-untyped]
 
         self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
         self.seen: set[str] = set()
-        self.rows: list[tuple[int, int, int]] = []
+        self.samples: list[StorageSample] = []
 
-    def sample(self) -> None:
-        now = set(self.fs.find(self.root)) if self.fs.exists(self.root) else set()
-        self.rows.append((len(now), len(now - self.seen), len(self.seen - now)))
+    def sample(self, checkpoint: int, assignments: list[bytes]) -> None:
+        found = self.fs.find(self.root, detail=True) if self.fs.exists(self.root) else {}
+        now = set(found)
+        state = sum(
+            int(info.get("size") or 0)
+            for path, info in found.items()
+            if path.rsplit("/", 1)[-1] not in ("_metadata", "_writer")
+        )
+        ranges = {
+            (h.path, getattr(h, "offset", 0), h.length)
+            for a in assignments
+            for e in decode_assignment(a).entries
+            if (h := stream_of(e.handle)) is not None
+        }
+        self.samples.append(
+            StorageSample(
+                checkpoint,
+                len(now),
+                len(now - self.seen),
+                len(self.seen - now),
+                state,
+                sum(r[2] for r in ranges),
+            )
+        )
         self.seen = now
 
 
@@ -159,15 +200,24 @@ def run_stream(
             done.set()  # stop asked for: the query is being stopped
             return
         order = driver.order(batch_id)
-        results: list[SubtaskResult] = (
-            df.rdd.map(functools.partial(_keyed, word_args))
-            .partitionBy(p, functools.partial(_partition, p))
-            .mapPartitionsWithIndex(functools.partial(_task, order))
-            .collect()
-        )
-        write_batch(out, batch_id, [w for r in results for w in r.closed])
+        try:
+            results: list[SubtaskResult] = (
+                df.rdd.map(functools.partial(_keyed, word_args))
+                .partitionBy(p, functools.partial(_partition, p))
+                .mapPartitionsWithIndex(functools.partial(_task, order))
+                .collect()
+            )
+            write_batch(out, batch_id, [w for r in results for w in r.closed])
+        except BaseException:
+            # The batch fails and Spark does not commit it; its checkpoint never completes.
+            coordinator.abort(order.checkpoint)
+            raise
         report = driver.finish(order, results)
-        files.sample()
+        coordinator.settle()
+        files.sample(
+            order.checkpoint,
+            [coordinator.restore_assignment(s, order.checkpoint + 1) for s in driver.subtasks()],
+        )
         if on_batch is not None:
             on_batch(report)
         if batch_id + 1 >= settings.batches:
@@ -195,7 +245,7 @@ def run_stream(
         settings,
         list(driver.reports),
         time.perf_counter() - t0,
-        files.rows,
+        files.samples,
         final_watermark=driver.watermark,
         violations=violations,
     )

@@ -24,8 +24,9 @@ def print_summary(console: Console, run: StreamRun) -> bool:
     reports = run.reports
     n = max(len(reports), 1)
     records = sum(r.records for r in reports)
-    created = sum(c for _, c, _ in run.storage_files)
-    deleted = sum(d for _, _, d in run.storage_files)
+    created = sum(x.created for x in run.storage)
+    deleted = sum(x.deleted for x in run.storage)
+    amps = [a for x in run.storage if (a := x.amplification) is not None]
     cfg = run.settings.config
     t = Table(title=f"ckpt stream: {cfg.merging_mode.name}, parallelism {run.settings.parallelism}")
     t.add_column("figure")
@@ -40,8 +41,13 @@ def print_summary(console: Console, run: StreamRun) -> bool:
     t.add_row("SSTs reused per checkpoint", f"{sum(r.reused for r in reports) / n:.2f}")
     t.add_row("files created on storage per checkpoint", f"{created / n:.2f}")
     t.add_row("files deleted from storage per checkpoint", f"{deleted / n:.2f}")
-    if run.storage_files:
-        t.add_row("files on storage at the end", str(run.storage_files[-1][0]))
+    if run.storage:
+        t.add_row("files on storage at the end", str(run.storage[-1].files))
+    if amps:
+        t.add_row(
+            "space amplification at the end (state bytes / latest checkpoint's)", f"{amps[-1]:.2f}"
+        )
+        t.add_row("space amplification, peak", f"{max(amps):.2f}")
     t.add_row("store invariants I1-I5", "hold" if not run.violations else "VIOLATED")
     cmp = run.comparison
     if cmp is not None:
