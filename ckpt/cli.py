@@ -192,10 +192,19 @@ def stream(
     check: Annotated[
         bool, typer.Option(help="Compare with the batch computation at the end.")
     ] = True,
+    kill_worker_prob: Annotated[
+        float,
+        typer.Option(
+            help="Chance that a task SIGKILLs its Python worker at each point of its"
+            " snapshot (needs a master that retries: local[N,F], F >= 2)."
+        ),
+    ] = 0.0,
+    failure_seed: Annotated[int, typer.Option(help="Seed of the injected failures.")] = 0,
 ) -> None:
     """Run the streaming word count on Spark with RocksDB state checkpointed into the store."""
-    from pipeline.stream.job import StreamSettings, run_stream
+    from pipeline.stream.job import StreamSettings, retries_tasks, run_stream
     from pipeline.stream.source import RateSource
+    from pipeline.stream.subtask import Failures
     from pipeline.stream.summary import batch_line, print_summary
     from pipeline.stream.windows import Windowing
     from spec.config import Config, MergingMode
@@ -249,7 +258,15 @@ def stream(
             batches=batches,
             master=master,
             write_buffer_size=write_buffer_size,
+            failures=Failures(kill_worker_prob, failure_seed),
         )
+        if not 0 <= kill_worker_prob <= 1:
+            raise ValueError(f"--kill-worker-prob must be in [0, 1], got {kill_worker_prob}")
+        if kill_worker_prob > 0 and not retries_tasks(master):
+            raise ValueError(
+                f"--kill-worker-prob needs a master that retries a failed task; {master}"
+                " fails the job at the first (use local[N,F] with F >= 2, or local-cluster)"
+            )
     except (ValueError, TypeError) as err:
         console.print(f"[red]{escape(str(err))}[/red]")
         raise typer.Exit(2) from None

@@ -6,17 +6,28 @@ from __future__ import annotations
 import collections
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeline.stream.check import batch_counts
 from pipeline.stream.checkpointing import VERTEX, open_coordinator
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.source import RateSource
-from pipeline.stream.subtask import BatchOrder, SubtaskResult, run_subtask, subtask_dir
+from pipeline.stream.subtask import (
+    BatchOrder,
+    Failures,
+    Killed,
+    SubtaskResult,
+    run_subtask,
+    subtask_dir,
+)
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import key_group, subtask_of, word_of
 from spec.config import Config
 from spec.ids import SubtaskId
+
+
+def _die(point: str) -> NoReturn:
+    raise Killed(point)
 
 
 class LocalJob:
@@ -34,6 +45,7 @@ class LocalJob:
         auto_compactions: bool = True,
         url: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        failures: Failures | None = None,
     ) -> None:
         self.url = url or str(tmp / "base")
         self.source = source or RateSource(400, vocabulary=300)
@@ -50,10 +62,13 @@ class LocalJob:
             self.work,
             write_buffer_size=write_buffer_size,
             auto_compactions=auto_compactions,
+            failures=failures or Failures(),
         )
         self.emitted: dict[int, list[tuple[int, str, int]]] = {}
         self.next_batch = 0
         self._attempts = 0
+        self.kills: list[tuple[int, int, int, str]] = []
+        """(batch, subtask, attempt number, point) of every injected kill."""
 
     def partitions(self, batch: int) -> dict[int, list[tuple[int, str, int]]]:
         parts: dict[int, list[tuple[int, str, int]]] = collections.defaultdict(list)
@@ -65,11 +80,29 @@ class LocalJob:
         return parts
 
     def run_tasks(self, order: BatchOrder) -> list[SubtaskResult]:
+        """Each partition's task; a task killed by an injected failure is retried, up to
+        four attempts, as Spark does with ``spark.task.maxFailures`` 4."""
         parts = self.partitions(order.batch_id)
         out = []
         for i in range(self.parallelism):
-            self._attempts += 1
-            out.append(run_subtask(order, i, f"a{self._attempts}", parts.get(i, [])))
+            for number in range(4):
+                self._attempts += 1
+                try:
+                    r = run_subtask(
+                        order,
+                        i,
+                        f"a{self._attempts}",
+                        parts.get(i, []),
+                        attempt_number=number,
+                        die=_die,
+                    )
+                except Killed as k:
+                    self.kills.append((order.batch_id, i, number, str(k)))
+                    continue
+                out.append(r)
+                break
+            else:
+                raise RuntimeError(f"subtask {i} of batch {order.batch_id}: 4 attempts died")
         return out
 
     def batch(self) -> BatchReport:

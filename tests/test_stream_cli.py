@@ -21,6 +21,8 @@ from ckpt.cli import app
         (["--num-retained", "0"], "num-retained"),
         (["--window-ms", "0"], "windowing"),
         (["-o", "no-equals-sign"], "key=value"),
+        (["--kill-worker-prob", "0.1", "--master", "local[2]"], "retries a failed task"),
+        (["--kill-worker-prob", "1.5", "--master", "local[2,4]"], "kill-worker-prob must be"),
         (["--base", "s3://bucket/x", "--merging", "across"], "within-checkpoint merging"),
     ],
 )

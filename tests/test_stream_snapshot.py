@@ -28,6 +28,7 @@ from pipeline.stream.snapshot import (
     reusable,
     take_snapshot,
 )
+from pipeline.stream.subtask import KILL_POINTS, Failures
 from pipeline.stream.windows import Windowing
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import FileHandle, StateEntry, stream_of
@@ -311,3 +312,54 @@ def test_a_damaged_relayed_acknowledgement_changes_nothing(tmp_path: Path) -> No
     assert s.storage_paths() == before
     s.coordinator.receive(ack)
     s.coordinator.complete(c)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_tasks_killed_anywhere_in_their_snapshot_are_retried_and_count_once(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    """``--kill-worker-prob`` without Spark: a task dies (no cleanup, as under SIGKILL) at
+    every point of its snapshot in some batch; its retry restores what the killed attempt
+    took or left ahead, and every window still counts each record once."""
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(mode, num_retained=2),
+        parallelism=2,
+        failures=Failures(kill_prob=0.25, seed=1),
+    )
+    for _ in range(12):
+        job.batch()
+    assert {point for *_, point in job.kills} == set(KILL_POINTS), job.kills
+    assert sum(r.retried for r in job.driver.reports) > 0
+    assert sum(r.restored for r in job.driver.reports) > 0
+    cmp = compare(
+        job.expected(),
+        [w for ws in job.emitted.values() for w in ws],
+        job.windowing,
+        job.closed_watermark(),
+    )
+    assert cmp.windows >= 3 and cmp.equal, cmp.mismatches[:5]
+    assert job.coordinator.violations() == []
+    # What killed attempts left on the local disk went with the next task of the subtask.
+    for home in Path(job.work).iterdir():
+        assert sorted(p.name for p in home.iterdir()) == ["db"]
+
+
+def test_injected_failures_are_the_same_in_every_process() -> None:
+    f = Failures(kill_prob=0.3, seed=9)
+    got = [
+        f.kills(p, b, i, n)
+        for p in KILL_POINTS
+        for b in range(5)
+        for i in range(3)
+        for n in range(2)
+    ]
+    assert got == [
+        f.kills(p, b, i, n)
+        for p in KILL_POINTS
+        for b in range(5)
+        for i in range(3)
+        for n in range(2)
+    ]
+    assert 0 < sum(got) < len(got)
+    assert not any(Failures().kills(p, 0, 0, 0) for p in KILL_POINTS)

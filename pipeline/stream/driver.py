@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from attrs import define, field, frozen
 
 from pipeline.stream.checkpointing import VERTEX, CoordinatorSide
-from pipeline.stream.subtask import BatchOrder, SubtaskResult
+from pipeline.stream.subtask import BatchOrder, Failures, SubtaskResult
 from pipeline.stream.windows import NO_WATERMARK, Windowing
 from spec.ids import SubtaskId
 
@@ -42,6 +42,8 @@ class BatchReport:
     reused: int
     exclusive: int
     restored: int
+    retried: int
+    """Subtasks whose accepted result came from a retry (an earlier attempt failed)."""
 
 
 @define
@@ -53,6 +55,7 @@ class BatchDriver:
     write_buffer_size: int = 64 * 1024
     auto_compactions: bool = True
     compact_every: int = 0
+    failures: Failures = field(factory=Failures)
     watermark: int = NO_WATERMARK
     notices: tuple[bytes, ...] = ()
     reports: list[BatchReport] = field(factory=list)
@@ -78,6 +81,7 @@ class BatchDriver:
             write_buffer_size=self.write_buffer_size,
             auto_compactions=self.auto_compactions,
             compact_every=self.compact_every,
+            failures=self.failures,
         )
 
     def finish(self, order: BatchOrder, results: Sequence[SubtaskResult]) -> BatchReport:
@@ -109,6 +113,7 @@ class BatchDriver:
             reused=sum(r.stats.reused for r in results),
             exclusive=sum(r.stats.exclusive for r in results),
             restored=sum(r.restored for r in results),
+            retried=sum(r.attempt_number > 0 for r in results),
         )
         self.reports.append(report)
         return report

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +37,7 @@ from pipeline.stream.checkpointing import decode_assignment, open_coordinator
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.sink import read_all, write_batch
 from pipeline.stream.source import RateSource
-from pipeline.stream.subtask import BatchOrder, SubtaskResult, run_subtask
+from pipeline.stream.subtask import BatchOrder, Failures, SubtaskResult, run_subtask
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
 from spec.config import Config
@@ -63,6 +64,9 @@ class StreamSettings:
     master: str = "local[*]"
     write_buffer_size: int = 64 * 1024
     compact_every: int = 0
+    failures: Failures = field(factory=Failures)
+    """Injected failures: a task SIGKILLs its Python worker (needs a master that retries
+    tasks: ``local[N,F]`` with F >= 2, ``local-cluster``, a cluster)."""
 
 
 @define
@@ -76,6 +80,15 @@ class StreamRun:
     final_watermark: int = -1
     violations: list[str] = field(factory=list)
     """The store's invariants I1-I5 on the real files after the run."""
+
+
+def retries_tasks(master: str) -> bool:
+    """Whether a failed task is retried on ``master``: ``local`` and ``local[N]`` try a
+    task once (``local[N,F]`` F times)."""
+    m = re.fullmatch(r"local(?:\[([^,\]]+)(?:,\s*(\d+))?\])?", master.strip())
+    if m is None:
+        return True  # local-cluster, standalone, YARN, Kubernetes: spark.task.maxFailures
+    return m.group(2) is not None and int(m.group(2)) >= 2
 
 
 def _keyed(word_args: dict[str, Any], row: Any) -> tuple[int, tuple[str, int]]:
@@ -95,7 +108,10 @@ def _task(
     ctx = TaskContext.get()
     # Unique per attempt across the application: names the attempt's local DB directory.
     attempt = f"t{ctx.taskAttemptId()}" if ctx is not None else f"p{os.getpid()}"
-    yield run_subtask(order, index, attempt, ((g, w, ts) for g, (w, ts) in rows))
+    number = ctx.attemptNumber() if ctx is not None else 0
+    yield run_subtask(
+        order, index, attempt, ((g, w, ts) for g, (w, ts) in rows), attempt_number=number
+    )
 
 
 @frozen
@@ -164,6 +180,11 @@ def run_stream(
     """Run the job for ``settings.batches`` micro-batches; compare with the batch
     computation when ``check``."""
     p = settings.parallelism
+    if settings.failures.kill_prob > 0 and not retries_tasks(settings.master):
+        raise ValueError(
+            f"--kill-worker-prob needs a master that retries a failed task; {settings.master}"
+            " fails the job at the first (use local[N,F] with F >= 2, or local-cluster)"
+        )
     if not 1 <= p <= MAX_PARALLELISM:
         raise ValueError(f"parallelism must be in 1..{MAX_PARALLELISM}, got {p}")
     if settings.config.max_parallelism != MAX_PARALLELISM:
@@ -190,6 +211,7 @@ def run_stream(
         str(Path(settings.work_dir) / "local"),
         write_buffer_size=settings.write_buffer_size,
         compact_every=settings.compact_every,
+        failures=settings.failures,
     )
     out = Path(settings.out)
     done = threading.Event()

@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import rocksdict
@@ -99,13 +99,17 @@ def take_snapshot(
     base: Mapping[str, StateEntry],
     scratch: Path,
     operator_state: bytes,
+    hook: Callable[[str], None] | None = None,
 ) -> SnapshotStats:
     """Snapshot ``db`` for ``checkpoint`` through ``party`` (see the module docstring).
 
     ``base`` maps local SST names to the uploads of the completed checkpoint the DB was at
     when this task opened it; ``scratch`` is a directory on the DB's file system (hard
     links do not cross file systems) that the local checkpoint is made in and removed from.
+    ``hook`` is called at ``"mid-upload"`` (after the first file) and ``"uploaded"`` (after
+    the last): where injected failures strike.
     """
+    at = hook or (lambda _point: None)
     db.db.flush(True)
     local = scratch / f"chk-{checkpoint}-{uuid.uuid4().hex[:8]}"
     rocksdict.Checkpoint(db.db).create_checkpoint(str(local))
@@ -132,9 +136,12 @@ def take_snapshot(
                 exclusive += 1
                 exclusive_bytes += len(data)
             # The rest (the WAL, empty with it off; rocksdict's config) a restore does not need.
+            if uploaded + reused + exclusive == 1:
+                at("mid-upload")
         party.write(checkpoint, subtask, StateKind.OPERATOR_LIST, OPERATOR_STATE, operator_state)
         exclusive += 1
         exclusive_bytes += len(operator_state)
+        at("uploaded")
     finally:
         shutil.rmtree(local, ignore_errors=True)
     return SnapshotStats(uploaded, uploaded_bytes, reused, exclusive, exclusive_bytes, files)

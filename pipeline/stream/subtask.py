@@ -16,11 +16,15 @@ Nothing here depends on Spark: ``run_subtask`` takes the partition's records.
 from __future__ import annotations
 
 import json
+import os
+import random
 import shutil
+import signal
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import NoReturn
 
 from attrs import field, frozen
 
@@ -38,6 +42,40 @@ from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM
 from spec.ids import SubtaskId
 from spec.keygroups import key_group_range
+
+KILL_POINTS = ("before-snapshot", "mid-upload", "uploaded", "acknowledged", "put-back")
+"""Where an injected failure kills a task: before its snapshot, after its first upload,
+after its last, after it acknowledged, after it left its DB for the next batch."""
+
+
+class Killed(BaseException):
+    """A simulated SIGKILL (tests): like the real one, it runs no cleanup of the task."""
+
+
+@frozen
+class Failures:
+    """Failures a task injects into itself (``--kill-worker-prob``)."""
+
+    kill_prob: float = 0.0
+    """The chance of dying at each of ``KILL_POINTS``."""
+    seed: int = 0
+    killed_attempts: int = 1
+    """Attempts of a task that may be killed (the first ones): with Spark's
+    ``spark.task.maxFailures`` above it, every task finishes in the end."""
+
+    def kills(self, point: str, batch: int, index: int, attempt_number: int) -> bool:
+        """Whether attempt ``attempt_number`` of subtask ``index`` dies at ``point`` of
+        batch ``batch``: the same answer in every process and on every run."""
+        if self.kill_prob <= 0 or attempt_number >= self.killed_attempts:
+            return False
+        key = f"{self.seed}/{batch}/{index}/{attempt_number}/{point}"
+        return random.Random(key).random() < self.kill_prob
+
+
+def sigkill(point: str) -> NoReturn:
+    """Die as a crashed worker does: no cleanup, no exception handler, no reply."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 @frozen
@@ -59,12 +97,18 @@ class BatchOrder:
     auto_compactions: bool = True
     compact_every: int = 0
     """Also run a full manual compaction every so many checkpoints (0: never)."""
+    failures: Failures = Failures()
+    sweep_local: bool = True
+    """Remove what earlier attempts of the subtask left on the local disk (a killed
+    attempt's DB, checkpoint or download directory) when a task starts. Safe only when no
+    other attempt of the subtask can still run: off under speculation."""
 
 
 @frozen
 class SubtaskResult:
     index: int
     attempt: str
+    attempt_number: int
     ack: bytes
     records: int
     late: int
@@ -84,8 +128,20 @@ def run_subtask(
     index: int,
     attempt: str,
     records: Iterable[tuple[int, str, int]],
+    *,
+    attempt_number: int = 0,
+    die: Callable[[str], NoReturn] = sigkill,
 ) -> SubtaskResult:
-    """Process ``records`` (``(key group, word, event time ms)``) of subtask ``index``."""
+    """Process ``records`` (``(key group, word, event time ms)``) of subtask ``index``.
+
+    ``attempt`` names this attempt uniquely (its local directories); ``attempt_number``
+    counts the retries of the task (0 first); ``die`` is how an injected failure kills it.
+    """
+
+    def hook(point: str) -> None:
+        if order.failures.kills(point, order.batch_id, index, attempt_number):
+            die(point)
+
     subtask = SubtaskId(VERTEX, index, order.parallelism)
     party = order.recipe.open(attempt)
     party.apply_notices(order.notices)
@@ -96,6 +152,8 @@ def run_subtask(
     home.mkdir(parents=True, exist_ok=True)
     mine = home / f"db.{attempt}"
     shared = home / "db"
+    if order.sweep_local:
+        _sweep(home, keep={shared.name, mine.name})
     restored = False
     lineage = _take(shared, mine, assignment.latest_completed)
     if lineage is None:
@@ -136,6 +194,7 @@ def run_subtask(
             },
             sort_keys=True,
         ).encode()
+        hook("before-snapshot")
         stats = take_snapshot(
             db,
             party,
@@ -145,17 +204,29 @@ def run_subtask(
             base=base,
             scratch=home,
             operator_state=progress,
+            hook=hook,
         )
         ack = party.acknowledge(order.checkpoint, subtask)
-    except BaseException:
+        hook("acknowledged")
+    except Exception:
         db.close()
         shutil.rmtree(mine, ignore_errors=True)  # ahead of every checkpoint: useless now
         raise
     db.close()
     write_marker(mine, order.checkpoint, lineage)
     _put_back(mine, shared)
+    hook("put-back")
     return SubtaskResult(
-        index, attempt, ack, n, late, max_event, restored, stats, tuple(sorted(closed))
+        index,
+        attempt,
+        attempt_number,
+        ack,
+        n,
+        late,
+        max_event,
+        restored,
+        stats,
+        tuple(sorted(closed)),
     )
 
 
@@ -173,6 +244,13 @@ def _take(shared: Path, mine: Path, latest_completed: int) -> str | None:
         shutil.rmtree(mine)
         return None
     return marker[1]
+
+
+def _sweep(home: Path, keep: set[str]) -> None:
+    """Remove the directories other attempts left (see ``BatchOrder.sweep_local``)."""
+    for entry in home.iterdir():
+        if entry.name not in keep and entry.name.startswith(("db.", "chk-")):
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _put_back(mine: Path, shared: Path) -> None:

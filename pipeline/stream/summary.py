@@ -14,7 +14,7 @@ def batch_line(r: BatchReport) -> str:
         f"batch {r.batch_id:>4}  checkpoint {r.checkpoint:>4}  records {r.records:>7}"
         f"  closed windows {r.closed_windows:>5}  SSTs uploaded {r.uploaded:>3}"
         f" ({r.uploaded_bytes / 1024:.0f} KiB) reused {r.reused:>3}"
-        f"  exclusive {r.exclusive:>3}  restored {r.restored}"
+        f"  exclusive {r.exclusive:>3}  restored {r.restored}  retried {r.retried}"
     )
 
 
@@ -37,6 +37,11 @@ def print_summary(console: Console, run: StreamRun) -> bool:
         "records per second (wall clock, Spark start excluded)",
         f"{records / run.seconds:.0f}" if run.seconds > 0 else "-",
     )
+    if run.settings.failures.kill_prob > 0:
+        t.add_row("tasks retried after an injected kill", str(sum(r.retried for r in reports)))
+        t.add_row(
+            "restores of a subtask's RocksDB from storage", str(sum(r.restored for r in reports))
+        )
     t.add_row("SSTs uploaded per checkpoint", f"{sum(r.uploaded for r in reports) / n:.2f}")
     t.add_row("SSTs reused per checkpoint", f"{sum(r.reused for r in reports) / n:.2f}")
     t.add_row("files created on storage per checkpoint", f"{created / n:.2f}")
