@@ -28,7 +28,7 @@ from pipeline.stream.snapshot import (
     reusable,
     take_snapshot,
 )
-from pipeline.stream.subtask import KILL_POINTS, Failures
+from pipeline.stream.subtask import KILL_POINTS, Failures, run_subtask
 from pipeline.stream.windows import Windowing
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import FileHandle, StateEntry, stream_of
@@ -268,8 +268,9 @@ def test_the_comparison_catches_a_wrong_missing_or_duplicate_count() -> None:
         (StateKind.KEYED_SHARED, "sst/L1/../../etc/passwd"),
         (StateKind.KEYED_SHARED, "sst/L1/000009.sst/x"),
         (StateKind.KEYED_SHARED, "000009.sst"),
-        (StateKind.KEYED_FULL, "meta/LOCK"),
+        (StateKind.KEYED_FULL, "meta/L1/LOCK"),
         (StateKind.KEYED_FULL, "meta/../CURRENT"),
+        (StateKind.KEYED_FULL, "meta/CURRENT"),
         (StateKind.OPERATOR_UNION, OPERATOR_STATE),
     ],
 )
@@ -292,7 +293,7 @@ def test_a_handle_outside_the_base_is_not_read(tmp_path: Path) -> None:
     party = TaskManagerRecipe(str(tmp_path / "base"), "job-0").open("a")
     for path in ("../secret", "/etc/passwd", "a/../../b"):
         e = StateEntry(
-            S0, StateKind.KEYED_FULL, "meta/CURRENT", FileHandle(path, 4, "l", Scope.EXCLUSIVE)
+            S0, StateKind.KEYED_FULL, "meta/L1/CURRENT", FileHandle(path, 4, "l", Scope.EXCLUSIVE)
         )
         with pytest.raises(ValueError, match="not inside the base"):
             party.read(e)
@@ -363,3 +364,34 @@ def test_injected_failures_are_the_same_in_every_process() -> None:
     ]
     assert 0 < sum(got) < len(got)
     assert not any(Failures().kills(p, 0, 0, 0) for p in KILL_POINTS)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_a_local_db_another_attempt_left_is_not_reused(tmp_path: Path, mode: MergingMode) -> None:
+    """Two attempts of one subtask run a batch (speculation); the driver accepts one, and
+    the other puts its DB back last. That DB is at the right checkpoint but is not the
+    one the checkpoint was taken of (its SSTs are not the accepted uploads under the same
+    names): the next task must restore, not reuse it."""
+    job = LocalJob(tmp_path, Config.for_mode(mode), parallelism=2)
+    for _ in range(3):
+        job.batch()
+    order = job.driver.order(job.next_batch)
+    parts = job.partitions(order.batch_id)
+    winner = run_subtask(order, 0, "winner", parts[0])
+    run_subtask(order, 0, "loser", parts[0])  # puts its own DB back, at the same checkpoint
+    other = run_subtask(order, 1, "one", parts[1])
+    job.emitted[order.batch_id] = [w for r in (winner, other) for w in r.closed]
+    job.driver.finish(order, [winner, other])
+    job.next_batch += 1
+    assert job.batch().restored == 1
+    job.lose_local_state(0)  # what that checkpoint holds restores right
+    for _ in range(4):
+        job.batch()
+    cmp = compare(
+        job.expected(),
+        [w for ws in job.emitted.values() for w in ws],
+        job.windowing,
+        job.closed_watermark(),
+    )
+    assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:5]
+    assert job.coordinator.violations() == []

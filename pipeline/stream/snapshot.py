@@ -39,6 +39,7 @@ from spec.ids import SubtaskId
 
 SST = re.compile(r"[0-9]{6,}\.sst")
 META = re.compile(r"(MANIFEST-[0-9]{6,}|OPTIONS-[0-9]{6,}|CURRENT)")
+LINEAGE = re.compile(r"[0-9A-Za-z]{1,64}")
 OPERATOR_STATE = "operator/progress"
 MARKER = "ckpt-marker.json"
 """In the DB's directory: the checkpoint the DB is at and its lineage (RocksDB ignores it)."""
@@ -63,17 +64,44 @@ def sst_name(lineage: str, file: str) -> str:
     return f"sst/{lineage}/{file}"
 
 
+def meta_name(lineage: str, file: str) -> str:
+    """MANIFEST, OPTIONS and CURRENT carry the lineage of the DB they describe: a task
+    reuses its local DB only if it is the one the completed checkpoint was taken of."""
+    return f"meta/{lineage}/{file}"
+
+
+def lineage_of(entries: Sequence[StateEntry]) -> str | None:
+    """The lineage of the DB a subtask's checkpoint was taken of (``None``: none, or the
+    metadata disagrees, which no snapshot of ours writes)."""
+    found = {
+        e.name.split("/")[1]
+        for e in entries
+        if e.kind is StateKind.KEYED_FULL and e.name.count("/") == 2
+    }
+    return found.pop() if len(found) == 1 else None
+
+
 def file_of(entry: StateEntry) -> str:
     """The local file name an entry restores to; ``RestoreError`` for anything that is
     not one of ours (a hostile name must not become a path)."""
     if entry.kind is StateKind.KEYED_SHARED:
         parts = entry.name.split("/")
-        if len(parts) == 3 and parts[0] == "sst" and parts[1] and SST.fullmatch(parts[2]):
+        if (
+            len(parts) == 3
+            and parts[0] == "sst"
+            and LINEAGE.fullmatch(parts[1])
+            and SST.fullmatch(parts[2])
+        ):
             return parts[2]
     elif entry.kind is StateKind.KEYED_FULL:
         parts = entry.name.split("/")
-        if len(parts) == 2 and parts[0] == "meta" and META.fullmatch(parts[1]):
-            return parts[1]
+        if (
+            len(parts) == 3
+            and parts[0] == "meta"
+            and LINEAGE.fullmatch(parts[1])
+            and META.fullmatch(parts[2])
+        ):
+            return parts[2]
     raise RestoreError(f"{entry.name!r} ({entry.kind.value}) is not a RocksDB file of this job")
 
 
@@ -132,7 +160,7 @@ def take_snapshot(
                     uploaded_bytes += len(data)
             elif META.fullmatch(f):
                 data = path.read_bytes()
-                party.write(checkpoint, subtask, StateKind.KEYED_FULL, f"meta/{f}", data)
+                party.write(checkpoint, subtask, StateKind.KEYED_FULL, meta_name(lineage, f), data)
                 exclusive += 1
                 exclusive_bytes += len(data)
             # The rest (the WAL, empty with it off; rocksdict's config) a restore does not need.

@@ -32,6 +32,7 @@ from pipeline.stream.checkpointing import VERTEX, TaskManagerRecipe, decode_assi
 from pipeline.stream.rocks import WindowCounts, options
 from pipeline.stream.snapshot import (
     SnapshotStats,
+    lineage_of,
     read_marker,
     restore,
     reusable,
@@ -155,7 +156,7 @@ def run_subtask(
     if order.sweep_local:
         _sweep(home, keep={shared.name, mine.name})
     restored = False
-    lineage = _take(shared, mine, assignment.latest_completed)
+    lineage = _take(shared, mine, assignment.latest_completed, lineage_of(assignment.entries))
     if lineage is None:
         lineage = uuid.uuid4().hex[:12]
         restored = bool(assignment.entries)
@@ -230,9 +231,12 @@ def run_subtask(
     )
 
 
-def _take(shared: Path, mine: Path, latest_completed: int) -> str | None:
-    """Take the local DB if it is at ``latest_completed``: its lineage, else ``None``
-    (and no DB at ``mine``)."""
+def _take(shared: Path, mine: Path, latest_completed: int, lineage: str | None) -> str | None:
+    """Take the local DB if it is the one checkpoint ``latest_completed`` was taken of (at
+    that checkpoint, and of the lineage its metadata names): its lineage, else ``None``
+    (and no DB at ``mine``). A DB at the right checkpoint but of another lineage is
+    another attempt's (a speculative loser put it back): its SSTs are not the uploads
+    the checkpoint names under the same file names, so reusing them would be wrong."""
     if mine.exists():
         shutil.rmtree(mine)  # this attempt's id is new: a leftover is nobody's
     try:
@@ -240,7 +244,7 @@ def _take(shared: Path, mine: Path, latest_completed: int) -> str | None:
     except FileNotFoundError:
         return None
     marker = read_marker(mine)
-    if marker is None or marker[0] != latest_completed or latest_completed == 0:
+    if marker is None or latest_completed == 0 or marker != (latest_completed, lineage):
         shutil.rmtree(mine)
         return None
     return marker[1]
