@@ -4,20 +4,25 @@
     ckpt conformance --impl-cmd "my-store --conformance"   # over the JSON-lines protocol
     ckpt conformance --impl fastimpl --live 200 # plus 200 random sequences per mode
     ckpt audit /data/checkpoints/job-1          # the storage audit (pipeline/cli.py)
+    ckpt stream --merging across --batches 20   # the streaming word count (pipeline/stream)
 
 ``conformance``: exit code 0 when every case passed (and live mode found nothing), 1
-otherwise, 2 on bad usage. ``audit``: see ``pipeline/cli.py``.
+otherwise, 2 on bad usage. ``audit``: see ``pipeline/cli.py``. ``stream``: 0 when every
+closed window's count equals the batch computation's and the store's invariants hold, 1
+otherwise, 2 on bad usage.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import time
+import urllib.parse
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -141,6 +146,138 @@ def _live(candidate: Implementation, examples: int, out: Path) -> list[str]:
             console.print(r.mismatch, markup=False, soft_wrap=True)
             found.append(str(r.case))
     return found
+
+
+_MERGING = {"none": "NONE", "within": "WITHIN_CHECKPOINT", "across": "ACROSS_CHECKPOINT"}
+
+
+@app.command()
+def stream(
+    merging: Annotated[str, typer.Option(help="File merging: none, within or across.")] = "across",
+    num_retained: Annotated[int, typer.Option(help="execution.checkpointing.num-retained.")] = 1,
+    max_file_size: Annotated[
+        str, typer.Option(help="execution.checkpointing.file-merging.max-file-size.")
+    ] = "32mb",
+    max_space_amplification: Annotated[
+        float, typer.Option(help="execution.checkpointing.file-merging.max-space-amplification.")
+    ] = 2.0,
+    flink_option: Annotated[
+        list[str] | None,
+        typer.Option("-D", "--flink-option", help="Any other supported Flink key: KEY=VALUE."),
+    ] = None,
+    parallelism: Annotated[int, typer.Option(help="Subtasks of the keyed stage.")] = 4,
+    window_ms: Annotated[int, typer.Option(help="Tumbling window size, in ms.")] = 5000,
+    watermark_delay_ms: Annotated[int, typer.Option(help="Watermark delay, in ms.")] = 0,
+    rows_per_batch: Annotated[int, typer.Option(help="Rows per micro-batch.")] = 1000,
+    batches: Annotated[int, typer.Option(help="Micro-batches (= checkpoints) to run.")] = 20,
+    vocabulary: Annotated[int, typer.Option(help="Words in the Zipf vocabulary.")] = 1000,
+    base: Annotated[
+        str | None, typer.Option(help="Checkpoint storage (default: a new run directory).")
+    ] = None,
+    run_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where work/ and out/ go (default: ckpt-stream/run-<UTC time>)."),
+    ] = None,
+    storage_option: Annotated[
+        list[str] | None,
+        typer.Option("--storage-option", "-o", help="fsspec option of --base: key=value."),
+    ] = None,
+    endpoint_url: Annotated[
+        str | None, typer.Option(help="S3 endpoint of --base (MinIO, moto, ...).")
+    ] = None,
+    master: Annotated[str, typer.Option(help="Spark master.")] = "local[*]",
+    write_buffer_size: Annotated[
+        int, typer.Option(help="RocksDB memtable size, in bytes (small: more SSTs).")
+    ] = 64 * 1024,
+    check: Annotated[
+        bool, typer.Option(help="Compare with the batch computation at the end.")
+    ] = True,
+    kill_worker_prob: Annotated[
+        float,
+        typer.Option(
+            help="Chance that a task SIGKILLs its Python worker at each point of its"
+            " snapshot (needs a master that retries: local[N,F], F >= 2)."
+        ),
+    ] = 0.0,
+    failure_seed: Annotated[int, typer.Option(help="Seed of the injected failures.")] = 0,
+) -> None:
+    """Run the streaming word count on Spark with RocksDB state checkpointed into the store."""
+    from pipeline.stream.job import StreamSettings, retries_tasks, run_stream
+    from pipeline.stream.source import RateSource
+    from pipeline.stream.subtask import Failures
+    from pipeline.stream.summary import batch_line, print_summary
+    from pipeline.stream.windows import Windowing
+    from spec.config import Config, MergingMode
+
+    if merging not in _MERGING:
+        console.print(f"[red]--merging must be none, within or across, not {merging!r}[/red]")
+        raise typer.Exit(2)
+    mode = MergingMode[_MERGING[merging]]
+    flink: dict[str, object] = {
+        "execution.checkpointing.file-merging.enabled": mode is not MergingMode.NONE,
+        "execution.checkpointing.file-merging.across-checkpoint-boundary": (
+            mode is MergingMode.ACROSS_CHECKPOINT
+        ),
+        "execution.checkpointing.num-retained": num_retained,
+        "execution.checkpointing.file-merging.max-file-size": max_file_size,
+        "execution.checkpointing.file-merging.max-space-amplification": max_space_amplification,
+    }
+    for item in flink_option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            console.print(f"[red]-D {item!r}: expected KEY=VALUE[/red]")
+            raise typer.Exit(2)
+        flink[key.strip()] = value
+    options: dict[str, Any] = {}
+    for item in storage_option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            console.print(f"[red]-o {escape(item)!r}: expected key=value[/red]")
+            raise typer.Exit(2)
+        options[key] = value
+    if endpoint_url:
+        options.setdefault("client_kwargs", {})["endpoint_url"] = endpoint_url
+    # An object store shows a file only once it is closed: ACROSS is refused there (R16).
+    local = base is None or urllib.parse.urlsplit(base).scheme in ("", "file")
+    try:
+        config = Config.from_flink(flink, open_files_readable=local)
+        settings_dir = run_dir or Path("ckpt-stream") / time.strftime(
+            "run-%Y%m%dT%H%M%SZ", time.gmtime()
+        )
+        if settings_dir.exists() and any(settings_dir.iterdir()):
+            raise ValueError(f"{settings_dir} is not empty: give a new --run-dir")
+        settings = StreamSettings(
+            base=base or str(settings_dir / "checkpoints"),
+            work_dir=str(settings_dir / "work"),
+            out=str(settings_dir / "out"),
+            config=config,
+            storage_options=options,
+            parallelism=parallelism,
+            source=RateSource(rows_per_batch, vocabulary=vocabulary),
+            windowing=Windowing(window_ms, watermark_delay_ms),
+            batches=batches,
+            master=master,
+            write_buffer_size=write_buffer_size,
+            failures=Failures(kill_worker_prob, failure_seed),
+        )
+        if not 0 <= kill_worker_prob <= 1:
+            raise ValueError(f"--kill-worker-prob must be in [0, 1], got {kill_worker_prob}")
+        if kill_worker_prob > 0 and not retries_tasks(master):
+            raise ValueError(
+                f"--kill-worker-prob needs a master that retries a failed task; {master}"
+                " fails the job at the first (use local[N,F] with F >= 2, or local-cluster)"
+            )
+    except (ValueError, TypeError) as err:
+        console.print(f"[red]{escape(str(err))}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"run directory {settings_dir}, checkpoints in {settings.base}")
+    run = run_stream(
+        settings,
+        on_batch=lambda r: console.print(batch_line(r), markup=False, soft_wrap=True),
+        check=check,
+    )
+    ok = print_summary(console, run)
+    raise typer.Exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

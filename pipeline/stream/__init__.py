@@ -1,0 +1,13 @@
+"""The streaming word count of issue 17: a PySpark Structured Streaming job whose keyed
+state is a RocksDB per subtask, checkpointed incrementally through the checkpoint store.
+
+Modules: ``source`` (Spark's ``rate-micro-batch`` and the same rows as a formula),
+``words`` (rows to words and key groups), ``windows`` (tumbling windows, the watermark),
+``rocks`` (the RocksDB of window counts), ``snapshot`` (that RocksDB to a checkpoint and
+back), ``checkpointing`` (the one module that meets the store: the worker's and the
+driver's parties), ``subtask`` (one partition of a micro-batch, on a worker; injected
+failures), ``driver`` (a checkpoint per micro-batch, without Spark), ``job`` (the Spark
+job: ``foreachBatch``), ``sink`` (closed windows to Parquet, a directory per batch),
+``check`` (the same counts by a plain batch computation), ``summary`` (what
+``ckpt stream`` prints).
+"""

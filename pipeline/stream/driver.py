@@ -1,0 +1,119 @@
+"""The driver's side of every micro-batch, without Spark: one checkpoint per batch, the
+orders its tasks carry, and what their results complete.
+
+Per batch ``b``: trigger checkpoint ``c``; give every subtask its restore assignment
+(the latest completed checkpoint) and the notices of the previous complete; the tasks
+return acknowledgements and closed windows; the caller writes the closed windows to the
+sink; then the acknowledgements are received and ``c`` completed, before Spark commits
+``b``. The sink is written first because the snapshot of ``c`` has already forgotten the
+windows it closed: were the driver to die between the complete and the sink write, the
+re-run of ``b`` would restore ``c`` and have nothing left to emit. Written first, a
+re-run replaces the same output (its directory is named by ``b``). A checkpoint that
+does not complete fails the batch (``CheckpointNotCompleted``): the tasks' DBs moved on
+to ``c``, and only a re-run of ``b`` from ``c - 1`` keeps every record counted once.
+
+The watermark is the largest event time of the previous batches less the delay (Spark's
+rule: a batch's own records move the watermark of the next one); each subtask keeps it
+in its operator state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from attrs import define, field, frozen
+
+from pipeline.stream.checkpointing import VERTEX, CoordinatorSide
+from pipeline.stream.subtask import BatchOrder, Failures, SubtaskResult
+from pipeline.stream.windows import NO_WATERMARK, Windowing
+from spec.ids import SubtaskId
+
+
+@frozen
+class BatchReport:
+    batch_id: int
+    checkpoint: int
+    watermark: int
+    records: int
+    late: int
+    closed_windows: int
+    uploaded: int
+    uploaded_bytes: int
+    reused: int
+    exclusive: int
+    restored: int
+    retried: int
+    """Subtasks whose accepted result came from a retry (an earlier attempt failed)."""
+
+
+@define
+class BatchDriver:
+    coordinator: CoordinatorSide
+    windowing: Windowing
+    parallelism: int
+    work_dir: str
+    write_buffer_size: int = 64 * 1024
+    auto_compactions: bool = True
+    compact_every: int = 0
+    failures: Failures = field(factory=Failures)
+    watermark: int = NO_WATERMARK
+    notices: tuple[bytes, ...] = ()
+    reports: list[BatchReport] = field(factory=list)
+
+    def subtasks(self) -> list[SubtaskId]:
+        return [SubtaskId(VERTEX, i, self.parallelism) for i in range(self.parallelism)]
+
+    def order(self, batch_id: int) -> BatchOrder:
+        """Trigger the batch's checkpoint; the order every task of the batch carries."""
+        c = self.coordinator.trigger()
+        return BatchOrder(
+            batch_id=batch_id,
+            checkpoint=c,
+            watermark=self.watermark,
+            windowing=self.windowing,
+            parallelism=self.parallelism,
+            work_dir=self.work_dir,
+            recipe=self.coordinator.task_manager_recipe(),
+            assignments={
+                s.index: self.coordinator.restore_assignment(s, c) for s in self.subtasks()
+            },
+            notices=self.notices,
+            write_buffer_size=self.write_buffer_size,
+            auto_compactions=self.auto_compactions,
+            compact_every=self.compact_every,
+            failures=self.failures,
+        )
+
+    def finish(self, order: BatchOrder, results: Sequence[SubtaskResult]) -> BatchReport:
+        """Receive the acknowledgements and complete the batch's checkpoint (after the
+        sink holds the closed windows). Raises ``CheckpointNotCompleted``."""
+        got = sorted(r.index for r in results)
+        if got != list(range(self.parallelism)):
+            self.coordinator.abort(order.checkpoint)
+            raise ValueError(f"batch {order.batch_id}: results of subtasks {got}")
+        try:
+            for r in results:
+                self.coordinator.receive(r.ack)
+            notices = self.coordinator.complete(order.checkpoint)
+        except BaseException:
+            self.coordinator.abort(order.checkpoint)
+            raise
+        self.notices = tuple(notices)
+        events = [r.max_event for r in results if r.max_event is not None]
+        self.watermark = self.windowing.advance(self.watermark, max(events, default=None))
+        report = BatchReport(
+            batch_id=order.batch_id,
+            checkpoint=order.checkpoint,
+            watermark=order.watermark,
+            records=sum(r.records for r in results),
+            late=sum(r.late for r in results),
+            closed_windows=sum(len(r.closed) for r in results),
+            uploaded=sum(r.stats.uploaded for r in results),
+            uploaded_bytes=sum(r.stats.uploaded_bytes for r in results),
+            reused=sum(r.stats.reused for r in results),
+            exclusive=sum(r.stats.exclusive for r in results),
+            restored=sum(r.restored for r in results),
+            retried=sum(r.attempt_number > 0 for r in results),
+        )
+        self.reports.append(report)
+        return report

@@ -1,0 +1,265 @@
+"""What one subtask does with one micro-batch, on a worker: find or restore its RocksDB,
+count the batch's words into their windows, emit and forget the windows the watermark
+closed, snapshot for the batch's checkpoint and acknowledge.
+
+Spark gives a subtask no affinity to a worker: consecutive batches of one partition run
+in different Python processes. So the DB lives on the executor's local disk under
+``<work>/<subtask>/db``, and a task takes it by renaming it to ``db.<attempt>`` (atomic:
+two attempts of one subtask never open one DB, and RocksDB's LOCK would refuse the second
+anyway), and puts it back when its acknowledgement is ready. A DB that is not at the
+latest completed checkpoint (its checkpoint was aborted, or it is missing: a new worker,
+a task retried elsewhere) is dropped and restored from the restore assignment.
+
+Nothing here depends on Spark: ``run_subtask`` takes the partition's records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import NoReturn
+
+from attrs import field, frozen
+
+from pipeline.stream.checkpointing import VERTEX, TaskManagerRecipe, decode_assignment
+from pipeline.stream.rocks import WindowCounts, options
+from pipeline.stream.snapshot import (
+    SnapshotStats,
+    lineage_of,
+    read_marker,
+    restore,
+    reusable,
+    take_snapshot,
+    write_marker,
+)
+from pipeline.stream.windows import Windowing
+from pipeline.stream.words import MAX_PARALLELISM
+from spec.ids import SubtaskId
+from spec.keygroups import key_group_range
+
+KILL_POINTS = ("before-snapshot", "mid-upload", "uploaded", "acknowledged", "put-back")
+"""Where an injected failure kills a task: before its snapshot, after its first upload,
+after its last, after it acknowledged, after it left its DB for the next batch."""
+
+
+class Killed(BaseException):
+    """A simulated SIGKILL (tests): like the real one, it runs no cleanup of the task."""
+
+
+@frozen
+class Failures:
+    """Failures a task injects into itself (``--kill-worker-prob``)."""
+
+    kill_prob: float = 0.0
+    """The chance of dying at each of ``KILL_POINTS``."""
+    seed: int = 0
+    killed_attempts: int = 1
+    """Attempts of a task that may be killed (the first ones): with Spark's
+    ``spark.task.maxFailures`` above it, every task finishes in the end."""
+
+    def kills(self, point: str, batch: int, index: int, attempt_number: int) -> bool:
+        """Whether attempt ``attempt_number`` of subtask ``index`` dies at ``point`` of
+        batch ``batch``: the same answer in every process and on every run."""
+        if self.kill_prob <= 0 or attempt_number >= self.killed_attempts:
+            return False
+        key = f"{self.seed}/{batch}/{index}/{attempt_number}/{point}"
+        return random.Random(key).random() < self.kill_prob
+
+
+def sigkill(point: str) -> NoReturn:
+    """Die as a crashed worker does: no cleanup, no exception handler, no reply."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@frozen
+class BatchOrder:
+    """What the driver sends with every task of one micro-batch (in the task's closure)."""
+
+    batch_id: int
+    checkpoint: int
+    watermark: int
+    windowing: Windowing
+    parallelism: int
+    work_dir: str
+    recipe: TaskManagerRecipe
+    assignments: Mapping[int, bytes]
+    """Subtask index -> encoded ``RestoreAssignment`` (the latest completed checkpoint)."""
+    notices: tuple[bytes, ...] = ()
+    """The coordinator's notices since the previous batch."""
+    write_buffer_size: int = 64 * 1024
+    auto_compactions: bool = True
+    compact_every: int = 0
+    """Also run a full manual compaction every so many checkpoints (0: never)."""
+    failures: Failures = Failures()
+    sweep_local: bool = True
+    """Remove what earlier attempts of the subtask left on the local disk (a killed
+    attempt's DB, checkpoint or download directory) when a task starts. Safe only when no
+    other attempt of the subtask can still run: off under speculation."""
+
+
+@frozen
+class SubtaskResult:
+    index: int
+    attempt: str
+    attempt_number: int
+    ack: bytes
+    records: int
+    late: int
+    max_event: int | None
+    restored: bool
+    stats: SnapshotStats
+    closed: tuple[tuple[int, str, int], ...] = field(factory=tuple)
+    """The windows the watermark closed: ``(window start, word, count)``."""
+
+
+def subtask_dir(work_dir: str, subtask: SubtaskId) -> Path:
+    return Path(work_dir) / subtask.dir_name()
+
+
+def run_subtask(
+    order: BatchOrder,
+    index: int,
+    attempt: str,
+    records: Iterable[tuple[int, str, int]],
+    *,
+    attempt_number: int = 0,
+    die: Callable[[str], NoReturn] = sigkill,
+) -> SubtaskResult:
+    """Process ``records`` (``(key group, word, event time ms)``) of subtask ``index``.
+
+    ``attempt`` names this attempt uniquely (its local directories); ``attempt_number``
+    counts the retries of the task (0 first); ``die`` is how an injected failure kills it.
+    """
+
+    def hook(point: str) -> None:
+        if order.failures.kills(point, order.batch_id, index, attempt_number):
+            die(point)
+
+    subtask = SubtaskId(VERTEX, index, order.parallelism)
+    party = order.recipe.open(attempt)
+    party.apply_notices(order.notices)
+    assignment = decode_assignment(order.assignments[index])
+    if assignment.subtask != subtask:
+        raise ValueError(f"the assignment of {subtask} names {assignment.subtask}")
+    home = subtask_dir(order.work_dir, subtask)
+    home.mkdir(parents=True, exist_ok=True)
+    mine = home / f"db.{attempt}"
+    shared = home / "db"
+    if order.sweep_local:
+        _sweep(home, keep={shared.name, mine.name})
+    restored = False
+    lineage = _take(shared, mine, assignment.latest_completed, lineage_of(assignment.entries))
+    if lineage is None:
+        lineage = uuid.uuid4().hex[:12]
+        restored = bool(assignment.entries)
+        if restored:
+            restore(party, assignment.entries, mine)
+    base = reusable(assignment.entries)
+    db = WindowCounts(
+        mine,
+        options(write_buffer_size=order.write_buffer_size, auto_compactions=order.auto_compactions),
+    )
+    try:
+        counts: Counter[tuple[int, int, str]] = Counter()
+        n = late = 0
+        max_event: int | None = None
+        for group, word, event in records:
+            n += 1
+            start = order.windowing.start_of(event)
+            max_event = event if max_event is None else max(max_event, event)
+            if order.windowing.closed(start, order.watermark):
+                late += 1  # its window was emitted already: dropped, as Spark drops it
+                continue
+            counts[(group, start, word)] += 1
+        db.add(counts)
+        lo, hi = key_group_range(MAX_PARALLELISM, order.parallelism, index)
+        closed = db.close_windows(range(lo, hi + 1), order.windowing, order.watermark)
+        if order.compact_every and order.checkpoint % order.compact_every == 0:
+            db.db.compact_range(None, None)
+        progress = json.dumps(
+            {
+                "batch": order.batch_id,
+                "checkpoint": order.checkpoint,
+                "watermark": order.watermark,
+                "max_event": max_event,
+                "records": n,
+                "lineage": lineage,
+            },
+            sort_keys=True,
+        ).encode()
+        hook("before-snapshot")
+        stats = take_snapshot(
+            db,
+            party,
+            order.checkpoint,
+            subtask,
+            lineage=lineage,
+            base=base,
+            scratch=home,
+            operator_state=progress,
+            hook=hook,
+        )
+        ack = party.acknowledge(order.checkpoint, subtask)
+        hook("acknowledged")
+    except Exception:
+        db.close()
+        shutil.rmtree(mine, ignore_errors=True)  # ahead of every checkpoint: useless now
+        raise
+    db.close()
+    write_marker(mine, order.checkpoint, lineage)
+    _put_back(mine, shared)
+    hook("put-back")
+    return SubtaskResult(
+        index,
+        attempt,
+        attempt_number,
+        ack,
+        n,
+        late,
+        max_event,
+        restored,
+        stats,
+        tuple(sorted(closed)),
+    )
+
+
+def _take(shared: Path, mine: Path, latest_completed: int, lineage: str | None) -> str | None:
+    """Take the local DB if it is the one checkpoint ``latest_completed`` was taken of (at
+    that checkpoint, and of the lineage its metadata names): its lineage, else ``None``
+    (and no DB at ``mine``). A DB at the right checkpoint but of another lineage is
+    another attempt's (a speculative loser put it back): its SSTs are not the uploads
+    the checkpoint names under the same file names, so reusing them would be wrong."""
+    if mine.exists():
+        shutil.rmtree(mine)  # this attempt's id is new: a leftover is nobody's
+    try:
+        shared.rename(mine)
+    except FileNotFoundError:
+        return None
+    marker = read_marker(mine)
+    if marker is None or latest_completed == 0 or marker != (latest_completed, lineage):
+        shutil.rmtree(mine)
+        return None
+    return marker[1]
+
+
+def _sweep(home: Path, keep: set[str]) -> None:
+    """Remove the directories other attempts left (see ``BatchOrder.sweep_local``)."""
+    for entry in home.iterdir():
+        if entry.name not in keep and entry.name.startswith(("db.", "chk-")):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _put_back(mine: Path, shared: Path) -> None:
+    """Leave the DB for the subtask's next task; a DB another attempt put back meanwhile
+    (speculation) is at the same checkpoint or older, and is replaced."""
+    if shared.exists():
+        shutil.rmtree(shared)
+    mine.rename(shared)

@@ -1,0 +1,70 @@
+"""What ``ckpt stream`` prints: a line per micro-batch and a summary of the run."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.stream.driver import BatchReport
+from pipeline.stream.job import StreamRun
+
+
+def batch_line(r: BatchReport) -> str:
+    return (
+        f"batch {r.batch_id:>4}  checkpoint {r.checkpoint:>4}  records {r.records:>7}"
+        f"  closed windows {r.closed_windows:>5}  SSTs uploaded {r.uploaded:>3}"
+        f" ({r.uploaded_bytes / 1024:.0f} KiB) reused {r.reused:>3}"
+        f"  exclusive {r.exclusive:>3}  restored {r.restored}  retried {r.retried}"
+    )
+
+
+def print_summary(console: Console, run: StreamRun) -> bool:
+    """Print the run's figures; whether it is correct (the counts equal the batch
+    computation's, and the store's invariants hold)."""
+    reports = run.reports
+    n = max(len(reports), 1)
+    records = sum(r.records for r in reports)
+    created = sum(x.created for x in run.storage)
+    deleted = sum(x.deleted for x in run.storage)
+    amps = [a for x in run.storage if (a := x.amplification) is not None]
+    cfg = run.settings.config
+    t = Table(title=f"ckpt stream: {cfg.merging_mode.name}, parallelism {run.settings.parallelism}")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_row("micro-batches (= checkpoints completed)", str(len(reports)))
+    t.add_row("records", str(records))
+    t.add_row(
+        "records per second (wall clock, Spark start excluded)",
+        f"{records / run.seconds:.0f}" if run.seconds > 0 else "-",
+    )
+    if run.settings.failures.kill_prob > 0:
+        t.add_row("tasks retried after an injected kill", str(sum(r.retried for r in reports)))
+        t.add_row(
+            "restores of a subtask's RocksDB from storage", str(sum(r.restored for r in reports))
+        )
+    t.add_row("SSTs uploaded per checkpoint", f"{sum(r.uploaded for r in reports) / n:.2f}")
+    t.add_row("SSTs reused per checkpoint", f"{sum(r.reused for r in reports) / n:.2f}")
+    t.add_row("files created on storage per checkpoint", f"{created / n:.2f}")
+    t.add_row("files deleted from storage per checkpoint", f"{deleted / n:.2f}")
+    if run.storage:
+        t.add_row("files on storage at the end", str(run.storage[-1].files))
+    if amps:
+        t.add_row(
+            "space amplification at the end (state bytes / latest checkpoint's)", f"{amps[-1]:.2f}"
+        )
+        t.add_row("space amplification, peak", f"{max(amps):.2f}")
+    t.add_row("store invariants I1-I5", "hold" if not run.violations else "VIOLATED")
+    cmp = run.comparison
+    if cmp is not None:
+        verdict = "equal" if cmp.equal else f"DIFFERENT ({len(cmp.mismatches)} counts)"
+        t.add_row(
+            f"closed windows vs batch computation ({cmp.windows} windows, {cmp.counts} counts)",
+            verdict,
+        )
+    console.print(t)
+    for v in run.violations[:10]:
+        console.print(v, style="red", markup=False)
+    if cmp is not None:
+        for start, word, want, got in cmp.mismatches[:10]:
+            console.print(f"window {start} word {word}: batch computation {want}, sink {got}")
+    return not run.violations and (cmp is None or cmp.equal)

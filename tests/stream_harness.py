@@ -1,0 +1,125 @@
+"""The streaming job without Spark: the same driver, subtask and snapshot code, with the
+partitions of each micro-batch run one after another in this process."""
+
+from __future__ import annotations
+
+import collections
+import shutil
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pipeline.stream.check import batch_counts
+from pipeline.stream.checkpointing import VERTEX, open_coordinator
+from pipeline.stream.driver import BatchDriver, BatchReport
+from pipeline.stream.source import RateSource
+from pipeline.stream.subtask import (
+    BatchOrder,
+    Failures,
+    Killed,
+    SubtaskResult,
+    run_subtask,
+    subtask_dir,
+)
+from pipeline.stream.windows import Windowing
+from pipeline.stream.words import key_group, subtask_of, word_of
+from spec.config import Config
+from spec.ids import SubtaskId
+
+
+def _die(point: str) -> NoReturn:
+    raise Killed(point)
+
+
+class LocalJob:
+    """A job whose micro-batches run in this process; ``emitted`` is the sink's union."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        config: Config,
+        *,
+        parallelism: int = 2,
+        source: RateSource | None = None,
+        windowing: Windowing | None = None,
+        write_buffer_size: int = 4096,
+        auto_compactions: bool = True,
+        url: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        failures: Failures | None = None,
+    ) -> None:
+        self.url = url or str(tmp / "base")
+        self.source = source or RateSource(400, vocabulary=300)
+        self.windowing = windowing or Windowing(3000)
+        self.parallelism = parallelism
+        self.coordinator = open_coordinator(
+            self.url, config, parallelism, storage_options=storage_options
+        )
+        self.work = str(tmp / "work")
+        self.driver = BatchDriver(
+            self.coordinator,
+            self.windowing,
+            parallelism,
+            self.work,
+            write_buffer_size=write_buffer_size,
+            auto_compactions=auto_compactions,
+            failures=failures or Failures(),
+        )
+        self.emitted: dict[int, list[tuple[int, str, int]]] = {}
+        self.next_batch = 0
+        self._attempts = 0
+        self.kills: list[tuple[int, int, int, str]] = []
+        """(batch, subtask, attempt number, point) of every injected kill."""
+
+    def partitions(self, batch: int) -> dict[int, list[tuple[int, str, int]]]:
+        parts: dict[int, list[tuple[int, str, int]]] = collections.defaultdict(list)
+        event = self.source.event_ms(batch)
+        for v in self.source.values(batch):
+            w = word_of(v, **self.source.word_args())
+            g = key_group(w)
+            parts[subtask_of(g, self.parallelism)].append((g, w, event))
+        return parts
+
+    def run_tasks(self, order: BatchOrder) -> list[SubtaskResult]:
+        """Each partition's task; a task killed by an injected failure is retried, up to
+        four attempts, as Spark does with ``spark.task.maxFailures`` 4."""
+        parts = self.partitions(order.batch_id)
+        out = []
+        for i in range(self.parallelism):
+            for number in range(4):
+                self._attempts += 1
+                try:
+                    r = run_subtask(
+                        order,
+                        i,
+                        f"a{self._attempts}",
+                        parts.get(i, []),
+                        attempt_number=number,
+                        die=_die,
+                    )
+                except Killed as k:
+                    self.kills.append((order.batch_id, i, number, str(k)))
+                    continue
+                out.append(r)
+                break
+            else:
+                raise RuntimeError(f"subtask {i} of batch {order.batch_id}: 4 attempts died")
+        return out
+
+    def batch(self) -> BatchReport:
+        """Run the next micro-batch to its completed checkpoint (sink first)."""
+        order = self.driver.order(self.next_batch)
+        results = self.run_tasks(order)
+        self.emitted[order.batch_id] = [w for r in results for w in r.closed]
+        report = self.driver.finish(order, results)
+        self.next_batch += 1
+        return report
+
+    def lose_local_state(self, index: int) -> None:
+        """The worker's disk of subtask ``index`` is gone (a new worker)."""
+        shutil.rmtree(subtask_dir(self.work, SubtaskId(VERTEX, index, self.parallelism)))
+
+    def expected(self) -> collections.Counter[tuple[int, str]]:
+        return batch_counts(self.source, self.next_batch, self.windowing)
+
+    def closed_watermark(self) -> int:
+        return self.driver.reports[-1].watermark

@@ -1,0 +1,41 @@
+"""``ckpt stream``'s bad usage is refused before Spark starts (exit code 2, a message that
+names what was wrong); the run itself is tests/test_stream_spark.py's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ckpt.cli import app
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--merging", "sometimes"], "none, within or across"),
+        (["-D", "no-equals-sign"], "KEY=VALUE"),
+        (["-D", "execution.checkpointing.file-merging.typo=1"], "typo"),
+        (["--max-file-size", "lots"], "max-file-size"),
+        (["--num-retained", "0"], "num-retained"),
+        (["--window-ms", "0"], "windowing"),
+        (["-o", "no-equals-sign"], "key=value"),
+        (["--kill-worker-prob", "0.1", "--master", "local[2]"], "retries a failed task"),
+        (["--kill-worker-prob", "1.5", "--master", "local[2,4]"], "kill-worker-prob must be"),
+        (["--base", "s3://bucket/x", "--merging", "across"], "within-checkpoint merging"),
+    ],
+)
+def test_bad_usage_exits_2_naming_the_problem(tmp_path: Path, args: list[str], says: str) -> None:
+    r = CliRunner().invoke(app, ["stream", "--run-dir", str(tmp_path / "run"), *args])
+    assert r.exit_code == 2, r.output
+    assert says in r.output.replace("\n", "")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_directory_in_use_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "x").write_text("someone's")
+    r = CliRunner().invoke(app, ["stream", "--run-dir", str(tmp_path / "run")])
+    assert r.exit_code == 2 and "not empty" in r.output
+    assert (tmp_path / "run" / "x").read_text() == "someone's"

@@ -1,0 +1,397 @@
+"""The streaming job's RocksDB snapshots (issue 17) in one process: incremental uploads,
+reuse of unchanged SSTs, SSTs retired by compaction released, restores that reproduce the
+counts, in every merging mode. No Spark: ``tests/stream_harness.py`` runs the job's own
+driver and subtask code partition by partition."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fastimpl.api import CheckpointStore
+from pipeline.stream.check import compare
+from pipeline.stream.checkpointing import (
+    VERTEX,
+    InProcessCoordinator,
+    RelayError,
+    TaskManagerRecipe,
+    decode_assignment,
+)
+from pipeline.stream.rocks import WindowCounts, options
+from pipeline.stream.snapshot import (
+    OPERATOR_STATE,
+    RestoreError,
+    file_of,
+    restore,
+    reusable,
+    take_snapshot,
+)
+from pipeline.stream.subtask import KILL_POINTS, Failures, run_subtask
+from pipeline.stream.windows import Windowing
+from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
+from spec.handles import FileHandle, StateEntry, stream_of
+from spec.ids import SubtaskId
+from tests.lockstep import S3_BUCKET
+from tests.stream_harness import LocalJob
+
+MODES = list(MergingMode)
+S0 = SubtaskId(VERTEX, 0, 1)
+
+
+class OneSubtask:
+    """One subtask's DB checkpointed through the relay into a store, step by step."""
+
+    def __init__(self, tmp: Path, mode: MergingMode) -> None:
+        self.url = str(tmp / "base")
+        self.store = CheckpointStore(
+            self.url,
+            Config.for_mode(mode, num_retained=1),
+            JobSpec((VertexSpec(VERTEX, 1),), num_tms=1),
+        )
+        self.coordinator = InProcessCoordinator(self.store, url=self.url)
+        self.scratch = tmp / "local"
+        self.scratch.mkdir()
+        self.db = WindowCounts(
+            self.scratch / "db", options(write_buffer_size=1 << 20, auto_compactions=False)
+        )
+        self.recipe = TaskManagerRecipe(self.url, self.store.job_id)
+
+    def put(self, lo: int, hi: int) -> None:
+        self.db.add({(g % 128, 0, f"word{g:06d}"): 1 for g in range(lo, hi)})
+
+    def assignment(self, checkpoint: int) -> tuple[StateEntry, ...]:
+        return decode_assignment(self.coordinator.restore_assignment(S0, checkpoint)).entries
+
+    def checkpoint(self) -> tuple[int, dict[str, StateEntry]]:
+        """Snapshot and complete; the checkpoint and its SST entries by local file."""
+        c = self.coordinator.trigger()
+        base = reusable(self.assignment(c))
+        party = self.recipe.open(f"a{c}")
+        self.stats = take_snapshot(
+            self.db,
+            party,
+            c,
+            S0,
+            lineage="L1",
+            base=base,
+            scratch=self.scratch,
+            operator_state=b"progress",
+        )
+        self.coordinator.receive(party.acknowledge(c, S0))
+        self.coordinator.complete(c)
+        self.store.flush()
+        return c, reusable(self.assignment(c + 1))
+
+    def live_ssts(self) -> set[str]:
+        return {f["name"].lstrip("/") for f in self.db.db.live_files()}
+
+    def storage_paths(self) -> set[str]:
+        root = Path(self.url)
+        return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_the_second_checkpoint_uploads_only_new_ssts_and_reuses_the_rest(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    s = OneSubtask(tmp_path, mode)
+    s.put(0, 500)
+    _, first = s.checkpoint()
+    assert s.stats.uploaded == len(first) == len(s.live_ssts()) >= 1
+    assert s.stats.reused == 0
+    s.put(500, 900)
+    _, second = s.checkpoint()
+    new = set(second) - set(first)
+    assert new and set(first) <= set(second)
+    assert (s.stats.uploaded, s.stats.reused) == (len(new), len(first))
+    for name, old in first.items():
+        # The same bytes on storage, not a copy: the reused handle names the old upload.
+        a, b = stream_of(old.handle), stream_of(second[name].handle)
+        assert a is not None and b is not None
+        assert (a.path, a.length) == (b.path, b.length)
+        assert old.name == second[name].name
+    # MANIFEST, OPTIONS, CURRENT and the operator state: written again at every checkpoint.
+    assert s.stats.exclusive == 4
+    # Registry names carry the lineage: a bare 000009.sst of another DB is another name.
+    assert all(e.name == f"sst/L1/{f}" for f, e in second.items())
+    assert s.store.check_invariants() == []
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_ssts_a_compaction_retired_are_no_longer_referenced(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    s = OneSubtask(tmp_path, mode)
+    for lo in range(0, 1200, 300):
+        s.put(lo, lo + 300)
+        s.db.db.flush(True)
+    _, before = s.checkpoint()
+    assert len(before) >= 4
+    old_paths = {h.path for e in before.values() if (h := stream_of(e.handle)) is not None}
+    s.db.db.compact_range(None, None)
+    live = s.live_ssts()
+    assert not live & set(before), "the compaction kept an old SST"
+    _, after = s.checkpoint()
+    assert set(after) == live
+    assert s.stats.reused == 0 and s.stats.uploaded == len(live)
+    retained = s.store.coordinator.retained()
+    referenced = {
+        h.path for r in retained for e in r.entries if (h := stream_of(e.handle)) is not None
+    }
+    names = {e.name for r in retained for e in r.entries}
+    assert not names & {e.name for e in before.values()}
+    if mode is MergingMode.NONE:  # one file per SST: the retired ones are deleted
+        assert old_paths and not old_paths & s.storage_paths()
+        assert not old_paths & referenced
+    assert s.store.check_invariants() == []
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_a_restore_from_the_assignment_reproduces_the_counts(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    s = OneSubtask(tmp_path, mode)
+    s.put(0, 700)
+    s.checkpoint()
+    s.put(300, 1000)  # counts of 2 for 300..699
+    c, _ = s.checkpoint()
+    want = list(s.db.items())
+    entries = s.assignment(c + 1)
+    party = s.recipe.open("restorer")
+    target = tmp_path / "elsewhere" / "db"
+    operator = restore(party, entries, target)
+    assert operator == b"progress"
+    got = WindowCounts(target, options())
+    try:
+        assert list(got.items()) == want
+        assert sorted(os.listdir(target)) != []
+    finally:
+        got.close()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_a_missing_db_is_restored_and_every_window_counts_once(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    job = LocalJob(tmp_path, Config.for_mode(mode, num_retained=2), parallelism=2)
+    missing_db_restores(job)
+
+
+_s3_bases = iter(range(10**6))
+
+
+@pytest.mark.parametrize(
+    "mode", [MergingMode.NONE, MergingMode.WITHIN_CHECKPOINT], ids=lambda m: m.name
+)
+def test_on_s3_a_missing_db_is_restored_and_every_window_counts_once(
+    tmp_path: Path, mode: MergingMode, s3_endpoint: str
+) -> None:
+    """Checkpoint storage on S3 (moto): the workers read their restore from it directly.
+    (ACROSS needs open files to be readable, which S3 refuses: R16.)"""
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": s3_endpoint},
+    }
+    url = f"s3://{S3_BUCKET}/stream{next(_s3_bases)}"
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(mode, num_retained=2, open_files_readable=False),
+        parallelism=2,
+        url=url,
+        storage_options=options,
+    )
+    missing_db_restores(job)
+
+
+def missing_db_restores(job: LocalJob) -> None:
+    for _ in range(4):
+        job.batch()
+    job.lose_local_state(1)
+    report = job.batch()
+    assert report.restored == 1
+    for _ in range(4):
+        assert job.batch().restored == 0
+    cmp = compare(
+        job.expected(),
+        [w for ws in job.emitted.values() for w in ws],
+        job.windowing,
+        job.closed_watermark(),
+    )
+    assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:5]
+    assert job.coordinator.violations() == []
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_a_batch_whose_checkpoint_is_aborted_is_rerun_from_the_previous_one(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    """The tasks' DBs move on to checkpoint c before it completes: when c is aborted, the
+    re-run of the batch must restore c - 1 (the local DBs are ahead), not count twice."""
+    job = LocalJob(tmp_path, Config.for_mode(mode), parallelism=2)
+    for _ in range(3):
+        job.batch()
+    order = job.driver.order(job.next_batch)
+    job.run_tasks(order)  # every subtask snapshots c; the batch then fails
+    job.driver.coordinator.abort(order.checkpoint)
+    rerun = job.batch()
+    assert rerun.batch_id == order.batch_id and rerun.checkpoint == order.checkpoint + 1
+    assert rerun.restored == 2
+    for _ in range(4):
+        job.batch()
+    cmp = compare(
+        job.expected(),
+        [w for ws in job.emitted.values() for w in ws],
+        job.windowing,
+        job.closed_watermark(),
+    )
+    assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:5]
+    assert job.coordinator.violations() == []
+
+
+def test_the_comparison_catches_a_wrong_missing_or_duplicate_count() -> None:
+    w = Windowing(1000)
+    expected = {(0, "a"): 2, (0, "b"): 1, (1000, "a"): 5, (5000, "z"): 1}
+    ok = compare(expected, [(0, "a", 2), (0, "b", 1), (1000, "a", 5)], w, 2000)
+    assert ok.equal and (ok.windows, ok.counts) == (2, 3)  # (5000, z) is not closed yet
+    assert not compare(expected, [(0, "a", 2), (0, "b", 2), (1000, "a", 5)], w, 2000).equal
+    assert not compare(expected, [(0, "a", 2), (1000, "a", 5)], w, 2000).equal
+    dup = compare(expected, [(0, "a", 1), (0, "a", 1), (0, "b", 1), (1000, "a", 5)], w, 2000)
+    assert dup.duplicates == ((0, "a"),) and not dup.equal
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        (StateKind.KEYED_SHARED, "sst/L1/../../etc/passwd"),
+        (StateKind.KEYED_SHARED, "sst/L1/000009.sst/x"),
+        (StateKind.KEYED_SHARED, "000009.sst"),
+        (StateKind.KEYED_FULL, "meta/L1/LOCK"),
+        (StateKind.KEYED_FULL, "meta/../CURRENT"),
+        (StateKind.KEYED_FULL, "meta/CURRENT"),
+        (StateKind.OPERATOR_UNION, OPERATOR_STATE),
+    ],
+)
+def test_a_restore_refuses_names_that_are_not_rocksdb_files(
+    tmp_path: Path, kind: StateKind, name: str
+) -> None:
+    from spec.config import Scope
+
+    e = StateEntry(S0, kind, name, FileHandle("x", 1, "l", Scope.EXCLUSIVE))
+    with pytest.raises(RestoreError, match="not a RocksDB file"):
+        file_of(e)
+    with pytest.raises(RestoreError):
+        restore(TaskManagerRecipe(str(tmp_path), "job-0").open("a"), [e], tmp_path / "db")
+    assert not (tmp_path / "db").exists()
+
+
+def test_a_handle_outside_the_base_is_not_read(tmp_path: Path) -> None:
+    from spec.config import Scope
+
+    party = TaskManagerRecipe(str(tmp_path / "base"), "job-0").open("a")
+    for path in ("../secret", "/etc/passwd", "a/../../b"):
+        e = StateEntry(
+            S0, StateKind.KEYED_FULL, "meta/L1/CURRENT", FileHandle(path, 4, "l", Scope.EXCLUSIVE)
+        )
+        with pytest.raises(ValueError, match="not inside the base"):
+            party.read(e)
+
+
+def test_a_damaged_relayed_acknowledgement_changes_nothing(tmp_path: Path) -> None:
+    s = OneSubtask(tmp_path, MergingMode.NONE)
+    s.put(0, 300)
+    c = s.coordinator.trigger()
+    party = s.recipe.open("a")
+    take_snapshot(s.db, party, c, S0, lineage="L1", base={}, scratch=s.scratch, operator_state=b"p")
+    ack = party.acknowledge(c, S0)
+    before = s.storage_paths()
+    for bad in (ack[:-1], ack + b"x", b"junk" + ack, ack[:20]):
+        with pytest.raises(RelayError):
+            s.coordinator.receive(bad)
+    assert s.storage_paths() == before
+    s.coordinator.receive(ack)
+    s.coordinator.complete(c)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_tasks_killed_anywhere_in_their_snapshot_are_retried_and_count_once(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    """``--kill-worker-prob`` without Spark: a task dies (no cleanup, as under SIGKILL) at
+    every point of its snapshot in some batch; its retry restores what the killed attempt
+    took or left ahead, and every window still counts each record once."""
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(mode, num_retained=2),
+        parallelism=2,
+        failures=Failures(kill_prob=0.25, seed=1),
+    )
+    for _ in range(12):
+        job.batch()
+    assert {point for *_, point in job.kills} == set(KILL_POINTS), job.kills
+    assert sum(r.retried for r in job.driver.reports) > 0
+    assert sum(r.restored for r in job.driver.reports) > 0
+    cmp = compare(
+        job.expected(),
+        [w for ws in job.emitted.values() for w in ws],
+        job.windowing,
+        job.closed_watermark(),
+    )
+    assert cmp.windows >= 3 and cmp.equal, cmp.mismatches[:5]
+    assert job.coordinator.violations() == []
+    # What killed attempts left on the local disk went with the next task of the subtask.
+    for home in Path(job.work).iterdir():
+        assert sorted(p.name for p in home.iterdir()) == ["db"]
+
+
+def test_injected_failures_are_the_same_in_every_process() -> None:
+    f = Failures(kill_prob=0.3, seed=9)
+    got = [
+        f.kills(p, b, i, n)
+        for p in KILL_POINTS
+        for b in range(5)
+        for i in range(3)
+        for n in range(2)
+    ]
+    assert got == [
+        f.kills(p, b, i, n)
+        for p in KILL_POINTS
+        for b in range(5)
+        for i in range(3)
+        for n in range(2)
+    ]
+    assert 0 < sum(got) < len(got)
+    assert not any(Failures().kills(p, 0, 0, 0) for p in KILL_POINTS)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_a_local_db_another_attempt_left_is_not_reused(tmp_path: Path, mode: MergingMode) -> None:
+    """Two attempts of one subtask run a batch (speculation); the driver accepts one, and
+    the other puts its DB back last. That DB is at the right checkpoint but is not the
+    one the checkpoint was taken of (its SSTs are not the accepted uploads under the same
+    names): the next task must restore, not reuse it."""
+    job = LocalJob(tmp_path, Config.for_mode(mode), parallelism=2)
+    for _ in range(3):
+        job.batch()
+    order = job.driver.order(job.next_batch)
+    parts = job.partitions(order.batch_id)
+    winner = run_subtask(order, 0, "winner", parts[0])
+    run_subtask(order, 0, "loser", parts[0])  # puts its own DB back, at the same checkpoint
+    other = run_subtask(order, 1, "one", parts[1])
+    job.emitted[order.batch_id] = [w for r in (winner, other) for w in r.closed]
+    job.driver.finish(order, [winner, other])
+    job.next_batch += 1
+    assert job.batch().restored == 1
+    job.lose_local_state(0)  # what that checkpoint holds restores right
+    for _ in range(4):
+        job.batch()
+    cmp = compare(
+        job.expected(),
+        [w for ws in job.emitted.values() for w in ws],
+        job.windowing,
+        job.closed_watermark(),
+    )
+    assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:5]
+    assert job.coordinator.violations() == []
