@@ -35,10 +35,20 @@ from typing import Any
 import pytest
 
 from fastimpl import CheckpointStore, MetadataError, RecoveryError
-from fastimpl.metadata import MAX_PATH, _canonical, decode, encode, resolve
+from fastimpl.metadata import (
+    MAX_PATH,
+    Metadata,
+    _canonical,
+    check_ids,
+    decode,
+    encode,
+    path_parts,
+    resolve,
+)
 from fastimpl.recovery import recover
-from spec.config import Config, MergingMode, RestoreMode, StateKind
+from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
 from spec.effects import COORDINATOR
+from spec.handles import PlaceholderHandle, SegmentHandle, StateEntry
 from spec.ids import SubtaskId
 from spec.layout import metadata_path, savepoint_dir, shared_dir
 from tests.faultyfs import FaultyFileSystem, Ledger, Place, payload
@@ -80,6 +90,7 @@ BAD_FORMS: dict[str, Callable[[str], str]] = {
     "windows absolute": lambda p: "C:\\" + p,
     "protocol": lambda p: "s3://bucket/" + p,
     "chained protocol": lambda p: "simplecache::" + p,
+    "drive": lambda p: "C:/" + p,
     "unpaired surrogate": lambda p: p + "/\udc80",
     "long component": lambda p: p + "/" + "x" * 256,
     "past PATH_MAX": lambda p: p + ("/" + "y" * 200) * (MAX_PATH // 200 + 1),
@@ -169,7 +180,59 @@ def test_a_job_id_that_is_no_job_base_is_refused(job: object) -> None:
     ).encode()
     with pytest.raises(MetadataError) as info:
         decode(raw, source="job-0/chk-3/_metadata")
-    assert "job-0/chk-3/_metadata" in str(info.value)
+    assert info.value.source == "job-0/chk-3/_metadata"
+    assert info.value.field in ("payload", "payload.job")  # a surrogate fails the checksum
+
+
+@pytest.mark.parametrize("job", ["savepoints", "x" * 300], ids=["savepoints", "300-chars"])
+def test_the_store_refuses_to_write_a_metadata_for_a_job_that_is_no_job_base(job: str) -> None:
+    """The write side checks what the read side does, and names the field."""
+    with pytest.raises(MetadataError) as info:
+        encode(3, job, False, (), ())
+    assert (info.value.source, info.value.field) == ("<encode>", "job")
+
+
+@pytest.mark.parametrize("value", [7, None, b"job-0/x", ["job-0", "x"], ""])
+def test_a_path_that_is_no_non_empty_string_is_refused(value: object) -> None:
+    with pytest.raises(MetadataError) as info:
+        path_parts(value, "<test>", "entries[0].handle.path")
+    assert info.value.field == "entries[0].handle.path"
+
+
+def _segment(logical_id: str, path: str, offset: int, length: int) -> StateEntry:
+    return StateEntry(
+        SUB,
+        StateKind.KEYED_SHARED,
+        logical_id,
+        SegmentHandle(path, offset, length, logical_id, Scope.SHARED),
+    )
+
+
+@pytest.mark.parametrize("placeholder_first", [False, True])
+@pytest.mark.parametrize("other", ["offset", "path", "length"])
+def test_one_id_for_two_extents_in_one_metadata_is_refused(
+    placeholder_first: bool, other: str
+) -> None:
+    """R54 in one file: each extent counts, and a placeholder before them hides nothing."""
+    first = ("job-0/shared/src-0-2/a", 0, 10)
+    second = {
+        "offset": ("job-0/shared/src-0-2/a", 5, 10),
+        "path": ("job-0/shared/src-0-2/b", 0, 10),
+        "length": ("job-0/shared/src-0-2/a", 0, 11),
+    }[other]
+    head = (
+        (StateEntry(SUB, StateKind.KEYED_SHARED, "p", PlaceholderHandle("p")),)
+        if placeholder_first
+        else ()
+    )
+    meta = Metadata("job-0", 3, False, (*head, _segment("x", *first), _segment("x", *second)), ())
+    with pytest.raises(MetadataError, match="duplicate id") as info:
+        check_ids(meta, "<test>")
+    assert info.value.field == f"entries[{len(head) + 1}].handle.id"
+    check_ids(
+        Metadata("job-0", 3, False, (*head, _segment("x", *first), _segment("x", *first)), ()),
+        "<test>",
+    )
 
 
 def _canonical_or_ascii(obj: object) -> bytes:
