@@ -91,6 +91,7 @@ BAD_FORMS: dict[str, Callable[[str], str]] = {
     "protocol": lambda p: "s3://bucket/" + p,
     "chained protocol": lambda p: "simplecache::" + p,
     "drive": lambda p: "C:/" + p,
+    "bare drive": lambda p: "C:",
     "unpaired surrogate": lambda p: p + "/\udc80",
     "long component": lambda p: p + "/" + "x" * 256,
     "past PATH_MAX": lambda p: p + ("/" + "y" * 200) * (MAX_PATH // 200 + 1),
@@ -190,6 +191,33 @@ def test_the_store_refuses_to_write_a_metadata_for_a_job_that_is_no_job_base(job
     with pytest.raises(MetadataError) as info:
         encode(3, job, False, (), ())
     assert (info.value.source, info.value.field) == ("<encode>", "job")
+
+
+@pytest.mark.parametrize("form", list(BAD_FORMS))
+def test_the_one_path_check_refuses_every_malformed_form_itself(form: str) -> None:
+    """``path_parts`` is the one place (each field above may also be refused later, for
+    lying outside a base: that must not be what saves it)."""
+    path = BAD_FORMS[form]("job-0/shared/src-0-2/f")
+    if path == "job-0/shared/src-0-2/f":
+        pytest.skip("the form leaves this path as it is")
+    with pytest.raises(MetadataError):
+        path_parts(path, "<test>", "path")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "job-0/shared/a b",  # a space is no control character
+        "job-0/~$x;y=z",
+        ("job-0/" + ("c" * 254 + "/") * 16 + "c" * MAX_PATH)[:MAX_PATH],  # exactly MAX_PATH
+        "job-0/" + "d" * 255,  # exactly MAX_COMPONENT
+        "C",
+        "Cx",
+    ],
+    ids=["space", "punctuation", "max-path", "max-component", "one-letter", "two-letters"],
+)
+def test_the_one_path_check_accepts_what_is_no_malformed_form(path: str) -> None:
+    assert path_parts(path, "<test>", "path") == tuple(path.split("/"))
 
 
 @pytest.mark.parametrize("value", [7, None, b"job-0/x", ["job-0", "x"], ""])
