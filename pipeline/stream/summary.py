@@ -53,7 +53,21 @@ def print_summary(console: Console, run: StreamRun) -> bool:
             "space amplification at the end (state bytes / latest checkpoint's)", f"{amps[-1]:.2f}"
         )
         t.add_row("space amplification, peak", f"{max(amps):.2f}")
-    t.add_row("store invariants I1-I5", "hold" if not run.violations else "VIOLATED")
+    if run.rescaled is not None:
+        after, new_p, mode = run.rescaled
+        t.add_row("rescale", f"after batch {after}: parallelism -> {new_p} ({mode})")
+    if run.recovered is not None:
+        t.add_row("driver restarted", f"recovered job {run.recovered}")
+        t.add_row(
+            "batches Spark re-ran that the state held (not counted again)", str(len(run.skipped))
+        )
+    t.add_row("store invariants I1-I6 (quiet)", "hold" if not run.violations else "VIOLATED")
+    for job_audit in run.audits:
+        t.add_row(
+            f"storage audit of {job_audit.job} ({job_audit.files} files,"
+            f" {job_audit.checkpoints} checkpoints)",
+            "clean" if job_audit.clean else f"NOT CLEAN: {job_audit.verdict}",
+        )
     cmp = run.comparison
     if cmp is not None:
         verdict = "equal" if cmp.equal else f"DIFFERENT ({len(cmp.mismatches)} counts)"
@@ -67,4 +81,4 @@ def print_summary(console: Console, run: StreamRun) -> bool:
     if cmp is not None:
         for start, word, want, got in cmp.mismatches[:10]:
             console.print(f"window {start} word {word}: batch computation {want}, sink {got}")
-    return not run.violations and (cmp is None or cmp.equal)
+    return not run.violations and all(a.clean for a in run.audits) and (cmp is None or cmp.equal)
