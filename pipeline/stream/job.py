@@ -161,6 +161,9 @@ class StorageSample:
     """Bytes of every file but the ``_metadata`` and lease files."""
     referenced_bytes: int
     """Bytes the latest completed checkpoint's state entries name (each range once)."""
+    referenced_jobs: tuple[str, ...] = ()
+    """The job bases the files of the latest completed checkpoint lie in (after a NO_CLAIM
+    restore: the new job's own only, R73)."""
 
     @property
     def amplification(self) -> float | None:
@@ -201,6 +204,7 @@ class _Files:
                 len(self.seen - now),
                 state,
                 sum(r[2] for r in ranges),
+                tuple(sorted({r[0].split("/", 1)[0] for r in ranges})),
             )
         )
         self.seen = now
