@@ -56,6 +56,7 @@ class BatchDriver:
     work_dir: str
     write_buffer_size: int = 64 * 1024
     auto_compactions: bool = True
+    l0_compaction_trigger: int = 4
     compact_every: int = 0
     failures: Failures = field(factory=Failures)
     snapshot: bool = True
@@ -119,6 +120,7 @@ class BatchDriver:
             notices=self.notices,
             write_buffer_size=self.write_buffer_size,
             auto_compactions=self.auto_compactions,
+            l0_compaction_trigger=self.l0_compaction_trigger,
             compact_every=self.compact_every,
             failures=self.failures,
             restoring=self.snapshot and self.coordinator.restoring(),

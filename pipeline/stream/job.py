@@ -15,8 +15,8 @@ over the files.
 
 Masters: ``local[N]`` runs the job (no task retries: a failing task fails the batch);
 worker kills need ``local[N,F]`` with F >= 2 or ``local-cluster``; speculation needs a
-standalone cluster with workers on distinct hosts (STREAM_NOTES §2c). The failure flags
-come with fastimpl's TaskManager and Coordinator parties.
+standalone cluster with workers on distinct hosts (STREAM_NOTES §2c). A rescale or a
+restarted driver runs on any master.
 """
 
 from __future__ import annotations
@@ -59,13 +59,20 @@ class StreamSettings:
     storage_options: dict[str, Any] = field(factory=dict)
     """fsspec options of ``base`` (an S3 endpoint, credentials)."""
     parallelism: int = 4
-    num_tms: int | None = None
-    """TMs of the store (default: one per subtask, as one Python worker runs each)."""
+    num_tms: int | None = 1
+    """TMs of the store. One per executor: a TM is Flink's JVM process that hosts many
+    subtasks, and a local master has one executor (FLIP-306's proof of concept and the
+    Flink 2.3 figures of BRIEF §7 ran one TM too). ``None``: one per subtask (each
+    Python worker its own TM), which multiplies the EXCLUSIVE pool files by the
+    parallelism."""
     source: RateSource = field(factory=lambda: RateSource(1000))
     windowing: Windowing = field(factory=lambda: Windowing(5000, 0))
     batches: int = 20
     master: str = "local[*]"
     write_buffer_size: int = 64 * 1024
+    l0_compaction_trigger: int = 4
+    """RocksDB's level-0 compaction trigger (its default, 4): each compaction rewrites the
+    small state whole, retiring every shared upload of the subtask at once."""
     compact_every: int = 0
     failures: Failures = field(factory=Failures)
     """Injected failures: a task SIGKILLs its Python worker (needs a master that retries
@@ -158,7 +165,7 @@ class StorageSample:
     """Files that appeared since the previous sample."""
     deleted: int
     state_bytes: int
-    """Bytes of every file but the ``_metadata`` and lease files."""
+    """Bytes of the running job's files but its ``_metadata``."""
     referenced_bytes: int
     """Bytes the latest completed checkpoint's state entries name (each range once)."""
     referenced_jobs: tuple[str, ...] = ()
@@ -182,13 +189,18 @@ class _Files:
         self.seen: set[str] = set()
         self.samples: list[StorageSample] = []
 
-    def sample(self, checkpoint: int, assignments: list[bytes]) -> None:
+    def sample(self, checkpoint: int, assignments: list[bytes], job: str) -> None:
+        """``job``: the running job; the space amplification counts the bytes under its
+        base only (after a NO_CLAIM restore the old job's checkpoint is the user's)."""
         found = self.fs.find(self.root, detail=True) if self.fs.exists(self.root) else {}
-        now = set(found)
+        mine = f"{str(self.root).rstrip('/')}/{job}/"
+        # State files only, as Flink's figures count them: not the ``_metadata`` of each
+        # checkpoint, nor the lease.
+        now = {path for path in found if path.rsplit("/", 1)[-1] not in ("_metadata", "_writer")}
         state = sum(
             int(info.get("size") or 0)
             for path, info in found.items()
-            if path.rsplit("/", 1)[-1] not in ("_metadata", "_writer")
+            if path.rsplit("/", 1)[-1] not in ("_metadata", "_writer") and path.startswith(mine)
         )
         ranges = {
             (h.path, getattr(h, "offset", 0), h.length)
@@ -254,7 +266,7 @@ def run_stream(
     from the operator state."""
     say = on_event or (lambda _m: None)
     p = settings.parallelism
-    if settings.failures.kill_prob > 0 and not retries_tasks(settings.master):
+    if settings.failures.any and not retries_tasks(settings.master):
         raise ValueError(
             f"--kill-worker-prob needs a master that retries a failed task; {settings.master}"
             " fails the job at the first (use local[N,F] with F >= 2, or local-cluster)"
@@ -304,6 +316,7 @@ def run_stream(
             local,
             write_buffer_size=settings.write_buffer_size,
             compact_every=settings.compact_every,
+            l0_compaction_trigger=settings.l0_compaction_trigger,
             failures=settings.failures,
             snapshot=settings.snapshot,
         )
@@ -425,6 +438,7 @@ def _segment(
                     coordinator.restore_assignment(s, order.checkpoint + 1)
                     for s in driver.subtasks()
                 ],
+                coordinator.job_id,
             )
         if on_batch is not None:
             on_batch(report)

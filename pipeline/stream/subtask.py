@@ -64,10 +64,18 @@ class Failures:
     killed_attempts: int = 1
     """Attempts of a task that may be killed (the first ones): with Spark's
     ``spark.task.maxFailures`` above it, every task finishes in the end."""
+    kill_at: tuple[int, int, str] | None = None
+    """``(batch, subtask, point)``: one kill exactly there (the demo's), first attempt."""
+
+    @property
+    def any(self) -> bool:
+        return self.kill_prob > 0 or self.kill_at is not None
 
     def kills(self, point: str, batch: int, index: int, attempt_number: int) -> bool:
         """Whether attempt ``attempt_number`` of subtask ``index`` dies at ``point`` of
         batch ``batch``: the same answer in every process and on every run."""
+        if self.kill_at == (batch, index, point) and attempt_number == 0:
+            return True
         if self.kill_prob <= 0 or attempt_number >= self.killed_attempts:
             return False
         key = f"{self.seed}/{batch}/{index}/{attempt_number}/{point}"
@@ -97,6 +105,7 @@ class BatchOrder:
     """The coordinator's notices since the previous batch."""
     write_buffer_size: int = 64 * 1024
     auto_compactions: bool = True
+    l0_compaction_trigger: int = 4
     compact_every: int = 0
     """Also run a full manual compaction every so many checkpoints (0: never)."""
     failures: Failures = Failures()
@@ -170,7 +179,9 @@ def run_subtask(
         for e in assignment.entries
     )
     opt = options(
-        write_buffer_size=order.write_buffer_size, auto_compactions=order.auto_compactions
+        write_buffer_size=order.write_buffer_size,
+        auto_compactions=order.auto_compactions,
+        l0_compaction_trigger=order.l0_compaction_trigger,
     )
     lineage = (
         None

@@ -37,17 +37,17 @@ def print_summary(console: Console, run: StreamRun) -> bool:
         "records per second (wall clock, Spark start excluded)",
         f"{records / run.seconds:.0f}" if run.seconds > 0 else "-",
     )
-    if run.settings.failures.kill_prob > 0:
+    if run.settings.failures.any:
         t.add_row("tasks retried after an injected kill", str(sum(r.retried for r in reports)))
         t.add_row(
             "restores of a subtask's RocksDB from storage", str(sum(r.restored for r in reports))
         )
     t.add_row("SSTs uploaded per checkpoint", f"{sum(r.uploaded for r in reports) / n:.2f}")
     t.add_row("SSTs reused per checkpoint", f"{sum(r.reused for r in reports) / n:.2f}")
-    t.add_row("files created on storage per checkpoint", f"{created / n:.2f}")
-    t.add_row("files deleted from storage per checkpoint", f"{deleted / n:.2f}")
+    t.add_row("state files created per checkpoint (no _metadata)", f"{created / n:.2f}")
+    t.add_row("state files deleted per checkpoint", f"{deleted / n:.2f}")
     if run.storage:
-        t.add_row("files on storage at the end", str(run.storage[-1].files))
+        t.add_row("state files on storage at the end", str(run.storage[-1].files))
     if amps:
         t.add_row(
             "space amplification at the end (state bytes / latest checkpoint's)", f"{amps[-1]:.2f}"
