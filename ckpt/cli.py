@@ -298,6 +298,11 @@ def stream(
         elif settings_dir.exists() and any(settings_dir.iterdir()):
             raise ValueError(f"{settings_dir} is not empty: give a new --run-dir")
         rescale = None if rescale_at is None else _pair(rescale_at, "--rescale-at", "N:P")
+        if rescale is not None and not (0 <= rescale[0] < batches - 1 and 1 <= rescale[1] <= 128):
+            raise ValueError(
+                f"--rescale-at {rescale_at}: N must be in 0..{batches - 2} (a batch must follow)"
+                " and P in 1..128"
+            )
         die = None
         if die_at is not None:
             b, _, point = die_at.partition(":")
