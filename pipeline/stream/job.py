@@ -244,6 +244,18 @@ def _write_state(work_dir: str, job: str, parallelism: int) -> None:
     os.replace(tmp, path)
 
 
+def _quiet_query_errors(spark: Any) -> None:
+    """Spark logs a query that ends by an exception at ERROR with the whole stack, and every
+    segment ends so (``_Stop``); a real failure is raised here with Spark's message."""
+    try:
+        jvm = spark.sparkContext._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.execution.streaming", jvm.org.apache.logging.log4j.Level.OFF
+        )
+    except Exception:  # a different logging backend: the log stays noisy
+        pass
+
+
 def _die(point: str) -> None:
     """The driver dies as a killed process does: no cleanup, no reply to Spark."""
     os.kill(os.getpid(), signal.SIGKILL)
@@ -443,6 +455,7 @@ def _segment(
         if on_batch is not None:
             on_batch(report)
 
+    _quiet_query_errors(spark)
     query = (
         settings.source.read_stream(spark)
         .writeStream.foreachBatch(per_batch)
