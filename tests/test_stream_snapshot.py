@@ -478,3 +478,19 @@ def test_a_rescaled_subtask_holds_exactly_its_key_groups_and_counts_once(
     cmp = compare(job.expected(), emitted, job.windowing, job.closed_watermark())
     assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:10]
     assert job.coordinator.violations(quiet=True) == []
+
+
+@pytest.mark.parametrize("damage", [b"not json", b"[]", b'{"batch": "x", "watermark": 0}', b"{}"])
+def test_a_damaged_progress_record_stops_the_restart_with_a_clear_error(
+    tmp_path: Path, damage: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = LocalJob(tmp_path, Config.for_mode(MergingMode.WITHIN_CHECKPOINT), parallelism=2)
+    for _ in range(2):
+        job.batch()
+    real = job.coordinator.read
+    monkeypatch.setattr(
+        job.coordinator, "read", lambda e: damage if e.name == "operator/progress" else real(e)
+    )
+    with pytest.raises(ValueError, match="is not a progress record"):
+        job.driver.recover_progress()
+    assert job.driver.last_batch == 1  # nothing taken from the damaged record

@@ -82,11 +82,16 @@ class BatchDriver:
             for e in decode_assignment(c.restore_assignment(s, 1)).entries:
                 if e.name != OPERATOR_STATE:
                     continue
-                p = json.loads(c.read(e))
-                batches.add(int(p["batch"]))
-                watermarks.append(int(p["watermark"]))
-                if p.get("max_event") is not None:
-                    events.append(int(p["max_event"]))
+                try:
+                    p = json.loads(c.read(e))
+                    batches.add(int(p["batch"]))
+                    watermarks.append(int(p["watermark"]))
+                    if p.get("max_event") is not None:
+                        events.append(int(p["max_event"]))
+                except (ValueError, KeyError, TypeError, AttributeError) as err:
+                    raise ValueError(
+                        f"the operator state {e.name!r} of {s} is not a progress record: {err!r}"
+                    ) from None
         if not batches:
             return
         if len(batches) != 1:
