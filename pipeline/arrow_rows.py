@@ -17,15 +17,10 @@ from pipeline import scan
 from pipeline.location import Location
 
 FILES_DDL = "path string, size long, mtime double, symlink boolean, owner string"
-FILES_ARROW = pa.schema(
-    [
-        ("path", pa.string()),
-        ("size", pa.int64()),
-        ("mtime", pa.float64()),
-        ("symlink", pa.bool_()),
-        ("owner", pa.string()),
-    ]
-)
+FILES_ARROW = pa.schema([
+    ("path", pa.string()), ("size", pa.int64()), ("mtime", pa.float64()),
+    ("symlink", pa.bool_()), ("owner", pa.string()),
+])
 # What the executors' listing returns: the files, and (``problem`` set, the rest null but
 # ``path``) what could not be listed; every string is UTF-8 (``pipeline.names``).
 LISTED_DDL = FILES_DDL + ", problem string"
@@ -115,19 +110,8 @@ def read_rows(loc: Location, path: str) -> list[list[Any]]:
         rows.append(["ref", *r, None, None, None, None, None, None, None])
     if head is not None:
         key, job, cid, sp, meta, base, entries, shared = head
-        rows.append(
-            _row(
-                row="head",
-                checkpoint=key,
-                job=job,
-                checkpoint_id=cid,
-                savepoint=sp,
-                metadata=meta,
-                base=base,
-                entries=entries,
-                shared_bases=shared,
-            )
-        )
+        rows.append(_row(row="head", checkpoint=key, job=job, checkpoint_id=cid, savepoint=sp,
+                         metadata=meta, base=base, entries=entries, shared_bases=shared))
     if err is not None:
         rows.append(_row(row="error", metadata=err[0], field=err[1], problem=err[2]))
     for p, size, _mtime, _link in outside:
@@ -146,7 +130,8 @@ def read_metadata(loc: Location) -> Any:
                     continue
                 cols = list(zip(*rows, strict=True))
                 yield pa.RecordBatch.from_arrays(
-                    [pa.array(list(c), type=f.type) for c, f in zip(cols, READ_ARROW, strict=True)],
+                    [pa.array(list(c), type=f.type) for c, f in zip(cols, READ_ARROW,
+                                                                     strict=True)],
                     schema=READ_ARROW,
                 )
 

@@ -64,9 +64,7 @@ def _options(pairs: list[str], endpoint: str | None) -> dict[str, Any]:
 
 
 def audit(
-    base: Annotated[
-        str, typer.Argument(help="The job's checkpoint base: a local path or s3://...")
-    ],
+    base: Annotated[str, typer.Argument(help="The job's checkpoint base: a local path or s3://...")],
     master: Annotated[
         str | None,
         typer.Option(help="Spark master URL (default local[*]; under spark-submit, its own)."),
@@ -105,11 +103,9 @@ def audit(
     ] = 100.0,
     log: Annotated[
         str | None,
-        typer.Option(
-            help="Append-only deletion log (JSON lines, exact names), written and "
-            "synced before the first delete. "
-            "Default: ./ckpt-audit-deletions-<UTC time>.jsonl"
-        ),
+        typer.Option(help="Append-only deletion log (JSON lines, exact names), written and "
+                     "synced before the first delete. "
+                     "Default: ./ckpt-audit-deletions-<UTC time>.jsonl"),
     ] = None,
     out: Annotated[
         str | None, typer.Option(help="Write the detail tables here (Parquet with Spark).")
@@ -202,35 +198,19 @@ def audit(
     if unexamined:
         # A checkpoint directory that cannot be listed hides a _metadata that may be
         # unrestorable: "nothing lost" cannot be said, whatever the other tables show.
-        err.print(
-            f"[red]not examined, restorability unknown:[/] {escape(unexamined[0])}"
-            + (f" and {len(unexamined) - 1} more" if len(unexamined) > 1 else ""),
-            markup=True,
-        )
+        err.print(f"[red]not examined, restorability unknown:[/] {escape(unexamined[0])}"
+                  + (f" and {len(unexamined) - 1} more" if len(unexamined) > 1 else ""),
+                  markup=True)
         code = max(code, EXIT_AT_RISK)
     if delete_orphans:
         if state_error is not None:
             err.print(f"[red]deletion refused, nothing deleted:[/] {escape(state_error)}")
             raise typer.Exit(max(code, EXIT_REFUSED))
         try:
-            code = max(
-                code,
-                _delete(
-                    console,
-                    err,
-                    loc,
-                    summary,
-                    details["orphans"],
-                    grace_s,
-                    allow_short_grace=allow_short_grace,
-                    no_live_writer=no_live_writer,
-                    dry_run=dry_run,
-                    log=log,
-                    now=now,
-                    state=state,
-                    rate=max_deletes_per_second,
-                ),
-            )
+            code = max(code, _delete(
+                console, err, loc, summary, details["orphans"], grace_s,
+                allow_short_grace=allow_short_grace, no_live_writer=no_live_writer,
+                dry_run=dry_run, log=log, now=now, state=state, rate=max_deletes_per_second))
         except DeletionRefused as e:
             err.print(f"[red]deletion refused, nothing deleted:[/] {escape(str(e))}")
             code = max(code, EXIT_REFUSED)
@@ -258,15 +238,8 @@ audit.__doc__ = "\n\n".join(
 
 
 def _spark(
-    loc: Location,
-    master: str | None,
-    grace: float,
-    now: float,
-    others: bool,
-    out: str | None,
-    limit: int,
-    quiet: bool,
-    err: Console,
+    loc: Location, master: str | None, grace: float, now: float, others: bool, out: str | None,
+    limit: int, quiet: bool, err: Console,
 ) -> tuple[Summary, dict[str, list[Row]]]:
     from pipeline.progress import AuditProgress
     from pipeline.session import SparkUnavailable, spark_session
@@ -283,9 +256,8 @@ def _spark(
     if not quiet:
         err.print(f"Spark {spark.version}, master {spark.sparkContext.master}")
     with AuditProgress(err, spark, enabled=not quiet) as progress:
-        result = audit_spark(
-            spark, loc, grace=grace, now=now, read_others=others, progress=progress
-        )
+        result = audit_spark(spark, loc, grace=grace, now=now, read_others=others,
+                             progress=progress)
         if out:
             progress(f"writing Parquet details to {out}")
             result.write_parquet(out)
@@ -299,59 +271,37 @@ def _spark(
             "unreadable": [r.asDict() for r in f["unreadable"].orderBy("path").collect()],
             # Every orphan comes to the driver: deletion needs the full list.
             "orphans": [r.asDict() for r in f["orphans"].orderBy(F.desc("size")).collect()],
-            "owners": [
-                r.asDict() for r in f["owners"].orderBy(F.desc("dead_bytes")).limit(limit).collect()
-            ],
+            "owners": [r.asDict() for r in
+                       f["owners"].orderBy(F.desc("dead_bytes")).limit(limit).collect()],
             "checkpoints": [r.asDict() for r in f["checkpoints"].collect()],
         }
     return result.summary, details
 
 
 def _delete(
-    console: Console,
-    err: Console,
-    loc: Location,
-    summary: Summary,
-    orphans: list[Row],
-    grace: float,
-    *,
-    allow_short_grace: bool,
-    no_live_writer: bool,
-    dry_run: bool,
-    log: str | None,
-    now: float,
-    state: Any,
-    rate: float,
+    console: Console, err: Console, loc: Location, summary: Summary, orphans: list[Row],
+    grace: float, *, allow_short_grace: bool, no_live_writer: bool, dry_run: bool,
+    log: str | None, now: float, state: Any, rate: float,
 ) -> int:
     from pipeline.deletion import DELETE, OUTCOMES, execute, plan_deletion
 
-    plan = plan_deletion(
-        loc,
-        summary,
-        orphans,
-        grace=grace,
-        allow_short_grace=allow_short_grace,
-        no_live_writer=no_live_writer,
-        now=now,
-        state_before=state,
-    )
+    plan = plan_deletion(loc, summary, orphans, grace=grace,
+                         allow_short_grace=allow_short_grace, no_live_writer=no_live_writer,
+                         now=now, state_before=state)
     # Names escaped and markup off: what is printed is what is deleted, one per line.
     for path, outcome, why in plan.outcomes:
         if outcome != DELETE:
-            console.print(
-                f"{outcome:<12} {shown(loc.uri(path))}: {why}", markup=False, soft_wrap=True
-            )
+            console.print(f"{outcome:<12} {shown(loc.uri(path))}: {why}", markup=False,
+                          soft_wrap=True)
     verb = "would delete" if dry_run else "delete"
     for c in plan.delete:
-        console.print(
-            f"{verb} {shown(loc.uri(c.path))} ({c.size} bytes)", markup=False, soft_wrap=True
-        )
-    console.print("outcomes: " + ", ".join(f"{plan.count(o)} {o}" for o in OUTCOMES), markup=False)
+        console.print(f"{verb} {shown(loc.uri(c.path))} ({c.size} bytes)", markup=False,
+                      soft_wrap=True)
+    console.print("outcomes: " + ", ".join(f"{plan.count(o)} {o}" for o in OUTCOMES),
+                  markup=False)
     if dry_run:
-        console.print(
-            f"dry run: {len(plan.delete)} file(s), {plan.bytes} bytes would be "
-            "deleted; nothing was deleted"
-        )
+        console.print(f"dry run: {len(plan.delete)} file(s), {plan.bytes} bytes would be "
+                      "deleted; nothing was deleted")
         return 0
     if not plan.delete:
         console.print("no orphan to delete")
@@ -359,10 +309,8 @@ def _delete(
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     path = log or f"ckpt-audit-deletions-{stamp}.jsonl"
     done = execute(loc, plan, path, rate=rate)
-    console.print(
-        f"deleted {len(done.deleted)} file(s), {len(done.failed)} failed; log: {shown(done.log)}",
-        markup=False,
-    )
+    console.print(f"deleted {len(done.deleted)} file(s), {len(done.failed)} failed; "
+                  f"log: {shown(done.log)}", markup=False)
     for p, why in done.failed:
         err.print(f"failed {shown(p)}: {why}", markup=False, soft_wrap=True)
     return EXIT_DELETE_FAILED if done.failed else 0

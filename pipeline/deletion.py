@@ -231,8 +231,7 @@ def plan_deletion(
     stop = (
         f"checkpoint(s) {lost_pins} that a pending checkpoint may reuse from are gone: "
         "their references are unknown, collection stopped"
-        if lost_pins
-        else None
+        if lost_pins else None
     )
 
     root_real = os.path.realpath(loc.full(loc.job_dir)) if loc.local else ""
@@ -240,18 +239,8 @@ def plan_deletion(
     kept: list[tuple[str, str]] = []
     outcomes: list[tuple[str, str, str]] = []
     for path in candidates:
-        outcome, why = _judge(
-            loc,
-            path,
-            root_real,
-            current[path],
-            referenced,
-            open_files,
-            now=now,
-            grace=grace,
-            cut=cut,
-            stop=stop,
-        )
+        outcome, why = _judge(loc, path, root_real, current[path], referenced, open_files,
+                              now=now, grace=grace, cut=cut, stop=stop)
         outcomes.append((path, outcome, why))
         if outcome == DELETE:
             st = current[path]
@@ -263,17 +252,9 @@ def plan_deletion(
 
 
 def _judge(
-    loc: Location,
-    path: str,
-    root_real: str,
-    st: tuple[int, float, bool] | None,
-    referenced: set[str],
-    open_files: frozenset[str],
-    *,
-    now: float,
-    grace: float,
-    cut: float | None,
-    stop: str | None,
+    loc: Location, path: str, root_real: str, st: tuple[int, float, bool] | None,
+    referenced: set[str], open_files: frozenset[str], *, now: float, grace: float,
+    cut: float | None, stop: str | None,
 ) -> tuple[str, str]:
     why = _refuse(loc, path, root_real)
     if why is not None:
@@ -364,7 +345,9 @@ def _referenced_now(loc: Location) -> tuple[set[str], dict[str, int]]:
 # --------------------------------------------------------------------------- execute
 
 
-def execute(loc: Location, plan: Plan, log_path: str, *, rate: float = DEFAULT_RATE) -> Outcome:
+def execute(
+    loc: Location, plan: Plan, log_path: str, *, rate: float = DEFAULT_RATE
+) -> Outcome:
     """Log the plan, every outcome and every file to delete (synced), then delete one
     file at a time, at most ``rate`` a second, appending each result. The log is opened
     for appending only: earlier runs' records stay."""
@@ -375,31 +358,17 @@ def execute(loc: Location, plan: Plan, log_path: str, *, rate: float = DEFAULT_R
         def write(doc: dict[str, Any]) -> None:
             log.write(json.dumps(doc) + "\n")
 
-        write(
-            {
-                "event": "plan",
-                "base": plan.base,
-                "grace_seconds": plan.grace,
-                "time": plan.now,
-                "files": len(plan.delete),
-                "bytes": plan.bytes,
-                "rate_per_second": rate,
-                "outcomes": {o: plan.count(o) for o in OUTCOMES},
-            }
-        )
+        write({"event": "plan", "base": plan.base, "grace_seconds": plan.grace,
+               "time": plan.now, "files": len(plan.delete), "bytes": plan.bytes,
+               "rate_per_second": rate,
+               "outcomes": {o: plan.count(o) for o in OUTCOMES}})
         for p, outcome, why in plan.outcomes:
             if outcome != DELETE:
-                write({"event": "outcome", "outcome": outcome, "why": why, **exact_fields(p)})
+                write({"event": "outcome", "outcome": outcome, "why": why,
+                       **exact_fields(p)})
         for c in plan.delete:
-            write(
-                {
-                    "event": "will-delete",
-                    "outcome": DELETE,
-                    "size": c.size,
-                    "mtime": c.mtime,
-                    **exact_fields(c.path),
-                }
-            )
+            write({"event": "will-delete", "outcome": DELETE, "size": c.size,
+                   "mtime": c.mtime, **exact_fields(c.path)})
         log.flush()
         os.fsync(log.fileno())
         deleted, failed = _delete(loc, [c.path for c in plan.delete], rate)

@@ -26,21 +26,13 @@ from pipeline.session import SparkUnavailable, spark_session
 
 def job_bases(demo_dir: Path) -> list[Path]:
     """``<mode>/<job>`` directories, in order."""
-    return sorted(
-        p
-        for mode in sorted(demo_dir.iterdir())
-        if mode.is_dir()
-        for p in mode.iterdir()
-        if p.is_dir()
-    )
+    return sorted(p for mode in sorted(demo_dir.iterdir()) if mode.is_dir()
+                  for p in mode.iterdir() if p.is_dir())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m pipeline.demo_audit",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = argparse.ArgumentParser(prog="python -m pipeline.demo_audit", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("demo_dir", type=Path)
     ap.add_argument("--master", default="local[*]")
     args = ap.parse_args(argv)
@@ -57,24 +49,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from pipeline.spark_audit import audit_spark
 
-    console.print(
-        f"Spark {spark.version} on {args.master}: started in "
-        f"{time.monotonic() - t0:.1f} s; auditing {len(bases)} job bases "
-        "(grace 0: the demo's jobs are quiet, so any unreferenced file is an orphan)"
-    )
+    console.print(f"Spark {spark.version} on {args.master}: started in "
+                  f"{time.monotonic() - t0:.1f} s; auditing {len(bases)} job bases "
+                  "(grace 0: the demo's jobs are quiet, so any unreferenced file is an orphan)")
     t = Table(title="Storage audit of the demo's checkpoint directories")
-    for col in (
-        "base",
-        "files",
-        "checkpoints",
-        "references",
-        "orphans",
-        "dangling",
-        "bad _metadata",
-        "space ampl.",
-        "shared reused",
-        "seconds",
-    ):
+    for col in ("base", "files", "checkpoints", "references", "orphans", "dangling",
+                "bad _metadata", "space ampl.", "shared reused", "seconds"):
         t.add_column(col)
     bad = []
     for base in bases:
@@ -82,36 +62,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not any(files for _d, _s, files in os.walk(base)):
             # A job whose files were all deleted (a CLAIM restore's predecessor): nothing
             # to audit, and no Spark job needed to say so.
-            t.add_row(
-                str(base.relative_to(args.demo_dir)), "0", "-", "-", "0", "0", "0", "-", "-", "0.0"
-            )
+            t.add_row(str(base.relative_to(args.demo_dir)), "0", "-", "-", "0", "0", "0",
+                      "-", "-", "0.0")
             continue
         s = audit_spark(spark, Location.parse(str(base)), grace=0.0).summary
         if s.at_risk or s.orphans:
             bad.append(f"{base}: {s.verdict}")
         amp = "-" if s.space_amplification is None else f"{s.space_amplification:.2f}x"
         share = "-" if s.reused_share is None else f"{100 * s.reused_share:.0f}%"
-        t.add_row(
-            str(base.relative_to(args.demo_dir)),
-            str(s.files),
-            str(s.checkpoints),
-            str(s.references),
-            str(s.orphans),
-            str(s.dangling),
-            str(s.corrupt_metadata),
-            amp,
-            share,
-            f"{time.monotonic() - started:.1f}",
-        )
+        t.add_row(str(base.relative_to(args.demo_dir)), str(s.files), str(s.checkpoints),
+                  str(s.references), str(s.orphans), str(s.dangling), str(s.corrupt_metadata),
+                  amp, share, f"{time.monotonic() - started:.1f}")
     console.print(t)
     if bad:
         for line in bad:
             console.print(f"[red]audit verdict: {line}[/]")
         return 1
-    console.print(
-        "[green]audit verdict: clean: no orphan, no dangling reference, every "
-        "_metadata reads, in every job base the demo wrote[/]"
-    )
+    console.print("[green]audit verdict: clean: no orphan, no dangling reference, every "
+                  "_metadata reads, in every job base the demo wrote[/]")
     return 0
 
 

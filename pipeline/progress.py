@@ -32,12 +32,8 @@ class AuditProgress:
     def __enter__(self) -> AuditProgress:
         if self.live:
             self._bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=self.console,
-                transient=True,
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), console=self.console, transient=True,
             )
             self._bar.start()
             self._task = self._bar.add_task(self._phase, total=None)

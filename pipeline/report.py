@@ -50,33 +50,20 @@ def render(
     t.add_row("files", f"{s.files:,} ({_bytes(s.bytes)})")
     t.add_row("retained checkpoints", f"{s.checkpoints:,} (+{s.other_metadata} read beside)")
     t.add_row("references", f"{s.references:,}")
-    t.add_row(
-        "referenced files",
-        f"{s.referenced_files:,}: {_bytes(s.live_bytes)} live, {_bytes(s.dead_bytes)} dead",
-    )
-    t.add_row(
-        "space amplification",
-        f"{_x(s.space_amplification)} of referenced files, {_x(s.total_amplification)} of all data",
-    )
+    t.add_row("referenced files", f"{s.referenced_files:,}: {_bytes(s.live_bytes)} live, "
+              f"{_bytes(s.dead_bytes)} dead")
+    t.add_row("space amplification", f"{_x(s.space_amplification)} of referenced files, "
+              f"{_x(s.total_amplification)} of all data")
     t.add_row("shared state reused", f"{_pct(s.reused_share)} of {_bytes(s.shared_bytes)}")
-    t.add_row(
-        "dangling references",
-        f"[{'red' if s.dangling else 'green'}]{s.dangling:,}[/] "
-        f"({s.dangling_missing} missing file, {s.dangling_beyond} beyond size)",
-    )
-    t.add_row(
-        "unreadable _metadata",
-        f"[{'red' if s.corrupt_metadata else 'green'}]{s.corrupt_metadata}[/]",
-    )
-    t.add_row(
-        "orphans",
-        f"[{'yellow' if s.orphans else 'green'}]{s.orphans:,}[/] "
-        f"({_bytes(s.orphan_bytes)}), older than {s.grace_seconds:g} s",
-    )
-    t.add_row(
-        "pending",
-        f"{s.pending:,} unreferenced but younger than the grace period ({_bytes(s.pending_bytes)})",
-    )
+    t.add_row("dangling references",
+              f"[{'red' if s.dangling else 'green'}]{s.dangling:,}[/] "
+              f"({s.dangling_missing} missing file, {s.dangling_beyond} beyond size)")
+    t.add_row("unreadable _metadata",
+              f"[{'red' if s.corrupt_metadata else 'green'}]{s.corrupt_metadata}[/]")
+    t.add_row("orphans", f"[{'yellow' if s.orphans else 'green'}]{s.orphans:,}[/] "
+              f"({_bytes(s.orphan_bytes)}), older than {s.grace_seconds:g} s")
+    t.add_row("pending", f"{s.pending:,} unreferenced but younger than the grace period "
+              f"({_bytes(s.pending_bytes)})")
     if s.working:
         t.add_row("database working files", f"{s.working:,} ({_bytes(s.working_bytes)})")
     if s.restore_source_of:
@@ -85,83 +72,31 @@ def render(
         t.add_row("unreadable paths", f"[red]{s.unreadable}[/] (listed below; never deleted)")
     t.add_row("verdict", f"[bold {'red' if s.at_risk else 'green'}]{escape(s.verdict)}[/]")
     console.print(t)
-    _rows(
-        console,
-        "Dangling references (data loss)",
-        details.get("dangling", ()),
-        ("checkpoint", "subtask", "name", "path", "offset", "length", "file_size", "reason"),
-        limit,
-        style="red",
-    )
-    _rows(
-        console,
-        "Unreadable _metadata",
-        details.get("corrupt", ()),
-        ("metadata", "field", "problem"),
-        limit,
-        style="red",
-    )
-    _rows(
-        console,
-        "Paths not listed or not examined",
-        details.get("unreadable", ()),
-        ("path", "problem"),
-        limit,
-        style="red",
-    )
+    _rows(console, "Dangling references (data loss)", details.get("dangling", ()),
+          ("checkpoint", "subtask", "name", "path", "offset", "length", "file_size", "reason"),
+          limit, style="red")
+    _rows(console, "Unreadable _metadata", details.get("corrupt", ()),
+          ("metadata", "field", "problem"), limit, style="red")
+    _rows(console, "Paths not listed or not examined", details.get("unreadable", ()),
+          ("path", "problem"), limit, style="red")
     orphans = sorted(details.get("orphans", ()), key=lambda r: -int(r["size"]))
-    _rows(
-        console,
-        "Orphans (largest first)",
-        orphans,
-        ("path", "owner", "size"),
-        limit,
-        style="yellow",
-        total=s.orphans,
-    )
+    _rows(console, "Orphans (largest first)", orphans, ("path", "owner", "size"), limit,
+          style="yellow", total=s.orphans)
     owners = sorted(details.get("owners", ()), key=lambda r: -int(r["dead_bytes"] or 0))
-    _rows(
-        console,
-        "Owner directories (most dead bytes first)",
-        owners,
-        ("owner", "files", "bytes", "live_bytes", "dead_bytes", "orphans", "amplification"),
-        limit,
-    )
+    _rows(console, "Owner directories (most dead bytes first)", owners,
+          ("owner", "files", "bytes", "live_bytes", "dead_bytes", "orphans", "amplification"),
+          limit)
     ckpts = [c for c in details.get("checkpoints", ())]
-    _rows(
-        console,
-        "Checkpoints",
-        ckpts,
-        (
-            "checkpoint",
-            "references",
-            "files",
-            "state_bytes",
-            "physical_bytes",
-            "amplification",
-            "shared_bytes",
-            "reused_shared_bytes",
-            "dangling",
-        ),
-        limit,
-    )
+    _rows(console, "Checkpoints", ckpts,
+          ("checkpoint", "references", "files", "state_bytes", "physical_bytes",
+           "amplification", "shared_bytes", "reused_shared_bytes", "dangling"), limit)
 
 
 def _cell(col: str, v: Any) -> str:
     if v is None:
         return "-"
-    if col in (
-        "size",
-        "bytes",
-        "live_bytes",
-        "dead_bytes",
-        "state_bytes",
-        "physical_bytes",
-        "shared_bytes",
-        "reused_shared_bytes",
-        "file_size",
-        "orphan_bytes",
-    ):
+    if col in ("size", "bytes", "live_bytes", "dead_bytes", "state_bytes", "physical_bytes",
+               "shared_bytes", "reused_shared_bytes", "file_size", "orphan_bytes"):
         return _bytes(int(v))
     if col == "amplification":
         return _x(float(v))

@@ -23,18 +23,7 @@ FileRow = tuple[str, int, float, bool]
 """path (container-relative), size in bytes, modification time (epoch seconds), symlink."""
 
 RefRow = tuple[
-    str,
-    str,
-    int,
-    bool,
-    str,
-    str,
-    str,
-    str,
-    str | None,
-    int | None,
-    int | None,
-    str | None,
+    str, str, int, bool, str, str, str, str, str | None, int | None, int | None, str | None,
     str | None,
 ]
 """checkpoint key, job, checkpoint, savepoint, subtask, state kind, state name, handle
@@ -297,18 +286,17 @@ def read_metadata(loc: Location, path: str) -> Read:
     the job base are stat-ed here (the base's own files are in the listing)."""
     row, refs, err = _read(loc, path)
     outside = sorted(
-        {
-            r[8]
-            for r in refs
-            if r[7] in ("segment", "file") and r[8] is not None and not is_under(r[8], loc.job_dir)
-        }
+        {r[8] for r in refs if r[7] in ("segment", "file") and r[8] is not None
+         and not is_under(r[8], loc.job_dir)}
     )
     if row is not None and row[5] != loc.job_dir:
         outside = []  # another job's own files are not audited
     return row, refs, err, stat_files(loc, outside) if outside else []
 
 
-def _read(loc: Location, path: str) -> tuple[CheckpointRow | None, list[RefRow], ErrorRow | None]:
+def _read(
+    loc: Location, path: str
+) -> tuple[CheckpointRow | None, list[RefRow], ErrorRow | None]:
     try:
         data = read_regular(loc, path)
     except FileNotFoundError:
@@ -331,11 +319,8 @@ def _read(loc: Location, path: str) -> tuple[CheckpointRow | None, list[RefRow],
         return None, [], (path, "file", f"cannot be decoded: {type(err).__name__}: {err}")
     if meta.checkpoint > INT64_MAX:
         # The audit's columns are 64-bit (Arrow, Spark): both engines refuse it alike.
-        return (
-            None,
-            [],
-            (path, "payload.checkpoint", f"checkpoint id {meta.checkpoint} is beyond 2**63 - 1"),
-        )
+        return None, [], (path, "payload.checkpoint",
+                          f"checkpoint id {meta.checkpoint} is beyond 2**63 - 1")
     return _rows(meta, path)
 
 
@@ -349,36 +334,24 @@ def _check_job(meta: Metadata, path: str) -> None:
         )
 
 
-def _rows(meta: Metadata, path: str) -> tuple[CheckpointRow | None, list[RefRow], ErrorRow | None]:
+def _rows(
+    meta: Metadata, path: str
+) -> tuple[CheckpointRow | None, list[RefRow], ErrorRow | None]:
     key = path.rsplit("/", 1)[0]
     base = "/".join(key.split("/")[:2]) if meta.savepoint else key.split("/")[0]
     refs: list[RefRow] = []
     for e in meta.entries:
         h = e.handle
-        head = (
-            key,
-            meta.job,
-            meta.checkpoint,
-            meta.savepoint,
-            e.subtask.dir_name(),
-            e.kind.value,
-            e.name,
-        )
+        head = (key, meta.job, meta.checkpoint, meta.savepoint, e.subtask.dir_name(),
+                e.kind.value, e.name)
         if isinstance(h, SegmentHandle | FileHandle):
             offset = h.offset if isinstance(h, SegmentHandle) else 0
             if offset + h.length > INT64_MAX:
                 # The audit's columns are 64-bit (Arrow, Spark): such a range would stop the
                 # Spark job (overflow) instead of being reported; no file is that large.
-                return (
-                    None,
-                    [],
-                    (
-                        path,
-                        "payload.entries",
-                        f"handle of {e.name!r} ({h.path}) ends at byte "
-                        f"{offset + h.length}, beyond 2**63 - 1",
-                    ),
-                )
+                return None, [], (path, "payload.entries",
+                                  f"handle of {e.name!r} ({h.path}) ends at byte "
+                                  f"{offset + h.length}, beyond 2**63 - 1")
             kind = "segment" if isinstance(h, SegmentHandle) else "file"
             refs.append((*head, kind, h.path, offset, h.length, h.logical_id, h.scope.value))
         elif isinstance(h, DirectoryHandle):
@@ -386,33 +359,10 @@ def _rows(meta: Metadata, path: str) -> tuple[CheckpointRow | None, list[RefRow]
         elif isinstance(h, PlaceholderHandle):
             refs.append((*head, "placeholder", None, None, None, h.logical_id, None))
     for d in meta.directories:
-        refs.append(
-            (
-                key,
-                meta.job,
-                meta.checkpoint,
-                meta.savepoint,
-                "",
-                "",
-                "",
-                "directory",
-                d,
-                None,
-                None,
-                None,
-                None,
-            )
-        )
-    row: CheckpointRow = (
-        key,
-        meta.job,
-        meta.checkpoint,
-        meta.savepoint,
-        path,
-        base,
-        len(meta.entries),
-        list(meta.shared_bases),
-    )
+        refs.append((key, meta.job, meta.checkpoint, meta.savepoint, "", "", "",
+                     "directory", d, None, None, None, None))
+    row: CheckpointRow = (key, meta.job, meta.checkpoint, meta.savepoint, path, base,
+                          len(meta.entries), list(meta.shared_bases))
     return row, refs, None
 
 

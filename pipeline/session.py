@@ -39,9 +39,8 @@ def submitted() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def spark_session(
-    master: str | None = None, *, app: str = "ckpt-audit", conf: dict[str, str] | None = None
-) -> Any:
+def spark_session(master: str | None = None, *, app: str = "ckpt-audit",
+                  conf: dict[str, str] | None = None) -> Any:
     """Get or create the session: on ``master``, or else on spark-submit's master when
     submitted, or else on ``local[*]``. On a local master named here, executors run this
     interpreter (the venv's), the UI is off, the driver binds to 127.0.0.1 (a machine
@@ -92,10 +91,7 @@ def spark_session(
     # spark-submit's master is known only now: on a local one, a few shuffle partitions
     # (Spark's 200 cost tens of seconds on a small base), unless the submitter chose.
     sc = spark.sparkContext
-    if (
-        master is None
-        and (sc.master or "").startswith("local")
-        and not sc.getConf().contains("spark.sql.shuffle.partitions")
-    ):
+    if (master is None and (sc.master or "").startswith("local")
+            and not sc.getConf().contains("spark.sql.shuffle.partitions")):
         spark.conf.set("spark.sql.shuffle.partitions", "4")
     return spark

@@ -72,18 +72,8 @@ def audit_single(
         if err is not None:
             corrupt.append(err)
         outside.update((f[0], f) for f in stats)
-    return analyse(
-        loc,
-        files,
-        ckpt_rows,
-        refs,
-        corrupt,
-        list(outside.values()),
-        grace=grace,
-        now=now,
-        engine="single-process",
-        problems=problems,
-    )
+    return analyse(loc, files, ckpt_rows, refs, corrupt, list(outside.values()),
+                   grace=grace, now=now, engine="single-process", problems=problems)
 
 
 def analyse(
@@ -102,7 +92,6 @@ def analyse(
     job = loc.job_dir
     in_base = {r[0] for r in ckpt_rows if r[5] == job}
     own_keys = {r[0] for r in ckpt_rows}
-
     # References that count: every one of the audited job's checkpoints, and those of the
     # other metadata that point into the audited base.
     def counted(r: scan.RefRow) -> bool:
@@ -173,16 +162,8 @@ def analyse(
             continue
         o = owners.setdefault(
             f["owner"],
-            {
-                "owner": f["owner"],
-                "files": 0,
-                "bytes": 0,
-                "live_bytes": 0,
-                "dead_bytes": 0,
-                "orphans": 0,
-                "orphan_bytes": 0,
-                "amplification": None,
-            },
+            {"owner": f["owner"], "files": 0, "bytes": 0, "live_bytes": 0, "dead_bytes": 0,
+             "orphans": 0, "orphan_bytes": 0, "amplification": None},
         )
         o["files"] += 1
         o["bytes"] += f["size"]
@@ -208,9 +189,8 @@ def analyse(
         "owners": list(owners.values()),
         "checkpoints": checkpoints,
         "corrupt": [dict(zip(TABLES["corrupt"], e, strict=True)) for e in corrupt],
-        "unreadable": [
-            dict(zip(TABLES["unreadable"], p, strict=True)) for p in sorted(set(problems or ()))
-        ],
+        "unreadable": [dict(zip(TABLES["unreadable"], p, strict=True))
+                       for p in sorted(set(problems or ()))],
     }
     summary = summarise(loc, engine, grace, now, tables, ckpt_rows)
     return Tables(summary, tables)

@@ -98,11 +98,9 @@ def audit_spark(
     width = max(1, min(len(units), sc.defaultParallelism * 4))
     say(f"listing {len(units)} directories on the executors")
     sc.setJobDescription(f"list {len(units)} directories")
-    listed = (
-        _paths_frame(spark, units, width)
-        .mapInArrow(arrow_rows.list_dirs(loc), arrow_rows.LISTED_DDL)
-        .cache()
-    )
+    listed = _paths_frame(spark, units, width).mapInArrow(
+        arrow_rows.list_dirs(loc), arrow_rows.LISTED_DDL
+    ).cache()
     problems.extend(
         (r.path, r.problem) for r in listed.where(F.col("problem").isNotNull()).collect()
     )
@@ -119,25 +117,14 @@ def audit_spark(
     others = scan.other_metadata(loc, problems) if read_others else []
     say(f"{n_files} files; reading {len(metas)} _metadata files (+{len(others)} beside)")
     sc.setJobDescription(f"read {len(metas) + len(others)} _metadata files")
-    read = (
-        _paths_frame(spark, [*metas, *others], width)
-        .mapInArrow(arrow_rows.read_metadata(loc), arrow_rows.READ_DDL)
-        .cache()
-    )
+    read = _paths_frame(spark, [*metas, *others], width).mapInArrow(
+        arrow_rows.read_metadata(loc), arrow_rows.READ_DDL
+    ).cache()
     heads = read.where(F.col("row").isin("head", "error")).collect()
     ckpt_rows: list[scan.CheckpointRow] = [
-        (
-            h.checkpoint,
-            h.job,
-            h.checkpoint_id,
-            h.savepoint,
-            h.metadata,
-            h.base,
-            h.entries,
-            list(h.shared_bases),
-        )
-        for h in heads
-        if h.row == "head"
+        (h.checkpoint, h.job, h.checkpoint_id, h.savepoint, h.metadata, h.base, h.entries,
+         list(h.shared_bases))
+        for h in heads if h.row == "head"
     ]
     corrupt: list[scan.ErrorRow] = [
         (h.metadata, h.field, h.problem) for h in heads if h.row == "error"
@@ -155,34 +142,21 @@ def audit_spark(
 
     streams = refs.where(F.col("handle").isin(*STREAMS) & F.col("path").isNotNull())
     # One size per path even if two executors stat a file that changes in between.
-    outside = read.where(F.col("row") == "outside").groupBy("path").agg(F.max("size").alias("size"))
+    outside = (
+        read.where(F.col("row") == "outside").groupBy("path").agg(F.max("size").alias("size"))
+    )
     sizes = files.select("path", "size").unionByName(outside)
 
     end = F.col("offset") + F.col("length")
     joined = streams.join(sizes, "path", "left")
     dangling = joined.where(F.col("size").isNull() | (end > F.col("size"))).select(
-        "checkpoint",
-        "subtask",
-        "name",
-        "handle",
-        "path",
-        "offset",
-        "length",
-        "logical_id",
+        "checkpoint", "subtask", "name", "handle", "path", "offset", "length", "logical_id",
         F.col("size").alias("file_size"),
         F.when(F.col("size").isNull(), F.lit(MISSING)).otherwise(F.lit(BEYOND)).alias("reason"),
     )
     placeholders = refs.where(F.col("handle") == "placeholder").select(
-        "checkpoint",
-        "subtask",
-        "name",
-        "handle",
-        "path",
-        "offset",
-        "length",
-        "logical_id",
-        F.lit(None).cast("long").alias("file_size"),
-        F.lit(NO_PATH).alias("reason"),
+        "checkpoint", "subtask", "name", "handle", "path", "offset", "length", "logical_id",
+        F.lit(None).cast("long").alias("file_size"), F.lit(NO_PATH).alias("reason"),
     )
     dangling = dangling.unionByName(placeholders).cache()
 
@@ -190,10 +164,8 @@ def audit_spark(
     # table both start from it, so the references are shuffled once for the two.
     per_ckpt_file = (
         streams.groupBy("checkpoint", "path")
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.collect_list(F.struct(F.col("offset").alias("s"), end.alias("e"))).alias("rs"),
-        )
+        .agg(F.count(F.lit(1)).alias("n"),
+             F.collect_list(F.struct(F.col("offset").alias("s"), end.alias("e"))).alias("rs"))
         .cache()
     )
     per_file = per_ckpt_file.groupBy("path").agg(
@@ -256,14 +228,17 @@ def audit_spark(
         "orphans": orphans,
         "owners": owners,
         "checkpoints": checkpoints,
-        "corrupt": spark.createDataFrame(corrupt, "metadata string, field string, problem string"),
-        "unreadable": spark.createDataFrame(sorted(set(problems)), "path string, problem string"),
+        "corrupt": spark.createDataFrame(
+            corrupt, "metadata string, field string, problem string"
+        ),
+        "unreadable": spark.createDataFrame(
+            sorted(set(problems)), "path string, problem string"
+        ),
     }
     say("summing up")
     sc.setJobDescription("audit: summary")
-    summary = _summary(
-        loc, grace, now, file_table, dangling, checkpoints, ckpt_rows, len(corrupt), n_refs
-    )
+    summary = _summary(loc, grace, now, file_table, dangling, checkpoints, ckpt_rows,
+                       len(corrupt), n_refs)
     summary = attrs.evolve(summary, unreadable=len(set(problems)))
     return SparkAudit(summary, frames)
 
@@ -320,9 +295,8 @@ def _checkpoints(
         .groupBy(F.col("u.checkpoint").alias("checkpoint"))
         .agg(
             F.sum("length").alias("shared_bytes"),
-            F.sum(
-                F.when(F.col("u.checkpoint_id") > F.col("first"), F.col("length")).otherwise(0)
-            ).alias("reused_shared_bytes"),
+            F.sum(F.when(F.col("u.checkpoint_id") > F.col("first"), F.col("length"))
+                  .otherwise(0)).alias("reused_shared_bytes"),
         )
     )
     lost = dangling.groupBy("checkpoint").agg(F.count(F.lit(1)).alias("dangling"))
@@ -336,18 +310,13 @@ def _checkpoints(
         .join(reuse, "checkpoint", "left")
         .join(lost, "checkpoint", "left")
         .select(
-            "checkpoint",
-            "job",
-            "checkpoint_id",
-            "savepoint",
-            "in_base",
+            "checkpoint", "job", "checkpoint_id", "savepoint", "in_base",
             F.coalesce("references", zero).alias("references"),
             F.coalesce("files", zero).alias("files"),
             F.coalesce("state_bytes", zero).alias("state_bytes"),
             F.coalesce("physical_bytes", zero).alias("physical_bytes"),
-            F.when(F.col("state_bytes") > 0, F.col("physical_bytes") / F.col("state_bytes")).alias(
-                "amplification"
-            ),
+            F.when(F.col("state_bytes") > 0, F.col("physical_bytes") / F.col("state_bytes"))
+            .alias("amplification"),
             F.coalesce("shared_bytes", zero).alias("shared_bytes"),
             F.coalesce("reused_shared_bytes", zero).alias("reused_shared_bytes"),
             F.coalesce("dangling", zero).alias("dangling"),
@@ -381,19 +350,13 @@ def _summary(
     def get(status: str, col: str = "n") -> int:
         return int(by_status.get(status, {}).get(col) or 0)
 
-    reasons = {
-        r["reason"]: r["n"]
-        for r in dangling.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()
-    }
-    own = (
-        checkpoints.where("in_base")
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.sum("shared_bytes").alias("shared"),
-            F.sum("reused_shared_bytes").alias("reused"),
-        )
-        .collect()[0]
-    )
+    reasons = {r["reason"]: r["n"] for r in dangling.groupBy("reason").agg(
+        F.count(F.lit(1)).alias("n")).collect()}
+    own = checkpoints.where("in_base").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.sum("shared_bytes").alias("shared"),
+        F.sum("reused_shared_bytes").alias("reused"),
+    ).collect()[0]
     n_ckpts = len(ckpt_rows)
     data_statuses = (REFERENCED, ORPHAN, PENDING, WORKING)
     data_files = sum(get(s) for s in data_statuses)

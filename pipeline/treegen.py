@@ -61,7 +61,8 @@ def generate(root: Path, n: int, *, seed: int = 7) -> Planted:
     for i in range(data):
         d = i % dirs
         # one file in twenty is exclusive state in a TM's directory
-        rel = f"{JOB}/taskowned/tm{d % 8}/x{i:x}" if i % 20 == 0 else f"{JOB}/shared/s{d}/f{i:x}"
+        rel = (f"{JOB}/taskowned/tm{d % 8}/x{i:x}" if i % 20 == 0
+               else f"{JOB}/shared/s{d}/f{i:x}")
         paths.append(rel)
     made: set[str] = set()
     top = str(root)  # plain strings: a Path per file costs as much as the file itself
@@ -96,20 +97,15 @@ def generate(root: Path, n: int, *, seed: int = 7) -> Planted:
             sub = SubtaskId("v", i % 64, 64)
             scope = Scope.SHARED if shared else Scope.EXCLUSIVE
             kind = StateKind.KEYED_SHARED if shared else StateKind.KEYED_FULL
-            entries.append(
-                StateEntry(
-                    sub,
-                    kind,
-                    f"s{i:x}",
-                    SegmentHandle(rel, SEGMENT, 2 * SEGMENT, f"u{i:x}", scope),
-                    1,
-                    (0, 127),
-                )
-            )
+            entries.append(StateEntry(sub, kind, f"s{i:x}",
+                                      SegmentHandle(rel, SEGMENT, 2 * SEGMENT, f"u{i:x}", scope),
+                                      1, (0, 127)))
         references += len(entries)
         cp = 100 + k
         (base / f"chk-{cp}").mkdir(parents=True, exist_ok=True)
-        (base / f"chk-{cp}" / "_metadata").write_bytes(encode(cp, JOB, False, tuple(entries), ()))
+        (base / f"chk-{cp}" / "_metadata").write_bytes(
+            encode(cp, JOB, False, tuple(entries), ())
+        )
     return Planted(
         files=data + CHECKPOINTS,
         orphans=n_orphans,
