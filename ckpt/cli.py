@@ -151,6 +151,13 @@ def _live(candidate: Implementation, examples: int, out: Path) -> list[str]:
 _MERGING = {"none": "NONE", "within": "WITHIN_CHECKPOINT", "across": "ACROSS_CHECKPOINT"}
 
 
+def _pair(text: str, flag: str, form: str) -> tuple[int, int]:
+    a, sep, b = text.partition(":")
+    if not sep or not a.strip().isdigit() or not b.strip().isdigit():
+        raise ValueError(f"{flag} {text!r}: expected {form} (two whole numbers)")
+    return int(a), int(b)
+
+
 @app.command()
 def stream(
     merging: Annotated[str, typer.Option(help="File merging: none, within or across.")] = "across",
@@ -200,9 +207,43 @@ def stream(
         ),
     ] = 0.0,
     failure_seed: Annotated[int, typer.Option(help="Seed of the injected failures.")] = 0,
+    rescale_at: Annotated[
+        str | None,
+        typer.Option(
+            help="N:P: stop after batch N and restart with parallelism P, restoring the"
+            " latest completed checkpoint with rescale (--restore-mode)."
+        ),
+    ] = None,
+    restore_mode: Annotated[
+        str | None,
+        typer.Option(help="claim or no_claim (execution.state-recovery.claim-mode)."),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="Continue the run in --run-dir whose driver died (same options): the store"
+            " recovers from the persisted _metadata, Spark from its offsets."
+        ),
+    ] = False,
+    die_at: Annotated[
+        str | None,
+        typer.Option(hidden=True, help="B:POINT: the driver SIGKILLs itself (sunk, completed)."),
+    ] = None,
+    audit: Annotated[
+        bool, typer.Option(help="Run the storage audit on the checkpoint base at the end.")
+    ] = True,
+    tms: Annotated[
+        int,
+        typer.Option(
+            help="TMs of the store: one per executor (a local master has one); 0: one per subtask."
+        ),
+    ] = 1,
+    l0_compaction_trigger: Annotated[
+        int, typer.Option(help="RocksDB level-0 compaction trigger (its default: 4).")
+    ] = 4,
 ) -> None:
     """Run the streaming word count on Spark with RocksDB state checkpointed into the store."""
-    from pipeline.stream.job import StreamSettings, retries_tasks, run_stream
+    from pipeline.stream.job import DRIVER_KILL_POINTS, StreamSettings, retries_tasks, run_stream
     from pipeline.stream.source import RateSource
     from pipeline.stream.subtask import Failures
     from pipeline.stream.summary import batch_line, print_summary
@@ -222,6 +263,13 @@ def stream(
         "execution.checkpointing.file-merging.max-file-size": max_file_size,
         "execution.checkpointing.file-merging.max-space-amplification": max_space_amplification,
     }
+    if restore_mode is not None:
+        if restore_mode.lower() not in ("claim", "no_claim"):
+            console.print(
+                f"[red]--restore-mode must be claim or no_claim, not {restore_mode!r}[/red]"
+            )
+            raise typer.Exit(2)
+        flink["execution.state-recovery.claim-mode"] = restore_mode.upper()
     for item in flink_option or []:
         key, sep, value = item.partition("=")
         if not sep:
@@ -244,8 +292,23 @@ def stream(
         settings_dir = run_dir or Path("ckpt-stream") / time.strftime(
             "run-%Y%m%dT%H%M%SZ", time.gmtime()
         )
-        if settings_dir.exists() and any(settings_dir.iterdir()):
+        if resume:
+            if run_dir is None or not (run_dir / "work" / "driver.json").is_file():
+                raise ValueError("--resume needs the --run-dir of a run that started")
+        elif settings_dir.exists() and any(settings_dir.iterdir()):
             raise ValueError(f"{settings_dir} is not empty: give a new --run-dir")
+        rescale = None if rescale_at is None else _pair(rescale_at, "--rescale-at", "N:P")
+        if rescale is not None and not (0 <= rescale[0] < batches - 1 and 1 <= rescale[1] <= 128):
+            raise ValueError(
+                f"--rescale-at {rescale_at}: N must be in 0..{batches - 2} (a batch must follow)"
+                " and P in 1..128"
+            )
+        die = None
+        if die_at is not None:
+            b, _, point = die_at.partition(":")
+            if not b.isdigit() or point not in DRIVER_KILL_POINTS:
+                raise ValueError(f"--die-at {die_at!r}: expected B:{'|'.join(DRIVER_KILL_POINTS)}")
+            die = (int(b), point)
         settings = StreamSettings(
             base=base or str(settings_dir / "checkpoints"),
             work_dir=str(settings_dir / "work"),
@@ -259,7 +322,13 @@ def stream(
             master=master,
             write_buffer_size=write_buffer_size,
             failures=Failures(kill_worker_prob, failure_seed),
+            rescale_at=rescale,
+            die_at=die,
+            num_tms=tms or None,
+            l0_compaction_trigger=l0_compaction_trigger,
         )
+        if tms < 0 or l0_compaction_trigger < 1:
+            raise ValueError("--tms must be >= 0 and --l0-compaction-trigger >= 1")
         if not 0 <= kill_worker_prob <= 1:
             raise ValueError(f"--kill-worker-prob must be in [0, 1], got {kill_worker_prob}")
         if kill_worker_prob > 0 and not retries_tasks(master):
@@ -274,7 +343,10 @@ def stream(
     run = run_stream(
         settings,
         on_batch=lambda r: console.print(batch_line(r), markup=False, soft_wrap=True),
+        on_event=lambda m: console.print(m, markup=False, soft_wrap=True),
         check=check,
+        audit=audit,
+        resume=resume,
     )
     ok = print_summary(console, run)
     raise typer.Exit(0 if ok else 1)

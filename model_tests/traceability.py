@@ -42,6 +42,7 @@ TLA_ABSTRACTED = {
     "R77": "no max parallelism",
     "R82": "the AmpBound constant only",
     "R95": "no coordinator restart",
+    "R96": "no engine, no sink, no driver restart",
 }
 """Rules no operator of the TLA+ specification names, and why (its header lists what the
 abstraction drops). A test keeps this list exact both ways."""
@@ -197,7 +198,7 @@ def _test_cells(named: set[str]) -> tuple[str, str]:
 
 def table(text: str) -> str:
     code = code_references()
-    product = code_references(("fastimpl",))
+    product = code_references(("fastimpl", "pipeline/stream"))
     tla = tla_references()
     tests, _ = test_references()
     lines = [
@@ -283,8 +284,13 @@ def render(text: str) -> str:
 
 def problems(text: str) -> list[str]:
     code = code_references()
+    product = code_references(("fastimpl", "pipeline/stream"))
     tests, _ = test_references()
-    out = [f"{r} has no code that names it" for r in spec_rules(text) if r not in code]
+    out = [
+        f"{r} has no code that names it"
+        for r in spec_rules(text)
+        if r not in code and r not in product
+    ]
     out += [f"{r} has no test named test_{r.lower()}_*" for r in spec_rules(text) if r not in tests]
     out += [
         f"{i} has no test named test_{i.lower()}_*" for i in spec_invariants(text) if i not in tests

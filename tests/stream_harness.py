@@ -46,13 +46,14 @@ class LocalJob:
         url: str | None = None,
         storage_options: dict[str, Any] | None = None,
         failures: Failures | None = None,
+        num_tms: int | None = None,
     ) -> None:
         self.url = url or str(tmp / "base")
         self.source = source or RateSource(400, vocabulary=300)
         self.windowing = windowing or Windowing(3000)
         self.parallelism = parallelism
         self.coordinator = open_coordinator(
-            self.url, config, parallelism, storage_options=storage_options
+            self.url, config, parallelism, storage_options=storage_options, num_tms=num_tms
         )
         self.work = str(tmp / "work")
         self.driver = BatchDriver(
@@ -117,6 +118,24 @@ class LocalJob:
     def lose_local_state(self, index: int) -> None:
         """The worker's disk of subtask ``index`` is gone (a new worker)."""
         shutil.rmtree(subtask_dir(self.work, SubtaskId(VERTEX, index, self.parallelism)))
+
+    def rescale(self, parallelism: int) -> None:
+        """Restore the latest completed checkpoint with ``parallelism`` subtasks (the
+        configured restore mode), as ``--rescale-at`` does between two queries."""
+        self.coordinator.rescale(parallelism)
+        old = self.driver
+        self.parallelism = parallelism
+        self.driver = BatchDriver(
+            self.coordinator,
+            self.windowing,
+            parallelism,
+            self.work,
+            write_buffer_size=old.write_buffer_size,
+            auto_compactions=old.auto_compactions,
+            failures=old.failures,
+        )
+        self.driver.recover_progress()
+        self.driver.reports = list(old.reports)
 
     def expected(self) -> collections.Counter[tuple[int, str]]:
         return batch_counts(self.source, self.next_batch, self.windowing)

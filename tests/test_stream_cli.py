@@ -24,6 +24,12 @@ from ckpt.cli import app
         (["--kill-worker-prob", "0.1", "--master", "local[2]"], "retries a failed task"),
         (["--kill-worker-prob", "1.5", "--master", "local[2,4]"], "kill-worker-prob must be"),
         (["--base", "s3://bucket/x", "--merging", "across"], "within-checkpoint merging"),
+        (["--rescale-at", "5"], "expected N:P"),
+        (["--rescale-at", "19:3", "--batches", "20"], "N must be in 0..18"),
+        (["--rescale-at", "3:0"], "P in 1..128"),
+        (["--restore-mode", "sometimes"], "claim or no_claim"),
+        (["--resume"], "--resume needs the --run-dir of a run that started"),
+        (["--die-at", "3:later"], "expected B:sunk|completed"),
     ],
 )
 def test_bad_usage_exits_2_naming_the_problem(tmp_path: Path, args: list[str], says: str) -> None:

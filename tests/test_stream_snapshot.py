@@ -28,11 +28,13 @@ from pipeline.stream.snapshot import (
     reusable,
     take_snapshot,
 )
-from pipeline.stream.subtask import KILL_POINTS, Failures, run_subtask
+from pipeline.stream.subtask import KILL_POINTS, Failures, run_subtask, subtask_dir
 from pipeline.stream.windows import Windowing
-from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
+from pipeline.stream.words import MAX_PARALLELISM
+from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.handles import FileHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
+from spec.keygroups import key_group_range
 from tests.lockstep import S3_BUCKET
 from tests.stream_harness import LocalJob
 
@@ -395,3 +397,100 @@ def test_a_local_db_another_attempt_left_is_not_reused(tmp_path: Path, mode: Mer
     )
     assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:5]
     assert job.coordinator.violations() == []
+
+
+def _new_files(base: Path, seen: set[str]) -> set[str]:
+    now = {str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()}
+    new = now - seen
+    seen |= new
+    return new
+
+
+@pytest.mark.parametrize("tms", [1, 2])
+def test_within_writes_at_most_one_exclusive_file_per_tm_and_checkpoint(
+    tmp_path: Path, tms: int
+) -> None:
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1),
+        parallelism=4,
+        num_tms=tms,
+    )
+    base, seen = Path(job.url), set[str]()
+    for _ in range(8):
+        r = job.batch()
+        job.coordinator.settle()
+        new = _new_files(base, seen)
+        # Four subtasks write MANIFEST, OPTIONS, CURRENT and their operator state each:
+        # sixteen EXCLUSIVE handles, pooled into one file per TM (R13, R14).
+        assert r.exclusive == 16
+        exclusive = {f for f in new if "/taskowned/" in f}
+        assert len(exclusive) == tms, sorted(new)
+        assert {f.split("/")[2] for f in exclusive} == {f"tm-{i}" for i in range(1, tms + 1)}
+    assert job.coordinator.violations(quiet=True) == []
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("restore_mode", [RestoreMode.NO_CLAIM, RestoreMode.CLAIM])
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2)])
+def test_a_rescaled_subtask_holds_exactly_its_key_groups_and_counts_once(
+    tmp_path: Path, mode: MergingMode, restore_mode: RestoreMode, before: int, after: int
+) -> None:
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(mode, num_retained=1, restore_mode=restore_mode),
+        parallelism=before,
+        windowing=Windowing(3000),
+    )
+    for _ in range(5):
+        job.batch()
+    job.coordinator.settle()  # the deletes checkpoint 5's subsume decided are done
+    old_files = {p for p in Path(job.url, "job-0").rglob("*") if p.is_file()}
+    job.rescale(after)
+    assert job.driver.last_batch == 4 and job.driver.ran_watermark == job.source.event_ms(3)
+    first = job.batch()
+    # Every new subtask restored from the key groups it owns, and uploaded everything.
+    assert first.restored == after and first.reused == 0
+    for i in range(after):
+        lo, hi = key_group_range(MAX_PARALLELISM, after, i)
+        home = subtask_dir(job.work, SubtaskId(VERTEX, i, after)) / "db"
+        db = WindowCounts(home, options())
+        try:
+            groups = {g for (g, _start, _word), _n in db.items()}
+        finally:
+            db.close()
+        assert groups and groups <= set(range(lo, hi + 1)), (i, sorted(groups))
+    # The new job's checkpoint names its own files only (R71); NO_CLAIM leaves the old
+    # job's untouched, CLAIM deletes them once subsumed (R72, R73).
+    for s in job.driver.subtasks():
+        for e in decode_assignment(job.coordinator.restore_assignment(s, 99)).entries:
+            h = stream_of(e.handle)
+            assert h is not None and h.path.startswith("job-1/"), e
+    job.coordinator.settle()
+    left = {p for p in Path(job.url, "job-0").rglob("*") if p.is_file()}
+    if restore_mode is RestoreMode.NO_CLAIM:
+        assert left == old_files
+    else:
+        assert not left
+    for _ in range(3):
+        job.batch()
+    emitted = [w for ws in job.emitted.values() for w in ws]
+    cmp = compare(job.expected(), emitted, job.windowing, job.closed_watermark())
+    assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:10]
+    assert job.coordinator.violations(quiet=True) == []
+
+
+@pytest.mark.parametrize("damage", [b"not json", b"[]", b'{"batch": "x", "watermark": 0}', b"{}"])
+def test_a_damaged_progress_record_stops_the_restart_with_a_clear_error(
+    tmp_path: Path, damage: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = LocalJob(tmp_path, Config.for_mode(MergingMode.WITHIN_CHECKPOINT), parallelism=2)
+    for _ in range(2):
+        job.batch()
+    real = job.coordinator.read
+    monkeypatch.setattr(
+        job.coordinator, "read", lambda e: damage if e.name == "operator/progress" else real(e)
+    )
+    with pytest.raises(ValueError, match="is not a progress record"):
+        job.driver.recover_progress()
+    assert job.driver.last_batch == 1  # nothing taken from the damaged record

@@ -13,7 +13,7 @@ import pytest
 from pipeline.stream.job import StreamSettings, run_stream
 from pipeline.stream.source import RateSource
 from pipeline.stream.windows import Windowing
-from spec.config import Config, MergingMode
+from spec.config import Config, MergingMode, RestoreMode
 
 pytestmark = pytest.mark.xdist_group("spark")
 
@@ -46,3 +46,48 @@ def test_the_stream_on_spark_counts_every_closed_window_like_a_batch_job(
     # What storage holds after each checkpoint covers what the checkpoint references.
     assert [x.checkpoint for x in run.storage] == list(range(1, 11))
     assert all(x.referenced_bytes > 0 and x.state_bytes >= x.referenced_bytes for x in run.storage)
+
+
+@pytest.mark.parametrize(
+    ("mode", "merging", "before", "after"),
+    [
+        (RestoreMode.NO_CLAIM, MergingMode.ACROSS_CHECKPOINT, 2, 3),
+        (RestoreMode.CLAIM, MergingMode.WITHIN_CHECKPOINT, 3, 2),
+    ],
+)
+def test_a_rescale_cuts_the_state_by_key_groups_and_counts_every_window_once(
+    spark: Any, tmp_path: Path, mode: RestoreMode, merging: MergingMode, before: int, after: int
+) -> None:
+    settings = StreamSettings(
+        base=str(tmp_path / "base"),
+        work_dir=str(tmp_path / "work"),
+        out=str(tmp_path / "out"),
+        config=Config.for_mode(merging, num_retained=1, restore_mode=mode),
+        parallelism=before,
+        source=RateSource(400, vocabulary=300),
+        windowing=Windowing(2000),
+        batches=8,
+        write_buffer_size=4096,
+        rescale_at=(3, after),
+    )
+    run = run_stream(settings, spark=spark)
+    assert run.rescaled == (3, after, mode.name) and run.jobs == ("job-0", "job-1")
+    assert [r.batch_id for r in run.reports] == list(range(8))
+    assert sum(r.records for r in run.reports) == 8 * 400
+    # Batch 4 runs on the new subtasks, each restored from the key groups it now owns,
+    # and uploads everything: nothing restored is reused (R71).
+    first = run.reports[4]
+    assert first.restored == after and first.reused == 0 and first.uploaded >= after
+    assert all(r.restored == 0 for r in run.reports[:4] + run.reports[5:])
+    # Its checkpoint references the new job's files only; the old job's checkpoint stays
+    # (NO_CLAIM: the user's) or is deleted once subsumed (CLAIM: the new job's).
+    assert run.storage[4].referenced_jobs == ("job-1",)
+    assert run.storage[3].referenced_jobs == ("job-0",)
+    old = tmp_path / "base" / "job-0"
+    assert (old / "chk-4" / "_metadata").is_file() == (mode is RestoreMode.NO_CLAIM)
+    assert run.comparison is not None and run.comparison.windows >= 3
+    assert run.comparison.equal, run.comparison.mismatches[:10]
+    assert run.violations == []
+    assert [a.job for a in run.audits] == ["job-0", "job-1"]
+    assert all(a.clean for a in run.audits), run.audits
+    assert run.audits[1].checkpoints == 1

@@ -8,6 +8,7 @@ back), ``checkpointing`` (the one module that meets the store: the worker's and 
 driver's parties), ``subtask`` (one partition of a micro-batch, on a worker; injected
 failures), ``driver`` (a checkpoint per micro-batch, without Spark), ``job`` (the Spark
 job: ``foreachBatch``), ``sink`` (closed windows to Parquet, a directory per batch),
-``check`` (the same counts by a plain batch computation), ``summary`` (what
-``ckpt stream`` prints).
+``check`` (the same counts by a plain batch computation), ``audit`` (the storage audit
+of every job base after a run), ``summary`` (what ``ckpt stream`` prints), ``demo``
+(``make demo``).
 """

@@ -35,7 +35,7 @@ from attrs import field, frozen
 
 from fastimpl.api import CheckpointStore
 from spec import codec
-from spec.config import Config, JobSpec, StateKind, VertexSpec
+from spec.config import Config, JobSpec, RestoreMode, StateKind, VertexSpec
 from spec.handles import SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
 from spec.messages import (
@@ -110,6 +110,23 @@ class CoordinatorSide(Protocol):
     def task_manager_recipe(self) -> TaskManagerRecipe:
         """What a worker needs to build its ``TaskManagerSide`` (picklable)."""
 
+    @property
+    def job_id(self) -> str:
+        """The running job (a restore or a recovery starts a new one, R70)."""
+
+    def restoring(self) -> bool:
+        """Whether the job still starts from a restored checkpoint (no checkpoint of its
+        own completed yet): nothing restored is reused then, the next checkpoint uploads
+        everything (R71)."""
+
+    def rescale(self, parallelism: int, mode: RestoreMode | None = None) -> None:
+        """Restore the latest completed checkpoint into a new job whose keyed stage has
+        ``parallelism`` subtasks (``mode``: the configured one by default)."""
+
+    def read(self, entry: StateEntry) -> bytes:
+        """The bytes of a state entry of a restore assignment (the driver reads the
+        operator state back after a restart)."""
+
     def settle(self) -> None:
         """Wait until the deletes already decided are carried out (for figures: what
         storage holds then is what the retained checkpoints need, plus what merging
@@ -130,16 +147,23 @@ def open_coordinator(
     *,
     num_tms: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    crashed_job: str | None = None,
 ) -> CoordinatorSide:
     """The coordinator of a new job on ``url`` whose keyed stage has ``parallelism``
-    subtasks hosted by ``num_tms`` TMs (default: one per subtask)."""
-    store = CheckpointStore(
-        url,
-        config,
-        JobSpec((VertexSpec(VERTEX, parallelism),), num_tms=num_tms or parallelism),
-        storage_options=storage_options,
+    subtasks hosted by ``num_tms`` TMs (default: one per subtask). With ``crashed_job``
+    the job continues one whose driver died: the store recovers it from the persisted
+    ``_metadata`` (a new job that claims the latest completed checkpoint, and deletes
+    what the crashed one left unfinished)."""
+    job = JobSpec((VertexSpec(VERTEX, parallelism),), num_tms=num_tms or parallelism)
+    if crashed_job is None:
+        store = CheckpointStore(url, config, job, storage_options=storage_options)
+        return InProcessCoordinator(store, storage_options, url=url)
+    store, report = CheckpointStore.recover(
+        url, config, job, crashed_job=crashed_job, storage_options=storage_options
     )
-    return InProcessCoordinator(store, storage_options, url=url)
+    co = InProcessCoordinator(store, storage_options, url=url)
+    co.restored_from = report.checkpoints[-1] if report.checkpoints else 0
+    return co
 
 
 @frozen
@@ -282,6 +306,29 @@ class InProcessCoordinator:
         self._url = url
         self._storage_options = dict(storage_options or {})
         self.received: dict[int, set[SubtaskId]] = {}
+        self.restored_from = 0
+        """The checkpoint the job was restored from (0: none): what a subtask's local DB
+        must be at to be taken up while the job is restoring."""
+
+    @property
+    def job_id(self) -> str:
+        return self.store.job_id
+
+    def restoring(self) -> bool:
+        retained = self.store.coordinator.retained()
+        return self.restored_from > 0 and (not retained or retained[-1].job != self.job_id)
+
+    def rescale(self, parallelism: int, mode: RestoreMode | None = None) -> None:
+        retained = self.store.coordinator.retained()
+        if not retained:
+            raise CheckpointNotCompleted("no completed checkpoint to rescale from")
+        latest = retained[-1].checkpoint
+        self.store.coordinator.rescale(latest, {VERTEX: parallelism}, mode=mode)
+        self.store.deliver_notifications()
+        self.restored_from = latest
+
+    def read(self, entry: StateEntry) -> bytes:
+        return self.store.read(entry)
 
     def task_manager_recipe(self) -> TaskManagerRecipe:
         if self._url is None:
@@ -339,14 +386,16 @@ class InProcessCoordinator:
     def restore_assignment(self, subtask: SubtaskId, checkpoint: int) -> bytes:
         retained = self.store.coordinator.retained()
         latest = retained[-1] if retained else None
-        entries = (
-            ()
-            if latest is None
-            else tuple(
-                e
-                for e in latest.entries
-                if e.subtask == subtask and stream_of(e.handle) is not None
-            )
+        restoring = self.restoring()
+        # While restoring: the subtask's share of the restored checkpoint (cut by key
+        # groups after a rescale, R75); then its entries of the job's latest checkpoint.
+        source = (
+            self.store.manager_for(subtask).state_to_restore(subtask)
+            if restoring
+            else (() if latest is None else latest.entries)
+        )
+        entries = tuple(
+            e for e in source if e.subtask == subtask and stream_of(e.handle) is not None
         )
         referenced = frozenset(
             s.path for r in retained for e in r.entries if (s := stream_of(e.handle)) is not None
@@ -360,7 +409,7 @@ class InProcessCoordinator:
                 entries,
                 referenced,
                 checkpoint,
-                0 if latest is None else latest.checkpoint,
+                self.restored_from if restoring or latest is None else latest.checkpoint,
                 min(r.checkpoint for r in retained) - 1 if retained else 0,
             )
         )

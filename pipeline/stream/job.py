@@ -15,15 +15,17 @@ over the files.
 
 Masters: ``local[N]`` runs the job (no task retries: a failing task fails the batch);
 worker kills need ``local[N,F]`` with F >= 2 or ``local-cluster``; speculation needs a
-standalone cluster with workers on distinct hosts (STREAM_NOTES §2c). The failure flags
-come with fastimpl's TaskManager and Coordinator parties.
+standalone cluster with workers on distinct hosts (STREAM_NOTES §2c). A rescale or a
+restarted driver runs on any master.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,8 +34,9 @@ from typing import Any
 
 from attrs import define, field, frozen
 
+from pipeline.stream.audit import JobAudit, audit_jobs
 from pipeline.stream.check import Comparison, batch_counts, compare
-from pipeline.stream.checkpointing import decode_assignment, open_coordinator
+from pipeline.stream.checkpointing import CoordinatorSide, decode_assignment, open_coordinator
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.sink import read_all, write_batch
 from pipeline.stream.source import RateSource
@@ -56,17 +59,31 @@ class StreamSettings:
     storage_options: dict[str, Any] = field(factory=dict)
     """fsspec options of ``base`` (an S3 endpoint, credentials)."""
     parallelism: int = 4
-    num_tms: int | None = None
-    """TMs of the store (default: one per subtask, as one Python worker runs each)."""
+    num_tms: int | None = 1
+    """TMs of the store. One per executor: a TM is Flink's JVM process that hosts many
+    subtasks, and a local master has one executor (FLIP-306's proof of concept and the
+    Flink 2.3 figures of BRIEF §7 ran one TM too). ``None``: one per subtask (each
+    Python worker its own TM), which multiplies the EXCLUSIVE pool files by the
+    parallelism."""
     source: RateSource = field(factory=lambda: RateSource(1000))
     windowing: Windowing = field(factory=lambda: Windowing(5000, 0))
     batches: int = 20
     master: str = "local[*]"
     write_buffer_size: int = 64 * 1024
+    l0_compaction_trigger: int = 4
+    """RocksDB's level-0 compaction trigger (its default, 4): each compaction rewrites the
+    small state whole, retiring every shared upload of the subtask at once."""
     compact_every: int = 0
     failures: Failures = field(factory=Failures)
     """Injected failures: a task SIGKILLs its Python worker (needs a master that retries
     tasks: ``local[N,F]`` with F >= 2, ``local-cluster``, a cluster)."""
+    rescale_at: tuple[int, int] | None = None
+    """``(N, P)``: stop after batch N and restart with parallelism P, restoring the
+    latest completed checkpoint with rescale (the configured restore mode)."""
+    die_at: tuple[int, str] | None = None
+    """``(b, point)``: the driver SIGKILLs itself in batch b at ``point`` (DRIVER_KILL_POINTS)."""
+    snapshot: bool = True
+    """Checkpoint the state (off: the baseline of the records-per-second ratio)."""
 
 
 @define
@@ -79,7 +96,33 @@ class StreamRun:
     comparison: Comparison | None = None
     final_watermark: int = -1
     violations: list[str] = field(factory=list)
-    """The store's invariants I1-I5 on the real files after the run."""
+    """The store's invariants I1-I6 on the real files after the run (quiet)."""
+    rescaled: tuple[int, int, str] | None = None
+    """``(after batch, new parallelism, restore mode)`` when the run rescaled."""
+    skipped: tuple[int, ...] = ()
+    """Batches Spark ran again after a restart that the state already held (not counted
+    again: their checkpoint had completed before the driver died)."""
+    recovered: str | None = None
+    """The job this run recovered from (a driver restart), if any."""
+    jobs: tuple[str, ...] = ()
+    """Every job id the run's checkpoints were written under, oldest first."""
+    audits: list[JobAudit] = field(factory=list)
+    """The storage audit of each job's base after the run (``pipeline.stream.audit``)."""
+
+
+DRIVER_KILL_POINTS = ("sunk", "completed")
+"""Where ``die_at`` kills the driver in its batch: after the sink holds the batch's
+windows but before its checkpoint completes; after the checkpoint completed but before
+Spark commits the batch."""
+
+DRIVER_STATE = "driver.json"
+"""In the work directory: the running job's id and parallelism, for a restart."""
+
+
+class _Stop(Exception):
+    """Raised in ``foreachBatch`` for the first batch past the segment: the query ends
+    and Spark does not commit that batch, so a restart runs it (returning normally would
+    commit it unprocessed and lose its rows; R96)."""
 
 
 def retries_tasks(master: str) -> bool:
@@ -122,9 +165,12 @@ class StorageSample:
     """Files that appeared since the previous sample."""
     deleted: int
     state_bytes: int
-    """Bytes of every file but the ``_metadata`` and lease files."""
+    """Bytes of the running job's files but its ``_metadata``."""
     referenced_bytes: int
     """Bytes the latest completed checkpoint's state entries name (each range once)."""
+    referenced_jobs: tuple[str, ...] = ()
+    """The job bases the files of the latest completed checkpoint lie in (after a NO_CLAIM
+    restore: the new job's own only, R73)."""
 
     @property
     def amplification(self) -> float | None:
@@ -143,13 +189,18 @@ class _Files:
         self.seen: set[str] = set()
         self.samples: list[StorageSample] = []
 
-    def sample(self, checkpoint: int, assignments: list[bytes]) -> None:
+    def sample(self, checkpoint: int, assignments: list[bytes], job: str) -> None:
+        """``job``: the running job; the space amplification counts the bytes under its
+        base only (after a NO_CLAIM restore the old job's checkpoint is the user's)."""
         found = self.fs.find(self.root, detail=True) if self.fs.exists(self.root) else {}
-        now = set(found)
+        mine = f"{str(self.root).rstrip('/')}/{job}/"
+        # State files only, as Flink's figures count them: not the ``_metadata`` of each
+        # checkpoint, nor the lease.
+        now = {path for path in found if path.rsplit("/", 1)[-1] not in ("_metadata", "_writer")}
         state = sum(
             int(info.get("size") or 0)
             for path, info in found.items()
-            if path.rsplit("/", 1)[-1] not in ("_metadata", "_writer")
+            if path.rsplit("/", 1)[-1] not in ("_metadata", "_writer") and path.startswith(mine)
         )
         ranges = {
             (h.path, getattr(h, "offset", 0), h.length)
@@ -165,9 +216,49 @@ class _Files:
                 len(self.seen - now),
                 state,
                 sum(r[2] for r in ranges),
+                tuple(sorted({r[0].split("/", 1)[0] for r in ranges})),
             )
         )
         self.seen = now
+
+
+def _read_state(work_dir: str) -> dict[str, Any] | None:
+    try:
+        d = json.loads((Path(work_dir) / DRIVER_STATE).read_text())
+    except FileNotFoundError:
+        return None
+    if (
+        not isinstance(d, dict)
+        or not isinstance(d.get("job"), str)
+        or type(d.get("parallelism")) is not int
+    ):
+        raise ValueError(f"{Path(work_dir) / DRIVER_STATE}: not a driver state file")
+    return d
+
+
+def _write_state(work_dir: str, job: str, parallelism: int) -> None:
+    path = Path(work_dir) / DRIVER_STATE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"job": job, "parallelism": parallelism}))
+    os.replace(tmp, path)
+
+
+def _quiet_query_errors(spark: Any) -> None:
+    """Spark logs a query that ends by an exception at ERROR with the whole stack, and every
+    segment ends so (``_Stop``); a real failure is raised here with Spark's message."""
+    try:
+        jvm = spark.sparkContext._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.sql.execution.streaming", jvm.org.apache.logging.log4j.Level.OFF
+        )
+    except Exception:  # a different logging backend: the log stays noisy
+        pass
+
+
+def _die(point: str) -> None:
+    """The driver dies as a killed process does: no cleanup, no reply to Spark."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run_stream(
@@ -175,57 +266,164 @@ def run_stream(
     *,
     spark: Any = None,
     on_batch: Callable[[BatchReport], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
     check: bool = True,
+    audit: bool = True,
+    resume: bool = False,
 ) -> StreamRun:
-    """Run the job for ``settings.batches`` micro-batches; compare with the batch
-    computation when ``check``."""
+    """Run the job until ``settings.batches`` micro-batches are done; compare with the
+    batch computation when ``check``. ``resume`` continues a run whose driver died (the
+    same work directory): the store recovers from the persisted ``_metadata``, Spark
+    from its own offsets and commits, the watermark and the last batch the state holds
+    from the operator state."""
+    say = on_event or (lambda _m: None)
     p = settings.parallelism
-    if settings.failures.kill_prob > 0 and not retries_tasks(settings.master):
+    if settings.failures.any and not retries_tasks(settings.master):
         raise ValueError(
             f"--kill-worker-prob needs a master that retries a failed task; {settings.master}"
             " fails the job at the first (use local[N,F] with F >= 2, or local-cluster)"
         )
-    if not 1 <= p <= MAX_PARALLELISM:
-        raise ValueError(f"parallelism must be in 1..{MAX_PARALLELISM}, got {p}")
+    for q in (p, *(() if settings.rescale_at is None else (settings.rescale_at[1],))):
+        if not 1 <= q <= MAX_PARALLELISM:
+            raise ValueError(f"parallelism must be in 1..{MAX_PARALLELISM}, got {q}")
+    if settings.rescale_at is not None and not 0 <= settings.rescale_at[0] < settings.batches - 1:
+        raise ValueError(
+            f"--rescale-at {settings.rescale_at[0]}:...: the batch must be in"
+            f" 0..{settings.batches - 2} (a batch must follow it)"
+        )
     if settings.config.max_parallelism != MAX_PARALLELISM:
         raise ValueError(
             f"pipeline.max-parallelism is {settings.config.max_parallelism}; the stream's"
             f" key groups are fixed at {MAX_PARALLELISM}"
         )
+    state = _read_state(settings.work_dir) if resume else None
+    if resume and state is None:
+        raise ValueError(f"nothing to resume in {settings.work_dir} (no {DRIVER_STATE})")
+    if state is not None:
+        p = state["parallelism"]
     coordinator = open_coordinator(
         settings.base,
         settings.config,
         p,
         num_tms=settings.num_tms,
         storage_options=settings.storage_options,
+        crashed_job=None if state is None else state["job"],
     )
+    jobs = [coordinator.job_id]
+    _write_state(settings.work_dir, coordinator.job_id, p)
+    if state is not None:
+        say(f"driver restarted: job {state['job']} recovered as {coordinator.job_id}")
     if spark is None:
         from pipeline.session import spark_session
 
         spark = spark_session(settings.master, app="ckpt-stream")
     files = _Files(settings.base, settings.storage_options)
-    driver = BatchDriver(
-        coordinator,
-        settings.windowing,
-        p,
-        str(Path(settings.work_dir) / "local"),
-        write_buffer_size=settings.write_buffer_size,
-        compact_every=settings.compact_every,
-        failures=settings.failures,
+    local = str(Path(settings.work_dir) / "local")
+
+    def new_driver(parallelism: int) -> BatchDriver:
+        d = BatchDriver(
+            coordinator,
+            settings.windowing,
+            parallelism,
+            local,
+            write_buffer_size=settings.write_buffer_size,
+            compact_every=settings.compact_every,
+            l0_compaction_trigger=settings.l0_compaction_trigger,
+            failures=settings.failures,
+            snapshot=settings.snapshot,
+        )
+        if settings.snapshot:
+            d.recover_progress()
+        return d
+
+    driver = new_driver(p)
+    reports: list[BatchReport] = []
+    skipped: list[int] = []
+    run = StreamRun(
+        settings, reports, 0.0, files.samples, recovered=None if state is None else state["job"]
     )
-    out = Path(settings.out)
-    done = threading.Event()
+    t0 = time.perf_counter()
+    try:
+        if settings.rescale_at is not None and p != settings.rescale_at[1]:
+            n, new_p = settings.rescale_at
+            if driver.last_batch < n:
+                _segment(spark, settings, coordinator, driver, files, n, on_batch, skipped, say)
+                reports.extend(driver.reports)
+            mode = settings.config.restore_mode
+            coordinator.rescale(new_p, mode)
+            _write_state(settings.work_dir, coordinator.job_id, new_p)
+            jobs.append(coordinator.job_id)
+            say(
+                f"rescaled after batch {driver.last_batch}: parallelism {p} -> {new_p}"
+                f" ({mode.name}), job {coordinator.job_id}"
+            )
+            run.rescaled = (driver.last_batch, new_p, mode.name)
+            driver = new_driver(new_p)
+        _segment(
+            spark,
+            settings,
+            coordinator,
+            driver,
+            files,
+            settings.batches - 1,
+            on_batch,
+            skipped,
+            say,
+        )
+        reports.extend(driver.reports)
+        coordinator.settle()
+        run.violations = coordinator.violations(quiet=True) if settings.snapshot else []
+    finally:
+        coordinator.close()
+    run.seconds = time.perf_counter() - t0
+    run.final_watermark = driver.watermark
+    run.skipped = tuple(skipped)
+    run.jobs = tuple(jobs)
+    if audit and settings.snapshot:
+        say("auditing the checkpoint storage")
+        run.audits = audit_jobs(spark, settings.base, run.jobs, settings.storage_options)
+    if check:
+        emitted = [w for rows in read_all(out_dir(settings)).values() for w in rows]
+        expected = batch_counts(settings.source, driver.last_batch + 1, settings.windowing)
+        run.comparison = compare(expected, emitted, settings.windowing, driver.ran_watermark)
+    return run
+
+
+def out_dir(settings: StreamSettings) -> Path:
+    return Path(settings.out)
+
+
+def _segment(
+    spark: Any,
+    settings: StreamSettings,
+    coordinator: CoordinatorSide,
+    driver: BatchDriver,
+    files: _Files,
+    last: int,
+    on_batch: Callable[[BatchReport], None] | None,
+    skipped: list[int],
+    say: Callable[[str], None],
+) -> None:
+    """Run the query until batch ``last`` is done, then stop it without committing the
+    next one (``_Stop``)."""
+    p = driver.parallelism
+    out = out_dir(settings)
     word_args = settings.source.word_args()
+    stopping = threading.Event()
 
     def per_batch(df: Any, batch_id: int) -> None:
-        if batch_id >= settings.batches:
-            # Past the last batch: the query is being stopped. Spark commits this batch
-            # although none of its rows were counted, so a run that continued from this
-            # Spark checkpoint would skip them: a restart (--rescale-at, to come) must
-            # stop without a commit (raise here, and quiet Spark's error log of it).
-            done.set()
+        if batch_id > last:
+            stopping.set()
+            raise _Stop(f"batch {batch_id} is past the segment's last, {last}")
+        if batch_id <= driver.last_batch:
+            # Spark runs again a batch it had not committed when the driver died, but
+            # the checkpoint that holds it completed: its windows are in the sink, its
+            # records in the state. Returning lets Spark commit it (SPEC R96).
+            skipped.append(batch_id)
+            say(f"batch {batch_id}: already in the latest completed checkpoint, not run again")
             return
         order = driver.order(batch_id)
+        die = settings.die_at if settings.die_at and settings.die_at[0] == batch_id else None
         try:
             results: list[SubtaskResult] = (
                 df.rdd.map(functools.partial(_keyed, word_args))
@@ -236,20 +434,28 @@ def run_stream(
             write_batch(out, batch_id, [w for r in results for w in r.closed])
         except BaseException:
             # The batch fails and Spark does not commit it; its checkpoint never completes.
-            coordinator.abort(order.checkpoint)
+            if settings.snapshot:
+                coordinator.abort(order.checkpoint)
             raise
+        if die is not None and die[1] == "sunk":
+            _die("sunk")
         report = driver.finish(order, results)
-        coordinator.settle()
-        files.sample(
-            order.checkpoint,
-            [coordinator.restore_assignment(s, order.checkpoint + 1) for s in driver.subtasks()],
-        )
+        if die is not None and die[1] == "completed":
+            _die("completed")
+        if settings.snapshot:
+            coordinator.settle()
+            files.sample(
+                order.checkpoint,
+                [
+                    coordinator.restore_assignment(s, order.checkpoint + 1)
+                    for s in driver.subtasks()
+                ],
+                coordinator.job_id,
+            )
         if on_batch is not None:
             on_batch(report)
-        if batch_id + 1 >= settings.batches:
-            done.set()
 
-    t0 = time.perf_counter()
+    _quiet_query_errors(spark)
     query = (
         settings.source.read_stream(spark)
         .writeStream.foreachBatch(per_batch)
@@ -257,27 +463,12 @@ def run_stream(
         .start()
     )
     try:
-        while not done.wait(0.2):
-            if not query.isActive:
-                break
+        while query.isActive:
+            time.sleep(0.1)
         err = query.exception()
     finally:
         query.stop()
-        violations = coordinator.violations()
-        coordinator.close()
-    if err is not None and len(driver.reports) < settings.batches:
+    if err is not None and not stopping.is_set():
         raise RuntimeError(f"the streaming query failed: {err}")
-    run = StreamRun(
-        settings,
-        list(driver.reports),
-        time.perf_counter() - t0,
-        files.samples,
-        final_watermark=driver.watermark,
-        violations=violations,
-    )
-    if check:
-        emitted = [w for rows in read_all(out).values() for w in rows]
-        last = driver.reports[-1].watermark if driver.reports else -1
-        expected = batch_counts(settings.source, len(driver.reports), settings.windowing)
-        run.comparison = compare(expected, emitted, settings.windowing, last)
-    return run
+    if driver.last_batch < last:
+        raise RuntimeError(f"the query stopped at batch {driver.last_batch}, before {last}")

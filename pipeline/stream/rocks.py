@@ -32,16 +32,20 @@ def decode_key(key: bytes) -> tuple[int, int, str]:
 
 
 def options(
-    *, write_buffer_size: int = 64 * 1024, auto_compactions: bool = True
+    *,
+    write_buffer_size: int = 64 * 1024,
+    auto_compactions: bool = True,
+    l0_compaction_trigger: int = 4,
 ) -> rocksdict.Options:
     """The DB options every open uses (a restore must open with the same ``raw_mode``).
 
-    A small memtable makes an SST per checkpoint or so, and the L0 trigger of 4 makes
-    compactions retire them, as a long-running job's state does at a larger scale."""
+    A small memtable makes an SST per checkpoint or so, and the L0 trigger (RocksDB's
+    default 4) makes compactions retire them, as a long-running job's state does at a
+    larger scale."""
     opt = rocksdict.Options(raw_mode=True)
     opt.create_if_missing(True)
     opt.set_write_buffer_size(write_buffer_size)
-    opt.set_level_zero_file_num_compaction_trigger(4)
+    opt.set_level_zero_file_num_compaction_trigger(l0_compaction_trigger)
     opt.set_disable_auto_compactions(not auto_compactions)
     return opt
 

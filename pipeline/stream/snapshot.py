@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -41,6 +42,8 @@ SST = re.compile(r"[0-9]{6,}\.sst")
 META = re.compile(r"(MANIFEST-[0-9]{6,}|OPTIONS-[0-9]{6,}|CURRENT)")
 LINEAGE = re.compile(r"[0-9A-Za-z]{1,64}")
 OPERATOR_STATE = "operator/progress"
+GROUP_KEY = struct.Struct(">H")
+"""A key's first bytes: its key group (``rocks.encode_key``)."""
 MARKER = "ckpt-marker.json"
 """In the DB's directory: the checkpoint the DB is at and its lineage (RocksDB ignores it)."""
 
@@ -216,3 +219,55 @@ def write_marker(db_dir: Path, checkpoint: int, lineage: str) -> None:
     tmp = db_dir / (MARKER + ".tmp")
     tmp.write_text(json.dumps({"checkpoint": checkpoint, "lineage": lineage}))
     os.replace(tmp, db_dir / MARKER)
+
+
+def restore_key_groups(
+    party: TaskManagerSide,
+    entries: Sequence[StateEntry],
+    target: Path,
+    groups: tuple[int, int],
+    opt: rocksdict.Options,
+) -> int:
+    """Build a new DB at ``target`` (which must not exist) holding the keys of key groups
+    ``groups`` (inclusive) of every old DB ``entries`` name: a rescale's restore. Each old
+    subtask's files (one lineage each) are downloaded on their own, opened, and the
+    range is copied out (keys start with their key group, ``rocks.encode_key``); the new
+    DB is a new lineage, so its SST numbers may repeat the old ones' under other names.
+    Returns the number of keys copied."""
+    by_lineage: dict[str, list[StateEntry]] = {}
+    for e in entries:
+        if e.kind in (StateKind.KEYED_SHARED, StateKind.KEYED_FULL):
+            file_of(e)  # refuses what is not one of ours before anything is written
+            by_lineage.setdefault(e.name.split("/")[1], []).append(e)
+    lo, hi = GROUP_KEY.pack(groups[0]), GROUP_KEY.pack(groups[1] + 1)
+    part = target.with_name(target.name + f".part-{uuid.uuid4().hex[:8]}")
+    copied = 0
+    try:
+        new = rocksdict.Rdict(str(part), opt)
+        try:
+            for lineage, old_entries in sorted(by_lineage.items()):
+                old_dir = target.with_name(f"{target.name}.old-{lineage}-{uuid.uuid4().hex[:8]}")
+                restore(party, old_entries, old_dir)
+                try:
+                    old = rocksdict.Rdict(str(old_dir), opt)
+                    try:
+                        batch = rocksdict.WriteBatch(raw_mode=True)
+                        it = old.iter()
+                        it.seek(lo)
+                        while it.valid() and it.key() < hi:
+                            batch.put(it.key(), it.value())
+                            copied += 1
+                            it.next()
+                        new.write(batch)
+                    finally:
+                        old.close()
+                finally:
+                    shutil.rmtree(old_dir, ignore_errors=True)
+            new.flush(True)
+        finally:
+            new.close()
+        os.rename(part, target)
+    except BaseException:
+        shutil.rmtree(part, ignore_errors=True)
+        raise
+    return copied

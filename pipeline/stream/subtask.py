@@ -35,6 +35,7 @@ from pipeline.stream.snapshot import (
     lineage_of,
     read_marker,
     restore,
+    restore_key_groups,
     reusable,
     take_snapshot,
     write_marker,
@@ -63,10 +64,18 @@ class Failures:
     killed_attempts: int = 1
     """Attempts of a task that may be killed (the first ones): with Spark's
     ``spark.task.maxFailures`` above it, every task finishes in the end."""
+    kill_at: tuple[int, int, str] | None = None
+    """``(batch, subtask, point)``: one kill exactly there (the demo's), first attempt."""
+
+    @property
+    def any(self) -> bool:
+        return self.kill_prob > 0 or self.kill_at is not None
 
     def kills(self, point: str, batch: int, index: int, attempt_number: int) -> bool:
         """Whether attempt ``attempt_number`` of subtask ``index`` dies at ``point`` of
         batch ``batch``: the same answer in every process and on every run."""
+        if self.kill_at == (batch, index, point) and attempt_number == 0:
+            return True
         if self.kill_prob <= 0 or attempt_number >= self.killed_attempts:
             return False
         key = f"{self.seed}/{batch}/{index}/{attempt_number}/{point}"
@@ -96,9 +105,16 @@ class BatchOrder:
     """The coordinator's notices since the previous batch."""
     write_buffer_size: int = 64 * 1024
     auto_compactions: bool = True
+    l0_compaction_trigger: int = 4
     compact_every: int = 0
     """Also run a full manual compaction every so many checkpoints (0: never)."""
     failures: Failures = Failures()
+    restoring: bool = False
+    """The job starts from a restored checkpoint (a rescale, a recovered driver): nothing
+    restored is reused, every SST of the snapshot is uploaded (R71); after a rescale the
+    subtask builds its DB from the key-group ranges it now owns."""
+    snapshot: bool = True
+    """Checkpoint the state (off: the baseline of the records-per-second ratio)."""
     sweep_local: bool = True
     """Remove what earlier attempts of the subtask left on the local disk (a killed
     attempt's DB, checkpoint or download directory) when a task starts. Safe only when no
@@ -156,17 +172,34 @@ def run_subtask(
     if order.sweep_local:
         _sweep(home, keep={shared.name, mine.name})
     restored = False
-    lineage = _take(shared, mine, assignment.latest_completed, lineage_of(assignment.entries))
+    lo, hi = key_group_range(MAX_PARALLELISM, order.parallelism, index)
+    # After a rescale the restored DBs hold other key groups too: never taken up whole.
+    rescaled = order.restoring and any(
+        e.kind.keyed and e.key_groups is not None and e.key_groups != (lo, hi)
+        for e in assignment.entries
+    )
+    opt = options(
+        write_buffer_size=order.write_buffer_size,
+        auto_compactions=order.auto_compactions,
+        l0_compaction_trigger=order.l0_compaction_trigger,
+    )
+    lineage = (
+        None
+        if rescaled or not order.snapshot
+        else _take(shared, mine, assignment.latest_completed, lineage_of(assignment.entries))
+    )
     if lineage is None:
         lineage = uuid.uuid4().hex[:12]
-        restored = bool(assignment.entries)
-        if restored:
+        if not order.snapshot:
+            _take_any(shared, mine)
+        elif rescaled:
+            restored = True
+            restore_key_groups(party, assignment.entries, mine, (lo, hi), opt)
+        elif assignment.entries:
+            restored = True
             restore(party, assignment.entries, mine)
-    base = reusable(assignment.entries)
-    db = WindowCounts(
-        mine,
-        options(write_buffer_size=order.write_buffer_size, auto_compactions=order.auto_compactions),
-    )
+    base = {} if order.restoring else reusable(assignment.entries)
+    db = WindowCounts(mine, opt)
     try:
         counts: Counter[tuple[int, int, str]] = Counter()
         n = late = 0
@@ -180,7 +213,6 @@ def run_subtask(
                 continue
             counts[(group, start, word)] += 1
         db.add(counts)
-        lo, hi = key_group_range(MAX_PARALLELISM, order.parallelism, index)
         closed = db.close_windows(range(lo, hi + 1), order.windowing, order.watermark)
         if order.compact_every and order.checkpoint % order.compact_every == 0:
             db.db.compact_range(None, None)
@@ -195,6 +227,13 @@ def run_subtask(
             },
             sort_keys=True,
         ).encode()
+        if not order.snapshot:
+            db.close()
+            _put_back(mine, shared)
+            return SubtaskResult(
+                index, attempt, attempt_number, b"", n, late, max_event, False,
+                SnapshotStats(0, 0, 0, 0, 0, ()), tuple(sorted(closed)),
+            )  # fmt: skip
         hook("before-snapshot")
         stats = take_snapshot(
             db,
@@ -248,6 +287,16 @@ def _take(shared: Path, mine: Path, latest_completed: int, lineage: str | None) 
         shutil.rmtree(mine)
         return None
     return marker[1]
+
+
+def _take_any(shared: Path, mine: Path) -> None:
+    """Without checkpoints (the baseline) the local DB is the state, whatever it is at."""
+    if mine.exists():
+        shutil.rmtree(mine)
+    try:
+        shared.rename(mine)
+    except FileNotFoundError:
+        pass
 
 
 def _sweep(home: Path, keep: set[str]) -> None:
