@@ -86,6 +86,7 @@ BAD_FORMS: dict[str, Callable[[str], str]] = {
     "backslash dotdot": lambda p: p + "\\..\\..",
     "NUL": lambda p: p + "\0x",
     "control character": lambda p: p + "\nx",
+    "DEL": lambda p: p + "\x7fx",
     "absolute": lambda p: "/" + p,
     "windows absolute": lambda p: "C:\\" + p,
     "protocol": lambda p: "s3://bucket/" + p,
