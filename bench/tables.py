@@ -147,7 +147,7 @@ class ClusterBench:
             cluster.apply(c.DeliverNotification(0))
         settle(cluster)
         t2 = time.perf_counter_ns()
-        live = sum(len(m.segs) for m in cluster.mgr.values())
+        live = sum(len(t.m.segs) for t in cluster.parties.values())
         if live != self.retained * PER_SUBSUME:
             raise AssertionError(f"{live} live segments, expected {self.retained * PER_SUBSUME}")
         self.cp += 1

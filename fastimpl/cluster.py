@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 import attrs
 
 from fastimpl.ids import CounterIds, IdSource, RandomIds
-from fastimpl.manager import Manager
 from fastimpl.metadata import MetadataError, base_of, metadata_bytes, path_parts
 from fastimpl.records import (
     BackendRef,
@@ -24,20 +23,17 @@ from fastimpl.records import (
     Deferred,
     ManagedDir,
     Pending,
-    PFile,
-    PoolKey,
     RegEntry,
-    Seg,
     Status,
     StoredFile,
     Tm,
 )
 from fastimpl.redistribute import assign
 from fastimpl.storage import Storage, StorageFault
+from fastimpl.taskmanager import TaskManager
 from fastimpl.trace import CommandTrace
 from fastimpl.transport import InMemoryTransport
 from spec import commands as c
-from spec.commands import StorageOp
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
 from spec.effects import COORDINATOR, USER, tm_actor
 from spec.errors import CommandError, Reason
@@ -50,11 +46,10 @@ from spec.handles import (
     stream_of,
 )
 from spec.ids import SubtaskId, TmId
-from spec.keygroups import key_group_range, max_parallelism_refusal
+from spec.keygroups import max_parallelism_refusal
 from spec.layout import (
     METADATA,
     SAVEPOINTS,
-    checkpoint_dir,
     is_under,
     job_base,
     metadata_path,
@@ -135,6 +130,10 @@ class Cluster:
         tm_ids = [f"tm-{i}" for i in range(1, job_spec.num_tms + 1)]
         self.placement: dict[SubtaskId, TmId] = _place(_subtasks(self.vertices), tm_ids)
         self.tms: dict[TmId, Tm] = {t: Tm(t, Status.ALIVE) for t in tm_ids}
+        self.parties: dict[TmId, TaskManager] = {
+            t: TaskManager(t, job_id, config, self) for t in tm_ids
+        }
+        """Each TM attempt's own side (``fastimpl.taskmanager``), by id."""
         self.next_tm = job_spec.num_tms + 1
         self.next_checkpoint = 1
         self.pending: dict[int, Pending] = {}
@@ -144,10 +143,6 @@ class Cluster:
         self.latest_completed = 0
         self.watermark = 0
         self.registry: dict[str, RegEntry] = {}
-        self.mgr: dict[TmId, Manager] = {}
-        self.outputs: dict[OutKey, list[StateEntry]] = {}
-        self.acked: dict[OutKey, tuple[StateEntry, ...]] = {}
-        self.backend: dict[BackendKey, BackendRef] = {}
         self.dirs: dict[str, ManagedDir] = {}
         self.dir_owner: dict[str, str] = {}
         self.files: dict[str, StoredFile] = {}
@@ -318,12 +313,13 @@ class Cluster:
                 raise CommandError(Reason.TM_NOT_LOST, f"attempt {tm} is not a lost TM")
             if subtask not in rec.hosted:
                 raise CommandError(Reason.NOT_HOSTED, f"{tm} never hosted {subtask}")
-        if self._finished_for_tm(rec, checkpoint):
+        party = self.parties[tm]
+        if party.finished(checkpoint):
             raise CommandError(
                 Reason.CHECKPOINT_FINISHED_FOR_TM,
                 f"{tm} already knows checkpoint {checkpoint} is finished",
             )
-        if (tm, subtask, checkpoint) in self.acked:
+        if party.acknowledged(subtask, checkpoint):
             raise CommandError(
                 Reason.ALREADY_ACKNOWLEDGED, f"{subtask} already acknowledged {checkpoint}"
             )
@@ -331,19 +327,6 @@ class Cluster:
 
     def _is_savepoint(self, checkpoint: int) -> bool:
         return checkpoint in self.savepoint_ids
-
-    def _finished_for_tm(self, rec: Tm, checkpoint: int) -> bool:
-        if checkpoint in rec.known_aborted or checkpoint < rec.first_checkpoint:
-            return True
-        if checkpoint in rec.finished_savepoints:
-            return True
-        return not self._is_savepoint(checkpoint) and checkpoint <= rec.finished_mark
-
-    def _manager(self, tm: TmId) -> Manager:
-        m = self.mgr.get(tm)
-        if m is None:
-            m = self.mgr[tm] = Manager()
-        return m
 
     # ------------------------------------------------------------------ storage calls
 
@@ -599,139 +582,18 @@ class Cluster:
         if cmd.size == 0:
             return None  # R10
         try:
-            entry = self._write_stream(
-                tm,
-                cmd.subtask,
-                cmd.checkpoint,
-                cmd.kind,
-                cmd.name,
-                cmd.size,
-                cmd.entries,
-                data=data,
+            return self.parties[tm].write(
+                cmd.subtask, cmd.checkpoint, cmd.kind, cmd.name, cmd.size, cmd.entries, data
             )
         except StorageFault:
             self._write_failed(tm, cmd.subtask, cmd.checkpoint)
             if raise_fault:
                 raise
             return None
-        self._add_output(tm, cmd.subtask, cmd.checkpoint, entry)
-        return entry
-
-    def _add_output(self, tm: TmId, subtask: SubtaskId, checkpoint: int, e: StateEntry) -> None:
-        key = (tm, subtask, checkpoint)
-        self.outputs.setdefault(key, []).append(e)
-        if e.kind is StateKind.KEYED_SHARED and not self._is_savepoint(checkpoint):
-            self.backend[(tm, subtask, e.name)] = BackendRef(e, checkpoint, False)
-
-    def _key_groups(self, subtask: SubtaskId, kind: StateKind) -> tuple[int, int] | None:
-        if not kind.keyed:
-            return None
-        return key_group_range(self.cfg.max_parallelism, subtask.parallelism, subtask.index)
-
-    def _write_stream(
-        self,
-        tm: TmId,
-        subtask: SubtaskId,
-        checkpoint: int,
-        kind: StateKind,
-        name: str,
-        size: int,
-        entries: int,
-        partial: int | None = None,
-        data: bytes | None = None,
-    ) -> StateEntry:
-        actor = tm_actor(tm)
-        lid = self.ids.logical_id()
-        kg = self._key_groups(subtask, kind)
-        scope = kind.scope
-        savepoint = self._is_savepoint(checkpoint)
-        if savepoint or self.mode is MergingMode.NONE:
-            # R11, R55: one file per handle, the writing TM's until acknowledged
-            if savepoint:
-                directory = savepoint_dir(checkpoint)
-            elif scope is Scope.SHARED:
-                directory = shared_dir(self.job, subtask)
-            else:
-                directory = checkpoint_dir(self.job, checkpoint)
-            path = self._new_file_name(directory)
-            self._fs_create(path, actor, tm)
-            try:
-                self._fs_append(path, size if partial is None else partial, data)
-            except StorageFault:
-                self._fs_close(path)
-                self._delete_file(path, actor)
-                raise
-            if partial is not None:
-                raise StorageFault(StorageOp.APPEND, path)
-            self._fs_close(path)  # R12: durable before the handle exists
-            return StateEntry(subtask, kind, name, FileHandle(path, size, lid, scope), entries, kg)
-        path, offset = self._append_segment(tm, subtask, checkpoint, scope, size, partial, data)
-        m = self.mgr[tm]
-        m.add(Seg(lid, path, offset, size, checkpoint, checkpoint, False))
-        pf = m.pfiles[path]
-        pf.ref_count += 1
-        pf.live_bytes += size
-        if pf.open and pf.size >= self.cfg.max_file_size:
-            self._close_pfile(tm, path)  # R12: roll at max file size
-        handle = SegmentHandle(path, offset, size, lid, scope)
-        return StateEntry(subtask, kind, name, handle, entries, kg)
-
-    def _pool_key(self, tm: TmId, subtask: SubtaskId, checkpoint: int, scope: Scope) -> PoolKey:
-        """R13: SHARED merged per subtask, EXCLUSIVE per TM; WITHIN pools per checkpoint."""
-        owner = str(subtask) if scope is Scope.SHARED else tm
-        within = self.mode is MergingMode.WITHIN_CHECKPOINT
-        return (tm, scope.value, owner, str(checkpoint) if within else "*")
-
-    def _append_segment(
-        self,
-        tm: TmId,
-        subtask: SubtaskId,
-        checkpoint: int,
-        scope: Scope,
-        size: int,
-        partial: int | None,
-        data: bytes | None = None,
-    ) -> tuple[str, int]:
-        actor = tm_actor(tm)
-        key = self._pool_key(tm, subtask, checkpoint, scope)
-        directory = (
-            shared_dir(self.job, subtask) if scope is Scope.SHARED else taskowned_dir(self.job, tm)
-        )
-        self._fs_mkdir(directory, actor, tm)  # R40
-        m = self._manager(tm)
-        path = m.pools.get(key)
-        if path is not None:
-            pf = m.pfiles[path]
-            if pf.size > 0 and pf.size + size > self.cfg.max_file_size:
-                self._close_pfile(tm, path)  # R12: roll before exceeding the size
-                path = None
-        if path is None:
-            path = self._new_file_name(directory)
-            self._fs_create(path, actor, tm)
-            cp = checkpoint if key[3] != "*" else None
-            m.pfiles[path] = PFile(path, scope, key, cp, True, 0)
-            m.pools[key] = path
-        n = size if partial is None else partial
-        try:
-            offset = self._fs_append(path, n, data if partial is None else None)
-        except StorageFault:
-            self._poison(tm, path)
-            raise
-        m.pfiles[path].size += n
-        if partial is not None:
-            raise StorageFault(StorageOp.APPEND, path)
-        return path, offset
-
-    def _poison(self, tm: TmId, path: str) -> None:
-        """R17: a file whose write failed is closed and never written or reused again."""
-        self.mgr[tm].pfiles[path].reusable = False
-        self._close_pfile(tm, path)
 
     def _write_failed(self, tm: TmId, subtask: SubtaskId, checkpoint: int) -> None:
         """R17: the subtask declines and writes no more for the checkpoint (R14)."""
-        self._tm_drop_outputs(tm, subtask, checkpoint)
-        self.acked[(tm, subtask, checkpoint)] = ()
-        self._close_within_files(tm, lambda cp: cp == checkpoint, subtask)
+        self.parties[tm].write_failed(subtask, checkpoint)
         self._receive_decline(Decline(self.job, checkpoint, subtask, tm))
 
     def _receive_decline(self, msg: Decline) -> None:
@@ -753,38 +615,14 @@ class Cluster:
 
     def _reuse_shared(self, cmd: c.ReuseShared, *, raise_fault: bool = False) -> StateEntry | None:
         tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
-        ref = self.backend.get((tm, cmd.subtask, cmd.name))
-        if ref is None:
-            raise CommandError(
-                Reason.NO_SUCH_STATE, f"{cmd.subtask} on {tm} has no shared state {cmd.name!r}"
-            )
+        party = self.parties[tm]
+        ref = party.backend_ref(cmd.subtask, cmd.name)
+        reused = party.reuse(cmd.subtask, cmd.checkpoint, ref)
+        if reused is not None:
+            return reused
         old = ref.entry
         stream = stream_of(old.handle)
         size = 0 if stream is None else stream.length
-        if not self._is_savepoint(cmd.checkpoint) and self._reusable(tm, ref):
-            h = old.handle
-            if isinstance(h, SegmentHandle):
-                m = self.mgr[tm]
-                seg = m.segs[h.logical_id]
-                m.touch(seg, max(seg.last_used, cmd.checkpoint))  # R21
-                entry = old
-            else:
-                assert stream is not None
-                entry = StateEntry(
-                    old.subtask,
-                    old.kind,
-                    old.name,
-                    PlaceholderHandle(stream.logical_id),
-                    old.entries,
-                    old.key_groups,
-                    old.entry_range,
-                )
-            key = (tm, cmd.subtask, cmd.checkpoint)
-            self.outputs.setdefault(key, []).append(entry)
-            self.backend[(tm, cmd.subtask, entry.name)] = BackendRef(
-                ref.entry, max(ref.checkpoint, cmd.checkpoint), ref.confirmed
-            )
-            return entry
         # R20: not reusable: upload the same local state again
         data = None
         if self.copy_bytes and stream is not None and size > 0 and stream.path not in self.files:
@@ -802,66 +640,26 @@ class Cluster:
                 # not a choice: the subtask declines (R17), naming the path and sizes.
                 at = stream.offset if isinstance(stream, SegmentHandle) else 0
                 data = self.storage.read_range(stream.path, at, size)
-            entry = self._write_stream(
-                tm, cmd.subtask, cmd.checkpoint, old.kind, old.name, size, old.entries, data=data
+            return party.write(
+                cmd.subtask, cmd.checkpoint, old.kind, old.name, size, old.entries, data
             )
         except StorageFault:
             self._write_failed(tm, cmd.subtask, cmd.checkpoint)
             if raise_fault:
                 raise
             return None
-        self._add_output(tm, cmd.subtask, cmd.checkpoint, entry)
-        return entry
-
-    def _reusable(self, tm: TmId, ref: BackendRef) -> bool:
-        if not ref.confirmed:
-            return False
-        h = ref.entry.handle
-        if isinstance(h, SegmentHandle):
-            m = self.mgr.get(tm)
-            if m is None or h.logical_id not in m.segs:
-                return False
-            pf = m.pfiles.get(h.path)
-            return pf is not None and pf.reusable
-        return isinstance(h, FileHandle) and self.mode is MergingMode.NONE
 
     # ------------------------------------------------------------------ acknowledge
 
     def _acknowledge(self, cmd: c.Acknowledge) -> tuple[StateEntry, ...]:
         tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
-        written, ack = self._tm_acknowledge(tm, cmd.subtask, cmd.checkpoint)
+        try:
+            written, ack = self.parties[tm].acknowledge(cmd.subtask, cmd.checkpoint)
+        except StorageFault:
+            self._receive_decline(Decline(self.job, cmd.checkpoint, cmd.subtask, tm))
+            raise
         self._receive_ack(ack)
         return written
-
-    def _tm_acknowledge(
-        self, tm: TmId, subtask: SubtaskId, checkpoint: int
-    ) -> tuple[tuple[StateEntry, ...], Acknowledgement]:
-        """The TM's half: what the subtask wrote, plus the managed directories that exist
-        (R40), as the message to the coordinator; the subtask's WITHIN files close (R14).
-        Raises ``StorageFault`` (the subtask declines, R17) if a handle names bytes whose
-        upload failed."""
-        key = (tm, subtask, checkpoint)
-        written = tuple(self.outputs.pop(key, ()))
-        entries = list(written)
-        if self.mode is not MergingMode.NONE and not self._is_savepoint(checkpoint):
-            # R40: every acknowledgement reports the managed directories that exist
-            for directory in (shared_dir(self.job, subtask), taskowned_dir(self.job, tm)):
-                if directory in self.dir_owner:
-                    d = self.dirs[directory]
-                    if d.creator == tm and not d.handed_over:  # R41; once handed over,
-                        d.used_by.add(checkpoint)  # the coordinator's (R42)
-                    entries.append(
-                        StateEntry(subtask, StateKind.CHANNEL, "dir", DirectoryHandle(directory), 0)
-                    )
-        self.acked[key] = tuple(entries)
-        self._close_within_files(tm, lambda cp: cp == checkpoint, subtask)
-        lost = self.failed_uploads & {
-            s.path for e in entries if (s := stream_of(e.handle)) is not None
-        }
-        if lost:  # R17: the handles name bytes that never reached storage
-            self._write_failed(tm, subtask, checkpoint)
-            raise StorageFault(StorageOp.APPEND, min(lost))
-        return written, Acknowledgement(self.job, checkpoint, subtask, tm, tuple(entries))
 
     def _receive_ack(self, ack: Acknowledgement) -> None:
         """The coordinator's half. It knows the sender only from the message: an attempt
@@ -1109,236 +907,8 @@ class Cluster:
         rec = self.tms.get(tm)
         if rec is None or rec.status is Status.STOPPED:
             return
-        if isinstance(msg, CheckpointComplete):
-            self._tm_complete(tm, msg.checkpoint, msg.subsumed, msg.savepoint)
-            if not msg.savepoint:
-                self._finish_savepoints(tm, msg.checkpoint, msg.pending_savepoints)
-        elif isinstance(msg, CheckpointAborted):
-            self._tm_abort(tm, msg.checkpoint, msg.latest_completed, msg.savepoint)
-
-    def _finish_savepoints(self, tm: TmId, checkpoint: int, still_open: frozenset[int]) -> None:
-        """R35: savepoints up to c that are not listed as pending are finished."""
-        mine = {k[2] for k in self.outputs if k[0] == tm} | {k[2] for k in self.acked if k[0] == tm}
-        done = sorted(
-            sp
-            for sp in mine
-            if sp <= checkpoint and sp not in still_open and self._is_savepoint(sp)
-        )
-        for sp in done:
-            self._savepoint_finished(tm, sp)
-
-    def _savepoint_finished(self, tm: TmId, savepoint: int) -> None:
-        self.tms[tm].finished_savepoints.add(savepoint)
-        self._tm_drop_outputs_where(tm, lambda cp: cp == savepoint)
-        for key in [k for k in self.acked if k[0] == tm and k[2] == savepoint]:
-            del self.acked[key]
-
-    def _tm_complete(self, tm: TmId, checkpoint: int, watermark: int, savepoint: bool) -> None:
-        rec = self.tms[tm]
-        if savepoint:
-            self._savepoint_finished(tm, checkpoint)  # R35
-            return
-        rec.known_completed = max(rec.known_completed, checkpoint)
-        rec.finished_mark = max(rec.finished_mark, checkpoint)
-        rec.known_watermark = max(rec.known_watermark, watermark)
-        self._confirm(tm, checkpoint)
-        m = self.mgr.get(tm)
-        if m is not None:
-            for lid in m.used_up_to(watermark):  # R31
-                self._discard(tm, lid)
-        self._tm_drop_outputs_where(tm, lambda cp: cp <= checkpoint and not self._is_savepoint(cp))
-        self._close_within_files(tm, lambda cp: cp <= checkpoint)
-        self._forget_settled_aborts(tm)
-
-    def _forget_settled_aborts(self, tm: TmId) -> None:
-        """Keep the aborts a TM heard only while they still decide something: whether a
-        write is late (not once the checkpoint is below the finished mark, or a finished
-        savepoint) and whether a directory it made may go (R41, while one of its
-        directories that was not handed over lists the checkpoint). Without this the
-        set grows with every abort the job ever had."""
-        rec = self.tms[tm]
-        if not rec.known_aborted:
-            return
-        listed = {
-            cp
-            for d in self.dirs.values()
-            if d.creator == tm and not d.handed_over
-            for cp in d.used_by
-        }
-        rec.known_aborted = {
-            cp
-            for cp in rec.known_aborted
-            if cp in listed
-            or not (
-                cp in rec.finished_savepoints
-                or (cp <= rec.finished_mark and not self._is_savepoint(cp))
-            )
-        }
-
-    def _tm_abort(self, tm: TmId, checkpoint: int, latest_completed: int, savepoint: bool) -> None:
-        rec = self.tms[tm]
-        rec.known_aborted.add(checkpoint)
-        rec.known_completed = max(rec.known_completed, latest_completed)
-        if latest_completed:
-            self._confirm(tm, latest_completed)  # R32
-        m = self.mgr.get(tm)
-        if m is not None:
-            for lid in m.created_for(checkpoint):
-                self._discard(tm, lid)
-        self._tm_drop_outputs_where(tm, lambda cp: cp == checkpoint)
-        self._close_within_files(tm, lambda cp: cp == checkpoint)
-        if savepoint:
-            self._savepoint_finished(tm, checkpoint)
-        else:
-            self._tm_release_dirs(tm)
-
-    def _confirm(self, tm: TmId, checkpoint: int) -> None:
-        """R23: what a subtask acknowledged for a completed checkpoint becomes its baseline."""
-        m = self.mgr.get(tm)
-        for (t, subtask, cp), entries in sorted(self.acked.items(), key=lambda kv: str(kv[0])):
-            if t != tm or cp != checkpoint:
-                continue
-            names = {e.name: e for e in entries if e.kind is StateKind.KEYED_SHARED}
-            for bkey, ref in list(self.backend.items()):
-                if bkey[0] != tm or bkey[1] != subtask:
-                    continue
-                if bkey[2] in names:
-                    acked = names[bkey[2]]
-                    base = ref.entry if isinstance(acked.handle, PlaceholderHandle) else acked
-                    self.backend[bkey] = BackendRef(base, max(ref.checkpoint, cp), True)
-                elif ref.checkpoint <= cp:
-                    del self.backend[bkey]
-            if m is not None:
-                for e in names.values():
-                    h = e.handle
-                    if isinstance(h, SegmentHandle):
-                        seg = m.segs.get(h.logical_id)
-                        if seg is not None:
-                            seg.confirmed = True
-        for key in [k for k in self.acked if k[0] == tm and k[2] < checkpoint]:
-            if not self._is_savepoint(key[2]):
-                del self.acked[key]
-
-    def _discard(self, tm: TmId, lid: str) -> None:
-        """R33: a segment leaves the table once and decrements its file's count once."""
-        m = self.mgr[tm]
-        seg = m.remove(lid)
-        if seg is None:
-            return
-        pf = m.pfiles[seg.path]
-        pf.ref_count -= 1
-        pf.live_bytes -= seg.length
-        self._check_file(tm, seg.path)
-
-    def _check_file(self, tm: TmId, path: str) -> None:
-        """R15, R80, R81: delete a closed unreferenced file; bound space amplification."""
-        m = self.mgr.get(tm)
-        pf = None if m is None else m.pfiles.get(path)
-        if m is None or pf is None:
-            return
-        bound = self.cfg.amplification_bound
-        if bound is not None and pf.size > bound * pf.live_bytes:
-            pf.reusable = False
-            if pf.open:
-                self._close_pfile(tm, path)  # R81
-                return
-        if not pf.open and pf.ref_count == 0:
-            del m.pfiles[path]
-            f = self.files.get(path)
-            actor = tm_actor(tm)
-            if f is not None and f.owner == actor:
-                self._delete_file(path, actor)
-
-    def _close_pfile(self, tm: TmId, path: str) -> None:
-        m = self.mgr[tm]
-        pf = m.pfiles[path]
-        if pf.pool_key is not None and m.pools.get(pf.pool_key) == path:
-            del m.pools[pf.pool_key]
-        if pf.open:
-            try:
-                self._fs_close(path)
-            except StorageFault:
-                # R17: an upload that failed is never written again. Whoever closed it
-                # for a checkpoint being acknowledged declines; on other paths (a
-                # notification closing a garbage file) there is nothing to decline.
-                pf.reusable = False
-                f = self.files.get(path)
-                if f is not None:
-                    f.open = False
-                self.failed_uploads.add(path)
-            pf.open = False
-        self._check_file(tm, path)
-
-    def _close_within_files(
-        self, tm: TmId, which: Callable[[int], bool], subtask_done: SubtaskId | None = None
-    ) -> None:
-        """R14: a WITHIN file closes once nobody can still write to it for its checkpoint."""
-        m = self.mgr.get(tm)
-        if m is None:
-            return
-        for path in sorted(m.pfiles):
-            pf = m.pfiles.get(path)
-            if pf is None or not pf.open or pf.checkpoint is None or not which(pf.checkpoint):
-                continue
-            if subtask_done is not None:
-                assert pf.pool_key is not None
-                if pf.scope is Scope.SHARED and pf.pool_key[2] != str(subtask_done):
-                    continue
-                if (
-                    pf.scope is Scope.EXCLUSIVE
-                    and self.cfg.open_files_readable
-                    and not self._tm_done_with(tm, pf.checkpoint)
-                ):
-                    continue  # R12: on an object store the acknowledgement uploads it now
-            self._close_pfile(tm, path)
-
-    def _tm_done_with(self, tm: TmId, checkpoint: int) -> bool:
-        return all((tm, s, checkpoint) in self.acked for s, t in self.placement.items() if t == tm)
-
-    def _tm_drop_outputs_where(self, tm: TmId, which: Callable[[int], bool]) -> None:
-        for key in sorted((k for k in self.outputs if k[0] == tm and which(k[2])), key=str):
-            self._tm_drop_outputs(tm, key[1], key[2])
-
-    def _tm_drop_outputs(self, tm: TmId, subtask: SubtaskId, checkpoint: int) -> None:
-        """Discard what a subtask wrote for a checkpoint and never acknowledged."""
-        for e in self.outputs.pop((tm, subtask, checkpoint), ()):
-            h = e.handle
-            bkey = (tm, subtask, e.name)
-            if isinstance(h, FileHandle):
-                f = self.files.get(h.path)
-                if f is not None and f.owner == tm_actor(tm):
-                    self._delete_file(h.path, tm_actor(tm))
-                ref = self.backend.get(bkey)
-                if ref is not None and ref.entry == e:
-                    del self.backend[bkey]
-            elif isinstance(h, SegmentHandle):
-                m = self.mgr.get(tm)
-                seg = None if m is None else m.segs.get(h.logical_id)
-                if seg is not None and seg.created_for == checkpoint:
-                    if seg.last_used <= checkpoint:
-                        self._discard(tm, h.logical_id)
-                ref = self.backend.get(bkey)
-                if ref is not None and ref.entry == e and not ref.confirmed:
-                    del self.backend[bkey]
-
-    def _tm_release_dirs(self, tm: TmId) -> None:
-        """R41: delete a directory only when every checkpoint that reported it aborted."""
-        rec = self.tms[tm]
-        m = self.mgr.get(tm)
-        actor = tm_actor(tm)
-        for path in sorted(self.dirs):
-            d = self.dirs.get(path)
-            if d is None or d.creator != tm or d.handed_over or not d.used_by:
-                continue
-            if self.dir_owner.get(path) != actor:
-                continue
-            if not d.used_by <= rec.known_aborted:
-                continue
-            if m is not None and any(is_under(p, path) for p in m.pfiles):
-                continue
-            if any(is_under(f, path) for f in self.files):
-                continue
-            self._delete_dir(path, actor)
+        if isinstance(msg, CheckpointComplete | CheckpointAborted):
+            self.parties[tm].on_notice(msg)
 
     # ------------------------------------------------------------------ crashes (R57-R65)
 
@@ -1364,8 +934,8 @@ class Cluster:
         if not 0 < cmd.written < cmd.size:
             raise CommandError(Reason.BAD_ARGUMENT, "a crash mid-write needs 0 < written < size")
         try:
-            self._write_stream(
-                tm, cmd.subtask, cmd.checkpoint, cmd.kind, cmd.name, cmd.size, 1, cmd.written
+            self.parties[tm].write(
+                cmd.subtask, cmd.checkpoint, cmd.kind, cmd.name, cmd.size, 1, partial=cmd.written
             )
         except StorageFault:
             pass  # R65: the half-written bytes stay with the crashed attempt
@@ -1403,10 +973,7 @@ class Cluster:
 
     def _forget_tm(self, tm: TmId) -> None:
         """A TM that is gone keeps no memory: its tables go, its files stay on storage."""
-        self.mgr.pop(tm, None)
-        self.outputs = {k: v for k, v in self.outputs.items() if k[0] != tm}
-        self.acked = {k: v for k, v in self.acked.items() if k[0] != tm}
-        self.backend = {k: v for k, v in self.backend.items() if k[0] != tm}
+        self.parties[tm].forget()
         self.channel.forget(tm)
 
     def _referenced(self, path: str) -> bool:
@@ -1431,12 +998,7 @@ class Cluster:
             d = self.dirs.get(path)
             if d is not None and d.creator in live and self.running:
                 continue
-            if any(
-                is_under(p, path)
-                for t in live
-                if (m := self.mgr.get(t)) is not None
-                for p in m.pfiles
-            ):
+            if any(is_under(p, path) for t in live for p in self.parties[t].m.pfiles):
                 continue
             inside = [f for p, f in self.files.items() if is_under(p, path)]
             if any(f.owner not in (COORDINATOR, tm_actor(f.creator or "")) for f in inside):
@@ -1454,98 +1016,44 @@ class Cluster:
                 new = f"tm-{self.next_tm}"
                 self.next_tm += 1
                 replaced[tm] = new
-                self.tms[new] = Tm(new, Status.ALIVE, self.next_checkpoint)
+                self.tms[new] = Tm(new, Status.ALIVE)
+                self.parties[new] = TaskManager(new, self.job, self.cfg, self, self.next_checkpoint)
         self.placement = {s: replaced.get(t, t) for s, t in self.placement.items()}
         survivors = sorted(set(self.placement.values()) - set(replaced.values()))
         for tm in survivors:  # R60: no stale manager survives (FLINK-35400)
-            self._tm_drop_outputs_where(tm, lambda cp: True)
-            m = self.mgr.get(tm)
-            if m is not None:
-                for path in sorted(m.pfiles):
-                    if m.pfiles[path].open:
-                        self._fs_close(path)
+            party = self.parties[tm]
+            party.drop_outputs_where(lambda cp: True)
+            for path in sorted(party.m.pfiles):
+                if party.m.pfiles[path].open:
+                    self._fs_close(path)
             self._forget_tm(tm)
         for old in sorted(replaced):
             d = taskowned_dir(self.job, old)  # R63
             if d in self.dir_owner and self.dir_owner[d] != COORDINATOR:
                 self.dir_owner[d] = COORDINATOR
         for tm in sorted(set(self.placement.values())):
-            rec = self.tms[tm]
-            rec.known_completed = self.latest_completed
-            rec.finished_mark = self.next_checkpoint - 1
-            rec.known_watermark = self.watermark
-            rec.first_checkpoint = self.next_checkpoint
+            self.parties[tm].restart_knowledge(
+                self.latest_completed,
+                self.next_checkpoint - 1,
+                self.watermark,
+                self.next_checkpoint,
+            )
             self._restore_manager(tm)
         self._collect_dirs()
 
     def _restore_manager(self, tm: TmId) -> None:
-        """R61, R62: take over what retained checkpoints use in this TM's directories;
-        everything else there that a TM owns and no live writer holds is garbage."""
-        actor = tm_actor(tm)
+        """R61, R62: the TM rebuilds its tables from the retained checkpoints."""
         hosted = sorted(s for s, t in self.placement.items() if t == tm)
-        if self.mode is MergingMode.NONE:
-            self._reload_backend(tm, hosted)
-            return
-        managed = [shared_dir(self.job, s) for s in hosted] + [taskowned_dir(self.job, tm)]
-        keep: dict[str, tuple[StateEntry, int, int]] = {}
-        for r in self.retained:
-            for e in r.entries:
-                h = e.handle
-                if isinstance(h, SegmentHandle) and any(is_under(h.path, d) for d in managed):
-                    prev = keep.get(h.logical_id)
-                    first = r.id if prev is None else min(prev[1], r.id)
-                    keep[h.logical_id] = (e, first, r.id)
-        m = self._manager(tm)
-        kept: dict[str, PFile] = {}
-        for lid, (e, first, last) in sorted(keep.items()):
-            h = e.handle
-            assert isinstance(h, SegmentHandle)
-            pf = kept.get(h.path)
-            if pf is None:
-                f = self.files.get(h.path)
-                pf = PFile(h.path, h.scope, None, None, False, 0 if f is None else f.size)
-                kept[h.path] = pf
-            pf.ref_count += 1
-            pf.live_bytes += h.length
-            m.add(Seg(lid, h.path, h.offset, h.length, first, last, True))
-        for path, pf in kept.items():
-            m.pfiles[path] = pf
-            f = self.files.get(path)
-            if f is not None:
-                f.owner = actor
-        for d in managed:
-            md = self.dirs.get(d)
-            if d in self.dir_owner and self.dir_owner[d] != COORDINATOR:
-                self.dir_owner[d] = actor
-                if md is not None:
-                    md.creator = tm
-                    md.used_by = set()
-            for path in sorted(p for p in self.files if is_under(p, d) and p not in kept):
-                f = self.files.get(path)
-                if f is None or not f.owner.startswith("tm:"):
-                    continue
-                if self.tms[f.owner[3:]].status is Status.LOST:
-                    continue  # R64
-                f.owner = actor
-                self._delete_file(path, actor)  # R62
-        for path in list(kept):
-            self._check_file(tm, path)
-        self._reload_backend(tm, hosted)
-
-    def _reload_backend(self, tm: TmId, hosted: list[SubtaskId]) -> None:
         latest = self.retained[-1] if self.retained and self.retained[-1].job == self.job else None
-        if latest is None:
-            return
-        m = self.mgr.get(tm)
-        hosted_set = set(hosted)
-        for e in latest.entries:
-            if e.subtask in hosted_set and e.kind is StateKind.KEYED_SHARED:
-                h = e.handle
-                ok = (
-                    isinstance(h, SegmentHandle) and m is not None and h.logical_id in m.segs
-                ) or (isinstance(h, FileHandle) and self.mode is MergingMode.NONE)
-                if ok:
-                    self.backend[(tm, e.subtask, e.name)] = BackendRef(e, latest.id, True)
+        self.parties[tm].restore(
+            hosted,
+            [(r.id, r.entries) for r in self.retained],
+            None if latest is None else (latest.id, latest.entries),
+        )
+
+    def hosted_by(self, tm: TmId) -> list[SubtaskId]:
+        """The subtasks the engine placed on ``tm``."""
+        return [s for s, t in self.placement.items() if t == tm]
 
     def load_completed(self, metadata: str, job: str | None = None) -> Completed:
         """Read a completed checkpoint back from its ``_metadata`` file, validated.
@@ -1628,9 +1136,10 @@ class Cluster:
             tms.append(f"tm-{self.next_tm}")
             self.next_tm += 1
         for t in tms:
-            rec = Tm(t, Status.ALIVE, self.next_checkpoint)
-            rec.finished_mark = self.next_checkpoint - 1
-            self.tms[t] = rec
+            self.tms[t] = Tm(t, Status.ALIVE)
+            party = TaskManager(t, self.job, self.cfg, self, self.next_checkpoint)
+            party.finished_mark = self.next_checkpoint - 1
+            self.parties[t] = party
         subtasks = _subtasks(self.vertices)
         self.placement = _place(subtasks, tms)
         self.running = True
@@ -1653,7 +1162,7 @@ class Cluster:
                 for e in assignment.get(s, ()):
                     if e.kind is StateKind.KEYED_SHARED and isinstance(e.handle, FileHandle):
                         t = self.placement[s]
-                        self.backend[(t, s, e.name)] = BackendRef(e, source.id, True)
+                        self.parties[t].backend[(s, e.name)] = BackendRef(e, source.id, True)
 
     def _check_max_parallelism(self, source: Completed, cmd: c.Restore) -> None:
         """R77: refused unless the new job's max parallelism (the command's, else the
@@ -1745,15 +1254,7 @@ class Cluster:
         }
         for tm in self._current_tms():
             actor = tm_actor(tm)
-            self._tm_drop_outputs_where(tm, lambda cp: True)
-            m = self.mgr.get(tm)
-            if m is not None:
-                for lid in sorted(lid for lid in m.segs if lid not in keep):
-                    self._discard(tm, lid)
-                for path in sorted(m.pfiles):
-                    pf = m.pfiles.get(path)
-                    if pf is not None and pf.open:
-                        self._close_pfile(tm, path)
+            self.parties[tm].end_job(keep)
             for path in sorted(self.dirs):
                 d = self.dirs.get(path)
                 if d is None:
@@ -1830,20 +1331,19 @@ class Cluster:
         live: dict[str, list[tuple[int, int]]] = {}
         pool_files: set[str] = set()
         for tm in sorted(alive):
-            m = self.mgr.get(tm)
+            party = self.parties[tm]
+            m = party.m
             actor = tm_actor(tm)
-            if m is not None:
-                for path, pf in m.pfiles.items():
-                    claims.setdefault(path, set()).add(actor)
-                    ref_counts[path] = pf.ref_count
-                for seg in m.segs.values():
-                    live.setdefault(seg.path, []).append((seg.offset, seg.length))
-                pool_files.update(m.pools.values())
-        for (tm, _sub, _cp), entries in self.outputs.items():
-            if tm in alive:
+            for path, pf in m.pfiles.items():
+                claims.setdefault(path, set()).add(actor)
+                ref_counts[path] = pf.ref_count
+            for seg in m.segs.values():
+                live.setdefault(seg.path, []).append((seg.offset, seg.length))
+            pool_files.update(m.pools.values())
+            for entries in party.outputs.values():
                 for e in entries:
                     if isinstance(e.handle, FileHandle):
-                        claims.setdefault(e.handle.path, set()).add(tm_actor(tm))
+                        claims.setdefault(e.handle.path, set()).add(actor)
         if self.running:
             for reg in self.registry.values():
                 if reg.owned and not reg.key.startswith("dir:"):

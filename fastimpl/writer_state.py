@@ -76,7 +76,9 @@ class WriterStatePublisher:
             self.triggered.setdefault(cid, (now, retained))
         for cid in [k for k in self.triggered if k not in cl.pending]:
             del self.triggered[cid]
-        open_files = sorted(p for m in cl.mgr.values() for p, pf in m.pfiles.items() if pf.open)
+        open_files = sorted(
+            p for t in cl.parties.values() for p, pf in t.m.pfiles.items() if pf.open
+        )
         self.seq += 1
         doc: dict[str, Any] = {
             "format": FORMAT,

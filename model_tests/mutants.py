@@ -35,7 +35,6 @@ import subprocess
 import sys
 import time
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
@@ -50,6 +49,7 @@ from conformance.runner import run_case
 from fastimpl.cluster import Cluster
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, Completed, PFile, RegEntry, Seg
+from fastimpl.taskmanager import TaskManager
 from spec import commands as c
 from spec.config import Scope, StateKind
 from spec.effects import COORDINATOR, tm_actor
@@ -83,64 +83,61 @@ def _flink_38347(mp: pytest.MonkeyPatch) -> None:
     the TM hears, tracking stops at the first completion notice, recursive delete at 0.
     A lost completion notice followed by an abort deletes a directory a completed
     checkpoint still uses."""
-    aborts: weakref.WeakKeyDictionary[Cluster, Counter[TmId]] = weakref.WeakKeyDictionary()
-    completed: weakref.WeakKeyDictionary[Cluster, set[TmId]] = weakref.WeakKeyDictionary()
-    orig_abort, orig_complete = Cluster._tm_abort, Cluster._tm_complete
+    aborts: weakref.WeakKeyDictionary[TaskManager, int] = weakref.WeakKeyDictionary()
+    completed: weakref.WeakSet[TaskManager] = weakref.WeakSet()
+    orig_abort, orig_complete = TaskManager._tm_abort, TaskManager._tm_complete
 
-    def tm_abort(self: Cluster, tm: TmId, checkpoint: int, latest: int, sp: bool) -> None:
-        aborts.setdefault(self, Counter())[tm] += 1
-        orig_abort(self, tm, checkpoint, latest, sp)
+    def tm_abort(self: TaskManager, checkpoint: int, latest: int, sp: bool) -> None:
+        aborts[self] = aborts.get(self, 0) + 1
+        orig_abort(self, checkpoint, latest, sp)
 
-    def tm_complete(self: Cluster, tm: TmId, checkpoint: int, mark: int, sp: bool) -> None:
-        completed.setdefault(self, set()).add(tm)
-        orig_complete(self, tm, checkpoint, mark, sp)
+    def tm_complete(self: TaskManager, checkpoint: int, mark: int, sp: bool) -> None:
+        completed.add(self)
+        orig_complete(self, checkpoint, mark, sp)
 
-    def release(self: Cluster, tm: TmId) -> None:
-        heard = aborts.get(self, Counter())[tm]
-        if tm in completed.get(self, set()):
+    def release(self: TaskManager) -> None:
+        heard = aborts.get(self, 0)
+        if self in completed:
             return
-        for path in sorted(self.dirs):
-            d = self.dirs.get(path)
-            if d is None or d.creator != tm or path not in self.dir_owner:
+        host = self.host
+        for path in sorted(host.dirs):
+            d = host.dirs.get(path)
+            if d is None or d.creator != self.tm or path not in host.dir_owner:
                 continue
             if len(d.used_by) - heard <= 0:
-                self._delete_dir(path, tm_actor(tm))
+                host._delete_dir(path, tm_actor(self.tm))
 
-    mp.setattr(Cluster, "_tm_abort", tm_abort)
-    mp.setattr(Cluster, "_tm_complete", tm_complete)
-    mp.setattr(Cluster, "_tm_release_dirs", release)
+    mp.setattr(TaskManager, "_tm_abort", tm_abort)
+    mp.setattr(TaskManager, "_tm_complete", tm_complete)
+    mp.setattr(TaskManager, "_release_dirs", release)
 
 
 def _flink_36125(mp: pytest.MonkeyPatch) -> None:
     """Flink's second discard path (a completion notice walks the acknowledged upload sets
     of subsumed checkpoints and discards their segments again) with a discard that is not
     idempotent: a segment discarded before decrements its file's count once more."""
-    gone: weakref.WeakKeyDictionary[Cluster, dict[tuple[TmId, str], Seg]] = (
-        weakref.WeakKeyDictionary()
-    )
-    orig_complete = Cluster._tm_complete
+    gone: weakref.WeakKeyDictionary[TaskManager, dict[str, Seg]] = weakref.WeakKeyDictionary()
+    orig_complete = TaskManager._tm_complete
 
-    def discard(self: Cluster, tm: TmId, lid: str) -> None:
-        m = self.mgr[tm]
+    def discard(self: TaskManager, lid: str) -> None:
+        m = self.m
         seen = gone.setdefault(self, {})
-        seg = m.remove(lid) or seen.get((tm, lid))
+        seg = m.remove(lid) or seen.get(lid)
         if seg is None:
             return
-        seen[(tm, lid)] = seg
+        seen[lid] = seg
         pf = m.pfiles.get(seg.path)
         if pf is None:
             return
         pf.ref_count -= 1
         pf.live_bytes -= seg.length
-        self._check_file(tm, seg.path)
+        self._check_file(seg.path)
 
-    def tm_complete(self: Cluster, tm: TmId, checkpoint: int, watermark: int, sp: bool) -> None:
-        uploaded = {k: v for k, v in self.acked.items() if k[0] == tm}
-        orig_complete(self, tm, checkpoint, watermark, sp)
-        m = self.mgr.get(tm)
-        if m is None:
-            return
-        for (_t, _s, cp), entries in sorted(uploaded.items(), key=lambda kv: str(kv[0])):
+    def tm_complete(self: TaskManager, checkpoint: int, watermark: int, sp: bool) -> None:
+        uploaded = dict(self.acked)
+        orig_complete(self, checkpoint, watermark, sp)
+        m = self.m
+        for (_s, cp), entries in sorted(uploaded.items(), key=lambda kv: str(kv[0])):
             if cp > watermark:
                 continue
             for e in entries:
@@ -148,10 +145,10 @@ def _flink_36125(mp: pytest.MonkeyPatch) -> None:
                 if isinstance(h, SegmentHandle):
                     seg = m.segs.get(h.logical_id)
                     if seg is None or seg.last_used <= watermark:
-                        self._discard(tm, h.logical_id)
+                        self._discard(h.logical_id)
 
-    mp.setattr(Cluster, "_discard", discard)
-    mp.setattr(Cluster, "_tm_complete", tm_complete)
+    mp.setattr(TaskManager, "_discard", discard)
+    mp.setattr(TaskManager, "_tm_complete", tm_complete)
 
 
 def _flink_35570(mp: pytest.MonkeyPatch) -> None:
@@ -169,8 +166,12 @@ def _flink_35784(mp: pytest.MonkeyPatch) -> None:
     never reach the registry nor the coordinator, which never deletes the directories."""
     orig = Cluster._register
 
-    def register(self: Cluster, done: Completed) -> None:
-        orig(self, Completed(done.id, done.job, done.savepoint, done.entries, (), done.metadata))
+    def register(self: Cluster, done: Completed, recorded: Completed | None = None) -> None:
+        orig(
+            self,
+            Completed(done.id, done.job, done.savepoint, done.entries, (), done.metadata),
+            recorded,
+        )
 
     mp.setattr(Cluster, "_register", register)
 
@@ -199,12 +200,12 @@ def _flink_35400(mp: pytest.MonkeyPatch) -> None:
 def _flink_25395(mp: pytest.MonkeyPatch) -> None:
     """Shared state is reused before the TM knows the checkpoint that uploaded it completed
     (fastimpl's last_used advance is left intact: unlike the model twin, this alone shows)."""
-    orig = Cluster._reusable
+    orig = TaskManager._reusable
 
-    def reusable(self: Cluster, tm: TmId, ref: BackendRef) -> bool:
-        return orig(self, tm, BackendRef(ref.entry, ref.checkpoint, True))
+    def reusable(self: TaskManager, ref: BackendRef) -> bool:
+        return orig(self, BackendRef(ref.entry, ref.checkpoint, True))
 
-    mp.setattr(Cluster, "_reusable", reusable)
+    mp.setattr(TaskManager, "_reusable", reusable)
 
 
 def _flink_26985(mp: pytest.MonkeyPatch) -> None:
@@ -229,7 +230,7 @@ def _flink_29913(mp: pytest.MonkeyPatch) -> None:
     known name is taken for a duplicate and discarded, though a checkpoint refers to it."""
     orig = Cluster._register
 
-    def register(self: Cluster, done: Completed) -> None:
+    def register(self: Cluster, done: Completed, recorded: Completed | None = None) -> None:
         for e in done.entries:
             h = e.handle
             if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
@@ -247,7 +248,9 @@ def _flink_29913(mp: pytest.MonkeyPatch) -> None:
             reg.pins.discard(done.id)
         # the directories are registered as fastimpl does: the bug is in the file keys
         orig(
-            self, Completed(done.id, done.job, done.savepoint, (), done.directories, done.metadata)
+            self,
+            Completed(done.id, done.job, done.savepoint, (), done.directories, done.metadata),
+            recorded,
         )
 
     mp.setattr(Cluster, "_register", register)
@@ -262,13 +265,13 @@ def _flink_35803(mp: pytest.MonkeyPatch) -> None:
     def restore(self: Cluster, cmd: c.Restore) -> None:
         orig(self, cmd)
         for subtask, entries in sorted(self.assignment.items()):
-            tm = self.placement[subtask]
+            party = self.parties[self.placement[subtask]]
             for e in entries:
                 if e.kind is not StateKind.KEYED_SHARED:
                     continue
                 h = e.handle
                 if isinstance(h, SegmentHandle):
-                    m = self._manager(tm)
+                    m = party.m
                     if h.logical_id not in m.segs:
                         cp = cmd.checkpoint
                         m.add(Seg(h.logical_id, h.path, h.offset, h.length, cp, cp, True))
@@ -281,7 +284,7 @@ def _flink_35803(mp: pytest.MonkeyPatch) -> None:
                         pf.live_bytes += h.length
                 elif not isinstance(h, FileHandle):
                     continue
-                self.backend[(tm, subtask, e.name)] = BackendRef(e, cmd.checkpoint, True)
+                party.backend[(subtask, e.name)] = BackendRef(e, cmd.checkpoint, True)
 
     mp.setattr(Cluster, "_restore", restore)
 
@@ -316,12 +319,12 @@ def _abort_discards_reused(mp: pytest.MonkeyPatch) -> None:
 
 def _watermark_off_by_one(mp: pytest.MonkeyPatch) -> None:
     """A TM discards the segments used up to the subsumed watermark + 1 (R31)."""
-    orig = Cluster._tm_complete
+    orig = TaskManager._tm_complete
 
-    def tm_complete(self: Cluster, tm: TmId, checkpoint: int, watermark: int, sp: bool) -> None:
-        orig(self, tm, checkpoint, watermark + 1, sp)
+    def tm_complete(self: TaskManager, checkpoint: int, watermark: int, sp: bool) -> None:
+        orig(self, checkpoint, watermark + 1, sp)
 
-    mp.setattr(Cluster, "_tm_complete", tm_complete)
+    mp.setattr(TaskManager, "_tm_complete", tm_complete)
 
 
 def _sweep_ignores_owner(mp: pytest.MonkeyPatch) -> None:
@@ -346,16 +349,15 @@ def _reuse_not_reusable(mp: pytest.MonkeyPatch) -> None:
     """Reuse checks that the segment is still tracked but not that its file may be reused:
     a file whose write failed (R17) or that is past the space-amplification bound (R81)
     is referred to again."""
-    orig = Cluster._reusable
+    orig = TaskManager._reusable
 
-    def reusable(self: Cluster, tm: TmId, ref: BackendRef) -> bool:
+    def reusable(self: TaskManager, ref: BackendRef) -> bool:
         h = ref.entry.handle
         if ref.confirmed and isinstance(h, SegmentHandle):
-            m = self.mgr.get(tm)
-            return m is not None and h.logical_id in m.segs and h.path in m.pfiles
-        return orig(self, tm, ref)
+            return h.logical_id in self.m.segs and h.path in self.m.pfiles
+        return orig(self, ref)
 
-    mp.setattr(Cluster, "_reusable", reusable)
+    mp.setattr(TaskManager, "_reusable", reusable)
 
 
 def _forget_taskowned_dir(mp: pytest.MonkeyPatch) -> None:
