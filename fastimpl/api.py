@@ -110,7 +110,7 @@ class CheckpointStore:
         self._cluster = _cluster
         self._cluster.copy_bytes = True
         if deletion_log:
-            self._cluster.keep_deletion_log()
+            self._cluster.catalog.keep_deletion_log()
         if trace is not None:  # every command from here on, as NDJSON (fastimpl.trace)
             self._cluster.start_trace(trace)
         self.coordinator = Coordinator(self)
@@ -218,12 +218,12 @@ class CheckpointStore:
         """I1-I5 on the real files (and I6 when the job is quiet); empty when all hold.
 
         A delete the store's guard refused before it happened (a path outside what the
-        store can prove it owns, ``Cluster.refused_deletes``) is an I5 violation too:
+        store can prove it owns, ``Catalog.refused_deletes``) is an I5 violation too:
         nothing was deleted, but something decided to."""
         with self._lock:
             refused = [
                 Violation("I5", f"{r.actor} tried to delete {r.path}: refused, {r.reason}")
-                for r in self._cluster.refused_deletes
+                for r in self._cluster.catalog.refused_deletes
             ]
         return refused + check_all(self.observe(), quiet=quiet)
 
@@ -301,7 +301,7 @@ def _open_base(
         # new job's bookkeeping and invariants see it (I3), and a delete of it is caught
         # as one of a protected file (I5).
         for path, size in cluster.storage.list_files().items():
-            cluster.files[path] = StoredFile(size, False, USER, None)
+            cluster.catalog.files[path] = StoredFile(size, False, USER, None)
     return cluster
 
 

@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 
 import attrs
 
+from fastimpl.catalog import Catalog
 from fastimpl.ids import CounterIds, IdSource, RandomIds
-from fastimpl.metadata import MetadataError, base_of, metadata_bytes, path_parts
+from fastimpl.metadata import MetadataError, base_of, metadata_bytes
 from fastimpl.records import (
     BackendRef,
     Completed,
     Deferred,
-    ManagedDir,
     Pending,
     RegEntry,
     Status,
@@ -58,31 +58,13 @@ from spec.layout import (
     taskowned_dir,
 )
 from spec.messages import Acknowledgement, CheckpointAborted, CheckpointComplete, Decline
-from spec.observation import DeletionRecord, Observation, RegistryView, RetainedView
+from spec.observation import Observation, RegistryView, RetainedView
 
 log = logging.getLogger("fastimpl.cluster")
 _T = TypeVar("_T")
 OutKey = tuple[TmId, SubtaskId, int]
 BackendKey = tuple[TmId, SubtaskId, str]
 _METADATA_SUFFIX = "/" + METADATA
-_BAD_DELETIONS_KEPT = 1000
-_REFUSED_KEPT = 1000
-
-
-@attrs.define
-class RefusedDelete:
-    """A delete the guard refused (I5 before the fact): ``path`` lies outside what the
-    store can prove it owns, or is the user's. Nothing was deleted; it is reported by
-    ``CheckpointStore.check_invariants`` as an I5 violation, and logged."""
-
-    path: str
-    actor: str
-    is_dir: bool
-    reason: str
-
-
-def _tm_of_actor(actor: str) -> TmId | None:
-    return actor[3:] if actor.startswith("tm:") else None
 
 
 def _subtasks(vertices: tuple[VertexSpec, ...]) -> list[SubtaskId]:
@@ -117,11 +99,11 @@ class Cluster:
         self.cfg = config
         self.mode = config.merging_mode
         self._hot: tuple[object, frozenset[str]] | None = None
-        self.failed_uploads: set[str] = set()
-        """Files whose closing upload failed (object stores): a handle into one declines."""
         self.copy_bytes = False
         """Re-uploads (R20) copy the old bytes; off where every byte is a zero (tests)."""
         self.ids: IdSource = ids if ids is not None else RandomIds()
+        self.catalog = Catalog(self.storage, self.ids, self, deletion_log=deletion_log)
+        """Every path on storage, who owns it, and the guarded deletes (``fastimpl.catalog``)."""
         self.num_tms = job_spec.num_tms
         self.job = job_id
         self.job_seq = 0
@@ -143,16 +125,6 @@ class Cluster:
         self.latest_completed = 0
         self.watermark = 0
         self.registry: dict[str, RegEntry] = {}
-        self.dirs: dict[str, ManagedDir] = {}
-        self.dir_owner: dict[str, str] = {}
-        self.files: dict[str, StoredFile] = {}
-        self.deletions: list[DeletionRecord] | None = [] if deletion_log else None
-        """Every delete, in order (``observe().deletions``): an opt-in log for tests and
-        traces, since it grows with every checkpoint (``keep_deletion_log``)."""
-        self.bad_deletions: list[DeletionRecord] = []
-        """Without the log, the deletes that broke I2 or I5 (none, unless the store has a
-        bug): what the invariant checks need, at most ``_BAD_DELETIONS_KEPT`` of them."""
-        self.deferred: list[Deferred] = []
         self.channel = InMemoryTransport()
         """The coordinator's notices in flight to TMs, encoded (``spec.messages``)."""
         self.restoring: tuple[StateEntry, ...] = ()
@@ -163,7 +135,6 @@ class Cluster:
         """Bases whose files a CLAIM may give the coordinator (R72, I5): the running job's
         own and those its predecessors held when claimed; a NO_CLAIM restore starts a
         lineage of its own (R73). Never a savepoint's, never what a file merely names."""
-        self.refused_deletes: list[RefusedDelete] = []
         self.triggered_savepoints: set[int] = set()
         """Savepoints this store triggered: their directories hold files of its own (being
         written, or written late, R43) besides the completed savepoint's (the user's)."""
@@ -208,13 +179,13 @@ class Cluster:
         """Log every command executed from now on to ``trace`` (``fastimpl.trace``). A
         replay starts from the model's initial state, so the trace must start with the
         store: before its first command, on an empty root."""
-        if self.next_checkpoint != 1 or self.files or self.job != "job-0" or self.channel:
+        if self.next_checkpoint != 1 or self.catalog.files or self.job != "job-0" or self.channel:
             raise ValueError("a trace starts with the store, before its first command")
         ids = "counter" if isinstance(self.ids, CounterIds) else "random"
         trace.header(self.cfg, self.job_spec, ids)
         self.trace = trace
         if trace.observations:  # a replay compares the whole history
-            self.keep_deletion_log()
+            self.catalog.keep_deletion_log()
 
     def _traced(self, cmd: c.Command, run: Callable[[], _T]) -> _T:
         trace = self.trace
@@ -272,7 +243,7 @@ class Cluster:
             case c.FailNextCall():
                 self.storage.arm(cmd.op)
             case c.RetryDeletes():
-                self._retry_deletes()
+                self.catalog.retry_deletes()
             case c.Cancel():
                 self._require_running()
                 self._end_job(retain=cmd.retain)
@@ -328,142 +299,7 @@ class Cluster:
     def _is_savepoint(self, checkpoint: int) -> bool:
         return checkpoint in self.savepoint_ids
 
-    # ------------------------------------------------------------------ storage calls
-
-    def _fs_mkdir(self, path: str, actor: str, creator: TmId) -> None:
-        if path in self.dir_owner:
-            return
-        self.storage.mkdir(path)
-        self.dir_owner[path] = actor
-        self.dirs[path] = ManagedDir(path, creator)
-
-    def _fs_create(self, path: str, actor: str, creator: TmId | None) -> None:
-        self.storage.create(path)
-        self.files[path] = StoredFile(0, True, actor, creator)
-
-    def _fs_append(self, path: str, length: int, data: bytes | None = None) -> int:
-        self.storage.append(path, length, data)
-        f = self.files[path]
-        offset = f.size
-        f.size += length
-        return offset
-
-    def _fs_close(self, path: str) -> None:
-        f = self.files.get(path)
-        if f is not None and f.open:
-            self.storage.close(path)
-            f.open = False
-
-    def _new_file_name(self, directory: str) -> str:
-        return f"{directory}/{self.ids.file_name(directory)}"
-
-    def _protected(self, path: str) -> bool:
-        f = self.files.get(path)
-        owner = f.owner if f is not None else self.dir_owner.get(path)
-        return owner == USER or not any(is_under(path, b) for b in self.bases)
-
-    def keep_deletion_log(self) -> None:
-        """Log every delete from now on (``observe().deletions``): for tests and traces
-        that compare the history; off by default, as it grows with every checkpoint."""
-        if self.deletions is None:
-            self.deletions = list(self.bad_deletions)
-
-    def _record_delete(self, path: str, actor: str) -> None:
-        f = self.files.get(path)
-        rec = DeletionRecord(
-            path=path,
-            actor=actor,
-            owner=None if f is None else f.owner,
-            existed=f is not None,
-            protected=f is not None and self._protected(path),
-        )
-        if self.deletions is not None:
-            self.deletions.append(rec)
-        elif (rec.protected or not rec.existed or rec.owner != actor) and len(
-            self.bad_deletions
-        ) < _BAD_DELETIONS_KEPT:
-            self.bad_deletions.append(rec)  # I2, I5: kept for check_invariants
-        self.files.pop(path, None)
-        self.failed_uploads.discard(path)
-
-    def _waits_for(self, creator: TmId | None, actor: str) -> TmId | None:
-        """R64: a lost attempt's files are deleted by others only once it has stopped."""
-        if creator is None or _tm_of_actor(actor) == creator:
-            return None
-        rec = self.tms.get(creator)
-        return creator if rec is not None and rec.status is Status.LOST else None
-
-    def _defer(self, d: Deferred) -> None:
-        """R45, R64: a waiting delete is listed once, however often it is asked for."""
-        if not any(x.path == d.path and x.is_dir == d.is_dir for x in self.deferred):
-            self.deferred.append(d)
-
-    def _refuse_delete(self, path: str, actor: str, is_dir: bool) -> bool:
-        """I5, checked before the delete: a path the store cannot prove is its own is never
-        deleted, whatever decided it (a bug, or a file that named it). The refusal is
-        recorded (``refused_deletes``) and logged; the path stays."""
-        why = self._foreign(path, is_dir)
-        if why is None:
-            return False
-        if len(self.refused_deletes) < _REFUSED_KEPT:  # each is logged too
-            self.refused_deletes.append(RefusedDelete(path, actor, is_dir, why))
-        log.error(
-            "refused to delete %s %s (%s): %s", "directory" if is_dir else "file", path, actor, why
-        )
-        return True
-
-    def _foreign(self, path: str, is_dir: bool) -> str | None:
-        """Why ``path`` is not the store's to delete, or None. Ownership the store can
-        prove: bases it made or claimed (not ``savepoints``), and the directory of a
-        savepoint it triggered, for what in it is not the user's (R55: a completed
-        savepoint is the user's; a file written there late is not part of it, R43)."""
-        try:
-            parts = path_parts(path, "<delete>", "path")
-        except MetadataError as err:
-            return err.problem
-        base = base_of(path)
-        own_sp = {savepoint_dir(i) for i in self.triggered_savepoints}
-        if base not in (self.bases - {SAVEPOINTS}) | own_sp:
-            return f"{base!r} is not a base this store made or claimed"
-        depth = len(parts) - len(base.split("/"))
-        if depth < (2 if is_dir else 1):
-            return "a base, or a folder of a base, is never deleted whole"
-        f = self.files.get(path)
-        owner = f.owner if f is not None else self.dir_owner.get(path)
-        if owner == USER:
-            return "the user's"
-        if is_dir and any(g.owner == USER for p, g in self.files.items() if is_under(p, path)):
-            return "holds the user's files"
-        return None
-
-    def _delete_file(self, path: str, actor: str) -> None:
-        if self._refuse_delete(path, actor, False):
-            return
-        f = self.files.get(path)
-        wait = self._waits_for(None if f is None else f.creator, actor)
-        if wait is not None:
-            self._defer(Deferred(actor, path, False, wait))
-            return
-        try:
-            # The storage remembers who deleted it only until the delete is done (_owners)
-            self.storage.delete_file(path, self._prunable_parents(path), {path: actor})
-        except StorageFault:
-            self._defer(Deferred(actor, path, False, None))
-            return
-        self._record_delete(path, actor)
-
-    def _prunable_parents(self, path: str) -> tuple[str, ...]:
-        """Parents of ``path`` that may go once empty: below its base, not managed
-        directories (those are deleted whole, R42), not a current subtask's shared
-        directory (about to be written again)."""
-        parts = path.split("/")
-        out: list[str] = []
-        for n in range(len(parts) - 1, 1, -1):
-            d = "/".join(parts[:n])
-            if d in self.dir_owner or d in self.hot_dirs():
-                break
-            out.append(d)
-        return tuple(out)
+    # ------------------------------------------------------------------ the engine's view
 
     def hot_dirs(self) -> frozenset[str]:
         key = (self.job, tuple(self.placement))
@@ -473,81 +309,6 @@ class Cluster:
             hot |= {f"{job_base(self.job)}/taskowned", SAVEPOINTS}
             self._hot = (key, frozenset(hot))
         return self._hot[1]
-
-    def _delete_dir(self, path: str, actor: str) -> None:
-        """R42: delete a managed directory with everything in it."""
-        if self._refuse_delete(path, actor, True):
-            return
-        inside = sorted(p for p in self.files if is_under(p, path))
-        d = self.dirs.get(path)
-        waits = {self._waits_for(d.creator if d is not None else None, actor)}
-        waits |= {self._waits_for(self.files[p].creator, actor) for p in inside}
-        waits.discard(None)
-        if waits:
-            self._defer(Deferred(actor, path, True, min(w for w in waits if w)))
-            return
-        if self.storage.lease is not None and self._holds_unknown_files(path, inside, actor):
-            return
-        try:
-            self.storage.delete_dir(path, self._prunable_parents(path), {p: actor for p in inside})
-        except StorageFault:
-            self._defer(Deferred(actor, path, True, None))
-            return
-        for p in inside:
-            self._record_delete(p, actor)
-        for sub in [x for x in self.dir_owner if is_under(x, path)]:
-            del self.dir_owner[sub]
-            self.dirs.pop(sub, None)
-
-    def _holds_unknown_files(self, path: str, inside: list[str], actor: str) -> bool:
-        """Issue 14: a recursive delete removes only what the store knows it wrote. If
-        the directory holds a file the store has no record of (another run's, a user's,
-        a link), its known files are deleted one by one, each with its deletion record,
-        and the directory and the unknown files stay (logged). Checked where a store
-        keeps a lease (``CheckpointStore``): the model-driven lockstep store writes alone
-        under a fresh root."""
-        try:
-            on_storage = self.storage.files_under(path)
-        except Exception as err:  # cannot tell: keep everything, retry later (R45)
-            log.warning("listing %s before deleting it failed: %r", path, err)
-            self._defer(Deferred(actor, path, True, None))
-            return True
-        unknown = sorted(on_storage - set(inside))
-        if not unknown:
-            return False
-        log.warning(
-            "not deleting directory %s: it holds %d file(s) the store did not write (%s);"
-            " deleting only the store's own",
-            path,
-            len(unknown),
-            ", ".join(unknown[:5]),
-        )
-        for p in inside:
-            if p in self.files:
-                self._delete_file(p, actor)
-        for sub in [x for x in self.dir_owner if is_under(x, path)]:
-            del self.dir_owner[sub]
-            self.dirs.pop(sub, None)
-        return True
-
-    def _retry_deletes(self) -> None:
-        """R45: retry deletes that failed; a delete that fails again stays queued."""
-        self.storage.retry_failed()
-        ready = [d for d in self.deferred if d.waits_for is None]
-        self.deferred = [d for d in self.deferred if d.waits_for is not None]
-        for d in ready:
-            self._run_deferred(d)
-
-    def _run_deferred(self, d: Deferred) -> None:
-        """A waiting delete is carried out by whoever owns the path now (R44)."""
-        if d.is_dir:
-            owner = self.dir_owner.get(d.path)
-            if owner is not None and owner != USER:
-                self._delete_dir(d.path, owner)
-        else:
-            f = self.files.get(d.path)
-            if f is not None and f.owner != USER:
-                self._delete_file(d.path, f.owner)
 
     # ------------------------------------------------------------------ trigger (R50)
 
@@ -625,7 +386,12 @@ class Cluster:
         size = 0 if stream is None else stream.length
         # R20: not reusable: upload the same local state again
         data = None
-        if self.copy_bytes and stream is not None and size > 0 and stream.path not in self.files:
+        if (
+            self.copy_bytes
+            and stream is not None
+            and size > 0
+            and stream.path not in self.catalog.files
+        ):
             # The store keeps no local copy: the bytes come from the old upload, which the
             # store itself deleted (its checkpoint was aborted). Nothing changes; the
             # caller writes the state again.
@@ -679,7 +445,7 @@ class Cluster:
                 for e in entries:
                     s = stream_of(e.handle)
                     if s is not None and isinstance(e.handle, FileHandle):
-                        self._delete_file(s.path, COORDINATOR)
+                        self.catalog.delete_file(s.path, COORDINATOR)
             return  # R56
         p = self.pending[ack.checkpoint]
         p.received |= self._take_over_files(entries)
@@ -701,7 +467,7 @@ class Cluster:
         for e in entries:
             h = e.handle
             if isinstance(h, FileHandle):
-                f = self.files.get(h.path)
+                f = self.catalog.files.get(h.path)
                 if f is not None:
                     f.owner = COORDINATOR
                     taken.add(h.path)
@@ -729,9 +495,9 @@ class Cluster:
             self.registry[key].pins.discard(checkpoint)
             self._release_entry(key)
         for path in sorted(p.received):  # R43
-            f = self.files.get(path)
+            f = self.catalog.files.get(path)
             if f is not None and f.owner == COORDINATOR:
-                self._delete_file(path, COORDINATOR)
+                self.catalog.delete_file(path, COORDINATOR)
         self._notify_abort(checkpoint, p.savepoint)
 
     def _complete(self, cmd: c.Complete) -> Completed | None:
@@ -796,12 +562,12 @@ class Cluster:
         except StorageFault:
             self._coordinator_abort(cmd.checkpoint)  # R51
             return None
-        self.files[meta] = StoredFile(len(entries), False, COORDINATOR, None)
+        self.catalog.files[meta] = StoredFile(len(entries), False, COORDINATOR, None)
         del self.pending[cmd.checkpoint]
         if p.savepoint:
             # R55: a completed savepoint belongs to the user
             for path in [*sorted(p.received), done.metadata]:
-                f = self.files.get(path)
+                f = self.catalog.files.get(path)
                 if f is not None:
                     f.owner = USER
             self.savepoints[done.id] = done
@@ -828,9 +594,9 @@ class Cluster:
             return
         del self.registry[key]
         if reg.owned and not key.startswith("dir:"):
-            f = self.files.get(reg.path)
+            f = self.catalog.files.get(reg.path)
             if f is not None and f.owner == COORDINATOR:
-                self._delete_file(reg.path, COORDINATOR)
+                self.catalog.delete_file(reg.path, COORDINATOR)
 
     def _register(self, done: Completed, recorded: Completed | None = None) -> None:
         """R54: keyed by unique handle ids; refs are the checkpoint ids that use them.
@@ -852,7 +618,7 @@ class Cluster:
                 )
             # I5: the registry deletes a whole file only if it may be the coordinator's; a
             # file the user holds (another base's, R72 outside the lineage) is only read
-            f = self.files.get(h.path)
+            f = self.catalog.files.get(h.path)
             owned = isinstance(h, FileHandle) and (f is None or f.owner != USER)
             new = RegEntry(h.logical_id, h.path, h, owned)
             if reg is not None:
@@ -869,11 +635,11 @@ class Cluster:
                 new.refs = reg.refs
             new.refs.add(done.id)
             self.registry[key] = new
-            md = self.dirs.get(d)
+            md = self.catalog.dirs.get(d)
             if md is not None:
                 md.handed_over = True
             if self._may_claim(d, recorded or done, is_dir=True):
-                self.dir_owner[d] = COORDINATOR  # R42
+                self.catalog.dir_owner[d] = COORDINATOR  # R42
 
     def _subsume(self, old: Completed) -> None:
         """R52, R54: drop a checkpoint's references; delete what nobody refers to."""
@@ -892,12 +658,12 @@ class Cluster:
         for e in old.entries:
             h = e.handle
             if isinstance(h, FileHandle) and h.scope is Scope.EXCLUSIVE:
-                f = self.files.get(h.path)
+                f = self.catalog.files.get(h.path)
                 if f is not None and f.owner == COORDINATOR:
-                    self._delete_file(h.path, COORDINATOR)
-        f = self.files.get(old.metadata)
+                    self.catalog.delete_file(h.path, COORDINATOR)
+        f = self.catalog.files.get(old.metadata)
         if f is not None and f.owner == COORDINATOR:
-            self._delete_file(old.metadata, COORDINATOR)
+            self.catalog.delete_file(old.metadata, COORDINATOR)
 
     # ------------------------------------------------------------------ notifications
 
@@ -950,25 +716,25 @@ class Cluster:
             raise CommandError(Reason.TM_NOT_LOST, f"{tm} is {rec.status.value}, not lost")
         rec.status = Status.STOPPED
         rec.hosted = frozenset()
-        for path in sorted(self.files):
-            f = self.files[path]
+        for path in sorted(self.catalog.files):
+            f = self.catalog.files[path]
             if f.creator == tm and f.open:
                 self.storage.abandon(path)  # its process is gone
                 f.open = False
         self._forget_tm(tm)
         actor = tm_actor(tm)
-        formerly = sorted(p for p, f in self.files.items() if f.owner == actor)
+        formerly = sorted(p for p, f in self.catalog.files.items() if f.owner == actor)
         for path in formerly:
-            self.files[path].owner = COORDINATOR
-        for path in sorted(p for p, o in self.dir_owner.items() if o == actor):
-            self.dir_owner[path] = COORDINATOR
-        waiting = [d for d in self.deferred if d.waits_for == tm]
-        self.deferred = [d for d in self.deferred if d.waits_for != tm]
+            self.catalog.files[path].owner = COORDINATOR
+        for path in sorted(p for p, o in self.catalog.dir_owner.items() if o == actor):
+            self.catalog.dir_owner[path] = COORDINATOR
+        waiting = [d for d in self.catalog.deferred if d.waits_for == tm]
+        self.catalog.deferred = [d for d in self.catalog.deferred if d.waits_for != tm]
         for d in waiting:
-            self._run_deferred(Deferred(d.actor, d.path, d.is_dir, None))
+            self.catalog._run_deferred(Deferred(d.actor, d.path, d.is_dir, None))
         for path in formerly:
-            if path in self.files and not self._referenced(path):
-                self._delete_file(path, COORDINATOR)
+            if path in self.catalog.files and not self._referenced(path):
+                self.catalog.delete_file(path, COORDINATOR)
         self._collect_dirs()
 
     def _forget_tm(self, tm: TmId) -> None:
@@ -992,18 +758,18 @@ class Cluster:
         """R42: the coordinator deletes a directory it owns once nothing refers to it."""
         live = set(self._current_tms())
         used = {d for r in self.retained for d in r.directories}
-        for path, owner in sorted(self.dir_owner.items()):
+        for path, owner in sorted(self.catalog.dir_owner.items()):
             if owner != COORDINATOR or path in used or f"dir:{path}" in self.registry:
                 continue
-            d = self.dirs.get(path)
+            d = self.catalog.dirs.get(path)
             if d is not None and d.creator in live and self.running:
                 continue
             if any(is_under(p, path) for t in live for p in self.parties[t].m.pfiles):
                 continue
-            inside = [f for p, f in self.files.items() if is_under(p, path)]
+            inside = [f for p, f in self.catalog.files.items() if is_under(p, path)]
             if any(f.owner not in (COORDINATOR, tm_actor(f.creator or "")) for f in inside):
                 continue
-            self._delete_dir(path, COORDINATOR)
+            self.catalog.delete_dir(path, COORDINATOR)
 
     # ------------------------------------------------------------------ failover (R60-R63)
 
@@ -1025,12 +791,12 @@ class Cluster:
             party.drop_outputs_where(lambda cp: True)
             for path in sorted(party.m.pfiles):
                 if party.m.pfiles[path].open:
-                    self._fs_close(path)
+                    self.catalog.close(path)
             self._forget_tm(tm)
         for old in sorted(replaced):
             d = taskowned_dir(self.job, old)  # R63
-            if d in self.dir_owner and self.dir_owner[d] != COORDINATOR:
-                self.dir_owner[d] = COORDINATOR
+            if d in self.catalog.dir_owner and self.catalog.dir_owner[d] != COORDINATOR:
+                self.catalog.dir_owner[d] = COORDINATOR
         for tm in sorted(set(self.placement.values())):
             self.parties[tm].restart_knowledge(
                 self.latest_completed,
@@ -1078,7 +844,7 @@ class Cluster:
         their contents are read back and validated before anything changes, so a corrupt
         file fails the restart with a ``MetadataError`` and deletes nothing.
         """
-        listed = [r for r in self.retained if r.metadata in self.files]
+        listed = [r for r in self.retained if r.metadata in self.catalog.files]
         rebuilt = [self.load_completed(r.metadata, r.job) for r in listed]
         self.retained = []
         self.registry = {}
@@ -1088,9 +854,9 @@ class Cluster:
         received = {p for pend in self.pending.values() for p in pend.received}
         self.pending = {}
         for path in sorted(received):
-            f = self.files.get(path)
+            f = self.catalog.files.get(path)
             if f is not None and f.owner == COORDINATOR and not self._referenced(path):
-                self._delete_file(path, COORDINATOR)
+                self.catalog.delete_file(path, COORDINATOR)
         self._failover()
 
     # ------------------------------------------------------------------ restore (R70-R76)
@@ -1205,8 +971,8 @@ class Cluster:
         its directories with everything in them, R72, as the store recorded them)."""
         if base_of(path) not in self.lineage:
             return False
-        f = self.files.get(path)
-        owner = self.dir_owner.get(path) if is_dir else (f.owner if f is not None else None)
+        f = self.catalog.files.get(path)
+        owner = self.catalog.dir_owner.get(path) if is_dir else (f.owner if f is not None else None)
         if owner != USER:
             return True
         if recorded is None:
@@ -1225,16 +991,16 @@ class Cluster:
         for d in source.directories:
             if not self._may_claim(d, recorded, is_dir=True):
                 continue
-            paths |= {p for p in self.files if is_under(p, d)}
-            if d in self.dir_owner:
-                self.dir_owner[d] = COORDINATOR
+            paths |= {p for p in self.catalog.files if is_under(p, d)}
+            if d in self.catalog.dir_owner:
+                self.catalog.dir_owner[d] = COORDINATOR
         for p in sorted(paths):
-            f = self.files.get(p)
+            f = self.catalog.files.get(p)
             if f is not None and self._may_claim(p, recorded):
                 f.owner = COORDINATOR
         self._register(source, recorded)
         for d in source.directories:
-            md = self.dirs.get(d)
+            md = self.catalog.dirs.get(d)
             if md is not None:
                 md.handed_over = True
         self.retained = [source]
@@ -1255,21 +1021,25 @@ class Cluster:
         for tm in self._current_tms():
             actor = tm_actor(tm)
             self.parties[tm].end_job(keep)
-            for path in sorted(self.dirs):
-                d = self.dirs.get(path)
+            for path in sorted(self.catalog.dirs):
+                d = self.catalog.dirs.get(path)
                 if d is None:
                     continue
                 # R90: directories no completed checkpoint used go with their creator
-                if d.creator == tm and path not in handed and self.dir_owner.get(path) == actor:
-                    inside = [p for p in self.files if is_under(p, path)]
-                    if all(self.files[p].owner == actor for p in inside):
-                        self._delete_dir(path, actor)
-            for f in self.files.values():
+                if (
+                    d.creator == tm
+                    and path not in handed
+                    and self.catalog.dir_owner.get(path) == actor
+                ):
+                    inside = [p for p in self.catalog.files if is_under(p, path)]
+                    if all(self.catalog.files[p].owner == actor for p in inside):
+                        self.catalog.delete_dir(path, actor)
+            for f in self.catalog.files.values():
                 if f.owner == actor:
                     f.owner = COORDINATOR
-            for path, o in list(self.dir_owner.items()):
+            for path, o in list(self.catalog.dir_owner.items()):
                 if o == actor:
-                    self.dir_owner[path] = COORDINATOR
+                    self.catalog.dir_owner[path] = COORDINATOR
             self._forget_tm(tm)
             self.tms[tm].status = Status.STOPPED
         self.running = False
@@ -1280,32 +1050,23 @@ class Cluster:
                     s.path for e in r.entries if (s := stream_of(e.handle)) is not None
                 }
                 for rd in r.directories:
-                    if rd in self.dir_owner:
-                        self.dir_owner[rd] = USER
+                    if rd in self.catalog.dir_owner:
+                        self.catalog.dir_owner[rd] = USER
                 for p in paths:
-                    kept = self.files.get(p)
+                    kept = self.catalog.files.get(p)
                     if kept is not None:
                         kept.owner = USER
         else:
             while self.retained:
                 self._subsume(self.retained.pop(0))
-        for path in sorted(p for p, f in self.files.items() if f.owner == COORDINATOR):
+        for path in sorted(p for p, f in self.catalog.files.items() if f.owner == COORDINATOR):
             if (
-                path in self.files
+                path in self.catalog.files
                 and not self._referenced(path)
                 and any(is_under(path, b) for b in self.bases)
             ):
-                self._delete_file(path, COORDINATOR)
+                self.catalog.delete_file(path, COORDINATOR)
         self._collect_dirs()
-
-    def _owners(self) -> dict[str, str]:
-        """Who owns each file; a file whose background delete keeps failing is still
-        its deleter's (it is listed in ``pending_deletes`` until a retry succeeds)."""
-        owners = {p: f.owner for p, f in self.files.items()}
-        for failure in self.storage.failed_deletes.values():
-            for gone, actor in failure.deleted_by.items():
-                owners.setdefault(gone, actor)
-        return owners
 
     def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
         """What ``subtask`` starts from: its share of a restored checkpoint until the new
@@ -1356,9 +1117,9 @@ class Cluster:
         on_storage = self.storage.list_files()
         return Observation(
             files=on_storage,
-            open_files=frozenset(p for p, f in self.files.items() if f.open),
-            directories=dict(self.dir_owner),
-            owners=self._owners(),
+            open_files=frozenset(p for p, f in self.catalog.files.items() if f.open),
+            directories=dict(self.catalog.dir_owner),
+            owners=self.catalog.owners(),
             claims={p: frozenset(v) for p, v in claims.items()},
             retained=tuple(
                 RetainedView(r.id, r.job, r.metadata, r.entries, r.directories)
@@ -1371,9 +1132,13 @@ class Cluster:
                 k: RegistryView(r.path, frozenset(r.refs), r.owned)
                 for k, r in self.registry.items()
             },
-            deletions=tuple(self.bad_deletions if self.deletions is None else self.deletions),
+            deletions=tuple(
+                self.catalog.bad_deletions
+                if self.catalog.deletions is None
+                else self.catalog.deletions
+            ),
             pending_deletes=(
-                *(d.path for d in self.deferred),
+                *(d.path for d in self.catalog.deferred),
                 *sorted(self.storage.failed_deletes),
             ),
             pool_files=frozenset(pool_files),

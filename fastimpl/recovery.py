@@ -186,7 +186,7 @@ def recover(
     user_held = _user_held(reader, own, files, keep)
     for path, size in files.items():
         owner = COORDINATOR if base_of(path) == own and path not in user_held else USER
-        cl.files[path] = StoredFile(size, False, owner, None)
+        cl.catalog.files[path] = StoredFile(size, False, owner, None)
     garbage: list[str] = []
     if keep:
         latest = keep[-1]
@@ -225,13 +225,13 @@ def recover(
         referenced |= {s.path for e in done.entries if (s := stream_of(e.handle)) is not None}
         kept_dirs |= set(done.directories)
     for d in sorted(kept_dirs):
-        cl.dir_owner[d] = COORDINATOR if base_of(d) == own else USER
+        cl.catalog.dir_owner[d] = COORDINATOR if base_of(d) == own else USER
     for path in sorted(files):
         if base_of(path) != own or path in referenced or path in user_held:
             continue
         if any(is_under(path, d) for d in kept_dirs):
             continue  # a kept directory goes whole when its checkpoints are subsumed (R42)
-        cl._delete_file(path, COORDINATOR)
+        cl.catalog.delete_file(path, COORDINATOR)
         garbage.append(path)
     cl._collect_dirs()
     report = RecoveryReport(

@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from fastimpl.catalog import Catalog
 from fastimpl.ids import IdSource
 from fastimpl.manager import Manager
-from fastimpl.records import BackendRef, ManagedDir, PFile, PoolKey, Seg, Status, StoredFile, Tm
-from fastimpl.storage import Storage, StorageFault
+from fastimpl.records import BackendRef, PFile, PoolKey, Seg, Status, Tm
+from fastimpl.storage import StorageFault
 from spec.commands import StorageOp
 from spec.config import Config, MergingMode, Scope, StateKind
 from spec.effects import COORDINATOR, tm_actor
@@ -42,25 +43,14 @@ BackendKey = tuple[SubtaskId, str]
 
 
 class TmHost(Protocol):
-    """What a TM still reaches in process: the file catalog and its guarded deletes,
-    the checkpoint type (Flink's CheckpointOptions, carried with the barrier) and the
-    subtasks the engine placed on it."""
+    """What a TM still reaches in process: the file catalog with its guarded deletes,
+    the id source, the checkpoint type (Flink's CheckpointOptions, carried with the
+    barrier), which attempts are lost (R64) and the subtasks the engine placed on it."""
 
-    storage: Storage
+    catalog: Catalog
     ids: IdSource
-    files: dict[str, StoredFile]
-    dirs: dict[str, ManagedDir]
-    dir_owner: dict[str, str]
-    failed_uploads: set[str]
     tms: dict[TmId, Tm]
 
-    def _fs_mkdir(self, path: str, actor: str, creator: TmId) -> None: ...
-    def _fs_create(self, path: str, actor: str, creator: TmId | None) -> None: ...
-    def _fs_append(self, path: str, length: int, data: bytes | None = None) -> int: ...
-    def _fs_close(self, path: str) -> None: ...
-    def _new_file_name(self, directory: str) -> str: ...
-    def _delete_file(self, path: str, actor: str) -> None: ...
-    def _delete_dir(self, path: str, actor: str) -> None: ...
     def _is_savepoint(self, checkpoint: int) -> bool: ...
     def hosted_by(self, tm: TmId) -> list[SubtaskId]: ...
 
@@ -77,6 +67,7 @@ class TaskManager:
         self.cfg = config
         self.mode = config.merging_mode
         self.host = host
+        self.catalog = host.catalog
         self.m = Manager()
         self.outputs: dict[OutKey, list[StateEntry]] = {}
         """What each subtask wrote for a checkpoint and has not acknowledged yet."""
@@ -173,17 +164,17 @@ class TaskManager:
                 directory = shared_dir(self.job, subtask)
             else:
                 directory = checkpoint_dir(self.job, checkpoint)
-            path = host._new_file_name(directory)
-            host._fs_create(path, actor, self.tm)
+            path = self.catalog.new_file_name(directory)
+            self.catalog.create(path, actor, self.tm)
             try:
-                host._fs_append(path, size if partial is None else partial, data)
+                self.catalog.append(path, size if partial is None else partial, data)
             except StorageFault:
-                host._fs_close(path)
-                host._delete_file(path, actor)
+                self.catalog.close(path)
+                self.catalog.delete_file(path, actor)
                 raise
             if partial is not None:
                 raise StorageFault(StorageOp.APPEND, path)
-            host._fs_close(path)  # R12: durable before the handle exists
+            self.catalog.close(path)  # R12: durable before the handle exists
             return StateEntry(subtask, kind, name, FileHandle(path, size, lid, scope), entries, kg)
         path, offset = self._append_segment(subtask, checkpoint, scope, size, partial, data)
         m = self.m
@@ -211,14 +202,13 @@ class TaskManager:
         partial: int | None,
         data: bytes | None = None,
     ) -> tuple[str, int]:
-        host = self.host
         key = self._pool_key(subtask, checkpoint, scope)
         directory = (
             shared_dir(self.job, subtask)
             if scope is Scope.SHARED
             else taskowned_dir(self.job, self.tm)
         )
-        host._fs_mkdir(directory, self.actor, self.tm)  # R40
+        self.catalog.mkdir(directory, self.actor, self.tm)  # R40
         m = self.m
         path = m.pools.get(key)
         if path is not None:
@@ -227,14 +217,14 @@ class TaskManager:
                 self._close_pfile(path)  # R12: roll before exceeding the size
                 path = None
         if path is None:
-            path = host._new_file_name(directory)
-            host._fs_create(path, self.actor, self.tm)
+            path = self.catalog.new_file_name(directory)
+            self.catalog.create(path, self.actor, self.tm)
             cp = checkpoint if key[3] != "*" else None
             m.pfiles[path] = PFile(path, scope, key, cp, True, 0)
             m.pools[key] = path
         n = size if partial is None else partial
         try:
-            offset = host._fs_append(path, n, data if partial is None else None)
+            offset = self.catalog.append(path, n, data if partial is None else None)
         except StorageFault:
             self._poison(path)
             raise
@@ -321,8 +311,8 @@ class TaskManager:
         if self.mode is not MergingMode.NONE and not host._is_savepoint(checkpoint):
             # R40: every acknowledgement reports the managed directories that exist
             for directory in (shared_dir(self.job, subtask), taskowned_dir(self.job, self.tm)):
-                if directory in host.dir_owner:
-                    d = host.dirs[directory]
+                if directory in self.catalog.dir_owner:
+                    d = self.catalog.dirs[directory]
                     if d.creator == self.tm and not d.handed_over:  # R41; once handed over,
                         d.used_by.add(checkpoint)  # the coordinator's (R42)
                     entries.append(
@@ -330,7 +320,7 @@ class TaskManager:
                     )
         self.acked[key] = tuple(entries)
         self.close_within_files(lambda cp: cp == checkpoint, subtask)
-        lost = host.failed_uploads & {
+        lost = self.catalog.failed_uploads & {
             s.path for e in entries if (s := stream_of(e.handle)) is not None
         }
         if lost:  # R17: the handles name bytes that never reached storage
@@ -391,7 +381,7 @@ class TaskManager:
             return
         listed = {
             cp
-            for d in self.host.dirs.values()
+            for d in self.catalog.dirs.values()
             if d.creator == self.tm and not d.handed_over
             for cp in d.used_by
         }
@@ -468,9 +458,9 @@ class TaskManager:
                 return
         if not pf.open and pf.ref_count == 0:
             del self.m.pfiles[path]
-            f = self.host.files.get(path)
+            f = self.catalog.files.get(path)
             if f is not None and f.owner == self.actor:
-                self.host._delete_file(path, self.actor)
+                self.catalog.delete_file(path, self.actor)
 
     def _close_pfile(self, path: str) -> None:
         m = self.m
@@ -479,16 +469,16 @@ class TaskManager:
             del m.pools[pf.pool_key]
         if pf.open:
             try:
-                self.host._fs_close(path)
+                self.catalog.close(path)
             except StorageFault:
                 # R17: an upload that failed is never written again. Whoever closed it
                 # for a checkpoint being acknowledged declines; on other paths (a
                 # notification closing a garbage file) there is nothing to decline.
                 pf.reusable = False
-                f = self.host.files.get(path)
+                f = self.catalog.files.get(path)
                 if f is not None:
                     f.open = False
-                self.host.failed_uploads.add(path)
+                self.catalog.failed_uploads.add(path)
             pf.open = False
         self._check_file(path)
 
@@ -532,9 +522,9 @@ class TaskManager:
             h = e.handle
             bkey = (subtask, e.name)
             if isinstance(h, FileHandle):
-                f = self.host.files.get(h.path)
+                f = self.catalog.files.get(h.path)
                 if f is not None and f.owner == self.actor:
-                    self.host._delete_file(h.path, self.actor)
+                    self.catalog.delete_file(h.path, self.actor)
                 ref = self.backend.get(bkey)
                 if ref is not None and ref.entry == e:
                     del self.backend[bkey]
@@ -549,20 +539,19 @@ class TaskManager:
 
     def _release_dirs(self) -> None:
         """R41: delete a directory only when every checkpoint that reported it aborted."""
-        host = self.host
-        for path in sorted(host.dirs):
-            d = host.dirs.get(path)
+        for path in sorted(self.catalog.dirs):
+            d = self.catalog.dirs.get(path)
             if d is None or d.creator != self.tm or d.handed_over or not d.used_by:
                 continue
-            if host.dir_owner.get(path) != self.actor:
+            if self.catalog.dir_owner.get(path) != self.actor:
                 continue
             if not d.used_by <= self.known_aborted:
                 continue
             if any(is_under(p, path) for p in self.m.pfiles):
                 continue
-            if any(is_under(f, path) for f in host.files):
+            if any(is_under(f, path) for f in self.catalog.files):
                 continue
-            host._delete_dir(path, self.actor)
+            self.catalog.delete_dir(path, self.actor)
 
     # ------------------------------------------------------------------ restore (R61, R62)
 
@@ -604,7 +593,7 @@ class TaskManager:
             assert isinstance(h, SegmentHandle)
             pf = kept.get(h.path)
             if pf is None:
-                f = host.files.get(h.path)
+                f = self.catalog.files.get(h.path)
                 pf = PFile(h.path, h.scope, None, None, False, 0 if f is None else f.size)
                 kept[h.path] = pf
             pf.ref_count += 1
@@ -612,24 +601,24 @@ class TaskManager:
             m.add(Seg(lid, h.path, h.offset, h.length, first, last, True))
         for path, pf in kept.items():
             m.pfiles[path] = pf
-            f = host.files.get(path)
+            f = self.catalog.files.get(path)
             if f is not None:
                 f.owner = self.actor
         for d in managed:
-            md = host.dirs.get(d)
-            if d in host.dir_owner and host.dir_owner[d] != COORDINATOR:
-                host.dir_owner[d] = self.actor
+            md = self.catalog.dirs.get(d)
+            if d in self.catalog.dir_owner and self.catalog.dir_owner[d] != COORDINATOR:
+                self.catalog.dir_owner[d] = self.actor
                 if md is not None:
                     md.creator = self.tm
                     md.used_by = set()
-            for path in sorted(p for p in host.files if is_under(p, d) and p not in kept):
-                f = host.files.get(path)
+            for path in sorted(p for p in self.catalog.files if is_under(p, d) and p not in kept):
+                f = self.catalog.files.get(path)
                 if f is None or not f.owner.startswith("tm:"):
                     continue
                 if host.tms[f.owner[3:]].status is Status.LOST:
                     continue  # R64
                 f.owner = self.actor
-                host._delete_file(path, self.actor)  # R62
+                self.catalog.delete_file(path, self.actor)  # R62
         for path in list(kept):
             self._check_file(path)
         self._reload_backend(hosted, latest)

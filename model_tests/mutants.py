@@ -46,6 +46,7 @@ import pytest
 from conformance.adapter import Fastimpl
 from conformance.case import OBSERVATION_FIELDS, Case, case_name, corpus_files, load
 from conformance.runner import run_case
+from fastimpl.catalog import Catalog
 from fastimpl.cluster import Cluster
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, Completed, PFile, RegEntry, Seg
@@ -99,13 +100,13 @@ def _flink_38347(mp: pytest.MonkeyPatch) -> None:
         heard = aborts.get(self, 0)
         if self in completed:
             return
-        host = self.host
-        for path in sorted(host.dirs):
-            d = host.dirs.get(path)
-            if d is None or d.creator != self.tm or path not in host.dir_owner:
+        cat = self.catalog
+        for path in sorted(cat.dirs):
+            d = cat.dirs.get(path)
+            if d is None or d.creator != self.tm or path not in cat.dir_owner:
                 continue
             if len(d.used_by) - heard <= 0:
-                host._delete_dir(path, tm_actor(self.tm))
+                cat.delete_dir(path, tm_actor(self.tm))
 
     mp.setattr(TaskManager, "_tm_abort", tm_abort)
     mp.setattr(TaskManager, "_tm_complete", tm_complete)
@@ -219,8 +220,8 @@ def _flink_26985(mp: pytest.MonkeyPatch) -> None:
             return
         for e in old.entries:
             s = stream_of(e.handle)
-            if s is not None and s.scope is Scope.SHARED and s.path in self.files:
-                self._delete_file(s.path, COORDINATOR)
+            if s is not None and s.scope is Scope.SHARED and s.path in self.catalog.files:
+                self.catalog.delete_file(s.path, COORDINATOR)
 
     mp.setattr(Cluster, "_subsume", subsume)
 
@@ -237,9 +238,9 @@ def _flink_29913(mp: pytest.MonkeyPatch) -> None:
                 continue
             reg = self.registry.get(e.name)
             if reg is not None and reg.path != h.path:
-                f = self.files.get(h.path)
+                f = self.catalog.files.get(h.path)
                 if f is not None and f.owner == COORDINATOR:
-                    self._delete_file(h.path, COORDINATOR)  # "a duplicate upload"
+                    self.catalog.delete_file(h.path, COORDINATOR)  # "a duplicate upload"
                 reg.refs.add(done.id)
                 continue
             if reg is None:
@@ -277,7 +278,7 @@ def _flink_35803(mp: pytest.MonkeyPatch) -> None:
                         m.add(Seg(h.logical_id, h.path, h.offset, h.length, cp, cp, True))
                         pf = m.pfiles.get(h.path)
                         if pf is None:
-                            f = self.files.get(h.path)
+                            f = self.catalog.files.get(h.path)
                             size = 0 if f is None else f.size
                             pf = m.pfiles[h.path] = PFile(h.path, h.scope, None, None, False, size)
                         pf.ref_count += 1
@@ -292,15 +293,15 @@ def _flink_35803(mp: pytest.MonkeyPatch) -> None:
 def _flink_32086(mp: pytest.MonkeyPatch) -> None:
     """A managed directory that no completed checkpoint used is never deleted: neither by
     the TM that made it when its checkpoints abort (R41), nor when the job ends (R90)."""
-    orig = Cluster._delete_dir
+    orig = Catalog.delete_dir
 
-    def delete_dir(self: Cluster, path: str, actor: str) -> None:
+    def delete_dir(self: Catalog, path: str, actor: str) -> None:
         d = self.dirs.get(path)
         if d is not None and not d.handed_over:
             return
         orig(self, path, actor)
 
-    mp.setattr(Cluster, "_delete_dir", delete_dir)
+    mp.setattr(Catalog, "delete_dir", delete_dir)
 
 
 # ---------------------------------------------------------------------------- classic mistakes
@@ -335,12 +336,12 @@ def _sweep_ignores_owner(mp: pytest.MonkeyPatch) -> None:
 
     def end_job(self: Cluster, *, retain: bool) -> None:
         orig(self, retain=retain)
-        for path in sorted(self.files):
-            f = self.files.get(path)
+        for path in sorted(self.catalog.files):
+            f = self.catalog.files.get(path)
             if f is None or f.owner == COORDINATOR or self._referenced(path):
                 continue
             if any(is_under(path, b) for b in self.bases):
-                self._delete_file(path, COORDINATOR)
+                self.catalog.delete_file(path, COORDINATOR)
 
     mp.setattr(Cluster, "_end_job", end_job)
 
@@ -364,15 +365,15 @@ def _forget_taskowned_dir(mp: pytest.MonkeyPatch) -> None:
     """A TM creates its directory for exclusive state on storage but never records it as
     a managed directory: it is not reported with acknowledgements, not handed over, not
     owned by anyone, and never deleted whole."""
-    orig = Cluster._fs_mkdir
+    orig = Catalog.mkdir
 
-    def fs_mkdir(self: Cluster, path: str, actor: str, creator: TmId) -> None:
-        if path == taskowned_dir(self.job, creator):
+    def mkdir(self: Catalog, path: str, actor: str, creator: TmId) -> None:
+        if path == taskowned_dir(path.split("/")[0], creator):  # the job's base
             self.storage.mkdir(path)
             return
         orig(self, path, actor, creator)
 
-    mp.setattr(Cluster, "_fs_mkdir", fs_mkdir)
+    mp.setattr(Catalog, "mkdir", mkdir)
 
 
 ZOO: list[Mutant] = [
