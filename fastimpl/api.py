@@ -292,9 +292,9 @@ def _open_base(
     cluster = Cluster(
         config, job, fs, root, ids, job_id=f"job-{seq}", background_deletes=background_deletes
     )
-    cluster.job_seq = seq
+    cluster.coord.job_seq = seq
     # Savepoint directories are named by checkpoint id: a new job's ids start above them.
-    cluster.next_checkpoint = max(savepoints, default=0) + 1
+    cluster.coord.next_checkpoint = max(savepoints, default=0) + 1
     cluster.storage.lease = token
     if jobs or savepoints:
         # What the base held is the user's (another run's): recorded as such, so that the

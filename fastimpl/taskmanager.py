@@ -49,7 +49,9 @@ class TmHost(Protocol):
 
     catalog: Catalog
     ids: IdSource
-    tms: dict[TmId, Tm]
+
+    @property
+    def tms(self) -> dict[TmId, Tm]: ...
 
     def _is_savepoint(self, checkpoint: int) -> bool: ...
     def hosted_by(self, tm: TmId) -> list[SubtaskId]: ...

@@ -1,11 +1,13 @@
 """The mutant zoo: fastimpl with one seeded bug at a time, which the tests must kill.
 
 Each mutant reproduces a real bug (a Flink bug of the design brief, or a classic mistake)
-in fastimpl's own code paths by patching one or two methods of ``fastimpl.cluster.Cluster``
-or ``fastimpl.manager.Manager`` from test code, as ``twins.py`` does for the reference
-model: the buggy behaviour lives here, never as a flag inside fastimpl. A mutant keeps
-what it needs to remember per store in a ``WeakKeyDictionary`` keyed by the ``Cluster``,
-created afresh by each ``patch``, so that nothing outlives the patch.
+in fastimpl's own code paths by patching one or two methods of a party
+(``fastimpl.coordinator``, ``fastimpl.taskmanager``, ``fastimpl.catalog``,
+``fastimpl.manager``) or of the in-process engine (``fastimpl.cluster.Cluster``) from
+test code, as ``twins.py`` does for the reference model: the buggy behaviour lives here,
+never as a flag inside fastimpl. A mutant keeps what it needs to remember per party in a
+``WeakKeyDictionary`` (or ``WeakSet``) keyed by the party, created afresh by each
+``patch``, so that nothing outlives the patch.
 
     python -m model_tests.mutants                       # every mutant (make mutants)
     python -m model_tests.mutants --only flink-38347    # one
@@ -48,6 +50,7 @@ from conformance.case import OBSERVATION_FIELDS, Case, case_name, corpus_files, 
 from conformance.runner import run_case
 from fastimpl.catalog import Catalog
 from fastimpl.cluster import Cluster
+from fastimpl.coordinator import CheckpointCoordinator
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, Completed, PFile, RegEntry, Seg
 from fastimpl.taskmanager import TaskManager
@@ -165,25 +168,27 @@ def _flink_35570(mp: pytest.MonkeyPatch) -> None:
 def _flink_35784(mp: pytest.MonkeyPatch) -> None:
     """Completion registers the file handles only: the directory handles the TMs reported
     never reach the registry nor the coordinator, which never deletes the directories."""
-    orig = Cluster._register
+    orig = CheckpointCoordinator._register
 
-    def register(self: Cluster, done: Completed, recorded: Completed | None = None) -> None:
+    def register(
+        self: CheckpointCoordinator, done: Completed, recorded: Completed | None = None
+    ) -> None:
         orig(
             self,
             Completed(done.id, done.job, done.savepoint, done.entries, (), done.metadata),
             recorded,
         )
 
-    mp.setattr(Cluster, "_register", register)
+    mp.setattr(CheckpointCoordinator, "_register", register)
 
 
 def _flink_35400(mp: pytest.MonkeyPatch) -> None:
     """A failover keeps a surviving TM's manager (pools, segments, uploads of the old
     attempt) and rebuilds on top of it from the retained checkpoints."""
-    orig_failover, orig_forget = Cluster._failover, Cluster._forget_tm
-    in_failover: weakref.WeakSet[Cluster] = weakref.WeakSet()
+    orig_failover, orig_forget = CheckpointCoordinator.failover, Cluster.forget_tm
+    in_failover: weakref.WeakSet[CheckpointCoordinator] = weakref.WeakSet()
 
-    def failover(self: Cluster) -> None:
+    def failover(self: CheckpointCoordinator) -> None:
         in_failover.add(self)
         try:
             orig_failover(self)
@@ -191,11 +196,11 @@ def _flink_35400(mp: pytest.MonkeyPatch) -> None:
             in_failover.discard(self)
 
     def forget(self: Cluster, tm: TmId) -> None:
-        if self not in in_failover:
+        if self.coord not in in_failover:
             orig_forget(self, tm)
 
-    mp.setattr(Cluster, "_failover", failover)
-    mp.setattr(Cluster, "_forget_tm", forget)
+    mp.setattr(CheckpointCoordinator, "failover", failover)
+    mp.setattr(Cluster, "forget_tm", forget)
 
 
 def _flink_25395(mp: pytest.MonkeyPatch) -> None:
@@ -212,9 +217,9 @@ def _flink_25395(mp: pytest.MonkeyPatch) -> None:
 def _flink_26985(mp: pytest.MonkeyPatch) -> None:
     """Subsuming a restored (claimed) checkpoint discards all its shared state, as if it
     alone referred to it, though the new job's checkpoint reuses some of it."""
-    orig = Cluster._subsume
+    orig = CheckpointCoordinator._subsume
 
-    def subsume(self: Cluster, old: Completed) -> None:
+    def subsume(self: CheckpointCoordinator, old: Completed) -> None:
         orig(self, old)
         if old.job == self.job:
             return
@@ -223,15 +228,17 @@ def _flink_26985(mp: pytest.MonkeyPatch) -> None:
             if s is not None and s.scope is Scope.SHARED and s.path in self.catalog.files:
                 self.catalog.delete_file(s.path, COORDINATOR)
 
-    mp.setattr(Cluster, "_subsume", subsume)
+    mp.setattr(CheckpointCoordinator, "_subsume", subsume)
 
 
 def _flink_29913(mp: pytest.MonkeyPatch) -> None:
     """The shared-state registry is keyed by the local file name; a second upload under a
     known name is taken for a duplicate and discarded, though a checkpoint refers to it."""
-    orig = Cluster._register
+    orig = CheckpointCoordinator._register
 
-    def register(self: Cluster, done: Completed, recorded: Completed | None = None) -> None:
+    def register(
+        self: CheckpointCoordinator, done: Completed, recorded: Completed | None = None
+    ) -> None:
         for e in done.entries:
             h = e.handle
             if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
@@ -254,19 +261,21 @@ def _flink_29913(mp: pytest.MonkeyPatch) -> None:
             recorded,
         )
 
-    mp.setattr(Cluster, "_register", register)
+    mp.setattr(CheckpointCoordinator, "_register", register)
 
 
 def _flink_35803(mp: pytest.MonkeyPatch) -> None:
     """After a restore, each new TM's manager takes the restored shared files for its own
     (the paths match what it would track) and offers them for reuse: confirmed backend
     state and live segments, whatever the restore mode and the job that wrote them."""
-    orig = Cluster._restore
+    orig = CheckpointCoordinator.restore
 
-    def restore(self: Cluster, cmd: c.Restore) -> None:
+    def restore(self: CheckpointCoordinator, cmd: c.Restore) -> None:
         orig(self, cmd)
+        engine = self.engine
+        assert isinstance(engine, Cluster)
         for subtask, entries in sorted(self.assignment.items()):
-            party = self.parties[self.placement[subtask]]
+            party = engine.parties[self.placement[subtask]]
             for e in entries:
                 if e.kind is not StateKind.KEYED_SHARED:
                     continue
@@ -287,7 +296,7 @@ def _flink_35803(mp: pytest.MonkeyPatch) -> None:
                     continue
                 party.backend[(subtask, e.name)] = BackendRef(e, cmd.checkpoint, True)
 
-    mp.setattr(Cluster, "_restore", restore)
+    mp.setattr(CheckpointCoordinator, "restore", restore)
 
 
 def _flink_32086(mp: pytest.MonkeyPatch) -> None:
@@ -332,18 +341,18 @@ def _sweep_ignores_owner(mp: pytest.MonkeyPatch) -> None:
     """The job-end sweep deletes every file under the job's bases that no retained
     checkpoint refers to, without asking who owns it: the user's savepoints, the files of
     an older job restored without claiming, a zombie attempt's files."""
-    orig = Cluster._end_job
+    orig = CheckpointCoordinator.end_job
 
-    def end_job(self: Cluster, *, retain: bool) -> None:
+    def end_job(self: CheckpointCoordinator, *, retain: bool) -> None:
         orig(self, retain=retain)
         for path in sorted(self.catalog.files):
             f = self.catalog.files.get(path)
-            if f is None or f.owner == COORDINATOR or self._referenced(path):
+            if f is None or f.owner == COORDINATOR or self.referenced(path):
                 continue
             if any(is_under(path, b) for b in self.bases):
                 self.catalog.delete_file(path, COORDINATOR)
 
-    mp.setattr(Cluster, "_end_job", end_job)
+    mp.setattr(CheckpointCoordinator, "end_job", end_job)
 
 
 def _reuse_not_reusable(mp: pytest.MonkeyPatch) -> None:
