@@ -90,11 +90,12 @@ class Catalog:
         self.storage.create(path)
         self.files[path] = StoredFile(0, True, actor, creator)
 
-    def append(self, path: str, length: int, data: bytes | None = None) -> int:
-        self.storage.append(path, length, data)
+    def append(self, path: str, data: bytes) -> int:
+        """Append ``data`` durably; the offset it starts at."""
+        self.storage.append(path, len(data), data)
         f = self.files[path]
         offset = f.size
-        f.size += length
+        f.size += len(data)
         return offset
 
     def close(self, path: str) -> None:

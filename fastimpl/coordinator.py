@@ -58,7 +58,7 @@ def subtasks_of(vertices: tuple[VertexSpec, ...]) -> list[SubtaskId]:
 
 class CoordinatorEngine(Protocol):
     """What the coordinator asks of the engine that runs the job's TMs (in process:
-    ``fastimpl.cluster.Cluster``; across processes, messages to TM processes)."""
+    ``fastimpl.engine.InProcessEngine``; across processes, messages to TM processes)."""
 
     def send(self, tm: TmId, msg: Notice) -> None:
         """Queue a notice for ``tm`` (the transport may lose, repeat or reorder it)."""

@@ -41,12 +41,11 @@ from typing import Any
 
 from attrs import frozen
 
-from fastimpl.cluster import Cluster
+from fastimpl.engine import InProcessEngine
 from fastimpl.ids import IdSource
 from fastimpl.metadata import MetadataError, base_of, check_job
 from fastimpl.records import Completed, Status, StoredFile
 from fastimpl.storage import Storage
-from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
 from spec.effects import COORDINATOR, USER
 from spec.handles import stream_of
@@ -120,7 +119,7 @@ def recover(
     ids: IdSource | None = None,
     background_deletes: bool = True,
     lease: bytes | None = None,
-) -> tuple[Cluster, RecoveryReport]:
+) -> tuple[InProcessEngine, RecoveryReport]:
     """A running store that continues the crashed ``job`` from what storage holds.
 
     ``lease``: take the base over with this token (issue 14) once everything is read and
@@ -174,7 +173,9 @@ def recover(
         int(m.group(1)) for p in files if (m := re.match(rf"{SAVEPOINTS}/savepoint-(\d+)/", p))
     ]
 
-    cl = Cluster(config, job_spec, fs, root, ids, job_id=job, background_deletes=background_deletes)
+    cl = InProcessEngine(
+        config, job_spec, fs, root, ids, job_id=job, background_deletes=background_deletes
+    )
     co = cl.coord
     for rec in co.tms.values():
         rec.status = Status.STOPPED  # the placeholders of the dead incarnation's TMs
@@ -201,7 +202,7 @@ def recover(
         co.vertices = tuple(
             VertexSpec(v.name, was.get(v.name, v.parallelism)) for v in job_spec.vertices
         )
-        cl.apply(c.Restore(latest.id, want, RestoreMode.CLAIM))
+        cl.restore(latest.id, want, RestoreMode.CLAIM)
         # The restore claimed the latest; the older retained ones stay retained too.
         for done in keep[:-1]:
             co._register(done)

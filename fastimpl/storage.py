@@ -354,7 +354,7 @@ class Storage:
         """Local disk: directories holding a name made here whose sync has not succeeded."""
         self.lease: bytes | None = None
         """This store's token in ``WRITER_LEASE`` (``None``: no lease is kept or checked,
-        e.g. the model-driven ``Cluster`` of the lockstep tests)."""
+        e.g. the model-driven ``InProcessEngine`` of the lockstep tests)."""
         self.deleter_died: BaseException | None = None
         """What ended the deleter thread abnormally (not an ``Exception``: those are
         retried and reported), e.g. the process dying: ``drain`` raises it."""

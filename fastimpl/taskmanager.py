@@ -122,12 +122,11 @@ class TaskManager:
         name: str,
         size: int,
         entries: int,
-        data: bytes | None = None,
-        partial: int | None = None,
+        data: bytes,
     ) -> StateEntry:
         """Write one state handle's bytes; a ``StorageFault`` leaves the decline to the
         caller (``write_failed``)."""
-        entry = self._write_stream(subtask, checkpoint, kind, name, size, entries, partial, data)
+        entry = self._write_stream(subtask, checkpoint, kind, name, size, entries, data)
         self._add_output(subtask, checkpoint, entry)
         return entry
 
@@ -149,9 +148,11 @@ class TaskManager:
         name: str,
         size: int,
         entries: int,
-        partial: int | None = None,
-        data: bytes | None = None,
+        data: bytes,
+        partial: bool = False,
     ) -> StateEntry:
+        """``data`` is what reaches storage; ``partial``: the process dies after writing
+        it, short of ``size`` (R65, the test adapter's crash mid-write)."""
         host = self.host
         actor = self.actor
         lid = host.ids.logical_id()
@@ -169,12 +170,12 @@ class TaskManager:
             path = self.catalog.new_file_name(directory)
             self.catalog.create(path, actor, self.tm)
             try:
-                self.catalog.append(path, size if partial is None else partial, data)
+                self.catalog.append(path, data)
             except StorageFault:
                 self.catalog.close(path)
                 self.catalog.delete_file(path, actor)
                 raise
-            if partial is not None:
+            if partial:
                 raise StorageFault(StorageOp.APPEND, path)
             self.catalog.close(path)  # R12: durable before the handle exists
             return StateEntry(subtask, kind, name, FileHandle(path, size, lid, scope), entries, kg)
@@ -201,8 +202,8 @@ class TaskManager:
         checkpoint: int,
         scope: Scope,
         size: int,
-        partial: int | None,
-        data: bytes | None = None,
+        partial: bool,
+        data: bytes,
     ) -> tuple[str, int]:
         key = self._pool_key(subtask, checkpoint, scope)
         directory = (
@@ -224,14 +225,14 @@ class TaskManager:
             cp = checkpoint if key[3] != "*" else None
             m.pfiles[path] = PFile(path, scope, key, cp, True, 0)
             m.pools[key] = path
-        n = size if partial is None else partial
+        n = len(data)
         try:
-            offset = self.catalog.append(path, n, data if partial is None else None)
+            offset = self.catalog.append(path, data)
         except StorageFault:
             self._poison(path)
             raise
         m.pfiles[path].size += n
-        if partial is not None:
+        if partial:
             raise StorageFault(StorageOp.APPEND, path)
         return path, offset
 

@@ -3,7 +3,7 @@
 Each mutant reproduces a real bug (a Flink bug of the design brief, or a classic mistake)
 in fastimpl's own code paths by patching one or two methods of a party
 (``fastimpl.coordinator``, ``fastimpl.taskmanager``, ``fastimpl.catalog``,
-``fastimpl.manager``) or of the in-process engine (``fastimpl.cluster.Cluster``) from
+``fastimpl.manager``) or of the in-process engine (``fastimpl.engine.InProcessEngine``) from
 test code, as ``twins.py`` does for the reference model: the buggy behaviour lives here,
 never as a flag inside fastimpl. A mutant keeps what it needs to remember per party in a
 ``WeakKeyDictionary`` (or ``WeakSet``) keyed by the party, created afresh by each
@@ -49,8 +49,8 @@ from conformance.adapter import Fastimpl
 from conformance.case import OBSERVATION_FIELDS, Case, case_name, corpus_files, load
 from conformance.runner import run_case
 from fastimpl.catalog import Catalog
-from fastimpl.cluster import Cluster
 from fastimpl.coordinator import CheckpointCoordinator
+from fastimpl.engine import InProcessEngine
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, Completed, PFile, RegEntry, Seg
 from fastimpl.taskmanager import TaskManager
@@ -185,7 +185,7 @@ def _flink_35784(mp: pytest.MonkeyPatch) -> None:
 def _flink_35400(mp: pytest.MonkeyPatch) -> None:
     """A failover keeps a surviving TM's manager (pools, segments, uploads of the old
     attempt) and rebuilds on top of it from the retained checkpoints."""
-    orig_failover, orig_forget = CheckpointCoordinator.failover, Cluster.forget_tm
+    orig_failover, orig_forget = CheckpointCoordinator.failover, InProcessEngine.forget_tm
     in_failover: weakref.WeakSet[CheckpointCoordinator] = weakref.WeakSet()
 
     def failover(self: CheckpointCoordinator) -> None:
@@ -195,12 +195,12 @@ def _flink_35400(mp: pytest.MonkeyPatch) -> None:
         finally:
             in_failover.discard(self)
 
-    def forget(self: Cluster, tm: TmId) -> None:
+    def forget(self: InProcessEngine, tm: TmId) -> None:
         if self.coord not in in_failover:
             orig_forget(self, tm)
 
     mp.setattr(CheckpointCoordinator, "failover", failover)
-    mp.setattr(Cluster, "forget_tm", forget)
+    mp.setattr(InProcessEngine, "forget_tm", forget)
 
 
 def _flink_25395(mp: pytest.MonkeyPatch) -> None:
@@ -273,7 +273,7 @@ def _flink_35803(mp: pytest.MonkeyPatch) -> None:
     def restore(self: CheckpointCoordinator, cmd: c.Restore) -> None:
         orig(self, cmd)
         engine = self.engine
-        assert isinstance(engine, Cluster)
+        assert isinstance(engine, InProcessEngine)
         for subtask, entries in sorted(self.assignment.items()):
             party = engine.parties[self.placement[subtask]]
             for e in entries:

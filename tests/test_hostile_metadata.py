@@ -481,7 +481,7 @@ def test_the_guard_refuses_a_foreign_delete_before_it_happens(
     error naming the path, who tried and why, and the file stays."""
     caplog.set_level(logging.ERROR)
     w = world
-    cl = w.store._cluster
+    cl = w.store._engine
     sp_file = next(p for p in w.sentinel_paths if p.startswith("savepoints/"))
     for path in [sp_file, w.a_job0_file(), "other-app/f", "job-1/../other-app/f", "job-1/.."]:
         cl.catalog.delete_file(path, COORDINATOR)

@@ -16,7 +16,7 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
 from conformance.harness import DEFAULT_JOB, KS, MERGING
-from fastimpl.cluster import Cluster
+from fastimpl.engine import InProcessEngine
 from model_tests.targets import FastimplTarget
 from spec import commands as c
 from spec.config import Config, MergingMode
@@ -35,9 +35,9 @@ def _harness(mode: MergingMode, storage: str, tmp_path: Path) -> LockstepHarness
     return LockstepHarness(cfg, DEFAULT_JOB, backend, backend.new_root(), FastimplTarget)
 
 
-def _cluster(h: LockstepHarness) -> Cluster:
+def _cluster(h: LockstepHarness) -> InProcessEngine:
     assert isinstance(h.target, FastimplTarget)
-    return h.target.cluster
+    return h.target.engine
 
 
 def _on_storage(h: LockstepHarness, path: str) -> bool:

@@ -1,10 +1,14 @@
-"""The store: a coordinator, its TMs, the notification channel and storage, in one
-process. ``Cluster.apply(command)`` accepts every command of ``spec/commands.py`` and
-``observe()`` shows the store in ``spec/observation.py`` vocabulary.
+"""The in-process engine: one coordinator party and one TaskManager party per TM,
+wired by an in-memory transport, in one process. It does what an engine (Flink's
+scheduler, a Spark driver) does around the two parties: it names and places TMs
+(round-robin), carries the notices (``fastimpl.transport``, encoded ``spec.messages``),
+checks who may write (R10, R56, R64), and shares one id source, so that with
+``CounterIds`` the names match the reference model's, file by file.
 
-A command is validated before anything changes: a ``CommandError`` leaves files and
-bookkeeping as they were. Storage calls happen in the order SPEC.md's rules give them,
-so with ``CounterIds`` the names match the reference model's, file by file.
+Each call is validated before anything changes (a ``CommandError`` leaves files and
+bookkeeping as they were), returns what it produced, and is logged to the trace (if
+any) as the ``spec.commands`` command it is. ``CheckpointStore`` (``fastimpl.api``)
+wraps it with a lock; the test adapters drive it from spec commands.
 """
 
 from __future__ import annotations
@@ -29,13 +33,14 @@ from fastimpl.taskmanager import TaskManager
 from fastimpl.trace import CommandTrace
 from fastimpl.transport import InMemoryTransport
 from spec import commands as c
-from spec.config import Config, JobSpec, VertexSpec
+from spec.config import Config, JobSpec, RestoreMode, StateKind, VertexSpec
 from spec.effects import COORDINATOR, tm_actor
 from spec.errors import CommandError, Reason
 from spec.handles import (
     FileHandle,
     SegmentHandle,
     StateEntry,
+    StreamHandle,
     stream_of,
 )
 from spec.ids import SubtaskId, TmId
@@ -60,8 +65,8 @@ def _place(subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
     return {s: tms[i % len(tms)] for i, s in enumerate(subtasks)}
 
 
-class Cluster:
-    """A job's checkpoint storage with its coordinator and TMs."""
+class InProcessEngine:
+    """A job's checkpoint storage: its coordinator and TMs in one process."""
 
     def __init__(
         self,
@@ -82,8 +87,6 @@ class Cluster:
             # Raises Config's R16 error for ACROSS merging.
             config = attrs.evolve(config, open_files_readable=False)
         self.cfg = config
-        self.copy_bytes = False
-        """Re-uploads (R20) copy the old bytes; off where every byte is a zero (tests)."""
         self.ids: IdSource = ids if ids is not None else RandomIds()
         """One id source for every party: with ``CounterIds`` names follow the model's."""
         self.channel = InMemoryTransport()
@@ -215,41 +218,216 @@ class Cluster:
         self.parties[tm].forget()
         self.channel.forget(tm)
 
-    # ------------------------------------------------------------------ dispatch
+    # ------------------------------------------------------------------ calls
 
-    def apply(self, cmd: c.Command) -> None:
-        """Apply one command; raise ``CommandError`` (nothing changed) if it is invalid."""
-        self._run(cmd, lambda: self._dispatch(cmd))
+    # Every call returns what it produced (raft's ``Ready``) and is logged to the trace
+    # (if any) as the ``spec.commands`` command it is, so the model can replay it.
 
-    def _run(self, cmd: c.Command, run: Callable[[], _T]) -> _T:
+    def recorded(self, cmd: c.Command, run: Callable[[], _T]) -> _T:
+        """Run ``run`` as ``cmd``: logged to the trace, and told to ``on_applied``."""
         result = run() if self.trace is None else self._traced(cmd, run)
         if self.on_applied is not None:
             self.on_applied(cmd)
         return result
 
-    # The coordinator's calls return what they produced (raft's ``Ready``): callers never
-    # read it back from the tables afterwards.
-
     def trigger(self, savepoint: bool = False) -> int:
-        """``Trigger``; the new checkpoint's id."""
-        cmd = c.Trigger(savepoint)
-        return self._run(cmd, lambda: self.coord.trigger(savepoint))
+        """R50: a new checkpoint (or savepoint); its id."""
+        return self.recorded(c.Trigger(savepoint), lambda: self.coord.trigger(savepoint))
 
-    def acknowledge(self, cmd: c.Acknowledge) -> tuple[StateEntry, ...]:
-        """``Acknowledge``; the entries the subtask wrote and reports (its directory
-        handles, R40, are added by the acknowledgement itself and not listed)."""
-        return self._run(cmd, lambda: self._acknowledge(cmd))
+    def write(
+        self,
+        checkpoint: int,
+        subtask: SubtaskId,
+        kind: StateKind,
+        name: str,
+        data: bytes,
+        entries: int = 1,
+        attempt: TmId | None = None,
+    ) -> StateEntry | None:
+        """One state handle's bytes, written by the TM that hosts ``subtask`` (or by the
+        lost ``attempt``); the entry acknowledged later, ``None`` for no bytes (R10). A
+        failing storage call declines the checkpoint for the subtask (R17) and is raised
+        as ``StorageFault``."""
+        cmd = c.WriteState(checkpoint, subtask, kind, name, len(data), entries, attempt)
+        return self.recorded(cmd, lambda: self._write(cmd, data))
+
+    def _write(self, cmd: c.WriteState, data: bytes) -> StateEntry | None:
+        tm = self.writer(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        if cmd.size == 0:
+            return None  # R10
+        try:
+            return self.parties[tm].write(
+                cmd.subtask, cmd.checkpoint, cmd.kind, cmd.name, cmd.size, cmd.entries, data
+            )
+        except StorageFault:
+            self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+            raise
+
+    def _write_failed(self, tm: TmId, subtask: SubtaskId, checkpoint: int) -> None:
+        """R17: the subtask declines and writes no more for the checkpoint (R14)."""
+        self.parties[tm].write_failed(subtask, checkpoint)
+        self.coord.receive_decline(Decline(self.job, checkpoint, subtask, tm))
+
+    def decline(self, checkpoint: int, subtask: SubtaskId) -> None:
+        """The subtask declines the checkpoint (R17)."""
+
+        def run() -> None:
+            tm = self.writer(checkpoint, subtask, None)
+            self._write_failed(tm, subtask, checkpoint)
+
+        self.recorded(c.Decline(checkpoint, subtask), run)
+
+    def reuse_shared(
+        self,
+        checkpoint: int,
+        subtask: SubtaskId,
+        name: str,
+        attempt: TmId | None = None,
+        upload: Callable[[StreamHandle], bytes] | None = None,
+    ) -> StateEntry | None:
+        """R20-R23: the old handle, a placeholder, or, when the old upload may not be
+        reused, a new upload of the same bytes: ``upload(old handle)`` gives them (by
+        default read back from the old upload, ``copy_of``). A failing storage call
+        declines (R17) and is raised as ``StorageFault``."""
+        cmd = c.ReuseShared(checkpoint, subtask, name, attempt)
+        return self.recorded(cmd, lambda: self._reuse_shared(cmd, upload or self.copy_of))
+
+    def copy_of(self, stream: StreamHandle) -> bytes:
+        """The bytes of an earlier upload, read back: the store keeps no local copy."""
+        if stream.path not in self.catalog.files:
+            # The old upload was deleted by the store itself (its checkpoint was aborted).
+            # Nothing changes; the caller writes the state again.
+            raise CommandError(
+                Reason.NO_SUCH_STATE,
+                f"the bytes were deleted with {stream.path}; write the state again",
+            )
+        # A file the store still tracks that cannot be read in full is damage, not a
+        # choice: the subtask declines (R17), naming the path and sizes.
+        at = stream.offset if isinstance(stream, SegmentHandle) else 0
+        return self.storage.read_range(stream.path, at, stream.length)
+
+    def _reuse_shared(
+        self, cmd: c.ReuseShared, upload: Callable[[StreamHandle], bytes]
+    ) -> StateEntry | None:
+        tm = self.writer(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        party = self.parties[tm]
+        ref = party.backend_ref(cmd.subtask, cmd.name)
+        reused = party.reuse(cmd.subtask, cmd.checkpoint, ref)
+        if reused is not None:
+            return reused
+        old = ref.entry  # R20: not reusable: upload the same local state again
+        stream = stream_of(old.handle)
+        try:
+            data = b"" if stream is None or stream.length == 0 else upload(stream)
+            return party.write(
+                cmd.subtask, cmd.checkpoint, old.kind, old.name, len(data), old.entries, data
+            )
+        except StorageFault:
+            self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+            raise
+
+    def acknowledge(
+        self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None = None
+    ) -> tuple[StateEntry, ...]:
+        """The subtask's TM sends its ``Acknowledgement``; the entries the subtask wrote
+        (its directory handles, R40, are added by the acknowledgement itself)."""
+        cmd = c.Acknowledge(checkpoint, subtask, attempt)
+        return self.recorded(cmd, lambda: self._acknowledge(cmd))
+
+    def _acknowledge(self, cmd: c.Acknowledge) -> tuple[StateEntry, ...]:
+        tm = self.writer(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        try:
+            written, ack = self.parties[tm].acknowledge(cmd.subtask, cmd.checkpoint)
+        except StorageFault:
+            self.coord.receive_decline(Decline(self.job, cmd.checkpoint, cmd.subtask, tm))
+            raise
+        self.coord.receive_ack(ack)
+        return written
 
     def complete(self, checkpoint: int) -> Completed | None:
-        """``Complete``; the completed checkpoint, or ``None`` if writing its
-        ``_metadata`` failed and it was aborted (R51)."""
-        cmd = c.Complete(checkpoint)
-        return self._run(cmd, lambda: self.coord.complete(checkpoint))
+        """The completed checkpoint, or ``None`` if writing its ``_metadata`` failed and
+        it was aborted (R51)."""
+        return self.recorded(c.Complete(checkpoint), lambda: self.coord.complete(checkpoint))
+
+    def abort(self, checkpoint: int) -> None:
+        def run() -> None:
+            self.coord.require_running()
+            self.coord.require_pending(checkpoint)
+            self.coord.abort(checkpoint)
+
+        self.recorded(c.Abort(checkpoint), run)
+
+    def deliver(self, index: int) -> None:
+        """Hand the ``index``-th notice in flight to its TM (R34: any notice may arrive at
+        any time, twice or never)."""
+        self.recorded(c.DeliverNotification(index), lambda: self._deliver(index))
+
+    def _deliver(self, index: int) -> None:
+        tm, msg = self.channel.take(index)
+        rec = self.tms.get(tm)
+        if rec is None or rec.status is Status.STOPPED:
+            return
+        if isinstance(msg, CheckpointComplete | CheckpointAborted):
+            self.parties[tm].on_notice(msg)
+
+    def crash_tm(self, tm: TmId) -> None:
+        """R57: the TM is lost (its process may still run)."""
+        self.recorded(c.CrashTm(tm), lambda: self._crash_tm(tm))
+
+    def _crash_tm(self, tm: TmId) -> None:
+        self.coord.require_running()
+        rec = self.tms.get(tm)
+        if rec is None:
+            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
+        if rec.status is not Status.ALIVE or tm not in self.placement.values():
+            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} is not a live TM of {self.job}")
+        self.coord.lose(tm)
+
+    def attempt_stopped(self, tm: TmId) -> None:
+        """R64: a lost TM is known to have stopped."""
+        self.recorded(c.AttemptStopped(tm), lambda: self.coord.attempt_stopped(tm))
+
+    def failover(self) -> None:
+        def run() -> None:
+            self.coord.require_running()
+            self.coord.failover()
+
+        self.recorded(c.Failover(), run)
+
+    def restart(self) -> None:
+        def run() -> None:
+            self.coord.require_running()
+            self.coord.restart()
+
+        self.recorded(c.RestartCoordinator(), run)
+
+    def restore(
+        self,
+        checkpoint: int,
+        parallelism: tuple[tuple[str, int], ...] = (),
+        mode: RestoreMode = RestoreMode.NO_CLAIM,
+        max_parallelism: int | None = None,
+    ) -> str:
+        """R70-R77: a new job from a retained checkpoint or a savepoint; its id."""
+        cmd = c.Restore(checkpoint, parallelism, mode, max_parallelism)
+        self.recorded(cmd, lambda: self.coord.restore(cmd))
+        return self.job
+
+    def cancel(self, retain: bool) -> None:
+        def run() -> None:
+            self.coord.require_running()
+            self.coord.end_job(retain=retain)
+
+        self.recorded(c.Cancel(retain), run)
+
+    def retry_deletes(self) -> None:
+        """R45: retry the deletes that failed."""
+        self.recorded(c.RetryDeletes(), self.catalog.retry_deletes)
 
     def start_trace(self, trace: CommandTrace) -> None:
-        """Log every command executed from now on to ``trace`` (``fastimpl.trace``). A
-        replay starts from the model's initial state, so the trace must start with the
-        store: before its first command, on an empty root."""
+        """Log every call from now on to ``trace`` (``fastimpl.trace``). A replay starts
+        from the model's initial state, so the trace must start with the store: before
+        its first call, on an empty root."""
         if self.next_checkpoint != 1 or self.catalog.files or self.job != "job-0" or self.channel:
             raise ValueError("a trace starts with the store, before its first command")
         ids = "counter" if isinstance(self.ids, CounterIds) else "random"
@@ -272,58 +450,9 @@ class Cluster:
             obs = self.observe() if trace.observations else None
             trace.record(cmd, error, self.storage.real_faults - before, obs)
 
-    def _dispatch(self, cmd: c.Command) -> None:
-        match cmd:
-            case c.Trigger():
-                self.coord.trigger(cmd.savepoint)
-            case c.WriteState():
-                self._write_state(cmd)
-            case c.ReuseShared():
-                self._reuse_shared(cmd)
-            case c.Acknowledge():
-                self._acknowledge(cmd)
-            case c.Decline():
-                tm = self._writer_tm(cmd.checkpoint, cmd.subtask, None)
-                self._write_failed(tm, cmd.subtask, cmd.checkpoint)
-            case c.Complete():
-                self.coord.complete(cmd.checkpoint)
-            case c.Abort():
-                self.coord.require_running()
-                self.coord.require_pending(cmd.checkpoint)
-                self.coord.abort(cmd.checkpoint)
-            case c.DeliverNotification():
-                self._deliver(cmd.index)
-            case c.DropNotification():
-                self.channel.drop(cmd.index)
-            case c.DuplicateNotification():
-                self.channel.duplicate(cmd.index)
-            case c.CrashTm():
-                self._crash_tm(cmd.tm)
-            case c.AttemptStopped():
-                self.coord.attempt_stopped(cmd.tm)
-            case c.CrashDuringWrite():
-                self._crash_during_write(cmd)
-            case c.Failover():
-                self.coord.require_running()
-                self.coord.failover()
-            case c.RestartCoordinator():
-                self.coord.require_running()
-                self.coord.restart()
-            case c.Restore():
-                self.coord.restore(cmd)
-            case c.FailNextCall():
-                self.storage.arm(cmd.op)
-            case c.RetryDeletes():
-                self.catalog.retry_deletes()
-            case c.Cancel():
-                self.coord.require_running()
-                self.coord.end_job(retain=cmd.retain)
-            case _:
-                raise CommandError(Reason.BAD_ARGUMENT, f"unknown command {cmd!r}")
-
     # ------------------------------------------------------------------ validation
 
-    def _writer_tm(self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None) -> TmId:
+    def writer(self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None) -> TmId:
         """The TM a write or acknowledgement comes from, checked (R10, R56, R64)."""
         self.coord.require_running()
         if subtask not in self.placement:
@@ -352,131 +481,6 @@ class Cluster:
                 Reason.ALREADY_ACKNOWLEDGED, f"{subtask} already acknowledged {checkpoint}"
             )
         return tm
-
-    def write_state(self, cmd: c.WriteState, data: bytes | None = None) -> StateEntry | None:
-        """``WriteState`` with the bytes themselves; returns the entry acknowledged later.
-
-        ``None`` for an empty snapshot (R10). A failing storage call declines the
-        checkpoint for the subtask (R17) and is raised as ``StorageFault``.
-        """
-        if data is not None and len(data) != cmd.size:
-            raise CommandError(Reason.BAD_ARGUMENT, f"size {cmd.size} but {len(data)} bytes given")
-        if self.trace is not None:
-            return self._traced(cmd, lambda: self._write_state(cmd, data, raise_fault=True))
-        return self._write_state(cmd, data, raise_fault=True)
-
-    def _write_state(
-        self, cmd: c.WriteState, data: bytes | None = None, *, raise_fault: bool = False
-    ) -> StateEntry | None:
-        tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
-        if cmd.size == 0:
-            return None  # R10
-        try:
-            return self.parties[tm].write(
-                cmd.subtask, cmd.checkpoint, cmd.kind, cmd.name, cmd.size, cmd.entries, data
-            )
-        except StorageFault:
-            self._write_failed(tm, cmd.subtask, cmd.checkpoint)
-            if raise_fault:
-                raise
-            return None
-
-    def _write_failed(self, tm: TmId, subtask: SubtaskId, checkpoint: int) -> None:
-        """R17: the subtask declines and writes no more for the checkpoint (R14)."""
-        self.parties[tm].write_failed(subtask, checkpoint)
-        self.coord.receive_decline(Decline(self.job, checkpoint, subtask, tm))
-
-    def reuse_shared(self, cmd: c.ReuseShared) -> StateEntry | None:
-        """``ReuseShared`` returning the entry the subtask acknowledges: the old handle, a
-        placeholder, or a new upload of the same bytes when the old file is not reusable."""
-        if self.trace is not None:
-            return self._traced(cmd, lambda: self._reuse_shared(cmd, raise_fault=True))
-        return self._reuse_shared(cmd, raise_fault=True)
-
-    def _reuse_shared(self, cmd: c.ReuseShared, *, raise_fault: bool = False) -> StateEntry | None:
-        tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
-        party = self.parties[tm]
-        ref = party.backend_ref(cmd.subtask, cmd.name)
-        reused = party.reuse(cmd.subtask, cmd.checkpoint, ref)
-        if reused is not None:
-            return reused
-        old = ref.entry
-        stream = stream_of(old.handle)
-        size = 0 if stream is None else stream.length
-        # R20: not reusable: upload the same local state again
-        data = None
-        if (
-            self.copy_bytes
-            and stream is not None
-            and size > 0
-            and stream.path not in self.catalog.files
-        ):
-            # The store keeps no local copy: the bytes come from the old upload, which the
-            # store itself deleted (its checkpoint was aborted). Nothing changes; the
-            # caller writes the state again.
-            raise CommandError(
-                Reason.NO_SUCH_STATE,
-                f"{cmd.subtask} on {tm}: the bytes of {cmd.name!r} were deleted with "
-                f"{stream.path}; write the state again",
-            )
-        try:
-            if self.copy_bytes and stream is not None and size > 0:
-                # A file the store still tracks that cannot be read in full is damage,
-                # not a choice: the subtask declines (R17), naming the path and sizes.
-                at = stream.offset if isinstance(stream, SegmentHandle) else 0
-                data = self.storage.read_range(stream.path, at, size)
-            return party.write(
-                cmd.subtask, cmd.checkpoint, old.kind, old.name, size, old.entries, data
-            )
-        except StorageFault:
-            self._write_failed(tm, cmd.subtask, cmd.checkpoint)
-            if raise_fault:
-                raise
-            return None
-
-    # ------------------------------------------------------------------ acknowledge
-
-    def _acknowledge(self, cmd: c.Acknowledge) -> tuple[StateEntry, ...]:
-        tm = self._writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
-        try:
-            written, ack = self.parties[tm].acknowledge(cmd.subtask, cmd.checkpoint)
-        except StorageFault:
-            self.coord.receive_decline(Decline(self.job, cmd.checkpoint, cmd.subtask, tm))
-            raise
-        self.coord.receive_ack(ack)
-        return written
-
-    def _deliver(self, index: int) -> None:
-        """R34: any notice may arrive at any time, twice or never."""
-        tm, msg = self.channel.take(index)
-        rec = self.tms.get(tm)
-        if rec is None or rec.status is Status.STOPPED:
-            return
-        if isinstance(msg, CheckpointComplete | CheckpointAborted):
-            self.parties[tm].on_notice(msg)
-
-    # ------------------------------------------------------------------ crashes (R57-R65)
-
-    def _crash_tm(self, tm: TmId) -> None:
-        self.coord.require_running()
-        rec = self.tms.get(tm)
-        if rec is None:
-            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
-        if rec.status is not Status.ALIVE or tm not in self.placement.values():
-            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} is not a live TM of {self.job}")
-        self.coord.lose(tm)
-
-    def _crash_during_write(self, cmd: c.CrashDuringWrite) -> None:
-        tm = self._writer_tm(cmd.checkpoint, cmd.subtask, None)
-        if not 0 < cmd.written < cmd.size:
-            raise CommandError(Reason.BAD_ARGUMENT, "a crash mid-write needs 0 < written < size")
-        try:
-            self.parties[tm].write(
-                cmd.subtask, cmd.checkpoint, cmd.kind, cmd.name, cmd.size, 1, partial=cmd.written
-            )
-        except StorageFault:
-            pass  # R65: the half-written bytes stay with the crashed attempt
-        self.coord.lose(tm)
 
     def observe(self) -> Observation:
         """The real files on storage, and the bookkeeping that decides who deletes them."""
