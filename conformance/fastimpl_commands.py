@@ -88,6 +88,7 @@ def _crash_during_write(engine: InProcessEngine, cmd: c.CrashDuringWrite) -> Non
     if not 0 < cmd.written < cmd.size:
         raise CommandError(Reason.BAD_ARGUMENT, "a crash mid-write needs 0 < written < size")
     party = engine.parties[tm]
+    party.note(cmd.checkpoint, engine.coord._is_savepoint(cmd.checkpoint))
     try:
         party._write_stream(
             cmd.subtask,

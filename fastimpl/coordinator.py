@@ -83,8 +83,13 @@ class CoordinatorEngine(Protocol):
         hosted: list[SubtaskId],
         retained: RetainedEntries,
         latest: tuple[int, tuple[StateEntry, ...]] | None,
+        lost: frozenset[TmId],
     ) -> None:
-        """R60-R62: a TM restarts from the retained checkpoints."""
+        """R60-R62: a TM restarts from the retained checkpoints; the files of ``lost``
+        attempts wait for them (R64)."""
+
+    def placed(self, placement: dict[SubtaskId, TmId]) -> None:
+        """Where the subtasks run now (each TM learns which are its own)."""
 
     def seed_backend(self, tm: TmId, subtask: SubtaskId, entry: StateEntry, cp: int) -> None:
         """R72: a claimed whole file the subtask's backend may reuse (NONE mode)."""
@@ -149,6 +154,7 @@ class CheckpointCoordinator:
     def deploy(self, placement: dict[SubtaskId, TmId]) -> None:
         """The engine runs the job's subtasks on these TMs (all alive)."""
         self.placement = dict(placement)
+        self.engine.placed(self.placement)
         for t in placement.values():
             self.tms.setdefault(t, Tm(t, Status.ALIVE))
 
@@ -512,6 +518,7 @@ class CheckpointCoordinator:
                 replaced[tm] = new
                 self.tms[new] = Tm(new, Status.ALIVE)
         self.placement = {s: replaced.get(t, t) for s, t in self.placement.items()}
+        self.engine.placed(self.placement)
         survivors = sorted(set(self.placement.values()) - set(replaced.values()))
         for tm in survivors:  # R60: no stale manager survives (FLINK-35400)
             self.engine.reset_tm(tm)
@@ -531,6 +538,7 @@ class CheckpointCoordinator:
                 hosted,
                 [(r.id, r.entries) for r in self.retained],
                 None if latest is None else (latest.id, latest.entries),
+                frozenset(t for t, r in self.tms.items() if r.status is Status.LOST),
             )
         self.collect_dirs()
 
@@ -616,6 +624,7 @@ class CheckpointCoordinator:
             self.tms[t] = Tm(t, Status.ALIVE)
         subtasks = subtasks_of(self.vertices)
         self.placement = self.engine.place(subtasks, tms)
+        self.engine.placed(self.placement)
         self.running = True
         self.pending = {}
         self.retained = []

@@ -155,10 +155,6 @@ class InProcessEngine:
         """The checkpoint's type, as Flink's CheckpointOptions carry it with the barrier."""
         return self.coord._is_savepoint(checkpoint)
 
-    def hosted_by(self, tm: TmId) -> list[SubtaskId]:
-        """The subtasks the engine placed on ``tm``."""
-        return [s for s, t in self.coord.placement.items() if t == tm]
-
     def load_completed(self, metadata: str, job: str | None = None) -> Completed:
         return self.coord.load_completed(metadata, job)
 
@@ -173,7 +169,7 @@ class InProcessEngine:
     def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
         tm = f"tm-{self.next_tm}"
         self.next_tm += 1
-        party = TaskManager(tm, job, self.cfg, self, first_checkpoint)
+        party = TaskManager(tm, job, self.cfg, self.catalog, self.ids, first_checkpoint)
         if finished_mark is not None:
             party.finished_mark = finished_mark
         self.parties[tm] = party
@@ -202,10 +198,15 @@ class InProcessEngine:
         hosted: list[SubtaskId],
         retained: list[tuple[int, tuple[StateEntry, ...]]],
         latest: tuple[int, tuple[StateEntry, ...]] | None,
+        lost: frozenset[TmId],
     ) -> None:
         party = self.parties[tm]
         party.restart_knowledge(known[0], known[1], known[2], first_checkpoint)
-        party.restore(hosted, retained, latest)
+        party.restore(hosted, retained, latest, lost)
+
+    def placed(self, placement: dict[SubtaskId, TmId]) -> None:
+        for tm, party in self.parties.items():
+            party.hosted = [s for s, t in placement.items() if t == tm]
 
     def seed_backend(self, tm: TmId, subtask: SubtaskId, entry: StateEntry, cp: int) -> None:
         self.parties[tm].backend[(subtask, entry.name)] = BackendRef(entry, cp, True)
@@ -257,7 +258,14 @@ class InProcessEngine:
             return None  # R10
         try:
             return self.parties[tm].write(
-                cmd.subtask, cmd.checkpoint, cmd.kind, cmd.name, cmd.size, cmd.entries, data
+                cmd.subtask,
+                cmd.checkpoint,
+                cmd.kind,
+                cmd.name,
+                cmd.size,
+                cmd.entries,
+                data,
+                self._is_savepoint(cmd.checkpoint),
             )
         except StorageFault:
             self._write_failed(tm, cmd.subtask, cmd.checkpoint)
@@ -265,7 +273,7 @@ class InProcessEngine:
 
     def _write_failed(self, tm: TmId, subtask: SubtaskId, checkpoint: int) -> None:
         """R17: the subtask declines and writes no more for the checkpoint (R14)."""
-        self.parties[tm].write_failed(subtask, checkpoint)
+        self.parties[tm].write_failed(subtask, checkpoint, self._is_savepoint(checkpoint))
         self.coord.receive_decline(Decline(self.job, checkpoint, subtask, tm))
 
     def decline(self, checkpoint: int, subtask: SubtaskId) -> None:
@@ -312,7 +320,8 @@ class InProcessEngine:
         tm = self.writer(cmd.checkpoint, cmd.subtask, cmd.attempt)
         party = self.parties[tm]
         ref = party.backend_ref(cmd.subtask, cmd.name)
-        reused = party.reuse(cmd.subtask, cmd.checkpoint, ref)
+        savepoint = self._is_savepoint(cmd.checkpoint)
+        reused = party.reuse(cmd.subtask, cmd.checkpoint, ref, savepoint)
         if reused is not None:
             return reused
         old = ref.entry  # R20: not reusable: upload the same local state again
@@ -320,7 +329,14 @@ class InProcessEngine:
         try:
             data = b"" if stream is None or stream.length == 0 else upload(stream)
             return party.write(
-                cmd.subtask, cmd.checkpoint, old.kind, old.name, len(data), old.entries, data
+                cmd.subtask,
+                cmd.checkpoint,
+                old.kind,
+                old.name,
+                len(data),
+                old.entries,
+                data,
+                savepoint,
             )
         except StorageFault:
             self._write_failed(tm, cmd.subtask, cmd.checkpoint)
@@ -337,7 +353,9 @@ class InProcessEngine:
     def _acknowledge(self, cmd: c.Acknowledge) -> tuple[StateEntry, ...]:
         tm = self.writer(cmd.checkpoint, cmd.subtask, cmd.attempt)
         try:
-            written, ack = self.parties[tm].acknowledge(cmd.subtask, cmd.checkpoint)
+            written, ack = self.parties[tm].acknowledge(
+                cmd.subtask, cmd.checkpoint, self._is_savepoint(cmd.checkpoint)
+            )
         except StorageFault:
             self.coord.receive_decline(Decline(self.job, cmd.checkpoint, cmd.subtask, tm))
             raise
@@ -471,7 +489,7 @@ class InProcessEngine:
             if subtask not in rec.hosted:
                 raise CommandError(Reason.NOT_HOSTED, f"{tm} never hosted {subtask}")
         party = self.parties[tm]
-        if party.finished(checkpoint):
+        if party.finished(checkpoint, self._is_savepoint(checkpoint)):
             raise CommandError(
                 Reason.CHECKPOINT_FINISHED_FOR_TM,
                 f"{tm} already knows checkpoint {checkpoint} is finished",

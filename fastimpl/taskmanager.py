@@ -3,23 +3,25 @@ subtasks wrote and acknowledged, what their backends remember uploading, and wha
 TM has heard from the coordinator (R30-R35).
 
 The TM never calls the coordinator: ``acknowledge`` returns the ``Acknowledgement``
-to send, a failed write returns (through the caller) a ``Decline``, and the coordinator's
+to send, a failed write leaves the ``Decline`` to its caller, and the coordinator's
 notices are applied by ``on_notice`` in whatever order they arrive, duplicated or late.
+What it knows of the job it learns from the engine's calls: the subtasks it runs, each
+checkpoint's type (with the write, as Flink's barrier carries it), and on a restart the
+retained checkpoints and which attempts are lost.
 
-The file catalog (who owns each path on storage, the managed directories) and the
-guarded deletes are still the host's (``TmHost``): the TM asks it to create, append,
-close and delete. That is the last table the parties share in process.
+The file catalog (who owns each path on storage, the managed directories) and its
+guarded deletes are still shared with the coordinator in process (``fastimpl.catalog``):
+the TM creates, appends, closes and deletes through it, and so does the coordinator.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 from fastimpl.catalog import Catalog
 from fastimpl.ids import IdSource
 from fastimpl.manager import Manager
-from fastimpl.records import BackendRef, PFile, PoolKey, Seg, Status, Tm
+from fastimpl.records import BackendRef, PFile, PoolKey, Seg
 from fastimpl.storage import StorageFault
 from spec.commands import StorageOp
 from spec.config import Config, MergingMode, Scope, StateKind
@@ -42,34 +44,30 @@ OutKey = tuple[SubtaskId, int]
 BackendKey = tuple[SubtaskId, str]
 
 
-class TmHost(Protocol):
-    """What a TM still reaches in process: the file catalog with its guarded deletes,
-    the id source, the checkpoint type (Flink's CheckpointOptions, carried with the
-    barrier), which attempts are lost (R64) and the subtasks the engine placed on it."""
-
-    catalog: Catalog
-    ids: IdSource
-
-    @property
-    def tms(self) -> dict[TmId, Tm]: ...
-
-    def _is_savepoint(self, checkpoint: int) -> bool: ...
-    def hosted_by(self, tm: TmId) -> list[SubtaskId]: ...
-
-
 class TaskManager:
     """One TM attempt (``tm``) of job ``job``."""
 
     def __init__(
-        self, tm: TmId, job: str, config: Config, host: TmHost, first_checkpoint: int = 1
+        self,
+        tm: TmId,
+        job: str,
+        config: Config,
+        catalog: Catalog,
+        ids: IdSource,
+        first_checkpoint: int = 1,
     ) -> None:
         self.tm = tm
         self.actor = tm_actor(tm)
         self.job = job
         self.cfg = config
         self.mode = config.merging_mode
-        self.host = host
-        self.catalog = host.catalog
+        self.catalog = catalog
+        self.ids = ids
+        self.hosted: list[SubtaskId] = []
+        """The subtasks the engine runs on this TM (none once it moved them away)."""
+        self.savepoints: set[int] = set()
+        """Checkpoints the TM was told are savepoints: by the call that writes for one
+        (Flink's CheckpointOptions travel with the barrier) or by a notice."""
         self.m = Manager()
         self.outputs: dict[OutKey, list[StateEntry]] = {}
         """What each subtask wrote for a checkpoint and has not acknowledged yet."""
@@ -101,13 +99,22 @@ class TaskManager:
 
     # ------------------------------------------------------------------ guards
 
-    def finished(self, checkpoint: int) -> bool:
+    def note(self, checkpoint: int, savepoint: bool) -> None:
+        """The checkpoint's type, as the engine passes it with a barrier."""
+        if savepoint:
+            self.savepoints.add(checkpoint)
+
+    def finished(self, checkpoint: int, savepoint: bool = False) -> bool:
         """Whether the TM already knows ``checkpoint`` is over (a write is late, R56)."""
         if checkpoint in self.known_aborted or checkpoint < self.first_checkpoint:
             return True
         if checkpoint in self.finished_savepoints:
             return True
-        return not self.host._is_savepoint(checkpoint) and checkpoint <= self.finished_mark
+        savepoint = savepoint or checkpoint in self.savepoints
+        return not savepoint and checkpoint <= self.finished_mark
+
+    def _is_savepoint(self, checkpoint: int) -> bool:
+        return checkpoint in self.savepoints
 
     def acknowledged(self, subtask: SubtaskId, checkpoint: int) -> bool:
         return (subtask, checkpoint) in self.acked
@@ -123,16 +130,18 @@ class TaskManager:
         size: int,
         entries: int,
         data: bytes,
+        savepoint: bool = False,
     ) -> StateEntry:
         """Write one state handle's bytes; a ``StorageFault`` leaves the decline to the
         caller (``write_failed``)."""
+        self.note(checkpoint, savepoint)
         entry = self._write_stream(subtask, checkpoint, kind, name, size, entries, data)
         self._add_output(subtask, checkpoint, entry)
         return entry
 
     def _add_output(self, subtask: SubtaskId, checkpoint: int, e: StateEntry) -> None:
         self.outputs.setdefault((subtask, checkpoint), []).append(e)
-        if e.kind is StateKind.KEYED_SHARED and not self.host._is_savepoint(checkpoint):
+        if e.kind is StateKind.KEYED_SHARED and not self._is_savepoint(checkpoint):
             self.backend[(subtask, e.name)] = BackendRef(e, checkpoint, False)
 
     def _key_groups(self, subtask: SubtaskId, kind: StateKind) -> tuple[int, int] | None:
@@ -153,12 +162,11 @@ class TaskManager:
     ) -> StateEntry:
         """``data`` is what reaches storage; ``partial``: the process dies after writing
         it, short of ``size`` (R65, the test adapter's crash mid-write)."""
-        host = self.host
         actor = self.actor
-        lid = host.ids.logical_id()
+        lid = self.ids.logical_id()
         kg = self._key_groups(subtask, kind)
         scope = kind.scope
-        savepoint = host._is_savepoint(checkpoint)
+        savepoint = self._is_savepoint(checkpoint)
         if savepoint or self.mode is MergingMode.NONE:
             # R11, R55: one file per handle, the writing TM's until acknowledged
             if savepoint:
@@ -241,9 +249,10 @@ class TaskManager:
         self.m.pfiles[path].reusable = False
         self._close_pfile(path)
 
-    def write_failed(self, subtask: SubtaskId, checkpoint: int) -> None:
+    def write_failed(self, subtask: SubtaskId, checkpoint: int, savepoint: bool = False) -> None:
         """R17: the subtask declines and writes no more for the checkpoint (R14); the
         caller sends the ``Decline``."""
+        self.note(checkpoint, savepoint)
         self.drop_outputs(subtask, checkpoint)
         self.acked[(subtask, checkpoint)] = ()
         self.close_within_files(lambda cp: cp == checkpoint, subtask)
@@ -258,10 +267,13 @@ class TaskManager:
             )
         return ref
 
-    def reuse(self, subtask: SubtaskId, checkpoint: int, ref: BackendRef) -> StateEntry | None:
+    def reuse(
+        self, subtask: SubtaskId, checkpoint: int, ref: BackendRef, savepoint: bool = False
+    ) -> StateEntry | None:
         """R21, R22: the old handle (its segment's last use advanced) or a placeholder,
         when the old upload may be reused; ``None`` when it must be uploaded again."""
-        if self.host._is_savepoint(checkpoint) or not self._reusable(ref):
+        self.note(checkpoint, savepoint)
+        if self._is_savepoint(checkpoint) or not self._reusable(ref):
             return None
         old = ref.entry
         h = old.handle
@@ -301,17 +313,17 @@ class TaskManager:
     # ------------------------------------------------------------------ acknowledge
 
     def acknowledge(
-        self, subtask: SubtaskId, checkpoint: int
+        self, subtask: SubtaskId, checkpoint: int, savepoint: bool = False
     ) -> tuple[tuple[StateEntry, ...], Acknowledgement]:
         """What the subtask wrote, plus the managed directories that exist (R40), as the
         message to the coordinator; the subtask's WITHIN files close (R14). Raises
         ``StorageFault`` (the subtask declines, R17) if a handle names bytes whose upload
         failed."""
-        host = self.host
+        self.note(checkpoint, savepoint)
         key = (subtask, checkpoint)
         written = tuple(self.outputs.pop(key, ()))
         entries = list(written)
-        if self.mode is not MergingMode.NONE and not host._is_savepoint(checkpoint):
+        if self.mode is not MergingMode.NONE and not self._is_savepoint(checkpoint):
             # R40: every acknowledgement reports the managed directories that exist
             for directory in (shared_dir(self.job, subtask), taskowned_dir(self.job, self.tm)):
                 if directory in self.catalog.dir_owner:
@@ -335,7 +347,9 @@ class TaskManager:
 
     def on_notice(self, msg: CheckpointComplete | CheckpointAborted) -> None:
         """R34: any notice may arrive at any time, twice or never; each is idempotent."""
+        self.note(msg.checkpoint, msg.savepoint)
         if isinstance(msg, CheckpointComplete):
+            self.savepoints |= msg.pending_savepoints
             self._tm_complete(msg.checkpoint, msg.subsumed, msg.savepoint)
             if not msg.savepoint:
                 self._finish_savepoints(msg.checkpoint, msg.pending_savepoints)
@@ -348,7 +362,7 @@ class TaskManager:
         done = sorted(
             sp
             for sp in mine
-            if sp <= checkpoint and sp not in still_open and self.host._is_savepoint(sp)
+            if sp <= checkpoint and sp not in still_open and self._is_savepoint(sp)
         )
         for sp in done:
             self._savepoint_finished(sp)
@@ -369,7 +383,7 @@ class TaskManager:
         self._confirm(checkpoint)
         for lid in self.m.used_up_to(watermark):  # R31
             self._discard(lid)
-        is_sp = self.host._is_savepoint
+        is_sp = self._is_savepoint
         self.drop_outputs_where(lambda cp: cp <= checkpoint and not is_sp(cp))
         self.close_within_files(lambda cp: cp <= checkpoint)
         self._forget_settled_aborts()
@@ -388,7 +402,7 @@ class TaskManager:
             if d.creator == self.tm and not d.handed_over
             for cp in d.used_by
         }
-        is_sp = self.host._is_savepoint
+        is_sp = self._is_savepoint
         self.known_aborted = {
             cp
             for cp in self.known_aborted
@@ -431,7 +445,7 @@ class TaskManager:
                     seg = self.m.segs.get(h.logical_id)
                     if seg is not None:
                         seg.confirmed = True
-        is_sp = self.host._is_savepoint
+        is_sp = self._is_savepoint
         for key in [k for k in self.acked if k[1] < checkpoint]:
             if not is_sp(key[1]):
                 del self.acked[key]
@@ -513,7 +527,7 @@ class TaskManager:
             self._close_pfile(path)
 
     def _done_with(self, checkpoint: int) -> bool:
-        return all((s, checkpoint) in self.acked for s in self.host.hosted_by(self.tm))
+        return all((s, checkpoint) in self.acked for s in self.hosted)
 
     def drop_outputs_where(self, which: Callable[[int], bool]) -> None:
         for key in sorted((k for k in self.outputs if which(k[1])), key=str):
@@ -571,12 +585,14 @@ class TaskManager:
         hosted: list[SubtaskId],
         retained: list[tuple[int, tuple[StateEntry, ...]]],
         latest: tuple[int, tuple[StateEntry, ...]] | None,
+        lost: frozenset[TmId] = frozenset(),
     ) -> None:
         """R61, R62: take over what retained checkpoints (id, entries; oldest first) use
         in this TM's directories; everything else there that a TM owns and no live writer
         holds is garbage. ``latest`` (the running job's latest completed checkpoint) is
-        what the subtasks' backends may reuse."""
-        host = self.host
+        what the subtasks' backends may reuse. ``lost``: attempts that may still run,
+        whose files wait for them (R64)."""
+        self.hosted = list(hosted)
         if self.mode is MergingMode.NONE:
             self._reload_backend(hosted, latest)
             return
@@ -618,7 +634,7 @@ class TaskManager:
                 f = self.catalog.files.get(path)
                 if f is None or not f.owner.startswith("tm:"):
                     continue
-                if host.tms[f.owner[3:]].status is Status.LOST:
+                if f.owner[3:] in lost:
                     continue  # R64
                 f.owner = self.actor
                 self.catalog.delete_file(path, self.actor)  # R62
