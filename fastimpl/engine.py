@@ -33,7 +33,7 @@ from fastimpl.taskmanager import TaskManager
 from fastimpl.trace import CommandTrace
 from fastimpl.transport import InMemoryTransport
 from spec import commands as c
-from spec.config import Config, JobSpec, RestoreMode, StateKind, VertexSpec
+from spec.config import Config, JobSpec, RestoreMode, StateKind
 from spec.effects import COORDINATOR, tm_actor
 from spec.errors import CommandError, Reason
 from spec.handles import (
@@ -55,14 +55,6 @@ _T = TypeVar("_T")
 OutKey = tuple[TmId, SubtaskId, int]
 BackendKey = tuple[TmId, SubtaskId, str]
 _METADATA_SUFFIX = "/" + METADATA
-
-
-def _subtasks(vertices: tuple[VertexSpec, ...]) -> list[SubtaskId]:
-    return [SubtaskId(v.name, i, v.parallelism) for v in vertices for i in range(v.parallelism)]
-
-
-def _place(subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
-    return {s: tms[i % len(tms)] for i, s in enumerate(subtasks)}
 
 
 class InProcessEngine:
