@@ -114,22 +114,26 @@ mutants: $(STAMP)
 	$(BIN)/python -m model_tests.mutants $(MUTANTS_ARGS)
 
 # The mutation run (issue 14; not part of make test or CI): mutmut, from PyPI, mutates
-# fastimpl/metadata.py, fastimpl/recovery.py and the functions of fastimpl/cluster.py that
-# decide ownership, claims, zombie deferrals and directory deletes (MUTATE_FUNCS), one
+# fastimpl/metadata.py, fastimpl/recovery.py and the functions of the catalog, the
+# coordinator, the TM and the engine that decide ownership, claims, zombie deferrals and
+# directory deletes (MUTATE_FUNCS), one
 # mutant at a time in a copy of the tree (mutants/), and runs on each the fast tests of
 # those areas that call the mutated function ([tool.mutmut] in pyproject.toml). Unlike the
 # mutant zoo above (hand-written seeded bugs), these are machine-made mutants. Results are
 # kept in mutants/ and a run resumes where it stopped; make mutate-results lists the
 # survivors (model_tests/mutation_survivors.md says what became of each). About 20
 # minutes on two idle cores. MUTATE_FUNCS="fastimpl.recovery.*" narrows a run.
-MUTATE_CLUSTER := _protected _record_delete _waits_for _defer _delete_file _prunable_parents \
-                  _delete_dir _retry_deletes _run_deferred _take_over_files _register \
-                  _release_entry _subsume _attempt_stopped _referenced _collect_dirs _restore \
-                  _claim _end_job _owners _tm_release_dirs _writer_tm load_completed \
-                  _restart_coordinator _refuse_delete _foreign _holds_unknown_files \
+MUTATE_CATALOG := _protected _record_delete _waits_for _defer delete_file _prunable_parents \
+                  delete_dir retry_deletes _run_deferred owners _refuse_delete _foreign \
+                  _holds_unknown_files
+MUTATE_COORDINATOR := _take_over_files _register _release_entry _subsume attempt_stopped \
+                  referenced collect_dirs restore _claim end_job load_completed restart \
                   _check_claim _may_claim _paths_of _check_max_parallelism
 MUTATE_FUNCS ?= fastimpl.metadata.* fastimpl.recovery.* \
-                $(foreach f,$(MUTATE_CLUSTER),fastimpl.cluster.xǁClusterǁ$(f)__mutmut_*)
+                $(foreach f,$(MUTATE_CATALOG),fastimpl.catalog.xǁCatalogǁ$(f)__mutmut_*) \
+                $(foreach f,$(MUTATE_COORDINATOR),fastimpl.coordinator.xǁCheckpointCoordinatorǁ$(f)__mutmut_*) \
+                fastimpl.taskmanager.xǁTaskManagerǁ_release_dirs__mutmut_* \
+                fastimpl.engine.xǁInProcessEngineǁwriter__mutmut_*
 mutate: $(STAMP)
 	@test -x $(BIN)/mutmut || { echo "error: mutmut is missing; install it with" \
 	  "$(BIN)/python -m pip install -e '.[test,spark,mutate]'" >&2; exit 1; }

@@ -18,8 +18,7 @@ from typing import Any
 
 import fsspec  # type: ignore[import-untyped]
 
-from fastimpl import Cluster, IdSource
-from spec import commands as c
+from fastimpl import IdSource, InProcessEngine
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.ids import SubtaskId
 
@@ -39,8 +38,8 @@ def within_config(num_retained: int = 1) -> Config:
     )
 
 
-def new_cluster(fs: Any, root: str, ids: IdSource, num_retained: int = 1) -> Cluster:
-    return Cluster(within_config(num_retained), JOB, fs, root, ids)
+def new_cluster(fs: Any, root: str, ids: IdSource, num_retained: int = 1) -> InProcessEngine:
+    return InProcessEngine(within_config(num_retained), JOB, fs, root, ids)
 
 
 def memory_fs() -> Any:
@@ -51,7 +50,7 @@ def local_fs() -> Any:
     return fsspec.filesystem("file")
 
 
-def settle(cluster: Cluster) -> None:
+def settle(cluster: InProcessEngine) -> None:
     """Wait for work a storage layer may do off the caller's thread (background deletes),
     so that a timed run includes all the work it caused."""
     drain = getattr(cluster.storage, "drain", None)
@@ -74,7 +73,7 @@ class Phases:
 
 
 def checkpoint_cycles(
-    cluster: Cluster,
+    cluster: InProcessEngine,
     *,
     first: int,
     checkpoints: int,
@@ -91,16 +90,16 @@ def checkpoint_cycles(
     cp = first
     for _ in range(checkpoints):
         t0 = clock()
-        cluster.apply(c.Trigger())
+        cluster.trigger()
         for i in range(segments):
-            cluster.apply(c.WriteState(cp, SUBTASK, StateKind.KEYED_SHARED, f"{cp}-{i}.sst", size))
+            cluster.write(cp, SUBTASK, StateKind.KEYED_SHARED, f"{cp}-{i}.sst", bytes(size))
         t1 = clock()
-        cluster.apply(c.Acknowledge(cp, SUBTASK))
+        cluster.acknowledge(cp, SUBTASK)
         t2 = clock()
-        cluster.apply(c.Complete(cp))
+        cluster.complete(cp)
         t3 = clock()
         while cluster.channel:
-            cluster.apply(c.DeliverNotification(0))
+            cluster.deliver(0)
         t4 = clock()
         if phases is not None:
             phases.write += t1 - t0

@@ -3,7 +3,7 @@
 Figure 3, subsume cost: nanoseconds per discarded segment when a subsume discards a fixed
 number of segments while 1e3 .. 1e6 others stay live; flat is the goal. Measured on the
 ``Manager`` directly (what the cluster does for a TM on a completed checkpoint's notice,
-less the storage calls), and through the whole ``Cluster`` on ``memory://`` up to 1e5.
+less the storage calls), and through the whole ``InProcessEngine`` on ``memory://`` up to 1e5.
 
 Figure 4, memory per tracked segment: bytes that ``tracemalloc`` sees allocated for N
 segments in a ``Manager``, built the way the cluster builds them.
@@ -32,7 +32,6 @@ from bench.common import (
 from fastimpl import CounterIds, IdSource, RandomIds
 from fastimpl.manager import Manager
 from fastimpl.records import PFile, Seg
-from spec import commands as c
 from spec.config import Scope, StateKind
 from spec.layout import shared_dir
 
@@ -48,7 +47,7 @@ def add_checkpoint(
 ) -> None:
     """What fastimpl's TM tables hold for ``segments`` segments written for checkpoint
     ``cp`` into one physical file and acknowledged (WITHIN_CHECKPOINT: the file is closed
-    and out of its pool), as ``Cluster._append_segment`` and ``_write_stream`` build them."""
+    and out of its pool), as ``TaskManager._append_segment`` and ``_write_stream`` build them."""
     path = f"{DIRECTORY}/{ids.file_name(DIRECTORY)}"
     key = (TM, Scope.SHARED.value, str(SUBTASK), str(cp))
     pf = PFile(path, Scope.SHARED, key, cp, False, 0)
@@ -64,7 +63,7 @@ def add_checkpoint(
 
 
 def subsume(m: Manager, watermark: int) -> int:
-    """What ``Cluster._tm_complete`` does with the segment table for a new watermark
+    """What ``TaskManager._tm_complete`` does with the segment table for a new watermark
     (R31, R33, R15) without the storage calls: discard every segment used up to the
     watermark and drop a closed physical file once its last segment is gone."""
     n = 0
@@ -116,7 +115,7 @@ class ManagerBench:
 
 
 class ClusterBench:
-    """A Cluster on ``memory://`` with num_retained = live / 1000 checkpoints of 1000
+    """An InProcessEngine on ``memory://`` with num_retained = live / 1000 checkpoints of 1000
     segments: the TM tracks ``live`` segments."""
 
     def __init__(self, live: int) -> None:
@@ -134,20 +133,20 @@ class ClusterBench:
         discards that checkpoint's segments and deletes their file (R31, R33): timed.
         Returns ns per discarded segment: (complete + notification, notification)."""
         cluster, cp = self.cluster, self.cp
-        cluster.apply(c.Trigger())
+        cluster.trigger()
         for i in range(PER_SUBSUME):
-            cluster.apply(c.WriteState(cp, SUBTASK, StateKind.KEYED_SHARED, f"{cp}-{i}", SEGMENT))
-        cluster.apply(c.Acknowledge(cp, SUBTASK))
+            cluster.write(cp, SUBTASK, StateKind.KEYED_SHARED, f"{cp}-{i}", bytes(SEGMENT))
+        cluster.acknowledge(cp, SUBTASK)
         settle(cluster)
         gc.collect()
         t0 = time.perf_counter_ns()
-        cluster.apply(c.Complete(cp))
+        cluster.complete(cp)
         t1 = time.perf_counter_ns()
         while cluster.channel:
-            cluster.apply(c.DeliverNotification(0))
+            cluster.deliver(0)
         settle(cluster)
         t2 = time.perf_counter_ns()
-        live = sum(len(m.segs) for m in cluster.mgr.values())
+        live = sum(len(t.m.segs) for t in cluster.parties.values())
         if live != self.retained * PER_SUBSUME:
             raise AssertionError(f"{live} live segments, expected {self.retained * PER_SUBSUME}")
         self.cp += 1

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 import fsspec  # type: ignore[import-untyped]
 
-from fastimpl import Cluster, CounterIds
+from conformance.fastimpl_commands import apply
+from fastimpl import CounterIds, InProcessEngine
 from refimpl import ModelState, initial_state, observe, step
 from spec.commands import Command
 from spec.config import Config, JobSpec
@@ -75,29 +76,29 @@ class FastimplSession:
     def __init__(self, config: Config, job: JobSpec, fs: Any, root: str) -> None:
         self.fs = fs
         self.root = root
-        self.cluster = Cluster(config, job, fs, root, CounterIds(), deletion_log=True)
+        self.engine = InProcessEngine(config, job, fs, root, CounterIds(), deletion_log=True)
 
     def run(self, command: Command) -> Reason | None:
         try:
-            self.cluster.apply(command)
+            apply(self.engine, command)
         except CommandError as err:
             return err.reason
         return None
 
     def observe(self) -> Observation:
-        return self.cluster.observe()
+        return self.engine.observe()
 
     def close(self) -> None:
-        close_all = getattr(self.cluster.storage, "close_all", None)
+        close_all = getattr(self.engine.storage, "close_all", None)
         if close_all is not None:
             close_all()
-        self.cluster.storage.drain()
+        self.engine.storage.drain()
         if self.fs.exists(self.root):
             self.fs.rm(self.root, recursive=True)
 
 
 class Fastimpl:
-    """fastimpl's ``Cluster`` with counter ids, on ``memory://`` (default) or under a
+    """fastimpl's ``InProcessEngine`` with counter ids, on ``memory://`` (default) or under a
     local directory."""
 
     name = "fastimpl"

@@ -2,9 +2,10 @@
 
 ``CheckpointStore`` is the public API: one job's checkpoint files on any fsspec storage,
 with its ``Coordinator`` and one ``FileMergingManager`` per TM (see ``fastimpl.api`` and
-the README). ``Cluster`` underneath accepts every command of ``spec.commands`` and
-behaves exactly as the reference model while writing real files; the lockstep tests
-drive it beside the model.
+the README). Underneath, ``fastimpl.coordinator`` and ``fastimpl.taskmanager`` are the
+two parties, wired in one process by ``fastimpl.engine.InProcessEngine``, which behaves
+exactly as the reference model while writing real files; the lockstep tests drive it
+beside the model.
 """
 
 from fastimpl.api import (
@@ -15,7 +16,7 @@ from fastimpl.api import (
     FileMergingManager,
     ManagerClosedError,
 )
-from fastimpl.cluster import Cluster
+from fastimpl.engine import InProcessEngine
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.metadata import MetadataError
 from fastimpl.recovery import RecoveryError, RecoveryReport, recover
@@ -33,7 +34,6 @@ __all__ = [
     "BaseInUseError",
     "CheckpointStore",
     "CheckpointStream",
-    "Cluster",
     "CommandTrace",
     "Coordinator",
     "CounterIds",
@@ -41,6 +41,7 @@ __all__ = [
     "FencedError",
     "FileMergingManager",
     "IdSource",
+    "InProcessEngine",
     "ManagerClosedError",
     "MetadataError",
     "RandomIds",

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal
@@ -32,13 +32,12 @@ from typing import Any, Literal
 import attrs
 import fsspec  # type: ignore[import-untyped]
 
-from fastimpl.cluster import Cluster
+from fastimpl.engine import InProcessEngine
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.records import Status, StoredFile
 from fastimpl.recovery import RecoveryReport, recover
 from fastimpl.storage import WRITER_LEASE, DeleteFailure, Storage, open_files_readable
 from fastimpl.trace import CommandTrace
-from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, StateKind
 from spec.effects import USER
 from spec.handles import SegmentHandle, StateEntry, stream_of
@@ -98,21 +97,20 @@ class CheckpointStore:
         trace: CommandTrace | None = None,
         on_existing: OnExisting = "refuse",
         deletion_log: bool = False,
-        _cluster: Cluster | None = None,
+        _engine: InProcessEngine | None = None,
     ) -> None:
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         _refuse_unreadable_open_files(fs, config)
         self._lock = threading.RLock()
-        if _cluster is None:
-            _cluster = _open_base(
+        if _engine is None:
+            _engine = _open_base(
                 url, config, job, fs, root, ids or RandomIds(), background_deletes, on_existing
             )
-        self._cluster = _cluster
-        self._cluster.copy_bytes = True
+        self._engine = _engine
         if deletion_log:
-            self._cluster.keep_deletion_log()
+            self._engine.catalog.keep_deletion_log()
         if trace is not None:  # every command from here on, as NDJSON (fastimpl.trace)
-            self._cluster.start_trace(trace)
+            self._engine.start_trace(trace)
         self.coordinator = Coordinator(self)
 
     @classmethod
@@ -141,7 +139,7 @@ class CheckpointStore:
             job,
             storage_options=storage_options,
             deletion_log=deletion_log,
-            _cluster=cluster,
+            _engine=cluster,
         )
         return store, report
 
@@ -149,33 +147,33 @@ class CheckpointStore:
 
     @property
     def job_id(self) -> str:
-        return self._cluster.job
+        return self._engine.job
 
     @property
     def config(self) -> Config:
-        return self._cluster.cfg
+        return self._engine.cfg
 
     def placement(self) -> dict[SubtaskId, TmId]:
         """Which TM hosts each subtask now."""
         with self._lock:
-            return dict(self._cluster.placement)
+            return dict(self._engine.placement)
 
     def task_managers(self) -> list[TmId]:
         """The live TMs of the running job."""
         with self._lock:
-            cl = self._cluster
+            cl = self._engine
             return sorted({t for t in cl.placement.values() if cl.tms[t].status is Status.ALIVE})
 
     def task_manager(self, tm: TmId) -> FileMergingManager:
         with self._lock:
-            if tm not in self._cluster.tms:
-                raise KeyError(f"no TM {tm!r}; TMs: {sorted(self._cluster.tms)}")
+            if tm not in self._engine.tms:
+                raise KeyError(f"no TM {tm!r}; TMs: {sorted(self._engine.tms)}")
         return FileMergingManager(self, tm)
 
     def manager_for(self, subtask: SubtaskId) -> FileMergingManager:
         """The manager of the TM that hosts ``subtask``."""
         with self._lock:
-            return FileMergingManager(self, self._cluster.placement[subtask])
+            return FileMergingManager(self, self._engine.placement[subtask])
 
     # ------------------------------------------------------------------ notifications
 
@@ -183,8 +181,8 @@ class CheckpointStore:
         """Deliver every notification in flight, in order; return how many."""
         n = 0
         with self._lock:
-            while self._cluster.channel:
-                self._cluster.apply(c.DeliverNotification(0))
+            while self._engine.channel:
+                self._engine.deliver(0)
                 n += 1
         return n
 
@@ -193,37 +191,37 @@ class CheckpointStore:
     def delete_failures(self) -> list[DeleteFailure]:
         """Deletes that kept failing: never forgotten, retried by ``retry_deletes``."""
         with self._lock:
-            self._cluster.storage.drain()
-            return list(self._cluster.storage.failed_deletes.values())
+            self._engine.storage.drain()
+            return list(self._engine.storage.failed_deletes.values())
 
     def retry_deletes(self) -> list[DeleteFailure]:
         """Retry failed deletes now; return those that still fail."""
         with self._lock:
-            self._cluster.apply(c.RetryDeletes())
-            self._cluster.storage.drain()
-            return list(self._cluster.storage.failed_deletes.values())
+            self._engine.retry_deletes()
+            self._engine.storage.drain()
+            return list(self._engine.storage.failed_deletes.values())
 
     def flush(self) -> None:
         """Wait until every queued delete has been carried out."""
-        self._cluster.storage.drain()
+        self._engine.storage.drain()
 
     # ------------------------------------------------------------------ checking
 
     def observe(self) -> Observation:
         """The files on storage and the bookkeeping that decides who deletes them."""
         with self._lock:
-            return self._cluster.observe()
+            return self._engine.observe()
 
     def check_invariants(self, *, quiet: bool = False) -> list[Violation]:
         """I1-I5 on the real files (and I6 when the job is quiet); empty when all hold.
 
         A delete the store's guard refused before it happened (a path outside what the
-        store can prove it owns, ``Cluster.refused_deletes``) is an I5 violation too:
+        store can prove it owns, ``Catalog.refused_deletes``) is an I5 violation too:
         nothing was deleted, but something decided to."""
         with self._lock:
             refused = [
                 Violation("I5", f"{r.actor} tried to delete {r.path}: refused, {r.reason}")
-                for r in self._cluster.refused_deletes
+                for r in self._engine.catalog.refused_deletes
             ]
         return refused + check_all(self.observe(), quiet=quiet)
 
@@ -233,12 +231,12 @@ class CheckpointStore:
         if s is None:
             raise ValueError(f"{entry.handle!r} names no bytes of its own")
         offset = s.offset if isinstance(s, SegmentHandle) else 0
-        return self._cluster.storage.read_range(s.path, offset, s.length)
+        return self._engine.storage.read_range(s.path, offset, s.length)
 
     def close(self) -> None:
         """Finish queued deletes and close open files; checkpoints stay on storage."""
         with self._lock:
-            self._cluster.storage.close_all()
+            self._engine.storage.close_all()
 
     def __enter__(self) -> CheckpointStore:
         return self
@@ -251,9 +249,9 @@ class CheckpointStore:
     ) -> None:
         self.close()
 
-    def _apply(self, cmd: c.Command) -> None:
+    def _locked(self, run: Callable[[], None]) -> None:
         with self._lock:
-            self._cluster.apply(cmd)
+            run()
 
 
 def _open_base(
@@ -265,7 +263,7 @@ def _open_base(
     ids: IdSource,
     background_deletes: bool,
     on_existing: OnExisting,
-) -> Cluster:
+) -> InProcessEngine:
     """A new job's store on ``url``, after deciding what to do with what the base holds
     (``OnExisting``) and taking the base's lease."""
     if on_existing not in ("refuse", "fresh-id"):
@@ -289,19 +287,19 @@ def _open_base(
     else:
         probe.take_lease(token, exclusive=False)  # fences any store writing there
     seq = max(jobs, default=-1) + 1
-    cluster = Cluster(
+    cluster = InProcessEngine(
         config, job, fs, root, ids, job_id=f"job-{seq}", background_deletes=background_deletes
     )
-    cluster.job_seq = seq
+    cluster.coord.job_seq = seq
     # Savepoint directories are named by checkpoint id: a new job's ids start above them.
-    cluster.next_checkpoint = max(savepoints, default=0) + 1
+    cluster.coord.next_checkpoint = max(savepoints, default=0) + 1
     cluster.storage.lease = token
     if jobs or savepoints:
         # What the base held is the user's (another run's): recorded as such, so that the
         # new job's bookkeeping and invariants see it (I3), and a delete of it is caught
         # as one of a protected file (I5).
         for path, size in cluster.storage.list_files().items():
-            cluster.files[path] = StoredFile(size, False, USER, None)
+            cluster.catalog.files[path] = StoredFile(size, False, USER, None)
     return cluster
 
 
@@ -324,8 +322,8 @@ class Coordinator:
         self._store = store
 
     @property
-    def _cl(self) -> Cluster:
-        return self._store._cluster
+    def _cl(self) -> InProcessEngine:
+        return self._store._engine
 
     def trigger(self, *, savepoint: bool = False) -> int:
         """Start a checkpoint (or a savepoint); return its id."""
@@ -337,10 +335,10 @@ class Coordinator:
     ) -> tuple[StateEntry, ...]:
         """A subtask reports the handles it wrote for ``checkpoint``; return them."""
         with self._store._lock:
-            return self._cl.acknowledge(c.Acknowledge(checkpoint, subtask, attempt))
+            return self._cl.acknowledge(checkpoint, subtask, attempt)
 
     def decline(self, checkpoint: int, subtask: SubtaskId) -> None:
-        self._store._apply(c.Decline(checkpoint, subtask))
+        self._store._locked(lambda: self._cl.decline(checkpoint, subtask))
 
     def complete(self, checkpoint: int) -> RetainedView | None:
         """Finalize ``checkpoint`` once every subtask acknowledged it: write its
@@ -353,7 +351,7 @@ class Coordinator:
         return RetainedView(done.id, done.job, done.metadata, done.entries, done.directories)
 
     def abort(self, checkpoint: int) -> None:
-        self._store._apply(c.Abort(checkpoint))
+        self._store._locked(lambda: self._cl.abort(checkpoint))
 
     def pending(self) -> list[int]:
         with self._store._lock:
@@ -389,8 +387,7 @@ class Coordinator:
         with self._store._lock:
             chosen = mode if mode is not None else self._cl.cfg.restore_mode
             par = tuple(sorted((parallelism or {}).items()))
-            self._cl.apply(c.Restore(checkpoint, par, chosen, max_parallelism))
-            return self._cl.job
+            return self._cl.restore(checkpoint, par, chosen, max_parallelism)
 
     def rescale(
         self,
@@ -407,15 +404,15 @@ class Coordinator:
 
     def failover(self) -> None:
         """Abort pending checkpoints, replace lost TMs, restart subtasks from the latest."""
-        self._store._apply(c.Failover())
+        self._store._locked(self._cl.failover)
 
     def restart(self) -> None:
         """A coordinator restart: rebuild retention and the registry from the metadata."""
-        self._store._apply(c.RestartCoordinator())
+        self._store._locked(self._cl.restart)
 
     def cancel(self, *, retain: bool = False) -> None:
         """End the job; ``retain`` gives the retained checkpoints to the user."""
-        self._store._apply(c.Cancel(retain))
+        self._store._locked(lambda: self._cl.cancel(retain))
 
 
 class ManagerClosedError(ValueError):
@@ -448,8 +445,8 @@ class FileMergingManager:
         self._open: weakref.WeakSet[CheckpointStream] = weakref.WeakSet()
 
     @property
-    def _cl(self) -> Cluster:
-        return self._store._cluster
+    def _cl(self) -> InProcessEngine:
+        return self._store._engine
 
     @property
     def closed(self) -> bool:
@@ -549,9 +546,7 @@ class FileMergingManager:
         placeholder) when it may be reused (R20-R23), else a new upload of its bytes."""
         with self._store._lock:
             self._check_open("reuse_shared")
-            return self._cl.reuse_shared(
-                c.ReuseShared(checkpoint, subtask, name, self._attempt(subtask))
-            )
+            return self._cl.reuse_shared(checkpoint, subtask, name, self._attempt(subtask))
 
     def acknowledge(self, checkpoint: int, subtask: SubtaskId) -> tuple[StateEntry, ...]:
         """Send ``subtask``'s handles for ``checkpoint`` to the coordinator."""
@@ -570,7 +565,7 @@ class FileMergingManager:
                 idx = self._cl.channel.first_for(self.tm)
                 if idx is None:
                     return n
-                self._cl.apply(c.DeliverNotification(idx))
+                self._cl.deliver(idx)
                 n += 1
 
     def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
@@ -590,13 +585,13 @@ class FileMergingManager:
         """The TM is lost: its memory goes, its process may still run (a zombie)."""
         with self._store._lock:
             self._check_open("crash")
-            self._cl.apply(c.CrashTm(self.tm))
+            self._cl.crash_tm(self.tm)
 
     def stopped(self) -> None:
         """A lost TM is known to have stopped; what waited for it may be deleted (R64)."""
         with self._store._lock:
             self._check_open("stopped")
-            self._cl.apply(c.AttemptStopped(self.tm))
+            self._cl.attempt_stopped(self.tm)
 
 
 class CheckpointStream:
@@ -649,16 +644,15 @@ class CheckpointStream:
             data = self._buf.getvalue()
             self._buf = None
             m._open.discard(self)
-            cmd = c.WriteState(
+            self.handle = store._engine.write(
                 self.checkpoint,
                 self.subtask,
                 self.kind,
                 self.name,
-                len(data),
+                data,
                 self.entries,
                 m._attempt(self.subtask),
             )
-            self.handle = store._cluster.write_state(cmd, data)
         return self.handle
 
     def close(self) -> None:

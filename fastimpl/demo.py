@@ -1,7 +1,7 @@
 """A scripted job on real local files, in each merging mode (``make demo``, issue 3).
 
 Run it as ``python -m fastimpl.demo`` (``--help`` for the options). For each merging mode
-(NONE, WITHIN_CHECKPOINT, ACROSS_CHECKPOINT) a ``fastimpl.Cluster`` on a local directory
+(NONE, WITHIN_CHECKPOINT, ACROSS_CHECKPOINT) a ``fastimpl.InProcessEngine`` on a local directory
 runs one job on two TMs:
 
 * ``source`` (parallelism 2): operator list state (offsets) and union list state
@@ -22,7 +22,7 @@ mode (``window`` 4 -> 3) and more checkpoints in the new job. At the end the job
 brought to quiet (every notification delivered, failed deletes retried, ``num_retained +
 1`` checkpoints without faults).
 
-After every command the demo lists the real files (``Cluster.observe``) and checks the
+After every command the demo lists the real files (``InProcessEngine.observe``) and checks the
 safety invariants I1-I5 (``spec.invariants.check_safety``); at the end it checks all of
 them, I6 (no leak) included. It counts the files created and deleted on storage per
 checkpoint, from one listing to the next, and prints a table per mode and a summary.
@@ -46,7 +46,7 @@ from typing import TextIO
 
 import fsspec  # type: ignore[import-untyped]
 
-from fastimpl.cluster import Cluster
+from fastimpl.engine import InProcessEngine
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from spec import commands as c
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
@@ -228,15 +228,59 @@ def empty_directories(root: str, obs: Observation) -> int:
 # ---------------------------------------------------------------------- the driver
 
 
+def _call(engine: InProcessEngine, cmd: c.Command) -> None:
+    """The script's steps as the engine's calls; a snapshot's bytes are zeros of the
+    size the script gives (a re-upload too: the demo counts files, not contents)."""
+    match cmd:
+        case c.Trigger():
+            engine.trigger(cmd.savepoint)
+        case c.WriteState():
+            engine.write(
+                cmd.checkpoint,
+                cmd.subtask,
+                cmd.kind,
+                cmd.name,
+                bytes(cmd.size),
+                cmd.entries,
+                cmd.attempt,
+            )
+        case c.ReuseShared():
+            engine.reuse_shared(
+                cmd.checkpoint, cmd.subtask, cmd.name, cmd.attempt, lambda h: bytes(h.length)
+            )
+        case c.Acknowledge():
+            engine.acknowledge(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        case c.Decline():
+            engine.decline(cmd.checkpoint, cmd.subtask)
+        case c.Complete():
+            engine.complete(cmd.checkpoint)
+        case c.DeliverNotification():
+            engine.deliver(cmd.index)
+        case c.DropNotification():
+            engine.channel.drop(cmd.index)  # the network loses it
+        case c.CrashTm():
+            engine.crash_tm(cmd.tm)
+        case c.AttemptStopped():
+            engine.attempt_stopped(cmd.tm)
+        case c.Failover():
+            engine.failover()
+        case c.Restore():
+            engine.restore(cmd.checkpoint, cmd.parallelism, cmd.mode, cmd.max_parallelism)
+        case c.RetryDeletes():
+            engine.retry_deletes()
+        case _:
+            raise ValueError(f"the demo's script has no step {cmd!r}")
+
+
 class ScriptedJob:
-    """Drives one Cluster through the script; checks I1-I5 after every command."""
+    """Drives one InProcessEngine through the script; checks I1-I5 after every command."""
 
     def __init__(
         self, mode: MergingMode, root: str, ids: IdSource, seed: int, result: ModeResult
     ) -> None:
         self.mode = mode
         self.config = Config.for_mode(mode)
-        self.cluster = Cluster(self.config, JOB, fsspec.filesystem("file"), root, ids)
+        self.cluster = InProcessEngine(self.config, JOB, fsspec.filesystem("file"), root, ids)
         self.rng = random.Random(f"{seed}-{mode.value}")
         self.result = result
         self.history: list[c.Command] = []
@@ -264,7 +308,7 @@ class ScriptedJob:
         """Apply a command, count the files it created and deleted, check I1-I5."""
         self.history.append(cmd)
         try:
-            self.cluster.apply(cmd)
+            _call(self.cluster, cmd)
         except CommandError:
             self.history.pop()
             raise

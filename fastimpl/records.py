@@ -16,29 +16,15 @@ class Status(enum.Enum):
 
 
 class Tm:
-    """What the coordinator and the TM itself know about one TM attempt."""
+    """What the coordinator knows of one TM attempt: whether it is alive, lost (it may
+    still run) or stopped, and what a lost one hosted. What the TM itself heard is the
+    TM's (``fastimpl.taskmanager.TaskManager``)."""
 
-    __slots__ = (
-        "finished_mark",
-        "finished_savepoints",
-        "first_checkpoint",
-        "hosted",
-        "id",
-        "known_aborted",
-        "known_completed",
-        "known_watermark",
-        "status",
-    )
+    __slots__ = ("hosted", "id", "status")
 
-    def __init__(self, tm: TmId, status: Status, first_checkpoint: int = 1) -> None:
+    def __init__(self, tm: TmId, status: Status) -> None:
         self.id = tm
         self.status = status
-        self.known_completed = 0
-        self.finished_mark = 0
-        self.known_aborted: set[int] = set()
-        self.known_watermark = 0
-        self.first_checkpoint = first_checkpoint
-        self.finished_savepoints: set[int] = set()
         self.hosted: frozenset[SubtaskId] = frozenset()
 
 

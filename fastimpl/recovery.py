@@ -41,12 +41,11 @@ from typing import Any
 
 from attrs import frozen
 
-from fastimpl.cluster import Cluster
+from fastimpl.engine import InProcessEngine
 from fastimpl.ids import IdSource
 from fastimpl.metadata import MetadataError, base_of, check_job
 from fastimpl.records import Completed, Status, StoredFile
 from fastimpl.storage import Storage
-from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
 from spec.effects import COORDINATOR, USER
 from spec.handles import stream_of
@@ -120,7 +119,7 @@ def recover(
     ids: IdSource | None = None,
     background_deletes: bool = True,
     lease: bytes | None = None,
-) -> tuple[Cluster, RecoveryReport]:
+) -> tuple[InProcessEngine, RecoveryReport]:
     """A running store that continues the crashed ``job`` from what storage holds.
 
     ``lease``: take the base over with this token (issue 14) once everything is read and
@@ -174,46 +173,49 @@ def recover(
         int(m.group(1)) for p in files if (m := re.match(rf"{SAVEPOINTS}/savepoint-(\d+)/", p))
     ]
 
-    cl = Cluster(config, job_spec, fs, root, ids, job_id=job, background_deletes=background_deletes)
-    for rec in cl.tms.values():
+    cl = InProcessEngine(
+        config, job_spec, fs, root, ids, job_id=job, background_deletes=background_deletes
+    )
+    co = cl.coord
+    for rec in co.tms.values():
         rec.status = Status.STOPPED  # the placeholders of the dead incarnation's TMs
-    cl.running = False
-    cl.job_seq = max(seqs, default=0)
+    co.running = False
+    co.job_seq = max(seqs, default=0)
     cl.next_tm = max([*tm_nums, cl.next_tm - 1]) + 1
-    cl.next_checkpoint = max(cids, default=0) + 1
-    cl.savepoints = savepoints
-    cl.savepoint_ids = set(savepoints)
+    co.next_checkpoint = max(cids, default=0) + 1
+    co.savepoints = savepoints
+    co.savepoint_ids = set(savepoints)
     user_held = _user_held(reader, own, files, keep)
     for path, size in files.items():
         owner = COORDINATOR if base_of(path) == own and path not in user_held else USER
-        cl.files[path] = StoredFile(size, False, owner, None)
+        cl.catalog.files[path] = StoredFile(size, False, owner, None)
     garbage: list[str] = []
     if keep:
         latest = keep[-1]
-        cl.retained = list(keep)
-        cl.latest_completed = latest.id
+        co.retained = list(keep)
+        co.latest_completed = latest.id
         # The crashed job may have run at other parallelisms than ``job_spec`` asks for
         # (an earlier rescale): the checkpoint's own subtasks say which, so that the
         # restore rescales (R75, R76) exactly when it must.
         was = {e.subtask.vertex: e.subtask.parallelism for e in latest.entries}
         want = tuple((v.name, v.parallelism) for v in job_spec.vertices)
-        cl.vertices = tuple(
+        co.vertices = tuple(
             VertexSpec(v.name, was.get(v.name, v.parallelism)) for v in job_spec.vertices
         )
-        cl.apply(c.Restore(latest.id, want, RestoreMode.CLAIM))
+        cl.restore(latest.id, want, RestoreMode.CLAIM)
         # The restore claimed the latest; the older retained ones stay retained too.
         for done in keep[:-1]:
-            cl._register(done)
-        cl.retained = list(keep)
-        cl.latest_completed = latest.id
+            co._register(done)
+        co.retained = list(keep)
+        co.latest_completed = latest.id
     else:
-        cl.job_seq += 1
-        cl.job = f"job-{cl.job_seq}"
-        cl.bases.add(job_base(cl.job))
-        cl.lineage = {job_base(cl.job)}
-        for rec in cl.tms.values():
+        co.job_seq += 1
+        co.job = f"job-{co.job_seq}"
+        co.bases.add(job_base(co.job))
+        co.lineage = {job_base(co.job)}
+        for rec in co.tms.values():
             rec.status = Status.ALIVE
-        cl.running = True
+        co.running = True
     if lease is not None:
         reader.take_lease(lease, exclusive=False)
         cl.storage.lease = lease
@@ -225,15 +227,15 @@ def recover(
         referenced |= {s.path for e in done.entries if (s := stream_of(e.handle)) is not None}
         kept_dirs |= set(done.directories)
     for d in sorted(kept_dirs):
-        cl.dir_owner[d] = COORDINATOR if base_of(d) == own else USER
+        cl.catalog.dir_owner[d] = COORDINATOR if base_of(d) == own else USER
     for path in sorted(files):
         if base_of(path) != own or path in referenced or path in user_held:
             continue
         if any(is_under(path, d) for d in kept_dirs):
             continue  # a kept directory goes whole when its checkpoints are subsumed (R42)
-        cl._delete_file(path, COORDINATOR)
+        cl.catalog.delete_file(path, COORDINATOR)
         garbage.append(path)
-    cl._collect_dirs()
+    co.collect_dirs()
     report = RecoveryReport(
         crashed_job=job,
         new_job=cl.job,

@@ -43,7 +43,6 @@ from spec.layout import SAVEPOINTS, is_under
 
 _JOB_NAME = re.compile(r"job-(\d+)")
 _SAVEPOINT_NAME = re.compile(r"savepoint-(\d+)")
-_ZEROS = memoryview(bytes(4 << 20))
 """Zero bytes for appends given as a length: slices of one buffer, no copies."""
 _BATCH = 1000
 """At most this many paths per bulk delete (S3's DeleteObjects limit)."""
@@ -354,7 +353,7 @@ class Storage:
         """Local disk: directories holding a name made here whose sync has not succeeded."""
         self.lease: bytes | None = None
         """This store's token in ``WRITER_LEASE`` (``None``: no lease is kept or checked,
-        e.g. the model-driven ``Cluster`` of the lockstep tests)."""
+        e.g. the model-driven ``InProcessEngine`` of the lockstep tests)."""
         self.deleter_died: BaseException | None = None
         """What ended the deleter thread abnormally (not an ``Exception``: those are
         retried and reported), e.g. the process dying: ``drain`` raises it."""
@@ -571,19 +570,14 @@ class Storage:
         except Exception as err:
             log.debug("closing %s after a failure: %r", path, err)
 
-    def append(self, path: str, length: int, data: bytes | memoryview | None = None) -> None:
-        """Append ``data`` (or ``length`` zero bytes) to an open file and make it durable."""
+    def append(self, path: str, length: int, data: bytes | memoryview) -> None:
+        """Append ``data`` (``length`` bytes) to an open file and make it durable."""
+        if len(data) != length:
+            raise ValueError(f"append to {path}: {len(data)} bytes given for {length}")
         self.fire(StorageOp.APPEND, path)
         f = self._open[path]
         try:
-            if data is not None:
-                f.write(data)
-            else:
-                left = length
-                while left > 0:
-                    n = min(left, len(_ZEROS))
-                    f.write(_ZEROS[:n])
-                    left -= n
+            f.write(data)
             f.flush()
             if self._local:
                 self.os.fsync(f)

@@ -35,7 +35,7 @@ from spec.layout import job_base
 
 if TYPE_CHECKING:
     from fastimpl.api import CheckpointStore
-    from fastimpl.cluster import Cluster
+    from fastimpl.engine import InProcessEngine
 
 WRITER_STATE = "_writer_state.json"
 FORMAT = "ckpt-writer-state"
@@ -55,9 +55,9 @@ _QUIET = (
 
 
 class WriterStatePublisher:
-    """Called by the cluster after each command it applied (``Cluster.on_applied``)."""
+    """Called by the engine after each call it applied (``InProcessEngine.on_applied``)."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: InProcessEngine) -> None:
         self.cluster = cluster
         self.triggered: dict[int, tuple[float, tuple[int, ...]]] = {}
         self.seq = 0
@@ -76,7 +76,9 @@ class WriterStatePublisher:
             self.triggered.setdefault(cid, (now, retained))
         for cid in [k for k in self.triggered if k not in cl.pending]:
             del self.triggered[cid]
-        open_files = sorted(p for m in cl.mgr.values() for p, pf in m.pfiles.items() if pf.open)
+        open_files = sorted(
+            p for t in cl.parties.values() for p, pf in t.m.pfiles.items() if pf.open
+        )
         self.seq += 1
         doc: dict[str, Any] = {
             "format": FORMAT,
@@ -96,7 +98,7 @@ class WriterStatePublisher:
         _write_atomic(cl, f"{job_base(cl.job)}/{WRITER_STATE}", json.dumps(doc).encode())
 
 
-def _write_atomic(cl: Cluster, rel: str, data: bytes) -> None:
+def _write_atomic(cl: InProcessEngine, rel: str, data: bytes) -> None:
     st = cl.storage
     full = st.full(rel)
     if st.protocol in ("file", "local"):
@@ -114,7 +116,7 @@ def _write_atomic(cl: Cluster, rel: str, data: bytes) -> None:
 def publish_state(store: CheckpointStore) -> WriterStatePublisher:
     """Make ``store``'s coordinator publish its state for outside collectors (the audit's
     ``--delete-orphans`` at a short grace needs it); publishes once now."""
-    cluster = store._cluster
+    cluster = store._engine
     pub = WriterStatePublisher(cluster)
     with store._lock:
         cluster.on_applied = pub

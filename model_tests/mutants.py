@@ -1,11 +1,13 @@
 """The mutant zoo: fastimpl with one seeded bug at a time, which the tests must kill.
 
 Each mutant reproduces a real bug (a Flink bug of the design brief, or a classic mistake)
-in fastimpl's own code paths by patching one or two methods of ``fastimpl.cluster.Cluster``
-or ``fastimpl.manager.Manager`` from test code, as ``twins.py`` does for the reference
-model: the buggy behaviour lives here, never as a flag inside fastimpl. A mutant keeps
-what it needs to remember per store in a ``WeakKeyDictionary`` keyed by the ``Cluster``,
-created afresh by each ``patch``, so that nothing outlives the patch.
+in fastimpl's own code paths by patching one or two methods of a party
+(``fastimpl.coordinator``, ``fastimpl.taskmanager``, ``fastimpl.catalog``,
+``fastimpl.manager``) or of the in-process engine (``fastimpl.engine.InProcessEngine``) from
+test code, as ``twins.py`` does for the reference model: the buggy behaviour lives here,
+never as a flag inside fastimpl. A mutant keeps what it needs to remember per party in a
+``WeakKeyDictionary`` (or ``WeakSet``) keyed by the party, created afresh by each
+``patch``, so that nothing outlives the patch.
 
     python -m model_tests.mutants                       # every mutant (make mutants)
     python -m model_tests.mutants --only flink-38347    # one
@@ -35,7 +37,6 @@ import subprocess
 import sys
 import time
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
@@ -47,9 +48,12 @@ import pytest
 from conformance.adapter import Fastimpl
 from conformance.case import OBSERVATION_FIELDS, Case, case_name, corpus_files, load
 from conformance.runner import run_case
-from fastimpl.cluster import Cluster
+from fastimpl.catalog import Catalog
+from fastimpl.coordinator import CheckpointCoordinator
+from fastimpl.engine import InProcessEngine
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, Completed, PFile, RegEntry, Seg
+from fastimpl.taskmanager import TaskManager
 from spec import commands as c
 from spec.config import Scope, StateKind
 from spec.effects import COORDINATOR, tm_actor
@@ -83,64 +87,61 @@ def _flink_38347(mp: pytest.MonkeyPatch) -> None:
     the TM hears, tracking stops at the first completion notice, recursive delete at 0.
     A lost completion notice followed by an abort deletes a directory a completed
     checkpoint still uses."""
-    aborts: weakref.WeakKeyDictionary[Cluster, Counter[TmId]] = weakref.WeakKeyDictionary()
-    completed: weakref.WeakKeyDictionary[Cluster, set[TmId]] = weakref.WeakKeyDictionary()
-    orig_abort, orig_complete = Cluster._tm_abort, Cluster._tm_complete
+    aborts: weakref.WeakKeyDictionary[TaskManager, int] = weakref.WeakKeyDictionary()
+    completed: weakref.WeakSet[TaskManager] = weakref.WeakSet()
+    orig_abort, orig_complete = TaskManager._tm_abort, TaskManager._tm_complete
 
-    def tm_abort(self: Cluster, tm: TmId, checkpoint: int, latest: int, sp: bool) -> None:
-        aborts.setdefault(self, Counter())[tm] += 1
-        orig_abort(self, tm, checkpoint, latest, sp)
+    def tm_abort(self: TaskManager, checkpoint: int, latest: int, sp: bool) -> None:
+        aborts[self] = aborts.get(self, 0) + 1
+        orig_abort(self, checkpoint, latest, sp)
 
-    def tm_complete(self: Cluster, tm: TmId, checkpoint: int, mark: int, sp: bool) -> None:
-        completed.setdefault(self, set()).add(tm)
-        orig_complete(self, tm, checkpoint, mark, sp)
+    def tm_complete(self: TaskManager, checkpoint: int, mark: int, sp: bool) -> None:
+        completed.add(self)
+        orig_complete(self, checkpoint, mark, sp)
 
-    def release(self: Cluster, tm: TmId) -> None:
-        heard = aborts.get(self, Counter())[tm]
-        if tm in completed.get(self, set()):
+    def release(self: TaskManager) -> None:
+        heard = aborts.get(self, 0)
+        if self in completed:
             return
-        for path in sorted(self.dirs):
-            d = self.dirs.get(path)
-            if d is None or d.creator != tm or path not in self.dir_owner:
+        cat = self.catalog
+        for path in sorted(cat.dirs):
+            d = cat.dirs.get(path)
+            if d is None or d.creator != self.tm or path not in cat.dir_owner:
                 continue
             if len(d.used_by) - heard <= 0:
-                self._delete_dir(path, tm_actor(tm))
+                cat.delete_dir(path, tm_actor(self.tm))
 
-    mp.setattr(Cluster, "_tm_abort", tm_abort)
-    mp.setattr(Cluster, "_tm_complete", tm_complete)
-    mp.setattr(Cluster, "_tm_release_dirs", release)
+    mp.setattr(TaskManager, "_tm_abort", tm_abort)
+    mp.setattr(TaskManager, "_tm_complete", tm_complete)
+    mp.setattr(TaskManager, "_release_dirs", release)
 
 
 def _flink_36125(mp: pytest.MonkeyPatch) -> None:
     """Flink's second discard path (a completion notice walks the acknowledged upload sets
     of subsumed checkpoints and discards their segments again) with a discard that is not
     idempotent: a segment discarded before decrements its file's count once more."""
-    gone: weakref.WeakKeyDictionary[Cluster, dict[tuple[TmId, str], Seg]] = (
-        weakref.WeakKeyDictionary()
-    )
-    orig_complete = Cluster._tm_complete
+    gone: weakref.WeakKeyDictionary[TaskManager, dict[str, Seg]] = weakref.WeakKeyDictionary()
+    orig_complete = TaskManager._tm_complete
 
-    def discard(self: Cluster, tm: TmId, lid: str) -> None:
-        m = self.mgr[tm]
+    def discard(self: TaskManager, lid: str) -> None:
+        m = self.m
         seen = gone.setdefault(self, {})
-        seg = m.remove(lid) or seen.get((tm, lid))
+        seg = m.remove(lid) or seen.get(lid)
         if seg is None:
             return
-        seen[(tm, lid)] = seg
+        seen[lid] = seg
         pf = m.pfiles.get(seg.path)
         if pf is None:
             return
         pf.ref_count -= 1
         pf.live_bytes -= seg.length
-        self._check_file(tm, seg.path)
+        self._check_file(seg.path)
 
-    def tm_complete(self: Cluster, tm: TmId, checkpoint: int, watermark: int, sp: bool) -> None:
-        uploaded = {k: v for k, v in self.acked.items() if k[0] == tm}
-        orig_complete(self, tm, checkpoint, watermark, sp)
-        m = self.mgr.get(tm)
-        if m is None:
-            return
-        for (_t, _s, cp), entries in sorted(uploaded.items(), key=lambda kv: str(kv[0])):
+    def tm_complete(self: TaskManager, checkpoint: int, watermark: int, sp: bool) -> None:
+        uploaded = dict(self.acked)
+        orig_complete(self, checkpoint, watermark, sp)
+        m = self.m
+        for (_s, cp), entries in sorted(uploaded.items(), key=lambda kv: str(kv[0])):
             if cp > watermark:
                 continue
             for e in entries:
@@ -148,10 +149,10 @@ def _flink_36125(mp: pytest.MonkeyPatch) -> None:
                 if isinstance(h, SegmentHandle):
                     seg = m.segs.get(h.logical_id)
                     if seg is None or seg.last_used <= watermark:
-                        self._discard(tm, h.logical_id)
+                        self._discard(h.logical_id)
 
-    mp.setattr(Cluster, "_discard", discard)
-    mp.setattr(Cluster, "_tm_complete", tm_complete)
+    mp.setattr(TaskManager, "_discard", discard)
+    mp.setattr(TaskManager, "_tm_complete", tm_complete)
 
 
 def _flink_35570(mp: pytest.MonkeyPatch) -> None:
@@ -167,78 +168,86 @@ def _flink_35570(mp: pytest.MonkeyPatch) -> None:
 def _flink_35784(mp: pytest.MonkeyPatch) -> None:
     """Completion registers the file handles only: the directory handles the TMs reported
     never reach the registry nor the coordinator, which never deletes the directories."""
-    orig = Cluster._register
+    orig = CheckpointCoordinator._register
 
-    def register(self: Cluster, done: Completed) -> None:
-        orig(self, Completed(done.id, done.job, done.savepoint, done.entries, (), done.metadata))
+    def register(
+        self: CheckpointCoordinator, done: Completed, recorded: Completed | None = None
+    ) -> None:
+        orig(
+            self,
+            Completed(done.id, done.job, done.savepoint, done.entries, (), done.metadata),
+            recorded,
+        )
 
-    mp.setattr(Cluster, "_register", register)
+    mp.setattr(CheckpointCoordinator, "_register", register)
 
 
 def _flink_35400(mp: pytest.MonkeyPatch) -> None:
     """A failover keeps a surviving TM's manager (pools, segments, uploads of the old
     attempt) and rebuilds on top of it from the retained checkpoints."""
-    orig_failover, orig_forget = Cluster._failover, Cluster._forget_tm
-    in_failover: weakref.WeakSet[Cluster] = weakref.WeakSet()
+    orig_failover, orig_forget = CheckpointCoordinator.failover, InProcessEngine.forget_tm
+    in_failover: weakref.WeakSet[CheckpointCoordinator] = weakref.WeakSet()
 
-    def failover(self: Cluster) -> None:
+    def failover(self: CheckpointCoordinator) -> None:
         in_failover.add(self)
         try:
             orig_failover(self)
         finally:
             in_failover.discard(self)
 
-    def forget(self: Cluster, tm: TmId) -> None:
-        if self not in in_failover:
+    def forget(self: InProcessEngine, tm: TmId) -> None:
+        if self.coord not in in_failover:
             orig_forget(self, tm)
 
-    mp.setattr(Cluster, "_failover", failover)
-    mp.setattr(Cluster, "_forget_tm", forget)
+    mp.setattr(CheckpointCoordinator, "failover", failover)
+    mp.setattr(InProcessEngine, "forget_tm", forget)
 
 
 def _flink_25395(mp: pytest.MonkeyPatch) -> None:
     """Shared state is reused before the TM knows the checkpoint that uploaded it completed
     (fastimpl's last_used advance is left intact: unlike the model twin, this alone shows)."""
-    orig = Cluster._reusable
+    orig = TaskManager._reusable
 
-    def reusable(self: Cluster, tm: TmId, ref: BackendRef) -> bool:
-        return orig(self, tm, BackendRef(ref.entry, ref.checkpoint, True))
+    def reusable(self: TaskManager, ref: BackendRef) -> bool:
+        return orig(self, BackendRef(ref.entry, ref.checkpoint, True))
 
-    mp.setattr(Cluster, "_reusable", reusable)
+    mp.setattr(TaskManager, "_reusable", reusable)
 
 
 def _flink_26985(mp: pytest.MonkeyPatch) -> None:
     """Subsuming a restored (claimed) checkpoint discards all its shared state, as if it
     alone referred to it, though the new job's checkpoint reuses some of it."""
-    orig = Cluster._subsume
+    orig = CheckpointCoordinator._subsume
 
-    def subsume(self: Cluster, old: Completed) -> None:
+    def subsume(self: CheckpointCoordinator, old: Completed) -> None:
         orig(self, old)
         if old.job == self.job:
             return
         for e in old.entries:
             s = stream_of(e.handle)
-            if s is not None and s.scope is Scope.SHARED and s.path in self.files:
-                self._delete_file(s.path, COORDINATOR)
+            if s is not None and s.scope is Scope.SHARED and s.path in self.catalog.files:
+                self.catalog.delete_file(s.path, COORDINATOR)
 
-    mp.setattr(Cluster, "_subsume", subsume)
+    mp.setattr(CheckpointCoordinator, "_subsume", subsume)
 
 
 def _flink_29913(mp: pytest.MonkeyPatch) -> None:
     """The shared-state registry is keyed by the local file name; a second upload under a
     known name is taken for a duplicate and discarded, though a checkpoint refers to it."""
-    orig = Cluster._register
+    orig = CheckpointCoordinator._register
 
-    def register(self: Cluster, done: Completed) -> None:
+    def register(
+        self: CheckpointCoordinator, done: Completed, recorded: Completed | None = None
+    ) -> None:
         for e in done.entries:
             h = e.handle
             if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
                 continue
             reg = self.registry.get(e.name)
             if reg is not None and reg.path != h.path:
-                f = self.files.get(h.path)
+                f = self.catalog.files.get(h.path)
                 if f is not None and f.owner == COORDINATOR:
-                    self._delete_file(h.path, COORDINATOR)  # "a duplicate upload"
+                    self.catalog.delete_file(h.path, COORDINATOR)  # "a duplicate upload"
                 reg.refs.add(done.id)
                 continue
             if reg is None:
@@ -247,57 +256,61 @@ def _flink_29913(mp: pytest.MonkeyPatch) -> None:
             reg.pins.discard(done.id)
         # the directories are registered as fastimpl does: the bug is in the file keys
         orig(
-            self, Completed(done.id, done.job, done.savepoint, (), done.directories, done.metadata)
+            self,
+            Completed(done.id, done.job, done.savepoint, (), done.directories, done.metadata),
+            recorded,
         )
 
-    mp.setattr(Cluster, "_register", register)
+    mp.setattr(CheckpointCoordinator, "_register", register)
 
 
 def _flink_35803(mp: pytest.MonkeyPatch) -> None:
     """After a restore, each new TM's manager takes the restored shared files for its own
     (the paths match what it would track) and offers them for reuse: confirmed backend
     state and live segments, whatever the restore mode and the job that wrote them."""
-    orig = Cluster._restore
+    orig = CheckpointCoordinator.restore
 
-    def restore(self: Cluster, cmd: c.Restore) -> None:
+    def restore(self: CheckpointCoordinator, cmd: c.Restore) -> None:
         orig(self, cmd)
+        engine = self.engine
+        assert isinstance(engine, InProcessEngine)
         for subtask, entries in sorted(self.assignment.items()):
-            tm = self.placement[subtask]
+            party = engine.parties[self.placement[subtask]]
             for e in entries:
                 if e.kind is not StateKind.KEYED_SHARED:
                     continue
                 h = e.handle
                 if isinstance(h, SegmentHandle):
-                    m = self._manager(tm)
+                    m = party.m
                     if h.logical_id not in m.segs:
                         cp = cmd.checkpoint
                         m.add(Seg(h.logical_id, h.path, h.offset, h.length, cp, cp, True))
                         pf = m.pfiles.get(h.path)
                         if pf is None:
-                            f = self.files.get(h.path)
+                            f = self.catalog.files.get(h.path)
                             size = 0 if f is None else f.size
                             pf = m.pfiles[h.path] = PFile(h.path, h.scope, None, None, False, size)
                         pf.ref_count += 1
                         pf.live_bytes += h.length
                 elif not isinstance(h, FileHandle):
                     continue
-                self.backend[(tm, subtask, e.name)] = BackendRef(e, cmd.checkpoint, True)
+                party.backend[(subtask, e.name)] = BackendRef(e, cmd.checkpoint, True)
 
-    mp.setattr(Cluster, "_restore", restore)
+    mp.setattr(CheckpointCoordinator, "restore", restore)
 
 
 def _flink_32086(mp: pytest.MonkeyPatch) -> None:
     """A managed directory that no completed checkpoint used is never deleted: neither by
     the TM that made it when its checkpoints abort (R41), nor when the job ends (R90)."""
-    orig = Cluster._delete_dir
+    orig = Catalog.delete_dir
 
-    def delete_dir(self: Cluster, path: str, actor: str) -> None:
+    def delete_dir(self: Catalog, path: str, actor: str) -> None:
         d = self.dirs.get(path)
         if d is not None and not d.handed_over:
             return
         orig(self, path, actor)
 
-    mp.setattr(Cluster, "_delete_dir", delete_dir)
+    mp.setattr(Catalog, "delete_dir", delete_dir)
 
 
 # ---------------------------------------------------------------------------- classic mistakes
@@ -316,61 +329,60 @@ def _abort_discards_reused(mp: pytest.MonkeyPatch) -> None:
 
 def _watermark_off_by_one(mp: pytest.MonkeyPatch) -> None:
     """A TM discards the segments used up to the subsumed watermark + 1 (R31)."""
-    orig = Cluster._tm_complete
+    orig = TaskManager._tm_complete
 
-    def tm_complete(self: Cluster, tm: TmId, checkpoint: int, watermark: int, sp: bool) -> None:
-        orig(self, tm, checkpoint, watermark + 1, sp)
+    def tm_complete(self: TaskManager, checkpoint: int, watermark: int, sp: bool) -> None:
+        orig(self, checkpoint, watermark + 1, sp)
 
-    mp.setattr(Cluster, "_tm_complete", tm_complete)
+    mp.setattr(TaskManager, "_tm_complete", tm_complete)
 
 
 def _sweep_ignores_owner(mp: pytest.MonkeyPatch) -> None:
     """The job-end sweep deletes every file under the job's bases that no retained
     checkpoint refers to, without asking who owns it: the user's savepoints, the files of
     an older job restored without claiming, a zombie attempt's files."""
-    orig = Cluster._end_job
+    orig = CheckpointCoordinator.end_job
 
-    def end_job(self: Cluster, *, retain: bool) -> None:
+    def end_job(self: CheckpointCoordinator, *, retain: bool) -> None:
         orig(self, retain=retain)
-        for path in sorted(self.files):
-            f = self.files.get(path)
-            if f is None or f.owner == COORDINATOR or self._referenced(path):
+        for path in sorted(self.catalog.files):
+            f = self.catalog.files.get(path)
+            if f is None or f.owner == COORDINATOR or self.referenced(path):
                 continue
             if any(is_under(path, b) for b in self.bases):
-                self._delete_file(path, COORDINATOR)
+                self.catalog.delete_file(path, COORDINATOR)
 
-    mp.setattr(Cluster, "_end_job", end_job)
+    mp.setattr(CheckpointCoordinator, "end_job", end_job)
 
 
 def _reuse_not_reusable(mp: pytest.MonkeyPatch) -> None:
     """Reuse checks that the segment is still tracked but not that its file may be reused:
     a file whose write failed (R17) or that is past the space-amplification bound (R81)
     is referred to again."""
-    orig = Cluster._reusable
+    orig = TaskManager._reusable
 
-    def reusable(self: Cluster, tm: TmId, ref: BackendRef) -> bool:
+    def reusable(self: TaskManager, ref: BackendRef) -> bool:
         h = ref.entry.handle
         if ref.confirmed and isinstance(h, SegmentHandle):
-            m = self.mgr.get(tm)
-            return m is not None and h.logical_id in m.segs and h.path in m.pfiles
-        return orig(self, tm, ref)
+            return h.logical_id in self.m.segs and h.path in self.m.pfiles
+        return orig(self, ref)
 
-    mp.setattr(Cluster, "_reusable", reusable)
+    mp.setattr(TaskManager, "_reusable", reusable)
 
 
 def _forget_taskowned_dir(mp: pytest.MonkeyPatch) -> None:
     """A TM creates its directory for exclusive state on storage but never records it as
     a managed directory: it is not reported with acknowledgements, not handed over, not
     owned by anyone, and never deleted whole."""
-    orig = Cluster._fs_mkdir
+    orig = Catalog.mkdir
 
-    def fs_mkdir(self: Cluster, path: str, actor: str, creator: TmId) -> None:
-        if path == taskowned_dir(self.job, creator):
+    def mkdir(self: Catalog, path: str, actor: str, creator: TmId) -> None:
+        if path == taskowned_dir(path.split("/")[0], creator):  # the job's base
             self.storage.mkdir(path)
             return
         orig(self, path, actor, creator)
 
-    mp.setattr(Cluster, "_fs_mkdir", fs_mkdir)
+    mp.setattr(Catalog, "mkdir", mkdir)
 
 
 ZOO: list[Mutant] = [

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from fastimpl import Cluster, CounterIds
+from conformance.fastimpl_commands import apply
+from fastimpl import CounterIds, InProcessEngine
 from spec import commands as c
 from spec.config import Config, JobSpec
 from spec.observation import Observation
@@ -40,22 +41,22 @@ be the model's deterministic ones (R2: ``f000001``..., ``s000001``...)."""
 
 
 class FastimplTarget:
-    """fastimpl's ``Cluster`` with the model's names (``CounterIds``)."""
+    """fastimpl's ``InProcessEngine`` with the model's names (``CounterIds``)."""
 
     def __init__(self, config: Config, job: JobSpec, fs: Any, root: str) -> None:
-        self.cluster = Cluster(config, job, fs, root, CounterIds(), deletion_log=True)
+        self.engine = InProcessEngine(config, job, fs, root, CounterIds(), deletion_log=True)
 
     def apply(self, cmd: c.Command) -> None:
-        self.cluster.apply(cmd)
+        apply(self.engine, cmd)
 
     def observe(self) -> Observation:
-        return self.cluster.observe()
+        return self.engine.observe()
 
     def exists_dir(self, path: str) -> bool:
-        return bool(self.cluster.storage.exists_dir(path))
+        return bool(self.engine.storage.exists_dir(path))
 
     def settle(self) -> None:
-        self.cluster.storage.drain()
+        self.engine.storage.drain()
 
     def close(self) -> None:
-        self.cluster.storage.close_all()
+        self.engine.storage.close_all()

@@ -219,7 +219,8 @@ def example_trace(*, observations: bool = False) -> list[str]:
     writes and reuse, an abort, a lost and a duplicated notice, a TM crash and failover."""
     import fsspec  # type: ignore[import-untyped]
 
-    from fastimpl import Cluster, CommandTrace, CounterIds
+    from conformance.fastimpl_commands import apply
+    from fastimpl import CommandTrace, CounterIds, InProcessEngine
     from spec.config import VertexSpec
     from spec.ids import SubtaskId
 
@@ -231,11 +232,11 @@ def example_trace(*, observations: bool = False) -> list[str]:
         trace = CommandTrace(str(path), observations=observations)
         fs = fsspec.filesystem("memory")
         root = f"/trace-example-{uuid.uuid4().hex}"  # memory:// is one per process
-        cluster = Cluster(config, job, fs, root, CounterIds(), deletion_log=True)
+        cluster = InProcessEngine(config, job, fs, root, CounterIds(), deletion_log=True)
         cluster.start_trace(trace)
 
         def run(cmd: c.Command) -> None:
-            cluster.apply(cmd)
+            apply(cluster, cmd)
 
         def checkpoint(cp: int, reuse: bool = False, complete: bool = True) -> None:
             run(c.Trigger())

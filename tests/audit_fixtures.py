@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from ckpt.cli import app
 from conformance.case import CORPUS, load
-from fastimpl.cluster import Cluster
+from conformance.fastimpl_commands import apply
+from fastimpl.engine import InProcessEngine
 from fastimpl.ids import CounterIds
 from fastimpl.metadata import encode
 from pipeline.location import Location
@@ -36,7 +37,7 @@ HOUR = 3600.0
 @define
 class Built:
     loc: Location
-    cluster: Cluster
+    cluster: InProcessEngine
     obs: Observation
 
     @property
@@ -56,15 +57,16 @@ class Built:
         return out
 
 
-def build(case_file: str, fs: Any, root: str, uri_prefix: str = "",
-          options: dict[str, Any] | None = None) -> Built:
+def build(
+    case_file: str, fs: Any, root: str, uri_prefix: str = "", options: dict[str, Any] | None = None
+) -> Built:
     """Run a corpus case's commands on fastimpl under ``root``; the audited base is the
     job base of the newest retained checkpoint."""
     case = load(CORPUS / case_file)
-    cluster = Cluster(case.config, case.job, fs, root, CounterIds(), deletion_log=True)
+    cluster = InProcessEngine(case.config, case.job, fs, root, CounterIds(), deletion_log=True)
     for step in case.steps:
         try:
-            cluster.apply(step.command)
+            apply(cluster, step.command)
         except CommandError:
             pass
     cluster.storage.drain()
@@ -147,10 +149,19 @@ def plant(loc: Location, before: Tables, *, young: bool) -> Planted:
     # Metadata the audit must report and read past: another job's, and a truncated one.
     other = SubtaskId("v", 0, 1)
     foreign = encode(
-        9998, "other-job", False,
-        (StateEntry(other, StateKind.KEYED_SHARED, "s",
-                    SegmentHandle("other-job/shared/v-0-1/f", 0, 10, "x", Scope.SHARED),
-                    1, (0, 127)),),
+        9998,
+        "other-job",
+        False,
+        (
+            StateEntry(
+                other,
+                StateKind.KEYED_SHARED,
+                "s",
+                SegmentHandle("other-job/shared/v-0-1/f", 0, 10, "x", Scope.SHARED),
+                1,
+                (0, 127),
+            ),
+        ),
         (),
     )
     _write(loc, f"{job}/chk-9998/_metadata", foreign, old)
@@ -173,9 +184,7 @@ def comparable(t: Tables) -> dict[str, Any]:
         "summary": {k: norm(v) for k, v in t.summary.to_json().items() if k != "engine"}
     }
     for name, rows in t.tables.items():
-        out[name] = sorted(
-            (tuple((k, norm(r[k])) for k in sorted(r)) for r in rows), key=repr
-        )
+        out[name] = sorted((tuple((k, norm(r[k])) for k in sorted(r)) for r in rows), key=repr)
     return out
 
 
@@ -183,8 +192,6 @@ def comparable(t: Tables) -> dict[str, Any]:
 
 CASE = "random-within-002.json.gz"
 """The corpus case whose files the stray-file bases start from."""
-
-
 
 
 def old(path: Path, data: bytes = b"x" * 64) -> Path:
@@ -200,8 +207,11 @@ def base_with_strays(tmp_path: Path) -> tuple[Built, set[str]]:
     b.cluster.storage.close_all()
     root = Path(b.loc.container)
     j = b.job_dir
-    strays = {f"{j}/shared/stray.sst", f"{j}/taskowned/tm-gone/leftover",
-              f"{j}/chk-9999/incomplete"}
+    strays = {
+        f"{j}/shared/stray.sst",
+        f"{j}/taskowned/tm-gone/leftover",
+        f"{j}/chk-9999/incomplete",
+    }
     for s in strays:
         old(root / s)
     return b, strays

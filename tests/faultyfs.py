@@ -82,7 +82,7 @@ import fsspec  # type: ignore[import-untyped]
 from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
 from fsspec.utils import stringify_path  # type: ignore[import-untyped]
 
-from fastimpl import CheckpointStore, Cluster, CounterIds, IdSource
+from fastimpl import CheckpointStore, CounterIds, IdSource, InProcessEngine
 from fastimpl.storage import WRITER_LEASE, LocalOS
 from spec.config import Config, JobSpec
 from spec.handles import SegmentHandle, StateEntry, stream_of
@@ -1012,7 +1012,7 @@ class Place:
         an object store), elsewhere fsspec calls."""
         local_root = self.root if self.kind == "local" and not object_store else None
         fs = FaultyFileSystem(self.inner, object_store=object_store, local_root=local_root)
-        cluster = Cluster(
+        cluster = InProcessEngine(
             config,
             job,
             fs,
@@ -1022,7 +1022,7 @@ class Place:
             deletion_log=deletion_log,
         )
         cluster.storage.retry_backoff = 1e-4
-        return CheckpointStore(self.url, config, job, _cluster=cluster), fs
+        return CheckpointStore(self.url, config, job, _engine=cluster), fs
 
 
 def payload(subtask: SubtaskId, name: str, salt: int = 0) -> bytes:

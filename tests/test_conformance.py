@@ -182,18 +182,18 @@ def test_live_mode_shrinks_a_mismatch_to_a_case_the_candidate_fails(
     import attrs
 
     from conformance.live import live
-    from fastimpl.cluster import Cluster
+    from fastimpl.engine import InProcessEngine
     from spec.config import MergingMode
 
-    shown = Cluster.observe
+    shown = InProcessEngine.observe
 
-    def hides_the_coordinator(self: Cluster) -> object:
+    def hides_the_coordinator(self: InProcessEngine) -> object:
         obs = shown(self)
         if not self.pending:
             return obs
         return attrs.evolve(obs, live_parties=obs.live_parties - {"coordinator"})
 
-    monkeypatch.setattr(Cluster, "observe", hides_the_coordinator)
+    monkeypatch.setattr(InProcessEngine, "observe", hides_the_coordinator)
     found = live(Fastimpl(), MergingMode.WITHIN_CHECKPOINT, 20, tmp_path, derandomize=True)
     assert found.mismatch is not None and found.case is not None
     assert "live_parties" in found.mismatch

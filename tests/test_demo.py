@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fastimpl import demo
-from fastimpl.cluster import Cluster
+from fastimpl.engine import InProcessEngine
 from spec import commands as c
 from spec.config import MergingMode
 from spec.handles import stream_of
@@ -96,11 +96,11 @@ def test_a_file_removed_behind_the_stores_back_fails_the_demo(
     """Sabotage: once the fifth checkpoint completes, delete one of the files it refers to
     on disk. The store does not know; the check after the next command lists the real
     files and reports a dangling reference (I1), and the demo exits with status 1."""
-    apply = Cluster.apply
+    call = demo._call
     done: list[str] = []
 
-    def sabotaged(self: Cluster, cmd: c.Command) -> None:
-        apply(self, cmd)
+    def sabotaged(self: InProcessEngine, cmd: c.Command) -> None:
+        call(self, cmd)
         if isinstance(cmd, c.Complete) and cmd.checkpoint == 5 and not done:
             stream = stream_of(self.observe().retained[-1].entries[0].handle)
             assert stream is not None
@@ -108,7 +108,7 @@ def test_a_file_removed_behind_the_stores_back_fails_the_demo(
             os.remove(tmp_path / MergingMode.NONE.value / path)  # the first mode's root
             done.append(path)
 
-    monkeypatch.setattr(Cluster, "apply", sabotaged)
+    monkeypatch.setattr(demo, "_call", sabotaged)
     out = io.StringIO()
     status = demo.main(
         ["--base", str(tmp_path), "--checkpoints", str(SHORT), "--deterministic"], out=out

@@ -43,7 +43,6 @@ KINDS = ["local", "memory", "object"]
 wrapper as an object store (a file appears once closed)."""
 
 
-
 def _open(
     kind: str, tmp_path: Path, places: list[Place], config: Config
 ) -> tuple[Place, CheckpointStore, FaultyFileSystem]:
@@ -347,7 +346,7 @@ def test_queued_deletes_go_in_fewer_calls_than_paths(
     gate = fs.hold("rm_file")
     fs.gates["rm"] = gate  # the first delete waits until every delete is queued
     assert checkpoint(store, ledger) is not None
-    storage = store._cluster.storage
+    storage = store._engine.storage
     gate.set()
     store.flush()
     assert len(first) == 2 * 8 + 1  # 16 state files and a _metadata

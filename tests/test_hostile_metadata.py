@@ -577,10 +577,10 @@ def test_the_guard_refuses_a_foreign_delete_before_it_happens(
     error naming the path, who tried and why, and the file stays."""
     caplog.set_level(logging.ERROR)
     w = world
-    cl = w.store._cluster
+    cl = w.store._engine
     sp_file = next(p for p in w.sentinel_paths if p.startswith("savepoints/"))
     for path in [sp_file, w.a_job0_file(), "other-app/f", "job-1/../other-app/f", "job-1/.."]:
-        cl._delete_file(path, COORDINATOR)
+        cl.catalog.delete_file(path, COORDINATOR)
     for d in [
         "savepoints",
         savepoint_dir(w.savepoint),
@@ -590,13 +590,15 @@ def test_the_guard_refuses_a_foreign_delete_before_it_happens(
         "job-1/..",
         "job-0/shared",
     ]:
-        cl._delete_dir(d, COORDINATOR)
+        cl.catalog.delete_dir(d, COORDINATOR)
     assert w.lost() == []
-    refused = {r.path for r in cl.refused_deletes}
+    refused = {r.path for r in cl.catalog.refused_deletes}
     assert {sp_file, "other-app/f", "job-1/..", "savepoints", "job-1"} <= refused
-    assert {r.actor for r in cl.refused_deletes} == {COORDINATOR}, "each names who tried"
+    assert {r.actor for r in cl.catalog.refused_deletes} == {COORDINATOR}, "each names who tried"
     violations = w.store.check_invariants()
-    assert len([v for v in violations if v.invariant == "I5"]) == len(cl.refused_deletes) == 12
+    assert (
+        len([v for v in violations if v.invariant == "I5"]) == len(cl.catalog.refused_deletes) == 12
+    )
     details = [v.detail for v in violations if v.invariant == "I5"]
     for path, why in [
         (sp_file, "the user's"),
@@ -609,7 +611,7 @@ def test_the_guard_refuses_a_foreign_delete_before_it_happens(
         said = [d for d in details if d.startswith(f"{COORDINATOR} tried to delete {path}: ")]
         assert said and all(why in d for d in said), (path, said)
     logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    for r in cl.refused_deletes:
+    for r in cl.catalog.refused_deletes:
         assert any(r.path in m and f"({r.actor})" in m and r.reason in m for m in logged), r
 
 

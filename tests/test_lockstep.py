@@ -10,7 +10,7 @@ import pytest
 from hypothesis import Phase
 
 from conformance.harness import DEFAULT_JOB
-from fastimpl import Cluster, CounterIds
+from fastimpl import CounterIds, InProcessEngine
 from model_tests.targets import FastimplTarget
 from spec import commands as c
 from spec.config import Config, MergingMode
@@ -41,9 +41,11 @@ def test_across_checkpoint_refused_on_s3(backend: Backend) -> None:
         cfg = backend.config(Config.for_mode(mode))
         assert not cfg.open_files_readable
         root = backend.new_root()
-        cluster = Cluster(cfg, DEFAULT_JOB, backend.fs, root, CounterIds(), deletion_log=True)
-        cluster.apply(c.Trigger())
-        assert cluster.observe().files == {}
+        engine = InProcessEngine(
+            cfg, DEFAULT_JOB, backend.fs, root, CounterIds(), deletion_log=True
+        )
+        engine.trigger()
+        assert engine.observe().files == {}
         backend.remove(root)
 
 

@@ -109,7 +109,7 @@ def test_a_failed_upload_declines_every_subtask_whose_bytes_it_held(
     manager.write(cp, second, StateKind.OPERATOR_LIST, "op", b"z" * 10)
     assert entry is not None
     path = stream_of(entry.handle).path  # type: ignore[union-attr]
-    storage = store._cluster.storage
+    storage = store._engine.storage
     f: Any = storage._open[path]
 
     def failing_close() -> None:  # the upload is refused: the object never appears

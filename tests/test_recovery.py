@@ -157,7 +157,7 @@ def run_until_crash(
     is does not depend on thread scheduling. A crash releases the deleter, whose next
     call raises ``SimulatedCrash`` too: the thread ends, and so does ``drain``."""
     store, fs = place.store(config, JOB, background_deletes=background, object_store=object_store)
-    storage = store._cluster.storage
+    storage = store._engine.storage
     drain = storage.drain
     if background:
         turn = fs.hold_other_threads()
@@ -445,7 +445,7 @@ def test_a_crash_during_recovery_is_recovered_again(tmp_path: Path) -> None:
                 second = Ledger()
                 try:
                     cluster, _ = recover(config, JOB, again, where.root, background_deletes=False)
-                    store = CheckpointStore(where.url, config, JOB, _cluster=cluster)
+                    store = CheckpointStore(where.url, config, JOB, _engine=cluster)
                     more_checkpoints(store, second, 2, [])
                 except SimulatedCrash:
                     pass
@@ -746,7 +746,7 @@ def test_recovery_keeps_whole_the_directories_a_users_checkpoint_names(
     found recovery could ignore ``directories`` of user-held metadata and still pass)."""
     store, ledger, config = _lineage_job(place, mode)
     checkpoint(store, ledger, Progress())
-    meta = store._cluster.load_completed(metadata_path("job-0", 2))
+    meta = store._engine.load_completed(metadata_path("job-0", 2))
     assert meta.directories, "WITHIN and ACROSS checkpoints name their managed directories"
     planted = {f"{d}/the-users-extra-file": d.encode() for d in meta.directories}
     for path, data in planted.items():

@@ -42,7 +42,7 @@ class TracedMachine(LockstepMachine):
         h = super().make_harness(cfg)
         self.out = io.StringIO()
         assert isinstance(self.target, FastimplTarget)
-        self.target.cluster.start_trace(CommandTrace(self.out, observations=True))
+        self.target.engine.start_trace(CommandTrace(self.out, observations=True))
         return h
 
     def teardown(self) -> None:
@@ -206,5 +206,5 @@ def test_a_trace_must_start_with_the_store(tmp_path: Path) -> None:
     store = CheckpointStore(str(tmp_path / "c"), Config(), JOB, ids=CounterIds())
     store.coordinator.trigger()
     with pytest.raises(ValueError, match="before its first command"):
-        store._cluster.start_trace(CommandTrace(io.StringIO()))
+        store._engine.start_trace(CommandTrace(io.StringIO()))
     store.close()

@@ -100,7 +100,7 @@ def test_the_store_sends_its_notices_as_messages(mode: MergingMode, tmp_path: ob
     store.deliver_notifications()
     second = one(False)
     third = one(True)
-    channel = store._cluster.channel  # the in-process engine's network
+    channel = store._engine.channel  # the in-process engine's network
     got = list(channel)
     assert got == [
         ("tm-1", CheckpointComplete(store.job_id, second, 1, False, frozenset())),

@@ -2,7 +2,7 @@
 creator nor the creator of any file in it is a lost attempt that may still write.
 
 The corpus and the rule tests only ever build directories whose files the zombie created
-itself, so the two halves of the wait in ``Cluster._delete_dir`` hid each other (see
+itself, so the two halves of the wait in ``Catalog.delete_dir`` hid each other (see
 model_tests/mutation_survivors.md). Here the creators differ both ways, on fastimpl in
 lockstep with the model, on memory and on local disk."""
 
@@ -16,7 +16,7 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
 from conformance.harness import DEFAULT_JOB, KS, MERGING
-from fastimpl.cluster import Cluster
+from fastimpl.engine import InProcessEngine
 from model_tests.targets import FastimplTarget
 from spec import commands as c
 from spec.config import Config, MergingMode
@@ -35,9 +35,9 @@ def _harness(mode: MergingMode, storage: str, tmp_path: Path) -> LockstepHarness
     return LockstepHarness(cfg, DEFAULT_JOB, backend, backend.new_root(), FastimplTarget)
 
 
-def _cluster(h: LockstepHarness) -> Cluster:
+def _cluster(h: LockstepHarness) -> InProcessEngine:
     assert isinstance(h.target, FastimplTarget)
-    return h.target.cluster
+    return h.target.engine
 
 
 def _on_storage(h: LockstepHarness, path: str) -> bool:
@@ -62,10 +62,12 @@ def test_a_zombies_file_keeps_the_live_attempts_directory(
     h.run(c.WriteState(cp, s, KS, "live", 10))
     zombie = h.run(c.WriteState(cp, s, KS, "zombie", 10, attempt="tm-2"))
     cl = _cluster(h)
-    zombie_files = [p for p, f in cl.files.items() if f.creator == "tm-2" and "/shared/" in p]
+    zombie_files = [
+        p for p, f in cl.catalog.files.items() if f.creator == "tm-2" and "/shared/" in p
+    ]
     assert len(zombie_files) == 1 and zombie, "the zombie wrote one shared file"
     directory = zombie_files[0].rsplit("/", 1)[0]
-    assert cl.dirs[directory].creator == "tm-3", "the live replacement made the directory"
+    assert cl.catalog.dirs[directory].creator == "tm-3", "the live replacement made the directory"
 
     h.run(c.Cancel(retain=False))
     obs = h.target.observe()
@@ -92,13 +94,13 @@ def test_a_zombies_directory_waits_though_it_holds_only_live_files(
     h.checkpoint(shared=())
     h.checkpoint(shared=())  # tm-2's shared files are subsumed and deleted while it lives
     cl = _cluster(h)
-    made = sorted(p for p, d in cl.dirs.items() if d.creator == "tm-2" and "/shared/" in p)
-    assert made and not any(p.startswith(f"{d}/") for d in made for p in cl.files)
+    made = sorted(p for p, d in cl.catalog.dirs.items() if d.creator == "tm-2" and "/shared/" in p)
+    assert made and not any(p.startswith(f"{d}/") for d in made for p in cl.catalog.files)
     h.run(c.CrashTm("tm-2"))
     h.run(c.Failover())
     h.checkpoint()
-    live = sorted(p for p in cl.files if any(p.startswith(f"{d}/") for d in made))
-    assert live and all(cl.files[p].creator == "tm-3" for p in live)
+    live = sorted(p for p in cl.catalog.files if any(p.startswith(f"{d}/") for d in made))
+    assert live and all(cl.catalog.files[p].creator == "tm-3" for p in live)
 
     h.run(c.Cancel(retain=False))
     obs = h.target.observe()
@@ -127,7 +129,7 @@ def test_a_stopped_zombie_lets_go_of_its_open_files_and_stops_only_once(
     s = next(s for s in h.subtasks if h.tm_of(s) == "tm-3")
     h.run(c.WriteState(h.last_checkpoint, s, KS, "zombie", 10, attempt="tm-2"))
     cl = _cluster(h)
-    writing = sorted(p for p, f in cl.files.items() if f.creator == "tm-2" and f.open)
+    writing = sorted(p for p, f in cl.catalog.files.items() if f.creator == "tm-2" and f.open)
     assert writing and all(p in cl.storage._open for p in writing)
 
     h.run(c.AttemptStopped("tm-2"))

@@ -1,0 +1,105 @@
+"""Spec commands as calls on fastimpl's parties: the translation the conformance suite,
+the lockstep machine, the traces and the refusal checks drive the product through.
+
+The product has no command dispatcher, no fault commands and no test flags: its calls
+are typed and carry real bytes. What a command says beyond a call is done here:
+``WriteState`` and a re-upload by ``ReuseShared`` write zeros of the stated size (the
+model knows sizes, not bytes); ``FailNextCall`` arms the storage's one fault seam;
+``DropNotification`` and ``DuplicateNotification`` act on the transport (the network,
+not the product); ``CrashDuringWrite`` stands for a TM process killed half-way through
+an append. Each is recorded in the engine's trace as the command it is.
+"""
+
+from __future__ import annotations
+
+from fastimpl.engine import InProcessEngine
+from fastimpl.storage import StorageFault
+from spec import commands as c
+from spec.errors import CommandError, Reason
+from spec.handles import StreamHandle
+
+
+def _zeros(stream: StreamHandle) -> bytes:
+    return bytes(stream.length)
+
+
+def apply(engine: InProcessEngine, cmd: c.Command) -> None:
+    """Run ``cmd`` on ``engine``; raise ``CommandError`` (nothing changed) if it is
+    refused. A storage fault the command meets is the command's outcome, not an error:
+    the subtask declined (R17), as the model has it."""
+    try:
+        _apply(engine, cmd)
+    except StorageFault:
+        if not isinstance(cmd, c.WriteState | c.ReuseShared):
+            raise
+
+
+def _apply(engine: InProcessEngine, cmd: c.Command) -> None:
+    match cmd:
+        case c.Trigger():
+            engine.trigger(cmd.savepoint)
+        case c.WriteState():
+            data = bytes(cmd.size)
+            engine.write(
+                cmd.checkpoint, cmd.subtask, cmd.kind, cmd.name, data, cmd.entries, cmd.attempt
+            )
+        case c.ReuseShared():
+            engine.reuse_shared(cmd.checkpoint, cmd.subtask, cmd.name, cmd.attempt, _zeros)
+        case c.Acknowledge():
+            engine.acknowledge(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        case c.Decline():
+            engine.decline(cmd.checkpoint, cmd.subtask)
+        case c.Complete():
+            engine.complete(cmd.checkpoint)
+        case c.Abort():
+            engine.abort(cmd.checkpoint)
+        case c.DeliverNotification():
+            engine.deliver(cmd.index)
+        case c.DropNotification():
+            engine.recorded(cmd, lambda: engine.channel.drop(cmd.index))
+        case c.DuplicateNotification():
+            engine.recorded(cmd, lambda: engine.channel.duplicate(cmd.index))
+        case c.CrashTm():
+            engine.crash_tm(cmd.tm)
+        case c.AttemptStopped():
+            engine.attempt_stopped(cmd.tm)
+        case c.CrashDuringWrite():
+            engine.recorded(cmd, lambda: _crash_during_write(engine, cmd))
+        case c.Failover():
+            engine.failover()
+        case c.RestartCoordinator():
+            engine.restart()
+        case c.Restore():
+            engine.restore(cmd.checkpoint, cmd.parallelism, cmd.mode, cmd.max_parallelism)
+        case c.FailNextCall():
+            engine.recorded(cmd, lambda: engine.storage.arm(cmd.op))
+        case c.RetryDeletes():
+            engine.retry_deletes()
+        case c.Cancel():
+            engine.cancel(cmd.retain)
+        case _:
+            raise CommandError(Reason.BAD_ARGUMENT, f"unknown command {cmd!r}")
+
+
+def _crash_during_write(engine: InProcessEngine, cmd: c.CrashDuringWrite) -> None:
+    """R65: the TM's process dies after ``written`` of ``size`` bytes reached storage;
+    the half-written bytes stay with the crashed attempt, and the TM is lost."""
+    tm = engine.writer(cmd.checkpoint, cmd.subtask, None)
+    if not 0 < cmd.written < cmd.size:
+        raise CommandError(Reason.BAD_ARGUMENT, "a crash mid-write needs 0 < written < size")
+    party = engine.parties[tm]
+    party.note(cmd.checkpoint, engine.coord._is_savepoint(cmd.checkpoint))
+    try:
+        party._write_stream(
+            cmd.subtask,
+            cmd.checkpoint,
+            cmd.kind,
+            cmd.name,
+            cmd.size,
+            1,
+            bytes(cmd.written),
+            partial=True,
+        )
+    except StorageFault:
+        pass  # the process died here
+    engine.coord.lose(tm)

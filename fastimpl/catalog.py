@@ -1,0 +1,300 @@
+"""The file catalog: every path the store wrote or found on storage, who owns it and
+who created it, the managed directories, and the guarded deletes (R42-R45, R64, I5).
+
+A delete goes through ``delete_file`` / ``delete_dir``: refused (and recorded) if the
+path is not provably the store's (I5), deferred while a lost attempt that created it may
+still run (R64) or after a failing call (R45), else queued on the storage.
+
+In process the catalog is what the coordinator and the TMs still share: ownership moves
+between them through it (a TM's whole file becomes the coordinator's on
+acknowledgement, R43; a stopped attempt's files become the coordinator's, R64).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import attrs
+
+from fastimpl.ids import IdSource
+from fastimpl.metadata import MetadataError, base_of, path_parts
+from fastimpl.records import Deferred, ManagedDir, Status, StoredFile, Tm
+from fastimpl.storage import Storage, StorageFault
+from spec.effects import USER
+from spec.ids import TmId
+from spec.layout import SAVEPOINTS, is_under, savepoint_dir
+from spec.observation import DeletionRecord
+
+log = logging.getLogger("fastimpl.catalog")
+_BAD_DELETIONS_KEPT = 1000
+_REFUSED_KEPT = 1000
+
+
+@attrs.define
+class RefusedDelete:
+    """A delete the guard refused (I5 before the fact): ``path`` lies outside what the
+    store can prove it owns, or is the user's. Nothing was deleted; it is reported by
+    ``CheckpointStore.check_invariants`` as an I5 violation, and logged."""
+
+    path: str
+    actor: str
+    is_dir: bool
+    reason: str
+
+
+def _tm_of_actor(actor: str) -> TmId | None:
+    return actor[3:] if actor.startswith("tm:") else None
+
+
+class CatalogHost(Protocol):
+    """What the guards ask the coordinator: the bases the store made or claimed, the
+    savepoints it triggered, which attempts are lost, and the directories in use."""
+
+    bases: set[str]
+    triggered_savepoints: set[int]
+    tms: dict[TmId, Tm]
+
+    def hot_dirs(self) -> frozenset[str]: ...
+
+
+class Catalog:
+    def __init__(
+        self, storage: Storage, ids: IdSource, host: CatalogHost, *, deletion_log: bool = False
+    ) -> None:
+        self.storage = storage
+        self.ids = ids
+        self.host = host
+        self.files: dict[str, StoredFile] = {}
+        self.dirs: dict[str, ManagedDir] = {}
+        self.dir_owner: dict[str, str] = {}
+        self.failed_uploads: set[str] = set()
+        """Files whose closing upload failed (object stores): a handle into one declines."""
+        self.deletions: list[DeletionRecord] | None = [] if deletion_log else None
+        """Every delete, in order (``observe().deletions``): an opt-in log for tests and
+        traces, since it grows with every checkpoint (``keep_deletion_log``)."""
+        self.bad_deletions: list[DeletionRecord] = []
+        """Without the log, the deletes that broke I2 or I5 (none, unless the store has a
+        bug): what the invariant checks need, at most ``_BAD_DELETIONS_KEPT`` of them."""
+        self.deferred: list[Deferred] = []
+        self.refused_deletes: list[RefusedDelete] = []
+
+    def mkdir(self, path: str, actor: str, creator: TmId) -> None:
+        if path in self.dir_owner:
+            return
+        self.storage.mkdir(path)
+        self.dir_owner[path] = actor
+        self.dirs[path] = ManagedDir(path, creator)
+
+    def create(self, path: str, actor: str, creator: TmId | None) -> None:
+        self.storage.create(path)
+        self.files[path] = StoredFile(0, True, actor, creator)
+
+    def append(self, path: str, data: bytes) -> int:
+        """Append ``data`` durably; the offset it starts at."""
+        self.storage.append(path, len(data), data)
+        f = self.files[path]
+        offset = f.size
+        f.size += len(data)
+        return offset
+
+    def close(self, path: str) -> None:
+        f = self.files.get(path)
+        if f is not None and f.open:
+            self.storage.close(path)
+            f.open = False
+
+    def new_file_name(self, directory: str) -> str:
+        return f"{directory}/{self.ids.file_name(directory)}"
+
+    def _protected(self, path: str) -> bool:
+        f = self.files.get(path)
+        owner = f.owner if f is not None else self.dir_owner.get(path)
+        return owner == USER or not any(is_under(path, b) for b in self.host.bases)
+
+    def keep_deletion_log(self) -> None:
+        """Log every delete from now on (``observe().deletions``): for tests and traces
+        that compare the history; off by default, as it grows with every checkpoint."""
+        if self.deletions is None:
+            self.deletions = list(self.bad_deletions)
+
+    def _record_delete(self, path: str, actor: str) -> None:
+        f = self.files.get(path)
+        rec = DeletionRecord(
+            path=path,
+            actor=actor,
+            owner=None if f is None else f.owner,
+            existed=f is not None,
+            protected=f is not None and self._protected(path),
+        )
+        if self.deletions is not None:
+            self.deletions.append(rec)
+        elif (rec.protected or not rec.existed or rec.owner != actor) and len(
+            self.bad_deletions
+        ) < _BAD_DELETIONS_KEPT:
+            self.bad_deletions.append(rec)  # I2, I5: kept for check_invariants
+        self.files.pop(path, None)
+        self.failed_uploads.discard(path)
+
+    def _waits_for(self, creator: TmId | None, actor: str) -> TmId | None:
+        """R64: a lost attempt's files are deleted by others only once it has stopped."""
+        if creator is None or _tm_of_actor(actor) == creator:
+            return None
+        rec = self.host.tms.get(creator)
+        return creator if rec is not None and rec.status is Status.LOST else None
+
+    def _defer(self, d: Deferred) -> None:
+        """R45, R64: a waiting delete is listed once, however often it is asked for."""
+        if not any(x.path == d.path and x.is_dir == d.is_dir for x in self.deferred):
+            self.deferred.append(d)
+
+    def _refuse_delete(self, path: str, actor: str, is_dir: bool) -> bool:
+        """I5, checked before the delete: a path the store cannot prove is its own is never
+        deleted, whatever decided it (a bug, or a file that named it). The refusal is
+        recorded (``refused_deletes``) and logged; the path stays."""
+        why = self._foreign(path, is_dir)
+        if why is None:
+            return False
+        if len(self.refused_deletes) < _REFUSED_KEPT:  # each is logged too
+            self.refused_deletes.append(RefusedDelete(path, actor, is_dir, why))
+        log.error(
+            "refused to delete %s %s (%s): %s", "directory" if is_dir else "file", path, actor, why
+        )
+        return True
+
+    def _foreign(self, path: str, is_dir: bool) -> str | None:
+        """Why ``path`` is not the store's to delete, or None. Ownership the store can
+        prove: bases it made or claimed (not ``savepoints``), and the directory of a
+        savepoint it triggered, for what in it is not the user's (R55: a completed
+        savepoint is the user's; a file written there late is not part of it, R43)."""
+        try:
+            parts = path_parts(path, "<delete>", "path")
+        except MetadataError as err:
+            return err.problem
+        base = base_of(path)
+        own_sp = {savepoint_dir(i) for i in self.host.triggered_savepoints}
+        if base not in (self.host.bases - {SAVEPOINTS}) | own_sp:
+            return f"{base!r} is not a base this store made or claimed"
+        depth = len(parts) - len(base.split("/"))
+        if depth < (2 if is_dir else 1):
+            return "a base, or a folder of a base, is never deleted whole"
+        f = self.files.get(path)
+        owner = f.owner if f is not None else self.dir_owner.get(path)
+        if owner == USER:
+            return "the user's"
+        if is_dir and any(g.owner == USER for p, g in self.files.items() if is_under(p, path)):
+            return "holds the user's files"
+        return None
+
+    def delete_file(self, path: str, actor: str) -> None:
+        if self._refuse_delete(path, actor, False):
+            return
+        f = self.files.get(path)
+        wait = self._waits_for(None if f is None else f.creator, actor)
+        if wait is not None:
+            self._defer(Deferred(actor, path, False, wait))
+            return
+        try:
+            # The storage remembers who deleted it only until the delete is done (_owners)
+            self.storage.delete_file(path, self._prunable_parents(path), {path: actor})
+        except StorageFault:
+            self._defer(Deferred(actor, path, False, None))
+            return
+        self._record_delete(path, actor)
+
+    def _prunable_parents(self, path: str) -> tuple[str, ...]:
+        """Parents of ``path`` that may go once empty: below its base, not managed
+        directories (those are deleted whole, R42), not a current subtask's shared
+        directory (about to be written again)."""
+        parts = path.split("/")
+        out: list[str] = []
+        for n in range(len(parts) - 1, 1, -1):
+            d = "/".join(parts[:n])
+            if d in self.dir_owner or d in self.host.hot_dirs():
+                break
+            out.append(d)
+        return tuple(out)
+
+    def delete_dir(self, path: str, actor: str) -> None:
+        """R42: delete a managed directory with everything in it."""
+        if self._refuse_delete(path, actor, True):
+            return
+        inside = sorted(p for p in self.files if is_under(p, path))
+        d = self.dirs.get(path)
+        waits = {self._waits_for(d.creator if d is not None else None, actor)}
+        waits |= {self._waits_for(self.files[p].creator, actor) for p in inside}
+        waits.discard(None)
+        if waits:
+            self._defer(Deferred(actor, path, True, min(w for w in waits if w)))
+            return
+        if self.storage.lease is not None and self._holds_unknown_files(path, inside, actor):
+            return
+        try:
+            self.storage.delete_dir(path, self._prunable_parents(path), {p: actor for p in inside})
+        except StorageFault:
+            self._defer(Deferred(actor, path, True, None))
+            return
+        for p in inside:
+            self._record_delete(p, actor)
+        for sub in [x for x in self.dir_owner if is_under(x, path)]:
+            del self.dir_owner[sub]
+            self.dirs.pop(sub, None)
+
+    def _holds_unknown_files(self, path: str, inside: list[str], actor: str) -> bool:
+        """Issue 14: a recursive delete removes only what the store knows it wrote. If
+        the directory holds a file the store has no record of (another run's, a user's,
+        a link), its known files are deleted one by one, each with its deletion record,
+        and the directory and the unknown files stay (logged). Checked where a store
+        keeps a lease (``CheckpointStore``): the model-driven lockstep store writes alone
+        under a fresh root."""
+        try:
+            on_storage = self.storage.files_under(path)
+        except Exception as err:  # cannot tell: keep everything, retry later (R45)
+            log.warning("listing %s before deleting it failed: %r", path, err)
+            self._defer(Deferred(actor, path, True, None))
+            return True
+        unknown = sorted(on_storage - set(inside))
+        if not unknown:
+            return False
+        log.warning(
+            "not deleting directory %s: it holds %d file(s) the store did not write (%s);"
+            " deleting only the store's own",
+            path,
+            len(unknown),
+            ", ".join(unknown[:5]),
+        )
+        for p in inside:
+            if p in self.files:
+                self.delete_file(p, actor)
+        for sub in [x for x in self.dir_owner if is_under(x, path)]:
+            del self.dir_owner[sub]
+            self.dirs.pop(sub, None)
+        return True
+
+    def retry_deletes(self) -> None:
+        """R45: retry deletes that failed; a delete that fails again stays queued."""
+        self.storage.retry_failed()
+        ready = [d for d in self.deferred if d.waits_for is None]
+        self.deferred = [d for d in self.deferred if d.waits_for is not None]
+        for d in ready:
+            self._run_deferred(d)
+
+    def _run_deferred(self, d: Deferred) -> None:
+        """A waiting delete is carried out by whoever owns the path now (R44)."""
+        if d.is_dir:
+            owner = self.dir_owner.get(d.path)
+            if owner is not None and owner != USER:
+                self.delete_dir(d.path, owner)
+        else:
+            f = self.files.get(d.path)
+            if f is not None and f.owner != USER:
+                self.delete_file(d.path, f.owner)
+
+    def owners(self) -> dict[str, str]:
+        """Who owns each file; a file whose background delete keeps failing is still
+        its deleter's (it is listed in ``pending_deletes`` until a retry succeeds)."""
+        owners = {p: f.owner for p, f in self.files.items()}
+        for failure in self.storage.failed_deletes.values():
+            for gone, actor in failure.deleted_by.items():
+                owners.setdefault(gone, actor)
+        return owners

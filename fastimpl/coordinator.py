@@ -1,0 +1,794 @@
+"""The coordinator's side of the store (Flink's CheckpointCoordinator): it triggers,
+receives acknowledgements and declines (``spec.messages``), completes a checkpoint by
+writing its ``_metadata``, aborts, keeps ``num_retained`` checkpoints and subsumes the
+rest, holds the shared-state registry, deletes what it owns (R42-R45, R54), plans
+restores and rescales, fails over, restarts from the metadata on storage and ends the job.
+
+It knows TMs from what it is told: acknowledgements name their attempt, and the engine
+(``CoordinatorEngine``) tells it where subtasks run and starts, resets, restores and
+stops the TMs. Its notices go out through ``engine.send``. Calls return what they
+produced (raft's ``Ready``): ``trigger`` the id, ``complete`` the completed checkpoint
+or ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from fastimpl.catalog import Catalog
+from fastimpl.ids import IdSource
+from fastimpl.metadata import MetadataError, base_of, metadata_bytes
+from fastimpl.records import Completed, Deferred, Pending, RegEntry, Status, StoredFile, Tm
+from fastimpl.redistribute import assign
+from fastimpl.storage import Storage, StorageFault
+from spec import commands as c
+from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
+from spec.effects import COORDINATOR, USER, tm_actor
+from spec.errors import CommandError, Reason
+from spec.handles import (
+    DirectoryHandle,
+    FileHandle,
+    PlaceholderHandle,
+    SegmentHandle,
+    StateEntry,
+    stream_of,
+)
+from spec.ids import SubtaskId, TmId
+from spec.keygroups import max_parallelism_refusal
+from spec.layout import (
+    METADATA,
+    SAVEPOINTS,
+    is_under,
+    job_base,
+    metadata_path,
+    savepoint_dir,
+    shared_dir,
+    taskowned_dir,
+)
+from spec.messages import Acknowledgement, CheckpointAborted, CheckpointComplete, Decline
+
+Notice = CheckpointComplete | CheckpointAborted
+RetainedEntries = list[tuple[int, tuple[StateEntry, ...]]]
+
+
+def subtasks_of(vertices: tuple[VertexSpec, ...]) -> list[SubtaskId]:
+    return [SubtaskId(v.name, i, v.parallelism) for v in vertices for i in range(v.parallelism)]
+
+
+class CoordinatorEngine(Protocol):
+    """What the coordinator asks of the engine that runs the job's TMs (in process:
+    ``fastimpl.engine.InProcessEngine``; across processes, messages to TM processes)."""
+
+    def send(self, tm: TmId, msg: Notice) -> None:
+        """Queue a notice for ``tm`` (the transport may lose, repeat or reorder it)."""
+
+    def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
+        """Start a new TM attempt for ``job``; its id."""
+
+    def place(self, subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
+        """Where each subtask runs (the engine's choice)."""
+
+    def pool_files(self, tm: TmId) -> Iterable[str]:
+        """The physical files a live TM still tracks (R42: their directory stays)."""
+
+    def reset_tm(self, tm: TmId) -> None:
+        """R60: a surviving TM drops what it wrote and forgets its tables."""
+
+    def restart_tm(
+        self,
+        tm: TmId,
+        known: tuple[int, int, int],
+        first_checkpoint: int,
+        hosted: list[SubtaskId],
+        retained: RetainedEntries,
+        latest: tuple[int, tuple[StateEntry, ...]] | None,
+        lost: frozenset[TmId],
+    ) -> None:
+        """R60-R62: a TM restarts from the retained checkpoints; the files of ``lost``
+        attempts wait for them (R64)."""
+
+    def placed(self, placement: dict[SubtaskId, TmId]) -> None:
+        """Where the subtasks run now (each TM learns which are its own)."""
+
+    def seed_backend(self, tm: TmId, subtask: SubtaskId, entry: StateEntry, cp: int) -> None:
+        """R72: a claimed whole file the subtask's backend may reuse (NONE mode)."""
+
+    def end_tm(self, tm: TmId, keep: set[str]) -> None:
+        """R90: the job ends for ``tm``; segments not in ``keep`` are discarded."""
+
+    def forget_tm(self, tm: TmId) -> None:
+        """The TM is gone: its tables and the notices queued for it go."""
+
+
+class CheckpointCoordinator:
+    """One job's checkpoint coordinator, across restores (each restore starts a new job)."""
+
+    def __init__(
+        self,
+        config: Config,
+        vertices: tuple[VertexSpec, ...],
+        num_tms: int,
+        storage: Storage,
+        ids: IdSource,
+        engine: CoordinatorEngine,
+        job_id: str = "job-0",
+        *,
+        deletion_log: bool = False,
+    ) -> None:
+        self.cfg = config
+        self.mode = config.merging_mode
+        self.storage = storage
+        self.engine = engine
+        self.catalog = Catalog(storage, ids, self, deletion_log=deletion_log)
+        """Every path on storage, who owns it, and the guarded deletes (``fastimpl.catalog``)."""
+        self._hot: tuple[object, frozenset[str]] | None = None
+        self.num_tms = num_tms
+        self.job = job_id
+        self.job_seq = 0
+        self.running = True
+        self.vertices = vertices
+        self.placement: dict[SubtaskId, TmId] = {}
+        """Where the engine runs each subtask of the running job."""
+        self.tms: dict[TmId, Tm] = {}
+        self.next_checkpoint = 1
+        self.pending: dict[int, Pending] = {}
+        self.retained: list[Completed] = []
+        self.savepoints: dict[int, Completed] = {}
+        self.savepoint_ids: set[int] = set()
+        self.latest_completed = 0
+        self.watermark = 0
+        self.registry: dict[str, RegEntry] = {}
+        self.restoring: tuple[StateEntry, ...] = ()
+        self.assignment: dict[SubtaskId, tuple[StateEntry, ...]] = {}
+        """Each new subtask's share of the checkpoint restored last (R75, R76)."""
+        self.bases: set[str] = {job_base(job_id), SAVEPOINTS}
+        self.lineage: set[str] = {job_base(job_id)}
+        """Bases whose files a CLAIM may give the coordinator (R72, I5): the running job's
+        own and those its predecessors held when claimed; a NO_CLAIM restore starts a
+        lineage of its own (R73). Never a savepoint's, never what a file merely names."""
+        self.triggered_savepoints: set[int] = set()
+        """Savepoints this store triggered: their directories hold files of its own (being
+        written, or written late, R43) besides the completed savepoint's (the user's)."""
+
+    def deploy(self, placement: dict[SubtaskId, TmId]) -> None:
+        """The engine runs the job's subtasks on these TMs (all alive)."""
+        self.placement = dict(placement)
+        self.engine.placed(self.placement)
+        for t in placement.values():
+            self.tms.setdefault(t, Tm(t, Status.ALIVE))
+
+    def require_running(self) -> None:
+        if not self.running:
+            raise CommandError(Reason.JOB_NOT_RUNNING, f"job {self.job} has ended")
+
+    def require_pending(self, checkpoint: int) -> Pending:
+        p = self.pending.get(checkpoint)
+        if p is None:
+            if 1 <= checkpoint < self.next_checkpoint:
+                raise CommandError(
+                    Reason.CHECKPOINT_NOT_PENDING, f"checkpoint {checkpoint} is not pending"
+                )
+            raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
+        return p
+
+    def _is_savepoint(self, checkpoint: int) -> bool:
+        return checkpoint in self.savepoint_ids
+
+    def hot_dirs(self) -> frozenset[str]:
+        key = (self.job, tuple(self.placement))
+        if self._hot is None or self._hot[0] != key:
+            hot = {shared_dir(self.job, s) for s in self.placement}
+            hot |= {d.rsplit("/", 1)[0] for d in hot}
+            hot |= {f"{job_base(self.job)}/taskowned", SAVEPOINTS}
+            self._hot = (key, frozenset(hot))
+        return self._hot[1]
+
+    def trigger(self, savepoint: bool = False) -> int:
+        """R50: a new checkpoint (or savepoint); its id."""
+        self.require_running()
+        cid = self.next_checkpoint
+        self.next_checkpoint += 1
+        self.pending[cid] = Pending(cid, savepoint)
+        if savepoint:
+            self.savepoint_ids.add(cid)
+            self.triggered_savepoints.add(cid)
+        return cid
+
+    def receive_decline(self, msg: Decline) -> None:
+        """The coordinator's half: a decline from a live attempt aborts the checkpoint; one
+        from an attempt it gave up on, or of a checkpoint no longer pending, changes
+        nothing (R56)."""
+        rec = self.tms.get(msg.attempt)
+        if msg.checkpoint in self.pending and rec is not None and rec.status is Status.ALIVE:
+            self.abort(msg.checkpoint)
+
+    def receive_ack(self, ack: Acknowledgement) -> None:
+        """The coordinator's half. It knows the sender only from the message: an attempt
+        it has given up on (a lost TM, or one that no longer hosts the subtask) is
+        ignored (R56), and so is a late acknowledgement of a checkpoint no longer
+        pending, except that its whole files are handed over and deleted (R43)."""
+        rec = self.tms.get(ack.attempt)
+        current = (
+            rec is not None
+            and rec.status is Status.ALIVE
+            and self.placement.get(ack.subtask) == ack.attempt
+        )
+        entries = ack.entries
+        if not current or ack.checkpoint not in self.pending:
+            if current:
+                self._take_over_files(entries)  # R43: a late ack still hands files over
+                for e in entries:
+                    s = stream_of(e.handle)
+                    if s is not None and isinstance(e.handle, FileHandle):
+                        self.catalog.delete_file(s.path, COORDINATOR)
+            return  # R56
+        p = self.pending[ack.checkpoint]
+        p.received |= self._take_over_files(entries)
+        p.acks[ack.subtask] = entries
+        if not all(
+            e.handle.logical_id in self.registry
+            for e in entries
+            if isinstance(e.handle, PlaceholderHandle)
+        ):
+            self.abort(ack.checkpoint)  # R22
+            return
+        for e in entries:
+            if isinstance(e.handle, PlaceholderHandle):
+                self.registry[e.handle.logical_id].pins.add(ack.checkpoint)
+
+    def _take_over_files(self, entries: Iterable[StateEntry]) -> set[str]:
+        """R43: whole-file handles (NONE mode, savepoints) become the coordinator's."""
+        taken: set[str] = set()
+        for e in entries:
+            h = e.handle
+            if isinstance(h, FileHandle):
+                f = self.catalog.files.get(h.path)
+                if f is not None:
+                    f.owner = COORDINATOR
+                    taken.add(h.path)
+        return taken
+
+    def current_tms(self) -> list[TmId]:
+        return sorted({t for t in self.placement.values() if self.tms[t].status is Status.ALIVE})
+
+    def _notify_complete(self, checkpoint: int, savepoint: bool) -> None:
+        open_sps = frozenset(k for k, p in self.pending.items() if p.savepoint)
+        msg = CheckpointComplete(self.job, checkpoint, self.watermark, savepoint, open_sps)
+        for tm in self.current_tms():
+            self.engine.send(tm, msg)
+
+    def _notify_abort(self, checkpoint: int, savepoint: bool) -> None:
+        msg = CheckpointAborted(self.job, checkpoint, self.latest_completed, savepoint)
+        for tm in self.current_tms():
+            self.engine.send(tm, msg)
+
+    def abort(self, checkpoint: int) -> None:
+        p = self.pending.pop(checkpoint)
+        for key in sorted(k for k, r in self.registry.items() if checkpoint in r.pins):
+            self.registry[key].pins.discard(checkpoint)
+            self._release_entry(key)
+        for path in sorted(p.received):  # R43
+            f = self.catalog.files.get(path)
+            if f is not None and f.owner == COORDINATOR:
+                self.catalog.delete_file(path, COORDINATOR)
+        self._notify_abort(checkpoint, p.savepoint)
+
+    def complete(self, checkpoint: int) -> Completed | None:
+        """R51-R55: the completed checkpoint, its ``_metadata`` written, or ``None`` if
+        writing it failed and the checkpoint was aborted (R51)."""
+        self.require_running()
+        p = self.require_pending(checkpoint)
+        missing = [s for s in self.placement if s not in p.acks]
+        if missing:
+            raise CommandError(
+                Reason.NOT_ALL_ACKNOWLEDGED,
+                f"checkpoint {checkpoint} lacks acks from {[str(s) for s in missing]}",
+            )
+        entries: list[StateEntry] = []
+        directories: list[str] = []
+        for s in sorted(p.acks):
+            for e in p.acks[s]:
+                h = e.handle
+                if isinstance(h, DirectoryHandle):
+                    if h.path not in directories:
+                        directories.append(h.path)
+                elif isinstance(h, PlaceholderHandle):
+                    reg = self.registry[h.logical_id]
+                    assert reg.handle is not None
+                    entries.append(
+                        StateEntry(
+                            e.subtask,
+                            e.kind,
+                            e.name,
+                            reg.handle,
+                            e.entries,
+                            e.key_groups,
+                            e.entry_range,
+                        )
+                    )
+                else:
+                    entries.append(e)
+        meta = (
+            f"{savepoint_dir(checkpoint)}/{METADATA}"
+            if p.savepoint
+            else metadata_path(self.job, checkpoint)
+        )
+        done = Completed(
+            checkpoint,
+            self.job,
+            p.savepoint,
+            tuple(entries),
+            tuple(directories),
+            meta,
+            self.cfg.max_parallelism,
+        )
+        try:
+            self.storage.write_metadata(
+                meta,
+                metadata_bytes(
+                    done.id,
+                    done.job,
+                    done.savepoint,
+                    done.entries,
+                    done.directories,
+                    max_parallelism=done.max_parallelism,  # R77
+                ),
+            )
+        except StorageFault:
+            self.abort(checkpoint)  # R51
+            return None
+        self.catalog.files[meta] = StoredFile(len(entries), False, COORDINATOR, None)
+        del self.pending[checkpoint]
+        if p.savepoint:
+            # R55: a completed savepoint belongs to the user
+            for path in [*sorted(p.received), done.metadata]:
+                f = self.catalog.files.get(path)
+                if f is not None:
+                    f.owner = USER
+            self.savepoints[done.id] = done
+            self._notify_complete(done.id, True)
+            return done
+        self.restoring = ()
+        self.latest_completed = checkpoint
+        self._register(done)
+        self.retained.append(done)
+        while len(self.retained) > self.cfg.num_retained:  # R52
+            self._subsume(self.retained.pop(0))
+        self._notify_complete(checkpoint, False)
+        for older in sorted(
+            k for k, v in self.pending.items() if k < checkpoint and not v.savepoint
+        ):
+            self.abort(older)  # R53
+        self.collect_dirs()
+        return done
+
+    def _release_entry(self, key: str) -> None:
+        """R54: an entry nobody refers to goes; the coordinator deletes what it owns."""
+        reg = self.registry[key]
+        if reg.refs or reg.pins:
+            return
+        del self.registry[key]
+        if reg.owned and not key.startswith("dir:"):
+            f = self.catalog.files.get(reg.path)
+            if f is not None and f.owner == COORDINATOR:
+                self.catalog.delete_file(reg.path, COORDINATOR)
+
+    def _register(self, done: Completed, recorded: Completed | None = None) -> None:
+        """R54: keyed by unique handle ids; refs are the checkpoint ids that use them.
+
+        A logical id already registered for another path is a ``MetadataError`` naming
+        the file (checked for every retained checkpoint before anything changes, see
+        ``conflicting_ids``; here it is the last line of defence)."""
+        for e in done.entries:
+            h = e.handle
+            if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
+                continue
+            reg = self.registry.get(h.logical_id)
+            if reg is not None and reg.path != h.path:
+                raise MetadataError(
+                    done.metadata,
+                    "payload.entries",
+                    f"logical id {h.logical_id!r} names {h.path!r}, already registered "
+                    f"for {reg.path!r} (conflicting registration)",
+                )
+            # I5: the registry deletes a whole file only if it may be the coordinator's; a
+            # file the user holds (another base's, R72 outside the lineage) is only read
+            f = self.catalog.files.get(h.path)
+            owned = isinstance(h, FileHandle) and (f is None or f.owner != USER)
+            new = RegEntry(h.logical_id, h.path, h, owned)
+            if reg is not None:
+                new.refs = reg.refs
+                new.pins = reg.pins
+            new.refs.add(done.id)
+            new.pins.discard(done.id)
+            self.registry[h.logical_id] = new
+        for d in done.directories:
+            key = f"dir:{d}"
+            reg = self.registry.get(key)
+            new = RegEntry(key, d, None, True)
+            if reg is not None:
+                new.refs = reg.refs
+            new.refs.add(done.id)
+            self.registry[key] = new
+            md = self.catalog.dirs.get(d)
+            if md is not None:
+                md.handed_over = True
+            if self._may_claim(d, recorded or done, is_dir=True):
+                self.catalog.dir_owner[d] = COORDINATOR  # R42
+
+    def _subsume(self, old: Completed) -> None:
+        """R52, R54: drop a checkpoint's references; delete what nobody refers to."""
+        self.watermark = max(self.watermark, old.id)
+        keys = [
+            h.logical_id
+            for e in old.entries
+            if isinstance(h := e.handle, SegmentHandle | FileHandle) and h.scope is Scope.SHARED
+        ] + [f"dir:{d}" for d in old.directories]
+        for key in dict.fromkeys(keys):
+            reg = self.registry.get(key)
+            if reg is None:
+                continue
+            reg.refs.discard(old.id)
+            self._release_entry(key)
+        for e in old.entries:
+            h = e.handle
+            if isinstance(h, FileHandle) and h.scope is Scope.EXCLUSIVE:
+                f = self.catalog.files.get(h.path)
+                if f is not None and f.owner == COORDINATOR:
+                    self.catalog.delete_file(h.path, COORDINATOR)
+        f = self.catalog.files.get(old.metadata)
+        if f is not None and f.owner == COORDINATOR:
+            self.catalog.delete_file(old.metadata, COORDINATOR)
+
+    def lose(self, tm: TmId) -> None:
+        """R57: every pending checkpoint aborts when a TM is lost."""
+        rec = self.tms[tm]
+        rec.status = Status.LOST
+        rec.hosted = frozenset(s for s, t in self.placement.items() if t == tm)
+        for cid in sorted(self.pending):
+            self.abort(cid)
+
+    def attempt_stopped(self, tm: TmId) -> None:
+        """R64: what waited for a stopped attempt runs; the coordinator takes the rest."""
+        rec = self.tms.get(tm)
+        if rec is None:
+            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
+        if rec.status is not Status.LOST:
+            raise CommandError(Reason.TM_NOT_LOST, f"{tm} is {rec.status.value}, not lost")
+        rec.status = Status.STOPPED
+        rec.hosted = frozenset()
+        for path in sorted(self.catalog.files):
+            f = self.catalog.files[path]
+            if f.creator == tm and f.open:
+                self.storage.abandon(path)  # its process is gone
+                f.open = False
+        self.engine.forget_tm(tm)
+        actor = tm_actor(tm)
+        formerly = sorted(p for p, f in self.catalog.files.items() if f.owner == actor)
+        for path in formerly:
+            self.catalog.files[path].owner = COORDINATOR
+        for path in sorted(p for p, o in self.catalog.dir_owner.items() if o == actor):
+            self.catalog.dir_owner[path] = COORDINATOR
+        waiting = [d for d in self.catalog.deferred if d.waits_for == tm]
+        self.catalog.deferred = [d for d in self.catalog.deferred if d.waits_for != tm]
+        for d in waiting:
+            self.catalog._run_deferred(Deferred(d.actor, d.path, d.is_dir, None))
+        for path in formerly:
+            if path in self.catalog.files and not self.referenced(path):
+                self.catalog.delete_file(path, COORDINATOR)
+        self.collect_dirs()
+
+    def referenced(self, path: str) -> bool:
+        for r in self.retained:
+            if path == r.metadata:
+                return True
+            for e in r.entries:
+                s = stream_of(e.handle)
+                if s is not None and s.path == path:
+                    return True
+        return any(
+            (s := stream_of(e.handle)) is not None and s.path == path for e in self.restoring
+        )
+
+    def collect_dirs(self) -> None:
+        """R42: the coordinator deletes a directory it owns once nothing refers to it."""
+        live = set(self.current_tms())
+        used = {d for r in self.retained for d in r.directories}
+        for path, owner in sorted(self.catalog.dir_owner.items()):
+            if owner != COORDINATOR or path in used or f"dir:{path}" in self.registry:
+                continue
+            d = self.catalog.dirs.get(path)
+            if d is not None and d.creator in live and self.running:
+                continue
+            if any(is_under(p, path) for t in live for p in self.engine.pool_files(t)):
+                continue
+            inside = [f for p, f in self.catalog.files.items() if is_under(p, path)]
+            if any(f.owner not in (COORDINATOR, tm_actor(f.creator or "")) for f in inside):
+                continue
+            self.catalog.delete_dir(path, COORDINATOR)
+
+    def failover(self) -> None:
+        for cid in sorted(self.pending):
+            self.abort(cid)
+        replaced: dict[TmId, TmId] = {}
+        for tm in sorted(set(self.placement.values())):
+            if self.tms[tm].status is not Status.ALIVE:
+                new = self.engine.start_tm(self.job, self.next_checkpoint, None)
+                replaced[tm] = new
+                self.tms[new] = Tm(new, Status.ALIVE)
+        self.placement = {s: replaced.get(t, t) for s, t in self.placement.items()}
+        self.engine.placed(self.placement)
+        survivors = sorted(set(self.placement.values()) - set(replaced.values()))
+        for tm in survivors:  # R60: no stale manager survives (FLINK-35400)
+            self.engine.reset_tm(tm)
+        for old in sorted(replaced):
+            d = taskowned_dir(self.job, old)  # R63
+            if d in self.catalog.dir_owner and self.catalog.dir_owner[d] != COORDINATOR:
+                self.catalog.dir_owner[d] = COORDINATOR
+        for tm in sorted(set(self.placement.values())):
+            hosted = sorted(s for s, t in self.placement.items() if t == tm)
+            latest = (
+                self.retained[-1] if self.retained and self.retained[-1].job == self.job else None
+            )
+            self.engine.restart_tm(
+                tm,
+                (self.latest_completed, self.next_checkpoint - 1, self.watermark),
+                self.next_checkpoint,
+                hosted,
+                [(r.id, r.entries) for r in self.retained],
+                None if latest is None else (latest.id, latest.entries),
+                frozenset(t for t, r in self.tms.items() if r.status is Status.LOST),
+            )
+        self.collect_dirs()
+
+    def load_completed(self, metadata: str, job: str | None = None) -> Completed:
+        """Read a completed checkpoint back from its ``_metadata`` file, validated.
+
+        Raises ``MetadataError`` naming the file and the problem; reading changes nothing.
+        """
+        meta = self.storage.read_metadata(metadata, expected_job=job)
+        return Completed(
+            meta.checkpoint,
+            meta.job,
+            meta.savepoint,
+            meta.entries,
+            meta.directories,
+            metadata,
+            meta.max_parallelism,
+        )
+
+    def restart(self) -> None:
+        """R95: rebuild retention and the registry from the persisted metadata alone.
+
+        The checkpoint store (Flink's HA store) survives as the list of ``_metadata`` paths;
+        their contents are read back and validated before anything changes, so a corrupt
+        file fails the restart with a ``MetadataError`` and deletes nothing.
+        """
+        listed = [r for r in self.retained if r.metadata in self.catalog.files]
+        rebuilt = [self.load_completed(r.metadata, r.job) for r in listed]
+        self.retained = []
+        self.registry = {}
+        for done in rebuilt:
+            self._register(done)
+            self.retained.append(done)
+        received = {p for pend in self.pending.values() for p in pend.received}
+        self.pending = {}
+        for path in sorted(received):
+            f = self.catalog.files.get(path)
+            if f is not None and f.owner == COORDINATOR and not self.referenced(path):
+                self.catalog.delete_file(path, COORDINATOR)
+        self.failover()
+
+    def restore(self, cmd: c.Restore) -> None:
+        source = next((r for r in self.retained if r.id == cmd.checkpoint), None)
+        if source is None:
+            source = self.savepoints.get(cmd.checkpoint)
+        if source is None:
+            raise CommandError(
+                Reason.NOT_RETAINED, f"checkpoint {cmd.checkpoint} is not retained nor a savepoint"
+            )
+        recorded = source
+        source = self.load_completed(source.metadata, source.job)  # validated before any change
+        mode = RestoreMode.NO_CLAIM if source.savepoint else cmd.mode  # R73
+        if mode is RestoreMode.CLAIM:
+            self._check_claim(source, recorded)
+        names = {v.name for v in self.vertices}
+        new_par = dict(cmd.parallelism)
+        if not set(new_par) <= names or any(
+            p < 1 or p > self.cfg.max_parallelism for p in new_par.values()
+        ):
+            raise CommandError(Reason.BAD_ARGUMENT, f"bad parallelism {cmd.parallelism}")
+        self._check_max_parallelism(source, cmd)
+        old_vertices = self.vertices
+        if self.running:
+            self.end_job(retain=True)
+        for rec in self.tms.values():
+            if rec.status is Status.LOST:
+                rec.hosted = frozenset()  # R64: a zombie stays in its job
+        self.job_seq += 1
+        self.job = f"job-{self.job_seq}"
+        self.bases.add(job_base(self.job))
+        if mode is RestoreMode.CLAIM:
+            self.lineage.add(job_base(self.job))
+        else:
+            self.lineage = {job_base(self.job)}  # R73: the source stays outside for good
+        self.vertices = tuple(
+            VertexSpec(v.name, new_par.get(v.name, v.parallelism)) for v in self.vertices
+        )
+        tms = [
+            self.engine.start_tm(self.job, self.next_checkpoint, self.next_checkpoint - 1)
+            for _ in range(self.num_tms)
+        ]
+        for t in tms:
+            self.tms[t] = Tm(t, Status.ALIVE)
+        subtasks = subtasks_of(self.vertices)
+        self.placement = self.engine.place(subtasks, tms)
+        self.engine.placed(self.placement)
+        self.running = True
+        self.pending = {}
+        self.retained = []
+        self.registry = {}
+        self.watermark = 0
+        self.latest_completed = 0
+        assignment = assign(source.entries, self.vertices, self.cfg.max_parallelism)
+        self.restoring = tuple(e for s in sorted(assignment) for e in assignment[s])
+        self.assignment = {s: tuple(v) for s, v in assignment.items()}
+        if mode is RestoreMode.CLAIM:
+            self._claim(source, recorded)
+        same = all(
+            v.parallelism == ov.parallelism
+            for v, ov in zip(self.vertices, old_vertices, strict=True)
+        )
+        if mode is RestoreMode.CLAIM and same and self.mode is MergingMode.NONE:
+            for s in subtasks:  # R72: NONE mode may reuse the claimed files
+                for e in assignment.get(s, ()):
+                    if e.kind is StateKind.KEYED_SHARED and isinstance(e.handle, FileHandle):
+                        t = self.placement[s]
+                        self.engine.seed_backend(t, s, e, source.id)
+
+    def _check_max_parallelism(self, source: Completed, cmd: c.Restore) -> None:
+        """R77: refused unless the new job's max parallelism (the command's, else the
+        configured one) is the one the checkpoint's metadata records."""
+        configured = self.cfg.max_parallelism
+        wanted = configured if cmd.max_parallelism is None else cmd.max_parallelism
+        why = max_parallelism_refusal(source.max_parallelism, wanted, source.entries)
+        if why is None and wanted != configured:
+            why = f"the restore asks for max parallelism {wanted}, the job runs with {configured}"
+        if why is not None:
+            raise CommandError(
+                Reason.MAX_PARALLELISM_CHANGED, f"checkpoint {source.id} ({source.metadata}): {why}"
+            )
+
+    @staticmethod
+    def _paths_of(done: Completed) -> set[str]:
+        return {done.metadata} | {
+            s.path for e in done.entries if (s := stream_of(e.handle)) is not None
+        }
+
+    def _check_claim(self, source: Completed, recorded: Completed) -> None:
+        """R72, I5: a CLAIM takes what the checkpoint held when it completed, no more. A
+        ``_metadata`` that names a file or directory the store did not record for it
+        (changed since, however well its checksum matches) is refused before any change."""
+        extra = sorted(
+            (self._paths_of(source) - self._paths_of(recorded))
+            | (set(source.directories) - set(recorded.directories))
+        )
+        if extra:
+            raise MetadataError(
+                source.metadata,
+                "payload",
+                f"names {extra[0]!r}, which checkpoint {source.id} did not hold when it "
+                "completed: a claim takes only what the store recorded",
+            )
+
+    def _may_claim(self, path: str, recorded: Completed | None, is_dir: bool = False) -> bool:
+        """I5: the coordinator takes a path only in a base of its lineage, and never a
+        path of the user's that the claimed checkpoint did not itself hold (its files, and
+        its directories with everything in them, R72, as the store recorded them)."""
+        if base_of(path) not in self.lineage:
+            return False
+        f = self.catalog.files.get(path)
+        owner = self.catalog.dir_owner.get(path) if is_dir else (f.owner if f is not None else None)
+        if owner != USER:
+            return True
+        if recorded is None:
+            return False
+        if is_dir:
+            return path in recorded.directories
+        return path in self._paths_of(recorded) or any(
+            is_under(path, d) for d in recorded.directories
+        )
+
+    def _claim(self, source: Completed, recorded: Completed | None = None) -> None:
+        """R72: the new job's coordinator owns the restored checkpoint: what of it lies in
+        its lineage (I5); anything else it names stays whose it was (read, never deleted)."""
+        self.bases.add(base_of(source.metadata))
+        paths = self._paths_of(source)
+        for d in source.directories:
+            if not self._may_claim(d, recorded, is_dir=True):
+                continue
+            paths |= {p for p in self.catalog.files if is_under(p, d)}
+            if d in self.catalog.dir_owner:
+                self.catalog.dir_owner[d] = COORDINATOR
+        for p in sorted(paths):
+            f = self.catalog.files.get(p)
+            if f is not None and self._may_claim(p, recorded):
+                f.owner = COORDINATOR
+        self._register(source, recorded)
+        for d in source.directories:
+            md = self.catalog.dirs.get(d)
+            if md is not None:
+                md.handed_over = True
+        self.retained = [source]
+        self.latest_completed = source.id
+
+    def end_job(self, *, retain: bool) -> None:
+        for cid in sorted(self.pending):
+            self.abort(cid)
+        handed = {d for r in self.retained for d in r.directories}
+        keep = {
+            s.logical_id
+            for r in self.retained
+            for e in r.entries
+            if (s := stream_of(e.handle)) is not None
+        }
+        for tm in self.current_tms():
+            actor = tm_actor(tm)
+            self.engine.end_tm(tm, keep)
+            for path in sorted(self.catalog.dirs):
+                d = self.catalog.dirs.get(path)
+                if d is None:
+                    continue
+                # R90: directories no completed checkpoint used go with their creator
+                if (
+                    d.creator == tm
+                    and path not in handed
+                    and self.catalog.dir_owner.get(path) == actor
+                ):
+                    inside = [p for p in self.catalog.files if is_under(p, path)]
+                    if all(self.catalog.files[p].owner == actor for p in inside):
+                        self.catalog.delete_dir(path, actor)
+            for f in self.catalog.files.values():
+                if f.owner == actor:
+                    f.owner = COORDINATOR
+            for path, o in list(self.catalog.dir_owner.items()):
+                if o == actor:
+                    self.catalog.dir_owner[path] = COORDINATOR
+            self.engine.forget_tm(tm)
+            self.tms[tm].status = Status.STOPPED
+        self.running = False
+        self.restoring = ()
+        if retain:
+            for r in self.retained:  # R91: the user's
+                paths = {r.metadata} | {
+                    s.path for e in r.entries if (s := stream_of(e.handle)) is not None
+                }
+                for rd in r.directories:
+                    if rd in self.catalog.dir_owner:
+                        self.catalog.dir_owner[rd] = USER
+                for p in paths:
+                    kept = self.catalog.files.get(p)
+                    if kept is not None:
+                        kept.owner = USER
+        else:
+            while self.retained:
+                self._subsume(self.retained.pop(0))
+        for path in sorted(p for p, f in self.catalog.files.items() if f.owner == COORDINATOR):
+            if (
+                path in self.catalog.files
+                and not self.referenced(path)
+                and any(is_under(path, b) for b in self.bases)
+            ):
+                self.catalog.delete_file(path, COORDINATOR)
+        self.collect_dirs()
+
+    def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
+        """What ``subtask`` starts from: its share of a restored checkpoint until the new
+        job completes one, else its entries of the latest completed checkpoint."""
+        if self.restoring:
+            return self.assignment.get(subtask, ())
+        latest = self.retained[-1] if self.retained else None
+        if latest is None:
+            return ()
+        return tuple(e for e in latest.entries if e.subtask == subtask)

@@ -1,0 +1,559 @@
+"""The in-process engine: one coordinator party and one TaskManager party per TM,
+wired by an in-memory transport, in one process. It does what an engine (Flink's
+scheduler, a Spark driver) does around the two parties: it names and places TMs
+(round-robin), carries the notices (``fastimpl.transport``, encoded ``spec.messages``),
+checks who may write (R10, R56, R64), and shares one id source, so that with
+``CounterIds`` the names match the reference model's, file by file.
+
+Each call is validated before anything changes (a ``CommandError`` leaves files and
+bookkeeping as they were), returns what it produced, and is logged to the trace (if
+any) as the ``spec.commands`` command it is. ``CheckpointStore`` (``fastimpl.api``)
+wraps it with a lock; the test adapters drive it from spec commands.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import attrs
+
+from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
+from fastimpl.ids import CounterIds, IdSource, RandomIds
+from fastimpl.records import (
+    BackendRef,
+    Completed,
+    Pending,
+    Status,
+    Tm,
+)
+from fastimpl.storage import Storage, StorageFault
+from fastimpl.taskmanager import TaskManager
+from fastimpl.trace import CommandTrace
+from fastimpl.transport import InMemoryTransport
+from spec import commands as c
+from spec.config import Config, JobSpec, RestoreMode, StateKind
+from spec.effects import COORDINATOR, tm_actor
+from spec.errors import CommandError, Reason
+from spec.handles import (
+    FileHandle,
+    SegmentHandle,
+    StateEntry,
+    StreamHandle,
+    stream_of,
+)
+from spec.ids import SubtaskId, TmId
+from spec.layout import (
+    METADATA,
+)
+from spec.messages import CheckpointAborted, CheckpointComplete, Decline
+from spec.observation import Observation, RegistryView, RetainedView
+
+log = logging.getLogger("fastimpl.cluster")
+_T = TypeVar("_T")
+OutKey = tuple[TmId, SubtaskId, int]
+BackendKey = tuple[TmId, SubtaskId, str]
+_METADATA_SUFFIX = "/" + METADATA
+
+
+class InProcessEngine:
+    """A job's checkpoint storage: its coordinator and TMs in one process."""
+
+    def __init__(
+        self,
+        config: Config,
+        job_spec: JobSpec,
+        fs: Any,
+        root: str,
+        ids: IdSource | None = None,
+        job_id: str = "job-0",
+        *,
+        background_deletes: bool = True,
+        deletion_log: bool = False,
+    ) -> None:
+        self.storage = Storage(fs, root, background_deletes=background_deletes)
+        if not self.storage.open_files_readable and config.open_files_readable:
+            # The store decides (an object store shows a file only once closed), and the
+            # configuration says so from here on, as the model is told (traces record it).
+            # Raises Config's R16 error for ACROSS merging.
+            config = attrs.evolve(config, open_files_readable=False)
+        self.cfg = config
+        self.ids: IdSource = ids if ids is not None else RandomIds()
+        """One id source for every party: with ``CounterIds`` names follow the model's."""
+        self.channel = InMemoryTransport()
+        """The coordinator's notices in flight to TMs, encoded (``spec.messages``)."""
+        self.parties: dict[TmId, TaskManager] = {}
+        """Each TM attempt's own side (``fastimpl.taskmanager``), by id."""
+        self.next_tm = 1
+        self.coord = CheckpointCoordinator(
+            config,
+            job_spec.vertices,
+            job_spec.num_tms,
+            self.storage,
+            self.ids,
+            self,
+            job_id,
+            deletion_log=deletion_log,
+        )
+        self.catalog = self.coord.catalog
+        tms = [self.start_tm(job_id, 1, None) for _ in range(job_spec.num_tms)]
+        self.coord.deploy(self.place(subtasks_of(job_spec.vertices), tms))
+        self.job_spec = job_spec
+        self.trace: CommandTrace | None = None
+        """Where executed commands are logged (``start_trace``); None: not logged."""
+        self.on_applied: Callable[[c.Command], None] | None = None
+        """Told each command applied (``fastimpl.writer_state`` publishes the writer's state)."""
+
+    # ------------------------------------------------------------------ the coordinator's
+
+    @property
+    def job(self) -> str:
+        return self.coord.job
+
+    @property
+    def placement(self) -> dict[SubtaskId, TmId]:
+        return self.coord.placement
+
+    @property
+    def tms(self) -> dict[TmId, Tm]:
+        return self.coord.tms
+
+    @property
+    def running(self) -> bool:
+        return self.coord.running
+
+    @property
+    def next_checkpoint(self) -> int:
+        return self.coord.next_checkpoint
+
+    @property
+    def pending(self) -> dict[int, Pending]:
+        return self.coord.pending
+
+    @property
+    def retained(self) -> list[Completed]:
+        return self.coord.retained
+
+    @property
+    def savepoints(self) -> dict[int, Completed]:
+        return self.coord.savepoints
+
+    @property
+    def latest_completed(self) -> int:
+        return self.coord.latest_completed
+
+    def _is_savepoint(self, checkpoint: int) -> bool:
+        """The checkpoint's type, as Flink's CheckpointOptions carry it with the barrier."""
+        return self.coord._is_savepoint(checkpoint)
+
+    def load_completed(self, metadata: str, job: str | None = None) -> Completed:
+        return self.coord.load_completed(metadata, job)
+
+    def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
+        return self.coord.state_to_restore(subtask)
+
+    # ------------------------------------------------------------------ the engine
+
+    def send(self, tm: TmId, msg: CheckpointComplete | CheckpointAborted) -> None:
+        self.channel.send(tm, msg)
+
+    def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
+        tm = f"tm-{self.next_tm}"
+        self.next_tm += 1
+        party = TaskManager(tm, job, self.cfg, self.catalog, self.ids, first_checkpoint)
+        if finished_mark is not None:
+            party.finished_mark = finished_mark
+        self.parties[tm] = party
+        return tm
+
+    def place(self, subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
+        """Round-robin: the in-process engine's choice."""
+        return {s: tms[i % len(tms)] for i, s in enumerate(subtasks)}
+
+    def pool_files(self, tm: TmId) -> Iterable[str]:
+        return self.parties[tm].m.pfiles
+
+    def reset_tm(self, tm: TmId) -> None:
+        party = self.parties[tm]
+        party.drop_outputs_where(lambda cp: True)
+        for path in sorted(party.m.pfiles):
+            if party.m.pfiles[path].open:
+                self.catalog.close(path)
+        self.forget_tm(tm)
+
+    def restart_tm(
+        self,
+        tm: TmId,
+        known: tuple[int, int, int],
+        first_checkpoint: int,
+        hosted: list[SubtaskId],
+        retained: list[tuple[int, tuple[StateEntry, ...]]],
+        latest: tuple[int, tuple[StateEntry, ...]] | None,
+        lost: frozenset[TmId],
+    ) -> None:
+        party = self.parties[tm]
+        party.restart_knowledge(known[0], known[1], known[2], first_checkpoint)
+        party.restore(hosted, retained, latest, lost)
+
+    def placed(self, placement: dict[SubtaskId, TmId]) -> None:
+        for tm, party in self.parties.items():
+            party.hosted = [s for s, t in placement.items() if t == tm]
+
+    def seed_backend(self, tm: TmId, subtask: SubtaskId, entry: StateEntry, cp: int) -> None:
+        self.parties[tm].backend[(subtask, entry.name)] = BackendRef(entry, cp, True)
+
+    def end_tm(self, tm: TmId, keep: set[str]) -> None:
+        self.parties[tm].end_job(keep)
+
+    def forget_tm(self, tm: TmId) -> None:
+        """A TM that is gone keeps no memory: its tables go, its files stay on storage."""
+        self.parties[tm].forget()
+        self.channel.forget(tm)
+
+    # ------------------------------------------------------------------ calls
+
+    # Every call returns what it produced (raft's ``Ready``) and is logged to the trace
+    # (if any) as the ``spec.commands`` command it is, so the model can replay it.
+
+    def recorded(self, cmd: c.Command, run: Callable[[], _T]) -> _T:
+        """Run ``run`` as ``cmd``: logged to the trace, and told to ``on_applied``."""
+        result = run() if self.trace is None else self._traced(cmd, run)
+        if self.on_applied is not None:
+            self.on_applied(cmd)
+        return result
+
+    def trigger(self, savepoint: bool = False) -> int:
+        """R50: a new checkpoint (or savepoint); its id."""
+        return self.recorded(c.Trigger(savepoint), lambda: self.coord.trigger(savepoint))
+
+    def write(
+        self,
+        checkpoint: int,
+        subtask: SubtaskId,
+        kind: StateKind,
+        name: str,
+        data: bytes,
+        entries: int = 1,
+        attempt: TmId | None = None,
+    ) -> StateEntry | None:
+        """One state handle's bytes, written by the TM that hosts ``subtask`` (or by the
+        lost ``attempt``); the entry acknowledged later, ``None`` for no bytes (R10). A
+        failing storage call declines the checkpoint for the subtask (R17) and is raised
+        as ``StorageFault``."""
+        cmd = c.WriteState(checkpoint, subtask, kind, name, len(data), entries, attempt)
+        return self.recorded(cmd, lambda: self._write(cmd, data))
+
+    def _write(self, cmd: c.WriteState, data: bytes) -> StateEntry | None:
+        tm = self.writer(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        if cmd.size == 0:
+            return None  # R10
+        try:
+            return self.parties[tm].write(
+                cmd.subtask,
+                cmd.checkpoint,
+                cmd.kind,
+                cmd.name,
+                cmd.size,
+                cmd.entries,
+                data,
+                self._is_savepoint(cmd.checkpoint),
+            )
+        except StorageFault:
+            self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+            raise
+
+    def _write_failed(self, tm: TmId, subtask: SubtaskId, checkpoint: int) -> None:
+        """R17: the subtask declines and writes no more for the checkpoint (R14)."""
+        self.parties[tm].write_failed(subtask, checkpoint, self._is_savepoint(checkpoint))
+        self.coord.receive_decline(Decline(self.job, checkpoint, subtask, tm))
+
+    def decline(self, checkpoint: int, subtask: SubtaskId) -> None:
+        """The subtask declines the checkpoint (R17)."""
+
+        def run() -> None:
+            tm = self.writer(checkpoint, subtask, None)
+            self._write_failed(tm, subtask, checkpoint)
+
+        self.recorded(c.Decline(checkpoint, subtask), run)
+
+    def reuse_shared(
+        self,
+        checkpoint: int,
+        subtask: SubtaskId,
+        name: str,
+        attempt: TmId | None = None,
+        upload: Callable[[StreamHandle], bytes] | None = None,
+    ) -> StateEntry | None:
+        """R20-R23: the old handle, a placeholder, or, when the old upload may not be
+        reused, a new upload of the same bytes: ``upload(old handle)`` gives them (by
+        default read back from the old upload, ``copy_of``). A failing storage call
+        declines (R17) and is raised as ``StorageFault``."""
+        cmd = c.ReuseShared(checkpoint, subtask, name, attempt)
+        return self.recorded(cmd, lambda: self._reuse_shared(cmd, upload or self.copy_of))
+
+    def copy_of(self, stream: StreamHandle) -> bytes:
+        """The bytes of an earlier upload, read back: the store keeps no local copy."""
+        if stream.path not in self.catalog.files:
+            # The old upload was deleted by the store itself (its checkpoint was aborted).
+            # Nothing changes; the caller writes the state again.
+            raise CommandError(
+                Reason.NO_SUCH_STATE,
+                f"the bytes were deleted with {stream.path}; write the state again",
+            )
+        # A file the store still tracks that cannot be read in full is damage, not a
+        # choice: the subtask declines (R17), naming the path and sizes.
+        at = stream.offset if isinstance(stream, SegmentHandle) else 0
+        return self.storage.read_range(stream.path, at, stream.length)
+
+    def _reuse_shared(
+        self, cmd: c.ReuseShared, upload: Callable[[StreamHandle], bytes]
+    ) -> StateEntry | None:
+        tm = self.writer(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        party = self.parties[tm]
+        ref = party.backend_ref(cmd.subtask, cmd.name)
+        savepoint = self._is_savepoint(cmd.checkpoint)
+        reused = party.reuse(cmd.subtask, cmd.checkpoint, ref, savepoint)
+        if reused is not None:
+            return reused
+        old = ref.entry  # R20: not reusable: upload the same local state again
+        stream = stream_of(old.handle)
+        try:
+            data = b"" if stream is None or stream.length == 0 else upload(stream)
+            return party.write(
+                cmd.subtask,
+                cmd.checkpoint,
+                old.kind,
+                old.name,
+                len(data),
+                old.entries,
+                data,
+                savepoint,
+            )
+        except StorageFault:
+            self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+            raise
+
+    def acknowledge(
+        self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None = None
+    ) -> tuple[StateEntry, ...]:
+        """The subtask's TM sends its ``Acknowledgement``; the entries the subtask wrote
+        (its directory handles, R40, are added by the acknowledgement itself)."""
+        cmd = c.Acknowledge(checkpoint, subtask, attempt)
+        return self.recorded(cmd, lambda: self._acknowledge(cmd))
+
+    def _acknowledge(self, cmd: c.Acknowledge) -> tuple[StateEntry, ...]:
+        tm = self.writer(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        try:
+            written, ack = self.parties[tm].acknowledge(
+                cmd.subtask, cmd.checkpoint, self._is_savepoint(cmd.checkpoint)
+            )
+        except StorageFault:
+            self.coord.receive_decline(Decline(self.job, cmd.checkpoint, cmd.subtask, tm))
+            raise
+        self.coord.receive_ack(ack)
+        return written
+
+    def complete(self, checkpoint: int) -> Completed | None:
+        """The completed checkpoint, or ``None`` if writing its ``_metadata`` failed and
+        it was aborted (R51)."""
+        return self.recorded(c.Complete(checkpoint), lambda: self.coord.complete(checkpoint))
+
+    def abort(self, checkpoint: int) -> None:
+        def run() -> None:
+            self.coord.require_running()
+            self.coord.require_pending(checkpoint)
+            self.coord.abort(checkpoint)
+
+        self.recorded(c.Abort(checkpoint), run)
+
+    def deliver(self, index: int) -> None:
+        """Hand the ``index``-th notice in flight to its TM (R34: any notice may arrive at
+        any time, twice or never)."""
+        self.recorded(c.DeliverNotification(index), lambda: self._deliver(index))
+
+    def _deliver(self, index: int) -> None:
+        tm, msg = self.channel.take(index)
+        rec = self.tms.get(tm)
+        if rec is None or rec.status is Status.STOPPED:
+            return
+        if isinstance(msg, CheckpointComplete | CheckpointAborted):
+            self.parties[tm].on_notice(msg)
+
+    def crash_tm(self, tm: TmId) -> None:
+        """R57: the TM is lost (its process may still run)."""
+        self.recorded(c.CrashTm(tm), lambda: self._crash_tm(tm))
+
+    def _crash_tm(self, tm: TmId) -> None:
+        self.coord.require_running()
+        rec = self.tms.get(tm)
+        if rec is None:
+            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
+        if rec.status is not Status.ALIVE or tm not in self.placement.values():
+            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} is not a live TM of {self.job}")
+        self.coord.lose(tm)
+
+    def attempt_stopped(self, tm: TmId) -> None:
+        """R64: a lost TM is known to have stopped."""
+        self.recorded(c.AttemptStopped(tm), lambda: self.coord.attempt_stopped(tm))
+
+    def failover(self) -> None:
+        def run() -> None:
+            self.coord.require_running()
+            self.coord.failover()
+
+        self.recorded(c.Failover(), run)
+
+    def restart(self) -> None:
+        def run() -> None:
+            self.coord.require_running()
+            self.coord.restart()
+
+        self.recorded(c.RestartCoordinator(), run)
+
+    def restore(
+        self,
+        checkpoint: int,
+        parallelism: tuple[tuple[str, int], ...] = (),
+        mode: RestoreMode = RestoreMode.NO_CLAIM,
+        max_parallelism: int | None = None,
+    ) -> str:
+        """R70-R77: a new job from a retained checkpoint or a savepoint; its id."""
+        cmd = c.Restore(checkpoint, parallelism, mode, max_parallelism)
+        self.recorded(cmd, lambda: self.coord.restore(cmd))
+        return self.job
+
+    def cancel(self, retain: bool) -> None:
+        def run() -> None:
+            self.coord.require_running()
+            self.coord.end_job(retain=retain)
+
+        self.recorded(c.Cancel(retain), run)
+
+    def retry_deletes(self) -> None:
+        """R45: retry the deletes that failed."""
+        self.recorded(c.RetryDeletes(), self.catalog.retry_deletes)
+
+    def start_trace(self, trace: CommandTrace) -> None:
+        """Log every call from now on to ``trace`` (``fastimpl.trace``). A replay starts
+        from the model's initial state, so the trace must start with the store: before
+        its first call, on an empty root."""
+        if self.next_checkpoint != 1 or self.catalog.files or self.job != "job-0" or self.channel:
+            raise ValueError("a trace starts with the store, before its first command")
+        ids = "counter" if isinstance(self.ids, CounterIds) else "random"
+        trace.header(self.cfg, self.job_spec, ids)
+        self.trace = trace
+        if trace.observations:  # a replay compares the whole history
+            self.catalog.keep_deletion_log()
+
+    def _traced(self, cmd: c.Command, run: Callable[[], _T]) -> _T:
+        trace = self.trace
+        assert trace is not None
+        before = self.storage.real_faults
+        error: BaseException | None = None
+        try:
+            return run()
+        except (CommandError, StorageFault) as err:
+            error = err
+            raise
+        finally:
+            obs = self.observe() if trace.observations else None
+            trace.record(cmd, error, self.storage.real_faults - before, obs)
+
+    # ------------------------------------------------------------------ validation
+
+    def writer(self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None) -> TmId:
+        """The TM a write or acknowledgement comes from, checked (R10, R56, R64)."""
+        self.coord.require_running()
+        if subtask not in self.placement:
+            raise CommandError(Reason.UNKNOWN_SUBTASK, f"{subtask} is not a subtask of {self.job}")
+        if not 1 <= checkpoint < self.next_checkpoint:
+            raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
+        tm = self.placement[subtask] if attempt is None else attempt
+        rec = self.tms.get(tm)
+        if rec is None:
+            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
+        if attempt is None and rec.status is not Status.ALIVE:
+            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} hosting {subtask} is not alive")
+        if attempt is not None:
+            if rec.status is not Status.LOST:
+                raise CommandError(Reason.TM_NOT_LOST, f"attempt {tm} is not a lost TM")
+            if subtask not in rec.hosted:
+                raise CommandError(Reason.NOT_HOSTED, f"{tm} never hosted {subtask}")
+        party = self.parties[tm]
+        if party.finished(checkpoint, self._is_savepoint(checkpoint)):
+            raise CommandError(
+                Reason.CHECKPOINT_FINISHED_FOR_TM,
+                f"{tm} already knows checkpoint {checkpoint} is finished",
+            )
+        if party.acknowledged(subtask, checkpoint):
+            raise CommandError(
+                Reason.ALREADY_ACKNOWLEDGED, f"{subtask} already acknowledged {checkpoint}"
+            )
+        return tm
+
+    def observe(self) -> Observation:
+        """The real files on storage, and the bookkeeping that decides who deletes them."""
+        alive = (
+            {t for t in self.placement.values() if self.tms[t].status is Status.ALIVE}
+            if self.running
+            else set()
+        )
+        claims: dict[str, set[str]] = {}
+        ref_counts: dict[str, int] = {}
+        live: dict[str, list[tuple[int, int]]] = {}
+        pool_files: set[str] = set()
+        for tm in sorted(alive):
+            party = self.parties[tm]
+            m = party.m
+            actor = tm_actor(tm)
+            for path, pf in m.pfiles.items():
+                claims.setdefault(path, set()).add(actor)
+                ref_counts[path] = pf.ref_count
+            for seg in m.segs.values():
+                live.setdefault(seg.path, []).append((seg.offset, seg.length))
+            pool_files.update(m.pools.values())
+            for entries in party.outputs.values():
+                for e in entries:
+                    if isinstance(e.handle, FileHandle):
+                        claims.setdefault(e.handle.path, set()).add(actor)
+        if self.running:
+            for reg in self.coord.registry.values():
+                if reg.owned and not reg.key.startswith("dir:"):
+                    claims.setdefault(reg.path, set()).add(COORDINATOR)
+            for p in self.pending.values():
+                for path in p.received:
+                    claims.setdefault(path, set()).add(COORDINATOR)
+            for r in self.retained:
+                claims.setdefault(r.metadata, set()).add(COORDINATOR)
+        on_storage = self.storage.list_files()
+        return Observation(
+            files=on_storage,
+            open_files=frozenset(p for p, f in self.catalog.files.items() if f.open),
+            directories=dict(self.catalog.dir_owner),
+            owners=self.catalog.owners(),
+            claims={p: frozenset(v) for p, v in claims.items()},
+            retained=tuple(
+                RetainedView(r.id, r.job, r.metadata, r.entries, r.directories)
+                for r in self.retained
+            ),
+            restoring=self.coord.restoring,
+            ref_counts=ref_counts,
+            live_segments={p: tuple(sorted(v)) for p, v in live.items()},
+            registry={
+                k: RegistryView(r.path, frozenset(r.refs), r.owned)
+                for k, r in self.coord.registry.items()
+            },
+            deletions=tuple(
+                self.catalog.bad_deletions
+                if self.catalog.deletions is None
+                else self.catalog.deletions
+            ),
+            pending_deletes=(
+                *(d.path for d in self.catalog.deferred),
+                *sorted(self.storage.failed_deletes),
+            ),
+            pool_files=frozenset(pool_files),
+            metadata_files=frozenset(p for p in on_storage if p.endswith(_METADATA_SUFFIX)),
+            live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in alive}),
+        )

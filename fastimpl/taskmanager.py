@@ -1,0 +1,659 @@
+"""One TM's side of the store: its pools, segments and physical files, what its
+subtasks wrote and acknowledged, what their backends remember uploading, and what the
+TM has heard from the coordinator (R30-R35).
+
+The TM never calls the coordinator: ``acknowledge`` returns the ``Acknowledgement``
+to send, a failed write leaves the ``Decline`` to its caller, and the coordinator's
+notices are applied by ``on_notice`` in whatever order they arrive, duplicated or late.
+What it knows of the job it learns from the engine's calls: the subtasks it runs, each
+checkpoint's type (with the write, as Flink's barrier carries it), and on a restart the
+retained checkpoints and which attempts are lost.
+
+The file catalog (who owns each path on storage, the managed directories) and its
+guarded deletes are still shared with the coordinator in process (``fastimpl.catalog``):
+the TM creates, appends, closes and deletes through it, and so does the coordinator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastimpl.catalog import Catalog
+from fastimpl.ids import IdSource
+from fastimpl.manager import Manager
+from fastimpl.records import BackendRef, PFile, PoolKey, Seg
+from fastimpl.storage import StorageFault
+from spec.commands import StorageOp
+from spec.config import Config, MergingMode, Scope, StateKind
+from spec.effects import COORDINATOR, tm_actor
+from spec.errors import CommandError, Reason
+from spec.handles import (
+    DirectoryHandle,
+    FileHandle,
+    PlaceholderHandle,
+    SegmentHandle,
+    StateEntry,
+    stream_of,
+)
+from spec.ids import SubtaskId, TmId
+from spec.keygroups import key_group_range
+from spec.layout import checkpoint_dir, is_under, savepoint_dir, shared_dir, taskowned_dir
+from spec.messages import Acknowledgement, CheckpointAborted, CheckpointComplete
+
+OutKey = tuple[SubtaskId, int]
+BackendKey = tuple[SubtaskId, str]
+
+
+class TaskManager:
+    """One TM attempt (``tm``) of job ``job``."""
+
+    def __init__(
+        self,
+        tm: TmId,
+        job: str,
+        config: Config,
+        catalog: Catalog,
+        ids: IdSource,
+        first_checkpoint: int = 1,
+    ) -> None:
+        self.tm = tm
+        self.actor = tm_actor(tm)
+        self.job = job
+        self.cfg = config
+        self.mode = config.merging_mode
+        self.catalog = catalog
+        self.ids = ids
+        self.hosted: list[SubtaskId] = []
+        """The subtasks the engine runs on this TM (none once it moved them away)."""
+        self.savepoints: set[int] = set()
+        """Checkpoints the TM was told are savepoints: by the call that writes for one
+        (Flink's CheckpointOptions travel with the barrier) or by a notice."""
+        self.m = Manager()
+        self.outputs: dict[OutKey, list[StateEntry]] = {}
+        """What each subtask wrote for a checkpoint and has not acknowledged yet."""
+        self.acked: dict[OutKey, tuple[StateEntry, ...]] = {}
+        """What each subtask acknowledged, until the TM hears how it ended (R23)."""
+        self.backend: dict[BackendKey, BackendRef] = {}
+        """What each subtask's backend remembers uploading, by local name (R20-R23)."""
+        # What the TM heard from the coordinator (R30-R35)
+        self.known_completed = 0
+        self.finished_mark = 0
+        self.known_aborted: set[int] = set()
+        self.known_watermark = 0
+        self.first_checkpoint = first_checkpoint
+        self.finished_savepoints: set[int] = set()
+
+    def restart_knowledge(self, latest: int, mark: int, watermark: int, first: int) -> None:
+        """R60: after a failover the TM starts from what the coordinator restores."""
+        self.known_completed = latest
+        self.finished_mark = mark
+        self.known_watermark = watermark
+        self.first_checkpoint = first
+
+    def forget(self) -> None:
+        """A TM that is gone keeps no memory: its tables go, its files stay on storage."""
+        self.m = Manager()
+        self.outputs = {}
+        self.acked = {}
+        self.backend = {}
+
+    # ------------------------------------------------------------------ guards
+
+    def note(self, checkpoint: int, savepoint: bool) -> None:
+        """The checkpoint's type, as the engine passes it with a barrier."""
+        if savepoint:
+            self.savepoints.add(checkpoint)
+
+    def finished(self, checkpoint: int, savepoint: bool = False) -> bool:
+        """Whether the TM already knows ``checkpoint`` is over (a write is late, R56)."""
+        if checkpoint in self.known_aborted or checkpoint < self.first_checkpoint:
+            return True
+        if checkpoint in self.finished_savepoints:
+            return True
+        savepoint = savepoint or checkpoint in self.savepoints
+        return not savepoint and checkpoint <= self.finished_mark
+
+    def _is_savepoint(self, checkpoint: int) -> bool:
+        return checkpoint in self.savepoints
+
+    def acknowledged(self, subtask: SubtaskId, checkpoint: int) -> bool:
+        return (subtask, checkpoint) in self.acked
+
+    # ------------------------------------------------------------------ writing (R10-R17)
+
+    def write(
+        self,
+        subtask: SubtaskId,
+        checkpoint: int,
+        kind: StateKind,
+        name: str,
+        size: int,
+        entries: int,
+        data: bytes,
+        savepoint: bool = False,
+    ) -> StateEntry:
+        """Write one state handle's bytes; a ``StorageFault`` leaves the decline to the
+        caller (``write_failed``)."""
+        self.note(checkpoint, savepoint)
+        entry = self._write_stream(subtask, checkpoint, kind, name, size, entries, data)
+        self._add_output(subtask, checkpoint, entry)
+        return entry
+
+    def _add_output(self, subtask: SubtaskId, checkpoint: int, e: StateEntry) -> None:
+        self.outputs.setdefault((subtask, checkpoint), []).append(e)
+        if e.kind is StateKind.KEYED_SHARED and not self._is_savepoint(checkpoint):
+            self.backend[(subtask, e.name)] = BackendRef(e, checkpoint, False)
+
+    def _key_groups(self, subtask: SubtaskId, kind: StateKind) -> tuple[int, int] | None:
+        if not kind.keyed:
+            return None
+        return key_group_range(self.cfg.max_parallelism, subtask.parallelism, subtask.index)
+
+    def _write_stream(
+        self,
+        subtask: SubtaskId,
+        checkpoint: int,
+        kind: StateKind,
+        name: str,
+        size: int,
+        entries: int,
+        data: bytes,
+        partial: bool = False,
+    ) -> StateEntry:
+        """``data`` is what reaches storage; ``partial``: the process dies after writing
+        it, short of ``size`` (R65, the test adapter's crash mid-write)."""
+        actor = self.actor
+        lid = self.ids.logical_id()
+        kg = self._key_groups(subtask, kind)
+        scope = kind.scope
+        savepoint = self._is_savepoint(checkpoint)
+        if savepoint or self.mode is MergingMode.NONE:
+            # R11, R55: one file per handle, the writing TM's until acknowledged
+            if savepoint:
+                directory = savepoint_dir(checkpoint)
+            elif scope is Scope.SHARED:
+                directory = shared_dir(self.job, subtask)
+            else:
+                directory = checkpoint_dir(self.job, checkpoint)
+            path = self.catalog.new_file_name(directory)
+            self.catalog.create(path, actor, self.tm)
+            try:
+                self.catalog.append(path, data)
+            except StorageFault:
+                self.catalog.close(path)
+                self.catalog.delete_file(path, actor)
+                raise
+            if partial:
+                raise StorageFault(StorageOp.APPEND, path)
+            self.catalog.close(path)  # R12: durable before the handle exists
+            return StateEntry(subtask, kind, name, FileHandle(path, size, lid, scope), entries, kg)
+        path, offset = self._append_segment(subtask, checkpoint, scope, size, partial, data)
+        m = self.m
+        m.add(Seg(lid, path, offset, size, checkpoint, checkpoint, False))
+        pf = m.pfiles[path]
+        pf.ref_count += 1
+        pf.live_bytes += size
+        if pf.open and pf.size >= self.cfg.max_file_size:
+            self._close_pfile(path)  # R12: roll at max file size
+        handle = SegmentHandle(path, offset, size, lid, scope)
+        return StateEntry(subtask, kind, name, handle, entries, kg)
+
+    def _pool_key(self, subtask: SubtaskId, checkpoint: int, scope: Scope) -> PoolKey:
+        """R13: SHARED merged per subtask, EXCLUSIVE per TM; WITHIN pools per checkpoint."""
+        owner = str(subtask) if scope is Scope.SHARED else self.tm
+        within = self.mode is MergingMode.WITHIN_CHECKPOINT
+        return (self.tm, scope.value, owner, str(checkpoint) if within else "*")
+
+    def _append_segment(
+        self,
+        subtask: SubtaskId,
+        checkpoint: int,
+        scope: Scope,
+        size: int,
+        partial: bool,
+        data: bytes,
+    ) -> tuple[str, int]:
+        key = self._pool_key(subtask, checkpoint, scope)
+        directory = (
+            shared_dir(self.job, subtask)
+            if scope is Scope.SHARED
+            else taskowned_dir(self.job, self.tm)
+        )
+        self.catalog.mkdir(directory, self.actor, self.tm)  # R40
+        m = self.m
+        path = m.pools.get(key)
+        if path is not None:
+            pf = m.pfiles[path]
+            if pf.size > 0 and pf.size + size > self.cfg.max_file_size:
+                self._close_pfile(path)  # R12: roll before exceeding the size
+                path = None
+        if path is None:
+            path = self.catalog.new_file_name(directory)
+            self.catalog.create(path, self.actor, self.tm)
+            cp = checkpoint if key[3] != "*" else None
+            m.pfiles[path] = PFile(path, scope, key, cp, True, 0)
+            m.pools[key] = path
+        n = len(data)
+        try:
+            offset = self.catalog.append(path, data)
+        except StorageFault:
+            self._poison(path)
+            raise
+        m.pfiles[path].size += n
+        if partial:
+            raise StorageFault(StorageOp.APPEND, path)
+        return path, offset
+
+    def _poison(self, path: str) -> None:
+        """R17: a file whose write failed is closed and never written or reused again."""
+        self.m.pfiles[path].reusable = False
+        self._close_pfile(path)
+
+    def write_failed(self, subtask: SubtaskId, checkpoint: int, savepoint: bool = False) -> None:
+        """R17: the subtask declines and writes no more for the checkpoint (R14); the
+        caller sends the ``Decline``."""
+        self.note(checkpoint, savepoint)
+        self.drop_outputs(subtask, checkpoint)
+        self.acked[(subtask, checkpoint)] = ()
+        self.close_within_files(lambda cp: cp == checkpoint, subtask)
+
+    # ------------------------------------------------------------------ reuse (R20-R23)
+
+    def backend_ref(self, subtask: SubtaskId, name: str) -> BackendRef:
+        ref = self.backend.get((subtask, name))
+        if ref is None:
+            raise CommandError(
+                Reason.NO_SUCH_STATE, f"{subtask} on {self.tm} has no shared state {name!r}"
+            )
+        return ref
+
+    def reuse(
+        self, subtask: SubtaskId, checkpoint: int, ref: BackendRef, savepoint: bool = False
+    ) -> StateEntry | None:
+        """R21, R22: the old handle (its segment's last use advanced) or a placeholder,
+        when the old upload may be reused; ``None`` when it must be uploaded again."""
+        self.note(checkpoint, savepoint)
+        if self._is_savepoint(checkpoint) or not self._reusable(ref):
+            return None
+        old = ref.entry
+        h = old.handle
+        if isinstance(h, SegmentHandle):
+            seg = self.m.segs[h.logical_id]
+            self.m.touch(seg, max(seg.last_used, checkpoint))  # R21
+            entry = old
+        else:
+            stream = stream_of(h)
+            assert stream is not None
+            entry = StateEntry(
+                old.subtask,
+                old.kind,
+                old.name,
+                PlaceholderHandle(stream.logical_id),
+                old.entries,
+                old.key_groups,
+                old.entry_range,
+            )
+        self.outputs.setdefault((subtask, checkpoint), []).append(entry)
+        self.backend[(subtask, entry.name)] = BackendRef(
+            ref.entry, max(ref.checkpoint, checkpoint), ref.confirmed
+        )
+        return entry
+
+    def _reusable(self, ref: BackendRef) -> bool:
+        if not ref.confirmed:
+            return False
+        h = ref.entry.handle
+        if isinstance(h, SegmentHandle):
+            if h.logical_id not in self.m.segs:
+                return False
+            pf = self.m.pfiles.get(h.path)
+            return pf is not None and pf.reusable
+        return isinstance(h, FileHandle) and self.mode is MergingMode.NONE
+
+    # ------------------------------------------------------------------ acknowledge
+
+    def acknowledge(
+        self, subtask: SubtaskId, checkpoint: int, savepoint: bool = False
+    ) -> tuple[tuple[StateEntry, ...], Acknowledgement]:
+        """What the subtask wrote, plus the managed directories that exist (R40), as the
+        message to the coordinator; the subtask's WITHIN files close (R14). Raises
+        ``StorageFault`` (the subtask declines, R17) if a handle names bytes whose upload
+        failed."""
+        self.note(checkpoint, savepoint)
+        key = (subtask, checkpoint)
+        written = tuple(self.outputs.pop(key, ()))
+        entries = list(written)
+        if self.mode is not MergingMode.NONE and not self._is_savepoint(checkpoint):
+            # R40: every acknowledgement reports the managed directories that exist
+            for directory in (shared_dir(self.job, subtask), taskowned_dir(self.job, self.tm)):
+                if directory in self.catalog.dir_owner:
+                    d = self.catalog.dirs[directory]
+                    if d.creator == self.tm and not d.handed_over:  # R41; once handed over,
+                        d.used_by.add(checkpoint)  # the coordinator's (R42)
+                    entries.append(
+                        StateEntry(subtask, StateKind.CHANNEL, "dir", DirectoryHandle(directory), 0)
+                    )
+        self.acked[key] = tuple(entries)
+        self.close_within_files(lambda cp: cp == checkpoint, subtask)
+        lost = self.catalog.failed_uploads & {
+            s.path for e in entries if (s := stream_of(e.handle)) is not None
+        }
+        if lost:  # R17: the handles name bytes that never reached storage
+            self.write_failed(subtask, checkpoint)
+            raise StorageFault(StorageOp.APPEND, min(lost))
+        return written, Acknowledgement(self.job, checkpoint, subtask, self.tm, tuple(entries))
+
+    # ------------------------------------------------------------------ notices (R30-R35)
+
+    def on_notice(self, msg: CheckpointComplete | CheckpointAborted) -> None:
+        """R34: any notice may arrive at any time, twice or never; each is idempotent."""
+        self.note(msg.checkpoint, msg.savepoint)
+        if isinstance(msg, CheckpointComplete):
+            self.savepoints |= msg.pending_savepoints
+            self._tm_complete(msg.checkpoint, msg.subsumed, msg.savepoint)
+            if not msg.savepoint:
+                self._finish_savepoints(msg.checkpoint, msg.pending_savepoints)
+        else:
+            self._tm_abort(msg.checkpoint, msg.latest_completed, msg.savepoint)
+
+    def _finish_savepoints(self, checkpoint: int, still_open: frozenset[int]) -> None:
+        """R35: savepoints up to c that are not listed as pending are finished."""
+        mine = {k[1] for k in self.outputs} | {k[1] for k in self.acked}
+        done = sorted(
+            sp
+            for sp in mine
+            if sp <= checkpoint and sp not in still_open and self._is_savepoint(sp)
+        )
+        for sp in done:
+            self._savepoint_finished(sp)
+
+    def _savepoint_finished(self, savepoint: int) -> None:
+        self.finished_savepoints.add(savepoint)
+        self.drop_outputs_where(lambda cp: cp == savepoint)
+        for key in [k for k in self.acked if k[1] == savepoint]:
+            del self.acked[key]
+
+    def _tm_complete(self, checkpoint: int, watermark: int, savepoint: bool) -> None:
+        if savepoint:
+            self._savepoint_finished(checkpoint)  # R35
+            return
+        self.known_completed = max(self.known_completed, checkpoint)
+        self.finished_mark = max(self.finished_mark, checkpoint)
+        self.known_watermark = max(self.known_watermark, watermark)
+        self._confirm(checkpoint)
+        for lid in self.m.used_up_to(watermark):  # R31
+            self._discard(lid)
+        is_sp = self._is_savepoint
+        self.drop_outputs_where(lambda cp: cp <= checkpoint and not is_sp(cp))
+        self.close_within_files(lambda cp: cp <= checkpoint)
+        self._forget_settled_aborts()
+
+    def _forget_settled_aborts(self) -> None:
+        """Keep the aborts a TM heard only while they still decide something: whether a
+        write is late (not once the checkpoint is below the finished mark, or a finished
+        savepoint) and whether a directory it made may go (R41, while one of its
+        directories that was not handed over lists the checkpoint). Without this the
+        set grows with every abort the job ever had."""
+        if not self.known_aborted:
+            return
+        listed = {
+            cp
+            for d in self.catalog.dirs.values()
+            if d.creator == self.tm and not d.handed_over
+            for cp in d.used_by
+        }
+        is_sp = self._is_savepoint
+        self.known_aborted = {
+            cp
+            for cp in self.known_aborted
+            if cp in listed
+            or not (cp in self.finished_savepoints or (cp <= self.finished_mark and not is_sp(cp)))
+        }
+
+    def _tm_abort(self, checkpoint: int, latest_completed: int, savepoint: bool) -> None:
+        self.known_aborted.add(checkpoint)
+        self.known_completed = max(self.known_completed, latest_completed)
+        if latest_completed:
+            self._confirm(latest_completed)  # R32
+        for lid in self.m.created_for(checkpoint):
+            self._discard(lid)
+        self.drop_outputs_where(lambda cp: cp == checkpoint)
+        self.close_within_files(lambda cp: cp == checkpoint)
+        if savepoint:
+            self._savepoint_finished(checkpoint)
+        else:
+            self._release_dirs()
+
+    def _confirm(self, checkpoint: int) -> None:
+        """R23: what a subtask acknowledged for a completed checkpoint becomes its baseline."""
+        for (subtask, cp), entries in sorted(self.acked.items(), key=lambda kv: str(kv[0])):
+            if cp != checkpoint:
+                continue
+            names = {e.name: e for e in entries if e.kind is StateKind.KEYED_SHARED}
+            for bkey, ref in list(self.backend.items()):
+                if bkey[0] != subtask:
+                    continue
+                if bkey[1] in names:
+                    acked = names[bkey[1]]
+                    base = ref.entry if isinstance(acked.handle, PlaceholderHandle) else acked
+                    self.backend[bkey] = BackendRef(base, max(ref.checkpoint, cp), True)
+                elif ref.checkpoint <= cp:
+                    del self.backend[bkey]
+            for e in names.values():
+                h = e.handle
+                if isinstance(h, SegmentHandle):
+                    seg = self.m.segs.get(h.logical_id)
+                    if seg is not None:
+                        seg.confirmed = True
+        is_sp = self._is_savepoint
+        for key in [k for k in self.acked if k[1] < checkpoint]:
+            if not is_sp(key[1]):
+                del self.acked[key]
+
+    # ------------------------------------------------------------------ segments and files
+
+    def _discard(self, lid: str) -> None:
+        """R33: a segment leaves the table once and decrements its file's count once."""
+        seg = self.m.remove(lid)
+        if seg is None:
+            return
+        pf = self.m.pfiles[seg.path]
+        pf.ref_count -= 1
+        pf.live_bytes -= seg.length
+        self._check_file(seg.path)
+
+    def _check_file(self, path: str) -> None:
+        """R15, R80, R81: delete a closed unreferenced file; bound space amplification."""
+        pf = self.m.pfiles.get(path)
+        if pf is None:
+            return
+        bound = self.cfg.amplification_bound
+        if bound is not None and pf.size > bound * pf.live_bytes:
+            pf.reusable = False
+            if pf.open:
+                self._close_pfile(path)  # R81
+                return
+        if not pf.open and pf.ref_count == 0:
+            del self.m.pfiles[path]
+            f = self.catalog.files.get(path)
+            if f is not None and f.owner == self.actor:
+                self.catalog.delete_file(path, self.actor)
+
+    def _close_pfile(self, path: str) -> None:
+        m = self.m
+        pf = m.pfiles[path]
+        if pf.pool_key is not None and m.pools.get(pf.pool_key) == path:
+            del m.pools[pf.pool_key]
+        if pf.open:
+            try:
+                self.catalog.close(path)
+            except StorageFault:
+                # R17: an upload that failed is never written again. Whoever closed it
+                # for a checkpoint being acknowledged declines; on other paths (a
+                # notification closing a garbage file) there is nothing to decline.
+                pf.reusable = False
+                f = self.catalog.files.get(path)
+                if f is not None:
+                    f.open = False
+                self.catalog.failed_uploads.add(path)
+            pf.open = False
+        self._check_file(path)
+
+    def close_open_files(self) -> None:
+        for path in sorted(self.m.pfiles):
+            pf = self.m.pfiles.get(path)
+            if pf is not None and pf.open:
+                self._close_pfile(path)
+
+    def close_within_files(
+        self, which: Callable[[int], bool], subtask_done: SubtaskId | None = None
+    ) -> None:
+        """R14: a WITHIN file closes once nobody can still write to it for its checkpoint."""
+        m = self.m
+        for path in sorted(m.pfiles):
+            pf = m.pfiles.get(path)
+            if pf is None or not pf.open or pf.checkpoint is None or not which(pf.checkpoint):
+                continue
+            if subtask_done is not None:
+                assert pf.pool_key is not None
+                if pf.scope is Scope.SHARED and pf.pool_key[2] != str(subtask_done):
+                    continue
+                if (
+                    pf.scope is Scope.EXCLUSIVE
+                    and self.cfg.open_files_readable
+                    and not self._done_with(pf.checkpoint)
+                ):
+                    continue  # R12: on an object store the acknowledgement uploads it now
+            self._close_pfile(path)
+
+    def _done_with(self, checkpoint: int) -> bool:
+        return all((s, checkpoint) in self.acked for s in self.hosted)
+
+    def drop_outputs_where(self, which: Callable[[int], bool]) -> None:
+        for key in sorted((k for k in self.outputs if which(k[1])), key=str):
+            self.drop_outputs(key[0], key[1])
+
+    def drop_outputs(self, subtask: SubtaskId, checkpoint: int) -> None:
+        """Discard what a subtask wrote for a checkpoint and never acknowledged."""
+        for e in self.outputs.pop((subtask, checkpoint), ()):
+            h = e.handle
+            bkey = (subtask, e.name)
+            if isinstance(h, FileHandle):
+                f = self.catalog.files.get(h.path)
+                if f is not None and f.owner == self.actor:
+                    self.catalog.delete_file(h.path, self.actor)
+                ref = self.backend.get(bkey)
+                if ref is not None and ref.entry == e:
+                    del self.backend[bkey]
+            elif isinstance(h, SegmentHandle):
+                seg = self.m.segs.get(h.logical_id)
+                if seg is not None and seg.created_for == checkpoint:
+                    if seg.last_used <= checkpoint:
+                        self._discard(h.logical_id)
+                ref = self.backend.get(bkey)
+                if ref is not None and ref.entry == e and not ref.confirmed:
+                    del self.backend[bkey]
+
+    def _release_dirs(self) -> None:
+        """R41: delete a directory only when every checkpoint that reported it aborted."""
+        for path in sorted(self.catalog.dirs):
+            d = self.catalog.dirs.get(path)
+            if d is None or d.creator != self.tm or d.handed_over or not d.used_by:
+                continue
+            if self.catalog.dir_owner.get(path) != self.actor:
+                continue
+            if not d.used_by <= self.known_aborted:
+                continue
+            if any(is_under(p, path) for p in self.m.pfiles):
+                continue
+            if any(is_under(f, path) for f in self.catalog.files):
+                continue
+            self.catalog.delete_dir(path, self.actor)
+
+    # ------------------------------------------------------------------ restore (R61, R62)
+
+    def end_job(self, keep: set[str]) -> None:
+        """R90: what no retained checkpoint keeps (logical ids ``keep``) is discarded;
+        every open file closes."""
+        self.drop_outputs_where(lambda cp: True)
+        for lid in sorted(lid for lid in self.m.segs if lid not in keep):
+            self._discard(lid)
+        self.close_open_files()
+
+    def restore(
+        self,
+        hosted: list[SubtaskId],
+        retained: list[tuple[int, tuple[StateEntry, ...]]],
+        latest: tuple[int, tuple[StateEntry, ...]] | None,
+        lost: frozenset[TmId] = frozenset(),
+    ) -> None:
+        """R61, R62: take over what retained checkpoints (id, entries; oldest first) use
+        in this TM's directories; everything else there that a TM owns and no live writer
+        holds is garbage. ``latest`` (the running job's latest completed checkpoint) is
+        what the subtasks' backends may reuse. ``lost``: attempts that may still run,
+        whose files wait for them (R64)."""
+        self.hosted = list(hosted)
+        if self.mode is MergingMode.NONE:
+            self._reload_backend(hosted, latest)
+            return
+        managed = [shared_dir(self.job, s) for s in hosted] + [taskowned_dir(self.job, self.tm)]
+        keep: dict[str, tuple[StateEntry, int, int]] = {}
+        for rid, entries in retained:
+            for e in entries:
+                h = e.handle
+                if isinstance(h, SegmentHandle) and any(is_under(h.path, d) for d in managed):
+                    prev = keep.get(h.logical_id)
+                    first = rid if prev is None else min(prev[1], rid)
+                    keep[h.logical_id] = (e, first, rid)
+        m = self.m
+        kept: dict[str, PFile] = {}
+        for lid, (e, first, last) in sorted(keep.items()):
+            h = e.handle
+            assert isinstance(h, SegmentHandle)
+            pf = kept.get(h.path)
+            if pf is None:
+                f = self.catalog.files.get(h.path)
+                pf = PFile(h.path, h.scope, None, None, False, 0 if f is None else f.size)
+                kept[h.path] = pf
+            pf.ref_count += 1
+            pf.live_bytes += h.length
+            m.add(Seg(lid, h.path, h.offset, h.length, first, last, True))
+        for path, pf in kept.items():
+            m.pfiles[path] = pf
+            f = self.catalog.files.get(path)
+            if f is not None:
+                f.owner = self.actor
+        for d in managed:
+            md = self.catalog.dirs.get(d)
+            if d in self.catalog.dir_owner and self.catalog.dir_owner[d] != COORDINATOR:
+                self.catalog.dir_owner[d] = self.actor
+                if md is not None:
+                    md.creator = self.tm
+                    md.used_by = set()
+            for path in sorted(p for p in self.catalog.files if is_under(p, d) and p not in kept):
+                f = self.catalog.files.get(path)
+                if f is None or not f.owner.startswith("tm:"):
+                    continue
+                if f.owner[3:] in lost:
+                    continue  # R64
+                f.owner = self.actor
+                self.catalog.delete_file(path, self.actor)  # R62
+        for path in list(kept):
+            self._check_file(path)
+        self._reload_backend(hosted, latest)
+
+    def _reload_backend(
+        self, hosted: list[SubtaskId], latest: tuple[int, tuple[StateEntry, ...]] | None
+    ) -> None:
+        if latest is None:
+            return
+        lid, entries = latest
+        hosted_set = set(hosted)
+        for e in entries:
+            if e.subtask in hosted_set and e.kind is StateKind.KEYED_SHARED:
+                h = e.handle
+                ok = (isinstance(h, SegmentHandle) and h.logical_id in self.m.segs) or (
+                    isinstance(h, FileHandle) and self.mode is MergingMode.NONE
+                )
+                if ok:
+                    self.backend[(e.subtask, e.name)] = BackendRef(e, lid, True)
