@@ -414,9 +414,18 @@ def flink_bugs() -> tuple[str, ...]:
     return tuple(sorted(found, key=lambda s: int(s[6:])))
 
 
+NOT_A_STORE_RULE = {
+    "R96": "the streaming engine's order of sink, complete and Spark's commit: no store"
+    " command can show it (tests/test_stream_driver_kill.py does)",
+}
+"""Rules of SPEC.md that bind the engine around the store, not a store implementation:
+the conformance suite cannot hold a case for them."""
+
+
 def required() -> list[str]:
     spec = traceability.SPEC.read_text(encoding="utf-8")
-    return [*traceability.spec_rules(spec), *traceability.spec_invariants(spec), *flink_bugs()]
+    rules = [r for r in traceability.spec_rules(spec) if r not in NOT_A_STORE_RULE]
+    return [*rules, *traceability.spec_invariants(spec), *flink_bugs()]
 
 
 def check(folder: Path = CORPUS, *, expectations: bool = True, schema_every: int = 1) -> list[str]:
