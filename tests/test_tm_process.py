@@ -27,10 +27,10 @@ from fastimpl.ids import RandomIds
 from fastimpl.storage import Storage
 from spec.config import Config, MergingMode, StateKind, VertexSpec
 from spec.effects import COORDINATOR, tm_actor
-from spec.handles import DirectoryHandle, StateEntry
+from spec.handles import DirectoryHandle, StateEntry, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.invariants import Violation, check_all
-from spec.layout import METADATA
+from spec.layout import METADATA, is_under, savepoint_dir
 from spec.messages import (
     Acknowledgement,
     CheckpointAborted,
@@ -263,6 +263,10 @@ def checkpoint(
     return cid, acks
 
 
+def paths(entries: Iterable[StateEntry]) -> set[str]:
+    return {st.path for e in entries if (st := stream_of(e.handle)) is not None}
+
+
 def named(acks: list[Acknowledgement]) -> set[StateEntry]:
     return {e for a in acks for e in a.entries if not isinstance(e.handle, DirectoryHandle)}
 
@@ -299,6 +303,22 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
     coord.abort(c3)
     ack(engine, coord, c3, subtasks[1])
     assert_sound(coord, engine, quiet=False)
+    # a savepoint: its whole files are handed over by the acknowledgements (R43) and
+    # are the user's once it completes (R55); the TMs keep no record of them
+    sp = coord.trigger(savepoint=True)
+    sp_acks = []
+    for s in subtasks:
+        write(engine, coord, sp, s)
+        sp_acks.append(ack(engine, coord, sp, s))
+        assert_sound(coord, engine, quiet=False)
+    saved = coord.complete(sp)
+    assert saved is not None and saved.savepoint
+    assert_sound(coord, engine, quiet=True)
+    obs, _ = observe(coord, engine)
+    sp_files = {p for p in obs.files if is_under(p, savepoint_dir(sp))}
+    assert sp_files == {saved.metadata} | paths(saved.entries)
+    assert saved.metadata in obs.files
+    assert {obs.owners[saved.metadata]} | {obs.owners[p] for p in paths(saved.entries)} == {"user"}
     # 4, 5: complete twice: checkpoint 1 is subsumed (num_retained 1)
     for _ in range(2):
         cid, acks = checkpoint(engine, coord)
@@ -310,11 +330,12 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
     back = coord.load_completed(done.metadata, JOB)
     assert set(back.entries) == named(acks)
     metas = sorted(p for p in storage.list_files() if p.endswith("/" + METADATA))
-    assert metas == [done.metadata]
+    assert metas == sorted([done.metadata, saved.metadata])
     # nothing of the aborted or subsumed checkpoints is left on storage
     obs, _ = observe(coord, engine)
-    live = {e.handle.path for e in back.entries if hasattr(e.handle, "path")}
-    assert set(obs.files) <= live | {done.metadata} | obs.pool_files
+    live = paths(back.entries)
+    kept = paths(saved.entries)
+    assert set(obs.files) <= live | kept | {done.metadata, saved.metadata} | obs.pool_files
     # the notices the TMs got were bytes that decode to what was sent
     assert {type(decode_message(b)).__name__ for _, b in engine.sent} == {
         "CheckpointComplete",
