@@ -8,17 +8,20 @@ the coordinator sees them. Each party keeps its own records over its own ``Stora
 after every step the invariants I1-I5 are checked on the real files, with the owners,
 claims and deletions of both parties merged, and once quiet nothing leaks (I6). The
 ``_metadata`` of the retained checkpoint is read back and must name exactly what the
-TMs acknowledged.
+TMs acknowledged. On a local directory in every merging mode, and on S3 (moto's server,
+which the TM processes reach over HTTP) in the modes an object store allows (R16).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import uuid
 from collections.abc import Iterable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import attrs
 import fsspec  # type: ignore[import-untyped]
 import pytest
 
@@ -41,6 +44,7 @@ from spec.messages import (
 )
 from spec.observation import Observation, RegistryView, RetainedView
 from tests import tm_process
+from tests.lockstep import S3_BUCKET, s3
 
 JOB = "job-0"
 VERTICES = (VertexSpec("map", 2), VertexSpec("sink", 1))
@@ -101,7 +105,7 @@ class PipeEngine:
 
 @pytest.fixture
 def parties(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
-    mode: MergingMode = request.param
+    mode, where = request.param
     config = Config(
         file_merging_enabled=mode is not MergingMode.NONE,
         across_checkpoint_boundary=mode is MergingMode.ACROSS_CHECKPOINT,
@@ -109,22 +113,30 @@ def parties(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
         num_retained=1,
     )
     assert config.merging_mode is mode
-    url = f"file://{tmp_path / 'root'}"
-    (tmp_path / "root").mkdir()
+    if where == "s3":  # moto's S3 server: the TM processes reach it over HTTP
+        fs = s3(request.getfixturevalue("s3_endpoint"))
+        root = f"{S3_BUCKET}/{uuid.uuid4().hex}"
+        config = attrs.evolve(config, open_files_readable=False)  # R16: an object store
+        target: Any = fs
+    else:
+        (tmp_path / "root").mkdir()
+        target = f"file://{tmp_path / 'root'}"
+        fs, root = fsspec.core.url_to_fs(target)
     ctx = multiprocessing.get_context("spawn")
     conns: dict[TmId, Connection] = {}
     procs = []
     for tm in ("tm-1", "tm-2"):
         here, there = ctx.Pipe()
-        p = ctx.Process(target=tm_process.serve, args=(there, url, config, JOB, tm), daemon=True)
+        args = (there, target, root if where == "s3" else "", config, JOB, tm)
+        p = ctx.Process(target=tm_process.serve, args=args, daemon=True)
         p.start()
         there.close()
         conns[tm] = here
         procs.append(p)
     try:
-        fs, root = fsspec.core.url_to_fs(url)
         engine = PipeEngine(conns)
         storage = Storage(fs, root)
+        assert (storage.protocol == "s3") is (where == "s3")
         coord = CheckpointCoordinator(
             config, VERTICES, 2, storage, RandomIds(), engine, JOB, deletion_log=True
         )
@@ -273,9 +285,15 @@ def named(acks: list[Acknowledgement]) -> set[StateEntry]:
 
 @pytest.mark.parametrize(
     "parties",
-    [MergingMode.NONE, MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT],
+    [
+        (MergingMode.NONE, "local"),
+        (MergingMode.WITHIN_CHECKPOINT, "local"),
+        (MergingMode.ACROSS_CHECKPOINT, "local"),
+        (MergingMode.NONE, "s3"),
+        (MergingMode.WITHIN_CHECKPOINT, "s3"),
+    ],
     indirect=True,
-    ids=["none", "within", "across"],
+    ids=["none-local", "within-local", "across-local", "none-s3", "within-s3"],
 )
 def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
     parties: Any,

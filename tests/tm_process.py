@@ -59,8 +59,9 @@ def records(tm: TaskManager) -> dict[str, Any]:
     }
 
 
-def serve(conn: Connection, url: str, config: Config, job: str, tm_id: TmId) -> None:
-    tm = TaskManager.alone(url, "", config, job, tm_id)
+def serve(conn: Connection, storage: Any, root: str, config: Config, job: str, tm_id: TmId) -> None:
+    """``storage``: a URL (``root`` "") or an fsspec file system (pickled across)."""
+    tm = TaskManager.alone(storage, root, config, job, tm_id)
     tm.catalog.keep_deletion_log()  # the test checks I2 and I5 over the whole history
     while True:
         req = conn.recv()
