@@ -238,6 +238,8 @@ class CheckpointCoordinator:
                     s = stream_of(e.handle)
                     if s is not None and isinstance(e.handle, FileHandle):
                         self.catalog.delete_file(s.path, COORDINATOR)
+            elif rec is not None:
+                self._note_given_up(entries, ack.attempt)
             return  # R56
         p = self.pending[ack.checkpoint]
         p.received |= self._take_over_files(entries, ack.attempt)
@@ -279,6 +281,21 @@ class CheckpointCoordinator:
                     self.catalog.dir_owner[h.path] = tm_actor(attempt)
                     self.catalog.dirs[h.path] = ManagedDir(h.path, attempt)
         return taken
+
+    def _note_given_up(self, entries: Iterable[StateEntry], attempt: TmId) -> None:
+        """R56, R64: an attempt the coordinator gave up on handed over whole files it
+        will not take; the attempt forgot them when it acknowledged. Unknown to the
+        coordinator's records (a TM in another process), they are recorded as still
+        that attempt's: its files become the coordinator's when it is known stopped
+        (``attempt_stopped``), as they would in one shared table."""
+        for e in entries:
+            h = e.handle
+            if (
+                isinstance(h, FileHandle)
+                and h.path not in self.catalog.files
+                and self._writes_in(h.path, attempt)
+            ):
+                self.catalog.files[h.path] = StoredFile(h.length, False, tm_actor(attempt), attempt)
 
     def _writes_in(self, path: str, attempt: TmId) -> bool:
         """Whether ``attempt``'s handle may name ``path`` as a file the store wrote: under

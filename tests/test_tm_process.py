@@ -36,6 +36,7 @@ from spec.invariants import Violation, check_all
 from spec.layout import METADATA, is_under, savepoint_dir
 from spec.messages import (
     Acknowledgement,
+    AttemptStopped,
     CheckpointAborted,
     CheckpointComplete,
     Decline,
@@ -100,7 +101,8 @@ class PipeEngine:
         raise self._not_here("end a TM")
 
     def forget_tm(self, tm: TmId) -> None:
-        raise self._not_here("forget a TM")
+        """The TM process is gone; this engine queues nothing for it."""
+        assert tm not in self.conns, f"{tm} is still running"
 
 
 @pytest.fixture
@@ -359,3 +361,37 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
         "CheckpointComplete",
         "CheckpointAborted",
     }
+
+
+@pytest.mark.parametrize("parties", [(MergingMode.NONE, "local")], indirect=True, ids=["none"])
+def test_a_lost_tm_process_keeps_what_it_acknowledged_until_it_stopped(parties: Any) -> None:
+    """R56, R64 across processes: the coordinator gives up on tm-2 (the engine's notice
+    of a lost TM), but its process runs on and acknowledges whole files. It forgot them
+    when it acknowledged (R43); the coordinator does not take them (R56) and records
+    them as tm-2's, so each has one owner (I3). Once the engine says tm-2 stopped
+    (``AttemptStopped``, as bytes) they are the coordinator's and go: nothing leaks."""
+    coord, engine, storage = parties
+    c1, _ = checkpoint(engine, coord)
+    assert coord.complete(c1) is not None
+    coord.lose("tm-2")
+    c2 = coord.trigger()
+    late: set[str] = set()
+    for s in sorted(coord.placement, key=str):
+        write(engine, coord, c2, s)
+        msg = ack(engine, coord, c2, s)
+        if coord.placement[s] == "tm-2":
+            late |= paths(msg.entries)
+    assert late
+    obs, _ = observe(coord, engine)
+    assert {obs.owners.get(p) for p in late} == {"tm:tm-2"}
+    assert_sound(coord, engine, quiet=False)
+    engine.call("tm-2", ("stop",))  # the attempt's process ends
+    del engine.conns["tm-2"]
+    stopped = decode_message(encode_message(AttemptStopped(JOB, "tm-2")))
+    assert isinstance(stopped, AttemptStopped)
+    coord.receive_stopped(stopped)
+    assert not late & set(storage.list_files())
+    coord.abort(c2)
+    assert_sound(coord, engine, quiet=True)
+    back = coord.load_completed(coord.retained[-1].metadata, JOB)
+    assert paths(back.entries) <= set(storage.list_files())
