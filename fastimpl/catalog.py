@@ -48,12 +48,21 @@ def _tm_of_actor(actor: str) -> TmId | None:
 
 
 class CatalogHost(Protocol):
-    """What the guards ask the coordinator: the bases the store made or claimed, the
-    savepoints it triggered, which attempts are lost, and the directories in use."""
+    """What the guards ask the party whose records these are: the bases it may delete
+    in, the savepoints it knows were triggered, which attempts it knows are lost (R64),
+    and the directories in use. The coordinator answers from what it made, claimed and
+    was told; a TM with records of its own (``TaskManager.alone``) from its job's base,
+    the savepoints it heard of, and no attempts at all (waiting for a lost attempt is
+    the coordinator's, R64)."""
 
-    bases: set[str]
-    triggered_savepoints: set[int]
-    tms: dict[TmId, Tm]
+    @property
+    def bases(self) -> set[str]: ...
+
+    @property
+    def triggered_savepoints(self) -> set[int]: ...
+
+    @property
+    def tms(self) -> dict[TmId, Tm]: ...
 
     def hot_dirs(self) -> frozenset[str]: ...
 

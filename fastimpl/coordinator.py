@@ -18,8 +18,17 @@ from typing import Protocol
 
 from fastimpl.catalog import Catalog
 from fastimpl.ids import IdSource
-from fastimpl.metadata import MetadataError, base_of, metadata_bytes
-from fastimpl.records import Completed, Deferred, Pending, RegEntry, Status, StoredFile, Tm
+from fastimpl.metadata import MetadataError, base_of, metadata_bytes, path_parts
+from fastimpl.records import (
+    Completed,
+    Deferred,
+    ManagedDir,
+    Pending,
+    RegEntry,
+    Status,
+    StoredFile,
+    Tm,
+)
 from fastimpl.redistribute import assign
 from fastimpl.storage import Storage, StorageFault
 from spec import commands as c
@@ -46,7 +55,13 @@ from spec.layout import (
     shared_dir,
     taskowned_dir,
 )
-from spec.messages import Acknowledgement, CheckpointAborted, CheckpointComplete, Decline
+from spec.messages import (
+    Acknowledgement,
+    AttemptStopped,
+    CheckpointAborted,
+    CheckpointComplete,
+    Decline,
+)
 
 Notice = CheckpointComplete | CheckpointAborted
 RetainedEntries = list[tuple[int, tuple[StateEntry, ...]]]
@@ -217,14 +232,17 @@ class CheckpointCoordinator:
         entries = ack.entries
         if not current or ack.checkpoint not in self.pending:
             if current:
-                self._take_over_files(entries)  # R43: a late ack still hands files over
+                # R43: a late ack still hands files over
+                self._take_over_files(entries, ack.attempt)
                 for e in entries:
                     s = stream_of(e.handle)
                     if s is not None and isinstance(e.handle, FileHandle):
                         self.catalog.delete_file(s.path, COORDINATOR)
+            elif rec is not None:
+                self._note_given_up(entries, ack.attempt)
             return  # R56
         p = self.pending[ack.checkpoint]
-        p.received |= self._take_over_files(entries)
+        p.received |= self._take_over_files(entries, ack.attempt)
         p.acks[ack.subtask] = entries
         if not all(
             e.handle.logical_id in self.registry
@@ -237,17 +255,58 @@ class CheckpointCoordinator:
             if isinstance(e.handle, PlaceholderHandle):
                 self.registry[e.handle.logical_id].pins.add(ack.checkpoint)
 
-    def _take_over_files(self, entries: Iterable[StateEntry]) -> set[str]:
-        """R43: whole-file handles (NONE mode, savepoints) become the coordinator's."""
+    def _take_over_files(self, entries: Iterable[StateEntry], attempt: TmId) -> set[str]:
+        """R43: whole-file handles (NONE mode, savepoints) become the coordinator's.
+
+        The acknowledgement is all the coordinator needs: a file its records do not hold
+        (written by a TM in another process) is recorded as its own, created by the
+        acknowledging attempt (R64 reads the creator), if it lies where this store
+        writes: the job's base or a savepoint it triggered (I5; a handle naming anything
+        else is never taken, so never deleted). Each directory the acknowledgement
+        reports (R40) is recorded as the attempt's, until a completed checkpoint hands
+        it over (R42)."""
         taken: set[str] = set()
         for e in entries:
             h = e.handle
             if isinstance(h, FileHandle):
                 f = self.catalog.files.get(h.path)
+                if f is None and self._writes_in(h.path, attempt):
+                    f = StoredFile(h.length, False, COORDINATOR, attempt)
+                    self.catalog.files[h.path] = f
                 if f is not None:
                     f.owner = COORDINATOR
                     taken.add(h.path)
+            elif isinstance(h, DirectoryHandle) and h.path not in self.catalog.dir_owner:
+                if self._writes_in(h.path, attempt):
+                    self.catalog.dir_owner[h.path] = tm_actor(attempt)
+                    self.catalog.dirs[h.path] = ManagedDir(h.path, attempt)
         return taken
+
+    def _note_given_up(self, entries: Iterable[StateEntry], attempt: TmId) -> None:
+        """R56, R64: an attempt the coordinator gave up on handed over whole files it
+        will not take; the attempt forgot them when it acknowledged. Unknown to the
+        coordinator's records (a TM in another process), they are recorded as still
+        that attempt's: its files become the coordinator's when it is known stopped
+        (``attempt_stopped``), as they would in one shared table."""
+        for e in entries:
+            h = e.handle
+            if (
+                isinstance(h, FileHandle)
+                and h.path not in self.catalog.files
+                and self._writes_in(h.path, attempt)
+            ):
+                self.catalog.files[h.path] = StoredFile(h.length, False, tm_actor(attempt), attempt)
+
+    def _writes_in(self, path: str, attempt: TmId) -> bool:
+        """Whether ``attempt``'s handle may name ``path`` as a file the store wrote: under
+        the running job's base, or in the directory of a savepoint this store triggered."""
+        try:
+            path_parts(path, "<acknowledgement>", "path")
+        except MetadataError:
+            return False
+        base = base_of(path)
+        own_sp = {savepoint_dir(i) for i in self.triggered_savepoints}
+        return attempt in self.tms and (base == job_base(self.job) or base in own_sp)
 
     def current_tms(self) -> list[TmId]:
         return sorted({t for t in self.placement.values() if self.tms[t].status is Status.ALIVE})
@@ -448,6 +507,12 @@ class CheckpointCoordinator:
         rec.hosted = frozenset(s for s, t in self.placement.items() if t == tm)
         for cid in sorted(self.pending):
             self.abort(cid)
+
+    def receive_stopped(self, msg: AttemptStopped) -> None:
+        """R64, as the engine's message says it (an attempt the coordinator gave up on
+        has stopped): the same as ``attempt_stopped``. The message's job is the one the
+        attempt ran for, which may be an earlier job of this coordinator (a zombie)."""
+        self.attempt_stopped(msg.tm)
 
     def attempt_stopped(self, tm: TmId) -> None:
         """R64: what waited for a stopped attempt runs; the coordinator takes the rest."""

@@ -47,7 +47,14 @@ from spec.ids import SubtaskId, TmId
 from spec.layout import (
     METADATA,
 )
-from spec.messages import CheckpointAborted, CheckpointComplete, Decline
+from spec.messages import (
+    AttemptStopped,
+    CheckpointAborted,
+    CheckpointComplete,
+    Decline,
+    decode_message,
+    encode_message,
+)
 from spec.observation import Observation, RegistryView, RetainedView
 
 log = logging.getLogger("fastimpl.cluster")
@@ -395,7 +402,16 @@ class InProcessEngine:
 
     def attempt_stopped(self, tm: TmId) -> None:
         """R64: a lost TM is known to have stopped."""
-        self.recorded(c.AttemptStopped(tm), lambda: self.coord.attempt_stopped(tm))
+
+        def run() -> None:
+            party = self.parties.get(tm)
+            if party is None:
+                raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
+            msg = decode_message(encode_message(AttemptStopped(party.job, tm)))
+            assert isinstance(msg, AttemptStopped)
+            self.coord.receive_stopped(msg)  # the coordinator learns it as a message
+
+        self.recorded(c.AttemptStopped(tm), run)
 
     def failover(self) -> None:
         def run() -> None:

@@ -9,20 +9,28 @@ What it knows of the job it learns from the engine's calls: the subtasks it runs
 checkpoint's type (with the write, as Flink's barrier carries it), and on a restart the
 retained checkpoints and which attempts are lost.
 
-The file catalog (who owns each path on storage, the managed directories) and its
-guarded deletes are still shared with the coordinator in process (``fastimpl.catalog``):
-the TM creates, appends, closes and deletes through it, and so does the coordinator.
+Its records of files and directories (``fastimpl.catalog``) are either its own
+(``TaskManager.alone``: a TM in a process of its own, built from the storage, the config,
+the job id and its TM id, holding only what it created and still owns) or, in the
+in-process composition (``fastimpl.engine``), still one table shared with the
+coordinator. With records of its own the TM learns each hand-over from a message: a
+whole file stops being its own when it acknowledges it (R43), a directory when the
+notice of a checkpoint that reported it completes (R42).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
+
+import attrs
+import fsspec  # type: ignore[import-untyped]
 
 from fastimpl.catalog import Catalog
-from fastimpl.ids import IdSource
+from fastimpl.ids import IdSource, RandomIds
 from fastimpl.manager import Manager
-from fastimpl.records import BackendRef, PFile, PoolKey, Seg
-from fastimpl.storage import StorageFault
+from fastimpl.records import BackendRef, PFile, PoolKey, Seg, Tm
+from fastimpl.storage import Storage, StorageFault
 from spec.commands import StorageOp
 from spec.config import Config, MergingMode, Scope, StateKind
 from spec.effects import COORDINATOR, tm_actor
@@ -37,7 +45,15 @@ from spec.handles import (
 )
 from spec.ids import SubtaskId, TmId
 from spec.keygroups import key_group_range
-from spec.layout import checkpoint_dir, is_under, savepoint_dir, shared_dir, taskowned_dir
+from spec.layout import (
+    SAVEPOINTS,
+    checkpoint_dir,
+    is_under,
+    job_base,
+    savepoint_dir,
+    shared_dir,
+    taskowned_dir,
+)
 from spec.messages import Acknowledgement, CheckpointAborted, CheckpointComplete
 
 OutKey = tuple[SubtaskId, int]
@@ -82,6 +98,45 @@ class TaskManager:
         self.known_watermark = 0
         self.first_checkpoint = first_checkpoint
         self.finished_savepoints: set[int] = set()
+        self.own_records = False
+        """Whether ``catalog`` is this TM's alone (``alone``), not the in-process table
+        it shares with the coordinator: then it applies hand-overs to it itself."""
+
+    @classmethod
+    def alone(
+        cls,
+        storage: Any,
+        root: str,
+        config: Config,
+        job: str,
+        tm: TmId,
+        *,
+        ids: IdSource | None = None,
+        first_checkpoint: int = 1,
+    ) -> TaskManager:
+        """A TM in a process of its own: ``storage`` is an fsspec file system (or a URL,
+        ``root`` then the path under it), and nothing else of the job is needed. It keeps
+        its own ``Storage`` and records of the files and directories it created and
+        still owns, and deletes only what those say is its own, under its job's base and
+        the savepoints it heard of (I5)."""
+        if isinstance(storage, str):
+            fs, path = fsspec.core.url_to_fs(storage)
+            root = f"{path.rstrip('/')}/{root.strip('/')}" if root else path
+        else:
+            fs = storage
+        store = Storage(fs, root)
+        if not store.open_files_readable and config.open_files_readable:
+            config = attrs.evolve(config, open_files_readable=False)  # as the engine does
+        ids = ids if ids is not None else RandomIds()
+        view = _OwnView(job)
+        party = cls(tm, job, config, Catalog(store, ids, view), ids, first_checkpoint)
+        view.party = party
+        party.own_records = True
+        return party
+
+    def host(self, subtasks: list[SubtaskId]) -> None:
+        """The subtasks the engine runs on this TM now (the placement is the engine's)."""
+        self.hosted = list(subtasks)
 
     def restart_knowledge(self, latest: int, mark: int, watermark: int, first: int) -> None:
         """R60: after a failover the TM starts from what the coordinator restores."""
@@ -341,6 +396,12 @@ class TaskManager:
         if lost:  # R17: the handles name bytes that never reached storage
             self.write_failed(subtask, checkpoint)
             raise StorageFault(StorageOp.APPEND, min(lost))
+        if self.own_records:
+            # R43: an acknowledged whole file is the coordinator's from now on, whether
+            # the checkpoint is still pending or not: the TM forgets it (never deletes it)
+            for e in entries:
+                if isinstance(e.handle, FileHandle):
+                    self.catalog.files.pop(e.handle.path, None)
         return written, Acknowledgement(self.job, checkpoint, subtask, self.tm, tuple(entries))
 
     # ------------------------------------------------------------------ notices (R30-R35)
@@ -379,6 +440,8 @@ class TaskManager:
             return
         self.known_completed = max(self.known_completed, checkpoint)
         self.finished_mark = max(self.finished_mark, checkpoint)
+        if self.own_records:
+            self._handed_over(checkpoint)
         self.known_watermark = max(self.known_watermark, watermark)
         self._confirm(checkpoint)
         for lid in self.m.used_up_to(watermark):  # R31
@@ -387,6 +450,14 @@ class TaskManager:
         self.drop_outputs_where(lambda cp: cp <= checkpoint and not is_sp(cp))
         self.close_within_files(lambda cp: cp <= checkpoint)
         self._forget_settled_aborts()
+
+    def _handed_over(self, checkpoint: int) -> None:
+        """R42, learnt from the notice: a directory this TM reported for a checkpoint
+        that completed is the coordinator's (its segment files stay the TM's)."""
+        for path, d in sorted(self.catalog.dirs.items()):
+            if d.creator == self.tm and not d.handed_over and checkpoint in d.used_by:
+                d.handed_over = True
+                self.catalog.dir_owner[path] = COORDINATOR
 
     def _forget_settled_aborts(self) -> None:
         """Keep the aborts a TM heard only while they still decide something: whether a
@@ -657,3 +728,33 @@ class TaskManager:
                 )
                 if ok:
                     self.backend[(e.subtask, e.name)] = BackendRef(e, lid, True)
+
+
+class _OwnView:
+    """What the guards of a TM's own records ask (``CatalogHost``): the TM deletes only
+    under its job's base and in savepoints it was told of, and waits for no attempt
+    (deferring a lost attempt's files, R64, is the coordinator's)."""
+
+    def __init__(self, job: str) -> None:
+        self._bases = {job_base(job), SAVEPOINTS}
+        self._job = job
+        self.party: TaskManager | None = None
+
+    @property
+    def bases(self) -> set[str]:
+        return self._bases
+
+    @property
+    def triggered_savepoints(self) -> set[int]:
+        return set() if self.party is None else self.party.savepoints
+
+    @property
+    def tms(self) -> dict[TmId, Tm]:
+        return {}
+
+    def hot_dirs(self) -> frozenset[str]:
+        """Directories about to be written again: the hosted subtasks' shared ones."""
+        hosted = [] if self.party is None else self.party.hosted
+        hot = {shared_dir(self._job, s) for s in hosted}
+        hot |= {d.rsplit("/", 1)[0] for d in hot}
+        return frozenset(hot | {f"{job_base(self._job)}/taskowned", SAVEPOINTS})
