@@ -586,6 +586,18 @@ def test_no_completed_checkpoint_starts_a_new_job_and_deletes_garbage(
     assert ledger.problems(new) == [] and prog.done == []
 
 
+def test_recover_continues_job_0_unless_told_otherwise(place: Place) -> None:
+    """``recover``'s ``job`` defaults to the first job id a store takes (``job-0``)."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    c1 = checkpoint(store, ledger, prog)
+    engine, report = recover(config, JOB, place.inner, place.root, background_deletes=False)
+    assert (report.crashed_job, report.checkpoints) == ("job-0", (c1,))
+    assert report.new_job != "job-0" and report.garbage == ()
+    engine.storage.close_all()
+
+
 def test_num_retained_two_keeps_both(place: Place) -> None:
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=2)
     store = _store(place, config)
