@@ -13,7 +13,6 @@ wraps it with a lock; the test adapters drive it from spec commands.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -57,7 +56,6 @@ from spec.messages import (
 )
 from spec.observation import Observation, RegistryView, RetainedView
 
-log = logging.getLogger("fastimpl.cluster")
 _T = TypeVar("_T")
 OutKey = tuple[TmId, SubtaskId, int]
 BackendKey = tuple[TmId, SubtaskId, str]

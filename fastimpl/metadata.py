@@ -392,7 +392,7 @@ def encode(
 
 
 metadata_bytes = encode
-"""The name ``fastimpl.cluster`` calls."""
+"""The name the coordinator (``fastimpl.coordinator``) calls."""
 
 
 # --------------------------------------------------------------------------- decode
