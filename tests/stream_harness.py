@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pipeline.stream.check import batch_counts
+from pipeline.stream.check import Comparison, batch_counts, compare
 from pipeline.stream.checkpointing import VERTEX, open_coordinator
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.source import RateSource
@@ -142,3 +142,8 @@ class LocalJob:
 
     def closed_watermark(self) -> int:
         return self.driver.reports[-1].watermark
+
+    def comparison(self) -> Comparison:
+        """Every window emitted so far against the batch computation of the same input."""
+        emitted = [w for ws in self.emitted.values() for w in ws]
+        return compare(self.expected(), emitted, self.windowing, self.closed_watermark())

@@ -216,12 +216,7 @@ def missing_db_restores(job: LocalJob) -> None:
     assert report.restored == 1
     for _ in range(4):
         assert job.batch().restored == 0
-    cmp = compare(
-        job.expected(),
-        [w for ws in job.emitted.values() for w in ws],
-        job.windowing,
-        job.closed_watermark(),
-    )
+    cmp = job.comparison()
     assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:5]
     assert job.coordinator.violations() == []
 
@@ -243,12 +238,7 @@ def test_a_batch_whose_checkpoint_is_aborted_is_rerun_from_the_previous_one(
     assert rerun.restored == 2
     for _ in range(4):
         job.batch()
-    cmp = compare(
-        job.expected(),
-        [w for ws in job.emitted.values() for w in ws],
-        job.windowing,
-        job.closed_watermark(),
-    )
+    cmp = job.comparison()
     assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:5]
     assert job.coordinator.violations() == []
 
@@ -335,12 +325,7 @@ def test_tasks_killed_anywhere_in_their_snapshot_are_retried_and_count_once(
     assert {point for *_, point in job.kills} == set(KILL_POINTS), job.kills
     assert sum(r.retried for r in job.driver.reports) > 0
     assert sum(r.restored for r in job.driver.reports) > 0
-    cmp = compare(
-        job.expected(),
-        [w for ws in job.emitted.values() for w in ws],
-        job.windowing,
-        job.closed_watermark(),
-    )
+    cmp = job.comparison()
     assert cmp.windows >= 3 and cmp.equal, cmp.mismatches[:5]
     assert job.coordinator.violations() == []
     # What killed attempts left on the local disk went with the next task of the subtask.
@@ -389,12 +374,7 @@ def test_a_local_db_another_attempt_left_is_not_reused(tmp_path: Path, mode: Mer
     job.lose_local_state(0)  # what that checkpoint holds restores right
     for _ in range(4):
         job.batch()
-    cmp = compare(
-        job.expected(),
-        [w for ws in job.emitted.values() for w in ws],
-        job.windowing,
-        job.closed_watermark(),
-    )
+    cmp = job.comparison()
     assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:5]
     assert job.coordinator.violations() == []
 
