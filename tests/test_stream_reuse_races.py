@@ -133,12 +133,15 @@ class AckLog:
 # ---------------------------------------------------------------------------- SPARK-55820
 
 
-def _55820_abort_then_retry(job: LocalJob, log: AckLog) -> tuple[int, set[str]]:
+def _55820_abort_then_retry(
+    job: LocalJob, log: AckLog, late: pytest.MonkeyPatch | None = None
+) -> tuple[int, set[str]]:
     """Three batches complete. The next batch's tasks snapshot checkpoint c (their DBs
     move on to c), subtask 0's acknowledgement reaches the store (its uploads for c are
     written), then the batch fails (subtask 1's result never comes) and c is aborted.
-    The batch is retried as checkpoint c + 1. Returns c and the files c's uploads
-    created."""
+    The batch is retried as checkpoint c + 1. With ``late`` the store's task managers
+    hear of the abort only after the retry completed, after its completion. Returns c
+    and the files c's uploads created."""
     for _ in range(3):
         job.batch()
         files_hold(job)
@@ -149,17 +152,30 @@ def _55820_abort_then_retry(job: LocalJob, log: AckLog) -> tuple[int, set[str]]:
     files_hold(job)
     created = storage(job.url) - before
     assert log.ssts(order.checkpoint), "subtask 0 uploaded no SST for the aborted checkpoint"
+    assert isinstance(job.coordinator, InProcessCoordinator)
+    store = job.coordinator.store
+    if late is not None:
+        late.setattr(store, "deliver_notifications", lambda: 0)
     job.driver.coordinator.abort(order.checkpoint)
     files_hold(job)
     rerun = job.batch()
     files_hold(job)
+    if late is not None:
+        late.undo()
+        held = [getattr(m, "checkpoint", 0) for _tm, m in store._engine.channel]
+        assert held == sorted(held) and set(held) == {order.checkpoint, rerun.checkpoint}
+        with store._lock:
+            while store._engine.channel:  # newest first: the abort arrives last
+                store._engine.deliver(len(store._engine.channel) - 1)
+        files_hold(job)
     assert (rerun.batch_id, rerun.checkpoint) == (order.batch_id, order.checkpoint + 1)
     return order.checkpoint, created
 
 
+@pytest.mark.parametrize("abort", ["heard", "late"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 def test_spark_55820_retried_batch_never_reuses_what_the_aborted_checkpoint_wrote(
-    tmp_path: Path, mode: MergingMode, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mode: MergingMode, abort: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SPARK-55820 (a stale version-to-files cache after a retried batch; see
     ``tests/test_reuse_races.py`` for what was found of it): the retry of a batch whose
@@ -167,10 +183,12 @@ def test_spark_55820_retried_batch_never_reuses_what_the_aborted_checkpoint_wrot
     the local DB that moved on to it. The job keeps no such cache: what a task reuses comes
     from the restore assignment of its own batch (the latest completed checkpoint), and a
     local DB is taken up only at that checkpoint (``subtask._take``), so both retried
-    subtasks restore and reuse the uploads of checkpoint c - 1 only."""
+    subtasks restore and reuse the uploads of checkpoint c - 1 only, whether the store's
+    task managers heard of the abort before the retry or after it completed."""
     log = AckLog(monkeypatch)
     job = LocalJob(tmp_path, Config.for_mode(mode, num_retained=1), parallelism=2)
-    c, created = _55820_abort_then_retry(job, log)
+    late = pytest.MonkeyPatch() if abort == "late" else None
+    c, created = _55820_abort_then_retry(job, log, late)
     assert job.driver.reports[-1].restored == 2
     earlier = {lid for k in range(1, c) for lid in log.ssts(k)}
     aborted = {lid: at for lid, at in log.ssts(c).items() if lid not in earlier}
