@@ -14,6 +14,7 @@ from fastimpl.api import CheckpointStore
 from pipeline.stream.check import compare
 from pipeline.stream.checkpointing import (
     VERTEX,
+    CheckpointNotCompleted,
     InProcessCoordinator,
     RelayError,
     TaskManagerRecipe,
@@ -32,6 +33,7 @@ from pipeline.stream.subtask import KILL_POINTS, Failures, run_subtask, subtask_
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
+from spec.errors import CommandError
 from spec.handles import FileHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
 from spec.keygroups import key_group_range
@@ -474,3 +476,21 @@ def test_a_damaged_progress_record_stops_the_restart_with_a_clear_error(
     with pytest.raises(ValueError, match="is not a progress record"):
         job.driver.recover_progress()
     assert job.driver.last_batch == 1  # nothing taken from the damaged record
+
+
+def test_a_checkpoint_the_store_aborted_while_receiving_fails_as_not_completed(
+    tmp_path: Path,
+) -> None:
+    """A decline (or an acknowledgement the registry refuses, R22) aborts the checkpoint
+    inside ``receive``; ``complete`` then says so with ``CheckpointNotCompleted``, the one
+    error the driver re-runs a batch on, not with the store's refusal of a checkpoint that
+    is no longer pending. A checkpoint completed already is still the store's refusal."""
+    s = OneSubtask(tmp_path, MergingMode.NONE)
+    s.put(0, 300)
+    c = s.coordinator.trigger()
+    s.coordinator.receive(s.recipe.open("a").decline(c, S0))
+    with pytest.raises(CheckpointNotCompleted, match="aborted"):
+        s.coordinator.complete(c)
+    done, _ = s.checkpoint()
+    with pytest.raises(CommandError, match="not pending"):
+        s.coordinator.complete(done)

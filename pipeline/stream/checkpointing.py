@@ -368,6 +368,15 @@ class InProcessCoordinator:
         self.received.setdefault(checkpoint, set()).add(subtask)
 
     def complete(self, checkpoint: int) -> list[bytes]:
+        if checkpoint in self.received and checkpoint not in self.store.coordinator.pending():
+            # The store aborted it while receiving: a subtask declined, or an acknowledgement
+            # reused shared state whose registry entry is gone (R22, a late confirmation:
+            # tests/test_stream_reuse_races.py). The caller re-runs the batch on this error,
+            # so it must be this one and not the store's refusal to complete.
+            self.received.pop(checkpoint, None)
+            raise CheckpointNotCompleted(
+                f"checkpoint {checkpoint} was aborted before it could complete"
+            )
         done = self.store.coordinator.complete(checkpoint)
         self.received.pop(checkpoint, None)
         if done is None:

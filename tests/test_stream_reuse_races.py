@@ -1,0 +1,455 @@
+"""The reuse-after-a-decided-delete races of BRIEF §10 against the streaming job's own
+RocksDB snapshot code (``pipeline/stream``: real RocksDB through rocksdict, real files on
+a local checkpoint base, no Spark). The same races on the model, with the tickets' text and
+where it was read, are in ``tests/test_reuse_races.py``.
+
+Every step is followed by the store's invariants on the real files (I1-I5: no retained
+checkpoint names a missing file, nothing is deleted twice or by a non-owner), and every
+scenario ends by restoring each subtask's latest completed checkpoint into a fresh
+directory and reading its window counts back against the batch computation over the same
+input, besides comparing every emitted window.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from pathlib import Path
+
+import pytest
+
+from fastimpl.api import CheckpointStore, FileMergingManager
+from pipeline.stream import subtask as subtask_module
+from pipeline.stream.checkpointing import (
+    VERTEX,
+    CheckpointNotCompleted,
+    InProcessCoordinator,
+    TaskManagerRecipe,
+    decode_assignment,
+)
+from pipeline.stream.rocks import WindowCounts, options
+from pipeline.stream.snapshot import read_marker, restore, reusable, take_snapshot
+from pipeline.stream.subtask import run_subtask
+from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
+from spec.errors import CommandError
+from spec.handles import StateEntry, stream_of
+from spec.ids import SubtaskId
+from tests.stream_harness import LocalJob
+
+MODES = list(MergingMode)
+S0 = SubtaskId(VERTEX, 0, 1)
+_verify = itertools.count()
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def files_hold(job: LocalJob) -> None:
+    """I1-I5 on the real files of the checkpoint base, now."""
+    assert job.coordinator.violations() == []
+
+
+def storage(url: str) -> set[str]:
+    root = Path(url)
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+def referenced(job: LocalJob) -> set[tuple[str, int]]:
+    """(path, offset) of every stream a retained checkpoint names: a segment's place, so
+    that dead bytes in a file ACROSS keeps open are told apart from live ones."""
+    co = job.coordinator
+    assert isinstance(co, InProcessCoordinator)
+    return {
+        (s.path, getattr(s, "offset", 0))
+        for r in co.store.coordinator.retained()
+        for e in r.entries
+        if (s := stream_of(e.handle)) is not None
+    }
+
+
+def latest_entries(job: LocalJob, s: SubtaskId) -> tuple[StateEntry, ...]:
+    return decode_assignment(job.coordinator.restore_assignment(s, 1)).entries
+
+
+def read_back(
+    url: str, job_id: str, entries: tuple[StateEntry, ...], tmp: Path
+) -> list[tuple[tuple[int, int, str], int]]:
+    """Restore ``entries`` into a fresh directory, as a new worker would; its counts."""
+    target = tmp / f"verify-{next(_verify)}" / "db"
+    restore(TaskManagerRecipe(url, job_id).open("verify"), entries, target)
+    db = WindowCounts(target, options())
+    try:
+        return list(db.items())
+    finally:
+        db.close()
+
+
+def restored_counts_match(job: LocalJob, tmp: Path) -> None:
+    """Every subtask's latest completed checkpoint, downloaded and opened, holds exactly
+    the open windows' counts of the batch computation over the batches run so far."""
+    got: collections.Counter[tuple[int, str]] = collections.Counter()
+    for s in job.driver.subtasks():
+        items = read_back(job.url, job.coordinator.job_id, latest_entries(job, s), tmp)
+        for (_group, start, word), n in items:
+            got[(start, word)] += n
+    closed_at = job.driver.ran_watermark
+    want = {k: n for k, n in job.expected().items() if not job.windowing.closed(k[0], closed_at)}
+    assert want, "no open window to compare"
+    assert dict(got) == want
+
+
+def counts_match(job: LocalJob) -> None:
+    cmp = job.comparison()
+    assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:5]
+
+
+class AckLog:
+    """What the store's task managers acknowledged, by checkpoint (instrumentation only:
+    the relay keeps what it replays to itself)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.by_checkpoint: dict[int, list[StateEntry]] = collections.defaultdict(list)
+        real = FileMergingManager.acknowledge
+
+        def acknowledge(
+            manager: FileMergingManager, checkpoint: int, subtask: SubtaskId
+        ) -> tuple[StateEntry, ...]:
+            out = real(manager, checkpoint, subtask)
+            self.by_checkpoint[checkpoint] += out
+            return out
+
+        monkeypatch.setattr(FileMergingManager, "acknowledge", acknowledge)
+
+    def ssts(self, checkpoint: int) -> dict[str, tuple[str, int, int]]:
+        """Logical id -> (path, offset, length) of the SSTs acknowledged for it."""
+        out: dict[str, tuple[str, int, int]] = {}
+        for e in self.by_checkpoint[checkpoint]:
+            s = stream_of(e.handle)
+            if e.kind is StateKind.KEYED_SHARED and s is not None:
+                out[s.logical_id] = (s.path, getattr(s, "offset", 0), s.length)
+        return out
+
+
+# ---------------------------------------------------------------------------- SPARK-55820
+
+
+def _55820_abort_then_retry(
+    job: LocalJob, log: AckLog, late: pytest.MonkeyPatch | None = None
+) -> tuple[int, set[str]]:
+    """Three batches complete. The next batch's tasks snapshot checkpoint c (their DBs
+    move on to c), subtask 0's acknowledgement reaches the store (its uploads for c are
+    written), then the batch fails (subtask 1's result never comes) and c is aborted.
+    The batch is retried as checkpoint c + 1. With ``late`` the store's task managers
+    hear of the abort only after the retry completed, after its completion. Returns c
+    and the files c's uploads created."""
+    for _ in range(3):
+        job.batch()
+        files_hold(job)
+    order = job.driver.order(job.next_batch)
+    results = job.run_tasks(order)
+    before = storage(job.url)
+    job.coordinator.receive(results[0].ack)
+    files_hold(job)
+    created = storage(job.url) - before
+    assert log.ssts(order.checkpoint), "subtask 0 uploaded no SST for the aborted checkpoint"
+    assert isinstance(job.coordinator, InProcessCoordinator)
+    store = job.coordinator.store
+    if late is not None:
+        late.setattr(store, "deliver_notifications", lambda: 0)
+    job.driver.coordinator.abort(order.checkpoint)
+    files_hold(job)
+    rerun = job.batch()
+    files_hold(job)
+    if late is not None:
+        late.undo()
+        held = [getattr(m, "checkpoint", 0) for _tm, m in store._engine.channel]
+        assert held == sorted(held) and set(held) == {order.checkpoint, rerun.checkpoint}
+        with store._lock:
+            while store._engine.channel:  # newest first: the abort arrives last
+                store._engine.deliver(len(store._engine.channel) - 1)
+        files_hold(job)
+    assert (rerun.batch_id, rerun.checkpoint) == (order.batch_id, order.checkpoint + 1)
+    return order.checkpoint, created
+
+
+@pytest.mark.parametrize("abort", ["heard", "late"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_spark_55820_retried_batch_never_reuses_what_the_aborted_checkpoint_wrote(
+    tmp_path: Path, mode: MergingMode, abort: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPARK-55820 (a stale version-to-files cache after a retried batch; see
+    ``tests/test_reuse_races.py`` for what was found of it): the retry of a batch whose
+    checkpoint was aborted must neither reuse the aborted checkpoint's uploads nor take up
+    the local DB that moved on to it. The job keeps no such cache: what a task reuses comes
+    from the restore assignment of its own batch (the latest completed checkpoint), and a
+    local DB is taken up only at that checkpoint (``subtask._take``), so both retried
+    subtasks restore and reuse the uploads of checkpoint c - 1 only, whether the store's
+    task managers heard of the abort before the retry or after it completed."""
+    log = AckLog(monkeypatch)
+    job = LocalJob(tmp_path, Config.for_mode(mode, num_retained=1), parallelism=2)
+    late = pytest.MonkeyPatch() if abort == "late" else None
+    c, created = _55820_abort_then_retry(job, log, late)
+    assert job.driver.reports[-1].restored == 2
+    earlier = {lid for k in range(1, c) for lid in log.ssts(k)}
+    aborted = {lid: at for lid, at in log.ssts(c).items() if lid not in earlier}
+    assert aborted, "the aborted checkpoint uploaded no new SST"
+    retry = log.ssts(c + 1)
+    assert not set(retry) & set(aborted), "the retry reused an upload of the aborted checkpoint"
+    job.coordinator.settle()
+    if mode is not MergingMode.ACROSS_CHECKPOINT:
+        # Whole files (NONE) and WITHIN files of c alone: gone with the abort (R43, R32).
+        # ACROSS keeps the open file they were appended to; their bytes are dead.
+        assert not created & storage(job.url)
+    assert not {(p, o) for p, o, _n in aborted.values()} & referenced(job)
+    for _ in range(5):
+        job.batch()
+        files_hold(job)
+    counts_match(job)
+    restored_counts_match(job, tmp_path)
+
+
+def test_spark_55820_a_stale_local_db_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule swapped out: a task takes up the local DB whatever checkpoint it moved on
+    to, as long as it is of the checkpoint's lineage (what a cache kept across the retry
+    amounts to here). The retry then counts the failed batch's records a second time, and
+    both the sink and the restored checkpoint disagree with the batch computation."""
+    real = subtask_module._take
+
+    def take_stale(shared: Path, mine: Path, latest: int, lineage: str | None) -> str | None:
+        marker = read_marker(shared) if shared.exists() else None
+        if marker is None or marker[1] != lineage:
+            return real(shared, mine, latest, lineage)
+        shared.rename(mine)
+        return marker[1]
+
+    monkeypatch.setattr(subtask_module, "_take", take_stale)
+    log = AckLog(monkeypatch)
+    job = LocalJob(tmp_path, Config.for_mode(MergingMode.NONE, num_retained=1), parallelism=2)
+    _55820_abort_then_retry(job, log)
+    assert job.driver.reports[-1].restored == 0
+    with pytest.raises(AssertionError):
+        restored_counts_match(job, tmp_path)  # the retried batch is in it twice
+    for _ in range(5):
+        job.batch()
+    files_hold(job)  # the files are sound; the counts are not
+    cmp = job.comparison()
+    assert cmp.mismatches and all(
+        want is not None and got is not None and got > want for _s, _w, want, got in cmp.mismatches
+    )
+
+
+# ---------------------------------------------------------------------------- SPARK-55892
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_spark_55892_delayed_upload_of_a_reused_sst_deleted_meanwhile_is_refused(
+    tmp_path: Path, mode: MergingMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPARK-55892 (https://github.com/apache/spark/pull/54697): a snapshot reused SSTs
+    of an old version and was uploaded long after it was made; meanwhile another
+    executor's maintenance had deleted those SSTs.
+
+    Here two attempts of subtask 0 run batch b (speculation): both reuse the uploads of
+    the latest completed checkpoint. The winner's result completes checkpoint c. The
+    next batch compacts every DB, so its checkpoint holds none of those SSTs and subsumes
+    c: the store deletes their uploads (the decided delete; with ACROSS their segments
+    are discarded and the open file they lie in stays). Then the loser's delayed
+    acknowledgement of c reaches the coordinator, reusing those uploads: the store refuses
+    it (c is finished for that task manager) and storage does not change. (Spark hands
+    the driver one result per partition, so the job never passes the loser's on; the
+    test does, as a coordinator that met it would.) The loser's DB, put back last, is
+    not taken up: the next task restores."""
+    log = AckLog(monkeypatch)
+    job = LocalJob(
+        tmp_path, Config.for_mode(mode, num_retained=1), parallelism=2, auto_compactions=False
+    )
+    for _ in range(3):
+        job.batch()
+        files_hold(job)
+    order = job.driver.order(job.next_batch)
+    parts = job.partitions(order.batch_id)
+    winner = run_subtask(order, 0, "winner", parts.get(0, []))
+    loser = run_subtask(order, 0, "loser", parts.get(0, []))  # its result is delayed
+    other = run_subtask(order, 1, "other", parts.get(1, []))
+    assert winner.stats.reused >= 1 and loser.stats.reused >= 1
+    job.emitted[order.batch_id] = [w for r in (winner, other) for w in r.closed]
+    job.driver.finish(order, [winner, other])
+    job.next_batch += 1
+    files_hold(job)
+    c = order.checkpoint
+    s0 = job.driver.subtasks()[0]
+    before_c = {stream_of(e.handle) for e in decode_assignment(order.assignments[0]).entries}
+    reused = {
+        h.logical_id: (h.path, getattr(h, "offset", 0), h.length)
+        for e in latest_entries(job, s0)
+        if e.kind is StateKind.KEYED_SHARED
+        and (h := stream_of(e.handle)) in before_c
+        and h is not None
+    }
+    assert reused, "checkpoint c reused no upload"
+    job.driver.compact_every = c + 1  # every DB compacts in the next batch only
+    # The loser put its own DB back last: at c, but of another lineage than the one c
+    # was taken of (``subtask._take``), so subtask 0 restores from c.
+    assert job.batch().restored == 1
+    job.driver.compact_every = 0
+    files_hold(job)
+    job.coordinator.settle()
+    assert not set(log.ssts(c + 1)) & set(reused), "the compaction kept an old SST"
+    assert not {(p, o) for p, o, _n in reused.values()} & referenced(job)
+    if mode is not MergingMode.ACROSS_CHECKPOINT:
+        gone = {p for p, _o, _n in reused.values()}
+        assert not gone & storage(job.url), "the subsumed uploads were not deleted"
+    before = storage(job.url)
+    with pytest.raises(CommandError, match="finished"):
+        job.coordinator.receive(loser.ack)  # the delayed upload
+    assert storage(job.url) == before
+    files_hold(job)
+    for _ in range(5):
+        job.batch()
+        files_hold(job)
+    counts_match(job)
+    restored_counts_match(job, tmp_path)
+
+
+# ---------------------------------------------------------------------------- FLINK-38574
+
+
+class HeldNotices:
+    """One subtask's RocksDB checkpointed through the relay, with the store's notices to
+    its task manager held back until released one by one: the late confirmation."""
+
+    def __init__(self, tmp: Path, mode: MergingMode, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.url = str(tmp / "base")
+        self.store = CheckpointStore(
+            self.url,
+            Config.for_mode(mode, num_retained=1),
+            JobSpec((VertexSpec(VERTEX, 1),), num_tms=1),
+        )
+        monkeypatch.setattr(self.store, "deliver_notifications", lambda: 0)
+        self.coordinator = InProcessCoordinator(self.store, url=self.url)
+        self.scratch = tmp / "local"
+        self.scratch.mkdir()
+        self.db = WindowCounts(
+            self.scratch / "db", options(write_buffer_size=1 << 20, auto_compactions=False)
+        )
+        self.recipe = TaskManagerRecipe(self.url, self.store.job_id)
+        self.tmp = tmp
+
+    def held(self) -> list[int]:
+        return [getattr(msg, "checkpoint", -1) for _tm, msg in self.store._engine.channel]
+
+    def release(self, checkpoint: int) -> None:
+        """Deliver the held notice of ``checkpoint`` (its completion or abort)."""
+        index = self.held().index(checkpoint)
+        with self.store._lock:
+            self.store._engine.deliver(index)
+
+    def put(self, lo: int, hi: int) -> None:
+        self.db.add({(g % 128, 0, f"word{g:06d}"): 1 for g in range(lo, hi)})
+        self.db.db.flush(True)
+
+    def entries(self) -> tuple[StateEntry, ...]:
+        return decode_assignment(self.coordinator.restore_assignment(S0, 1)).entries
+
+    def checkpoint(self) -> int:
+        """Snapshot with the reuse base of the latest completed checkpoint and try to
+        complete; the checkpoint id (``CheckpointNotCompleted`` if it was aborted)."""
+        c = self.coordinator.trigger()
+        party = self.recipe.open(f"a{c}")
+        take_snapshot(
+            self.db,
+            party,
+            c,
+            S0,
+            lineage="L1",
+            base=reusable(self.entries()),
+            scratch=self.scratch,
+            operator_state=b"progress",
+        )
+        self.coordinator.receive(party.acknowledge(c, S0))
+        self.coordinator.complete(c)
+        return c
+
+    def holds(self) -> None:
+        assert self.coordinator.violations() == []
+
+    def read_back_matches(self) -> None:
+        got = read_back(self.url, self.store.job_id, self.entries(), self.tmp)
+        assert got == list(self.db.items())
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_flink_38574_late_confirmation_and_reupload_never_reference_a_deleted_upload(
+    tmp_path: Path, mode: MergingMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FLINK-38574 (a late confirmation plus a re-upload let a checkpoint reuse a file the
+    coordinator had deleted; BRIEF §10, the ticket's text was not found).
+
+    Checkpoint 1 uploads F; its completion does not reach the task manager yet. The task
+    of checkpoint 2 is told (by its restore assignment) that F may be reused, but the
+    task manager, not knowing 1 completed, uploads F again (R20): the re-upload.
+    Checkpoint 2 completes and subsumes 1, deciding the delete of F's first upload. Then
+    the confirmation of 1 arrives, late, and checkpoint 3 reuses F. Without merging the
+    first upload is already deleted, and the task manager's baseline names it again: the
+    registry refuses the placeholder and checkpoint 3 is aborted (R22); the next one, once
+    the rest of the notices arrived, reuses the re-upload. With merging the first upload
+    is a segment the task manager still holds: the reuse keeps it alive (R21)."""
+    s = HeldNotices(tmp_path, mode, monkeypatch)
+    s.put(0, 400)
+    assert s.checkpoint() == 1
+    s.holds()
+    first = reusable(s.entries())
+    assert first and s.held() == [1]
+    s.put(400, 800)
+    assert s.checkpoint() == 2
+    s.holds()
+    second = reusable(s.entries())
+    for name, old in first.items():
+        a, b = stream_of(old.handle), stream_of(second[name].handle)
+        assert a is not None and b is not None and a.logical_id != b.logical_id, (
+            "checkpoint 2 reused an upload its task manager did not know to be complete"
+        )
+    f1 = {p for e in first.values() if (p := stream_of(e.handle)) is not None}
+    s.store.flush()
+    if mode is MergingMode.NONE:
+        assert not {h.path for h in f1} & storage(s.url), "the subsumed first upload survived"
+    assert s.held() == [1, 2]
+    s.release(1)  # the late confirmation
+    s.holds()
+    s.put(800, 1000)
+    if mode is MergingMode.NONE:
+        # The driver re-runs the batch on this error (and only on it); the store aborted
+        # the checkpoint while receiving the acknowledgement.
+        with pytest.raises(CheckpointNotCompleted, match="aborted"):
+            s.checkpoint()
+        assert 3 not in [r.checkpoint for r in s.store.coordinator.retained()]
+        s.holds()
+        while s.held():
+            s.release(s.held()[0])
+        s.holds()
+        c = s.checkpoint()
+        got = reusable(s.entries())
+        assert {n: stream_of(e.handle) for n, e in got.items() if n in second} == {
+            n: stream_of(e.handle) for n, e in second.items()
+        }
+    else:
+        c = s.checkpoint()
+        got = reusable(s.entries())
+        assert {n: stream_of(e.handle) for n, e in got.items() if n in first} == {
+            n: stream_of(e.handle) for n, e in first.items()
+        }, "the late confirmation made the first upload the baseline; 3 must reuse it"
+        s.holds()
+        while s.held():
+            s.release(s.held()[0])
+    s.store.flush()
+    s.holds()
+    assert c in [r.checkpoint for r in s.store.coordinator.retained()]
+    s.read_back_matches()
+    s.put(1000, 1100)
+    s.checkpoint()
+    while s.held():
+        s.release(s.held()[0])
+    s.holds()
+    s.read_back_matches()
