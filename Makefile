@@ -48,9 +48,9 @@ $(STAMP): pyproject.toml $(PKG_INITS)
 	$(BIN)/python -m pip install -e '.[test,spark]'
 	touch $@
 
-# Every Python folder: the product (what the wheel ships), the proof tools, the benchmarks
-# and the tests.
-LINTED := spec refimpl fastimpl pipeline conformance ckpt model_tests bench tests
+# Every Python folder: the product (what the wheel ships), the proof tools, the benchmarks,
+# the examples and the tests.
+LINTED := spec refimpl fastimpl pipeline conformance ckpt model_tests bench examples tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
