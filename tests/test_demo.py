@@ -19,7 +19,7 @@ from examples import scripted_job
 from examples.scripted_job.__main__ import main
 from fastimpl import Coordinator
 from spec.config import MergingMode
-from spec.handles import stream_of
+from spec.handles import FileHandle, SegmentHandle, stream_of
 from spec.observation import RetainedView
 
 SHORT = scripted_job.MIN_CHECKPOINTS
@@ -190,3 +190,34 @@ def test_the_example_uses_only_the_public_api() -> None:
     ]
     assert len(list(EXAMPLE.rglob("*.py"))) >= 5
     assert found == []
+
+
+def test_bytes_changed_behind_the_stores_back_fail_the_restore_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sabotage the other way: just before the failover, overwrite in place (same size)
+    the bytes of a handle the latest checkpoint refers to. No invariant can see it (the
+    file is there, within its size); the job reads back what every subtask restores and
+    fails on the handle whose bytes are not the ones written."""
+    failover = Coordinator.failover
+    done: list[str] = []
+
+    def sabotaged(self: Coordinator) -> None:
+        if not done:
+            entry = self.retained()[-1].entries[0]
+            stream = stream_of(entry.handle)
+            assert isinstance(stream, SegmentHandle | FileHandle)
+            offset = stream.offset if isinstance(stream, SegmentHandle) else 0
+            with open(tmp_path / MergingMode.NONE.value / stream.path, "r+b") as f:
+                f.seek(offset)
+                f.write(bytes(stream.length))
+            done.append(entry.name)
+        failover(self)
+
+    monkeypatch.setattr(Coordinator, "failover", sabotaged)
+    out = io.StringIO()
+    status = main(["--base", str(tmp_path), "--checkpoints", str(SHORT), "--summary"], out=out)
+    text = out.getvalue()
+    assert status == 1
+    assert done and f"restored {done[0]!r}" in text and "not the bytes that were written" in text
+    assert "coordinator.failover()" in text and "FAILED" in text

@@ -48,8 +48,9 @@ RESCALED_WINDOW = 3
 MIN_CHECKPOINTS = 8
 
 
-class InvariantBroken(Exception):
-    """An invariant failed on the real files; the message lists the steps that led there."""
+class JobFailure(Exception):
+    """An invariant failed on the real files, or a subtask restored other bytes than
+    those written; the message says which, and lists the steps that led there."""
 
 
 class ScriptedJob:
@@ -91,7 +92,7 @@ class ScriptedJob:
     def fail_on(self, broken: list[Violation]) -> None:
         if broken:
             self.result.violations += [str(v) for v in broken]
-            raise InvariantBroken(
+            raise JobFailure(
                 "\n".join(
                     [
                         f"invariant violated in mode {self.result.mode.name}:",
@@ -187,6 +188,10 @@ class ScriptedJob:
         self.latest_completed = cp
         self.completed_dbs = {s: dict(db.files) for s, db in self.dbs.items()}
         if late_notice:
+            # The in-process store's transport loses no notice; a late one does here what
+            # a lost one would: the TM snapshots the next checkpoint without knowing that
+            # this one completed (so it may not reuse its uploads yet, R20), and the next
+            # completion notice carries the subsumed watermark (R30, R34).
             late, *others = self.store.task_managers()
             for tm in others:
                 self.store.task_manager(tm).receive_notifications()
@@ -203,9 +208,15 @@ class ScriptedJob:
         for s in self.subtasks():
             for entry, data in self.store.manager_for(s).restore(s):
                 if data != payload(entry.name, len(data)):
-                    raise InvariantBroken(
-                        f"{s} restored {entry.name!r} from {entry.handle!r}: not the bytes"
-                        " that were written"
+                    raise JobFailure(
+                        "\n".join(
+                            [
+                                f"{s} restored {entry.name!r} from {entry.handle!r}: not the"
+                                " bytes that were written",
+                                "after steps:",
+                                *(f"    {step}" for step in self.steps),
+                            ]
+                        )
                     )
                 read += 1
         return read
@@ -251,6 +262,10 @@ class ScriptedJob:
             self.store.task_manager(tm).receive_notifications()
             self.check(f"{tm}.receive_notifications()")
         self.failover()
+        # The zombie writes after the failover: until then the coordinator still places
+        # its subtasks on it, and a write through its manager is the TM's own (refused:
+        # not alive). From the failover on, the same call is a write of a replaced
+        # attempt, which the store must survive (R64).
         for s in subtasks:
             if s.vertex != "window":
                 continue
@@ -349,7 +364,7 @@ def run_mode(
             result.metadata_at_end = len(obs.metadata_files)
             result.stored_at_end, result.live_at_end = state_bytes(obs)
             result.empty_dirs_at_end = empty_directories(root, obs)
-    except InvariantBroken as err:
+    except JobFailure as err:
         result.error = str(err)
     except CommandError as err:
         result.error = "\n".join(
