@@ -48,9 +48,9 @@ $(STAMP): pyproject.toml $(PKG_INITS)
 	$(BIN)/python -m pip install -e '.[test,spark]'
 	touch $@
 
-# Every Python folder: the product (what the wheel ships), the proof tools, the benchmarks
-# and the tests.
-LINTED := spec refimpl fastimpl pipeline conformance ckpt model_tests bench tests
+# Every Python folder: the product (what the wheel ships), the proof tools, the benchmarks,
+# the examples and the tests.
+LINTED := spec refimpl fastimpl pipeline conformance ckpt model_tests bench examples tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
@@ -70,14 +70,15 @@ test: $(STAMP) check-java
 # the comparison with a batch computation; prints the figures next to Flink 2.3's
 # (pipeline/stream/demo.py; options: DEMO_ARGS, see $(BIN)/python -m pipeline.stream.demo
 # --help). About three minutes. DEMO=scripted runs the scripted job of before instead: a
-# simulated job on local files in each mode, every invariant checked on the real files
-# (fastimpl/demo.py), then the Spark audit of every checkpoint directory it wrote
+# simulated job on local files in each mode, written on the public API, every invariant
+# checked on the real files (examples/scripted_job, python -m examples.scripted_job
+# --help), then the Spark audit of every checkpoint directory it wrote
 # (pipeline/demo_audit.py). DEMO_DIR keeps the files.
 DEMO_DIR ?= .demo
 demo: $(STAMP) check-java
 	rm -rf $(DEMO_DIR)
 ifeq ($(DEMO),scripted)
-	$(BIN)/python -m fastimpl.demo --base $(DEMO_DIR)
+	$(BIN)/python -m examples.scripted_job --base $(DEMO_DIR)
 	$(BIN)/python -m pipeline.demo_audit $(DEMO_DIR)
 else
 	$(BIN)/python -m pipeline.stream.demo --dir $(DEMO_DIR) $(DEMO_ARGS)

@@ -9,10 +9,11 @@ what the wheel installed).
 Checked, each a failure of its own:
 
 * the wheel holds the product packages (spec, refimpl, fastimpl, pipeline, conformance,
-  ckpt), the corpus and ``schema.json``, and nothing of ``model_tests``, ``bench`` or
-  ``tests``;
+  ckpt), the corpus and ``schema.json``, and nothing of ``model_tests``, ``bench``,
+  ``examples`` or ``tests``;
 * in the new environment every product module is imported from the environment's own
-  site-packages, and ``model_tests``, ``bench`` and ``tests`` cannot be imported at all;
+  site-packages, and ``model_tests``, ``bench``, ``examples`` and ``tests`` cannot be
+  imported at all;
 * the ``ckpt`` console script runs every case of the corpus and passes (exit 0, every case
   counted as passed).
 
@@ -44,7 +45,7 @@ from attrs import frozen
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("spec", "refimpl", "fastimpl", "pipeline", "conformance", "ckpt")
-NOT_SHIPPED = ("model_tests", "bench", "tests")
+NOT_SHIPPED = ("model_tests", "bench", "examples", "tests")
 DATA = ("conformance/schema.json", "conformance/corpus/")
 
 

@@ -210,13 +210,13 @@ def test_demo_audit_is_clean_on_the_demo_and_fails_on_a_leak(spark: Any, tmp_pat
     (grace 0: the demo's jobs are quiet) fails it."""
     import io
 
-    from fastimpl import demo
+    from examples import scripted_job
     from pipeline import demo_audit
     from spec.config import MergingMode
 
     written = tmp_path / "demo"
-    demo.run_demo(written, checkpoints=demo.MIN_CHECKPOINTS, deterministic=True,
-                  modes=(MergingMode.ACROSS_CHECKPOINT,), out=io.StringIO())
+    scripted_job.run_demo(written, checkpoints=scripted_job.MIN_CHECKPOINTS, deterministic=True,
+                          modes=(MergingMode.ACROSS_CHECKPOINT,), out=io.StringIO())
     assert demo_audit.main([str(written), "--master", "local[2]"]) == 0
     (written / "across" / "job-1" / "shared" / "leaked.sst").write_bytes(b"x" * 10)
     assert demo_audit.main([str(written), "--master", "local[2]"]) == 1

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("spec", "refimpl", "fastimpl", "pipeline", "conformance", "ckpt")
-REPOSITORY_ONLY = ("model_tests", "bench", "tests")
+REPOSITORY_ONLY = ("model_tests", "bench", "examples", "tests")
 FOLDERS = (*PRODUCT, *REPOSITORY_ONLY)
 
 

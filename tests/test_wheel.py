@@ -2,12 +2,13 @@
 does the same with the dependencies installed from the index).
 
 The whole check: pip builds the wheel of this repository; the wheel must hold the product
-packages with the corpus and ``schema.json`` and nothing of ``model_tests``, ``bench`` or
-``tests``; it is installed alone (``--no-deps``) in a new virtual environment that sees this
-environment's dependencies behind its own site-packages (no download); there, run from a
-folder outside the repository, every product module must come from the wheel and
-``model_tests``, ``bench`` and ``tests`` must not import; and the installed ``ckpt
-conformance --impl fastimpl`` must run every case of the corpus and pass. About 20 s.
+packages with the corpus and ``schema.json`` and nothing of ``model_tests``, ``bench``,
+``examples`` or ``tests``; it is installed alone (``--no-deps``) in a new virtual
+environment that sees this environment's dependencies behind its own site-packages (no
+download); there, run from a folder outside the repository, every product module must come
+from the wheel and ``model_tests``, ``bench``, ``examples`` and ``tests`` must not import;
+and the installed ``ckpt conformance --impl fastimpl`` must run every case of the corpus
+and pass. About 20 s.
 """
 
 from __future__ import annotations
@@ -37,13 +38,15 @@ def _wheel(tmp_path: Path, names: list[str]) -> Path:
 
 def test_the_contents_check_names_what_is_missing_or_extra(tmp_path: Path) -> None:
     """The wheel of before issue 16: model_tests and bench as top-level packages, the
-    corpus inside model_tests, no conformance or ckpt package."""
+    corpus inside model_tests, no conformance or ckpt package; and the examples, which
+    stay in the repository too."""
     old = _wheel(
         tmp_path,
         [
             *(f"{p}/__init__.py" for p in ("spec", "refimpl", "fastimpl", "pipeline", "bench")),
             "model_tests/__init__.py",
             "model_tests/conformance/case.py",
+            "examples/scripted_job/job.py",
             "ckpt_ownership-0.1.0.dist-info/RECORD",
         ],
     )
@@ -51,6 +54,7 @@ def test_the_contents_check_names_what_is_missing_or_extra(tmp_path: Path) -> No
     for expected in (
         "ships bench/",
         "ships model_tests/",
+        "ships examples/",
         "lacks conformance/",
         "lacks ckpt/",
         "lacks conformance/schema.json",
