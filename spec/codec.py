@@ -90,7 +90,7 @@ def _plan(cls: type) -> _Plan:
 
 def encode(value: object) -> Json:
     """``value`` as plain JSON data (see the module docstring)."""
-    cls = type(value)
+    cls: Any = type(value)  # a type is hashable; mypy says object.__hash__ may not be
     if cls in _PLAIN:
         return value
     plan = _plan(cls)
