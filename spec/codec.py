@@ -84,8 +84,14 @@ def _plan(cls: type) -> _Plan:
             return names, operator.attrgetter(*names)
         return names, lambda v: tuple(getattr(v, n) for n in names)
     if issubclass(cls, enum.Enum):
+        _ENUMS.add(cls)
         return _ENUM
     return None
+
+
+_ENUMS: set[type] = set()
+"""The enum classes ``_plan`` has met (none a subclass of a plain type): a field holding
+a member of one is encoded in place, without a call."""
 
 
 def encode(value: object) -> Json:
@@ -101,6 +107,8 @@ def encode(value: object) -> Json:
             t = type(v)
             if t in _PLAIN:
                 out[name] = v
+            elif t in _ENUMS:
+                out[name] = v._value_
             elif t is tuple:
                 out[name] = [x if type(x) in _PLAIN else encode(x) for x in v]
             else:
