@@ -71,7 +71,8 @@ def audit_throughput(
             results: dict[str, Summary] = {}
 
             def run_spark(
-                loc: Location = loc, planted: Planted = planted,
+                loc: Location = loc,
+                planted: Planted = planted,
                 results: dict[str, Summary] = results,
             ) -> None:
                 a = audit_spark(spark, loc, grace=GRACE)
@@ -82,7 +83,8 @@ def audit_throughput(
                 spark.catalog.clearCache()
 
             def run_single(
-                loc: Location = loc, planted: Planted = planted,
+                loc: Location = loc,
+                planted: Planted = planted,
                 results: dict[str, Summary] = results,
             ) -> None:
                 t = audit_single(loc, grace=GRACE)
@@ -95,7 +97,8 @@ def audit_throughput(
             samples: dict[str, list[float]] = {"spark": [], "single": []}
             for r in range(reps):
                 order: list[tuple[str, Callable[[], None]]] = [
-                    ("spark", run_spark), ("single", run_single)
+                    ("spark", run_spark),
+                    ("single", run_single),
                 ]
                 for name, fn in order if r % 2 == 0 else reversed(order):
                     samples[name].append(timed(fn))
@@ -113,16 +116,16 @@ def audit_throughput(
                 samples={k: [round(x, 3) for x in v] for k, v in samples.items()},
             )
             cases.append(case)
-            log(f"  {case.label}: spark {case.value:,.0f} files/s, single process "
-                f"{case.baseline:,.0f} files/s, ratio {case.ratio:.2f} ({case.note})")
+            log(
+                f"  {case.label}: spark {case.value:,.0f} files/s, single process "
+                f"{case.baseline:,.0f} files/s, ratio {case.ratio:.2f} ({case.note})"
+            )
             shutil.rmtree(root, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     big = cases[-1]
     small, large = sizes[-2], sizes[-1]
-    growth = {
-        k: round(v[large] / v[small], 2) for k, v in per_million.items()
-    }
+    growth = {k: round(v[large] / v[small], 2) for k, v in per_million.items()}
     linear = growth["spark"] <= 1.5
     return Figure(
         key="audit_throughput",
@@ -130,8 +133,7 @@ def audit_throughput(
         unit="files/s",
         value=big.value,
         baseline=big.baseline,
-        baseline_what="the same audit in one Python process (pipeline.single), same tree, "
-        "same run",
+        baseline_what="the same audit in one Python process (pipeline.single), same tree, same run",
         ratio=big.ratio,
         ratio_what="Spark speed / single-process speed at the largest size",
         goal=f"ratio >= 1.0 at {sizes[-1]:,} files, cost linear (seconds per file at "
@@ -150,4 +152,3 @@ def audit_throughput(
             "generation_seconds": {str(k): v for k, v in gen_seconds.items()},
         },
     )
-

@@ -18,16 +18,10 @@ from typing import Any
 
 import fsspec  # type: ignore[import-untyped]
 
-from fastimpl import IdSource, InProcessEngine
-from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
-from spec.ids import SubtaskId
+from spec.config import Config, MergingMode
 
 REPO = Path(__file__).resolve().parent.parent
 
-JOB = JobSpec((VertexSpec("v", 1),), num_tms=1)
-"""One vertex of parallelism 1 on one TM: every segment goes through one subtask, so a
-checkpoint's segments share one physical file (WITHIN_CHECKPOINT merging)."""
-SUBTASK = SubtaskId("v", 0, 1)
 NEVER_ROLL = 1 << 40
 """``max_file_size`` large enough that no physical file rolls over in a benchmark."""
 
@@ -38,76 +32,12 @@ def within_config(num_retained: int = 1) -> Config:
     )
 
 
-def new_cluster(fs: Any, root: str, ids: IdSource, num_retained: int = 1) -> InProcessEngine:
-    return InProcessEngine(within_config(num_retained), JOB, fs, root, ids)
-
-
 def memory_fs() -> Any:
     return fsspec.filesystem("memory")
 
 
 def local_fs() -> Any:
     return fsspec.filesystem("file")
-
-
-def settle(cluster: InProcessEngine) -> None:
-    """Wait for work a storage layer may do off the caller's thread (background deletes),
-    so that a timed run includes all the work it caused."""
-    drain = getattr(cluster.storage, "drain", None)
-    if callable(drain):
-        drain()
-
-
-@dataclass
-class Phases:
-    """Seconds spent in each phase of the checkpoint cycles of one run."""
-
-    write: float = 0.0
-    acknowledge: float = 0.0
-    complete: float = 0.0
-    notify: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.write + self.acknowledge + self.complete + self.notify
-
-
-def checkpoint_cycles(
-    cluster: InProcessEngine,
-    *,
-    first: int,
-    checkpoints: int,
-    segments: int,
-    size: int,
-    phases: Phases | None = None,
-) -> int:
-    """Run ``checkpoints`` whole checkpoint cycles, each: trigger, ``segments`` writes of
-    ``size`` bytes of fresh keyed shared state (new SST-like names), acknowledge,
-    complete, and deliver every notification. Returns the next checkpoint id.
-
-    Checkpoint ids are those of ``Trigger``: ``first`` must be the next one."""
-    clock = time.perf_counter
-    cp = first
-    for _ in range(checkpoints):
-        t0 = clock()
-        cluster.trigger()
-        for i in range(segments):
-            cluster.write(cp, SUBTASK, StateKind.KEYED_SHARED, f"{cp}-{i}.sst", bytes(size))
-        t1 = clock()
-        cluster.acknowledge(cp, SUBTASK)
-        t2 = clock()
-        cluster.complete(cp)
-        t3 = clock()
-        while cluster.channel:
-            cluster.deliver(0)
-        t4 = clock()
-        if phases is not None:
-            phases.write += t1 - t0
-            phases.acknowledge += t2 - t1
-            phases.complete += t3 - t2
-            phases.notify += t4 - t3
-        cp += 1
-    return cp
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -1,39 +1,38 @@
-"""Figures 3 and 4: the TM's segment table (``fastimpl.manager.Manager``) as it grows.
+"""Figures 3 and 4: the TM's segment table as it grows.
 
 Figure 3, subsume cost: nanoseconds per discarded segment when a subsume discards a fixed
-number of segments while 1e3 .. 1e6 others stay live; flat is the goal. Measured on the
-``Manager`` directly (what the cluster does for a TM on a completed checkpoint's notice,
-less the storage calls), and through the whole ``InProcessEngine`` on ``memory://`` up to 1e5.
+number of segments while others stay live; flat is the goal. Measured through the public
+API, a ``TaskManager.alone`` applying the coordinator's encoded notice in its process
+with the coordinator in another (``bench/tm_cycle.py``), at 1e3 .. 1e5 live segments,
+and on the TM's segment table (``fastimpl.manager.Manager``) alone up to 1e6.
 
-Figure 4, memory per tracked segment: bytes that ``tracemalloc`` sees allocated for N
-segments in a ``Manager``, built the way the cluster builds them.
+Figure 4, memory per tracked segment: bytes that ``tracemalloc`` sees the product's lines
+hold per live segment in a ``TaskManager.alone`` that wrote them through its public API
+(1e5, ``--quick`` 1e4), and bytes of N segments in a ``Manager`` built the way the TM
+builds them (1e5, 1e6), against the same facts in a dict of plain tuples.
 """
 
 from __future__ import annotations
 
 import gc
+import inspect
 import sys
 import time
 import tracemalloc
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    SUBTASK,
-    Case,
-    Figure,
-    checkpoint_cycles,
-    median,
-    memory_fs,
-    new_cluster,
-    settle,
-)
+from bench.common import Case, Figure, median, memory_fs, within_config
+from bench.tm_cycle import SUBTASK, RemoteCoordinator, TmJob
 from fastimpl import CounterIds, IdSource, RandomIds
 from fastimpl.manager import Manager
 from fastimpl.records import PFile, Seg
+from fastimpl.storage import Storage
 from spec.config import Scope, StateKind
 from spec.layout import shared_dir
+from spec.messages import CheckpointAborted, CheckpointComplete, decode_message, encode_message
 
 PER_SUBSUME = 1000
 """Segments per checkpoint, so segments discarded per subsume."""
@@ -84,8 +83,8 @@ def subsume(m: Manager, watermark: int) -> int:
 
 FULL_LIVE = (1_000, 10_000, 100_000, 1_000_000)
 QUICK_LIVE = (1_000, 10_000, 100_000)
-FULL_CLUSTER_LIVE = (1_000, 10_000, 100_000)
-QUICK_CLUSTER_LIVE = (1_000, 10_000)
+FULL_TM_LIVE = (1_000, 10_000, 100_000)
+QUICK_TM_LIVE = (1_000, 10_000)
 
 
 class ManagerBench:
@@ -114,45 +113,52 @@ class ManagerBench:
         return dt / n
 
 
-class ClusterBench:
-    """An InProcessEngine on ``memory://`` with num_retained = live / 1000 checkpoints of 1000
-    segments: the TM tracks ``live`` segments."""
+class TmBench:
+    """A ``TaskManager.alone`` on ``memory://`` tracking ``live`` segments: its coordinator
+    (in a process of its own, ``bench/tm_cycle.py``) retains live / 1000 checkpoints of
+    1000 segments."""
 
     def __init__(self, live: int) -> None:
         self.retained = max(1, live // PER_SUBSUME)
         self.fs = memory_fs()
         self.root = f"/subsume-{uuid.uuid4().hex}"
-        self.cluster = new_cluster(self.fs, self.root, CounterIds(), num_retained=self.retained)
-        self.cp = checkpoint_cycles(
-            self.cluster, first=1, checkpoints=self.retained, segments=PER_SUBSUME, size=SEGMENT
+        self.coordinator = RemoteCoordinator()
+        config = within_config(num_retained=self.retained)
+        self.job = TmJob(
+            self.coordinator, self.fs, self.root, f"memory://{self.root}", config, CounterIds()
         )
+        self.job.cycles(self.retained, PER_SUBSUME, SEGMENT)
+        self.data = bytes(SEGMENT)
 
     def round(self) -> tuple[float, float]:
-        """Write and acknowledge a checkpoint (not timed); complete it, which subsumes the
-        oldest retained one (R52, R54), and deliver the notification, on which the TM
-        discards that checkpoint's segments and deletes their file (R31, R33): timed.
-        Returns ns per discarded segment: (complete + notification, notification)."""
-        cluster, cp = self.cluster, self.cp
-        cluster.trigger()
+        """Write and acknowledge a checkpoint; the coordinator completes it, which
+        subsumes the oldest retained one (R52, R54): not timed here. The TM applies the
+        notice, discarding that checkpoint's segments and deleting their file (R31, R33):
+        timed. Returns ns per discarded segment: (the TM's notice, the coordinator's
+        request in its process: decoding, completing with _metadata, subsuming)."""
+        tm, cp = self.job.tm, self.job.next
         for i in range(PER_SUBSUME):
-            cluster.write(cp, SUBTASK, StateKind.KEYED_SHARED, f"{cp}-{i}", bytes(SEGMENT))
-        cluster.acknowledge(cp, SUBTASK)
-        settle(cluster)
+            tm.write(SUBTASK, cp, StateKind.KEYED_SHARED, f"{cp}-{i}", SEGMENT, 1, self.data)
+        ack = encode_message(tm.acknowledge(SUBTASK, cp)[1])
+        reply = self.coordinator.call(("acks", [ack], True))
+        self.job.settle()
         gc.collect()
         t0 = time.perf_counter_ns()
-        cluster.complete(cp)
+        for _, raw in reply[1]:
+            msg = decode_message(raw)
+            assert isinstance(msg, CheckpointComplete | CheckpointAborted)
+            tm.on_notice(msg)
+        self.job.settle()
         t1 = time.perf_counter_ns()
-        while cluster.channel:
-            cluster.deliver(0)
-        settle(cluster)
-        t2 = time.perf_counter_ns()
-        live = sum(len(t.m.segs) for t in cluster.parties.values())
-        if live != self.retained * PER_SUBSUME:
-            raise AssertionError(f"{live} live segments, expected {self.retained * PER_SUBSUME}")
-        self.cp += 1
-        return (t2 - t0) / PER_SUBSUME, (t2 - t1) / PER_SUBSUME
+        self.job.next = int(reply[2])
+        if len(tm.m.segs) != self.retained * PER_SUBSUME:
+            raise AssertionError(
+                f"{len(tm.m.segs)} live segments, expected {self.retained * PER_SUBSUME}"
+            )
+        return (t1 - t0) / PER_SUBSUME, float(reply[3]) * 1e9 / PER_SUBSUME
 
     def close(self) -> None:
+        self.coordinator.close()
         if self.fs.exists(self.root):
             self.fs.rm(self.root, recursive=True)
 
@@ -196,69 +202,72 @@ def subsume_cost(repeats: int, quick: bool = False, log: Callable[[str], None] =
                 {"ns": manager_samples[live]},
             )
         )
-    clusters = {
-        live: ClusterBench(live) for live in (QUICK_CLUSTER_LIVE if quick else FULL_CLUSTER_LIVE)
-    }
+    tms = {live: TmBench(live) for live in (QUICK_TM_LIVE if quick else FULL_TM_LIVE)}
     try:
-        cluster_samples = interleaved(2 * repeats + 1, {k: b.round for k, b in clusters.items()})
+        tm_samples = interleaved(2 * repeats + 1, {k: b.round for k, b in tms.items()})
     finally:
-        for bench in clusters.values():
+        for bench in tms.values():
             bench.close()
-    cluster_medians = {
+    tm_medians = {
         live: (median([x[0] for x in v]), median([x[1] for x in v]))
-        for live, v in cluster_samples.items()
+        for live, v in tm_samples.items()
     }
-    cfirst = cluster_medians[min(cluster_medians)]
-    for live, (both, notify) in cluster_medians.items():
+    tfirst = tm_medians[min(tm_medians)]
+    for live, (notice, coord) in tm_medians.items():
         log(
-            f"  Cluster, {live:,} live: {both:.0f} ns per discarded segment "
-            f"(the notification alone {notify:.0f})"
+            f"  TaskManager, {live:,} live: {notice:.0f} ns per discarded segment "
+            f"(the coordinator's request, in its process: {coord:.0f})"
         )
         cases.append(
             Case(
-                f"Cluster, {live:.0e} live",
-                both,
-                cfirst[0],
-                both / cfirst[0],
-                f"complete + notify; notify alone {notify:.0f} ns ({notify / cfirst[1]:.2f}x)",
+                f"TaskManager.on_notice, {live:.0e} live",
+                notice,
+                tfirst[0],
+                notice / tfirst[0],
+                f"the notice in the TM's process; the coordinator's request {coord:.0f} ns",
                 {
-                    "complete_and_notify": [x[0] for x in cluster_samples[live]],
-                    "notify": [x[1] for x in cluster_samples[live]],
+                    "tm_notice": [x[0] for x in tm_samples[live]],
+                    "coordinator_request": [x[1] for x in tm_samples[live]],
                 },
             )
         )
     worst, best = max(medians.values()), min(medians.values())
-    cworst = max(b for b, _ in cluster_medians.values())
-    cbest = min(b for b, _ in cluster_medians.values())
+    tworst = max(b for b, _ in tm_medians.values())
+    tbest = min(b for b, _ in tm_medians.values())
     return Figure(
         key="subsume_cost",
         title="3. subsume, ns per discarded segment",
         unit="ns",
-        value=worst,
-        baseline=best,
-        baseline_what="the lowest of the Manager figures (the 1e3 one if flat)",
-        ratio=worst / best,
+        value=tworst,
+        baseline=tbest,
+        baseline_what="the lowest of the TaskManager figures (the 1e3 one if flat)",
+        ratio=tworst / tbest,
         ratio_what=(
-            f"max / min of the Manager medians over {min(medians):,}..{max(medians):,} live "
-            "segments"
+            f"max / min of the TaskManager.on_notice medians over {min(tm_medians):,}.."
+            f"{max(tm_medians):,} live segments (the public API; the Manager alone up to "
+            f"{max(medians):,}: details.manager_max_over_min)"
         ),
         goal="max/min <= 2 (flat)",
-        met=worst / best <= 2.0,
+        met=tworst / tbest <= 2.0,
         cases=cases,
         details={
             "discarded_per_subsume": PER_SUBSUME,
             "manager_samples_per_size": rounds,
-            "cluster_max_over_min": cworst / cbest,
-            "cluster_flat_within_2x": cworst / cbest <= 2.0,
+            "manager_max_over_min": worst / best,
+            "manager_flat_within_2x": worst / best <= 2.0,
             "method": (
-                "Manager: live segments in live/1000 checkpoint buckets; a round adds a "
-                "checkpoint's 1000 segments (untimed) and subsumes the oldest checkpoint's "
-                "1000 (timed: used_up_to, remove, file ref counts). The long-lived table is "
-                "frozen out of the garbage collector (gc.freeze) so that a full collection "
-                "of the whole heap is not charged to one subsume. Cluster: memory://, "
-                "num_retained = live/1000, timed Complete + DeliverNotification, which "
-                "also writes the new checkpoint's _metadata (a cost per checkpoint, the "
-                "same at every size)"
+                "TaskManager: a TaskManager.alone on memory:// with its coordinator in a "
+                "spawned process retaining live/1000 checkpoints; a round writes and "
+                "acknowledges 1000 segments, the coordinator completes (subsuming the "
+                "oldest retained one), and the TM's decoding and applying of the notice "
+                "(its discards, the file's delete) is timed in the TM's process; the "
+                "coordinator's request is timed in its own. Manager: the TM's segment "
+                "table alone, live segments in live/1000 checkpoint buckets; a round adds "
+                "a checkpoint's 1000 segments (untimed) and subsumes the oldest "
+                "checkpoint's 1000 (timed: used_up_to, remove, file ref counts), up to "
+                "1e6 live, which through the TM would take 1000 retained checkpoints. The "
+                "long-lived tables are frozen out of the garbage collector (gc.freeze) so "
+                "that a full collection of the whole heap is not charged to one subsume"
             ),
         },
     )
@@ -344,10 +353,65 @@ def plain_structure_bytes(n: int, lids: list[str]) -> int:
     return traced_bytes(build)
 
 
+_PRODUCT = tuple(
+    tracemalloc.Filter(True, str(Path(__file__).resolve().parent.parent / d) + "/*")
+    for d in ("fastimpl", "spec")
+)
+
+
+def _bytes_written_line() -> tracemalloc.Filter:
+    """The line of ``Storage.append`` that hands a segment's bytes to the file: on
+    ``memory://`` the file's buffer grows there, and those are the storage's bytes."""
+    lines, first = inspect.getsourcelines(Storage.append)
+    at = [first + i for i, line in enumerate(lines) if "f.write(data)" in line]
+    if len(at) != 1:
+        raise RuntimeError("Storage.append no longer has one 'f.write(data)' line")
+    return tracemalloc.Filter(False, inspect.getfile(Storage), lineno=at[0])
+
+
+FULL_TM_MEMORY = 100_000
+QUICK_TM_MEMORY = 10_000
+
+
+def tm_bytes_per_segment(n: int) -> tuple[float, int]:
+    """Through the public API: bytes the product's own lines allocated and still hold
+    after a ``TaskManager.alone`` (``memory://``, ``RandomIds``) wrote ``n`` 1 KiB
+    segments, 1000 per checkpoint, each checkpoint acknowledged and completed by its
+    coordinator (a spawned process retaining every one, so that every segment stays
+    live) and the notices applied; per segment, and the live segments counted. What
+    the memory file system holds (the bytes, allocated in fsspec's lines) is not the
+    product's; the path and id strings the product made are."""
+    checkpoints = n // PER_SUBSUME
+    root = f"/tm-memory-{uuid.uuid4().hex}"
+    fs = memory_fs()
+    with RemoteCoordinator() as coordinator:
+        gc.collect()
+        tracemalloc.start()
+        try:
+            config = within_config(num_retained=checkpoints)
+            job = TmJob(coordinator, fs, root, f"memory://{root}", config, RandomIds())
+            job.cycles(checkpoints, PER_SUBSUME, SEGMENT)
+            gc.collect()
+            snap = tracemalloc.take_snapshot().filter_traces(_PRODUCT)
+            snap = snap.filter_traces([_bytes_written_line()])
+            held = sum(st.size for st in snap.statistics("filename"))
+            live = len(job.tm.m.segs)
+        finally:
+            tracemalloc.stop()
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+    return held / n, live
+
+
 def memory_per_segment(
     repeats: int, quick: bool = False, log: Callable[[str], None] = print
 ) -> Figure:
     cases: list[Case] = []
+    n_tm = QUICK_TM_MEMORY if quick else FULL_TM_MEMORY
+    per_segment, live = tm_bytes_per_segment(n_tm)
+    if live != n_tm:
+        raise AssertionError(f"{live} live segments, expected {n_tm}")
+    log(f"  TaskManager.alone, {n_tm:,} segments: {per_segment:.1f} B per segment")
     sources: dict[str, Callable[[], IdSource]] = {
         "RandomIds": RandomIds,
         "CounterIds": CounterIds,
@@ -380,6 +444,20 @@ def memory_per_segment(
                 f"  {n:,} segments, {name}: {case.value:.1f} B per segment "
                 f"(plain dict of tuples {case.baseline:.1f} B)"
             )
+    plain_at = median([float(x) for x in structure[n_tm][1]])
+    base = (plain_at + sum(sys.getsizeof(x) for x in _ids(RandomIds(), n_tm))) / n_tm
+    cases.insert(
+        0,
+        Case(
+            f"TaskManager.alone, {n_tm:.0e} segments, RandomIds",
+            per_segment,
+            base,
+            per_segment / base,
+            f"{per_segment / GOAL_BYTES:.2f} of the 300 B goal; through the public API: "
+            "all the TM's own lines hold, ids included",
+            {"bytes_per_segment": [per_segment]},
+        ),
+    )
     worst = max(cases, key=lambda c: c.value)
     m = Manager()
     add_checkpoint(m, 1, 1, RandomIds())
@@ -405,8 +483,14 @@ def memory_per_segment(
         details={
             "of_goal": worst.value / GOAL_BYTES,
             "method": (
-                "tracemalloc: bytes allocated and still live after building N segments in "
-                "a Manager as the cluster builds them (1000 per checkpoint bucket and "
+                "TaskManager.alone: tracemalloc, bytes the lines of fastimpl/ and spec/ "
+                "hold after the TM (memory://, RandomIds) wrote N 1 KiB segments through "
+                "its API, 1000 per checkpoint, each acknowledged (encoded), completed by "
+                "its coordinator in a spawned process retaining all of them, and the "
+                "notices applied; less the segments' bytes in the memory file system "
+                "(Storage.append's write line); divided by N. Manager: tracemalloc, "
+                "bytes allocated and still live after building N segments in "
+                "a Manager as the TM builds them (1000 per checkpoint bucket and "
                 "physical file, PFile with its pool key, Seg, offset and length ints of "
                 "their own), divided by N; plus the bytes of N logical id strings as each "
                 "id source makes them (made outside tracemalloc, which slows their making "

@@ -574,7 +574,8 @@ class Storage:
         """Append ``data`` (``length`` bytes) to an open file and make it durable."""
         if len(data) != length:
             raise ValueError(f"append to {path}: {len(data)} bytes given for {length}")
-        self.fire(StorageOp.APPEND, path)
+        if self.armed:
+            self.fire(StorageOp.APPEND, path)
         f = self._open[path]
         try:
             f.write(data)

@@ -58,6 +58,19 @@ from spec.messages import Acknowledgement, CheckpointAborted, CheckpointComplete
 
 OutKey = tuple[SubtaskId, int]
 BackendKey = tuple[SubtaskId, str]
+_SHARED = Scope.SHARED.value
+_EXCLUSIVE = Scope.EXCLUSIVE.value
+
+
+class _SubtaskFacts:
+    """A subtask's shared directory, key groups and name (its pool key's owner, R13)."""
+
+    __slots__ = ("directory", "key_groups", "name")
+
+    def __init__(self, directory: str, key_groups: tuple[int, int], name: str) -> None:
+        self.directory = directory
+        self.key_groups = key_groups
+        self.name = name
 
 
 class TaskManager:
@@ -101,6 +114,11 @@ class TaskManager:
         self.own_records = False
         """Whether ``catalog`` is this TM's alone (``alone``), not the in-process table
         it shares with the coordinator: then it applies hand-overs to it itself."""
+        self._per_subtask: dict[SubtaskId, _SubtaskFacts] = {}
+        """What every append of a subtask needs and never changes: its shared directory,
+        its key groups, its pool key's owner. Computed once per subtask, not per append;
+        one entry per subtask the TM ever wrote for (cleared by ``forget``)."""
+        self._taskowned = taskowned_dir(job, tm)
 
     @classmethod
     def alone(
@@ -151,6 +169,7 @@ class TaskManager:
         self.outputs = {}
         self.acked = {}
         self.backend = {}
+        self._per_subtask = {}
 
     # ------------------------------------------------------------------ guards
 
@@ -195,14 +214,25 @@ class TaskManager:
         return entry
 
     def _add_output(self, subtask: SubtaskId, checkpoint: int, e: StateEntry) -> None:
-        self.outputs.setdefault((subtask, checkpoint), []).append(e)
-        if e.kind is StateKind.KEYED_SHARED and not self._is_savepoint(checkpoint):
+        out = self.outputs.get((subtask, checkpoint))
+        if out is None:
+            out = self.outputs[(subtask, checkpoint)] = []
+        out.append(e)
+        if e.kind is StateKind.KEYED_SHARED and checkpoint not in self.savepoints:
             self.backend[(subtask, e.name)] = BackendRef(e, checkpoint, False)
+
+    def _facts(self, subtask: SubtaskId) -> _SubtaskFacts:
+        facts = self._per_subtask.get(subtask)
+        if facts is None:
+            kg = key_group_range(self.cfg.max_parallelism, subtask.parallelism, subtask.index)
+            facts = _SubtaskFacts(shared_dir(self.job, subtask), kg, str(subtask))
+            self._per_subtask[subtask] = facts
+        return facts
 
     def _key_groups(self, subtask: SubtaskId, kind: StateKind) -> tuple[int, int] | None:
         if not kind.keyed:
             return None
-        return key_group_range(self.cfg.max_parallelism, subtask.parallelism, subtask.index)
+        return self._facts(subtask).key_groups
 
     def _write_stream(
         self,
@@ -255,9 +285,13 @@ class TaskManager:
 
     def _pool_key(self, subtask: SubtaskId, checkpoint: int, scope: Scope) -> PoolKey:
         """R13: SHARED merged per subtask, EXCLUSIVE per TM; WITHIN pools per checkpoint."""
-        owner = str(subtask) if scope is Scope.SHARED else self.tm
-        within = self.mode is MergingMode.WITHIN_CHECKPOINT
-        return (self.tm, scope.value, owner, str(checkpoint) if within else "*")
+        if scope is Scope.SHARED:
+            prefix = (self.tm, _SHARED, self._facts(subtask).name)
+        else:
+            prefix = (self.tm, _EXCLUSIVE, self.tm)
+        if self.mode is MergingMode.WITHIN_CHECKPOINT:
+            return (*prefix, str(checkpoint))
+        return (*prefix, "*")
 
     def _append_segment(
         self,
@@ -269,11 +303,7 @@ class TaskManager:
         data: bytes,
     ) -> tuple[str, int]:
         key = self._pool_key(subtask, checkpoint, scope)
-        directory = (
-            shared_dir(self.job, subtask)
-            if scope is Scope.SHARED
-            else taskowned_dir(self.job, self.tm)
-        )
+        directory = self._facts(subtask).directory if scope is Scope.SHARED else self._taskowned
         self.catalog.mkdir(directory, self.actor, self.tm)  # R40
         m = self.m
         path = m.pools.get(key)
@@ -390,7 +420,8 @@ class TaskManager:
                     )
         self.acked[key] = tuple(entries)
         self.close_within_files(lambda cp: cp == checkpoint, subtask)
-        lost = self.catalog.failed_uploads & {
+        failed = self.catalog.failed_uploads
+        lost = failed and failed & {
             s.path for e in entries if (s := stream_of(e.handle)) is not None
         }
         if lost:  # R17: the handles name bytes that never reached storage
@@ -496,26 +527,38 @@ class TaskManager:
             self._release_dirs()
 
     def _confirm(self, checkpoint: int) -> None:
-        """R23: what a subtask acknowledged for a completed checkpoint becomes its baseline."""
-        for (subtask, cp), entries in sorted(self.acked.items(), key=lambda kv: str(kv[0])):
-            if cp != checkpoint:
-                continue
-            names = {e.name: e for e in entries if e.kind is StateKind.KEYED_SHARED}
-            for bkey, ref in list(self.backend.items()):
-                if bkey[0] != subtask:
+        """R23: what a subtask acknowledged for a completed checkpoint becomes its baseline.
+
+        One pass over the backends' records for all the subtasks that acknowledged it
+        (each record is one subtask's, so the order of the subtasks does not matter)."""
+        names_of: dict[SubtaskId, dict[str, StateEntry]] = {}
+        for (subtask, cp), entries in self.acked.items():
+            if cp == checkpoint:
+                names_of[subtask] = {e.name: e for e in entries if e.kind is StateKind.KEYED_SHARED}
+        if names_of:
+            gone: list[BackendKey] = []
+            for bkey, ref in self.backend.items():
+                names = names_of.get(bkey[0])
+                if names is None:
                     continue
-                if bkey[1] in names:
-                    acked = names[bkey[1]]
-                    base = ref.entry if isinstance(acked.handle, PlaceholderHandle) else acked
-                    self.backend[bkey] = BackendRef(base, max(ref.checkpoint, cp), True)
-                elif ref.checkpoint <= cp:
-                    del self.backend[bkey]
-            for e in names.values():
-                h = e.handle
-                if isinstance(h, SegmentHandle):
-                    seg = self.m.segs.get(h.logical_id)
-                    if seg is not None:
-                        seg.confirmed = True
+                acked = names.get(bkey[1])
+                if acked is not None:  # updated in place: no new record per name
+                    if not isinstance(acked.handle, PlaceholderHandle):
+                        ref.entry = acked
+                    ref.checkpoint = max(ref.checkpoint, checkpoint)
+                    ref.confirmed = True
+                elif ref.checkpoint <= checkpoint:
+                    gone.append(bkey)
+            for bkey in gone:
+                del self.backend[bkey]
+            segs = self.m.segs
+            for names in names_of.values():
+                for e in names.values():
+                    h = e.handle
+                    if isinstance(h, SegmentHandle):
+                        seg = segs.get(h.logical_id)
+                        if seg is not None:
+                            seg.confirmed = True
         is_sp = self._is_savepoint
         for key in [k for k in self.acked if k[1] < checkpoint]:
             if not is_sp(key[1]):

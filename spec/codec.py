@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import enum
 import functools
+import operator
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -59,17 +60,72 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, globalns=vars(mod))
 
 
+_PLAIN = frozenset({type(None), bool, int, float, str})
+"""Types whose values are their own encoding (exactly these: a subclass takes the plan
+of its class)."""
+
+_SELF = "self"
+_ENUM = "enum"
+_Plan = tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]] | str | None
+
+
+@functools.cache
+def _plan(cls: type) -> _Plan:
+    """How ``encode`` treats values of ``cls``, worked out once per class, not once per
+    value (an acknowledgement carries thousands): an attrs class's field names and a
+    getter of all their values at once; ``_SELF`` for a subclass of a plain type (an
+    ``IntEnum`` member say: it is its own encoding, as ``json`` writes it); ``_ENUM``;
+    ``None`` for the rest."""
+    if issubclass(cls, bool | int | float | str):
+        return _SELF
+    if attrs.has(cls):
+        names = tuple(f.name for f in attrs.fields(cls))
+        if len(names) > 1:
+            return names, operator.attrgetter(*names)
+        return names, lambda v: tuple(getattr(v, n) for n in names)
+    if issubclass(cls, enum.Enum):
+        _ENUMS.add(cls)
+        return _ENUM
+    return None
+
+
+_ENUMS: set[type] = set()
+"""The enum classes ``_plan`` has met (none a subclass of a plain type): a field holding
+a member of one is encoded in place, without a call."""
+
+
 def encode(value: object) -> Json:
     """``value`` as plain JSON data (see the module docstring)."""
+    cls: Any = type(value)  # a type is hashable; mypy says object.__hash__ may not be
+    if cls in _PLAIN:
+        return value
+    plan = _plan(cls)
+    if type(plan) is tuple:
+        names, values = plan
+        out: dict[str, Json] = {"type": cls.__name__}
+        for name, v in zip(names, values(value), strict=True):
+            t = type(v)
+            if t in _PLAIN:
+                out[name] = v
+            elif t in _ENUMS:
+                out[name] = v._value_
+            elif t is tuple:
+                out[name] = [x if type(x) in _PLAIN else encode(x) for x in v]
+            else:
+                out[name] = encode(v)
+        return out
+    if plan is _SELF:
+        return value
+    if plan is _ENUM:
+        return typing.cast(enum.Enum, value)._value_  # what .value returns, without its descriptor
+    return _encode_other(value)
+
+
+def _encode_other(value: object) -> Json:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, enum.Enum):
         return value.value
-    if attrs.has(type(value)):
-        out: dict[str, Json] = {"type": type(value).__name__}
-        for f in attrs.fields(typing.cast(Any, type(value))):
-            out[f.name] = encode(getattr(value, f.name))
-        return out
     if isinstance(value, frozenset | set):
         return sorted((encode(v) for v in value), key=repr)
     if isinstance(value, tuple | list):
