@@ -285,6 +285,51 @@ def test_r104_a_subsumed_file_a_live_database_uses_stays() -> None:
     assert b_file in h.observe().files
 
 
+def test_r104_a_file_only_a_pending_checkpoint_refers_to_stays() -> None:
+    h = harness()
+    path = h.write(A, 100)
+    h.run(c.Trigger())
+    h.run(c.SnapshotWorking(1, A))
+    h.run(c.Acknowledge(1, A))
+    h.run(c.DropWorking(A, path))  # unused, not retained: only pending 1 refers to it
+    assert deletes(h.run(c.CollectWorking())) == []
+    h.run(c.Acknowledge(1, B))
+    h.run(c.Complete(1))
+    assert path in h.working().retained[1] and path in h.observe().files
+
+
+def test_r104_a_file_a_lost_attempt_wrote_waits_until_it_stopped() -> None:
+    h = harness()
+    path = h.write(A, 100)
+    h.working_checkpoint()
+    h.run(c.CrashTm("tm-1"))
+    h.run(c.Failover())
+    h.run(c.DropWorking(A, path))  # the new database compacts it away
+    h.working_checkpoint()
+    h.working_checkpoint()
+    assert deletes(h.run(c.CollectWorking())) == []
+    assert path in h.observe().pending_deletes
+    assert deletes(h.run(c.AttemptStopped("tm-1"))) == [(path, COORDINATOR)]
+
+
+def test_r104_a_zombies_use_keeps_nothing() -> None:
+    """Only live databases keep a file: a zombie still using one does not (R100, R106)."""
+    h = harness()
+    path = h.write(A, 100)
+    h.working_checkpoint()
+    h.run(c.CrashTm("tm-1"))
+    h.run(c.Failover())
+    h.run(c.AttemptStopped("tm-1"))  # the file's writer is gone: no R64 wait
+    second = h.tm_of(A)
+    h.run(c.CrashTm(second))  # a zombie that still uses the file
+    h.run(c.Failover())
+    assert path in h.state.dbs[(second, A)]
+    h.run(c.DropWorking(A, path))
+    h.working_checkpoint()
+    h.working_checkpoint()
+    assert deletes(h.run(c.CollectWorking())) == [(path, COORDINATOR)]
+
+
 # ---------------------------------------------------------------- R105 restore
 
 
