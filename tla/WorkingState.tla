@@ -21,13 +21,14 @@
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets
 
-CONSTANTS
-    NumSub,         \* subtasks 1..NumSub
-    MaxTm,          \* attempt ids 1..MaxTm (the first NumSub start alive)
-    MaxFile,        \* working file ids 1..MaxFile
-    MaxCheckpoint,  \* checkpoint ids 1..MaxCheckpoint
-    NumRetained,    \* execution.checkpointing.num-retained (R52)
-    Coord           \* the coordinator, a model value
+(***************************************************************************)
+(* NumSub: subtasks 1..NumSub.  MaxTm: attempt ids 1..MaxTm (the first     *)
+(* NumSub start alive).  MaxFile: working file ids 1..MaxFile.             *)
+(* MaxCheckpoint: checkpoint ids 1..MaxCheckpoint.  NumRetained:           *)
+(* execution.checkpointing.num-retained.  Coord: the coordinator, a model  *)
+(* value.                                                                  *)
+(***************************************************************************)
+CONSTANTS NumSub, MaxTm, MaxFile, MaxCheckpoint, NumRetained, Coord
 
 Subs == 1..NumSub
 Tms == 1..MaxTm
