@@ -1170,10 +1170,9 @@ class _Work:
         self.wout = {k: v for k, v in self.wout.items() if k[0] != tm}
 
     def _referenced(self, path: str) -> bool:
+        # R104: a working file stays while a checkpoint refers to it or a live database uses it
         if self._working_needed(path):
-            return (
-                True  # R104: a working file stays while a retained checkpoint or a live DB needs it
-            )
+            return True
         for r in self.retained:
             if path == r.metadata:
                 return True
