@@ -30,6 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "spec" / "SPEC.md"
 TLA_SPEC = ROOT / "tla" / "CheckpointOwnership.tla"
 """The specification; the other modules of tla/ wrap it or break it on purpose."""
+TLA_PARTS = (ROOT / "tla" / "WorkingState.tla",)
+"""Specifications of parts the main one leaves out (disaggregated working state, SPEC §11):
+their operators are named ``Module!Operator`` in the table, since they reuse the main
+spec's action names (``Failover``, ``Complete``) for their own actions."""
+LATER = {f"R{n}": "stage 2 (issue 18)" for n in range(100, 107)}
+"""Rules fastimpl does not carry yet, and when it will: their fastimpl cell says so."""
 TEST_DIRS = ("tests",)
 """Where test files are looked for (both while the tests move to ``tests/``)."""
 NOT_MODELLED = "not modelled"
@@ -120,13 +126,20 @@ def _tla_refs(line: str) -> set[str]:
     return out
 
 
-def tla_references(path: Path = TLA_SPEC) -> dict[str, set[str]]:
+def tla_references(path: Path | None = None) -> dict[str, set[str]]:
     """Rule or invariant -> the TLA+ operators a comment names it for.
 
     A comment block names the definitions that follow it, up to the next comment block;
     a block followed by anything but a definition (the header, CONSTANT, VARIABLES)
     describes no operator. A ``\\*`` comment inside a definition names that definition.
+    Without ``path``: the main specification and the parts (``TLA_PARTS``) together.
     """
+    if path is None:
+        merged = tla_references(TLA_SPEC)
+        for part in TLA_PARTS:
+            for ref, ops in tla_references(part).items():
+                merged[ref] |= {f"{part.stem}!{op}" for op in ops}
+        return merged
     refs: dict[str, set[str]] = defaultdict(set)
     held: set[str] = set()
     in_block = False
@@ -163,6 +176,7 @@ def tla_operators() -> set[str]:
             m = TLA_DEF.match(line)
             if m:
                 names.add(m.group(1))
+                names.add(f"{path.stem}!{m.group(1)}")
     return names
 
 
@@ -207,8 +221,9 @@ def table(text: str) -> str:
     ]
     for rule in spec_rules(text):
         files, named = _test_cells(tests.get(rule, set()))
+        later = f"not yet: {LATER[rule]}" if rule in LATER else "—"
         lines.append(
-            f"| {rule} | {_names(code.get(rule))} | {_names(product.get(rule))} "
+            f"| {rule} | {_names(code.get(rule))} | {_names(product.get(rule), later)} "
             f"| {_tla_cell(rule, tla)} | {files} | {named} |"
         )
     lines += [

@@ -6,7 +6,7 @@ model shows. Everything here follows spec/SPEC.md rule by rule.
 """
 
 from refimpl.machine import Outcome, step
-from refimpl.observe import observe
+from refimpl.observe import observe, observe_working
 from refimpl.state import ModelState, initial_state
 
-__all__ = ["ModelState", "Outcome", "initial_state", "observe", "step"]
+__all__ = ["ModelState", "Outcome", "initial_state", "observe", "observe_working", "step"]

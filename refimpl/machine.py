@@ -37,6 +37,7 @@ from refimpl.state import (
     StoredFile,
     TmRec,
     TmStatus,
+    WFile,
     place,
     subtasks_of,
 )
@@ -77,6 +78,7 @@ from spec.layout import (
     savepoint_dir,
     shared_dir,
     taskowned_dir,
+    working_dir,
 )
 from spec.observation import DeletionRecord
 
@@ -96,7 +98,7 @@ class _StorageFault(Exception):
         self.path = path
 
 
-def step(state: ModelState, command: c.Command) -> Outcome:
+def step(state: ModelState, command: c.AnyCommand) -> Outcome:
     """Apply one command. Raises ``CommandError`` (state unchanged) if it is invalid."""
     work = _Work(state)
     work.apply(command)
@@ -146,6 +148,9 @@ class _Work:
         self.next_file = s.next_file
         self.next_segment = s.next_segment
         self.next_tm = s.next_tm
+        self.wfiles = dict(s.wfiles)
+        self.dbs = dict(s.dbs)
+        self.wout = dict(s.wout)
         self.effects: list[Effect] = []
 
     def freeze(self) -> ModelState:
@@ -185,12 +190,25 @@ class _Work:
             next_file=self.next_file,
             next_segment=self.next_segment,
             next_tm=self.next_tm,
+            # a working file's record goes with the file (R102, R104)
+            wfiles={p: w for p, w in self.wfiles.items() if p in self.files},
+            dbs=self.dbs,
+            wout=self.wout,
         )
 
     # ------------------------------------------------------------------ dispatch
 
-    def apply(self, cmd: c.Command) -> None:
+    def apply(self, cmd: c.AnyCommand) -> None:
         match cmd:
+            case c.WriteWorking():
+                self.write_working(cmd)
+            case c.DropWorking():
+                self.drop_working(cmd)
+            case c.SnapshotWorking():
+                self.snapshot_working(cmd)
+            case c.CollectWorking():
+                self.require_running()
+                self.collect_working()
             case c.Trigger():
                 self.trigger(cmd)
             case c.WriteState():
@@ -630,6 +648,20 @@ class _Work:
 
     def acknowledge(self, cmd: c.Acknowledge) -> None:
         tm = self.writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        refs = self.wout.pop((tm, cmd.subtask, cmd.checkpoint), ())
+        if cmd.attempt is None:
+            # R103: the acknowledgement hands what it refers to in place to the coordinator,
+            # whether the checkpoint is still pending or not (as R43 does for whole files)
+            self._share(refs)
+            p = self.pending.get(cmd.checkpoint)
+            if p is not None and refs:
+                self.pending[cmd.checkpoint] = evolve(
+                    p, working=dict(p.working) | {cmd.subtask: refs}
+                )
+        self._acknowledge(cmd, tm)
+        self._db_release(tm)  # R102: a pin of a zombie's ignored acknowledgement goes (R56)
+
+    def _acknowledge(self, cmd: c.Acknowledge, tm: TmId) -> None:
         key = (tm, cmd.subtask, cmd.checkpoint)
         entries = list(self.outputs.pop(key, ()))
         if self.cfg.merging_mode is not MergingMode.NONE and not self._is_savepoint(cmd.checkpoint):
@@ -748,6 +780,7 @@ class _Work:
             tuple(directories),
             meta,
             self.cfg.max_parallelism,  # R77: the metadata records it
+            tuple((s, path) for s in sorted(p.working) for path in p.working[s]),  # R103
         )
         try:
             self._fire(StorageOp.METADATA, meta, COORDINATOR)
@@ -1009,11 +1042,14 @@ class _Work:
 
     def _tm_drop_outputs_where(self, tm: TmId, which: object) -> None:
         assert callable(which)
-        for key in sorted((k for k in self.outputs if k[0] == tm and which(k[2])), key=str):
+        keys = {k for k in [*self.outputs, *self.wout] if k[0] == tm and which(k[2])}
+        for key in sorted(keys, key=str):
             self._tm_drop_outputs(tm, key[1], key[2])
 
     def _tm_drop_outputs(self, tm: TmId, subtask: SubtaskId, checkpoint: int) -> None:
         """Discard what a subtask wrote for a checkpoint and never acknowledged."""
+        if self.wout.pop((tm, subtask, checkpoint), None) is not None:
+            self._db_release(tm)  # R102: the snapshot's pins go with it
         for e in self.outputs.pop((tm, subtask, checkpoint), ()):
             h = e.handle
             if isinstance(h, FileHandle):
@@ -1130,8 +1166,13 @@ class _Work:
         self.acked = {k: v for k, v in self.acked.items() if k[0] != tm}
         self.backend = {k: v for k, v in self.backend.items() if k[0] != tm}
         self.channel = [n for n in self.channel if n.tm != tm]
+        self.dbs = {k: v for k, v in self.dbs.items() if k[0] != tm}
+        self.wout = {k: v for k, v in self.wout.items() if k[0] != tm}
 
     def _referenced(self, path: str) -> bool:
+        # R104: a working file stays while a checkpoint refers to it or a live database uses it
+        if self._working_needed(path):
+            return True
         for r in self.retained:
             if path == r.metadata:
                 return True
@@ -1198,6 +1239,10 @@ class _Work:
                 first_checkpoint=self.next_checkpoint,
             )
             self._restore_manager(tm)
+        source = self.retained[-1] if self.retained else None
+        self._open_databases(source)  # R105: failover opens the checkpointed files in place
+        for tm in survivors:
+            self._db_release(tm)  # R62: a survivor's private files the checkpoint lacks go
         self._collect_dirs()
 
     def _restore_manager(self, tm: TmId) -> None:
@@ -1361,6 +1406,7 @@ class _Work:
         self.restoring = tuple(e for s in sorted(assignment) for e in assignment[s])
         if mode is RestoreMode.CLAIM:
             self._claim(source)
+        self._open_databases(source)  # R105: in place (CLAIM) or the user's, never deleted
         same = all(
             v.parallelism == ov.parallelism
             for v, ov in zip(self.vertices, self.s.vertices, strict=True)
@@ -1378,6 +1424,7 @@ class _Work:
         files it references and its directories with everything in them."""
         self.bases.add(source.metadata.split("/", 1)[0])
         paths = {source.metadata} | {s.path for e in source.entries if (s := stream_of(e.handle))}
+        paths |= {path for _, path in source.working}  # R105: claimed in place
         for d in source.directories:
             paths |= {p for p in self.files if is_under(p, d)}
             if d in self.dir_owner:
@@ -1402,6 +1449,9 @@ class _Work:
         for tm in self.current_tms():
             actor = tm_actor(tm)
             self._tm_drop_outputs_where(tm, lambda cp: True)
+            # R90, R102: the databases close; their private files go with them
+            self.dbs = {k: v for k, v in self.dbs.items() if k[0] != tm}
+            self._db_release(tm)
             keep = {
                 s.logical_id
                 for r in self.retained
@@ -1431,6 +1481,7 @@ class _Work:
             # R91: the retained checkpoints and everything they use become the user's
             for r in self.retained:
                 paths = {r.metadata} | {s.path for e in r.entries if (s := stream_of(e.handle))}
+                paths |= {path for _, path in r.working}  # R105: in place, the user's
                 for rd in r.directories:
                     if rd in self.dir_owner:
                         self.dir_owner[rd] = USER
@@ -1444,3 +1495,181 @@ class _Work:
             if not self._referenced(path) and any(is_under(path, b) for b in self.bases):
                 self._delete_file(path, COORDINATOR)
         self._collect_dirs()
+
+    # ------------------------------------------------------------------ working state (R100-R106)
+
+    def db_host(self, subtask: SubtaskId, attempt: TmId | None) -> TmId:
+        """The attempt whose database acts: the subtask's live TM, or a zombie that hosted
+        it (R106), checked as a writer is (R57, R64)."""
+        self.require_running()
+        self.require_subtask(subtask)
+        tm = self.placement[subtask] if attempt is None else attempt
+        rec = self.tms.get(tm)
+        if rec is None:
+            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
+        if attempt is None and rec.status is not TmStatus.ALIVE:
+            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} hosting {subtask} is {rec.status.value}")
+        if attempt is not None:
+            if rec.status is not TmStatus.LOST:
+                raise CommandError(Reason.TM_NOT_LOST, f"attempt {tm} is not a lost TM")
+            if subtask not in rec.hosted:
+                raise CommandError(Reason.NOT_HOSTED, f"{tm} never hosted {subtask}")
+        return tm
+
+    def _live_dbs(self) -> dict[tuple[TmId, SubtaskId], frozenset[str]]:
+        """R100: a database is live while its attempt is alive and hosts its subtask in the
+        running job; a lost attempt's database is a zombie, fenced from the live one."""
+        if not self.running:
+            return {}
+        return {
+            (t, sub): uses
+            for (t, sub), uses in self.dbs.items()
+            if self.placement.get(sub) == t and self.tms[t].status is TmStatus.ALIVE
+        }
+
+    def _working_needed(self, path: str) -> bool:
+        """R104: a retained checkpoint refers to it in place, a pending checkpoint's
+        acknowledgement does, or a live database uses it."""
+        if path not in self.wfiles:
+            return False
+        if any(path == p for r in self.retained for _, p in r.working):
+            return True
+        if any(path in refs for p in self.pending.values() for refs in p.working.values()):
+            return True
+        return any(path in uses for uses in self._live_dbs().values())
+
+    def _put_working(self, tm: TmId, subtask: SubtaskId, size: int, *, faults: bool) -> str:
+        """R101: one immutable working file, written whole (SlateDB puts whole objects):
+        private to the attempt that wrote it. Restore copies arm no fault (``faults``)."""
+        actor = tm_actor(tm)
+        path = self._new_file_name(working_dir(self.job, subtask))
+        if faults:
+            self._fs_create(path, actor, tm)
+            try:
+                self._fs_append(path, size, actor)
+            except _StorageFault:
+                self._fs_close(path, actor)
+                self._delete_file(path, actor)
+                raise
+        else:
+            self.effects.append(CreateFile(path, actor))
+            self.effects.append(AppendBytes(path, 0, size, actor))
+            self.files[path] = StoredFile(size, True, actor, tm)
+        self._fs_close(path, actor)
+        kg = key_group_range(self.cfg.max_parallelism, subtask.parallelism, subtask.index)
+        self.wfiles[path] = WFile(path, kg)
+        key = (tm, subtask)
+        self.dbs[key] = self.dbs.get(key, frozenset()) | {path}
+        return path
+
+    def write_working(self, cmd: c.WriteWorking) -> None:
+        tm = self.db_host(cmd.subtask, cmd.attempt)
+        if cmd.size == 0:
+            raise CommandError(Reason.BAD_ARGUMENT, "a working file has at least one byte")
+        try:
+            self._put_working(tm, cmd.subtask, cmd.size, faults=True)
+        except _StorageFault:
+            pass  # R45: the failed write leaves nothing the database uses
+
+    def drop_working(self, cmd: c.DropWorking) -> None:
+        """R102: a database may stop using any file at any time; what happens to the file
+        depends on its state, never on who asks."""
+        tm = self.db_host(cmd.subtask, cmd.attempt)
+        key = (tm, cmd.subtask)
+        uses = self.dbs.get(key, frozenset())
+        if cmd.path not in uses:
+            raise CommandError(
+                Reason.NO_SUCH_STATE, f"the database of {cmd.subtask} on {tm} uses no {cmd.path}"
+            )
+        self.dbs[key] = uses - {cmd.path}
+        self._db_release(tm)
+
+    def _db_release(self, tm: TmId) -> None:
+        """R102: an attempt deletes its private files that none of its databases uses and
+        no unacknowledged snapshot of it refers to. A shared file is never the database's
+        to delete: the coordinator collects it (R104)."""
+        actor = tm_actor(tm)
+        used = {p for (t, _), uses in self.dbs.items() if t == tm for p in uses}
+        pinned = {p for (t, _, _), refs in self.wout.items() if t == tm for p in refs}
+        for path, wf in sorted(self.wfiles.items()):
+            if wf.shared or path in used or path in pinned:
+                continue
+            f = self.files.get(path)
+            if f is not None and f.owner == actor:
+                self._delete_file(path, actor)
+
+    def _share(self, paths: Iterable[str]) -> None:
+        """R103: referred to in place by an acknowledgement: the coordinator's for good."""
+        for path in paths:
+            wf = self.wfiles.get(path)
+            f = self.files.get(path)
+            if wf is None or f is None:
+                continue
+            self.wfiles[path] = evolve(wf, shared=True)
+            if f.owner != USER:
+                self.files[path] = evolve(f, owner=COORDINATOR)
+
+    def snapshot_working(self, cmd: c.SnapshotWorking) -> None:
+        """R103: small files are uploaded as shared state (segments when merging), large
+        ones are referred to in place and pinned until the acknowledgement; a file of the
+        user's is copied first (R105, NO_CLAIM); a savepoint copies everything (R55)."""
+        tm = self.writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        key = (tm, cmd.subtask)
+        savepoint = self._is_savepoint(cmd.checkpoint)
+        refs: list[str] = []
+        for path in sorted(self.dbs.get(key, frozenset())):
+            f = self.files[path]
+            if savepoint or f.size < cmd.inline_below:
+                name = f"db:{path.rsplit('/', 1)[1]}"
+                try:
+                    entry = self._write_stream(
+                        tm, cmd.subtask, cmd.checkpoint, StateKind.KEYED_SHARED, name, f.size, 1
+                    )
+                except _StorageFault:
+                    self._write_failed(tm, cmd.subtask, cmd.checkpoint)
+                    return
+                self._add_output(tm, cmd.subtask, cmd.checkpoint, entry)
+                continue
+            if f.owner == USER:
+                # R105: the first checkpoint after NO_CLAIM refers only to files of its own
+                copy = self._put_working(tm, cmd.subtask, f.size, faults=False)
+                self.dbs[key] = self.dbs[key] - {path}
+                refs.append(copy)
+                continue
+            refs.append(path)
+        wkey = (tm, cmd.subtask, cmd.checkpoint)
+        self.wout[wkey] = tuple(dict.fromkeys([*self.wout.get(wkey, ()), *refs]))
+
+    def collect_working(self) -> None:
+        """R104: the coordinator deletes a shared file once no retained checkpoint, no
+        pending acknowledgement and no live database refers to it; a file a lost attempt
+        wrote waits until it stopped (R64). SlateDB: delete the checkpoints, then GC."""
+        for path, wf in sorted(self.wfiles.items()):
+            f = self.files.get(path)
+            if f is None or not wf.shared or f.owner != COORDINATOR:
+                continue
+            if not self._working_needed(path):
+                self._delete_file(path, COORDINATOR)
+
+    def _open_databases(self, source: Completed | None) -> None:
+        """R105: each subtask of the running job opens a database on the working files the
+        source refers to for its key groups (a projection, in place, no copy) and on copies
+        of its small files from their segments; without a source it starts empty."""
+        if source is None:
+            return
+        assignment = redistribute(source.entries, self.vertices, self.cfg.max_parallelism)
+        for sub, tm in sorted(self.placement.items()):
+            lo, hi = key_group_range(self.cfg.max_parallelism, sub.parallelism, sub.index)
+            uses = {
+                path
+                for _, path in source.working
+                if path in self.wfiles
+                and self.wfiles[path].key_groups[0] <= hi
+                and lo <= self.wfiles[path].key_groups[1]
+            }
+            key = (tm, sub)
+            self.dbs[key] = self.dbs.get(key, frozenset()) | uses
+            for e in assignment.get(sub, ()):
+                st = stream_of(e.handle)
+                if e.name.startswith("db:") and st is not None:
+                    self._put_working(tm, sub, st.length, faults=False)

@@ -5,7 +5,13 @@ from __future__ import annotations
 from refimpl.state import ModelState, TmStatus
 from spec.effects import COORDINATOR, tm_actor
 from spec.handles import FileHandle
-from spec.observation import Observation, RegistryView, RetainedView
+from spec.observation import (
+    Observation,
+    RegistryView,
+    RetainedView,
+    WorkingFileView,
+    WorkingObservation,
+)
 
 METADATA_SUFFIX = "/_metadata"
 
@@ -67,4 +73,43 @@ def observe(s: ModelState) -> Observation:
         pool_files=frozenset(pool_files),
         metadata_files=frozenset(p for p in s.files if p.endswith(METADATA_SUFFIX)),
         live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in alive}),
+    )
+
+
+def _db_name(tm: str, subtask: object) -> str:
+    return f"{subtask}@{tm_actor(tm)}"
+
+
+def observe_working(s: ModelState) -> WorkingObservation:
+    """The model's working files (§11): owner, state, the live databases that use each and
+    the checkpoints that refer to it in place."""
+    live = {
+        (t, sub): uses
+        for (t, sub), uses in s.dbs.items()
+        if s.running and s.placement.get(sub) == t and s.tms[t].status is TmStatus.ALIVE
+    }
+    refs: dict[str, set[int]] = {}
+    for r in s.retained:
+        for _, path in r.working:
+            refs.setdefault(path, set()).add(r.id)
+    for p in s.pending.values():
+        for paths in p.working.values():
+            for path in paths:
+                refs.setdefault(path, set()).add(p.id)
+    pinned = {path for paths in s.wout.values() for path in paths}
+    files = {}
+    for path, wf in s.wfiles.items():
+        if path not in s.files:
+            continue
+        state = "shared" if wf.shared else "pinned" if path in pinned else "private"
+        files[path] = WorkingFileView(
+            owner=s.files[path].owner,
+            state=state,
+            users=frozenset(_db_name(t, sub) for (t, sub), uses in live.items() if path in uses),
+            refs=frozenset(refs.get(path, ())),
+        )
+    return WorkingObservation(
+        files=files,
+        uses={_db_name(t, sub): uses for (t, sub), uses in live.items()},
+        retained={r.id: frozenset(p for _, p in r.working) for r in s.retained},
     )

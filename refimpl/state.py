@@ -102,6 +102,8 @@ class Pending:
     acks: Mapping[SubtaskId, tuple[StateEntry, ...]] = field(factory=dict)
     received: frozenset[str] = frozenset()
     """Files whose ownership the acknowledgements handed to the coordinator."""
+    working: Mapping[SubtaskId, tuple[str, ...]] = field(factory=dict)
+    """R103: the working files each acknowledgement referred to in place."""
 
 
 @frozen
@@ -114,6 +116,8 @@ class Completed:
     metadata: str
     max_parallelism: int | None = None
     """R77: the max parallelism the checkpoint was taken with (``None``: not recorded)."""
+    working: tuple[tuple[SubtaskId, str], ...] = ()
+    """R103: the working files it refers to in place, with the subtask that referred."""
 
 
 @frozen
@@ -164,6 +168,17 @@ class Deferred:
 
 
 @frozen
+class WFile:
+    """A working file of disaggregated state (R100): immutable once written."""
+
+    path: str
+    key_groups: tuple[int, int]
+    """The key groups of the subtask whose database wrote it (R105 projects by them)."""
+    shared: bool = False
+    """An acknowledgement referred to it: the coordinator's for good (R103)."""
+
+
+@frozen
 class ModelState:
     config: Config
     job: str
@@ -200,6 +215,11 @@ class ModelState:
     next_file: int = 1
     next_segment: int = 1
     next_tm: int = 1
+    wfiles: Mapping[str, WFile] = field(factory=dict)
+    dbs: Mapping[tuple[TmId, SubtaskId], frozenset[str]] = field(factory=dict)
+    """R100: each open database (an attempt's, for one subtask) -> the files it uses."""
+    wout: Mapping[tuple[TmId, SubtaskId, int], tuple[str, ...]] = field(factory=dict)
+    """R103: what an unacknowledged snapshot refers to in place: pins of its attempt."""
 
 
 def subtasks_of(vertices: tuple[VertexSpec, ...]) -> list[SubtaskId]:

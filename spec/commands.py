@@ -192,3 +192,53 @@ Command = (
     | RetryDeletes
     | Cancel
 )
+
+
+# ---------------------------------------------------------------------- working state (§11)
+# STAGE 2 (issue 18) adds these to ``Command``, the refusal table, the lockstep strategies
+# and the conformance corpus, once fastimpl carries them. Until then only the reference
+# model takes them (``refimpl.step`` accepts ``AnyCommand``), so fastimpl, the corpus and
+# the lockstep machine are unchanged.
+
+
+@frozen
+class WriteWorking:
+    """The live database of a subtask writes one working file of ``size`` bytes in its
+    working directory and uses it from then on (R101). ``attempt``: a zombie's database."""
+
+    subtask: SubtaskId
+    size: int = field(validator=_non_negative)
+    attempt: TmId | None = None
+
+
+@frozen
+class DropWorking:
+    """A database stops using a working file (a compaction replaced it, R102)."""
+
+    subtask: SubtaskId
+    path: str
+    attempt: TmId | None = None
+
+
+@frozen
+class SnapshotWorking:
+    """A subtask snapshots its database for a checkpoint (R103): files smaller than
+    ``inline_below`` bytes are uploaded as shared state (merged segments when file merging
+    is on), the others are referred to in place. Stage 2 moves ``inline_below`` into
+    ``Config``."""
+
+    checkpoint: int
+    subtask: SubtaskId
+    inline_below: int = field(default=0, validator=_non_negative)
+    attempt: TmId | None = None
+
+
+@frozen
+class CollectWorking:
+    """The coordinator's collection of working files (R104; SlateDB: its GC run)."""
+
+
+WorkingCommand = WriteWorking | DropWorking | SnapshotWorking | CollectWorking
+"""The commands of disaggregated working state (§11), outside ``Command`` until stage 2."""
+
+AnyCommand = Command | WorkingCommand

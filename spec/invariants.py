@@ -6,12 +6,12 @@ Each returns the list of violations it found; an empty list means it holds.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from attrs import frozen
 
 from spec.handles import DirectoryHandle, FileHandle, SegmentHandle, StateEntry
-from spec.observation import Observation
+from spec.observation import Observation, WorkingObservation
 
 USER = "user"
 
@@ -150,14 +150,15 @@ def referenced_paths(obs: Observation) -> set[str]:
     return refs
 
 
-def no_leak_once_quiet(obs: Observation) -> list[Violation]:
+def no_leak_once_quiet(obs: Observation, exempt: Collection[str] = ()) -> list[Violation]:
     """I6 (checked only in a quiet state, R60): every existing file is referenced by a
     retained checkpoint, open in a live pool, or the user's; every managed directory is
-    referenced by a retained checkpoint or held by a live TM; no delete is pending."""
+    referenced by a retained checkpoint or held by a live TM; no delete is pending.
+    ``exempt``: files another predicate judges (working files, ``no_working_leak_once_quiet``)."""
     out: list[Violation] = []
     refs = referenced_paths(obs)
     for path in obs.files:
-        if path in refs or path in obs.pool_files or obs.owners.get(path) == USER:
+        if path in refs or path in obs.pool_files or obs.owners.get(path) == USER or path in exempt:
             continue
         out.append(Violation("I6", f"leaked {path} (owner {obs.owners.get(path)})"))
     ref_dirs = {d for r in obs.retained for d in r.directories}
@@ -185,3 +186,53 @@ def check_safety(obs: Observation) -> list[Violation]:
 
 def check_all(obs: Observation, *, quiet: bool) -> list[Violation]:
     return check_safety(obs) + (no_leak_once_quiet(obs) if quiet else [])
+
+
+COORDINATOR = "coordinator"
+
+
+def working_files_kept(obs: Observation, w: WorkingObservation) -> list[Violation]:
+    """I7: every file a live database uses exists, and so does every working file a
+    retained checkpoint refers to in place; a working file a checkpoint's acknowledgement
+    referred to is the coordinator's (or the user's), so no database can delete it (I5);
+    a file a live database uses is its own attempt's, the coordinator's or the user's,
+    never another attempt's (a zombie's writes are never used)."""
+    out: list[Violation] = []
+    for db, paths in w.uses.items():
+        for path in sorted(paths):
+            if path not in obs.files:
+                out.append(Violation("I7", f"database {db} uses missing {path}"))
+            elif obs.owners.get(path) not in (db.split("@", 1)[1], COORDINATOR, USER):
+                out.append(Violation("I7", f"database {db} uses {path} of {obs.owners.get(path)}"))
+    for cid, paths in sorted(w.retained.items()):
+        for path in sorted(paths):
+            if path not in obs.files:
+                out.append(Violation("I7", f"chk {cid}: working file {path} missing"))
+    for path, view in w.files.items():
+        if view.refs and view.owner not in (COORDINATOR, USER):
+            out.append(
+                Violation("I7", f"{path} referred to by {sorted(view.refs)} but {view.owner}'s")
+            )
+    return out
+
+
+def no_working_leak_once_quiet(obs: Observation, w: WorkingObservation) -> list[Violation]:
+    """I6 for working files (checked only in a quiet state, after the coordinator's
+    collection): every working file is referred to by a retained checkpoint, used by a
+    live database, or the user's."""
+    used = {p for paths in w.uses.values() for p in paths}
+    kept = {p for paths in w.retained.values() for p in paths}
+    return [
+        Violation("I6", f"leaked working file {path} (owner {view.owner})")
+        for path, view in w.files.items()
+        if path not in used and path not in kept and view.owner != USER
+    ]
+
+
+def check_working(obs: Observation, w: WorkingObservation, *, quiet: bool) -> list[Violation]:
+    """Every invariant over a model with working state (§11)."""
+    out = check_safety(obs) + working_files_kept(obs, w)
+    if quiet:
+        out += no_leak_once_quiet(obs, exempt=frozenset(w.files))
+        out += no_working_leak_once_quiet(obs, w)
+    return out

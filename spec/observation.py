@@ -74,3 +74,31 @@ class Observation:
     metadata_files: frozenset[str]
     live_parties: frozenset[str]
     """``coordinator`` and ``tm:<id>`` of every TM alive in the running job."""
+
+
+@frozen
+class WorkingFileView:
+    """One existing working file of disaggregated state (§11)."""
+
+    owner: str
+    state: str
+    """``private`` (its attempt's, no snapshot refers to it), ``pinned`` (its attempt's, an
+    unacknowledged snapshot refers to it) or ``shared`` (an acknowledgement referred to it:
+    the coordinator's, R100)."""
+    users: frozenset[str]
+    """The live databases that use it, as ``<subtask>@tm:<id>``."""
+    refs: frozenset[int]
+    """Checkpoints, pending or retained, whose acknowledgements refer to it in place."""
+
+
+@frozen
+class WorkingObservation:
+    """What a model shows of its working files (§11). Kept apart from ``Observation``
+    until stage 2 of issue 18 gives fastimpl working state: the conformance corpus stores
+    observations, and its stored form must not change before fastimpl can produce it."""
+
+    files: Mapping[str, WorkingFileView] = field(converter=_frozen_map)
+    uses: Mapping[str, frozenset[str]] = field(converter=_frozen_map)
+    """Every live database (``<subtask>@tm:<id>``) -> the files it uses."""
+    retained: Mapping[int, frozenset[str]]
+    """Every retained checkpoint -> the working files it refers to in place."""
