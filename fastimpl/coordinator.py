@@ -259,6 +259,8 @@ class CheckpointCoordinator:
         for e in entries:
             if isinstance(e.handle, DirectoryHandle):
                 self.dir_users.setdefault(e.handle.path, set()).add(ack.attempt)
+        if self.mode is not MergingMode.NONE and not p.savepoint:
+            self._forget_released_dirs(ack)
         p.acks[ack.subtask] = entries
         if not all(
             e.handle.logical_id in self.registry
@@ -270,6 +272,18 @@ class CheckpointCoordinator:
         for e in entries:
             if isinstance(e.handle, PlaceholderHandle):
                 self.registry[e.handle.logical_id].pins.add(ack.checkpoint)
+
+    def _forget_released_dirs(self, ack: Acknowledgement) -> None:
+        """R40, R41: an acknowledgement reports each of the subtask's managed directories
+        that exists; one the coordinator records as the attempt's and the acknowledgement
+        does not report was deleted by the TM (R41), so the record goes. (With one table
+        shared in process the TM's delete already removed it.)"""
+        reported = {e.handle.path for e in ack.entries if isinstance(e.handle, DirectoryHandle)}
+        actor = tm_actor(ack.attempt)
+        for d in (shared_dir(self.job, ack.subtask), taskowned_dir(self.job, ack.attempt)):
+            if d not in reported and self.catalog.dir_owner.get(d) == actor:
+                del self.catalog.dir_owner[d]
+                self.catalog.dirs.pop(d, None)
 
     def _take_over_files(self, entries: Iterable[StateEntry], attempt: TmId) -> set[str]:
         """R43: whole-file handles (NONE mode, savepoints) become the coordinator's.

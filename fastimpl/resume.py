@@ -15,6 +15,8 @@ alone and the engine's list of running TMs:
   dead coordinator's (taken from a stopped attempt, R64, or handed over for a pending
   checkpoint, R43): it is the new one's, and goes unless a kept checkpoint refers to it
   (R95: nothing retained is deleted, nothing unreferenced is kept);
+- every file outside the job's base is the user's (an earlier job's checkpoints given to
+  the user, savepoints, another job's files): read where referenced, never deleted;
 - then every subtask restarts as in a failover (R60-R62), with the epoch after the HA
   one, so each TM applies the new coordinator's duties.
 
@@ -33,7 +35,7 @@ from fastimpl.ids import IdSource
 from fastimpl.records import ManagedDir, StoredFile
 from fastimpl.storage import Storage
 from spec.config import Config, VertexSpec
-from spec.effects import COORDINATOR
+from spec.effects import COORDINATOR, USER
 from spec.handles import FileHandle, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.layout import METADATA, is_under, job_base
@@ -100,6 +102,9 @@ def resume(
         co._register(done)
         co.retained.append(done)
     co.latest_completed = keep[-1].id if keep else 0
+    for path, size in files.items():
+        if not is_under(path, own):  # other bases and savepoints: the user's (as recover())
+            co.catalog.files[path] = StoredFile(size, False, USER, None)
     referenced = {d.metadata for d in keep} | {
         s.path for d in keep for e in d.entries if (s := stream_of(e.handle)) is not None
     }

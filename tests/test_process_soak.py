@@ -27,7 +27,8 @@ the replay compares outcomes, not observations.
 
 ``make test`` runs one sequence per setting. The soak mode runs many:
 ``CKPT_SOAK_SEQUENCES=200 CKPT_SOAK_STEPS=60 pytest tests/test_process_soak.py`` (per
-setting; ``CKPT_SOAK_SEED`` moves the seeds: sequence n of a setting uses the seed string
+setting; ``CKPT_SOAK_LOG=<file>`` appends each passed sequence's figures there as a
+JSON line; ``CKPT_SOAK_SEED`` moves the seeds: sequence n of a setting uses the seed string
 "<CKPT_SOAK_SEED + n>-<mode>-<where>"). A failure names the seed and prints the steps
 taken; ``CKPT_SOAK_SEED=n CKPT_SOAK_SEQUENCES=1 pytest -k <mode>-<where>`` runs it again.
 """
@@ -35,6 +36,7 @@ taken; ``CKPT_SOAK_SEED=n CKPT_SOAK_SEQUENCES=1 pytest -k <mode>-<where>`` runs 
 from __future__ import annotations
 
 import io
+import json
 import os
 import random
 import uuid
@@ -58,6 +60,7 @@ from spec import commands as c
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.errors import CommandError, Reason
 from spec.ids import SubtaskId, TmId
+from spec.layout import is_under, job_base
 from spec.messages import Acknowledgement, AttemptStopped, decode_message
 from tests.lockstep import S3_BUCKET, s3
 from tests.tm_cluster import ProcessEngine, TmDied, violations
@@ -65,6 +68,7 @@ from tests.tm_cluster import ProcessEngine, TmDied, violations
 SEQUENCES = int(os.environ.get("CKPT_SOAK_SEQUENCES") or 1)
 STEPS = int(os.environ.get("CKPT_SOAK_STEPS") or 24)
 SEED = int(os.environ.get("CKPT_SOAK_SEED") or 0)
+LOG = os.environ.get("CKPT_SOAK_LOG")
 JOB = "job-0"
 VERTICES = (VertexSpec("map", 2), VertexSpec("sink", 1))
 SETTINGS = [
@@ -401,7 +405,8 @@ class Soak:
             self.quiesce()
         self.check(quiet=True)
         if not self.coord.running and not self.coord.retained:
-            left = Storage(self.fs, self.root).list_files()
+            base = job_base(self.coord.job)
+            left = [p for p in Storage(self.fs, self.root).list_files() if is_under(p, base)]
             if left:
                 raise SoakFailure(self.failure(f"a cancelled job left {sorted(left)}"))
         report = replay(self.out.getvalue().splitlines())
@@ -454,6 +459,9 @@ def test_the_multi_process_soak(
         assert all(code == 0 for code in codes), soak.failure(f"TM exit codes {codes}")
         done.update(soak.counts)
         done["sequences"] += 1
+        if LOG:  # one line per sequence, for long soaks
+            with open(LOG, "a", encoding="utf-8") as out:
+                out.write(json.dumps({"seed": seed, **soak.counts}) + "\n")
     TOTALS.update(done)
     print(f"\nsoak {mode.value}-{where}: {dict(sorted(done.items()))}")
     assert done["sequences"] == SEQUENCES

@@ -240,6 +240,12 @@ def observe(
         deletions += s["deletions"]
         pending += s["pending"]
         refused += s["refused"]
+    for path, owner in list(directories.items()):
+        # R41: a live TM deleted a directory of its own; the coordinator's copy of the
+        # record goes at the TM's next acknowledgement, which no longer reports it (R40)
+        holder = owner[3:] if owner.startswith("tm:") else None
+        if holder in snaps and path not in snaps[holder]["dirs"]:
+            del directories[path]
     for path, owner in {**engine.orphans, **(orphans or {})}.items():
         if path in coord.storage.list_files():
             owners.setdefault(path, owner)
