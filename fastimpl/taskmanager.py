@@ -233,7 +233,8 @@ class TaskManager:
         if self.own_records:
             cat = self.catalog
             for d in msg.taken_over:  # R61: the coordinator's word that it is not its own
-                if d not in cat.dir_owner:
+                # unless this TM deleted it (R41) before the coordinator heard (R40)
+                if d not in cat.dir_owner and cat.storage.exists_dir(d):
                     cat.dir_owner[d] = self.actor
                     cat.dirs[d] = ManagedDir(d, self.tm)
             for d in msg.handed_over:  # R42: written in, never deleted by this TM
