@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -44,8 +43,10 @@ from spec.ids import SubtaskId, TmId
 from spec.layout import METADATA
 from spec.messages import (
     Acknowledgement,
+    Answer,
     CheckpointAborted,
     CheckpointComplete,
+    Duty,
     decode_message,
     encode_message,
 )
@@ -55,8 +56,8 @@ _META = "/" + METADATA
 
 class OutboxEngine:
     """The engine around the coordinator in this process: notices are encoded into an
-    outbox that the reply carries to the TM's process. A steady job starts, resets and
-    restarts no TM: those calls fail loudly."""
+    outbox that the reply carries to the TM's process. A steady job starts no TM and
+    hands no duty: those calls fail loudly."""
 
     def __init__(self) -> None:
         self.outbox: list[tuple[TmId, bytes]] = []
@@ -70,26 +71,14 @@ class OutboxEngine:
     def place(self, subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
         return {s: tms[i % len(tms)] for i, s in enumerate(subtasks)}
 
-    def pool_files(self, tm: TmId) -> Iterable[str]:
-        raise AssertionError("a steady benchmark job hands no directory back")
-
     def _not_here(self, what: str) -> AssertionError:
         return AssertionError(f"the coordinator asked the engine to {what} in a steady job")
 
     def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
         raise self._not_here("start a TM")
 
-    def reset_tm(self, tm: TmId) -> None:
-        raise self._not_here("reset a TM")
-
-    def restart_tm(self, *args: object) -> None:
-        raise self._not_here("restart a TM")
-
-    def seed_backend(self, *args: object) -> None:
-        raise self._not_here("seed a backend")
-
-    def end_tm(self, tm: TmId, keep: set[str]) -> None:
-        raise self._not_here("end a TM")
+    def duty(self, tm: TmId, msg: Duty) -> Answer | None:
+        raise self._not_here(f"hand {type(msg).__name__} to a TM")
 
     def forget_tm(self, tm: TmId) -> None:
         raise self._not_here("forget a TM")

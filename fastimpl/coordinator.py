@@ -13,6 +13,7 @@ or ``None``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -48,6 +49,7 @@ from spec.keygroups import max_parallelism_refusal
 from spec.layout import (
     METADATA,
     SAVEPOINTS,
+    checkpoint_dir,
     is_under,
     job_base,
     metadata_path,
@@ -57,14 +59,25 @@ from spec.layout import (
 )
 from spec.messages import (
     Acknowledgement,
+    Answer,
     AttemptStopped,
     CheckpointAborted,
     CheckpointComplete,
     Decline,
+    Duty,
+    EndJob,
+    Held,
+    Holdings,
+    KeptFile,
+    ResetTm,
+    RetainedCheckpoint,
+    ReusableFiles,
+    TmAssignment,
+    TmEnded,
 )
 
 Notice = CheckpointComplete | CheckpointAborted
-RetainedEntries = list[tuple[int, tuple[StateEntry, ...]]]
+log = logging.getLogger("fastimpl.coordinator")
 
 
 def subtasks_of(vertices: tuple[VertexSpec, ...]) -> list[SubtaskId]:
@@ -73,7 +86,13 @@ def subtasks_of(vertices: tuple[VertexSpec, ...]) -> list[SubtaskId]:
 
 class CoordinatorEngine(Protocol):
     """What the coordinator asks of the engine that runs the job's TMs (in process:
-    ``fastimpl.engine.InProcessEngine``; across processes, messages to TM processes)."""
+    ``fastimpl.engine.InProcessEngine``; across processes, messages to TM processes).
+
+    Starting, placing and stopping TM processes is the engine's (Flink's scheduler
+    deploys TaskManagers, a Spark driver its executors); everything else a TM must do for
+    the coordinator is a message (``spec.messages``): notices through ``send``, which
+    may be lost, repeated or reordered, and duties through ``duty``, the engine's reliable
+    call to one TM (Flink's task deployment and TaskExecutor RPCs)."""
 
     def send(self, tm: TmId, msg: Notice) -> None:
         """Queue a notice for ``tm`` (the transport may lose, repeat or reorder it)."""
@@ -84,36 +103,17 @@ class CoordinatorEngine(Protocol):
     def place(self, subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
         """Where each subtask runs (the engine's choice)."""
 
-    def pool_files(self, tm: TmId) -> Iterable[str]:
-        """The physical files a live TM still tracks (R42: their directory stays)."""
-
-    def reset_tm(self, tm: TmId) -> None:
-        """R60: a surviving TM drops what it wrote and forgets its tables."""
-
-    def restart_tm(
-        self,
-        tm: TmId,
-        known: tuple[int, int, int],
-        first_checkpoint: int,
-        hosted: list[SubtaskId],
-        retained: RetainedEntries,
-        latest: tuple[int, tuple[StateEntry, ...]] | None,
-        lost: frozenset[TmId],
-    ) -> None:
-        """R60-R62: a TM restarts from the retained checkpoints; the files of ``lost``
-        attempts wait for them (R64)."""
-
     def placed(self, placement: dict[SubtaskId, TmId]) -> None:
         """Where the subtasks run now (each TM learns which are its own)."""
 
-    def seed_backend(self, tm: TmId, subtask: SubtaskId, entry: StateEntry, cp: int) -> None:
-        """R72: a claimed whole file the subtask's backend may reuse (NONE mode)."""
-
-    def end_tm(self, tm: TmId, keep: set[str]) -> None:
-        """R90: the job ends for ``tm``; segments not in ``keep`` are discarded."""
+    def duty(self, tm: TmId, msg: Duty) -> Answer | None:
+        """Hand ``msg`` to ``tm`` and return its answer (``TmEnded`` for ``EndJob``,
+        ``Held`` for ``Holdings``). A
+        ``ResetTm`` also drops the notices still queued for ``tm`` (its old attempt's
+        connections go with the redeploy)."""
 
     def forget_tm(self, tm: TmId) -> None:
-        """The TM is gone: its tables and the notices queued for it go."""
+        """The TM is gone: its process stops, the notices queued for it go."""
 
 
 class CheckpointCoordinator:
@@ -165,13 +165,26 @@ class CheckpointCoordinator:
         self.triggered_savepoints: set[int] = set()
         """Savepoints this store triggered: their directories hold files of its own (being
         written, or written late, R43) besides the completed savepoint's (the user's)."""
+        self.started: dict[TmId, tuple[str, int]] = {}
+        """The job each TM attempt ran for and the first checkpoint it could write for:
+        where a stopped attempt's files may lie (R64)."""
+        self.epoch = 0
+        """Failovers so far: each TM applies a failover's duties once (``spec.messages``)."""
+        self.dir_users: dict[str, set[TmId]] = {}
+        """R42: the TMs that work in each managed directory, from their acknowledgements
+        (R40) and the directories each was handed at a failover (R61)."""
 
     def deploy(self, placement: dict[SubtaskId, TmId]) -> None:
         """The engine runs the job's subtasks on these TMs (all alive)."""
         self.placement = dict(placement)
         self.engine.placed(self.placement)
         for t in placement.values():
-            self.tms.setdefault(t, Tm(t, Status.ALIVE))
+            if t not in self.tms:
+                self._add_tm(t)
+
+    def _add_tm(self, tm: TmId) -> None:
+        self.tms[tm] = Tm(tm, Status.ALIVE)
+        self.started[tm] = (self.job, self.next_checkpoint)
 
     def require_running(self) -> None:
         if not self.running:
@@ -243,6 +256,11 @@ class CheckpointCoordinator:
             return  # R56
         p = self.pending[ack.checkpoint]
         p.received |= self._take_over_files(entries, ack.attempt)
+        for e in entries:
+            if isinstance(e.handle, DirectoryHandle):
+                self.dir_users.setdefault(e.handle.path, set()).add(ack.attempt)
+        if self.mode is not MergingMode.NONE and not p.savepoint:
+            self._forget_released_dirs(ack)
         p.acks[ack.subtask] = entries
         if not all(
             e.handle.logical_id in self.registry
@@ -254,6 +272,18 @@ class CheckpointCoordinator:
         for e in entries:
             if isinstance(e.handle, PlaceholderHandle):
                 self.registry[e.handle.logical_id].pins.add(ack.checkpoint)
+
+    def _forget_released_dirs(self, ack: Acknowledgement) -> None:
+        """R40, R41: an acknowledgement reports each of the subtask's managed directories
+        that exists; one the coordinator records as the attempt's and the acknowledgement
+        does not report was deleted by the TM (R41), so the record goes. (With one table
+        shared in process the TM's delete already removed it.)"""
+        reported = {e.handle.path for e in ack.entries if isinstance(e.handle, DirectoryHandle)}
+        actor = tm_actor(ack.attempt)
+        for d in (shared_dir(self.job, ack.subtask), taskowned_dir(self.job, ack.attempt)):
+            if d not in reported and self.catalog.dir_owner.get(d) == actor:
+                del self.catalog.dir_owner[d]
+                self.catalog.dirs.pop(d, None)
 
     def _take_over_files(self, entries: Iterable[StateEntry], attempt: TmId) -> set[str]:
         """R43: whole-file handles (NONE mode, savepoints) become the coordinator's.
@@ -522,6 +552,7 @@ class CheckpointCoordinator:
         if rec.status is not Status.LOST:
             raise CommandError(Reason.TM_NOT_LOST, f"{tm} is {rec.status.value}, not lost")
         rec.status = Status.STOPPED
+        hosted = rec.hosted
         rec.hosted = frozenset()
         for path in sorted(self.catalog.files):
             f = self.catalog.files[path]
@@ -542,7 +573,58 @@ class CheckpointCoordinator:
         for path in formerly:
             if path in self.catalog.files and not self.referenced(path):
                 self.catalog.delete_file(path, COORDINATOR)
+        self._sweep_stopped(tm, hosted)
         self.collect_dirs()
+
+    def _sweep_stopped(self, tm: TmId, hosted: frozenset[SubtaskId]) -> None:
+        """R64, R65: what a stopped attempt still owned is the coordinator's. Its records
+        may have died with its process (a TM killed with SIGKILL): then the files it wrote
+        and never handed over are those in the directories it could write in that no
+        live party records. They are listed, each live TM of the job says which it
+        records (``Holdings``), and the rest are taken and deleted unless a retained
+        checkpoint refers to them. With one table shared in process nothing is unknown
+        and nothing is asked."""
+        job, first = self.started.pop(tm, (self.job, 1))
+        dirs = [taskowned_dir(job, tm)] + [shared_dir(job, s) for s in sorted(hosted)]
+        last = self.next_checkpoint
+        dirs += [checkpoint_dir(job, n) for n in range(first, last)]
+        sps = [savepoint_dir(n) for n in sorted(self.triggered_savepoints) if first <= n < last]
+        known = self.catalog.owners()
+        found: set[str] = set()
+        try:
+            for top in [job_base(job), *sps]:
+                found |= {p for p in self.storage.files_under(top) if p not in known}
+        except Exception as err:  # cannot tell: nothing is taken (a leak, not a loss)
+            log.warning("listing what %s left after it stopped failed: %r", tm, err)
+            return
+        where = set(dirs) | set(sps)
+        found = {p for p in found if p.rsplit("/", 1)[0] in where}
+        if not found:
+            return
+        held: set[str] = set()
+        asked = sorted({p.rsplit("/", 1)[0] for p in found})
+        if self.running:
+            for live in self.current_tms():
+                answer = self.engine.duty(live, Holdings(self.job, live, tuple(asked)))
+                if isinstance(answer, Held):
+                    held |= set(answer.paths)
+        for path in sorted(found - held):
+            if path in self.catalog.files or not self._may_sweep(path, job):
+                continue
+            self.catalog.files[path] = StoredFile(self.storage.size(path), False, COORDINATOR, tm)
+            if not self.referenced(path):
+                self.catalog.delete_file(path, COORDINATOR)
+
+    def _may_sweep(self, path: str, job: str) -> bool:
+        """I5: only under the base of the job the attempt ran for (one this coordinator
+        started) or in a savepoint it triggered, never the user's."""
+        try:
+            path_parts(path, "<sweep>", "path")
+        except MetadataError:
+            return False
+        base = base_of(path)
+        own_sp = {savepoint_dir(i) for i in self.triggered_savepoints}
+        return base == job_base(job) or base in own_sp
 
     def referenced(self, path: str) -> bool:
         for r in self.retained:
@@ -566,12 +648,14 @@ class CheckpointCoordinator:
             d = self.catalog.dirs.get(path)
             if d is not None and d.creator in live and self.running:
                 continue
-            if any(is_under(p, path) for t in live for p in self.engine.pool_files(t)):
-                continue
+            if self.dir_users.get(path, set()) & live:
+                continue  # R42: a live TM reported it, it may still hold files there
             inside = [f for p, f in self.catalog.files.items() if is_under(p, path)]
             if any(f.owner not in (COORDINATOR, tm_actor(f.creator or "")) for f in inside):
                 continue
             self.catalog.delete_dir(path, COORDINATOR)
+        for path in [p for p in self.dir_users if p not in self.catalog.dir_owner]:
+            del self.dir_users[path]  # gone: nobody works there any more
 
     def failover(self) -> None:
         for cid in sorted(self.pending):
@@ -581,31 +665,90 @@ class CheckpointCoordinator:
             if self.tms[tm].status is not Status.ALIVE:
                 new = self.engine.start_tm(self.job, self.next_checkpoint, None)
                 replaced[tm] = new
-                self.tms[new] = Tm(new, Status.ALIVE)
+                self._add_tm(new)
         self.placement = {s: replaced.get(t, t) for s, t in self.placement.items()}
         self.engine.placed(self.placement)
         survivors = sorted(set(self.placement.values()) - set(replaced.values()))
+        self.epoch += 1
         for tm in survivors:  # R60: no stale manager survives (FLINK-35400)
-            self.engine.reset_tm(tm)
+            self.engine.duty(tm, ResetTm(self.job, tm, self.epoch))
         for old in sorted(replaced):
             d = taskowned_dir(self.job, old)  # R63
             if d in self.catalog.dir_owner and self.catalog.dir_owner[d] != COORDINATOR:
                 self.catalog.dir_owner[d] = COORDINATOR
+        latest = self.retained[-1] if self.retained and self.retained[-1].job == self.job else None
+        retained = tuple(RetainedCheckpoint(r.id, r.entries) for r in self.retained)
+        lost = frozenset(t for t, r in self.tms.items() if r.status is Status.LOST)
         for tm in sorted(set(self.placement.values())):
             hosted = sorted(s for s, t in self.placement.items() if t == tm)
-            latest = (
-                self.retained[-1] if self.retained and self.retained[-1].job == self.job else None
-            )
-            self.engine.restart_tm(
+            self.engine.duty(
                 tm,
-                (self.latest_completed, self.next_checkpoint - 1, self.watermark),
-                self.next_checkpoint,
-                hosted,
-                [(r.id, r.entries) for r in self.retained],
-                None if latest is None else (latest.id, latest.entries),
-                frozenset(t for t, r in self.tms.items() if r.status is Status.LOST),
+                TmAssignment(
+                    self.job,
+                    tm,
+                    self.epoch,
+                    tuple(hosted),
+                    retained,
+                    None if latest is None else RetainedCheckpoint(latest.id, latest.entries),
+                    lost,
+                    *self._hand_dirs(tm, hosted),
+                    self._hand_files(tm, hosted),
+                    self.next_checkpoint,
+                    self.latest_completed,
+                    self.next_checkpoint - 1,
+                    self.watermark,
+                ),
             )
         self.collect_dirs()
+
+    def _hand_files(self, tm: TmId, hosted: list[SubtaskId]) -> tuple[KeptFile, ...]:
+        """R61: files of retained checkpoints' segments in the directories ``tm`` manages
+        now that the coordinator holds (taken from a stopped attempt, R64) go to ``tm``
+        with their records."""
+        if self.mode is MergingMode.NONE:
+            return ()
+        managed = [shared_dir(self.job, s) for s in hosted] + [taskowned_dir(self.job, tm)]
+        paths = {
+            h.path
+            for r in self.retained
+            for e in r.entries
+            if isinstance(h := e.handle, SegmentHandle)
+            and any(is_under(h.path, d) for d in managed)
+        }
+        out: list[KeptFile] = []
+        for path in sorted(paths):
+            f = self.catalog.files.get(path)
+            if f is not None and f.owner == COORDINATOR:
+                del self.catalog.files[path]
+                out.append(KeptFile(path, f.size, f.creator))
+        return tuple(out)
+
+    def _hand_dirs(
+        self, tm: TmId, hosted: list[SubtaskId]
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """R61: the directories ``tm`` manages now (its subtasks' shared ones, its own
+        exclusive one) that a TM owns become its own, as it records them; those the
+        coordinator owns stay the coordinator's (R42), and the TM is told so. Merging
+        modes only (NONE restarts nothing from files, R61)."""
+        if self.mode is MergingMode.NONE:
+            return (), ()
+        managed = [shared_dir(self.job, s) for s in hosted] + [taskowned_dir(self.job, tm)]
+        taken: list[str] = []
+        coordinators: list[str] = []
+        for d in managed:
+            self.dir_users.setdefault(d, set()).add(tm)
+            owner = self.catalog.dir_owner.get(d)
+            if owner == COORDINATOR:
+                coordinators.append(d)
+            if owner is None or owner == COORDINATOR:
+                continue
+            self.catalog.dir_owner[d] = tm_actor(tm)
+            md = self.catalog.dirs.get(d)
+            if md is not None:
+                md.creator = tm
+                md.used_by = set()
+            taken.append(d)
+        return tuple(taken), tuple(coordinators)
 
     def load_completed(self, metadata: str, job: str | None = None) -> Completed:
         """Read a completed checkpoint back from its ``_metadata`` file, validated.
@@ -686,7 +829,7 @@ class CheckpointCoordinator:
             for _ in range(self.num_tms)
         ]
         for t in tms:
-            self.tms[t] = Tm(t, Status.ALIVE)
+            self._add_tm(t)
         subtasks = subtasks_of(self.vertices)
         self.placement = self.engine.place(subtasks, tms)
         self.engine.placed(self.placement)
@@ -706,11 +849,14 @@ class CheckpointCoordinator:
             for v, ov in zip(self.vertices, old_vertices, strict=True)
         )
         if mode is RestoreMode.CLAIM and same and self.mode is MergingMode.NONE:
+            reusable: dict[TmId, list[StateEntry]] = {}
             for s in subtasks:  # R72: NONE mode may reuse the claimed files
                 for e in assignment.get(s, ()):
                     if e.kind is StateKind.KEYED_SHARED and isinstance(e.handle, FileHandle):
-                        t = self.placement[s]
-                        self.engine.seed_backend(t, s, e, source.id)
+                        reusable.setdefault(self.placement[s], []).append(e)
+            for t, found in sorted(reusable.items()):
+                msg = ReusableFiles(self.job, t, self.epoch, source.id, tuple(found))
+                self.engine.duty(t, msg)
 
     def _check_max_parallelism(self, source: Completed, cmd: c.Restore) -> None:
         """R77: refused unless the new job's max parallelism (the command's, else the
@@ -800,7 +946,9 @@ class CheckpointCoordinator:
         }
         for tm in self.current_tms():
             actor = tm_actor(tm)
-            self.engine.end_tm(tm, keep)
+            ended = self.engine.duty(tm, EndJob(self.job, tm, frozenset(keep)))
+            if isinstance(ended, TmEnded):
+                self._handed_at_end(ended)
             for path in sorted(self.catalog.dirs):
                 d = self.catalog.dirs.get(path)
                 if d is None:
@@ -847,6 +995,19 @@ class CheckpointCoordinator:
             ):
                 self.catalog.delete_file(path, COORDINATOR)
         self.collect_dirs()
+
+    def _handed_at_end(self, ended: TmEnded) -> None:
+        """R90: what the TM still owned is recorded as its own, then handed over below.
+        Records the coordinator already holds (one table shared in process) stay as they
+        are; a path outside what this store writes in is never recorded (I5)."""
+        actor = tm_actor(ended.tm)
+        for k in ended.files:
+            if k.path not in self.catalog.files and self._writes_in(k.path, ended.tm):
+                self.catalog.files[k.path] = StoredFile(k.size, False, actor, k.creator)
+        for d in ended.directories:
+            if d not in self.catalog.dir_owner and self._writes_in(d, ended.tm):
+                self.catalog.dir_owner[d] = actor
+                self.catalog.dirs[d] = ManagedDir(d, ended.tm)
 
     def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
         """What ``subtask`` starts from: its share of a restored checkpoint until the new

@@ -13,7 +13,7 @@ wraps it with a lock; the test adapters drive it from spec commands.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import attrs
@@ -21,7 +21,6 @@ import attrs
 from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.records import (
-    BackendRef,
     Completed,
     Pending,
     Status,
@@ -47,10 +46,19 @@ from spec.layout import (
     METADATA,
 )
 from spec.messages import (
+    Answer,
     AttemptStopped,
     CheckpointAborted,
     CheckpointComplete,
     Decline,
+    Duty,
+    EndJob,
+    Held,
+    Holdings,
+    ResetTm,
+    ReusableFiles,
+    TmAssignment,
+    TmEnded,
     decode_message,
     encode_message,
 )
@@ -176,40 +184,23 @@ class InProcessEngine:
         """Round-robin: the in-process engine's choice."""
         return {s: tms[i % len(tms)] for i, s in enumerate(subtasks)}
 
-    def pool_files(self, tm: TmId) -> Iterable[str]:
-        return self.parties[tm].m.pfiles
-
-    def reset_tm(self, tm: TmId) -> None:
-        party = self.parties[tm]
-        party.drop_outputs_where(lambda cp: True)
-        for path in sorted(party.m.pfiles):
-            if party.m.pfiles[path].open:
-                self.catalog.close(path)
-        self.forget_tm(tm)
-
-    def restart_tm(
-        self,
-        tm: TmId,
-        known: tuple[int, int, int],
-        first_checkpoint: int,
-        hosted: list[SubtaskId],
-        retained: list[tuple[int, tuple[StateEntry, ...]]],
-        latest: tuple[int, tuple[StateEntry, ...]] | None,
-        lost: frozenset[TmId],
-    ) -> None:
-        party = self.parties[tm]
-        party.restart_knowledge(known[0], known[1], known[2], first_checkpoint)
-        party.restore(hosted, retained, latest, lost)
-
     def placed(self, placement: dict[SubtaskId, TmId]) -> None:
         for tm, party in self.parties.items():
             party.hosted = [s for s, t in placement.items() if t == tm]
 
-    def seed_backend(self, tm: TmId, subtask: SubtaskId, entry: StateEntry, cp: int) -> None:
-        self.parties[tm].backend[(subtask, entry.name)] = BackendRef(entry, cp, True)
-
-    def end_tm(self, tm: TmId, keep: set[str]) -> None:
-        self.parties[tm].end_job(keep)
+    def duty(self, tm: TmId, msg: Duty) -> Answer | None:
+        """The coordinator's duty for one TM, handed over as the bytes a TM process would
+        get (``spec.messages``); the answer comes back the same way."""
+        if isinstance(msg, ResetTm):
+            self.channel.forget(tm)  # the old attempt's notices go with the redeploy
+        sent = decode_message(encode_message(msg))
+        assert isinstance(sent, ResetTm | TmAssignment | ReusableFiles | EndJob | Holdings)
+        answer = self.parties[tm].on_duty(sent)
+        if answer is None:
+            return None
+        back = decode_message(encode_message(answer))
+        assert isinstance(back, TmEnded | Held)
+        return back
 
     def forget_tm(self, tm: TmId) -> None:
         """A TM that is gone keeps no memory: its tables go, its files stay on storage."""

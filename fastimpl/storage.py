@@ -795,6 +795,11 @@ class Storage:
             return set()
         return {str(p)[len(prefix) :] if str(p).startswith(prefix) else str(p) for p in found}
 
+    def size(self, path: str) -> int:
+        """The size of file ``path`` on storage now (queued deletes done first)."""
+        self.drain()
+        return int(self.fs.size(self.full(path)))
+
     def exists_dir(self, path: str) -> bool:
         self.drain()
         return bool(self.fs.isdir(self.full(path)))

@@ -29,7 +29,7 @@ import fsspec  # type: ignore[import-untyped]
 from fastimpl.catalog import Catalog
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.manager import Manager
-from fastimpl.records import BackendRef, PFile, PoolKey, Seg, Tm
+from fastimpl.records import BackendRef, ManagedDir, PFile, PoolKey, Seg, StoredFile, Tm
 from fastimpl.storage import Storage, StorageFault
 from spec.commands import StorageOp
 from spec.config import Config, MergingMode, Scope, StateKind
@@ -54,7 +54,20 @@ from spec.layout import (
     shared_dir,
     taskowned_dir,
 )
-from spec.messages import Acknowledgement, CheckpointAborted, CheckpointComplete
+from spec.messages import (
+    Acknowledgement,
+    CheckpointAborted,
+    CheckpointComplete,
+    Duty,
+    EndJob,
+    Held,
+    Holdings,
+    KeptFile,
+    ResetTm,
+    ReusableFiles,
+    TmAssignment,
+    TmEnded,
+)
 
 OutKey = tuple[SubtaskId, int]
 BackendKey = tuple[SubtaskId, str]
@@ -119,6 +132,12 @@ class TaskManager:
         its key groups, its pool key's owner. Computed once per subtask, not per append;
         one entry per subtask the TM ever wrote for (cleared by ``forget``)."""
         self._taskowned = taskowned_dir(job, tm)
+        self.reset_epoch = 0
+        """The newest failover whose reset this TM applied (``ResetTm``, R60)."""
+        self.assigned_epoch = 0
+        """The newest failover whose ``TmAssignment`` this TM applied (R61, R62)."""
+        self.ended: TmEnded | None = None
+        """Its answer to ``EndJob`` once the job ended for it (R90): given again if asked."""
 
     @classmethod
     def alone(
@@ -170,6 +189,105 @@ class TaskManager:
         self.acked = {}
         self.backend = {}
         self._per_subtask = {}
+
+    # ------------------------------------------------------------------ duties (R60-R62, R72, R90)
+
+    def on_duty(self, msg: Duty) -> TmEnded | Held | None:
+        """Apply one of the coordinator's duties (``spec.messages``) to this TM's records;
+        each is applied once, so a duty repeated or arriving after a newer one changes
+        nothing. ``EndJob`` is answered with what the TM hands over (``TmEnded``),
+        ``Holdings`` with the files it records under the directories asked (``Held``)."""
+        if msg.tm != self.tm or msg.job != self.job:
+            raise ValueError(f"{type(msg).__name__} for {msg.tm} of {msg.job} reached {self.tm}")
+        if isinstance(msg, Holdings):
+            return self.holdings(msg)
+        if self.ended is not None:
+            return self.ended if isinstance(msg, EndJob) else None  # the job is over here
+        if isinstance(msg, ResetTm):
+            if msg.epoch > max(self.reset_epoch, self.assigned_epoch):
+                self.reset_epoch = msg.epoch
+                self.reset()
+        elif isinstance(msg, TmAssignment):
+            self.on_assignment(msg)
+        elif isinstance(msg, ReusableFiles):
+            if msg.epoch >= self.assigned_epoch:
+                hosted = set(self.hosted)
+                for e in msg.entries:  # R72: the claimed files the backends may reuse
+                    if e.subtask in hosted:
+                        self.backend[(e.subtask, e.name)] = BackendRef(e, msg.checkpoint, True)
+        else:
+            return self.end(msg)
+        return None
+
+    def holdings(self, msg: Holdings) -> Held:
+        """The files this TM records under the directories asked: R64's sweep of a
+        stopped attempt's files leaves these alone."""
+        dirs = msg.directories
+        paths = [p for p in self.catalog.files if any(is_under(p, d) for d in dirs)]
+        paths += [p for p in self.m.pfiles if any(is_under(p, d) for d in dirs)]
+        return Held(self.job, self.tm, tuple(sorted(set(paths))))
+
+    def reset(self) -> None:
+        """R60: drop what was written and never acknowledged, close the open files (they
+        stay on storage, still this TM's) and forget the tables: no stale manager
+        survives a failover (FLINK-35400)."""
+        self.drop_outputs_where(lambda cp: True)
+        for path in sorted(self.m.pfiles):
+            if self.m.pfiles[path].open:
+                self.catalog.close(path)
+        self.forget()
+
+    def on_assignment(self, msg: TmAssignment) -> None:
+        """R60-R62: restart from the retained checkpoints (a reset first, if this
+        failover's ``ResetTm`` has not been applied: a new TM has nothing to reset)."""
+        if msg.epoch <= self.assigned_epoch:
+            return
+        if msg.epoch > self.reset_epoch:
+            self.reset_epoch = msg.epoch
+            self.reset()
+        self.assigned_epoch = msg.epoch
+        self.restart_knowledge(
+            msg.latest_completed, msg.finished_mark, msg.subsumed, msg.first_checkpoint
+        )
+        if self.own_records:
+            cat = self.catalog
+            for d in msg.taken_over:  # R61: the coordinator's word that it is not its own
+                # unless this TM deleted it (R41) before the coordinator heard (R40)
+                if d not in cat.dir_owner and cat.storage.exists_dir(d):
+                    cat.dir_owner[d] = self.actor
+                    cat.dirs[d] = ManagedDir(d, self.tm)
+            for d in msg.handed_over:  # R42: written in, never deleted by this TM
+                cat.dir_owner[d] = COORDINATOR
+                md = cat.dirs.setdefault(d, ManagedDir(d, self.tm))
+                md.handed_over = True
+        for k in msg.files:  # R61: handed with its record by the coordinator
+            if k.path not in self.catalog.files:
+                self.catalog.files[k.path] = StoredFile(k.size, False, self.actor, k.creator)
+        latest = None if msg.latest is None else (msg.latest.checkpoint, msg.latest.entries)
+        retained = [(r.checkpoint, r.entries) for r in msg.retained]
+        self.restore(list(msg.hosted), retained, latest, msg.lost)
+
+    def end(self, msg: EndJob) -> TmEnded:
+        """R90: discard what no retained checkpoint keeps, close every file, and hand
+        what remains to the coordinator (``TmEnded``); with records of its own the TM
+        forgets it (the coordinator deletes the directories no completed checkpoint
+        used, with everything in them, from what the answer lists)."""
+        self.end_job(set(msg.keep))
+        cat = self.catalog
+        files = tuple(
+            KeptFile(p, f.size, f.creator)
+            for p, f in sorted(cat.files.items())
+            if f.owner == self.actor
+        )
+        dirs = tuple(sorted(p for p, o in cat.dir_owner.items() if o == self.actor))
+        if self.own_records:
+            for k in files:
+                cat.files.pop(k.path, None)
+            for d in dirs:
+                del cat.dir_owner[d]
+                cat.dirs.pop(d, None)
+        self.ended = TmEnded(self.job, self.tm, files, dirs)
+        return self.ended
 
     # ------------------------------------------------------------------ guards
 
@@ -727,6 +845,10 @@ class TaskManager:
             pf = kept.get(h.path)
             if pf is None:
                 f = self.catalog.files.get(h.path)
+                if f is None and self.own_records:
+                    # R61: a file another attempt wrote; its size is storage's
+                    f = StoredFile(self.catalog.storage.size(h.path), False, self.actor, None)
+                    self.catalog.files[h.path] = f
                 pf = PFile(h.path, h.scope, None, None, False, 0 if f is None else f.size)
                 kept[h.path] = pf
             pf.ref_count += 1

@@ -184,23 +184,16 @@ def _flink_35784(mp: pytest.MonkeyPatch) -> None:
 
 def _flink_35400(mp: pytest.MonkeyPatch) -> None:
     """A failover keeps a surviving TM's manager (pools, segments, uploads of the old
-    attempt) and rebuilds on top of it from the retained checkpoints."""
-    orig_failover, orig_forget = CheckpointCoordinator.failover, InProcessEngine.forget_tm
-    in_failover: weakref.WeakSet[CheckpointCoordinator] = weakref.WeakSet()
+    attempt) and rebuilds on top of it from the retained checkpoints: the TM's reset
+    (``ResetTm``) closes its files but forgets nothing."""
 
-    def failover(self: CheckpointCoordinator) -> None:
-        in_failover.add(self)
-        try:
-            orig_failover(self)
-        finally:
-            in_failover.discard(self)
+    def reset(self: TaskManager) -> None:
+        self.drop_outputs_where(lambda cp: True)
+        for path in sorted(self.m.pfiles):
+            if self.m.pfiles[path].open:
+                self.catalog.close(path)
 
-    def forget(self: InProcessEngine, tm: TmId) -> None:
-        if self.coord not in in_failover:
-            orig_forget(self, tm)
-
-    mp.setattr(CheckpointCoordinator, "failover", failover)
-    mp.setattr(InProcessEngine, "forget_tm", forget)
+    mp.setattr(TaskManager, "reset", reset)
 
 
 def _flink_25395(mp: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,9 @@
 
 A coordinator and a TM meet only through these values (issue 16): a TM acknowledges or
 declines a checkpoint, the coordinator tells TMs that a checkpoint completed or aborted,
-hands a restoring subtask what it starts from, and the engine tells the coordinator that
+hands a restoring subtask what it starts from, gives a TM its duties (a reset and a
+restart after a failover, the claimed files its backends may reuse, the end of the job,
+which the TM answers with what it hands over), and the engine tells the coordinator that
 an attempt it gave up on has stopped. Each is a frozen attrs value, and each travels as
 bytes: ``encode_message`` / ``decode_message``, JSON through ``spec.codec`` wrapped in an
 envelope that carries ``MESSAGE_VERSION``.
@@ -51,6 +53,11 @@ def _checkpoint_id(_inst: object, attribute: Any, value: int) -> None:
         raise _FieldError(attribute.name, f"a checkpoint id is >= 1, got {value}")
 
 
+def _positive(_inst: object, attribute: Any, value: int) -> None:
+    if value < 1:
+        raise _FieldError(attribute.name, f"must be >= 1, got {value}")
+
+
 def _non_negative(_inst: object, attribute: Any, value: int) -> None:
     if value < 0:
         raise _FieldError(attribute.name, f"must be >= 0, got {value}")
@@ -59,6 +66,11 @@ def _non_negative(_inst: object, attribute: Any, value: int) -> None:
 def _name(_inst: object, attribute: Any, value: str) -> None:
     if not value or any(ch in value for ch in "/\\\x00") or value in (".", ".."):
         raise _FieldError(attribute.name, f"{value!r} is not a name (empty, a path or a dot)")
+
+
+def _names(_inst: object, attribute: Any, value: frozenset[str]) -> None:
+    for v in sorted(value):
+        _name(_inst, attribute, v)
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -141,6 +153,132 @@ class RestoreAssignment:
     subsumed: int = field(validator=_non_negative)
 
 
+# ------------------------------------------------------------ the coordinator's duties to one TM
+# What the coordinator needs a TM to do besides hearing notices: after a failover or a
+# restore (R60-R62, R64), when a claimed checkpoint's files may be reused (R72) and when
+# the job ends (R90). Each names the TM it is for and an ``epoch`` (the coordinator's
+# count of failovers and restores): a TM applies a duty once, ignores one older than what
+# it applied, so a duty repeated or arriving late changes nothing.
+
+
+@frozen
+class RetainedCheckpoint:
+    """A retained checkpoint as a restarting TM needs it: its id and entries (R61)."""
+
+    checkpoint: int = field(validator=_checkpoint_id)
+    entries: tuple[StateEntry, ...]
+
+
+@frozen
+class KeptFile:
+    """A file handed between the parties with its record: what a TM still owned when its
+    job ended (R90), or what the coordinator held of a retained checkpoint in a
+    restarting TM's directories (R61)."""
+
+    path: str
+    size: int = field(validator=_non_negative)
+    creator: TmId | None
+
+
+@frozen
+class ResetTm:
+    """R60: a surviving TM drops what it wrote and never acknowledged, closes its open
+    files and forgets its tables (no stale manager survives, FLINK-35400)."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+    epoch: int = field(validator=_positive)
+
+
+@frozen
+class TmAssignment:
+    """R60-R62, R64: what ``tm`` runs after a failover (or a restore) and starts from.
+
+    ``hosted``: the subtasks it runs now; ``retained``: every retained checkpoint (oldest
+    first), whose segments in its directories it takes over (R61) while every other file
+    there that a TM owns is garbage (R62); ``latest``: the running job's latest completed
+    checkpoint, what its subtasks start from and their backends may reuse; ``lost``:
+    attempts that may still run, whose files wait for them (R64); ``taken_over``: the
+    directories it manages that a TM owns, its own from now on (R61); ``handed_over``:
+    those the coordinator owns (R42). It also carries what the
+    TM knows of the job from then on (``latest_completed``, ``finished_mark``,
+    ``subsumed``, ``first_checkpoint``). Applying it resets the TM first if the
+    ``ResetTm`` of the same epoch has not arrived."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+    epoch: int = field(validator=_positive)
+    hosted: tuple[SubtaskId, ...]
+    retained: tuple[RetainedCheckpoint, ...]
+    latest: RetainedCheckpoint | None
+    lost: frozenset[TmId] = field(validator=_names)
+    taken_over: tuple[str, ...]
+    """Directories it manages now that are not the coordinator's: its own (R61)."""
+    handed_over: tuple[str, ...]
+    """Directories it manages now that are the coordinator's (R42): it writes in them
+    and never deletes them."""
+    files: tuple[KeptFile, ...]
+    """Files of the retained checkpoints in its directories that the coordinator held
+    (taken from a stopped attempt, R64): the TM's from now on (R61)."""
+    first_checkpoint: int = field(validator=_checkpoint_id)
+    latest_completed: int = field(validator=_non_negative)
+    finished_mark: int = field(validator=_non_negative)
+    subsumed: int = field(validator=_non_negative)
+
+
+@frozen
+class ReusableFiles:
+    """R72: claimed whole files (``entries``, of checkpoint ``checkpoint``) the hosted
+    subtasks' backends may reuse (NONE mode, unchanged parallelism)."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+    epoch: int = field(validator=_non_negative)
+    checkpoint: int = field(validator=_checkpoint_id)
+    entries: tuple[StateEntry, ...]
+
+
+@frozen
+class EndJob:
+    """R90: the job ends for ``tm``: it discards every segment whose logical id is not in
+    ``keep`` (what retained checkpoints reference), closes its files, deletes the
+    directories it created that no completed checkpoint used, and answers ``TmEnded``."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+    keep: frozenset[str]
+
+
+@frozen
+class TmEnded:
+    """A TM's answer to ``EndJob``: what it still owned (files, directories) after R90's
+    discards and deletes, handed to the coordinator; the TM forgets it all."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+    files: tuple[KeptFile, ...]
+    directories: tuple[str, ...]
+
+
+@frozen
+class Holdings:
+    """R64, R65: which files under ``directories`` this TM records (a stopped attempt's
+    files died with its process's records: what no live party records there is its)."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+    directories: tuple[str, ...]
+
+
+@frozen
+class Held:
+    """A TM's answer to ``Holdings``: the files it records under the directories asked."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+    paths: tuple[str, ...]
+
+
 # ---------------------------------------------------------------------------- engine -> coordinator
 
 
@@ -159,6 +297,13 @@ Message = Union[  # noqa: UP007 - the codec reads the union's members
     CheckpointAborted,
     RestoreAssignment,
     AttemptStopped,
+    ResetTm,
+    TmAssignment,
+    ReusableFiles,
+    EndJob,
+    TmEnded,
+    Holdings,
+    Held,
 ]
 MESSAGE_TYPES: tuple[type, ...] = (
     Acknowledgement,
@@ -167,7 +312,18 @@ MESSAGE_TYPES: tuple[type, ...] = (
     CheckpointAborted,
     RestoreAssignment,
     AttemptStopped,
+    ResetTm,
+    TmAssignment,
+    ReusableFiles,
+    EndJob,
+    TmEnded,
+    Holdings,
+    Held,
 )
+Duty = ResetTm | TmAssignment | ReusableFiles | EndJob | Holdings
+"""What the coordinator asks of one TM besides notices."""
+Answer = TmEnded | Held
+"""What a TM answers to a duty (``EndJob``, ``Holdings``); the others have no answer."""
 
 
 def encode_message(msg: Message) -> bytes:

@@ -57,6 +57,9 @@ entries = st.lists(
     max_size=4,
 ).map(tuple)
 
+retained = st.builds(m.RetainedCheckpoint, cids, entries)
+kept = st.builds(m.KeptFile, st.text(), sizes, st.none() | names)
+
 messages: st.SearchStrategy[m.Message] = st.one_of(
     st.builds(m.Acknowledgement, names, cids, subtasks, names, entries),
     st.builds(m.Decline, names, cids, subtasks, names),
@@ -76,12 +79,43 @@ messages: st.SearchStrategy[m.Message] = st.one_of(
         sizes,
     ),
     st.builds(m.AttemptStopped, names, names),
+    st.builds(m.ResetTm, names, names, cids),
+    st.builds(
+        m.TmAssignment,
+        names,
+        names,
+        cids,
+        st.lists(subtasks, max_size=3).map(tuple),
+        st.lists(retained, max_size=3).map(tuple),
+        st.none() | retained,
+        st.frozensets(names, max_size=3),
+        st.lists(st.text(), max_size=3).map(tuple),
+        st.lists(st.text(), max_size=3).map(tuple),
+        st.lists(kept, max_size=2).map(tuple),
+        cids,
+        sizes,
+        sizes,
+        sizes,
+    ),
+    st.builds(m.ReusableFiles, names, names, sizes, cids, entries),
+    st.builds(m.EndJob, names, names, st.frozensets(st.text(), max_size=4)),
+    st.builds(
+        m.TmEnded,
+        names,
+        names,
+        st.lists(st.builds(m.KeptFile, st.text(), sizes, st.none() | names), max_size=3).map(tuple),
+        st.lists(st.text(), max_size=3).map(tuple),
+    ),
+    st.builds(m.Holdings, names, names, st.lists(st.text(), max_size=3).map(tuple)),
+    st.builds(m.Held, names, names, st.lists(st.text(), max_size=3).map(tuple)),
 )
 
 
 def test_the_strategy_covers_every_message_type() -> None:
     assert set(m.MESSAGE_TYPES) == set(typing.get_args(m.Message))
-    assert len(m.MESSAGE_TYPES) == 6
+    assert len(m.MESSAGE_TYPES) == 13
+    assert set(typing.get_args(m.Duty)) <= set(m.MESSAGE_TYPES)
+    assert set(typing.get_args(m.Answer)) <= set(m.MESSAGE_TYPES)
 
 
 @given(messages)
@@ -185,6 +219,69 @@ BAD: list[tuple[str, bytes, str]] = [
 ]
 
 
+ASSIGNMENT = m.TmAssignment(
+    "job-0",
+    "tm-3",
+    2,
+    (SubtaskId("win", 1, 2),),
+    (m.RetainedCheckpoint(3, SAMPLE.entries),),
+    m.RetainedCheckpoint(3, SAMPLE.entries),
+    frozenset({"tm-2"}),
+    ("job-0/shared/win-1-2",),
+    (),
+    (m.KeptFile("job-0/shared/win-1-2/f1", 10, "tm-1"),),
+    5,
+    3,
+    4,
+    2,
+)
+
+
+def _assignment_with(path: tuple[str | int, ...], value: object) -> bytes:
+    env: Any = json.loads(m.encode_message(ASSIGNMENT))
+    node = env
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    return _bytes(env)
+
+
+BAD += [
+    ("an assignment's epoch 0", _assignment_with(("message", "epoch"), 0), "$.message.epoch"),
+    (
+        "a retained checkpoint 0",
+        _assignment_with(("message", "retained", 0, "checkpoint"), 0),
+        "$.message.retained[0].checkpoint",
+    ),
+    (
+        "a lost attempt as a path",
+        _assignment_with(("message", "lost"), ["a/b"]),
+        "$.message.lost",
+    ),
+    (
+        "hosted not a list",
+        _assignment_with(("message", "hosted"), {"vertex": "win"}),
+        "$.message.hosted",
+    ),
+    (
+        "a kept file's negative size",
+        json.dumps(
+            {
+                "version": 1,
+                "message": {
+                    "type": "TmEnded",
+                    "job": "job-0",
+                    "tm": "tm-1",
+                    "files": [{"path": "job-0/x", "size": -2, "creator": None}],
+                    "directories": [],
+                },
+            }
+        ).encode(),
+        "$.message.files[0].size",
+    ),
+]
+
+
 @pytest.mark.parametrize(("what", "data", "where"), BAD, ids=[b[0] for b in BAD])
 def test_a_bad_message_is_refused_naming_the_field(what: str, data: bytes, where: str) -> None:
     with pytest.raises(m.MessageError) as err:
@@ -201,6 +298,10 @@ def test_a_bad_message_is_refused_naming_the_field(what: str, data: bytes, where
         (lambda: m.CheckpointAborted("job-0", 2, -1, True), "latest_completed"),
         (lambda: m.AttemptStopped("job-0", ""), "tm"),
         (lambda: m.Decline("a/b", 1, SubtaskId("v", 0, 1), "tm-1"), "job"),
+        (lambda: m.ResetTm("job-0", "tm-1", 0), "epoch"),
+        (lambda: m.EndJob("job-0", "..", frozenset()), "tm"),
+        (lambda: m.KeptFile("job-0/f", -1, None), "size"),
+        (lambda: m.RetainedCheckpoint(0, ()), "checkpoint"),
     ],
 )
 def test_an_invalid_message_cannot_be_built(build: Any, field: str) -> None:

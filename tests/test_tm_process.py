@@ -1,23 +1,22 @@
 """The coordinator in this process, each TaskManager in a fresh OS process (issue 16).
 
-A TM process is started with multiprocessing's "spawn" and builds its TM from only the
-storage URL, the config, the job id and its TM id (``tests.tm_process``). The two sides
-meet only through the pipe: notices go out as encoded ``spec.messages``,
-acknowledgements and declines come back as encoded messages and are decoded here before
-the coordinator sees them. Each party keeps its own records over its own ``Storage``;
-after every step the invariants I1-I5 are checked on the real files, with the owners,
-claims and deletions of both parties merged, and once quiet nothing leaks (I6). The
-``_metadata`` of the retained checkpoint is read back and must name exactly what the
-TMs acknowledged. On a local directory in every merging mode, and on S3 (moto's server,
-which the TM processes reach over HTTP) in the modes an object store allows (R16).
+A TM process is started by the engine (``tests.tm_cluster.ProcessEngine``) with
+multiprocessing's "spawn" and builds its TM from only the storage URL, the config, the
+job id and its TM id (``tests.tm_process``). The two sides meet only through the pipe:
+notices and duties (a reset, a restart assignment, the claimed files a backend may reuse,
+the end of the job) go out as encoded ``spec.messages``, acknowledgements, declines and
+the answer to the end of the job come back as encoded messages and are decoded here
+before the coordinator sees them. Each party keeps its own records over its own
+``Storage``; after every step the invariants I1-I5 are checked on the real files, with
+the owners, claims and deletions of both parties merged, and once quiet nothing leaks
+(I6). On a local directory in every merging mode, and on S3 (moto's server, which the TM
+processes reach over HTTP) in the modes an object store allows (R16).
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import uuid
 from collections.abc import Iterable, Iterator
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -28,85 +27,28 @@ import pytest
 from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
 from fastimpl.ids import RandomIds
 from fastimpl.storage import Storage
-from spec.config import Config, MergingMode, StateKind, VertexSpec
-from spec.effects import COORDINATOR, tm_actor
+from spec import commands as c
+from spec.config import Config, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.handles import DirectoryHandle, StateEntry, stream_of
-from spec.ids import SubtaskId, TmId
-from spec.invariants import Violation, check_all
-from spec.layout import METADATA, is_under, savepoint_dir
+from spec.ids import SubtaskId
+from spec.layout import METADATA, is_under, job_base, savepoint_dir
 from spec.messages import (
     Acknowledgement,
     AttemptStopped,
-    CheckpointAborted,
-    CheckpointComplete,
     Decline,
     decode_message,
     encode_message,
 )
-from spec.observation import Observation, RegistryView, RetainedView
-from tests import tm_process
 from tests.lockstep import S3_BUCKET, s3
+from tests.tm_cluster import ProcessEngine, observe, violations
 
 JOB = "job-0"
 VERTICES = (VertexSpec("map", 2), VertexSpec("sink", 1))
-
-
-class PipeEngine:
-    """The engine around the coordinator when each TM is a process: notices go down the
-    TM's pipe as bytes. Deploying, restarting and stopping TMs is the engine's and not
-    part of this test: those calls fail loudly if the coordinator makes them."""
-
-    def __init__(self, conns: dict[TmId, Connection]) -> None:
-        self.conns = conns
-        self.sent: list[tuple[TmId, bytes]] = []
-
-    def call(self, tm: TmId, req: tuple[Any, ...]) -> tuple[Any, ...]:
-        self.conns[tm].send(req)
-        reply: tuple[Any, ...] = self.conns[tm].recv()
-        assert reply[0] != "error", reply
-        return reply
-
-    def send(self, tm: TmId, msg: CheckpointComplete | CheckpointAborted) -> None:
-        data = encode_message(msg)
-        self.sent.append((tm, data))
-        assert self.call(tm, ("notice", data)) == ("ok",)
-
-    def placed(self, placement: dict[SubtaskId, TmId]) -> None:
-        for tm in self.conns:
-            mine = [(s.vertex, s.index, s.parallelism) for s, t in placement.items() if t == tm]
-            assert self.call(tm, ("host", mine)) == ("ok",)
-
-    def place(self, subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
-        return {s: tms[i % len(tms)] for i, s in enumerate(subtasks)}
-
-    def _not_here(self, what: str) -> AssertionError:
-        return AssertionError(f"the coordinator asked the engine to {what}: not in this test")
-
-    def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
-        raise self._not_here("start a TM")
-
-    def pool_files(self, tm: TmId) -> Iterable[str]:
-        raise self._not_here("list a TM's pool files")
-
-    def reset_tm(self, tm: TmId) -> None:
-        raise self._not_here("reset a TM")
-
-    def restart_tm(self, *args: object) -> None:
-        raise self._not_here("restart a TM")
-
-    def seed_backend(self, *args: object) -> None:
-        raise self._not_here("seed a backend")
-
-    def end_tm(self, tm: TmId, keep: set[str]) -> None:
-        raise self._not_here("end a TM")
-
-    def forget_tm(self, tm: TmId) -> None:
-        """The TM process is gone; this engine queues nothing for it."""
-        assert tm not in self.conns, f"{tm} is still running"
+Parties = tuple[CheckpointCoordinator, ProcessEngine, Storage]
 
 
 @pytest.fixture
-def parties(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+def parties(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Parties]:
     mode, where = request.param
     config = Config(
         file_merging_enabled=mode is not MergingMode.NONE,
@@ -119,125 +61,38 @@ def parties(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
         fs = s3(request.getfixturevalue("s3_endpoint"))
         root = f"{S3_BUCKET}/{uuid.uuid4().hex}"
         config = attrs.evolve(config, open_files_readable=False)  # R16: an object store
-        target: Any = fs
+        engine = ProcessEngine(fs, root, config)
     else:
         (tmp_path / "root").mkdir()
         target = f"file://{tmp_path / 'root'}"
         fs, root = fsspec.core.url_to_fs(target)
-    ctx = multiprocessing.get_context("spawn")
-    conns: dict[TmId, Connection] = {}
-    procs = []
-    for tm in ("tm-1", "tm-2"):
-        here, there = ctx.Pipe()
-        args = (there, target, root if where == "s3" else "", config, JOB, tm)
-        p = ctx.Process(target=tm_process.serve, args=args, daemon=True)
-        p.start()
-        there.close()
-        conns[tm] = here
-        procs.append(p)
+        engine = ProcessEngine(target, "", config)
     try:
-        engine = PipeEngine(conns)
         storage = Storage(fs, root)
         assert (storage.protocol == "s3") is (where == "s3")
         coord = CheckpointCoordinator(
             config, VERTICES, 2, storage, RandomIds(), engine, JOB, deletion_log=True
         )
-        coord.deploy(engine.place(subtasks_of(VERTICES), sorted(conns)))
+        tms = [engine.start_tm(JOB, 1, None) for _ in range(2)]
+        coord.deploy(engine.place(subtasks_of(VERTICES), tms))
         yield coord, engine, storage
     finally:
-        for conn in conns.values():
-            try:
-                conn.send(("stop",))
-                conn.recv()
-            except (EOFError, OSError):
-                pass
-        for p in procs:
-            p.join(timeout=20)
-            if p.is_alive():
-                p.kill()
-        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+        codes = engine.stop_all()
+    assert all(code == 0 for code in codes), codes
 
 
-def observe(coord: CheckpointCoordinator, engine: PipeEngine) -> tuple[Observation, list[str]]:
-    """The real files, with both parties' records merged (the test side may merge them;
-    neither party reads the other's). A path two parties both record as owned by
-    different owners is a disagreement, returned with the observation."""
-    coord.storage.drain()
-    snaps = {tm: engine.call(tm, ("records",))[1] for tm in sorted(engine.conns)}
-    disagree: list[str] = []
-    owners: dict[str, str] = dict(coord.catalog.owners())
-    directories: dict[str, str] = dict(coord.catalog.dir_owner)
-    claims: dict[str, set[str]] = {}
-    ref_counts: dict[str, int] = {}
-    live: dict[str, list[tuple[int, int]]] = {}
-    pool_files: set[str] = set()
-    open_files: set[str] = {p for p, f in coord.catalog.files.items() if f.open}
-    deletions = list(coord.catalog.deletions or ())
-    pending = [d.path for d in coord.catalog.deferred] + sorted(coord.storage.failed_deletes)
-    refused = [r.path for r in coord.catalog.refused_deletes]
-    for tm, s in snaps.items():
-        for path, owner in s["owners"].items():
-            if owners.setdefault(path, owner) != owner:
-                disagree.append(f"{path}: coordinator says {owners[path]}, {tm} says {owner}")
-        for path, owner in s["dirs"].items():
-            # Notices are delivered at once here: a TM has heard of every completion
-            # that handed a directory over (R42), so both records must agree
-            theirs = directories.setdefault(path, owner)
-            if owner != theirs:
-                disagree.append(f"dir {path}: coordinator says {theirs}, {tm} says {owner}")
-        for path, actor in s["claims"].items():
-            claims.setdefault(path, set()).add(actor)
-        ref_counts.update(s["ref_counts"])
-        for path, extents in s["live"].items():
-            live.setdefault(path, []).extend(tuple(x) for x in extents)
-        pool_files |= set(s["pool_files"])
-        open_files |= set(s["open"])
-        deletions += s["deletions"]
-        pending += s["pending"]
-        refused += s["refused"]
-    for reg in coord.registry.values():
-        if reg.owned and not reg.key.startswith("dir:"):
-            claims.setdefault(reg.path, set()).add(COORDINATOR)
-    for pend in coord.pending.values():
-        for path in pend.received:
-            claims.setdefault(path, set()).add(COORDINATOR)
-    for r in coord.retained:
-        claims.setdefault(r.metadata, set()).add(COORDINATOR)
-    on_storage = coord.storage.list_files()
-    obs = Observation(
-        files=on_storage,
-        open_files=frozenset(open_files),
-        directories=directories,
-        owners=owners,
-        claims={p: frozenset(v) for p, v in claims.items()},
-        retained=tuple(
-            RetainedView(r.id, r.job, r.metadata, r.entries, r.directories) for r in coord.retained
-        ),
-        restoring=coord.restoring,
-        ref_counts=ref_counts,
-        live_segments={p: tuple(sorted(v)) for p, v in live.items()},
-        registry={
-            k: RegistryView(r.path, frozenset(r.refs), r.owned) for k, r in coord.registry.items()
-        },
-        deletions=tuple(deletions),
-        pending_deletes=tuple(pending),
-        pool_files=frozenset(pool_files),
-        metadata_files=frozenset(p for p in on_storage if p.endswith("/" + METADATA)),
-        live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in engine.conns}),
-    )
-    return obs, disagree + [f"refused delete of {p}" for p in refused]
+def assert_sound(
+    coord: CheckpointCoordinator,
+    engine: ProcessEngine,
+    *,
+    quiet: bool,
+    orphans: dict[str, str] | None = None,
+) -> None:
+    found = violations(coord, engine, quiet=quiet, orphans=orphans)
+    assert found == [], found
 
 
-def assert_sound(coord: CheckpointCoordinator, engine: PipeEngine, *, quiet: bool) -> None:
-    obs, disagree = observe(coord, engine)
-    violations: list[Violation | str] = [*check_all(obs, quiet=quiet), *disagree]
-    assert violations == [], violations
-    # every directory either party records exists on storage, and no file is in none
-    for d in obs.directories:
-        assert coord.storage.exists_dir(d), d
-
-
-def write(engine: PipeEngine, coord: CheckpointCoordinator, cid: int, s: SubtaskId) -> None:
+def write(engine: ProcessEngine, coord: CheckpointCoordinator, cid: int, s: SubtaskId) -> None:
     tm = coord.placement[s]
     sub = (s.vertex, s.index, s.parallelism)
     sp = cid in coord.savepoint_ids
@@ -250,7 +105,7 @@ def write(engine: PipeEngine, coord: CheckpointCoordinator, cid: int, s: Subtask
 
 
 def ack(
-    engine: PipeEngine, coord: CheckpointCoordinator, cid: int, s: SubtaskId
+    engine: ProcessEngine, coord: CheckpointCoordinator, cid: int, s: SubtaskId
 ) -> Acknowledgement:
     tm = coord.placement[s]
     reply = engine.call(
@@ -266,7 +121,7 @@ def ack(
 
 
 def checkpoint(
-    engine: PipeEngine, coord: CheckpointCoordinator
+    engine: ProcessEngine, coord: CheckpointCoordinator
 ) -> tuple[int, list[Acknowledgement]]:
     cid = coord.trigger()
     acks = []
@@ -320,8 +175,12 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
     for s in subtasks:
         write(engine, coord, c3, s)
     ack(engine, coord, c3, subtasks[0])
+    engine.immediate = False  # the abort notices are still on their way
     coord.abort(c3)
     ack(engine, coord, c3, subtasks[1])
+    while engine.outbox:
+        engine.deliver(0)
+    engine.immediate = True
     assert_sound(coord, engine, quiet=False)
     # a savepoint: its whole files are handed over by the acknowledgements (R43) and
     # are the user's once it completes (R55); the TMs keep no record of them
@@ -385,8 +244,7 @@ def test_a_lost_tm_process_keeps_what_it_acknowledged_until_it_stopped(parties: 
     obs, _ = observe(coord, engine)
     assert {obs.owners.get(p) for p in late} == {"tm:tm-2"}
     assert_sound(coord, engine, quiet=False)
-    engine.call("tm-2", ("stop",))  # the attempt's process ends
-    del engine.conns["tm-2"]
+    engine.forget_tm("tm-2")  # the engine stops the attempt's process, then says so
     stopped = decode_message(encode_message(AttemptStopped(JOB, "tm-2")))
     assert isinstance(stopped, AttemptStopped)
     coord.receive_stopped(stopped)
@@ -395,3 +253,149 @@ def test_a_lost_tm_process_keeps_what_it_acknowledged_until_it_stopped(parties: 
     assert_sound(coord, engine, quiet=True)
     back = coord.load_completed(coord.retained[-1].metadata, JOB)
     assert paths(back.entries) <= set(storage.list_files())
+
+
+def orphans_of(engine: ProcessEngine, tm: str) -> dict[str, str]:
+    """What ``tm``'s own records say it owns, taken before the test kills it: after the
+    kill no live party records those files, yet they are that attempt's (R65) until the
+    coordinator takes them (R64)."""
+    snap = engine.call(tm, ("records",))[1]
+    return {p: o for p, o in snap["owners"].items() if o == f"tm:{tm}"}
+
+
+def quiesce(engine: ProcessEngine, coord: CheckpointCoordinator) -> list[int]:
+    """num_retained + 1 checkpoints complete (the quiet state of SPEC.md section 11)."""
+    done = []
+    for _ in range(coord.cfg.num_retained + 1):
+        cid, _ = checkpoint(engine, coord)
+        assert coord.complete(cid) is not None
+        done.append(cid)
+    return done
+
+
+@pytest.mark.parametrize(
+    "parties",
+    [
+        (MergingMode.NONE, "local"),
+        (MergingMode.WITHIN_CHECKPOINT, "local"),
+        (MergingMode.ACROSS_CHECKPOINT, "local"),
+        (MergingMode.WITHIN_CHECKPOINT, "s3"),
+    ],
+    indirect=True,
+    ids=["none-local", "within-local", "across-local", "within-s3"],
+)
+def test_a_failover_replaces_a_killed_tm_process_and_resets_the_survivor(parties: Any) -> None:
+    """R60-R64 across processes: tm-1 is killed (SIGKILL) between two calls; the engine
+    tells the coordinator it is lost, then that it stopped; the failover starts tm-3 (a
+    new process) and sends the survivor ``ResetTm`` and each TM a ``TmAssignment``, as
+    bytes. tm-3 takes over the retained checkpoint's segments in its directories from
+    the assignment alone (R61); the killed TM's exclusive directory is abandoned to the
+    coordinator (R63) and goes once unreferenced (R42). Once quiet nothing leaks."""
+    coord, engine, storage = parties
+    c1, _ = checkpoint(engine, coord)
+    assert coord.complete(c1) is not None
+    c2 = coord.trigger()
+    for s in sorted(coord.placement, key=str):
+        write(engine, coord, c2, s)  # written, never acknowledged: the survivor drops it
+    orphans = orphans_of(engine, "tm-1")
+    engine.kill("tm-1")
+    engine.orphans.update(orphans)
+    coord.lose("tm-1")  # the engine's notice of a lost TM: c2 aborts (R57)
+    assert_sound(coord, engine, quiet=False)
+    coord.receive_stopped(decode_stopped(AttemptStopped(JOB, "tm-1")))
+    assert_sound(coord, engine, quiet=False)
+    coord.failover()
+    assert sorted(engine.live()) == ["tm-2", "tm-3"]
+    assert set(coord.placement.values()) == {"tm-2", "tm-3"}
+    assert_sound(coord, engine, quiet=False)
+    if coord.mode is not MergingMode.NONE:
+        # tm-3 owns the retained segments in the directories it took over (R61)
+        obs, _ = observe(coord, engine)
+        retained = paths(coord.retained[-1].entries)
+        mine = {p for p in retained if obs.owners.get(p) == "tm:tm-3"}
+        assert mine, obs.owners
+    quiesce(engine, coord)
+    assert_sound(coord, engine, quiet=True)
+    left = {p for p in orphans if p in storage.list_files()}
+    assert not left, f"the killed TM's files outlived its checkpoints: {sorted(left)}"
+    assert not any(is_under(p, f"{job_base(JOB)}/taskowned/tm-1") for p in storage.list_files())
+
+
+def decode_stopped(msg: AttemptStopped) -> AttemptStopped:
+    back = decode_message(encode_message(msg))
+    assert isinstance(back, AttemptStopped)
+    return back
+
+
+@pytest.mark.parametrize(
+    ("parties", "restore_mode"),
+    [
+        ((MergingMode.NONE, "local"), RestoreMode.CLAIM),
+        ((MergingMode.WITHIN_CHECKPOINT, "local"), RestoreMode.CLAIM),
+        ((MergingMode.ACROSS_CHECKPOINT, "local"), RestoreMode.NO_CLAIM),
+        ((MergingMode.WITHIN_CHECKPOINT, "s3"), RestoreMode.CLAIM),
+    ],
+    indirect=["parties"],
+    ids=["none-claim", "within-claim", "across-no-claim", "within-s3-claim"],
+)
+def test_a_rescale_ends_the_tm_processes_and_starts_new_ones(
+    parties: Any, restore_mode: RestoreMode
+) -> None:
+    """R70-R75, R90 across processes: a restore with another parallelism ends the job
+    for every TM (``EndJob``, answered by ``TmEnded``: what each still owned, now the
+    coordinator's), stops their processes and starts new ones for the new job; the new
+    job checkpoints from the restored state, and once quiet nothing leaks."""
+    coord, engine, storage = parties
+    c1, _ = checkpoint(engine, coord)
+    assert coord.complete(c1) is not None
+    c2, _ = checkpoint(engine, coord)
+    assert coord.complete(c2) is not None
+    assert_sound(coord, engine, quiet=True)
+    coord.restore(c.Restore(c2, (("map", 3),), restore_mode))
+    assert coord.job == "job-1"
+    assert sorted(engine.live()) == ["tm-3", "tm-4"]
+    assert {s.parallelism for s in coord.placement if s.vertex == "map"} == {3}
+    assert_sound(coord, engine, quiet=False)
+    obs, _ = observe(coord, engine)
+    # nothing of job-0 is a TM's any more: handed over at the end (R90)
+    assert not {
+        p for p, o in obs.owners.items() if is_under(p, job_base(JOB)) and o.startswith("tm:")
+    }
+    quiesce(engine, coord)
+    assert_sound(coord, engine, quiet=True)
+    # the restored checkpoint is gone if claimed (subsumed), kept as the user's if not
+    left_of_old = {p for p in storage.list_files() if is_under(p, job_base(JOB))}
+    if restore_mode is RestoreMode.CLAIM:
+        assert not left_of_old
+    else:
+        assert left_of_old
+
+
+@pytest.mark.parametrize(
+    "parties",
+    [(MergingMode.WITHIN_CHECKPOINT, "local"), (MergingMode.NONE, "local")],
+    indirect=True,
+    ids=["within", "none"],
+)
+def test_cancel_and_a_restart_of_the_coordinator_with_tm_processes(parties: Any) -> None:
+    """R95 then R90-R91 across processes: the coordinator restarts from the retained
+    ``_metadata`` (a failover of every TM: ``ResetTm`` and ``TmAssignment`` to live
+    processes), checkpoints go on, then the job is cancelled without keeping anything:
+    each TM answers ``EndJob`` with what it still owned, the coordinator deletes it, and
+    nothing of the job is left."""
+    coord, engine, storage = parties
+    c1, _ = checkpoint(engine, coord)
+    assert coord.complete(c1) is not None
+    c2 = coord.trigger()
+    for s in sorted(coord.placement, key=str):
+        write(engine, coord, c2, s)
+        ack(engine, coord, c2, s)
+    coord.restart()  # c2 was pending: forgotten, what it handed over deleted
+    assert sorted(engine.live()) == ["tm-1", "tm-2"]
+    assert_sound(coord, engine, quiet=False)
+    quiesce(engine, coord)
+    assert_sound(coord, engine, quiet=True)
+    coord.end_job(retain=False)
+    assert engine.live() == []
+    assert_sound(coord, engine, quiet=True)
+    assert storage.list_files() == {}

@@ -4,28 +4,43 @@
 interpreter: nothing of the test process is inherited). It builds the TM from only the
 storage URL, the config, the job id and its TM id (``TaskManager.alone``) and answers
 requests on its end of a pipe. What crosses the pipe from the coordinator is encoded
-``spec.messages`` bytes (notices in; acknowledgements and declines out). The other
-requests stand for what reaches a TM inside its own process in a real engine: the task
-writing state and acknowledging (Flink's barrier, with its checkpoint type), the engine
-saying which subtasks run here, and, for the test's observation only, a snapshot of the
-TM's own records.
+``spec.messages`` bytes (notices and duties in; acknowledgements, declines and the
+answer to ``EndJob`` out). The other requests stand for what reaches a TM inside its own
+process in a real engine: the task writing state and acknowledging (Flink's barrier,
+with its checkpoint type), the engine saying which subtasks run here, and, for the
+test's observation only, a snapshot of the TM's own records.
+
+A kill point (``("die", k, kind)``) makes the process kill itself with SIGKILL at its
+k-th storage call of that kind (``append``, ``delete``, ``any``) from then on: a create,
+an append (after half the bytes reached storage), a close, or a delete. So a TM dies
+during a write or while deleting at a point the process reaches by itself; between two
+calls (after a write, before its acknowledgement) the test kills it from outside.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from fastimpl.storage import StorageFault
+from fastimpl.storage import Storage, StorageFault
 from fastimpl.taskmanager import TaskManager
 from spec.config import Config, StateKind
 from spec.effects import tm_actor
+from spec.errors import Reason
 from spec.handles import FileHandle
 from spec.ids import SubtaskId, TmId
 from spec.messages import (
     CheckpointAborted,
     CheckpointComplete,
     Decline,
+    EndJob,
+    Holdings,
+    ResetTm,
+    ReusableFiles,
+    TmAssignment,
     decode_message,
     encode_message,
 )
@@ -59,10 +74,63 @@ def records(tm: TaskManager) -> dict[str, Any]:
     }
 
 
-def serve(conn: Connection, storage: Any, root: str, config: Config, job: str, tm_id: TmId) -> None:
+class KillPoint:
+    """Counts the TM's storage calls of the armed kind (``append``, ``delete`` or any);
+    at the armed one the process SIGKILLs itself."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.left: int | None = None
+        self.kind = "any"
+        for name in ("create", "append", "close", "delete_file", "delete_dir"):
+            setattr(storage, name, self._wrap(name, getattr(storage, name)))
+
+    def arm(self, calls: int | None, kind: str) -> None:
+        self.left, self.kind = calls, kind
+
+    def _reached(self, name: str) -> bool:
+        if self.left is None or self.kind not in ("any", name.split("_")[0]):
+            return False
+        self.left -= 1
+        return self.left <= 0
+
+    def _wrap(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            if self._reached(name):
+                if name == "append":  # half the bytes reach storage, then the crash (R65)
+                    path, length, data = args
+                    call(path, length // 2, bytes(data)[: length // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+            return call(*args, **kwargs)
+
+        return wrapped
+
+
+def _refusal(tm: TaskManager, subtask: SubtaskId, checkpoint: int, savepoint: bool) -> str | None:
+    """The engine's checks of a write or acknowledgement that only the TM can make (its
+    own knowledge, R56): the ``Reason`` value, or None."""
+    if tm.finished(checkpoint, savepoint):
+        return Reason.CHECKPOINT_FINISHED_FOR_TM.value
+    if tm.acknowledged(subtask, checkpoint):
+        return Reason.ALREADY_ACKNOWLEDGED.value
+    return None
+
+
+def serve(
+    conn: Connection,
+    storage: Any,
+    root: str,
+    config: Config,
+    job: str,
+    tm_id: TmId,
+    first_checkpoint: int = 1,
+    finished_mark: int | None = None,
+) -> None:
     """``storage``: a URL (``root`` "") or an fsspec file system (pickled across)."""
-    tm = TaskManager.alone(storage, root, config, job, tm_id)
+    tm = TaskManager.alone(storage, root, config, job, tm_id, first_checkpoint=first_checkpoint)
+    if finished_mark is not None:
+        tm.finished_mark = finished_mark
     tm.catalog.keep_deletion_log()  # the test checks I2 and I5 over the whole history
+    kill = KillPoint(tm.catalog.storage)
     while True:
         req = conn.recv()
         op = req[0]
@@ -70,17 +138,31 @@ def serve(conn: Connection, storage: Any, root: str, config: Config, job: str, t
             tm.catalog.storage.drain()
             conn.send(("ok",))
             return
-        if op == "host":
+        if op == "die":
+            kill.arm(req[1], req[2] if len(req) > 2 else "any")
+            conn.send(("ok",))
+        elif op == "host":
             tm.host([SubtaskId(v, i, p) for v, i, p in req[1]])
             conn.send(("ok",))
         elif op == "notice":
             msg = decode_message(req[1])
             assert isinstance(msg, CheckpointComplete | CheckpointAborted), msg
             tm.on_notice(msg)
+            tm.catalog.storage.drain()  # a delete point is reached before the reply
             conn.send(("ok",))
+        elif op == "duty":
+            duty = decode_message(req[1])
+            assert isinstance(duty, ResetTm | TmAssignment | ReusableFiles | EndJob | Holdings)
+            answer = tm.on_duty(duty)
+            tm.catalog.storage.drain()
+            conn.send(("ok",) if answer is None else ("answer", encode_message(answer)))
         elif op == "write":
             _, (v, i, p), checkpoint, kind, name, data, savepoint = req
             subtask = SubtaskId(v, i, p)
+            why = _refusal(tm, subtask, checkpoint, savepoint)
+            if why is not None:
+                conn.send(("refused", why))  # nothing is written
+                continue
             try:
                 tm.write(subtask, checkpoint, StateKind(kind), name, len(data), 1, data, savepoint)
             except StorageFault:
@@ -91,11 +173,16 @@ def serve(conn: Connection, storage: Any, root: str, config: Config, job: str, t
         elif op == "ack":
             _, (v, i, p), checkpoint, savepoint = req
             subtask = SubtaskId(v, i, p)
+            why = _refusal(tm, subtask, checkpoint, savepoint)
+            if why is not None:
+                conn.send(("refused", why))
+                continue
             try:
                 _, ack = tm.acknowledge(subtask, checkpoint, savepoint)
             except StorageFault:
                 conn.send(("decline", encode_message(Decline(job, checkpoint, subtask, tm_id))))
             else:
+                tm.catalog.storage.drain()
                 conn.send(("ack", encode_message(ack)))
         elif op == "records":
             conn.send(("records", records(tm)))
