@@ -26,11 +26,15 @@ Then unit tests of ``recover`` itself.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import fsspec  # type: ignore[import-untyped]
+import fsspec.implementations.memory  # type: ignore[import-untyped]
 import pytest
 
 from fastimpl import CheckpointStore, MetadataError, RecoveryError
@@ -40,6 +44,7 @@ from pipeline.location import Location
 from pipeline.single import audit_single
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.handles import StreamHandle, stream_of
+from spec.ids import SubtaskId
 from spec.layout import SAVEPOINTS, metadata_path
 from tests.faultyfs import FaultyFileSystem, Ledger, Place, SimulatedCrash, payload
 
@@ -874,3 +879,59 @@ def test_an_unreadable_metadata_elsewhere_keeps_the_base_but_the_kept_checkpoint
     assert [v for v in new.check_invariants() if v.invariant == "I5"] == []
     new.close()
     store.close()
+
+
+@pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
+def test_a_recovered_store_restores_from_the_crashed_jobs_savepoint(
+    place: Place, mode: MergingMode
+) -> None:
+    """Recovery reads the savepoints under the root as well as the job's checkpoints, so
+    the recovered store can start a new job from one (NO_CLAIM, R73): the restored state
+    is exactly what the crashed job wrote for the savepoint, and the savepoint's files
+    stay the user's."""
+    config = Config.for_mode(mode, num_retained=1)
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    c1 = checkpoint(store, ledger, prog)
+    sp = checkpoint(store, ledger, prog, savepoint=True, reuse=(c1,))
+    checkpoint(store, ledger, prog, reuse=(c1,))
+    # the process dies here
+    saved = {p: v for p, v in place.snapshot().items() if p.startswith(SAVEPOINTS)}
+    new, report = CheckpointStore.recover(place.url, config, JOB)
+    assert report.savepoints == (sp,)
+    assert new.coordinator.savepoints() == [sp]
+    new.coordinator.restore(sp, mode=RestoreMode.NO_CLAIM)
+    restored: dict[tuple[SubtaskId, str], bytes] = {}
+    for sub, tm in sorted(new.placement().items()):
+        for entry, data in new.task_manager(tm).restore(sub):
+            restored[(sub, entry.name)] = data
+    assert restored == ledger.expected("job-0", sp)
+    assert new.check_invariants() == []
+    new.flush()
+    assert {p: v for p, v in place.snapshot().items() if p.startswith(SAVEPOINTS)} == saved
+    new.close()
+
+
+class _UnlistableBelow(fsspec.implementations.memory.MemoryFileSystem):  # type: ignore[misc]
+    """A memory file system on which one directory under the root cannot be listed."""
+
+    protocol = "unlistable-below"
+    bad = ""
+
+    def find(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(errno.EACCES, "Permission denied", self.bad)
+
+
+def test_an_unlistable_directory_is_named_in_the_refusal(tmp_path: Path) -> None:
+    """A directory that cannot be listed refuses the recovery with an error naming that
+    directory, not only the root it lies under (issue 14, defect 6), on a file system
+    that is not the local disk."""
+    fs = _UnlistableBelow(skip_instance_cache=True)
+    fs.store = {}
+    fs.pseudo_dirs = [""]
+    fs.mkdir("/base")
+    fs.bad = "/base/job-0/chk-3"
+    with pytest.raises(RecoveryError) as err:
+        recover(Config.for_mode(MergingMode.NONE), JOB, fs, "/base")
+    msg = str(err.value)
+    assert "/base/job-0/chk-3" in msg and "PermissionError" in msg, msg
