@@ -273,12 +273,9 @@ class _Work:
         if subtask not in self.placement:
             raise CommandError(Reason.UNKNOWN_SUBTASK, f"{subtask} is not a subtask of {self.job}")
 
-    def writer_tm(self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None) -> TmId:
-        """The TM a write or acknowledgement comes from, checked (R10, R56, R64)."""
-        self.require_running()
-        self.require_subtask(subtask)
-        if not 1 <= checkpoint < self.next_checkpoint:
-            raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
+    def _acting(self, subtask: SubtaskId, attempt: TmId | None) -> tuple[TmId, TmRec]:
+        """The TM that acts for ``subtask``: its live host, or the lost attempt named,
+        which must have hosted it (R57, R64)."""
         tm = self.placement[subtask] if attempt is None else attempt
         rec = self.tms.get(tm)
         if rec is None:
@@ -290,6 +287,15 @@ class _Work:
                 raise CommandError(Reason.TM_NOT_LOST, f"attempt {tm} is not a lost TM")
             if subtask not in rec.hosted:
                 raise CommandError(Reason.NOT_HOSTED, f"{tm} never hosted {subtask}")
+        return tm, rec
+
+    def writer_tm(self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None) -> TmId:
+        """The TM a write or acknowledgement comes from, checked (R10, R56, R64)."""
+        self.require_running()
+        self.require_subtask(subtask)
+        if not 1 <= checkpoint < self.next_checkpoint:
+            raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
+        tm, rec = self._acting(subtask, attempt)
         if self._finished_for_tm(rec, checkpoint):
             raise CommandError(
                 Reason.CHECKPOINT_FINISHED_FOR_TM,
@@ -1503,18 +1509,7 @@ class _Work:
         it (R106), checked as a writer is (R57, R64)."""
         self.require_running()
         self.require_subtask(subtask)
-        tm = self.placement[subtask] if attempt is None else attempt
-        rec = self.tms.get(tm)
-        if rec is None:
-            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
-        if attempt is None and rec.status is not TmStatus.ALIVE:
-            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} hosting {subtask} is {rec.status.value}")
-        if attempt is not None:
-            if rec.status is not TmStatus.LOST:
-                raise CommandError(Reason.TM_NOT_LOST, f"attempt {tm} is not a lost TM")
-            if subtask not in rec.hosted:
-                raise CommandError(Reason.NOT_HOSTED, f"{tm} never hosted {subtask}")
-        return tm
+        return self._acting(subtask, attempt)[0]
 
     def _live_dbs(self) -> dict[tuple[TmId, SubtaskId], frozenset[str]]:
         """R100: a database is live while its attempt is alive and hosts its subtask in the
