@@ -41,6 +41,7 @@ from typing import Any
 
 from attrs import frozen
 
+from fastimpl.coordinator import subtasks_of
 from fastimpl.engine import InProcessEngine
 from fastimpl.ids import IdSource
 from fastimpl.metadata import MetadataError, base_of, check_job
@@ -213,9 +214,14 @@ def recover(
         co.job = f"job-{co.job_seq}"
         co.bases.add(job_base(co.job))
         co.lineage = {job_base(co.job)}
-        for rec in co.tms.values():
-            rec.status = Status.ALIVE
+        # The engine started its TMs under the crashed job's id: the new job runs on TMs
+        # of its own, so that they write under its base and its job end (EndJob names the
+        # job) reaches them. The old ones stay stopped, as the crashed job's TMs are.
+        for tm in sorted(co.tms):
+            cl.forget_tm(tm)
+        tms = [cl.start_tm(co.job, co.next_checkpoint, None) for _ in range(job_spec.num_tms)]
         co.running = True
+        co.deploy(cl.place(subtasks_of(co.vertices), tms))
     if lease is not None:
         reader.take_lease(lease, exclusive=False)
         cl.storage.lease = lease

@@ -589,6 +589,12 @@ def test_no_completed_checkpoint_starts_a_new_job_and_deletes_garbage(
     new.flush()
     assert new.check_invariants(quiet=True) == []
     assert ledger.problems(new) == [] and prog.done == []
+    # The new job's TMs are its own: they wrote under its base, and its job end reaches them.
+    assert all(p.startswith(f"{report.new_job}/") for p in place.snapshot()), place.snapshot()
+    new.coordinator.cancel(retain=False)
+    new.flush()
+    assert new.check_invariants(quiet=True) == []
+    assert place.snapshot() == {}
 
 
 def test_recover_continues_job_0_unless_told_otherwise(place: Place) -> None:
