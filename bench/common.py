@@ -3,6 +3,7 @@ machine description and the printed table."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import os
@@ -11,7 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,3 +169,20 @@ def table(figures: list[Figure]) -> str:
     for r in rows:
         lines.append("  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)).rstrip())
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def counting_fsyncs() -> Iterator[list[int]]:
+    """Count ``os.fsync`` calls made inside the block (by fastimpl or by the loop)."""
+    real = os.fsync
+    count = [0]
+
+    def counted(fd: Any) -> None:
+        count[0] += 1
+        real(fd)
+
+    setattr(os, "fsync", counted)  # noqa: B010 (mypy would refuse a plain assignment)
+    try:
+        yield count
+    finally:
+        setattr(os, "fsync", real)  # noqa: B010

@@ -27,14 +27,13 @@ Requests (pickled tuples; every reply is a tuple, ``("error", text)`` on a failu
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
 
 import fsspec  # type: ignore[import-untyped]
 
+from bench.common import counting_fsyncs
 from fastimpl.coordinator import CheckpointCoordinator
 from fastimpl.ids import RandomIds
 from fastimpl.storage import Storage
@@ -84,21 +83,13 @@ class OutboxEngine:
         raise self._not_here("forget a TM")
 
 
-def _counting_fsyncs() -> list[int]:
-    real = os.fsync
-    count = [0]
-
-    def counted(fd: Any) -> None:
-        count[0] += 1
-        real(fd)
-
-    setattr(os, "fsync", counted)  # noqa: B010 (mypy would refuse a plain assignment)
-    return count
-
-
 def serve(conn: Connection) -> None:
     """Answer requests until ``stop`` (see the module docstring)."""
-    fsyncs = _counting_fsyncs()
+    with counting_fsyncs() as fsyncs:
+        _serve(conn, fsyncs)
+
+
+def _serve(conn: Connection, fsyncs: list[int]) -> None:
     coord: CheckpointCoordinator | None = None
     engine = OutboxEngine()
     while True:

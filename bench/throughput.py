@@ -20,16 +20,24 @@ case of its own.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.common import Case, Figure, local_fs, median, memory_fs, timed, within_config
+from bench.common import (
+    Case,
+    Figure,
+    counting_fsyncs,
+    local_fs,
+    median,
+    memory_fs,
+    timed,
+    within_config,
+)
 from bench.tm_cycle import RemoteCoordinator, TmJob, TmPhases
 from fastimpl import CounterIds, IdSource, RandomIds
 from spec.layout import METADATA
@@ -65,23 +73,6 @@ FULL_WRITE_PLANS = (
     WritePlan(4 * MIB, 4, 4),
 )
 QUICK_WRITE_PLANS = tuple(WritePlan(p.size, max(1, p.segments // 4), 2) for p in FULL_WRITE_PLANS)
-
-
-@contextlib.contextmanager
-def counting_fsyncs() -> Iterator[list[int]]:
-    """Count ``os.fsync`` calls made inside the block (by fastimpl or by the loop)."""
-    real = os.fsync
-    count = [0]
-
-    def counted(fd: Any) -> None:
-        count[0] += 1
-        real(fd)
-
-    setattr(os, "fsync", counted)  # noqa: B010 (mypy would refuse a plain assignment)
-    try:
-        yield count
-    finally:
-        setattr(os, "fsync", real)  # noqa: B010
 
 
 @dataclass
