@@ -330,13 +330,18 @@ class CheckpointCoordinator:
     def _writes_in(self, path: str, attempt: TmId) -> bool:
         """Whether ``attempt``'s handle may name ``path`` as a file the store wrote: under
         the running job's base, or in the directory of a savepoint this store triggered."""
-        try:
-            path_parts(path, "<acknowledgement>", "path")
-        except MetadataError:
-            return False
-        base = base_of(path)
-        own_sp = {savepoint_dir(i) for i in self.triggered_savepoints}
-        return attempt in self.tms and (base == job_base(self.job) or base in own_sp)
+        return attempt in self.tms and self._may_sweep(path, self.job)
+
+    def claimed(self) -> set[str]:
+        """The files the coordinator claims while its job runs (for the observation): the
+        shared state it owns in the registry, the whole files pending checkpoints
+        received, and every retained checkpoint's ``_metadata``."""
+        if not self.running:
+            return set()
+        paths = {r.path for r in self.registry.values() if r.owned and not r.key.startswith("dir:")}
+        paths |= {path for p in self.pending.values() for path in p.received}
+        paths |= {r.metadata for r in self.retained}
+        return paths
 
     def current_tms(self) -> list[TmId]:
         return sorted({t for t in self.placement.values() if self.tms[t].status is Status.ALIVE})

@@ -522,15 +522,8 @@ class InProcessEngine:
                 for e in entries:
                     if isinstance(e.handle, FileHandle):
                         claims.setdefault(e.handle.path, set()).add(actor)
-        if self.running:
-            for reg in self.coord.registry.values():
-                if reg.owned and not reg.key.startswith("dir:"):
-                    claims.setdefault(reg.path, set()).add(COORDINATOR)
-            for p in self.pending.values():
-                for path in p.received:
-                    claims.setdefault(path, set()).add(COORDINATOR)
-            for r in self.retained:
-                claims.setdefault(r.metadata, set()).add(COORDINATOR)
+        for path in self.coord.claimed():
+            claims.setdefault(path, set()).add(COORDINATOR)
         on_storage = self.storage.list_files()
         return Observation(
             files=on_storage,

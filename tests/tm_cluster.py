@@ -249,16 +249,8 @@ def observe(
     for path, owner in {**engine.orphans, **(orphans or {})}.items():
         if path in coord.storage.list_files():
             owners.setdefault(path, owner)
-    running = coord.running
-    if running:
-        for reg in coord.registry.values():
-            if reg.owned and not reg.key.startswith("dir:"):
-                claims.setdefault(reg.path, set()).add(COORDINATOR)
-        for pend in coord.pending.values():
-            for path in pend.received:
-                claims.setdefault(path, set()).add(COORDINATOR)
-        for r in coord.retained:
-            claims.setdefault(r.metadata, set()).add(COORDINATOR)
+    for path in coord.claimed():
+        claims.setdefault(path, set()).add(COORDINATOR)
     on_storage = coord.storage.list_files()
     obs = Observation(
         files=on_storage,
