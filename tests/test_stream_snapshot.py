@@ -497,3 +497,34 @@ def test_a_checkpoint_the_store_aborted_while_receiving_fails_as_not_completed(
     done, _ = s.checkpoint()
     with pytest.raises(CommandError, match="not pending"):
         s.coordinator.complete(done)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_a_task_killed_mid_upload_ends_its_tm_attempt_whose_files_are_swept(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    """The killed task took the subtask's DB and TM records with it: the retry restores
+    and starts a new TM attempt, which the coordinator first hears of by its
+    acknowledgement. Once that checkpoint completes, the old attempt is given up and
+    known stopped (R64): nothing under its exclusive directory is left, and every file
+    on storage has an owner (I3) before and after the TMs applied their mail."""
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(mode, num_retained=1),
+        parallelism=2,
+        failures=Failures(kill_at=(2, 1, "mid-upload")),
+    )
+    tms = []
+    for _ in range(4):
+        r = job.batch()
+        tms.append(job.coordinator.co.placement[SubtaskId(VERTEX, 1, 2)])
+        assert job.coordinator.violations() == []
+    assert job.kills == [(2, 1, 0, "mid-upload")]
+    assert tms[0] == tms[1] != tms[2] == tms[3]  # the same attempt until the kill
+    assert r.new_tms == 0 and job.driver.reports[2].new_tms == 1
+    assert tms[1] in job.coordinator.retired
+    gone = Path(job.url, "job-0", "taskowned", tms[1])
+    assert not (gone.exists() and any(p.is_file() for p in gone.rglob("*")))
+    job.quiesce()
+    assert job.coordinator.violations(quiet=True) == []
+    assert job.comparison().equal
