@@ -25,6 +25,11 @@ their directories) when the stopped TM had written anything.
   worker, and the TM it would reach is the same saved state.
 - ``start_tm`` (the first deployment, a restore, a failover replacing a lost TM) names a
   placeholder: the TM that acknowledges for the subtask replaces it as above.
+
+No command trace is kept (``fastimpl.trace`` logs the in-process engine's calls): the
+TMs' writes happen in the workers, in an order no single process sees, and a TM that
+replaces another by acknowledging has no command in the model's vocabulary; the
+invariants are checked on the real files instead (``violations``).
 """
 
 from __future__ import annotations
