@@ -199,6 +199,13 @@ def stream(
     check: Annotated[
         bool, typer.Option(help="Compare with the batch computation at the end.")
     ] = True,
+    speculation: Annotated[
+        bool,
+        typer.Option(
+            help="Spark's speculative execution (a standalone cluster: Spark never speculates"
+            " on local masters)."
+        ),
+    ] = False,
     kill_worker_prob: Annotated[
         float,
         typer.Option(
@@ -316,6 +323,7 @@ def stream(
             master=master,
             write_buffer_size=write_buffer_size,
             failures=Failures(kill_worker_prob, failure_seed),
+            speculation=speculation,
             rescale_at=rescale,
             die_at=die,
             l0_compaction_trigger=l0_compaction_trigger,

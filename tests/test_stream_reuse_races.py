@@ -461,3 +461,44 @@ def test_flink_38574_late_confirmation_and_reupload_never_reference_a_deleted_up
         s.release()
     s.holds()
     s.read_back_matches()
+
+
+def test_a_speculative_copy_that_may_still_run_keeps_its_files_until_it_ended(
+    tmp_path: Path,
+) -> None:
+    """R64 for an attempt Spark has not seen end (speculation, STREAM_NOTES §2d): while
+    a task attempt of the job may still run, the coordinator gives no TM up and sweeps
+    nothing nobody records, whatever completes meanwhile; once none may, the copy's files
+    (a TM attempt the coordinator never heard of) are swept."""
+    job = LocalJob(tmp_path, Config.for_mode(MergingMode.ACROSS_CHECKPOINT), parallelism=2)
+    for _ in range(3):
+        job.batch()
+    order = job.driver.order(job.next_batch)
+    parts = job.partitions(order.batch_id)
+    winner = run_subtask(order, 0, "winner", parts.get(0, []))
+    loser = run_subtask(order, 0, "loser", parts.get(0, []))  # still running, for Spark
+    other = run_subtask(order, 1, "other", parts.get(1, []))
+    running = [True]
+    job.coordinator.may_still_run = lambda: running[0]
+    job.emitted[order.batch_id] = [w for r in (winner, other) for w in r.closed]
+    job.driver.finish(order, [winner, other])
+    job.next_batch += 1
+    loser_dir = Path(job.url, "job-0", "taskowned", json.loads(loser.report)["tm"])
+    mine = {p for p in storage(job.url) if p.startswith(f"job-0/taskowned/{loser_dir.name}/")}
+    assert mine, "the copy wrote no EXCLUSIVE file"
+    # The next batch restores subtask 0 (the copy put its own DB back) with a new TM:
+    # the old one is replaced and the copy's files lie there unrecorded; both wait.
+    assert job.batch().restored == 1
+    assert mine <= storage(job.url)
+    replaced = set(job.coordinator.replaced)
+    assert replaced and not replaced & set(job.coordinator.retired)
+    files_hold(job, loser)
+    running[0] = False
+    assert job.coordinator.finish_attempts(wait_s=0)
+    assert not mine & storage(job.url)
+    assert replaced <= set(job.coordinator.retired)
+    files_hold(job)
+    for _ in range(5):
+        job.batch()
+        files_hold(job)
+    counts_match(job)

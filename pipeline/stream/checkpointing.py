@@ -106,6 +106,10 @@ class CoordinatorSide(Protocol):
     def read(self, entry: StateEntry) -> bytes:
         """The bytes of a state entry of a restore assignment, read on the driver."""
 
+    def finish_attempts(self, wait_s: float = 60.0, poll_s: float = 0.2) -> bool:
+        """Once no task attempt may still run: give up the TMs that were replaced and
+        sweep what no party records (the end of a run); whether it could."""
+
     def settle(self) -> None:
         """Wait until the deletes the coordinator decided are carried out."""
 

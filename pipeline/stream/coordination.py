@@ -39,7 +39,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -246,6 +246,13 @@ class SparkCoordinator:
         """Attempts the coordinator never heard of whose files were swept."""
         self._strays = False
         self._stray_ids = 0
+        self.may_still_run: Callable[[], bool] = lambda: False
+        """Whether a task attempt of this job may still run: a speculative copy, or an
+        attempt Spark gave up on whose Python worker has not stopped yet (a SparkListener
+        knows, ``job.TaskAttempts``). While it may, no TM is given up and nothing nobody
+        records is swept (R64: never while the attempt may still write); a later
+        complete, or ``finish_attempts``, does it. Without speculation every attempt of a
+        batch has ended when ``collect`` returns."""
 
     @property
     def job_id(self) -> str:
@@ -333,7 +340,7 @@ class SparkCoordinator:
         """Give up the replaced TMs (see the module docstring); only with nothing
         pending, since losing a TM aborts every pending checkpoint (R57)."""
         co = self.co
-        if co.pending or not co.running:
+        if co.pending or not co.running or self.may_still_run():
             return
         for tm in sorted(self.replaced):
             rec = co.tms.get(tm)
@@ -375,7 +382,7 @@ class SparkCoordinator:
         one more for the rest, is made known as lost and stopped, and the coordinator's
         own sweep takes and deletes what no retained checkpoint refers to."""
         co = self.co
-        if co.pending or not co.running:
+        if co.pending or not co.running or self.may_still_run():
             return
         self._strays = False
         known = set(co.catalog.owners())
@@ -399,6 +406,20 @@ class SparkCoordinator:
             co.attempt_stopped(tm)
             self.strays += 1
 
+    def finish_attempts(self, wait_s: float = 60.0, poll_s: float = 0.2) -> bool:
+        """Wait (up to ``wait_s``) until no attempt may still run, then give up the
+        replaced TMs and sweep what nobody records: before a rescale ends the job, and at
+        the end of a run. Whether it could."""
+        deadline = time.monotonic() + wait_s
+        while self.may_still_run():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        self._strays = True
+        self.sweep_strays()
+        self.retire()
+        return True
+
     def abort(self, checkpoint: int) -> None:
         if checkpoint in self.co.pending and self.co.running:
             self.co.abort(checkpoint)
@@ -410,7 +431,7 @@ class SparkCoordinator:
 
     def rescale(self, parallelism: int, mode: RestoreMode | None = None) -> None:
         co = self.co
-        self.retire()
+        self.finish_attempts()
         if not co.retained:
             raise CheckpointNotCompleted("no completed checkpoint to rescale from")
         latest = co.retained[-1].id
@@ -463,9 +484,10 @@ class SparkCoordinator:
         TMs the coordinator has not heard from (a test that holds a task's result back)."""
         co = self.co
         co.storage.drain()
-        live = sorted(
-            t for t in set(co.placement.values()) if co.tms[t].status is Status.ALIVE
-        ) if co.running else []  # fmt: skip
+        # every TM not given up: the placed ones, and those replaced while an attempt of
+        # the job may still run (``may_still_run``), by their last report
+        live = sorted(t for t, rec in co.tms.items() if rec.status is Status.ALIVE)
+        live = live if co.running else []
         reports = {t: self.engine.reports[t] for t in live if t in self.engine.reports}
         for data in also:
             if data:

@@ -65,6 +65,8 @@ class BatchDriver:
     failures: Failures = field(factory=Failures)
     snapshot: bool = True
     """Checkpoint every batch (off: the baseline without state checkpointing)."""
+    sweep_local: bool = True
+    """See ``BatchOrder.sweep_local`` (off under speculation)."""
     watermark: int = NO_WATERMARK
     reports: list[BatchReport] = field(factory=list)
     last_batch: int = -1
@@ -130,6 +132,7 @@ class BatchDriver:
             l0_compaction_trigger=self.l0_compaction_trigger,
             compact_every=self.compact_every,
             failures=self.failures,
+            sweep_local=self.sweep_local,
             restoring=self.snapshot and self.coordinator.restoring(),
             snapshot=self.snapshot,
         )
