@@ -4,8 +4,8 @@ amplification bound lets it merge (issue 17's closing figures, without Spark).
     python -m bench.stream_files [--mode ACROSS_CHECKPOINT] [--batches 30] [--rows 1000]
         [--vocabulary 1000]
 
-The demo's workload (``pipeline.stream.demo``: parallelism 3, one TM, a rescale to 4 after
-batch 3, a worker killed mid-upload in batch 5, num_retained 1, 5 s windows) run in this
+The demo's workload (``pipeline.stream.demo``: parallelism 3, a TM per subtask, a rescale
+to 4 after batch 3, a worker killed mid-upload in batch 5, num_retained 1, 5 s windows) run in this
 process by the stream harness (``tests/stream_harness.py``: the job's own driver, subtask
 and snapshot code, the partitions of each batch one after another). After each batch the
 storage is listed as the demo lists it: state files created per checkpoint and space
@@ -154,7 +154,6 @@ def _run(args: argparse.Namespace, config: Config) -> tuple[_Files, list[list[in
             source=RateSource(args.rows, vocabulary=args.vocabulary),
             windowing=Windowing(5000),
             write_buffer_size=64 * 1024,
-            num_tms=1,
             failures=Failures(kill_at=(args.kill, 1, "mid-upload")),
         )
         files = _Files(job.url, {})

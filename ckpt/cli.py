@@ -199,6 +199,13 @@ def stream(
     check: Annotated[
         bool, typer.Option(help="Compare with the batch computation at the end.")
     ] = True,
+    speculation: Annotated[
+        bool,
+        typer.Option(
+            help="Spark's speculative execution (a standalone cluster: Spark never speculates"
+            " on local masters)."
+        ),
+    ] = False,
     kill_worker_prob: Annotated[
         float,
         typer.Option(
@@ -232,12 +239,6 @@ def stream(
     audit: Annotated[
         bool, typer.Option(help="Run the storage audit on the checkpoint base at the end.")
     ] = True,
-    tms: Annotated[
-        int,
-        typer.Option(
-            help="TMs of the store: one per executor (a local master has one); 0: one per subtask."
-        ),
-    ] = 1,
     l0_compaction_trigger: Annotated[
         int, typer.Option(help="RocksDB level-0 compaction trigger (its default: 4).")
     ] = 4,
@@ -322,13 +323,13 @@ def stream(
             master=master,
             write_buffer_size=write_buffer_size,
             failures=Failures(kill_worker_prob, failure_seed),
+            speculation=speculation,
             rescale_at=rescale,
             die_at=die,
-            num_tms=tms or None,
             l0_compaction_trigger=l0_compaction_trigger,
         )
-        if tms < 0 or l0_compaction_trigger < 1:
-            raise ValueError("--tms must be >= 0 and --l0-compaction-trigger >= 1")
+        if l0_compaction_trigger < 1:
+            raise ValueError("--l0-compaction-trigger must be >= 1")
         if not 0 <= kill_worker_prob <= 1:
             raise ValueError(f"--kill-worker-prob must be in [0, 1], got {kill_worker_prob}")
         if kill_worker_prob > 0 and not retries_tasks(master):

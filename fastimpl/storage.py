@@ -604,6 +604,20 @@ class Storage:
                 self._remove_after_failure(path)
                 raise self._failed(StorageFault(StorageOp.APPEND, path, err)) from err
 
+    def reopen(self, path: str) -> None:
+        """Take up a file that an earlier process of the same TM attempt left open: its
+        appends continue at its end. A TM whose records move between processes with its
+        subtask (``pipeline.stream``: Spark gives a partition no fixed worker) gives up
+        the handle in one (``abandon``, every append being durable already) and takes it
+        up here in the next. Local disks only: elsewhere the bytes of an open file are
+        its writer process's until it closes, so no other process can continue it."""
+        if not self._local:
+            raise ValueError(f"{path}: only a file on a local disk can be reopened")
+        if path in self._open:
+            return
+        self._check_tree(path, "file")
+        self._open[path] = open(self.full(path), "ab")  # noqa: SIM115 (closed by close)
+
     def abandon(self, path: str) -> None:
         """Forget an open file without finishing it (its process is gone)."""
         f = self._open.pop(path, None)

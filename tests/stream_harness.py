@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pipeline.stream.check import Comparison, batch_counts, compare
-from pipeline.stream.checkpointing import VERTEX, open_coordinator
+from pipeline.stream.checkpointing import VERTEX
+from pipeline.stream.coordination import open_coordinator
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.source import RateSource
 from pipeline.stream.subtask import (
@@ -17,6 +18,7 @@ from pipeline.stream.subtask import (
     Failures,
     Killed,
     SubtaskResult,
+    deliver,
     run_subtask,
     subtask_dir,
 )
@@ -46,14 +48,13 @@ class LocalJob:
         url: str | None = None,
         storage_options: dict[str, Any] | None = None,
         failures: Failures | None = None,
-        num_tms: int | None = None,
     ) -> None:
         self.url = url or str(tmp / "base")
         self.source = source or RateSource(400, vocabulary=300)
         self.windowing = windowing or Windowing(3000)
         self.parallelism = parallelism
         self.coordinator = open_coordinator(
-            self.url, config, parallelism, storage_options=storage_options, num_tms=num_tms
+            self.url, config, parallelism, storage_options=storage_options
         )
         self.work = str(tmp / "work")
         self.driver = BatchDriver(
@@ -114,6 +115,13 @@ class LocalJob:
         report = self.driver.finish(order, results)
         self.next_batch += 1
         return report
+
+    def quiesce(self) -> None:
+        """Deliver the mail no batch carried yet to every subtask's TM (as the end of a
+        Spark run does), then wait for the coordinator's deletes: quiet (I6)."""
+        order = self.driver.delivery()
+        self.coordinator.heard([deliver(order, i) for i in range(self.parallelism)])
+        self.coordinator.settle()
 
     def lose_local_state(self, index: int) -> None:
         """The worker's disk of subtask ``index`` is gone (a new worker)."""

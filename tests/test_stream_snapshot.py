@@ -10,16 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fastimpl.api import CheckpointStore
 from pipeline.stream.check import compare
-from pipeline.stream.checkpointing import (
-    VERTEX,
-    CheckpointNotCompleted,
-    InProcessCoordinator,
-    RelayError,
-    TaskManagerRecipe,
-    decode_assignment,
-)
+from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted, decode_assignment
+from pipeline.stream.coordination import open_coordinator
 from pipeline.stream.rocks import WindowCounts, options
 from pipeline.stream.snapshot import (
     OPERATOR_STATE,
@@ -32,7 +25,8 @@ from pipeline.stream.snapshot import (
 from pipeline.stream.subtask import KILL_POINTS, Failures, run_subtask, subtask_dir
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM
-from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
+from pipeline.stream.worker_tm import StateReader, WorkerTaskManager
+from spec.config import Config, MergingMode, RestoreMode, StateKind
 from spec.errors import CommandError
 from spec.handles import FileHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
@@ -45,22 +39,25 @@ S0 = SubtaskId(VERTEX, 0, 1)
 
 
 class OneSubtask:
-    """One subtask's DB checkpointed through the relay into a store, step by step."""
+    """One subtask's DB checkpointed by its TM (one attempt, kept in this process) for the
+    coordinator, step by step; the TM applies its mail before each snapshot."""
 
     def __init__(self, tmp: Path, mode: MergingMode) -> None:
         self.url = str(tmp / "base")
-        self.store = CheckpointStore(
-            self.url,
-            Config.for_mode(mode, num_retained=1),
-            JobSpec((VertexSpec(VERTEX, 1),), num_tms=1),
-        )
-        self.coordinator = InProcessCoordinator(self.store, url=self.url)
+        self.coordinator = open_coordinator(self.url, Config.for_mode(mode, num_retained=1), 1)
         self.scratch = tmp / "local"
         self.scratch.mkdir()
         self.db = WindowCounts(
             self.scratch / "db", options(write_buffer_size=1 << 20, auto_compactions=False)
         )
-        self.recipe = TaskManagerRecipe(self.url, self.store.job_id)
+        self.recipe = self.coordinator.task_manager_recipe()
+        self.party: WorkerTaskManager | None = None
+
+    def tm(self, checkpoint: int) -> WorkerTaskManager:
+        if self.party is None:
+            self.party = self.recipe.open(None, S0, checkpoint)
+        self.party.apply_mail(self.coordinator.mail())
+        return self.party
 
     def put(self, lo: int, hi: int) -> None:
         self.db.add({(g % 128, 0, f"word{g:06d}"): 1 for g in range(lo, hi)})
@@ -72,7 +69,7 @@ class OneSubtask:
         """Snapshot and complete; the checkpoint and its SST entries by local file."""
         c = self.coordinator.trigger()
         base = reusable(self.assignment(c))
-        party = self.recipe.open(f"a{c}")
+        party = self.tm(c)
         self.stats = take_snapshot(
             self.db,
             party,
@@ -83,9 +80,9 @@ class OneSubtask:
             scratch=self.scratch,
             operator_state=b"progress",
         )
-        self.coordinator.receive(party.acknowledge(c, S0))
+        self.coordinator.receive(party.acknowledge(c, S0), party.report())
         self.coordinator.complete(c)
-        self.store.flush()
+        self.coordinator.settle()
         return c, reusable(self.assignment(c + 1))
 
     def live_ssts(self) -> set[str]:
@@ -120,7 +117,7 @@ def test_the_second_checkpoint_uploads_only_new_ssts_and_reuses_the_rest(
     assert s.stats.exclusive == 4
     # Registry names carry the lineage: a bare 000009.sst of another DB is another name.
     assert all(e.name == f"sst/L1/{f}" for f, e in second.items())
-    assert s.store.check_invariants() == []
+    assert s.coordinator.violations() == []
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
@@ -140,7 +137,7 @@ def test_ssts_a_compaction_retired_are_no_longer_referenced(
     _, after = s.checkpoint()
     assert set(after) == live
     assert s.stats.reused == 0 and s.stats.uploaded == len(live)
-    retained = s.store.coordinator.retained()
+    retained = s.coordinator.co.retained
     referenced = {
         h.path for r in retained for e in r.entries if (h := stream_of(e.handle)) is not None
     }
@@ -149,7 +146,7 @@ def test_ssts_a_compaction_retired_are_no_longer_referenced(
     if mode is MergingMode.NONE:  # one file per SST: the retired ones are deleted
         assert old_paths and not old_paths & s.storage_paths()
         assert not old_paths & referenced
-    assert s.store.check_invariants() == []
+    assert s.coordinator.violations() == []
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
@@ -163,7 +160,7 @@ def test_a_restore_from_the_assignment_reproduces_the_counts(
     c, _ = s.checkpoint()
     want = list(s.db.items())
     entries = s.assignment(c + 1)
-    party = s.recipe.open("restorer")
+    party = s.recipe.reader()
     target = tmp_path / "elsewhere" / "db"
     operator = restore(party, entries, target)
     assert operator == b"progress"
@@ -277,14 +274,14 @@ def test_a_restore_refuses_names_that_are_not_rocksdb_files(
     with pytest.raises(RestoreError, match="not a RocksDB file"):
         file_of(e)
     with pytest.raises(RestoreError):
-        restore(TaskManagerRecipe(str(tmp_path), "job-0").open("a"), [e], tmp_path / "db")
+        restore(StateReader(str(tmp_path), {}), [e], tmp_path / "db")
     assert not (tmp_path / "db").exists()
 
 
 def test_a_handle_outside_the_base_is_not_read(tmp_path: Path) -> None:
     from spec.config import Scope
 
-    party = TaskManagerRecipe(str(tmp_path / "base"), "job-0").open("a")
+    party = StateReader(str(tmp_path / "base"), {})
     for path in ("../secret", "/etc/passwd", "a/../../b"):
         e = StateEntry(
             S0, StateKind.KEYED_FULL, "meta/L1/CURRENT", FileHandle(path, 4, "l", Scope.EXCLUSIVE)
@@ -293,20 +290,22 @@ def test_a_handle_outside_the_base_is_not_read(tmp_path: Path) -> None:
             party.read(e)
 
 
-def test_a_damaged_relayed_acknowledgement_changes_nothing(tmp_path: Path) -> None:
+def test_a_damaged_acknowledgement_changes_nothing(tmp_path: Path) -> None:
     s = OneSubtask(tmp_path, MergingMode.NONE)
     s.put(0, 300)
     c = s.coordinator.trigger()
-    party = s.recipe.open("a")
+    party = s.tm(c)
     take_snapshot(s.db, party, c, S0, lineage="L1", base={}, scratch=s.scratch, operator_state=b"p")
     ack = party.acknowledge(c, S0)
     before = s.storage_paths()
     for bad in (ack[:-1], ack + b"x", b"junk" + ack, ack[:20]):
-        with pytest.raises(RelayError):
+        with pytest.raises(ValueError, match="not a message"):
             s.coordinator.receive(bad)
     assert s.storage_paths() == before
-    s.coordinator.receive(ack)
+    assert s.coordinator.co.pending[c].acks == {}
+    s.coordinator.receive(ack, party.report())
     s.coordinator.complete(c)
+    assert [r.id for r in s.coordinator.co.retained] == [c]
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
@@ -388,27 +387,30 @@ def _new_files(base: Path, seen: set[str]) -> set[str]:
     return new
 
 
-@pytest.mark.parametrize("tms", [1, 2])
-def test_within_writes_at_most_one_exclusive_file_per_tm_and_checkpoint(
-    tmp_path: Path, tms: int
-) -> None:
+def test_within_writes_at_most_one_exclusive_file_per_tm_and_checkpoint(tmp_path: Path) -> None:
     job = LocalJob(
-        tmp_path,
-        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1),
-        parallelism=4,
-        num_tms=tms,
+        tmp_path, Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1), parallelism=4
     )
     base, seen = Path(job.url), set[str]()
-    for _ in range(8):
+    tms: set[str] = set()
+    for b in range(8):
         r = job.batch()
         job.coordinator.settle()
         new = _new_files(base, seen)
         # Four subtasks write MANIFEST, OPTIONS, CURRENT and their operator state each:
-        # sixteen EXCLUSIVE handles, pooled into one file per TM (R13, R14).
+        # sixteen EXCLUSIVE handles, pooled into one file per TM (R13, R14); each
+        # subtask's TM is the same attempt from batch to batch (its records travel with
+        # the local DB), and created the files itself (counted on the worker).
         assert r.exclusive == 16
         exclusive = {f for f in new if "/taskowned/" in f}
-        assert len(exclusive) == tms, sorted(new)
-        assert {f.split("/")[2] for f in exclusive} == {f"tm-{i}" for i in range(1, tms + 1)}
+        owners = [f.split("/")[2] for f in exclusive]
+        assert len(exclusive) == len(set(owners)) == 4, sorted(new)
+        assert tms == set(owners) if b else not tms
+        tms = set(owners)
+        state = {f for f in new if "/shared/" in f or "/taskowned/" in f}
+        assert r.created == len(state), sorted(new)
+        assert r.new_tms == (4 if b == 0 else 0)
+    job.quiesce()
     assert job.coordinator.violations(quiet=True) == []
 
 
@@ -426,7 +428,7 @@ def test_a_rescaled_subtask_holds_exactly_its_key_groups_and_counts_once(
     )
     for _ in range(5):
         job.batch()
-    job.coordinator.settle()  # the deletes checkpoint 5's subsume decided are done
+    job.quiesce()  # the TMs heard checkpoint 5 completed; its subsume's deletes are done
     old_files = {p for p in Path(job.url, "job-0").rglob("*") if p.is_file()}
     job.rescale(after)
     assert job.driver.last_batch == 4 and job.driver.ran_watermark == job.source.event_ms(3)
@@ -459,6 +461,7 @@ def test_a_rescaled_subtask_holds_exactly_its_key_groups_and_counts_once(
     emitted = [w for ws in job.emitted.values() for w in ws]
     cmp = compare(job.expected(), emitted, job.windowing, job.closed_watermark())
     assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:10]
+    job.quiesce()
     assert job.coordinator.violations(quiet=True) == []
 
 
@@ -488,9 +491,40 @@ def test_a_checkpoint_the_store_aborted_while_receiving_fails_as_not_completed(
     s = OneSubtask(tmp_path, MergingMode.NONE)
     s.put(0, 300)
     c = s.coordinator.trigger()
-    s.coordinator.receive(s.recipe.open("a").decline(c, S0))
+    s.coordinator.receive(s.tm(c).decline(c, S0))
     with pytest.raises(CheckpointNotCompleted, match="aborted"):
         s.coordinator.complete(c)
     done, _ = s.checkpoint()
     with pytest.raises(CommandError, match="not pending"):
         s.coordinator.complete(done)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_a_task_killed_mid_upload_ends_its_tm_attempt_whose_files_are_swept(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    """The killed task took the subtask's DB and TM records with it: the retry restores
+    and starts a new TM attempt, which the coordinator first hears of by its
+    acknowledgement. Once that checkpoint completes, the old attempt is given up and
+    known stopped (R64): nothing under its exclusive directory is left, and every file
+    on storage has an owner (I3) before and after the TMs applied their mail."""
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(mode, num_retained=1),
+        parallelism=2,
+        failures=Failures(kill_at=(2, 1, "mid-upload")),
+    )
+    tms = []
+    for _ in range(4):
+        r = job.batch()
+        tms.append(job.coordinator.co.placement[SubtaskId(VERTEX, 1, 2)])
+        assert job.coordinator.violations() == []
+    assert job.kills == [(2, 1, 0, "mid-upload")]
+    assert tms[0] == tms[1] != tms[2] == tms[3]  # the same attempt until the kill
+    assert r.new_tms == 0 and job.driver.reports[2].new_tms == 1
+    assert tms[1] in job.coordinator.retired
+    gone = Path(job.url, "job-0", "taskowned", tms[1])
+    assert not (gone.exists() and any(p.is_file() for p in gone.rglob("*")))
+    job.quiesce()
+    assert job.coordinator.violations(quiet=True) == []
+    assert job.comparison().equal

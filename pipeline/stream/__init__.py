@@ -4,11 +4,12 @@ state is a RocksDB per subtask, checkpointed incrementally through the checkpoin
 Modules: ``source`` (Spark's ``rate-micro-batch`` and the same rows as a formula),
 ``words`` (rows to words and key groups), ``windows`` (tumbling windows, the watermark),
 ``rocks`` (the RocksDB of window counts), ``snapshot`` (that RocksDB to a checkpoint and
-back), ``checkpointing`` (the one module that meets the store: the worker's and the
-driver's parties), ``subtask`` (one partition of a micro-batch, on a worker; injected
-failures), ``driver`` (a checkpoint per micro-batch, without Spark), ``job`` (the Spark
-job: ``foreachBatch``), ``sink`` (closed windows to Parquet, a directory per batch),
-``check`` (the same counts by a plain batch computation), ``audit`` (the storage audit
-of every job base after a run), ``summary`` (what ``ckpt stream`` prints), ``demo``
-(``make demo``).
+back), ``checkpointing`` (the worker's and the driver's parties as protocols),
+``worker_tm`` (a subtask's fastimpl TaskManager on the worker), ``coordination`` (the
+fastimpl CheckpointCoordinator in the driver, and its Spark engine), ``subtask`` (one
+partition of a micro-batch, on a worker; injected failures), ``driver`` (a checkpoint
+per micro-batch, without Spark), ``job`` (the Spark job: ``foreachBatch``), ``sink``
+(closed windows to Parquet, a directory per batch), ``check`` (the same counts by a
+plain batch computation), ``audit`` (the storage audit of every job base after a run),
+``summary`` (what ``ckpt stream`` prints), ``demo`` (``make demo``).
 """

@@ -46,6 +46,10 @@ class BatchReport:
     restored: int
     retried: int
     """Subtasks whose accepted result came from a retry (an earlier attempt failed)."""
+    created: int = 0
+    """State files the subtasks' TMs created on storage (counted on the workers)."""
+    new_tms: int = 0
+    """Subtasks whose TM was a new attempt (a new job, a kill, a dropped local DB)."""
 
 
 @define
@@ -61,8 +65,9 @@ class BatchDriver:
     failures: Failures = field(factory=Failures)
     snapshot: bool = True
     """Checkpoint every batch (off: the baseline without state checkpointing)."""
+    sweep_local: bool = True
+    """See ``BatchOrder.sweep_local`` (off under speculation)."""
     watermark: int = NO_WATERMARK
-    notices: tuple[bytes, ...] = ()
     reports: list[BatchReport] = field(factory=list)
     last_batch: int = -1
     """The last batch the state holds (the latest completed checkpoint's)."""
@@ -99,7 +104,6 @@ class BatchDriver:
         self.last_batch = batches.pop()
         self.ran_watermark = max(watermarks)
         self.watermark = self.windowing.advance(self.ran_watermark, max(events, default=None))
-        self.notices = ()
 
     def subtasks(self) -> list[SubtaskId]:
         return [SubtaskId(VERTEX, i, self.parallelism) for i in range(self.parallelism)]
@@ -122,14 +126,29 @@ class BatchDriver:
             assignments={
                 s.index: self.coordinator.restore_assignment(s, c) for s in self.subtasks()
             },
-            notices=self.notices,
+            mail=self.coordinator.mail() if self.snapshot else (),
             write_buffer_size=self.write_buffer_size,
             auto_compactions=self.auto_compactions,
             l0_compaction_trigger=self.l0_compaction_trigger,
             compact_every=self.compact_every,
             failures=self.failures,
+            sweep_local=self.sweep_local,
             restoring=self.snapshot and self.coordinator.restoring(),
             snapshot=self.snapshot,
+        )
+
+    def delivery(self) -> BatchOrder:
+        """The order of a delivery of the mail without a batch (``subtask.deliver``)."""
+        return BatchOrder(
+            batch_id=self.last_batch,
+            checkpoint=0,
+            watermark=self.watermark,
+            windowing=self.windowing,
+            parallelism=self.parallelism,
+            work_dir=self.work_dir,
+            recipe=self.coordinator.task_manager_recipe(),
+            assignments={},
+            mail=self.coordinator.mail(),
         )
 
     def finish(self, order: BatchOrder, results: Sequence[SubtaskResult]) -> BatchReport:
@@ -142,12 +161,11 @@ class BatchDriver:
         if self.snapshot:
             try:
                 for r in results:
-                    self.coordinator.receive(r.ack)
-                notices = self.coordinator.complete(order.checkpoint)
+                    self.coordinator.receive(r.ack, r.report)
+                self.coordinator.complete(order.checkpoint)
             except BaseException:
                 self.coordinator.abort(order.checkpoint)
                 raise
-            self.notices = tuple(notices)
         self.last_batch = order.batch_id
         self.ran_watermark = order.watermark
         events = [r.max_event for r in results if r.max_event is not None]
@@ -165,6 +183,8 @@ class BatchDriver:
             exclusive=sum(r.stats.exclusive for r in results),
             restored=sum(r.restored for r in results),
             retried=sum(r.attempt_number > 0 for r in results),
+            created=sum(r.created for r in results),
+            new_tms=sum(bool(r.report) and json.loads(r.report).get("new", False) for r in results),
         )
         self.reports.append(report)
         return report

@@ -30,17 +30,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from attrs import define, field, frozen
 
 from pipeline.stream.audit import JobAudit, audit_jobs
 from pipeline.stream.check import Comparison, batch_counts, compare
-from pipeline.stream.checkpointing import CoordinatorSide, decode_assignment, open_coordinator
+from pipeline.stream.checkpointing import CoordinatorSide, decode_assignment
+from pipeline.stream.coordination import SparkCoordinator, open_coordinator
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.sink import read_all, write_batch
 from pipeline.stream.source import RateSource
-from pipeline.stream.subtask import BatchOrder, Failures, SubtaskResult, run_subtask
+from pipeline.stream.subtask import BatchOrder, Failures, SubtaskResult, deliver, run_subtask
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
 from spec.config import Config
@@ -59,12 +60,6 @@ class StreamSettings:
     storage_options: dict[str, Any] = field(factory=dict)
     """fsspec options of ``base`` (an S3 endpoint, credentials)."""
     parallelism: int = 4
-    num_tms: int | None = 1
-    """TMs of the store. One per executor: a TM is Flink's JVM process that hosts many
-    subtasks, and a local master has one executor (FLIP-306's proof of concept and the
-    Flink 2.3 figures of BRIEF §7 ran one TM too). ``None``: one per subtask (each
-    Python worker its own TM), which multiplies the EXCLUSIVE pool files by the
-    parallelism."""
     source: RateSource = field(factory=lambda: RateSource(1000))
     windowing: Windowing = field(factory=lambda: Windowing(5000, 0))
     batches: int = 20
@@ -84,6 +79,77 @@ class StreamSettings:
     """``(b, point)``: the driver SIGKILLs itself in batch b at ``point`` (DRIVER_KILL_POINTS)."""
     snapshot: bool = True
     """Checkpoint the state (off: the baseline of the records-per-second ratio)."""
+    speculation: bool = False
+    """Spark's speculative execution (a master with separate executors: not ``local``).
+    Two attempts of one subtask may then write at once; the coordinator gives a TM up,
+    and sweeps files nobody records, only once no attempt may still run
+    (``TaskAttempts``)."""
+
+
+SPECULATION = {
+    "spark.speculation": "true",
+    "spark.speculation.interval": "100ms",
+    "spark.speculation.multiplier": "1.5",
+    "spark.speculation.quantile": "0.5",
+    "spark.speculation.minTaskRuntime": "500ms",
+}
+"""The settings STREAM_NOTES §2c verified on a loopback standalone cluster."""
+
+
+class TaskAttempts:
+    """The driver's view of task attempts, from Spark's listener bus (a SparkListener
+    through py4j, STREAM_NOTES §2d). An attempt may still run from its start event to
+    its end event and a grace after it: a cancelled attempt's Python worker is
+    force-killed only ``spark.python.task.killTimeout`` after the interrupt, which a
+    monitor polls every 2 s, so a TaskKilled end may come before its last write."""
+
+    def __init__(self, sc: Any, grace_s: float = 10.0) -> None:
+        self._sc = sc
+        self.grace_s = grace_s
+        self.running: set[int] = set()
+        self.last_end = float("-inf")
+        self.started = self.ended = 0
+        self._lock = threading.Lock()
+
+    def onTaskStart(self, event: Any) -> None:
+        with self._lock:
+            self.running.add(int(event.taskInfo().taskId()))
+            self.started += 1
+
+    def onTaskEnd(self, event: Any) -> None:
+        with self._lock:
+            self.running.discard(int(event.taskInfo().taskId()))
+            self.last_end = time.monotonic()
+            self.ended += 1
+
+    def may_still_run(self) -> bool:
+        try:  # the events of what already happened first (delivery is asynchronous)
+            self._sc._jsc.sc().listenerBus().waitUntilEmpty(10_000)
+        except Exception:
+            pass
+        with self._lock:
+            return bool(self.running) or time.monotonic() - self.last_end < self.grace_s
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("on"):  # every other SparkListenerInterface callback
+            return lambda *_args: None
+        raise AttributeError(name)
+
+    class Java:
+        implements: ClassVar[list[str]] = ["org.apache.spark.scheduler.SparkListenerInterface"]
+
+    @classmethod
+    def register(cls, spark: Any) -> TaskAttempts:
+        from pyspark.java_gateway import ensure_callback_server_started
+
+        sc = spark.sparkContext
+        listener = cls(sc)
+        ensure_callback_server_started(sc._gateway)  # type: ignore[no-untyped-call]
+        sc._jsc.sc().addSparkListener(listener)
+        return listener
+
+    def unregister(self) -> None:
+        self._sc._jsc.sc().removeSparkListener(self)
 
 
 @define
@@ -278,6 +344,11 @@ def run_stream(
     from the operator state."""
     say = on_event or (lambda _m: None)
     p = settings.parallelism
+    if settings.speculation and settings.master.strip().startswith("local"):
+        raise ValueError(
+            f"--speculation needs a master with separate executors; Spark never speculates"
+            f" on {settings.master} (use a standalone cluster, STREAM_NOTES §2c)"
+        )
     if settings.failures.any and not retries_tasks(settings.master):
         raise ValueError(
             f"--kill-worker-prob needs a master that retries a failed task; {settings.master}"
@@ -305,7 +376,6 @@ def run_stream(
         settings.base,
         settings.config,
         p,
-        num_tms=settings.num_tms,
         storage_options=settings.storage_options,
         crashed_job=None if state is None else state["job"],
     )
@@ -316,7 +386,14 @@ def run_stream(
     if spark is None:
         from pipeline.session import spark_session
 
-        spark = spark_session(settings.master, app="ckpt-stream")
+        spark = spark_session(
+            settings.master,
+            app="ckpt-stream",
+            conf=dict(SPECULATION) if settings.speculation else None,
+        )
+    attempts = TaskAttempts.register(spark) if settings.speculation else None
+    if attempts is not None and isinstance(coordinator, SparkCoordinator):
+        coordinator.may_still_run = attempts.may_still_run
     files = _Files(settings.base, settings.storage_options)
     local = str(Path(settings.work_dir) / "local")
 
@@ -331,6 +408,7 @@ def run_stream(
             l0_compaction_trigger=settings.l0_compaction_trigger,
             failures=settings.failures,
             snapshot=settings.snapshot,
+            sweep_local=not settings.speculation,
         )
         if settings.snapshot:
             d.recover_progress()
@@ -371,10 +449,16 @@ def run_stream(
             say,
         )
         reports.extend(driver.reports)
+        if settings.snapshot:
+            _deliver(spark, coordinator, driver)
+            if not coordinator.finish_attempts():
+                say("an attempt may still run: what it wrote is left to the audit")
         coordinator.settle()
         run.violations = coordinator.violations(quiet=True) if settings.snapshot else []
     finally:
         coordinator.close()
+        if attempts is not None:
+            attempts.unregister()
     run.seconds = time.perf_counter() - t0
     run.final_watermark = driver.watermark
     run.skipped = tuple(skipped)
@@ -387,6 +471,27 @@ def run_stream(
         expected = batch_counts(settings.source, driver.last_batch + 1, settings.windowing)
         run.comparison = compare(expected, emitted, settings.windowing, driver.ran_watermark)
     return run
+
+
+def _deliver_task(order: BatchOrder, index: int, _rows: Iterator[Any]) -> Iterator[bytes]:
+    yield deliver(order, index)
+
+
+def _deliver(spark: Any, coordinator: CoordinatorSide, driver: BatchDriver) -> None:
+    """The mail no batch will carry (the last complete's notices) to every subtask's TM,
+    by a job of one task per subtask: then every TM has deleted what it no longer needs,
+    and the invariants are checked quiet (I6) and the audit finds no orphan."""
+    order = driver.delivery()
+    if not order.mail:
+        return
+    p = driver.parallelism
+    sc = spark.sparkContext
+    reports = (
+        sc.parallelize(range(p), p)
+        .mapPartitionsWithIndex(functools.partial(_deliver_task, order))
+        .collect()
+    )
+    coordinator.heard(reports)
 
 
 def out_dir(settings: StreamSettings) -> Path:

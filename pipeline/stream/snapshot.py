@@ -3,10 +3,11 @@ RocksDB snapshot, seed ``002``).
 
 The snapshot of checkpoint ``c`` by attempt ``a``: flush the memtable, take a RocksDB
 checkpoint (hard links, same file system) into ``chk-<c>-<a>``, then for every SST in it
-either reuse the upload a completed checkpoint holds (the restore assignment names it)
-or upload it as SHARED state; MANIFEST, OPTIONS and CURRENT change under the same name,
-so they are EXCLUSIVE state, written at every checkpoint; the operator state (source
-progress, watermark) is EXCLUSIVE too. The local checkpoint directory goes afterwards.
+either reuse the upload a completed checkpoint holds (the restore assignment names it,
+and the subtask's TM remembers uploading it) or upload it as SHARED state; MANIFEST,
+OPTIONS and CURRENT change under the same name, so they are EXCLUSIVE state, written at
+every checkpoint; the operator state (source progress, watermark) is EXCLUSIVE too. The
+local checkpoint directory goes afterwards.
 
 An SST is registered under a unique name, ``sst/<lineage>/<file>``: RocksDB numbers files
 from the same start in every new DB (two subtasks, or a DB restored after a rescale, both
@@ -32,7 +33,7 @@ from pathlib import Path
 import rocksdict
 from attrs import frozen
 
-from pipeline.stream.checkpointing import TaskManagerSide
+from pipeline.stream.checkpointing import StateSource, TaskManagerSide
 from pipeline.stream.rocks import WindowCounts
 from spec.config import StateKind
 from spec.handles import StateEntry
@@ -151,10 +152,9 @@ def take_snapshot(
             path = local / f
             if SST.fullmatch(f):
                 old = base.get(f)
-                if old is not None:
-                    party.reuse(checkpoint, subtask, old)
+                if old is not None and party.reuse(checkpoint, subtask, old) is not None:
                     reused += 1
-                else:
+                else:  # new, or the TM may not reuse the old upload (R20): uploaded
                     data = path.read_bytes()
                     party.write(
                         checkpoint, subtask, StateKind.KEYED_SHARED, sst_name(lineage, f), data
@@ -178,7 +178,7 @@ def take_snapshot(
     return SnapshotStats(uploaded, uploaded_bytes, reused, exclusive, exclusive_bytes, files)
 
 
-def restore(party: TaskManagerSide, entries: Sequence[StateEntry], target: Path) -> bytes | None:
+def restore(party: StateSource, entries: Sequence[StateEntry], target: Path) -> bytes | None:
     """Download the RocksDB files of ``entries`` into the new directory ``target`` (which
     must not exist) and return the operator state (``None`` if there is none). The caller
     opens the DB there; a missing SST fails that open loudly."""
@@ -222,7 +222,7 @@ def write_marker(db_dir: Path, checkpoint: int, lineage: str) -> None:
 
 
 def restore_key_groups(
-    party: TaskManagerSide,
+    party: StateSource,
     entries: Sequence[StateEntry],
     target: Path,
     groups: tuple[int, int],

@@ -8,7 +8,9 @@ in different Python processes. So the DB lives on the executor's local disk unde
 two attempts of one subtask never open one DB, and RocksDB's LOCK would refuse the second
 anyway), and puts it back when its acknowledgement is ready. A DB that is not at the
 latest completed checkpoint (its checkpoint was aborted, or it is missing: a new worker,
-a task retried elsewhere) is dropped and restored from the restore assignment.
+a task retried elsewhere) is dropped and restored from the restore assignment. The
+subtask's TM (``worker_tm``) is saved in the DB's directory and travels with it: a DB
+dropped or restored means a new TM attempt.
 
 Nothing here depends on Spark: ``run_subtask`` takes the partition's records.
 """
@@ -28,7 +30,7 @@ from typing import NoReturn
 
 from attrs import field, frozen
 
-from pipeline.stream.checkpointing import VERTEX, TaskManagerRecipe, decode_assignment
+from pipeline.stream.checkpointing import VERTEX, decode_assignment
 from pipeline.stream.rocks import WindowCounts, options
 from pipeline.stream.snapshot import (
     SnapshotStats,
@@ -42,6 +44,7 @@ from pipeline.stream.snapshot import (
 )
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM
+from pipeline.stream.worker_tm import MailItem, TaskManagerRecipe, deliver_mail
 from spec.ids import SubtaskId
 from spec.keygroups import key_group_range
 
@@ -101,8 +104,8 @@ class BatchOrder:
     recipe: TaskManagerRecipe
     assignments: Mapping[int, bytes]
     """Subtask index -> encoded ``RestoreAssignment`` (the latest completed checkpoint)."""
-    notices: tuple[bytes, ...] = ()
-    """The coordinator's notices since the previous batch."""
+    mail: tuple[MailItem, ...] = ()
+    """The coordinator's notices and duties the TMs have not applied yet."""
     write_buffer_size: int = 64 * 1024
     auto_compactions: bool = True
     l0_compaction_trigger: int = 4
@@ -134,6 +137,10 @@ class SubtaskResult:
     stats: SnapshotStats
     closed: tuple[tuple[int, str, int], ...] = field(factory=tuple)
     """The windows the watermark closed: ``(window start, word, count)``."""
+    report: bytes = b""
+    """The subtask's TM's records after the task (``worker_tm.report_of``)."""
+    created: int = 0
+    """Files the TM created on storage in this task."""
 
 
 def subtask_dir(work_dir: str, subtask: SubtaskId) -> Path:
@@ -160,8 +167,7 @@ def run_subtask(
             die(point)
 
     subtask = SubtaskId(VERTEX, index, order.parallelism)
-    party = order.recipe.open(attempt)
-    party.apply_notices(order.notices)
+    reader = order.recipe.reader()
     assignment = decode_assignment(order.assignments[index])
     if assignment.subtask != subtask:
         raise ValueError(f"the assignment of {subtask} names {assignment.subtask}")
@@ -188,19 +194,29 @@ def run_subtask(
         if rescaled or not order.snapshot
         else _take(shared, mine, assignment.latest_completed, lineage_of(assignment.entries))
     )
+    taken = lineage is not None
     if lineage is None:
         lineage = uuid.uuid4().hex[:12]
         if not order.snapshot:
             _take_any(shared, mine)
         elif rescaled:
             restored = True
-            restore_key_groups(party, assignment.entries, mine, (lo, hi), opt)
+            restore_key_groups(reader, assignment.entries, mine, (lo, hi), opt)
         elif assignment.entries:
             restored = True
-            restore(party, assignment.entries, mine)
+            restore(reader, assignment.entries, mine)
+    # The subtask's TM comes with its DB when the DB is the latest completed checkpoint's;
+    # otherwise this task starts a new TM attempt (``worker_tm``).
+    party = (
+        order.recipe.open(mine if taken else None, subtask, order.checkpoint)
+        if order.snapshot
+        else None
+    )
     base = {} if order.restoring else reusable(assignment.entries)
     db = WindowCounts(mine, opt)
     try:
+        if party is not None:
+            party.apply_mail(order.mail)
         counts: Counter[tuple[int, int, str]] = Counter()
         n = late = 0
         max_event: int | None = None
@@ -227,7 +243,7 @@ def run_subtask(
             },
             sort_keys=True,
         ).encode()
-        if not order.snapshot:
+        if party is None:
             db.close()
             _put_back(mine, shared)
             return SubtaskResult(
@@ -250,9 +266,14 @@ def run_subtask(
         hook("acknowledged")
     except Exception:
         db.close()
+        if party is not None:
+            party.close()
         shutil.rmtree(mine, ignore_errors=True)  # ahead of every checkpoint: useless now
         raise
     db.close()
+    party.save(mine)
+    report = party.report()
+    party.close()
     write_marker(mine, order.checkpoint, lineage)
     _put_back(mine, shared)
     hook("put-back")
@@ -267,7 +288,28 @@ def run_subtask(
         restored,
         stats,
         tuple(sorted(closed)),
+        report,
+        party.created,
     )
+
+
+def deliver(order: BatchOrder, index: int) -> bytes:
+    """Apply the mail to subtask ``index``'s TM where no batch follows (the end of a run:
+    the last complete's notices, so that each TM deletes what it no longer needs); its
+    report, or b"" when the subtask has no TM of this job here."""
+    subtask = SubtaskId(VERTEX, index, order.parallelism)
+    home = subtask_dir(order.work_dir, subtask)
+    shared = home / "db"
+    mine = home / f"db.deliver-{uuid.uuid4().hex[:8]}"
+    try:
+        shared.rename(mine)
+    except FileNotFoundError:
+        return b""
+    try:
+        out = deliver_mail(order.recipe, mine, subtask, order.mail)
+    finally:
+        _put_back(mine, shared)
+    return out
 
 
 def _take(shared: Path, mine: Path, latest_completed: int, lineage: str | None) -> str | None:

@@ -24,7 +24,7 @@ def print_summary(console: Console, run: StreamRun) -> bool:
     reports = run.reports
     n = max(len(reports), 1)
     records = sum(r.records for r in reports)
-    created = sum(x.created for x in run.storage)
+    created = sum(r.created for r in reports)  # counted by the TMs, on the workers
     deleted = sum(x.deleted for x in run.storage)
     amps = [a for x in run.storage if (a := x.amplification) is not None]
     cfg = run.settings.config
@@ -44,7 +44,7 @@ def print_summary(console: Console, run: StreamRun) -> bool:
         )
     t.add_row("SSTs uploaded per checkpoint", f"{sum(r.uploaded for r in reports) / n:.2f}")
     t.add_row("SSTs reused per checkpoint", f"{sum(r.reused for r in reports) / n:.2f}")
-    t.add_row("state files created per checkpoint (no _metadata)", f"{created / n:.2f}")
+    t.add_row("state files created per checkpoint (by the TMs)", f"{created / n:.2f}")
     t.add_row("state files deleted per checkpoint", f"{deleted / n:.2f}")
     if run.storage:
         t.add_row("state files on storage at the end", str(run.storage[-1].files))

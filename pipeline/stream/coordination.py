@@ -1,0 +1,574 @@
+"""The checkpoint coordinator in the Spark driver (``fastimpl.coordinator``), and the
+engine it asks for what only Spark can do (``SparkEngine``).
+
+The coordinator knows the subtasks' TMs (``pipeline.stream.worker_tm``) only from what
+they send: each task returns its TM's encoded acknowledgement (or decline) and a report
+of the TM's records. Placement is Spark's, so the coordinator learns it from the
+acknowledgements: one from a TM it never heard of, for subtask ``s``, places ``s`` there
+(``deploy``), and the TM ``s`` ran on before is replaced. Once the checkpoint completes
+(nothing is pending, so nothing is aborted, R57) each replaced TM is given up and known
+stopped (R64, ``AttemptStopped``): its task ended before ``collect`` returned and its
+records are gone, so it can write no more. The coordinator then sweeps what it left
+(R64, R65: its files no live TM holds and no retained checkpoint refers to), and fails
+over (R60-R62: the live TMs reset and take over the files of retained checkpoints in
+their directories) when the stopped TM had written anything.
+
+``SparkEngine``, the coordinator's ``CoordinatorEngine``:
+
+- ``send`` (notices) and the duties ``ResetTm``, ``TmAssignment`` and ``ReusableFiles``
+  are queued per TM and travel with the next batch's tasks (``mail``); a TM reports the
+  last item it applied, and the applied ones leave the queue.
+- ``Holdings`` (the TMs' answer is needed now, R64) and ``EndJob`` (R90, at a rescale)
+  are answered from each TM's last report. Between two batches that report is exact: a
+  TM changes its records only while a task of its subtask runs, and none runs while the
+  driver sweeps or ends the job. A Spark job could not do better: it cannot choose the
+  worker, and the TM it would reach is the same saved state.
+- ``start_tm`` (the first deployment, a restore, a failover replacing a lost TM) names a
+  placeholder: the TM that acknowledges for the subtask replaces it as above.
+
+No command trace is kept (``fastimpl.trace`` logs the in-process engine's calls): the
+TMs' writes happen in the workers, in an order no single process sees, and a TM that
+replaces another by acknowledging has no command in the model's vocabulary; the
+invariants are checked on the real files instead (``violations``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+import fsspec  # type: ignore[import-untyped]
+
+from fastimpl.coordinator import CheckpointCoordinator, Notice, subtasks_of
+from fastimpl.ids import RandomIds
+from fastimpl.records import Status, Tm
+from fastimpl.recovery import recover
+from fastimpl.storage import Storage
+from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted
+from pipeline.stream.worker_tm import MailItem, TaskManagerRecipe
+from spec import commands as cmd
+from spec.config import Config, JobSpec, RestoreMode, VertexSpec
+from spec.effects import COORDINATOR, tm_actor
+from spec.handles import SegmentHandle, StateEntry, stream_of
+from spec.ids import SubtaskId, TmId
+from spec.invariants import check_all
+from spec.layout import METADATA, is_under, job_base
+from spec.messages import (
+    Acknowledgement,
+    Answer,
+    CheckpointAborted,
+    CheckpointComplete,
+    Decline,
+    Duty,
+    EndJob,
+    Held,
+    Holdings,
+    KeptFile,
+    MessageError,
+    ResetTm,
+    RestoreAssignment,
+    TmAssignment,
+    TmEnded,
+    decode_message,
+    encode_message,
+)
+from spec.observation import Observation, RegistryView, RetainedView
+
+
+class SparkEngine:
+    """``CoordinatorEngine`` of a Spark driver (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.outbox: dict[TmId, list[tuple[int, bytes]]] = {}
+        self.seq = 0
+        self.reports: dict[TmId, dict[str, Any]] = {}
+        """Each TM's last report (``worker_tm.report_of``)."""
+        self.hosted: dict[TmId, set[SubtaskId]] = {}
+        """The subtasks each TM acknowledged for: where a stopped one's files lie."""
+        self.placement: dict[SubtaskId, TmId] = {}
+        self._placeholders = 0
+        self._nonce = uuid.uuid4().hex[:6]
+
+    def send(self, tm: TmId, msg: Notice) -> None:
+        self._queue(tm, encode_message(msg))
+
+    def _queue(self, tm: TmId, data: bytes) -> None:
+        self.seq += 1
+        self.outbox.setdefault(tm, []).append((self.seq, data))
+
+    def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
+        self._placeholders += 1
+        return f"tm-{self._nonce}-{self._placeholders}"
+
+    def place(self, subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
+        return {s: tms[i % len(tms)] for i, s in enumerate(subtasks)}
+
+    def placed(self, placement: dict[SubtaskId, TmId]) -> None:
+        self.placement = dict(placement)
+
+    def duty(self, tm: TmId, msg: Duty) -> Answer | None:
+        if isinstance(msg, Holdings):
+            held = self.reports.get(tm, {}).get("held", [])
+            dirs = msg.directories
+            paths = tuple(p for p in held if any(is_under(p, d) for d in dirs))
+            return Held(msg.job, tm, paths)
+        if isinstance(msg, EndJob):
+            r = self.reports.get(tm, {})
+            actor = tm_actor(tm)
+            files = tuple(KeptFile(p, size, creator) for p, size, creator in r.get("owned", []))
+            dirs = tuple(sorted(d for d, o in r.get("dirs", {}).items() if o == actor))
+            return TmEnded(msg.job, tm, files, dirs)
+        if isinstance(msg, ResetTm):  # the old attempt's notices go with the redeploy
+            self.outbox[tm] = [(s, d) for s, d in self.outbox.get(tm, []) if _is_duty(d)]
+        self._queue(tm, encode_message(msg))
+        return None
+
+    def forget_tm(self, tm: TmId) -> None:
+        self.outbox.pop(tm, None)
+
+    def mail(self) -> tuple[MailItem, ...]:
+        return tuple((tm, s, d) for tm, items in sorted(self.outbox.items()) for s, d in items)
+
+    def in_transit(self) -> list[tuple[TmId, str]]:
+        """Files the coordinator handed to a TM (``TmAssignment``) that the TM has not
+        applied yet: its from the hand-over on, though only the mail says so."""
+        out = []
+        for tm, items in self.outbox.items():
+            for _seq, data in items:
+                msg = decode_message(data)
+                if isinstance(msg, TmAssignment):
+                    out += [(tm, k.path) for k in msg.files]
+        return out
+
+    def heard(self, report: Mapping[str, Any]) -> None:
+        """A TM's report: its records now, and the last mail item it applied."""
+        tm = report["tm"]
+        self.reports[tm] = dict(report)
+        applied = int(report["applied"])
+        if tm in self.outbox:
+            self.outbox[tm] = [(s, d) for s, d in self.outbox[tm] if s > applied]
+
+
+def _is_duty(data: bytes) -> bool:
+    return not isinstance(decode_message(data), CheckpointComplete | CheckpointAborted)
+
+
+def _lease_token() -> bytes:
+    return (
+        f"{uuid.uuid4().hex} host={socket.gethostname()} pid={os.getpid()}"
+        f" since={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} (ckpt stream)\n"
+    ).encode()
+
+
+def open_coordinator(
+    url: str,
+    config: Config,
+    parallelism: int,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    crashed_job: str | None = None,
+) -> SparkCoordinator:
+    """The coordinator of a new job on ``url`` whose keyed stage has ``parallelism``
+    subtasks, one TM each. With ``crashed_job`` the job continues one whose driver died:
+    the whole application died with it (every TM), so this is a recovery
+    (``fastimpl.recovery``: a new job that claims the latest completed checkpoint and
+    deletes what the crashed one left unfinished), not a coordinator restart under
+    running TMs (R95, ``fastimpl.resume``)."""
+    opts = dict(storage_options or {})
+    fs, root = fsspec.core.url_to_fs(url, **opts)
+    vertices = (VertexSpec(VERTEX, parallelism),)
+    engine = SparkEngine()
+    if crashed_job is not None:
+        cluster, report = recover(
+            config,
+            JobSpec(vertices, num_tms=parallelism),
+            fs,
+            root,
+            job=crashed_job,
+            ids=RandomIds(),
+            lease=_lease_token(),
+        )
+        co = cluster.coord
+        co.engine = engine  # the in-process TMs the recovery started are placeholders now
+        co.catalog.keep_deletion_log()
+        engine.placed(co.placement)
+        out = SparkCoordinator(co, engine, url, opts)
+        out.restored_from = report.checkpoints[-1] if report.checkpoints else 0
+        return out
+    storage = Storage(fs, root)
+    if not storage.open_files_readable and config.open_files_readable:
+        config = attrs.evolve(config, open_files_readable=False)  # as the store does (R16)
+    jobs, savepoints, leased = storage.existing()
+    if jobs or savepoints or leased:
+        raise ValueError(
+            f"{url} already holds checkpoints or another store's lease: a new job there"
+            " would overwrite or delete them (use --resume to continue a run)"
+        )
+    if not storage.take_lease(_lease_token(), exclusive=True):
+        raise ValueError(f"{url}: another store took the base just now")
+    co = CheckpointCoordinator(
+        config, vertices, parallelism, storage, RandomIds(), engine, "job-0", deletion_log=True
+    )
+    tms = [engine.start_tm(co.job, 1, None) for _ in range(parallelism)]
+    co.deploy(engine.place(subtasks_of(vertices), tms))
+    return SparkCoordinator(co, engine, url, opts)
+
+
+class SparkCoordinator:
+    """``CoordinatorSide``: one checkpoint per micro-batch, over ``SparkEngine``."""
+
+    def __init__(
+        self,
+        co: CheckpointCoordinator,
+        engine: SparkEngine,
+        url: str,
+        storage_options: Mapping[str, Any],
+    ) -> None:
+        self.co = co
+        self.engine = engine
+        self.url = url
+        self.storage_options = dict(storage_options)
+        self.received: set[int] = set()
+        self.replaced: set[TmId] = set()
+        """TMs an acknowledgement took a subtask from: given up once nothing is pending."""
+        self.restored_from = 0
+        """The checkpoint the job was restored from (0: none)."""
+        self.retired: list[TmId] = []
+        """Every TM given up and swept, in order (for tests and the summary)."""
+        self.failovers = 0
+        self.strays = 0
+        """Attempts the coordinator never heard of whose files were swept."""
+        self._strays = False
+        self._stray_ids = 0
+        self.may_still_run: Callable[[], bool] = lambda: False
+        """Whether a task attempt of this job may still run: a speculative copy, or an
+        attempt Spark gave up on whose Python worker has not stopped yet (a SparkListener
+        knows, ``job.TaskAttempts``). While it may, no TM is given up and nothing nobody
+        records is swept (R64: never while the attempt may still write); a later
+        complete, or ``finish_attempts``, does it. Without speculation every attempt of a
+        batch has ended when ``collect`` returns."""
+
+    @property
+    def job_id(self) -> str:
+        return self.co.job
+
+    def restoring(self) -> bool:
+        retained = self.co.retained
+        return self.restored_from > 0 and (not retained or retained[-1].job != self.co.job)
+
+    def task_manager_recipe(self) -> TaskManagerRecipe:
+        return TaskManagerRecipe(self.url, self.co.job, self.co.cfg, self.storage_options)
+
+    def mail(self) -> tuple[MailItem, ...]:
+        return self.engine.mail()
+
+    def heard(self, reports: Iterable[bytes]) -> None:
+        """Reports of TMs a delivery reached (``worker_tm.deliver_mail``)."""
+        for r in reports:
+            if r:
+                self.engine.heard(json.loads(r))
+
+    def trigger(self) -> int:
+        return self.co.trigger()
+
+    def receive(self, message: bytes, report: bytes = b"") -> None:
+        """An acknowledgement or decline from a task, with its TM's report."""
+        try:
+            msg = decode_message(message)
+        except MessageError as err:
+            raise ValueError(f"a task's acknowledgement is not a message: {err}") from None
+        if not isinstance(msg, Acknowledgement | Decline):
+            raise ValueError(f"a task sent a {type(msg).__name__}, not an acknowledgement")
+        if msg.job != self.co.job:
+            raise ValueError(f"an acknowledgement of job {msg.job} reached job {self.co.job}")
+        if report:
+            r = json.loads(report)
+            if r.get("tm") != msg.attempt:
+                raise ValueError(f"the report of {r.get('tm')} came with {msg.attempt}'s message")
+            self.engine.heard(r)
+            self._strays = self._strays or bool(r.get("new"))
+        self._place(msg.subtask, msg.attempt, msg.checkpoint)
+        if isinstance(msg, Decline):
+            self.co.receive_decline(msg)
+        else:
+            self.co.receive_ack(msg)
+        self.received.add(msg.checkpoint)
+
+    def _place(self, subtask: SubtaskId, tm: TmId, checkpoint: int) -> None:
+        co = self.co
+        if subtask not in co.placement:
+            raise ValueError(f"{subtask} is not a subtask of {co.job}")
+        old = co.placement[subtask]
+        if old == tm:
+            self.engine.hosted.setdefault(tm, set()).add(subtask)
+            return
+        rec = co.tms.get(tm)
+        if checkpoint not in co.pending or (rec is not None and rec.status is not Status.ALIVE):
+            # Late (its checkpoint is over), or from a TM given up on: the coordinator
+            # ignores it (R56), and it moves nothing (a speculative loser's delayed result).
+            return
+        self.engine.hosted.setdefault(tm, set()).add(subtask)
+        co.deploy({**co.placement, subtask: tm})
+        if rec is None:
+            co.started[tm] = (co.job, checkpoint)  # where its files may lie (R64)
+        self.replaced.add(old)
+
+    def complete(self, checkpoint: int) -> None:
+        co = self.co
+        if checkpoint in self.received and checkpoint not in co.pending:
+            # Aborted while receiving: a subtask declined, or reused shared state whose
+            # registry entry is gone (R22). The caller runs the batch again.
+            self.received.discard(checkpoint)
+            raise CheckpointNotCompleted(
+                f"checkpoint {checkpoint} was aborted before it could complete"
+            )
+        self.received.discard(checkpoint)
+        done = co.complete(checkpoint)
+        if done is None:
+            raise CheckpointNotCompleted(f"checkpoint {checkpoint} did not complete (aborted)")
+        if self._strays:
+            self.sweep_strays()  # first: a failover below hands files over by mail
+        self.retire()
+
+    def retire(self) -> None:
+        """Give up the replaced TMs (see the module docstring); only with nothing
+        pending, since losing a TM aborts every pending checkpoint (R57)."""
+        co = self.co
+        if co.pending or not co.running or self.may_still_run():
+            return
+        for tm in sorted(self.replaced):
+            rec = co.tms.get(tm)
+            if tm in co.placement.values() or rec is None or rec.status is not Status.ALIVE:
+                continue
+            co.lose(tm)
+            rec.hosted = rec.hosted | frozenset(self.engine.hosted.get(tm, ()))
+            co.attempt_stopped(tm)
+            self.retired.append(tm)
+            self.engine.reports.pop(tm, None)
+        self.replaced.clear()
+        if self._held_segments():
+            co.failover()  # R60-R62: the files of retained checkpoints go to live TMs
+            self.failovers += 1
+
+    def _held_segments(self) -> bool:
+        """Whether the coordinator holds a file that segments of a retained checkpoint lie
+        in (taken from a stopped TM, R64): only a failover hands it to the TM that
+        manages its directory now (R61), which deletes it once its segments die. With
+        ``num_retained`` 1 the new TM's checkpoint names none of the old TM's files, and
+        no failover (which resets every TM and closes its pooled files) is needed."""
+        co = self.co
+        for r in co.retained:
+            for e in r.entries:
+                h = e.handle
+                if isinstance(h, SegmentHandle):
+                    f = co.catalog.files.get(h.path)
+                    if f is not None and f.owner == COORDINATOR:
+                        return True
+        return False
+
+    def sweep_strays(self) -> None:
+        """R64, R65 for the attempts the coordinator never heard of: a task that started
+        a new TM and died before its acknowledgement reached the driver (killed, or its
+        result not the one Spark accepted) left files that no party records. Between two
+        batches no task runs (no speculation), so a file under the job's base that the
+        coordinator does not record and no live TM holds (by its last report, exact
+        then) is such an attempt's: each attempt named by its exclusive directory, and
+        one more for the rest, is made known as lost and stopped, and the coordinator's
+        own sweep takes and deletes what no retained checkpoint refers to."""
+        co = self.co
+        if co.pending or not co.running or self.may_still_run():
+            return
+        self._strays = False
+        known = set(co.catalog.owners())
+        for t, rec in co.tms.items():
+            if rec.status is Status.ALIVE:  # a replaced TM's: swept when it is given up
+                known |= set(self.engine.reports.get(t, {}).get("held", []))
+        base = job_base(co.job)
+        found = {p for p in co.storage.files_under(base) if p not in known}
+        if not found:
+            return
+        owned = f"{base}/taskowned/"
+        names = {p[len(owned) :].split("/", 1)[0] for p in found if p.startswith(owned)}
+        self._stray_ids += 1
+        tms = [*sorted(n for n in names if n not in co.tms), f"tm-stray-{self._stray_ids}"]
+        everywhere = frozenset(subtasks_of(co.vertices))
+        for tm in tms:
+            rec = Tm(tm, Status.LOST)
+            rec.hosted = everywhere
+            co.tms[tm] = rec
+            co.started[tm] = (co.job, 1)
+            co.attempt_stopped(tm)
+            self.strays += 1
+
+    def finish_attempts(self, wait_s: float = 60.0, poll_s: float = 0.2) -> bool:
+        """Wait (up to ``wait_s``) until no attempt may still run, then give up the
+        replaced TMs and sweep what nobody records: before a rescale ends the job, and at
+        the end of a run. Whether it could."""
+        deadline = time.monotonic() + wait_s
+        while self.may_still_run():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        self._strays = True
+        self.sweep_strays()
+        self.retire()
+        return True
+
+    def abort(self, checkpoint: int) -> None:
+        if checkpoint in self.co.pending and self.co.running:
+            self.co.abort(checkpoint)
+        self.received.discard(checkpoint)
+        # What the batch's tasks handed over in results that never arrived (whole files
+        # an acknowledgement gives the coordinator, R43) is nobody's now: swept once the
+        # next checkpoint completes.
+        self._strays = True
+
+    def rescale(self, parallelism: int, mode: RestoreMode | None = None) -> None:
+        co = self.co
+        self.finish_attempts()
+        if not co.retained:
+            raise CheckpointNotCompleted("no completed checkpoint to rescale from")
+        latest = co.retained[-1].id
+        co.restore(cmd.Restore(latest, ((VERTEX, parallelism),), mode or co.cfg.restore_mode))
+        self.restored_from = latest
+
+    def restore_assignment(self, subtask: SubtaskId, checkpoint: int) -> bytes:
+        co = self.co
+        retained = co.retained
+        latest = retained[-1] if retained else None
+        restoring = self.restoring()
+        source = (
+            co.state_to_restore(subtask)
+            if restoring
+            else (() if latest is None else latest.entries)
+        )
+        entries = tuple(
+            e for e in source if e.subtask == subtask and stream_of(e.handle) is not None
+        )
+        referenced = frozenset(
+            s.path for r in retained for e in r.entries if (s := stream_of(e.handle)) is not None
+        )
+        return encode_message(
+            RestoreAssignment(
+                co.job,
+                subtask,
+                co.placement.get(subtask) or "unplaced",
+                entries,
+                referenced,
+                checkpoint,
+                self.restored_from if restoring or latest is None else latest.id,
+                min(r.id for r in retained) - 1 if retained else 0,
+            )
+        )
+
+    def read(self, entry: StateEntry) -> bytes:
+        s = stream_of(entry.handle)
+        if s is None:
+            raise ValueError(f"{entry.name!r}: {type(entry.handle).__name__} names no bytes")
+        at = s.offset if isinstance(s, SegmentHandle) else 0
+        return self.co.storage.read_range(s.path, at, s.length)
+
+    def settle(self) -> None:
+        self.co.storage.drain()
+
+    def observe(self, also: Iterable[bytes] = ()) -> tuple[Observation, list[str]]:
+        """The real files with the coordinator's records and the live TMs' last reports
+        merged (neither party reads the other's: this is the test side's view); a path
+        two parties record with different owners is a disagreement. ``also``: reports of
+        TMs the coordinator has not heard from (a test that holds a task's result back)."""
+        co = self.co
+        co.storage.drain()
+        # every TM not given up: the placed ones, and those replaced while an attempt of
+        # the job may still run (``may_still_run``), by their last report
+        live = sorted(t for t, rec in co.tms.items() if rec.status is Status.ALIVE)
+        live = live if co.running else []
+        reports = {t: self.engine.reports[t] for t in live if t in self.engine.reports}
+        for data in also:
+            if data:
+                extra = json.loads(data)
+                reports[extra["tm"]] = extra
+        disagree: list[str] = []
+        owners: dict[str, str] = dict(co.catalog.owners())
+        directories: dict[str, str] = dict(co.catalog.dir_owner)
+        claims: dict[str, set[str]] = {}
+        ref_counts: dict[str, int] = {}
+        segs: dict[str, list[tuple[int, int]]] = {}
+        pool_files: set[str] = set()
+        open_files = {p for p, f in co.catalog.files.items() if f.open}
+        pending = [d.path for d in co.catalog.deferred] + sorted(co.storage.failed_deletes)
+        refused = [r.path for r in co.catalog.refused_deletes]
+        for tm, r in reports.items():
+            actor = tm_actor(tm)
+            for path, owner in r["owners"].items():
+                if owners.setdefault(path, owner) != owner:
+                    disagree.append(f"{path}: coordinator says {owners[path]}, {tm} says {owner}")
+            for path, owner in r["dirs"].items():
+                theirs = directories.setdefault(path, owner)
+                if theirs == COORDINATOR and owner == actor:
+                    continue  # R42: handed over at the complete; the TM learns it from the notice
+                if owner != theirs:
+                    disagree.append(f"dir {path}: coordinator says {theirs}, {tm} says {owner}")
+            for path in r["claims"]:
+                claims.setdefault(path, set()).add(actor)
+            ref_counts.update(r["ref_counts"])
+            for path, extents in r["live"].items():
+                segs.setdefault(path, []).extend(tuple(x) for x in extents)
+            pool_files |= set(r["pool_files"])
+            open_files |= set(r["open"])
+            pending += r["pending"]
+            refused += r["refused"]
+        for path, owner in list(directories.items()):
+            holder = owner[3:] if owner.startswith("tm:") else None
+            if holder in reports and path not in reports[holder]["dirs"]:
+                del directories[
+                    path
+                ]  # R41: the TM deleted it; the coordinator hears at its next ack
+        for path in co.claimed():
+            claims.setdefault(path, set()).add(COORDINATOR)
+        for tm, path in self.engine.in_transit():
+            owners.setdefault(path, tm_actor(tm))  # R61: handed by a duty not applied yet
+        on_storage = co.storage.list_files()
+        obs = Observation(
+            files=on_storage,
+            open_files=frozenset(open_files),
+            directories=directories,
+            owners=owners,
+            claims={p: frozenset(v) for p, v in claims.items()},
+            retained=tuple(
+                RetainedView(r.id, r.job, r.metadata, r.entries, r.directories) for r in co.retained
+            ),
+            restoring=co.restoring,
+            ref_counts=ref_counts,
+            live_segments={p: tuple(sorted(v)) for p, v in segs.items()},
+            registry={
+                k: RegistryView(r.path, frozenset(r.refs), r.owned) for k, r in co.registry.items()
+            },
+            deletions=tuple(co.catalog.deletions or ()),
+            pending_deletes=tuple(pending),
+            pool_files=frozenset(pool_files),
+            metadata_files=frozenset(p for p in on_storage if p.endswith("/" + METADATA)),
+            live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in reports}),
+        )
+        return obs, disagree + [f"refused delete of {p}" for p in refused]
+
+    def violations(self, *, quiet: bool = False, also: Iterable[bytes] = ()) -> list[str]:
+        """I1-I5 (and I6 when ``quiet``) on the real files, and the parties' disagreements.
+        Quiet needs every TM to have applied its mail (``deliver_mail``)."""
+        obs, disagree = self.observe(also)
+        found = [str(v) for v in check_all(obs, quiet=quiet)] + disagree
+        if self.co.storage.protocol in ("file", "local"):
+            found += [
+                f"directory {d} is recorded but not on storage"
+                for d in obs.directories
+                if not self.co.storage.exists_dir(d)
+            ]
+        return found
+
+    def close(self) -> None:
+        self.co.storage.close_all()

@@ -1,0 +1,332 @@
+"""A subtask's TaskManager on the Spark worker (``fastimpl.taskmanager.TaskManager.alone``).
+
+The TM writes the state files itself, through fsspec, from the Python worker that runs
+the subtask's task; what it tells the driver is an encoded ``spec.messages``
+``Acknowledgement`` or ``Decline`` (returned through ``collect``), and what the driver
+tells it (notices, duties) arrives encoded with the next batch's tasks (``MailItem``s,
+applied oldest first, each once: a TM skips what it applied before, and a notice or duty
+that is late or repeated changes nothing, R34 and the duties' epochs).
+
+Identity. One TM per subtask attempt: ``tm-<12 hex>``, drawn when a task starts the
+subtask without a usable TM. Spark gives a partition no fixed Python worker (consecutive
+batches of one partition run in different processes), so a TM kept in one process would
+see its subtasks move nearly every batch, and no task could be sent to reach it. The TM's
+records therefore travel with the subtask's local RocksDB, as the DB itself does
+(``pipeline.stream.subtask``): at the end of a task they are saved into the DB's
+directory (``TM_STATE``), and the next task of the subtask, in whichever worker of the
+executor, takes DB and TM together. A TM's open pooled files are given up in one process
+and taken up in the next (``Storage.abandon``/``reopen``; local disks only, and only
+ACROSS merging keeps a file open past a task, which object stores refuse, R16).
+
+A TM attempt ends when its records are lost: its task was killed (the records died with
+the worker, or were left in a directory the retry sweeps), the DB was dropped (its
+checkpoint aborted, a speculative copy put another back), or the subtask ran on another
+executor's disk. The next task starts a new attempt, which the coordinator first hears of
+by its acknowledgement (``pipeline.stream.coordination``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import posixpath
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import fsspec  # type: ignore[import-untyped]
+from attrs import field, frozen
+
+from fastimpl.storage import StorageFault
+from fastimpl.taskmanager import TaskManager
+from spec.config import Config, StateKind
+from spec.effects import tm_actor
+from spec.handles import FileHandle, SegmentHandle, StateEntry, stream_of
+from spec.ids import SubtaskId
+from spec.messages import (
+    CheckpointAborted,
+    CheckpointComplete,
+    Decline,
+    ResetTm,
+    ReusableFiles,
+    TmAssignment,
+    decode_message,
+    encode_message,
+)
+
+TM_STATE = "ckpt-tm.pickle"
+"""In the subtask's DB directory: the TM's records between two tasks (RocksDB ignores it)."""
+_STATE_VERSION = 1
+
+MailItem = tuple[str, int, bytes]
+"""``(TM id, sequence number, encoded spec.messages notice or duty)``."""
+
+
+class StateReader:
+    """Reads the bytes of a state entry from storage (a restore on a worker, the
+    driver's read of the operator state)."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any]) -> None:
+        fs, root = fsspec.core.url_to_fs(url, **dict(storage_options))
+        self._fs = fs
+        self._root = str(root).rstrip("/")
+
+    def read(self, entry: StateEntry) -> bytes:
+        s = stream_of(entry.handle)
+        if s is None:
+            raise ValueError(f"{entry.name!r}: {type(entry.handle).__name__} names no bytes")
+        path = s.path
+        parts = path.split("/")
+        if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"{entry.name!r}: handle path {path!r} is not inside the base")
+        offset = s.offset if isinstance(s, SegmentHandle) else 0
+        full = posixpath.join(self._root, path) if self._root else path
+        data = bytes(self._fs.cat_file(full, start=offset, end=offset + s.length))
+        if len(data) != s.length:
+            raise ValueError(
+                f"{entry.name!r}: wanted {s.length} bytes at {offset} of {path}, got {len(data)}"
+            )
+        return data
+
+
+@frozen
+class TaskManagerRecipe:
+    """What a worker needs to build or take up its subtask's TM (in the task's closure):
+    the storage, the configuration and the job, nothing else of the driver's."""
+
+    url: str
+    job: str
+    config: Config
+    storage_options: Mapping[str, Any] = field(factory=dict)
+
+    def reader(self) -> StateReader:
+        return StateReader(self.url, self.storage_options)
+
+    def open(self, db_dir: Path | None, subtask: SubtaskId, checkpoint: int) -> WorkerTaskManager:
+        """The TM saved in ``db_dir`` (the subtask's local DB, taken by this task) if it
+        is this job's, else a new TM attempt whose first checkpoint is ``checkpoint``."""
+        fs, root = fsspec.core.url_to_fs(self.url, **dict(self.storage_options))
+        saved = None if db_dir is None else db_dir / TM_STATE
+        if saved is not None and saved.is_file():
+            taken = _thaw(saved.read_bytes(), fs, str(root), self.job, subtask)
+            saved.unlink()  # the records are this task's now; saved again at its end
+            if taken is not None:
+                tm, applied = taken
+                return WorkerTaskManager(tm, self.reader(), subtask, applied, new=False)
+        tm = TaskManager.alone(
+            fs, str(root), self.config, self.job, f"tm-{uuid.uuid4().hex[:12]}",
+            first_checkpoint=checkpoint,
+        )  # fmt: skip
+        tm.finished_mark = checkpoint - 1  # every earlier checkpoint is over for it (R56)
+        tm.host([subtask])
+        return WorkerTaskManager(tm, self.reader(), subtask, 0, new=True)
+
+
+def _thaw(
+    data: bytes, fs: Any, root: str, job: str, subtask: SubtaskId
+) -> tuple[TaskManager, int] | None:
+    """The TM saved by ``WorkerTaskManager.save``, with a storage of this process; None
+    when it is another job's or subtask's (a restore started a new job: the old job's
+    TMs are over, whatever their records say) or unreadable (a new attempt is safe)."""
+    try:
+        version, tm, applied = pickle.loads(data)
+    except Exception:
+        return None
+    if version != _STATE_VERSION or not isinstance(tm, TaskManager):
+        return None
+    if tm.job != job or tm.hosted != [subtask] or tm.ended is not None:
+        return None
+    fresh = TaskManager.alone(fs, root, tm.cfg, tm.job, tm.tm)
+    tm.catalog.storage = fresh.catalog.storage
+    tm.catalog.ids = fresh.ids
+    tm.ids = fresh.ids
+    for path, f in sorted(tm.catalog.files.items()):
+        if f.open:
+            tm.catalog.storage.reopen(path)
+    return tm, int(applied)
+
+
+class WorkerTaskManager:
+    """``TaskManagerSide`` on a worker: one subtask's TM for one task."""
+
+    def __init__(
+        self, tm: TaskManager, reader: StateReader, subtask: SubtaskId, applied: int, *, new: bool
+    ) -> None:
+        self.tm = tm
+        self.reader = reader
+        self.subtask = subtask
+        self.applied = applied
+        """The sequence number of the last mail item this TM applied."""
+        self.new = new
+        self.created = 0
+        """Files this task created on storage (the worker's count, for the figures)."""
+        self._failed: set[int] = set()
+        storage = tm.catalog.storage
+        create = storage.create
+
+        def counted(path: str) -> None:
+            create(path)
+            self.created += 1
+
+        storage.create = counted  # type: ignore[method-assign]
+
+    @property
+    def tm_id(self) -> str:
+        return self.tm.tm
+
+    def apply_mail(self, mail: Sequence[MailItem]) -> int:
+        """Apply the items addressed to this TM that it has not applied yet, oldest first;
+        how many."""
+        n = 0
+        for tm, seq, data in sorted(mail, key=lambda m: m[1]):
+            if tm != self.tm.tm or seq <= self.applied:
+                continue
+            msg = decode_message(data)
+            if isinstance(msg, CheckpointComplete | CheckpointAborted):
+                if msg.job == self.tm.job:
+                    self.tm.on_notice(msg)
+            elif isinstance(msg, ResetTm | TmAssignment | ReusableFiles):
+                self.tm.on_duty(msg)
+            else:
+                raise ValueError(f"mail item {seq} for {tm} is a {type(msg).__name__}")
+            self.applied = seq
+            n += 1
+        self.tm.catalog.storage.drain()
+        return n
+
+    def write(
+        self, checkpoint: int, subtask: SubtaskId, kind: StateKind, name: str, data: bytes
+    ) -> StateEntry | None:
+        """The entry written, or None once a write of this checkpoint failed (the subtask
+        declines it at ``acknowledge``, R17)."""
+        if checkpoint in self._failed:
+            return None
+        try:
+            return self.tm.write(subtask, checkpoint, kind, name, len(data), 1, data)
+        except StorageFault:
+            self.tm.write_failed(subtask, checkpoint)
+            self._failed.add(checkpoint)
+            return None
+
+    def reuse(self, checkpoint: int, subtask: SubtaskId, entry: StateEntry) -> StateEntry | None:
+        """R20-R22: the entry acknowledged for an upload of a completed checkpoint, when
+        this TM's backend remembers exactly that upload and may still reuse it; None:
+        the caller uploads the bytes again. The backend's memory is the TM's own (never
+        a cache of the worker's), and it must name the very handle the completed
+        checkpoint holds (SPARK-55820)."""
+        if checkpoint in self._failed:
+            return None
+        ref = self.tm.backend.get((subtask, entry.name))
+        if ref is None or ref.entry.handle != entry.handle:
+            return None
+        return self.tm.reuse(subtask, checkpoint, ref)
+
+    def acknowledge(self, checkpoint: int, subtask: SubtaskId) -> bytes:
+        if checkpoint in self._failed:
+            return self.decline(checkpoint, subtask)
+        try:
+            _, ack = self.tm.acknowledge(subtask, checkpoint)
+        except StorageFault:
+            return self.decline(checkpoint, subtask)
+        self.tm.catalog.storage.drain()
+        return encode_message(ack)
+
+    def decline(self, checkpoint: int, subtask: SubtaskId) -> bytes:
+        if not self.tm.acknowledged(subtask, checkpoint):
+            self.tm.write_failed(subtask, checkpoint)
+        self._failed.add(checkpoint)
+        return encode_message(Decline(self.tm.job, checkpoint, subtask, self.tm.tm))
+
+    def read(self, entry: StateEntry) -> bytes:
+        return self.reader.read(entry)
+
+    def save(self, db_dir: Path) -> None:
+        """Leave the TM's records in ``db_dir`` for the subtask's next task; the open
+        files' handles are given up (every append is durable already)."""
+        tm = self.tm
+        cat = tm.catalog
+        storage, ids = cat.storage, tm.ids
+        storage.drain()
+        for path, f in sorted(cat.files.items()):
+            if f.open:
+                if storage.protocol not in ("file", "local"):
+                    raise ValueError(f"{path} is still open on {storage.protocol}: not saved")
+                storage.abandon(path)
+        cat.storage = None  # type: ignore[assignment]
+        cat.ids = None  # type: ignore[assignment]
+        tm.ids = None  # type: ignore[assignment]
+        try:
+            data = pickle.dumps((_STATE_VERSION, tm, self.applied))
+        finally:
+            cat.storage, cat.ids, tm.ids = storage, ids, ids
+        tmp = db_dir / (TM_STATE + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, db_dir / TM_STATE)
+
+    def close(self) -> None:
+        """Finish the deletes the TM queued (its records stay wherever they were saved)."""
+        self.tm.catalog.storage.drain()
+
+    def report(self) -> bytes:
+        """What the TM records, for the driver (JSON): the answers to ``Holdings`` and
+        ``EndJob`` and the observation of the invariants come from the last report of
+        each TM, which is exact between two batches (a TM changes its records only
+        while a task of its subtask runs)."""
+        return report_of(self.tm, self.applied, self.created, new=self.new)
+
+
+def report_of(tm: TaskManager, applied: int, created: int = 0, *, new: bool = False) -> bytes:
+    cat = tm.catalog
+    cat.storage.drain()
+    actor = tm_actor(tm.tm)
+    claims = sorted(set(tm.m.pfiles) | {
+        e.handle.path
+        for entries in tm.outputs.values()
+        for e in entries
+        if isinstance(e.handle, FileHandle)
+    })  # fmt: skip
+    live: dict[str, list[tuple[int, int]]] = {}
+    for seg in tm.m.segs.values():
+        live.setdefault(seg.path, []).append((seg.offset, seg.length))
+    report = {
+        "tm": tm.tm,
+        "job": tm.job,
+        "applied": applied,
+        "created": created,
+        "new": new,
+        "owned": sorted([p, f.size, f.creator] for p, f in cat.files.items() if f.owner == actor),
+        "held": sorted(set(cat.files) | set(tm.m.pfiles)),
+        "owners": cat.owners(),
+        "open": sorted(p for p, f in cat.files.items() if f.open),
+        "dirs": dict(cat.dir_owner),
+        "claims": claims,
+        "ref_counts": {p: pf.ref_count for p, pf in tm.m.pfiles.items()},
+        "live": live,
+        "pool_files": sorted(tm.m.pools.values()),
+        "pending": [d.path for d in cat.deferred] + sorted(cat.storage.failed_deletes),
+        "refused": [r.path for r in cat.refused_deletes],
+    }
+    return json.dumps(report, sort_keys=True).encode()
+
+
+def deliver_mail(
+    recipe: TaskManagerRecipe, db_dir: Path, subtask: SubtaskId, mail: Sequence[MailItem]
+) -> bytes:
+    """Apply the mail to the TM saved in ``db_dir`` (taken by the caller) and save it
+    again: how the last notices reach the TMs once no batch follows. Its report, or
+    b"" when no TM of this job is saved there."""
+    saved = db_dir / TM_STATE
+    if not saved.is_file():
+        return b""
+    fs, root = fsspec.core.url_to_fs(recipe.url, **dict(recipe.storage_options))
+    taken = _thaw(saved.read_bytes(), fs, str(root), recipe.job, subtask)
+    if taken is None:
+        return b""
+    party = WorkerTaskManager(taken[0], recipe.reader(), subtask, taken[1], new=False)
+    party.apply_mail(mail)
+    party.save(db_dir)
+    out = party.report()
+    party.close()
+    return out
