@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import operator
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -66,23 +65,20 @@ of its class)."""
 
 _SELF = "self"
 _ENUM = "enum"
-_Plan = tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]] | str | None
+_Plan = Callable[[Any], dict[str, Json]] | str | None
 
 
 @functools.cache
 def _plan(cls: type) -> _Plan:
     """How ``encode`` treats values of ``cls``, worked out once per class, not once per
-    value (an acknowledgement carries thousands): an attrs class's field names and a
-    getter of all their values at once; ``_SELF`` for a subclass of a plain type (an
-    ``IntEnum`` member say: it is its own encoding, as ``json`` writes it); ``_ENUM``;
-    ``None`` for the rest."""
+    value (an acknowledgement carries thousands): an attrs class's encoder
+    (``_attrs_encoder``); ``_SELF`` for a subclass of a plain type (an ``IntEnum`` member
+    say: it is its own encoding, as ``json`` writes it); ``_ENUM``; ``None`` for the
+    rest."""
     if issubclass(cls, bool | int | float | str):
         return _SELF
     if attrs.has(cls):
-        names = tuple(f.name for f in attrs.fields(cls))
-        if len(names) > 1:
-            return names, operator.attrgetter(*names)
-        return names, lambda v: tuple(getattr(v, n) for n in names)
+        return _attrs_encoder(cls)
     if issubclass(cls, enum.Enum):
         _ENUMS.add(cls)
         return _ENUM
@@ -94,26 +90,41 @@ _ENUMS: set[type] = set()
 a member of one is encoded in place, without a call."""
 
 
+def _field(v: object) -> Json:
+    """A field's value that is not of a plain type, encoded."""
+    t = type(v)
+    if t in _ENUMS:
+        return typing.cast(enum.Enum, v)._value_
+    if t is tuple:
+        return [x if type(x) in _PLAIN else encode(x) for x in typing.cast(tuple[Any, ...], v)]
+    return encode(v)
+
+
+def _attrs_encoder(cls: type) -> Callable[[Any], dict[str, Json]]:
+    """The encoder of an attrs class: a function written for its fields (as attrs writes
+    its ``__init__``), one dict display with each field read once and taken as it is
+    when of a plain type, so that an entry costs no loop over its fields."""
+    names = [f.name for f in attrs.fields(typing.cast(Any, cls))]
+    reads = "".join(f"    v{i} = value.{n}\n" for i, n in enumerate(names))
+    items = "".join(
+        f", {n!r}: v{i} if type(v{i}) in _PLAIN else _field(v{i})" for i, n in enumerate(names)
+    )
+    source = f"def encode_attrs(value):\n{reads}    return {{'type': {cls.__name__!r}{items}}}\n"
+    scope: dict[str, Any] = {"_PLAIN": _PLAIN, "_field": _field}
+    # the source holds nothing but the class's name and its fields' names (identifiers)
+    exec(compile(source, f"<codec encoder of {cls.__qualname__}>", "exec"), scope)
+    encoder: Callable[[Any], dict[str, Json]] = scope["encode_attrs"]
+    return encoder
+
+
 def encode(value: object) -> Json:
     """``value`` as plain JSON data (see the module docstring)."""
     cls: Any = type(value)  # a type is hashable; mypy says object.__hash__ may not be
     if cls in _PLAIN:
         return value
     plan = _plan(cls)
-    if type(plan) is tuple:
-        names, values = plan
-        out: dict[str, Json] = {"type": cls.__name__}
-        for name, v in zip(names, values(value), strict=True):
-            t = type(v)
-            if t in _PLAIN:
-                out[name] = v
-            elif t in _ENUMS:
-                out[name] = v._value_
-            elif t is tuple:
-                out[name] = [x if type(x) in _PLAIN else encode(x) for x in v]
-            else:
-                out[name] = encode(v)
-        return out
+    if callable(plan):
+        return plan(value)
     if plan is _SELF:
         return value
     if plan is _ENUM:

@@ -5,10 +5,12 @@ compiled decoders accept exactly what the decoder that names the field accepts."
 from __future__ import annotations
 
 import copy
+import enum
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+import attrs
 from hypothesis import strategies as st
 
 from spec import codec
@@ -79,3 +81,30 @@ def assert_same_verdict(hint: Any, doc: Any) -> None:
     assert fast == slow
     as_text = json.dumps(codec.encode(fast), sort_keys=True)
     assert as_text == json.dumps(codec.encode(slow), sort_keys=True)
+
+
+def plain_encoding(value: Any) -> Any:
+    """What ``codec.encode`` makes of ``value``, written out the plain way (the module
+    docstring's rules), to check the encoders it writes per attrs class against."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if attrs.has(type(value)):
+        out = {"type": type(value).__name__}
+        for f in attrs.fields(type(value)):
+            out[f.name] = plain_encoding(getattr(value, f.name))
+        return out
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, frozenset | set):
+        return sorted((plain_encoding(v) for v in value), key=repr)
+    if isinstance(value, tuple | list):
+        return [plain_encoding(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): plain_encoding(v) for k, v in sorted(value.items())}
+    raise TypeError(f"cannot encode {value!r}")
+
+
+def assert_plain_encoding(value: Any) -> None:
+    """``codec.encode(value)`` is ``plain_encoding(value)``, key order included."""
+    got, want = codec.encode(value), plain_encoding(value)
+    assert json.dumps(got) == json.dumps(want)

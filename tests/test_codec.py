@@ -46,6 +46,7 @@ def _command(t: type) -> st.SearchStrategy[c.Command]:
 def test_every_command_round_trips_through_json_text(cmd: c.Command) -> None:
     text = json.dumps(codec.encode_command(cmd))
     assert codec.decode_command(json.loads(text)) == cmd
+    codec_mutations.assert_plain_encoding(cmd)
 
 
 def test_the_tag_names_the_command() -> None:
@@ -82,6 +83,7 @@ def test_observations_round_trip() -> None:
     assert any(o.retained for o in seen) and any(o.deletions for o in seen)
     assert any(o.restoring for o in seen) and any(o.registry for o in seen)
     for obs in seen:
+        codec_mutations.assert_plain_encoding(obs)
         text = json.dumps(codec.encode(obs), sort_keys=True)
         assert codec.decode_observation(json.loads(text)) == obs
 

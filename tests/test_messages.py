@@ -128,6 +128,7 @@ def test_every_message_round_trips_through_bytes(msg: m.Message) -> None:
     assert back == msg
     assert type(back) is type(msg)
     assert m.encode_message(back) == data  # one encoding per value
+    codec_mutations.assert_plain_encoding(msg)
 
 
 SAMPLE = m.Acknowledgement(
