@@ -333,7 +333,9 @@ def encode_message(msg: Message) -> bytes:
     if not isinstance(msg, MESSAGE_TYPES):
         raise TypeError(f"not a message: {type(msg).__name__}")
     envelope = {"version": MESSAGE_VERSION, "message": codec.encode(msg)}
-    return json.dumps(envelope, sort_keys=True, separators=(",", ":")).encode()
+    # codec.encode builds new lists and dicts, never a cycle: json need not look for one
+    text = json.dumps(envelope, sort_keys=True, separators=(",", ":"), check_circular=False)
+    return text.encode()
 
 
 def decode_message(data: bytes) -> Message:
