@@ -51,13 +51,16 @@ _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
 system, macOS's or Windows's default, they would be one file)."""
 
 
+_PAIRS = [a + b for a in _DIGITS for b in _DIGITS]
+"""Every two-digit base-36 string, by value (1,296 of them): a counter is written two
+digits per lookup, not one ``divmod`` per digit (an id per segment written)."""
+
+
 def _base36(n: int) -> str:
-    out = []
-    while True:
-        n, r = divmod(n, 36)
-        out.append(_DIGITS[r])
-        if n == 0:
-            return "".join(reversed(out))
+    if n < 1296:
+        return _PAIRS[n].lstrip("0") or "0"
+    high, low = divmod(n, 1296)
+    return _base36(high) + _PAIRS[low]
 
 
 def _random_prefix() -> str:

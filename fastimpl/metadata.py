@@ -233,9 +233,12 @@ def validate_paths(meta: Metadata, source: str = "<metadata>") -> None:
             # claims it (R73), so no checkpoint or other savepoint refers to its files.
             raise MetadataError(source, f"shared_bases[{i}]", f"{b!r} is a savepoint's directory")
     bases = allowed_bases(meta.job, meta.checkpoint, meta.savepoint, meta.shared_bases)
+    checked: set[str] = set()  # a merged file is named by every segment in it: once
     for i, e in enumerate(meta.entries):
         for p in _handle_paths(e.handle):
-            check_path(p, bases, source, f"entries[{i}].handle.path")
+            if not (isinstance(p, str) and p in checked):
+                check_path(p, bases, source, f"entries[{i}].handle.path")
+                checked.add(p)
     for i, d in enumerate(meta.directories):
         check_directory(d, bases, source, f"directories[{i}]")
     check_ids(meta, source)
@@ -346,10 +349,13 @@ def encode(
     has ``..`` or lies outside the job base (or savepoint dir) raises ``MetadataError``.
     """
     paths = [p for e in entries for p in _handle_paths(e.handle)] + list(directories)
+    checked: set[str] = set()  # a merged file is named by every segment in it: once
     for i, p in enumerate(paths):
-        check_path(p, None, "<encode>", f"paths[{i}]")
+        if not (isinstance(p, str) and p in checked):
+            check_path(p, None, "<encode>", f"paths[{i}]")
+            checked.add(p)
     own = allowed_bases(job, checkpoint, savepoint)
-    shared = tuple(sorted({base_of(p) for p in paths if not any(is_under(p, b) for b in own)}))
+    shared = tuple(sorted({base_of(p) for p in checked if not any(is_under(p, b) for b in own)}))
     meta = Metadata(job, checkpoint, savepoint, tuple(entries), tuple(directories), shared)
     validate_paths(meta, "<encode>")
     payload: dict[str, Any] = {

@@ -46,6 +46,11 @@ _SAVEPOINT_NAME = re.compile(r"savepoint-(\d+)")
 """Zero bytes for appends given as a length: slices of one buffer, no copies."""
 _BATCH = 1000
 """At most this many paths per bulk delete (S3's DeleteObjects limit)."""
+_LINGER = 1.0
+"""Seconds the deleter thread waits for more work before it ends: a job that checkpoints
+more often than this keeps one thread, instead of starting one per checkpoint, whose
+start the caller waits for (a wake-up of the new thread: a millisecond and more on a
+busy machine, on the path of every complete and every notice)."""
 
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "adl", "oss"})
 """Protocols whose objects appear only once closed: ACROSS merging is refused there."""
@@ -343,6 +348,8 @@ class Storage:
         self._cv = threading.Condition()
         self._busy = False
         self._worker: threading.Thread | None = None
+        self._idle = True
+        """Whether the deleter has done everything queued (prunes too) and waits for more."""
         self.failed_deletes: dict[str, DeleteFailure] = {}
         self._deleters: dict[str, dict[str, str]] = {}
         """Who asked for each queued delete (``deleted_by``), until it is done or fails."""
@@ -842,6 +849,9 @@ class Storage:
         with self._cv:
             self._queued_dirs.update(dirs)
             self._prunes.append(dirs)
+            self._idle = False
+            if not self._worker_alive():
+                self._start_worker()
             self._cv.notify_all()
 
     def _prune(self, dirs: tuple[str, ...]) -> None:
@@ -876,13 +886,19 @@ class Storage:
                 self._deleters[path] = deleted_by
             if is_dir:
                 self._queued_dirs.add(path)
-            if self._worker is None:
+            self._idle = False
+            if not self._worker_alive():
                 self._start_worker()
             self._cv.notify_all()
+
+    def _worker_alive(self) -> bool:
+        """Whether a deleter thread runs (in a child after ``fork`` the parent's does not)."""
+        return self._worker is not None and self._worker.is_alive()
 
     def _start_worker(self) -> None:
         """Start the deleter thread; call it holding ``_cv``."""
         self.deleter_died = None
+        self._idle = False
         self._worker = threading.Thread(target=self._work, name="fastimpl-deleter", daemon=True)
         self._worker.start()
 
@@ -912,6 +928,11 @@ class Storage:
                             self._prunes[:0] = prunes[n:]
                             raise
                     self._queued_dirs.clear()
+                    self._idle = True
+                    self._cv.notify_all()
+                    self._cv.wait_for(lambda: self._queue or self._prunes, timeout=_LINGER)
+                    if self._queue or self._prunes:
+                        continue
                     self._worker = None
                     self._cv.notify_all()
                     return
@@ -1027,10 +1048,11 @@ class Storage:
             return
         restarted = False
         with self._cv:
-            while self._queue or self._busy or self._worker is not None:
-                if self._worker is None:
+            while self._queue or self._prunes or self._busy or not self._idle:
+                if not self._worker_alive():
                     # The deleter ended with work left (it died, or a delete was queued
-                    # as it was dying): start one again, once; if that one dies too,
+                    # as it was dying, or it was the parent's, before a ``fork``): start
+                    # one again, once; if that one dies too,
                     # say why rather than wait forever.
                     died = self.deleter_died
                     if restarted and died is not None:

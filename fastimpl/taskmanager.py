@@ -76,14 +76,17 @@ _EXCLUSIVE = Scope.EXCLUSIVE.value
 
 
 class _SubtaskFacts:
-    """A subtask's shared directory, key groups and name (its pool key's owner, R13)."""
+    """A subtask's shared directory, key groups and name (its pool key's owner, R13),
+    and the key of the SHARED pool it last appended to, with that checkpoint."""
 
-    __slots__ = ("directory", "key_groups", "name")
+    __slots__ = ("directory", "key_groups", "name", "pool_checkpoint", "pool_key")
 
     def __init__(self, directory: str, key_groups: tuple[int, int], name: str) -> None:
         self.directory = directory
         self.key_groups = key_groups
         self.name = name
+        self.pool_checkpoint = 0
+        self.pool_key: PoolKey | None = None
 
 
 class TaskManager:
@@ -347,11 +350,6 @@ class TaskManager:
             self._per_subtask[subtask] = facts
         return facts
 
-    def _key_groups(self, subtask: SubtaskId, kind: StateKind) -> tuple[int, int] | None:
-        if not kind.keyed:
-            return None
-        return self._facts(subtask).key_groups
-
     def _write_stream(
         self,
         subtask: SubtaskId,
@@ -367,7 +365,8 @@ class TaskManager:
         it, short of ``size`` (R65, the test adapter's crash mid-write)."""
         actor = self.actor
         lid = self.ids.logical_id()
-        kg = self._key_groups(subtask, kind)
+        facts = self._facts(subtask)
+        kg = facts.key_groups if kind.keyed else None
         scope = kind.scope
         savepoint = self._is_savepoint(checkpoint)
         if savepoint or self.mode is MergingMode.NONE:
@@ -390,10 +389,8 @@ class TaskManager:
                 raise StorageFault(StorageOp.APPEND, path)
             self.catalog.close(path)  # R12: durable before the handle exists
             return StateEntry(subtask, kind, name, FileHandle(path, size, lid, scope), entries, kg)
-        path, offset = self._append_segment(subtask, checkpoint, scope, size, partial, data)
-        m = self.m
-        m.add(Seg(lid, path, offset, size, checkpoint, checkpoint, False))
-        pf = m.pfiles[path]
+        path, offset, pf = self._append_segment(facts, checkpoint, scope, size, partial, data)
+        self.m.add(Seg(lid, path, offset, size, checkpoint, checkpoint, False))
         pf.ref_count += 1
         pf.live_bytes += size
         if pf.open and pf.size >= self.cfg.max_file_size:
@@ -401,51 +398,57 @@ class TaskManager:
         handle = SegmentHandle(path, offset, size, lid, scope)
         return StateEntry(subtask, kind, name, handle, entries, kg)
 
-    def _pool_key(self, subtask: SubtaskId, checkpoint: int, scope: Scope) -> PoolKey:
-        """R13: SHARED merged per subtask, EXCLUSIVE per TM; WITHIN pools per checkpoint."""
-        if scope is Scope.SHARED:
-            prefix = (self.tm, _SHARED, self._facts(subtask).name)
-        else:
-            prefix = (self.tm, _EXCLUSIVE, self.tm)
+    def _pool_key(self, facts: _SubtaskFacts, checkpoint: int, scope: Scope) -> PoolKey:
+        """R13: SHARED merged per subtask, EXCLUSIVE per TM; WITHIN pools per checkpoint.
+        A subtask's SHARED key is built once per checkpoint, not once per append."""
+        shared = scope is Scope.SHARED
+        if shared and facts.pool_checkpoint == checkpoint and facts.pool_key is not None:
+            return facts.pool_key
+        prefix = (self.tm, _SHARED, facts.name) if shared else (self.tm, _EXCLUSIVE, self.tm)
         if self.mode is MergingMode.WITHIN_CHECKPOINT:
-            return (*prefix, str(checkpoint))
-        return (*prefix, "*")
+            key = (*prefix, str(checkpoint))
+        else:
+            key = (*prefix, "*")
+        if shared:
+            facts.pool_checkpoint, facts.pool_key = checkpoint, key
+        return key
 
     def _append_segment(
         self,
-        subtask: SubtaskId,
+        facts: _SubtaskFacts,
         checkpoint: int,
         scope: Scope,
         size: int,
         partial: bool,
         data: bytes,
-    ) -> tuple[str, int]:
-        key = self._pool_key(subtask, checkpoint, scope)
-        directory = self._facts(subtask).directory if scope is Scope.SHARED else self._taskowned
+    ) -> tuple[str, int, PFile]:
+        """Append ``data`` to the pool's open file (a new one if there is none or it
+        would grow past the size): its path, the offset, its record."""
+        key = self._pool_key(facts, checkpoint, scope)
+        directory = facts.directory if scope is Scope.SHARED else self._taskowned
         self.catalog.mkdir(directory, self.actor, self.tm)  # R40
         m = self.m
         path = m.pools.get(key)
-        if path is not None:
-            pf = m.pfiles[path]
-            if pf.size > 0 and pf.size + size > self.cfg.max_file_size:
-                self._close_pfile(path)  # R12: roll before exceeding the size
-                path = None
-        if path is None:
+        pf = None if path is None else m.pfiles[path]
+        if pf is not None and pf.size > 0 and pf.size + size > self.cfg.max_file_size:
+            self._close_pfile(pf.path)  # R12: roll before exceeding the size
+            pf = None
+        if pf is None:
             path = self.catalog.new_file_name(directory)
             self.catalog.create(path, self.actor, self.tm)
             cp = checkpoint if key[3] != "*" else None
-            m.pfiles[path] = PFile(path, scope, key, cp, True, 0)
+            pf = m.pfiles[path] = PFile(path, scope, key, cp, True, 0)
             m.pools[key] = path
-        n = len(data)
+        path = pf.path
         try:
             offset = self.catalog.append(path, data)
         except StorageFault:
             self._poison(path)
             raise
-        m.pfiles[path].size += n
+        pf.size += len(data)
         if partial:
             raise StorageFault(StorageOp.APPEND, path)
-        return path, offset
+        return path, offset, pf
 
     def _poison(self, path: str) -> None:
         """R17: a file whose write failed is closed and never written or reused again."""

@@ -74,11 +74,13 @@ def _names(_inst: object, attribute: Any, value: frozenset[str]) -> None:
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
+    out = dict(pairs)  # called for every JSON object: the loop below only on a duplicate
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ValueError(f"duplicate key {k!r}")
+            seen.add(k)
     return out
 
 
@@ -331,7 +333,9 @@ def encode_message(msg: Message) -> bytes:
     if not isinstance(msg, MESSAGE_TYPES):
         raise TypeError(f"not a message: {type(msg).__name__}")
     envelope = {"version": MESSAGE_VERSION, "message": codec.encode(msg)}
-    return json.dumps(envelope, sort_keys=True, separators=(",", ":")).encode()
+    # codec.encode builds new lists and dicts, never a cycle: json need not look for one
+    text = json.dumps(envelope, sort_keys=True, separators=(",", ":"), check_circular=False)
+    return text.encode()
 
 
 def decode_message(data: bytes) -> Message:

@@ -16,6 +16,7 @@ from spec import commands as c
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.ids import SubtaskId
 from spec.observation import Observation
+from tests import codec_mutations
 
 subtasks = st.builds(
     lambda v, p, i: SubtaskId(v, i % p, p),
@@ -45,6 +46,7 @@ def _command(t: type) -> st.SearchStrategy[c.Command]:
 def test_every_command_round_trips_through_json_text(cmd: c.Command) -> None:
     text = json.dumps(codec.encode_command(cmd))
     assert codec.decode_command(json.loads(text)) == cmd
+    codec_mutations.assert_plain_encoding(cmd)
 
 
 def test_the_tag_names_the_command() -> None:
@@ -81,6 +83,7 @@ def test_observations_round_trip() -> None:
     assert any(o.retained for o in seen) and any(o.deletions for o in seen)
     assert any(o.restoring for o in seen) and any(o.registry for o in seen)
     for obs in seen:
+        codec_mutations.assert_plain_encoding(obs)
         text = json.dumps(codec.encode(obs), sort_keys=True)
         assert codec.decode_observation(json.loads(text)) == obs
 
@@ -119,3 +122,19 @@ def test_bad_command_data_is_refused_naming_where_and_why(
         codec.decode_command(data)
     assert info.value.where == where
     assert problem in info.value.problem
+
+
+@given(st.one_of(*[_command(t) for t in COMMAND_TYPES]), st.data())
+def test_the_compiled_decoder_refuses_exactly_what_names_the_field(
+    cmd: c.Command, draw: st.DataObject
+) -> None:
+    """Commands, as traces and conformance cases carry them: the decoder compiled per
+    type and the one that builds a JSON path agree on every malformed input."""
+    doc = codec_mutations.mutated(codec.encode_command(cmd), draw)
+    codec_mutations.assert_same_verdict(c.Command, doc)
+
+
+def test_observations_decode_the_same_both_ways() -> None:
+    """Observations hold mappings and sets the commands do not."""
+    for obs in _observations():
+        codec_mutations.assert_same_verdict(Observation, json.loads(json.dumps(codec.encode(obs))))

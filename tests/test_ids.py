@@ -9,7 +9,11 @@ import sys
 import threading
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from fastimpl import RandomIds
+from fastimpl.ids import _DIGITS, _base36
 from spec.ids import SAFE, SubtaskId
 from spec.layout import is_under, parent, shared_dir, taskowned_dir
 
@@ -136,3 +140,18 @@ def test_one_instance_shared_by_threads_never_repeats() -> None:
         t.join()
     drawn = [x for part in out for x in part]
     assert len(drawn) == len(set(drawn)) == 8 * 20_000
+
+
+@given(st.integers(0, 2**100))
+def test_the_counter_is_written_in_base_36_digit_by_digit(n: int) -> None:
+    """``_base36`` looks two digits up at a time: the same string as one ``divmod`` per
+    digit, most significant first, no leading zero (ids stay what they were)."""
+    digits = []
+    m = n
+    while True:
+        m, r = divmod(m, 36)
+        digits.append(_DIGITS[r])
+        if m == 0:
+            break
+    assert _base36(n) == "".join(reversed(digits))
+    assert int(_base36(n), 36) == n

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spec import codec
 from spec import messages as m
 from spec.config import Scope, StateKind
 from spec.handles import (
@@ -24,6 +25,7 @@ from spec.handles import (
     StateEntry,
 )
 from spec.ids import SubtaskId
+from tests import codec_mutations
 
 names = st.text(min_size=1, max_size=8).filter(lambda s: "/" not in s and "\\" not in s)
 names = names.filter(lambda s: "\x00" not in s and s not in (".", ".."))
@@ -126,6 +128,7 @@ def test_every_message_round_trips_through_bytes(msg: m.Message) -> None:
     assert back == msg
     assert type(back) is type(msg)
     assert m.encode_message(back) == data  # one encoding per value
+    codec_mutations.assert_plain_encoding(msg)
 
 
 SAMPLE = m.Acknowledgement(
@@ -317,3 +320,20 @@ def test_only_messages_are_encoded() -> None:
 def test_messages_are_frozen() -> None:
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         SAMPLE.checkpoint = 4  # type: ignore[misc]
+
+
+@given(messages, st.data())
+def test_the_compiled_decoder_refuses_exactly_what_names_the_field(
+    msg: m.Message, draw: st.DataObject
+) -> None:
+    """``spec.codec`` decodes with decoders compiled per type and builds a JSON path
+    only for data that does not fit: both ways must agree on every malformed input."""
+    doc = codec_mutations.mutated(codec.encode(msg), draw)
+    codec_mutations.assert_same_verdict(m.Message, doc)
+
+
+def test_an_unhashable_type_tag_is_refused_naming_it() -> None:
+    data = json.dumps({"version": 1, "message": {"type": ["Decline"]}}).encode()
+    with pytest.raises(m.MessageError) as info:
+        m.decode_message(data)
+    assert info.value.where == "$.message.type"
