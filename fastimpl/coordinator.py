@@ -25,12 +25,18 @@ from fastimpl.records import (
     Deferred,
     ManagedDir,
     Pending,
-    RegEntry,
     Status,
     StoredFile,
     Tm,
 )
 from fastimpl.redistribute import assign
+from fastimpl.shared_registry import (
+    DIR_PREFIX,
+    SharedEntry,
+    SharedStateRegistry,
+    shared_handles,
+    shared_keys,
+)
 from fastimpl.storage import Storage, StorageFault
 from spec import commands as c
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
@@ -153,7 +159,8 @@ class CheckpointCoordinator:
         self.savepoint_ids: set[int] = set()
         self.latest_completed = 0
         self.watermark = 0
-        self.registry: dict[str, RegEntry] = {}
+        self.registry = SharedStateRegistry()
+        """The shared state the retained checkpoints use (``fastimpl.shared_registry``)."""
         self.restoring: tuple[StateEntry, ...] = ()
         self.assignment: dict[SubtaskId, tuple[StateEntry, ...]] = {}
         """Each new subtask's share of the checkpoint restored last (R75, R76)."""
@@ -271,7 +278,7 @@ class CheckpointCoordinator:
             return
         for e in entries:
             if isinstance(e.handle, PlaceholderHandle):
-                self.registry[e.handle.logical_id].pins.add(ack.checkpoint)
+                self.registry.pin(e.handle.logical_id, ack.checkpoint)
 
     def _forget_released_dirs(self, ack: Acknowledgement) -> None:
         """R40, R41: an acknowledgement reports each of the subtask's managed directories
@@ -338,7 +345,7 @@ class CheckpointCoordinator:
         received, and every retained checkpoint's ``_metadata``."""
         if not self.running:
             return set()
-        paths = {r.path for r in self.registry.values() if r.owned and not r.key.startswith("dir:")}
+        paths = {r.path for r in self.registry.entries() if r.owned and not r.is_dir}
         paths |= {path for p in self.pending.values() for path in p.received}
         paths |= {r.metadata for r in self.retained}
         return paths
@@ -359,9 +366,7 @@ class CheckpointCoordinator:
 
     def abort(self, checkpoint: int) -> None:
         p = self.pending.pop(checkpoint)
-        for key in sorted(k for k, r in self.registry.items() if checkpoint in r.pins):
-            self.registry[key].pins.discard(checkpoint)
-            self._release_entry(key)
+        self._delete_unused(self.registry.unpin(checkpoint, self._lowest_retained()))
         for path in sorted(p.received):  # R43
             f = self.catalog.files.get(path)
             if f is not None and f.owner == COORDINATOR:
@@ -388,8 +393,8 @@ class CheckpointCoordinator:
                     if h.path not in directories:
                         directories.append(h.path)
                 elif isinstance(h, PlaceholderHandle):
-                    reg = self.registry[h.logical_id]
-                    assert reg.handle is not None
+                    reg = self.registry.get(h.logical_id)
+                    assert reg is not None and reg.handle is not None
                     entries.append(
                         StateEntry(
                             e.subtask,
@@ -457,54 +462,42 @@ class CheckpointCoordinator:
         self.collect_dirs()
         return done
 
-    def _release_entry(self, key: str) -> None:
-        """R54: an entry nobody refers to goes; the coordinator deletes what it owns."""
-        reg = self.registry[key]
-        if reg.refs or reg.pins:
-            return
-        del self.registry[key]
-        if reg.owned and not key.startswith("dir:"):
-            f = self.catalog.files.get(reg.path)
-            if f is not None and f.owner == COORDINATOR:
-                self.catalog.delete_file(reg.path, COORDINATOR)
+    def _lowest_retained(self) -> int | None:
+        return self.retained[0].id if self.retained else None
+
+    def _delete_unused(self, released: list[SharedEntry]) -> None:
+        """R54: the coordinator deletes the unused shared files it owns (directories go
+        through ``collect_dirs``, which knows who still works in them)."""
+        for reg in released:
+            if reg.owned and not reg.is_dir:
+                f = self.catalog.files.get(reg.path)
+                if f is not None and f.owner == COORDINATOR:
+                    self.catalog.delete_file(reg.path, COORDINATOR)
 
     def _register(self, done: Completed, recorded: Completed | None = None) -> None:
-        """R54: keyed by unique handle ids; refs are the checkpoint ids that use them.
+        """R54: a completed (or claimed) checkpoint registers the shared state it uses,
+        keyed by unique handle ids, and its directories (``dir:<path>``), which become
+        the coordinator's (R42).
 
         A logical id already registered for another path is a ``MetadataError`` naming
         the file (checked for every retained checkpoint before anything changes, see
         ``conflicting_ids``; here it is the last line of defence)."""
-        for e in done.entries:
-            h = e.handle
-            if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
-                continue
-            reg = self.registry.get(h.logical_id)
-            if reg is not None and reg.path != h.path:
+        for h in shared_handles(done):
+            other = self.registry.conflict(h.logical_id, h.path)
+            if other is not None:
                 raise MetadataError(
                     done.metadata,
                     "payload.entries",
                     f"logical id {h.logical_id!r} names {h.path!r}, already registered "
-                    f"for {reg.path!r} (conflicting registration)",
+                    f"for {other!r} (conflicting registration)",
                 )
             # I5: the registry deletes a whole file only if it may be the coordinator's; a
             # file the user holds (another base's, R72 outside the lineage) is only read
             f = self.catalog.files.get(h.path)
             owned = isinstance(h, FileHandle) and (f is None or f.owner != USER)
-            new = RegEntry(h.logical_id, h.path, h, owned)
-            if reg is not None:
-                new.refs = reg.refs
-                new.pins = reg.pins
-            new.refs.add(done.id)
-            new.pins.discard(done.id)
-            self.registry[h.logical_id] = new
+            self.registry.register(h.logical_id, h.path, h, owned, done.id)
         for d in done.directories:
-            key = f"dir:{d}"
-            reg = self.registry.get(key)
-            new = RegEntry(key, d, None, True)
-            if reg is not None:
-                new.refs = reg.refs
-            new.refs.add(done.id)
-            self.registry[key] = new
+            self.registry.register(f"{DIR_PREFIX}{d}", d, None, True, done.id)
             md = self.catalog.dirs.get(d)
             if md is not None:
                 md.handed_over = True
@@ -512,19 +505,12 @@ class CheckpointCoordinator:
                 self.catalog.dir_owner[d] = COORDINATOR  # R42
 
     def _subsume(self, old: Completed) -> None:
-        """R52, R54: drop a checkpoint's references; delete what nobody refers to."""
+        """R52, R54: ``old`` is no longer retained (already removed from ``retained``):
+        the shared state no retained checkpoint uses any more goes, then its exclusive
+        files and its ``_metadata``."""
         self.watermark = max(self.watermark, old.id)
-        keys = [
-            h.logical_id
-            for e in old.entries
-            if isinstance(h := e.handle, SegmentHandle | FileHandle) and h.scope is Scope.SHARED
-        ] + [f"dir:{d}" for d in old.directories]
-        for key in dict.fromkeys(keys):
-            reg = self.registry.get(key)
-            if reg is None:
-                continue
-            reg.refs.discard(old.id)
-            self._release_entry(key)
+        unused = self.registry.unregister_unused(self._lowest_retained(), shared_keys(old))
+        self._delete_unused(unused)
         for e in old.entries:
             h = e.handle
             if isinstance(h, FileHandle) and h.scope is Scope.EXCLUSIVE:
@@ -648,7 +634,7 @@ class CheckpointCoordinator:
         live = set(self.current_tms())
         used = {d for r in self.retained for d in r.directories}
         for path, owner in sorted(self.catalog.dir_owner.items()):
-            if owner != COORDINATOR or path in used or f"dir:{path}" in self.registry:
+            if owner != COORDINATOR or path in used or f"{DIR_PREFIX}{path}" in self.registry:
                 continue
             d = self.catalog.dirs.get(path)
             if d is not None and d.creator in live and self.running:
@@ -781,7 +767,7 @@ class CheckpointCoordinator:
         listed = [r for r in self.retained if r.metadata in self.catalog.files]
         rebuilt = [self.load_completed(r.metadata, r.job) for r in listed]
         self.retained = []
-        self.registry = {}
+        self.registry.clear()
         for done in rebuilt:
             self._register(done)
             self.retained.append(done)
@@ -841,7 +827,7 @@ class CheckpointCoordinator:
         self.running = True
         self.pending = {}
         self.retained = []
-        self.registry = {}
+        self.registry.clear()
         self.watermark = 0
         self.latest_completed = 0
         assignment = assign(source.entries, self.vertices, self.cfg.max_parallelism)

@@ -62,7 +62,7 @@ from spec.messages import (
     decode_message,
     encode_message,
 )
-from spec.observation import Observation, RegistryView, RetainedView
+from spec.observation import Observation, RetainedView
 
 _T = TypeVar("_T")
 OutKey = tuple[TmId, SubtaskId, int]
@@ -538,10 +538,7 @@ class InProcessEngine:
             restoring=self.coord.restoring,
             ref_counts=ref_counts,
             live_segments={p: tuple(sorted(v)) for p, v in live.items()},
-            registry={
-                k: RegistryView(r.path, frozenset(r.refs), r.owned)
-                for k, r in self.coord.registry.items()
-            },
+            registry=self.coord.registry.view(self.coord.retained),
             deletions=tuple(
                 self.catalog.bad_deletions
                 if self.catalog.deletions is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 from spec.config import Scope
-from spec.handles import Handle, StateEntry
+from spec.handles import StateEntry
 from spec.ids import SubtaskId, TmId
 
 
@@ -158,18 +158,6 @@ class Completed:
         self.metadata = metadata
         self.max_parallelism = max_parallelism
         """R77: the max parallelism it was taken with (``None``: a version-1 file)."""
-
-
-class RegEntry:
-    __slots__ = ("handle", "key", "owned", "path", "pins", "refs")
-
-    def __init__(self, key: str, path: str, handle: Handle | None, owned: bool) -> None:
-        self.key = key
-        self.path = path
-        self.handle = handle
-        self.refs: set[int] = set()
-        self.owned = owned
-        self.pins: set[int] = set()
 
 
 class StoredFile:

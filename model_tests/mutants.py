@@ -52,7 +52,7 @@ from fastimpl.catalog import Catalog
 from fastimpl.coordinator import CheckpointCoordinator
 from fastimpl.engine import InProcessEngine
 from fastimpl.manager import Manager
-from fastimpl.records import BackendRef, Completed, PFile, RegEntry, Seg
+from fastimpl.records import BackendRef, Completed, PFile, Seg
 from fastimpl.taskmanager import TaskManager
 from spec import commands as c
 from spec.config import Scope, StateKind
@@ -236,17 +236,14 @@ def _flink_29913(mp: pytest.MonkeyPatch) -> None:
             h = e.handle
             if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
                 continue
-            reg = self.registry.get(e.name)
-            if reg is not None and reg.path != h.path:
+            known = self.registry.get(e.name)
+            if known is not None and known.path != h.path:
                 f = self.catalog.files.get(h.path)
                 if f is not None and f.owner == COORDINATOR:
                     self.catalog.delete_file(h.path, COORDINATOR)  # "a duplicate upload"
-                reg.refs.add(done.id)
+                self.registry.register(e.name, known.path, known.handle, known.owned, done.id)
                 continue
-            if reg is None:
-                reg = self.registry[e.name] = RegEntry(e.name, h.path, h, isinstance(h, FileHandle))
-            reg.refs.add(done.id)
-            reg.pins.discard(done.id)
+            self.registry.register(e.name, h.path, h, isinstance(h, FileHandle), done.id)
         # the directories are registered as fastimpl does: the bug is in the file keys
         orig(
             self,

@@ -37,7 +37,7 @@ from spec.messages import (
     decode_message,
     encode_message,
 )
-from spec.observation import Observation, RegistryView, RetainedView
+from spec.observation import Observation, RetainedView
 from tests import tm_process
 
 
@@ -264,9 +264,7 @@ def observe(
         restoring=coord.restoring,
         ref_counts=ref_counts,
         live_segments={p: tuple(sorted(v)) for p, v in live.items()},
-        registry={
-            k: RegistryView(r.path, frozenset(r.refs), r.owned) for k, r in coord.registry.items()
-        },
+        registry=coord.registry.view(coord.retained),
         deletions=tuple(deletions),
         pending_deletes=tuple(pending),
         pool_files=frozenset(pool_files),
