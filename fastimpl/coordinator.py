@@ -157,6 +157,8 @@ class CheckpointCoordinator:
         self.restoring: tuple[StateEntry, ...] = ()
         self.assignment: dict[SubtaskId, tuple[StateEntry, ...]] = {}
         """Each new subtask's share of the checkpoint restored last (R75, R76)."""
+        self.restored_from: str | None = None
+        """The ``_metadata`` restored last (the HA state keeps it while ``restoring``)."""
         self.bases: set[str] = {job_base(job_id), SAVEPOINTS}
         self.lineage: set[str] = {job_base(job_id)}
         """Bases whose files a CLAIM may give the coordinator (R72, I5): the running job's
@@ -847,6 +849,7 @@ class CheckpointCoordinator:
         assignment = assign(source.entries, self.vertices, self.cfg.max_parallelism)
         self.restoring = tuple(e for s in sorted(assignment) for e in assignment[s])
         self.assignment = {s: tuple(v) for s, v in assignment.items()}
+        self.restored_from = source.metadata
         if mode is RestoreMode.CLAIM:
             self._claim(source, recorded)
         same = all(
