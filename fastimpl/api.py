@@ -367,7 +367,7 @@ class Coordinator:
 
     def savepoints(self) -> list[int]:
         with self._store._lock:
-            return sorted(self._cl.savepoints)
+            return self._cl.savepoints
 
     def restore(
         self,

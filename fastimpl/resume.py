@@ -35,11 +35,10 @@ What the rebuild decides, file by file:
 - the checkpoint the job restored from (``restored``, until it completes one of its own)
   is read again: each subtask's share of it is what the subtask starts from (R75, R76);
   after a NO_CLAIM restore it stays the user's (R73), never deleted;
-- every savepoint's ``_metadata`` is read: savepoints are the user's (R55), restorable,
-  never deleted (one that cannot be read, a torn in-flight one or a damaged one, is not
-  restorable and stays: recovery refuses it earlier, as it refuses any damaged file),
-  and so is every file in the savepoints directory (an in-flight savepoint's files
-  cannot be told from the user's: a leak, never a loss);
+- savepoints are the user's (R55): never deleted, never recorded as a checkpoint; the
+  coordinator reads one back from storage when a job restores from it. Every file in the
+  savepoints directory is the user's (an in-flight savepoint's files cannot be told from
+  the user's: a leak, never a loss);
 - every file outside the lineage's bases, and those ``user_held`` names, are the user's;
 - every other file of the job's own base that no running TM records (``Holdings``) was
   the dead coordinator's (taken from a stopped attempt, R64, or handed over for a pending
@@ -54,7 +53,6 @@ resumes a coordinator only with every TM it knows of running or stopped.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Iterable
 
@@ -62,7 +60,7 @@ from attrs import frozen
 
 from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine
 from fastimpl.ids import IdSource
-from fastimpl.metadata import MetadataError, base_of
+from fastimpl.metadata import base_of
 from fastimpl.records import Completed, ManagedDir, StoredFile
 from fastimpl.redistribute import assign
 from fastimpl.storage import Storage
@@ -72,9 +70,6 @@ from spec.handles import FileHandle, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
 from spec.messages import Held, Holdings
-
-log = logging.getLogger("fastimpl.resume")
-_SAVEPOINT_META = re.compile(rf"{SAVEPOINTS}/savepoint-(\d+)/{METADATA}")
 
 
 @frozen
@@ -148,13 +143,6 @@ def rebuild(
     else:
         keep = [_load(co, path) for path in ha.checkpoints]
     restored = None if ha.restored is None else _load(co, ha.restored)
-    savepoints: dict[int, Completed] = {}
-    for p in sorted(files):
-        if (m := _SAVEPOINT_META.fullmatch(p)) is not None:
-            try:
-                savepoints[int(m.group(1))] = co.load_completed(p)
-            except MetadataError as err:  # the user's (or a torn in-flight one): left alone
-                log.warning("savepoint %s is not restorable: %s", p, err)
     user = set(user_held) - {p for d in keep for p in _paths_of(d)}
 
     co.job_seq = ha.job_seq
@@ -163,8 +151,6 @@ def rebuild(
     co.watermark = ha.watermark
     co.lineage = set(lineage)
     co.bases |= lineage
-    co.savepoints = savepoints
-    co.savepoint_ids = set(savepoints)
     co.placement = dict(placement)
     for t in sorted(set(placement.values())):
         co._add_tm(t)
