@@ -178,6 +178,9 @@ class CheckpointCoordinator:
         self.assigned_from = 0
         """The first checkpoint of the last failover: a TM assigned there refuses to write
         or acknowledge for any earlier one (R60), which ``_forget_savepoints`` relies on."""
+        self.hosted_before: dict[TmId, frozenset[SubtaskId]] = {}
+        """What a lost attempt hosted in a job a restore ended (its shared directories
+        are swept when it stops, R64); gone with the attempt."""
         self.dir_users: dict[str, set[TmId]] = {}
         """R42: the TMs that work in each managed directory, from their acknowledgements
         (R40) and the directories each was handed at a failover (R61)."""
@@ -597,6 +600,7 @@ class CheckpointCoordinator:
         any more, and its id stays known as a stopped one's."""
         self.tms.retire(tm)  # type: ignore[attr-defined]
         self.started.pop(tm, None)
+        self.hosted_before.pop(tm, None)
         for users in self.dir_users.values():
             users.discard(tm)
         self._forget_savepoints()
@@ -605,14 +609,25 @@ class CheckpointCoordinator:
         """A finished savepoint's id goes once no attempt that may still write or
         acknowledge for it is alive or lost: one started for a later checkpoint never
         does (it refuses, R56), nor does one assigned by a later failover (R60), and a
-        stopped one's files were swept when it stopped."""
+        stopped one's files were swept when it stopped; and once no delete in its
+        directory is still to come."""
         horizon = self.next_checkpoint
         for tm, (_, first) in self.started.items():
             assigned = self.tms[tm].status is Status.ALIVE  # a lost one missed the failovers
             horizon = min(horizon, max(first, self.assigned_from) if assigned else first)
-        for cid in [n for n in self.savepoint_ids if n < horizon and n not in self.pending]:
-            self.savepoint_ids.discard(cid)
-            self.triggered_savepoints.discard(cid)
+        done = [n for n in self.savepoint_ids if n < horizon and n not in self.pending]
+        if not done:
+            return
+        # a delete still to come in its directory (a party's file, a delete that failed
+        # or waits) needs the id: the catalog deletes there only in savepoints it made
+        cat = self.catalog
+        busy = {base_of(p) for p, f in cat.files.items() if f.owner != USER}
+        busy |= {base_of(d.path) for d in cat.deferred}
+        busy |= {base_of(p) for p in self.storage.failed_deletes}
+        for cid in done:
+            if savepoint_dir(cid) not in busy:
+                self.savepoint_ids.discard(cid)
+                self.triggered_savepoints.discard(cid)
 
     def stored_savepoint(self, checkpoint: int) -> Completed | None:
         """A completed savepoint, read back from its directory (the user's, R55, where
@@ -644,6 +659,7 @@ class CheckpointCoordinator:
         checkpoint refers to them. With one table shared in process nothing is unknown
         and nothing is asked."""
         job, first = self.started.pop(tm, (self.job, 1))
+        hosted |= self.hosted_before.pop(tm, frozenset())
         dirs = [taskowned_dir(job, tm)] + [shared_dir(job, s) for s in sorted(hosted)]
         last = self.next_checkpoint
         dirs += [checkpoint_dir(job, n) for n in range(first, last)]
@@ -874,7 +890,10 @@ class CheckpointCoordinator:
             self.end_job(retain=True)
         for rec in self.tms.values():
             if rec.status is Status.LOST:
-                rec.hosted = frozenset()  # R64: a zombie stays in its job
+                # R64: a zombie stays in its job; where it wrote is still swept at its stop
+                before = self.hosted_before.get(rec.id, frozenset())
+                self.hosted_before[rec.id] = rec.hosted | before
+                rec.hosted = frozenset()
         self.job_seq += 1
         self.job = f"job-{self.job_seq}"
         self.bases.add(job_base(self.job))
