@@ -14,6 +14,15 @@ failovers without a loss (the survivors reset), a rescale (a restore with anothe
 parallelism, CLAIM or NO_CLAIM, onto new processes), and the coordinator killed: its
 object is dropped without any cleanup (its deletes are synchronous, so nothing of it
 runs on) and a new one is built from storage and the HA state (``fastimpl.resume``).
+Besides: savepoints (triggered, written, completed or not; the user deletes a completed
+one later, outside the store), ReuseShared (the old handle, a placeholder, or the bytes
+uploaded again), zombies (a TM lost to the coordinator whose process runs on: its tables
+go, as the model's CrashTm says, and it writes and acknowledges late, R56, R43, until the
+engine learns it stopped, R64), and storage faults through the parties' fault seam (a
+TM's append, the coordinator's ``_metadata`` write, a TM's or the coordinator's delete:
+the step declines, aborts or defers the delete, and ``RetryDeletes`` retries; the trace
+holds ``FailNextCall`` only when the armed call was reached, since the model arms the
+next call of the whole system).
 
 After every step I1-I5 hold on the real files, with both parties' records merged and
 no disagreement between them; at the end the sequence quiesces (every notice delivered,
@@ -52,15 +61,16 @@ from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
 from fastimpl.ids import RandomIds
 from fastimpl.records import Completed, Status
 from fastimpl.resume import ha_state, resume
-from fastimpl.storage import Storage
+from fastimpl.storage import Storage, StorageFault
 from fastimpl.trace import CommandTrace
 from model_tests.replay import replay
 from spec import commands as c
+from spec.commands import StorageOp
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.errors import CommandError, Reason
 from spec.ids import SubtaskId, TmId
 from spec.layout import is_under, job_base
-from spec.messages import Acknowledgement, AttemptStopped, decode_message
+from spec.messages import Acknowledgement, AttemptStopped, Decline, decode_message
 from tests.lockstep import S3_BUCKET, s3
 from tests.tm_cluster import ProcessEngine, TmDied, violations
 
@@ -105,6 +115,12 @@ class Soak:
         self.counts: Counter[str] = Counter()
         self.rescales = 0
         self.restarts = 0
+        self.held: list[tuple[c.Command, BaseException | None]] | None = None
+        """Outcomes waiting for the trace while a fault is armed (``fault``)."""
+        self.zombies: set[TmId] = set()
+        """Attempts lost to the coordinator whose processes still run (R64)."""
+        self.user_deleted: set[str] = set()
+        """Files of savepoints the user deleted (outside the store, so outside the trace)."""
 
     def _new_coordinator(self) -> CheckpointCoordinator:
         storage = Storage(self.fs, self.root, background_deletes=False)
@@ -114,6 +130,15 @@ class Soak:
 
     # ------------------------------------------------------------------ recording
 
+    def record(self, cmd: c.Command, error: BaseException | None) -> None:
+        if self.held is not None:
+            self.held.append((cmd, error))
+        else:
+            self.emit(cmd, error)
+
+    def emit(self, cmd: c.Command, error: BaseException | None) -> None:
+        self.trace.record(cmd, error, 0, None)
+
     def run(self, cmd: c.Command, action: Callable[[], Any]) -> Any:
         """Do ``action`` as ``cmd``: its outcome goes to the trace (a ``CommandError``
         is a refusal, as the in-process engine records it)."""
@@ -121,15 +146,24 @@ class Soak:
         try:
             result = action()
         except CommandError as err:
-            self.trace.record(cmd, err, 0, None)
+            self.record(cmd, err)
             self.steps[-1] += f"  # refused: {err.reason.value}"
             return None
-        self.trace.record(cmd, None, 0, None)
+        self.record(cmd, None)
         return result
 
     def refused(self, cmd: c.Command, reason: str) -> None:
         self.steps.append(f"{cmd!r}  # refused by the TM: {reason}")
-        self.trace.record(cmd, CommandError(Reason(reason), reason), 0, None)
+        self.record(cmd, CommandError(Reason(reason), reason))
+
+    def faulted(self, cmd: c.Command, reply: tuple[Any, ...]) -> None:
+        """The TM's storage call failed: it declined (R17); the command's outcome is the
+        fault, as the in-process engine records it."""
+        msg = decode_message(reply[1])
+        assert isinstance(msg, Decline), self.failure(f"a fault answered {msg}")
+        self.steps.append(f"{cmd!r}  # storage fault: {reply[2]}")
+        self.coord.receive_decline(msg)
+        self.record(cmd, StorageFault(StorageOp(reply[2]), "<tm>"))
 
     def check(self, *, quiet: bool = False) -> None:
         found = violations(self.coord, self.engine, quiet=quiet)
@@ -145,13 +179,27 @@ class Soak:
     def host(self, s: SubtaskId) -> TmId:
         return self.coord.placement[s]
 
-    def write(self, cid: int, s: SubtaskId, *, die: bool = False, savepoint: bool = False) -> str:
-        """A write of one state handle by the subtask's TM; "died" if it was killed."""
+    def is_savepoint(self, cid: int) -> bool:
+        """The checkpoint's type, as the engine passes it with the barrier."""
+        return cid in self.coord.savepoint_ids
+
+    def write(
+        self,
+        cid: int,
+        s: SubtaskId,
+        *,
+        die: bool = False,
+        savepoint: bool = False,
+        attempt: TmId | None = None,
+    ) -> str:
+        """A write of one state handle by the subtask's TM (or by the lost ``attempt``);
+        "died" if it was killed."""
+        savepoint = savepoint or self.is_savepoint(cid)
         kind = self.rng.choice([StateKind.KEYED_SHARED, StateKind.OPERATOR_LIST])
         name = self.rng.choice(["a", "b"]) if kind is StateKind.KEYED_SHARED else "ops"
         size = self.rng.randint(2, 1500)
         data = bytes([self.rng.randrange(256)]) * size
-        tm = self.host(s)
+        tm = self.host(s) if attempt is None else attempt
         sub = (s.vertex, s.index, s.parallelism)
         if die:
             self.engine.call(tm, ("die", 1, "append"))
@@ -165,21 +213,29 @@ class Soak:
             return "died"
         if die:
             self.engine.call(tm, ("die", None))
-        cmd = c.WriteState(cid, s, kind, name, size, 1)
+        cmd = c.WriteState(cid, s, kind, name, size, 1, attempt)
         if reply[0] == "refused":
             self.refused(cmd, reply[1])
             return "refused"
+        if reply[0] == "decline":
+            self.faulted(cmd, reply)
+            return "declined"
         assert reply == ("ok",), self.failure(f"write answered {reply}")
         self.run(cmd, lambda: None)
         return "ok"
 
-    def ack(self, cid: int, s: SubtaskId, *, savepoint: bool = False) -> None:
-        tm = self.host(s)
+    def ack(
+        self, cid: int, s: SubtaskId, *, savepoint: bool = False, attempt: TmId | None = None
+    ) -> None:
+        tm = self.host(s) if attempt is None else attempt
         sub = (s.vertex, s.index, s.parallelism)
-        reply = self.engine.call(tm, ("ack", sub, cid, savepoint))
-        cmd = c.Acknowledge(cid, s)
+        reply = self.engine.call(tm, ("ack", sub, cid, savepoint or self.is_savepoint(cid)))
+        cmd = c.Acknowledge(cid, s, attempt)
         if reply[0] == "refused":
             self.refused(cmd, reply[1])
+            return
+        if reply[0] == "decline":
+            self.faulted(cmd, reply)
             return
         msg = decode_message(reply[1])
         assert isinstance(msg, Acknowledgement), self.failure(f"ack answered {msg}")
@@ -213,10 +269,18 @@ class Soak:
             (1, self.kill_in_write),
             (1, self.kill_deleting),
             (1, self.failover),
+            (2, self.savepoint_round),
+            (1, self.delete_savepoint),
+            (2, self.reuse_some),
+            (1, self.zombie),
+            (2, self.fault),
+            (1, self.retry_deletes),
         ]
+        if self.zombies:
+            actions += [(3, self.zombie_acts), (1, self.zombie_stops)]
         if co.retained and self.rescales < 1:
             actions.append((2, self.rescale))
-        if self.restarts < 2:
+        if self.restarts < 2 and not self.zombies:
             actions.append((2, self.restart))
         weights = [w for w, _ in actions]
         self.rng.choices([a for _, a in actions], weights)[0]()
@@ -374,6 +438,168 @@ class Soak:
         self.restarts += 1
         self.counts["coordinator kills"] += 1
 
+    # ------------------------------------------------------------------ savepoints, reuse
+
+    def savepoint_round(self) -> None:
+        """A savepoint from trigger to complete, each part skipped now and then."""
+        cid = self.run(c.Trigger(True), lambda: self.coord.trigger(True))
+        for s in sorted(self.coord.placement, key=str):
+            if self.write(cid, s) != "ok":
+                return
+            if self.rng.random() < 0.9:
+                self.ack(cid, s)
+        if cid in self.coord.pending and self.rng.random() < 0.85:
+            done = self.run(c.Complete(cid), lambda: self.coord.complete(cid))
+            if done is not None:
+                self.counts["savepoints completed"] += 1
+
+    def delete_savepoint(self) -> None:
+        """The user deletes a completed savepoint (theirs, R55): outside the store, so
+        outside the trace; the store never touches it again."""
+        done = self.coord.stored_savepoints()
+        if not done:
+            return
+        sp = self.rng.choice(done)
+        top = f"savepoints/savepoint-{sp}"
+        files = {p for p in self.coord.storage.list_files() if is_under(p, top)}
+        self.fs.rm(f"{self.root}/{top}", recursive=True)
+        self.user_deleted |= files
+        for path in files:  # the user tells the store's engine, which drops its records
+            self.coord.catalog.files.pop(path, None)
+        self.steps.append(f"# the user deletes {top}")
+        self.counts["savepoints deleted by the user"] += 1
+
+    def reuse(self, cid: int, s: SubtaskId, attempt: TmId | None = None) -> None:
+        tm = self.host(s) if attempt is None else attempt
+        name = self.rng.choice(["a", "b"])
+        sub = (s.vertex, s.index, s.parallelism)
+        reply = self.engine.call(tm, ("reuse", sub, cid, name, self.is_savepoint(cid)))
+        cmd = c.ReuseShared(cid, s, name, attempt)
+        if reply[0] == "refused":
+            self.refused(cmd, reply[1])
+        elif reply[0] == "decline":
+            self.faulted(cmd, reply)
+        else:
+            self.run(cmd, lambda: None)
+            self.counts["reuses"] += 1
+
+    def reuse_some(self) -> None:
+        """ReuseShared: the subtask refers to keyed state it uploaded for an earlier
+        checkpoint (R20-R23: the old handle, a placeholder, or the bytes again)."""
+        if self.pending():
+            cid = self.rng.choice(self.pending())
+            self.reuse(cid, self.rng.choice(sorted(self.coord.placement, key=str)))
+
+    # ------------------------------------------------------------------ zombies
+
+    def zombie(self) -> None:
+        """A TM is lost to the coordinator, but its process runs on (R64): the job fails
+        over onto a new attempt while the old one may still write and acknowledge."""
+        tm = self.victim()
+        self.run(c.CrashTm(tm), lambda: self.coord.lose(tm))
+        self.engine.call(tm, ("forget",))  # as the model's CrashTm: its tables go
+        self.zombies.add(tm)
+        self.counts["zombies"] += 1
+        self.run(c.Failover(), self.coord.failover)
+        self.counts["failovers"] += 1
+
+    def zombie_acts(self) -> None:
+        """The zombie writes and acknowledges late, for a checkpoint it may know of: its
+        files stay its own, its acknowledgement is ignored (R56, R43)."""
+        tm = self.rng.choice(sorted(self.zombies))
+        hosted = sorted(self.coord.tms[tm].hosted, key=str)
+        if not hosted:
+            return
+        s = self.rng.choice(hosted)
+        last = self.coord.next_checkpoint - 1
+        if last < 1:
+            return
+        cid = self.rng.randint(max(1, last - 2), last)
+        if self.rng.random() < 0.6:
+            if self.write(cid, s, attempt=tm) == "ok":
+                self.counts["zombie writes"] += 1
+        else:
+            before = len(self.steps)
+            self.ack(cid, s, attempt=tm)
+            if "refused" not in self.steps[before] and "fault" not in self.steps[before]:
+                self.counts["zombie acks"] += 1
+
+    def zombie_stops(self) -> None:
+        """The engine learns the zombie stopped (its lease expired, R64): its process is
+        gone, and the coordinator takes what it left."""
+        tm = self.rng.choice(sorted(self.zombies))
+        self.engine.kill(tm)
+        self.zombies.discard(tm)
+        stop = AttemptStopped(self.coord.job, tm)
+        self.run(c.AttemptStopped(tm), lambda: self.coord.receive_stopped(stop))
+
+    # ------------------------------------------------------------------ storage faults
+
+    def fault(self) -> None:
+        """One storage call fails during a step (the storage's fault seam, armed in the
+        party that makes the call): a TM's append (the write declines, R17), the
+        coordinator's ``_metadata`` write (the checkpoint aborts, R51), a TM's or the
+        coordinator's delete (retried later, R45). The trace holds ``FailNextCall`` only
+        if the armed call was reached (the model arms one call of the whole system: it
+        must be this one); otherwise nothing failed and the step stands alone."""
+        kind = self.rng.choice(["append", "metadata", "delete-tm", "delete-coordinator"])
+        box = self.engine.outbox
+        live = set(self.coord.current_tms())
+        acked = [
+            k
+            for k, p in self.coord.pending.items()
+            if all(s in p.acks for s in self.coord.placement)
+        ]
+        op: StorageOp
+        self.held = []
+        if kind == "append" and self.pending():
+            op = StorageOp.APPEND
+            cid = self.rng.choice(self.pending())
+            s = self.rng.choice(sorted(self.coord.placement, key=str))
+            self.engine.call(self.host(s), ("arm", op.value))
+            self.write(cid, s)
+            reached = op.value not in self.engine.call(self.host(s), ("disarm",))[1]
+        elif kind == "metadata" and acked:
+            op = StorageOp.METADATA
+            self.coord.storage.arm(op)
+            cid = acked[0]
+            self.complete(cid)
+            reached = op not in self.coord.storage.armed
+            self.coord.storage.armed.clear()
+        elif kind == "delete-coordinator" and acked and self.coord.retained:
+            op = StorageOp.DELETE
+            self.coord.storage.arm(op)
+            self.complete(acked[0])
+            reached = op not in self.coord.storage.armed
+            self.coord.storage.armed.clear()
+        elif kind == "delete-tm" and any(t in live for t, _ in box):
+            op = StorageOp.DELETE
+            i = self.rng.choice([i for i, (t, _) in enumerate(box) if t in live])
+            tm = box[i][0]
+            self.engine.call(tm, ("arm", op.value))
+            self.run(c.DeliverNotification(i), lambda: self.engine.deliver(i))
+            reached = op.value not in self.engine.call(tm, ("disarm",))[1]
+        else:
+            self.held = None
+            return
+        held, self.held = self.held, None
+        if reached:
+            self.steps.insert(len(self.steps) - len(held), f"{c.FailNextCall(op)!r}")
+            self.emit(c.FailNextCall(op), None)
+            self.counts[f"faults {op.value}"] += 1
+        for cmd, error in held:
+            self.emit(cmd, error)
+
+    def retry_deletes(self) -> None:
+        """R45: every party retries the deletes that failed."""
+
+        def retry() -> None:
+            self.coord.catalog.retry_deletes()
+            for tm in self.engine.live():
+                self.engine.call(tm, ("retry",))
+
+        self.run(c.RetryDeletes(), retry)
+
     # ------------------------------------------------------------------ scripted steps
 
     def run_trigger(self, *, savepoint: bool = False) -> int:
@@ -407,6 +633,7 @@ class Soak:
         """Quiet (SPEC.md section 11): notices delivered, pending aborted, then
         ``num_retained + 1`` checkpoints complete."""
         self.drain_notices()
+        self.retry_deletes()
         for pending in self.pending():
             self.abort(pending)
         self.drain_notices()
@@ -420,6 +647,8 @@ class Soak:
             self.drain_notices()
 
     def finish(self) -> None:
+        while self.zombies:
+            self.zombie_stops()
         if self.rng.random() < 0.25:
             retain = self.rng.random() < 0.5
             self.drain_notices()
@@ -433,7 +662,8 @@ class Soak:
             left = [p for p in Storage(self.fs, self.root).list_files() if is_under(p, base)]
             if left:
                 raise SoakFailure(self.failure(f"a cancelled job left {sorted(left)}"))
-        report = replay(self.out.getvalue().splitlines())
+        lines = self.out.getvalue().splitlines()
+        report = replay(lines)
         if not report.agrees or report.stopped is not None:
             raise SoakFailure(self.failure(f"the model disagrees: {report.summary()}"))
         self.counts["commands replayed"] += report.commands

@@ -181,8 +181,9 @@ def test_the_coordinators_tables_are_bounded_by_what_is_live(
     """Issue 16: a stopped attempt's record and a finished savepoint's ids go once nothing
     depends on them, so the tables are as large after 2N failovers and savepoints as after
     N (the retired ids take a run per gap between retired and live attempts: here the
-    oldest goes each time, so one). A retired attempt is still told apart from one never heard of: its crash and its
-    stop are refused as a stopped TM's (R64), not as an unknown one's."""
+    oldest goes each time, so one). A retired attempt is still told apart from one never
+    heard of: its crash and its stop are refused as a stopped TM's (R64), not as an unknown
+    one's."""
     place = Place.make("local", tmp_path)
     store = CheckpointStore(place.url, Config.for_mode(mode, num_retained=1), JOB)
     first = store.task_managers()[0]

@@ -21,6 +21,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from fastimpl.coordinator import CheckpointCoordinator
+from fastimpl.records import Status
 from spec.config import Config
 from spec.effects import COORDINATOR, tm_actor
 from spec.ids import SubtaskId, TmId
@@ -220,15 +221,18 @@ def observe(
     deletions = list(coord.catalog.deletions or ())
     pending = [d.path for d in coord.catalog.deferred] + sorted(coord.storage.failed_deletes)
     refused = [r.path for r in coord.catalog.refused_deletes]
-    for tm, s in snaps.items():
+    lost = {t for t in snaps if t in coord.tms and coord.tms[t].status is Status.LOST}
+    for tm, s in sorted(snaps.items(), key=lambda ts: ts[0] in lost):
         for path, owner in s["owners"].items():
-            if owners.setdefault(path, owner) != owner:
+            if owners.setdefault(path, owner) != owner and tm not in lost:
                 disagree.append(f"{path}: coordinator says {owners[path]}, {tm} says {owner}")
+            # a zombie's records of what a failover handed to the new attempt are stale
+            # (R61, R64): the live parties' records come first
         for path, owner in s["dirs"].items():
             theirs = directories.setdefault(path, owner)
             if theirs == COORDINATOR and owner == tm_actor(tm):
                 continue  # R42: handed over at the complete; the TM learns it from the notice
-            if owner != theirs:
+            if owner != theirs and tm not in lost:
                 disagree.append(f"dir {path}: coordinator says {theirs}, {tm} says {owner}")
         for path, actor in s["claims"].items():
             claims.setdefault(path, set()).add(actor)
