@@ -16,8 +16,8 @@ object is dropped without any cleanup (its deletes are synchronous, so nothing o
 runs on) and a new one is built from storage and the HA state (``fastimpl.resume``).
 Besides: savepoints (triggered, written, completed or not; the user deletes a completed
 one later, outside the store), ReuseShared (the old handle, a placeholder, or the bytes
-uploaded again), zombies (a TM lost to the coordinator whose process runs on: its tables
-go, as the model's CrashTm says, and it writes and acknowledges late, R56, R43, until the
+uploaded again), zombies (a TM lost to the coordinator whose process runs on with its
+tables, and writes and acknowledges late, R56, R43, until the
 engine learns it stopped, R64), and storage faults through the parties' fault seam (a
 TM's append, the coordinator's ``_metadata`` write, a TM's or the coordinator's delete:
 the step declines, aborts or defers the delete, and ``RetryDeletes`` retries; the trace
@@ -31,8 +31,9 @@ leaks (I6), or the job is cancelled and nothing of it is left. Every sequence's 
 trace (``fastimpl.trace``, the spec's commands: a kill during a write is
 ``CrashDuringWrite``, another kill ``CrashTm``) is replayed through the model
 (``model_tests.replay``): every outcome and refusal reason must agree, and the model must
-stay safe. The trace uses random file names (each TM process names its own files), so
-the replay compares outcomes, not observations.
+stay safe. After each step the real files and their owners are compared with the
+model's after the same command (``tests.file_compare``, which says what cannot be
+compared: file names, drawn at random by each process).
 
 ``make test`` runs one sequence per setting. The soak mode runs many:
 ``CKPT_SOAK_SEQUENCES=200 CKPT_SOAK_STEPS=60 pytest tests/test_process_soak.py`` (per
@@ -71,8 +72,9 @@ from spec.errors import CommandError, Reason
 from spec.ids import SubtaskId, TmId
 from spec.layout import is_under, job_base
 from spec.messages import Acknowledgement, AttemptStopped, Decline, decode_message
+from tests.file_compare import Summary, compare_with_model, summary
 from tests.lockstep import S3_BUCKET, s3
-from tests.tm_cluster import ProcessEngine, TmDied, violations
+from tests.tm_cluster import ProcessEngine, TmDied, checked
 
 SEQUENCES = int(os.environ.get("CKPT_SOAK_SEQUENCES") or 1)
 STEPS = int(os.environ.get("CKPT_SOAK_STEPS") or 24)
@@ -121,6 +123,10 @@ class Soak:
         """Attempts lost to the coordinator whose processes still run (R64)."""
         self.user_deleted: set[str] = set()
         """Files of savepoints the user deleted (outside the store, so outside the trace)."""
+        self.lines = 0
+        """Commands in the trace so far."""
+        self.snapshots: list[tuple[int, Summary]] = []
+        """After each check, the real files and owners (``tests.file_compare``)."""
 
     def _new_coordinator(self) -> CheckpointCoordinator:
         storage = Storage(self.fs, self.root, background_deletes=False)
@@ -138,6 +144,7 @@ class Soak:
 
     def emit(self, cmd: c.Command, error: BaseException | None) -> None:
         self.trace.record(cmd, error, 0, None)
+        self.lines += 1
 
     def run(self, cmd: c.Command, action: Callable[[], Any]) -> Any:
         """Do ``action`` as ``cmd``: its outcome goes to the trace (a ``CommandError``
@@ -166,9 +173,12 @@ class Soak:
         self.record(cmd, StorageFault(StorageOp(reply[2]), "<tm>"))
 
     def check(self, *, quiet: bool = False) -> None:
-        found = violations(self.coord, self.engine, quiet=quiet)
+        found, obs = checked(self.coord, self.engine, quiet=quiet)
         if found:
             raise SoakFailure(self.failure(f"invariants broken: {found}"))
+        if self.held is None:
+            real = summary(obs, hide_open=False, skip=self.user_deleted)
+            self.snapshots.append((self.lines, real))
 
     def failure(self, what: str) -> str:
         steps = "\n".join(f"    {s}" for s in self.steps)
@@ -463,7 +473,7 @@ class Soak:
         top = f"savepoints/savepoint-{sp}"
         files = {p for p in self.coord.storage.list_files() if is_under(p, top)}
         self.fs.rm(f"{self.root}/{top}", recursive=True)
-        self.user_deleted |= files
+        self.user_deleted |= files | {top}
         for path in files:  # the user tells the store's engine, which drops its records
             self.coord.catalog.files.pop(path, None)
         self.steps.append(f"# the user deletes {top}")
@@ -497,7 +507,6 @@ class Soak:
         over onto a new attempt while the old one may still write and acknowledge."""
         tm = self.victim()
         self.run(c.CrashTm(tm), lambda: self.coord.lose(tm))
-        self.engine.call(tm, ("forget",))  # as the model's CrashTm: its tables go
         self.zombies.add(tm)
         self.counts["zombies"] += 1
         self.run(c.Failover(), self.coord.failover)
@@ -667,6 +676,10 @@ class Soak:
         if not report.agrees or report.stopped is not None:
             raise SoakFailure(self.failure(f"the model disagrees: {report.summary()}"))
         self.counts["commands replayed"] += report.commands
+        compared, diff = compare_with_model(lines, self.snapshots, self.user_deleted)
+        if diff is not None:
+            raise SoakFailure(self.failure(f"the model's files differ: {diff}"))
+        self.counts["file comparisons"] += compared
 
 
 def make_setting(

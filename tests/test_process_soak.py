@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from spec.config import MergingMode
+from tests.file_compare import compare_with_model
 from tests.process_soak import (
     LOG,
     SEED,
@@ -54,3 +55,33 @@ def test_the_multi_process_soak(
     TOTALS.update(done)
     print(f"\nsoak {mode.value}-{where}: {dict(sorted(done.items()))}")
     assert done["sequences"] == SEQUENCES
+
+
+def test_the_file_comparison_catches_a_file_the_model_does_not_have(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The comparison of the real files with the model's (``tests.file_compare``) is not
+    vacuous: a sequence that agrees stops agreeing when one file is added to one step's
+    snapshot, or its owner changed."""
+    config, fs, root, target = make_setting(MergingMode.NONE, "local", tmp_path, request)
+    soak = Soak("file-compare", config, fs, root, target)
+    try:
+        soak.full_checkpoint()
+        soak.full_checkpoint()
+        soak.check()
+    finally:
+        soak.engine.stop_all()
+    lines = soak.out.getvalue().splitlines()
+    compared, diff = compare_with_model(lines, soak.snapshots, ())
+    assert diff is None and compared >= 1
+    n, last = soak.snapshots[-1]
+    extra = last.copy()
+    extra[("job-0/chk-2", "*", "coordinator", 7)] += 1
+    _, diff = compare_with_model(lines, [*soak.snapshots[:-1], (n, extra)], ())
+    assert diff is not None and "only on storage" in diff
+    (key, count), *_ = last.items()
+    moved = last.copy()
+    del moved[key]
+    moved[(key[0], key[1], "user" if key[2] != "user" else "coordinator", key[3])] = count
+    _, diff = compare_with_model(lines, [*soak.snapshots[:-1], (n, moved)], ())
+    assert diff is not None

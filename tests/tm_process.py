@@ -234,9 +234,6 @@ def serve(
             left = [o.value for o in storage.armed]
             storage.armed.clear()
             conn.send(("armed", left))
-        elif op == "forget":  # lost to the coordinator: its memory goes, it may run on
-            tm.forget()
-            conn.send(("ok",))
         elif op == "retry":
             tm.catalog.retry_deletes()
             tm.catalog.storage.drain()
