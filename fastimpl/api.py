@@ -366,6 +366,8 @@ class Coordinator:
             ]
 
     def savepoints(self) -> list[int]:
+        """The completed savepoints on storage, by id: the user's (R55); the store keeps
+        no record of one once complete, and one the user deleted is gone."""
         with self._store._lock:
             return self._cl.savepoints
 

@@ -37,8 +37,10 @@ What the rebuild decides, file by file:
   after a NO_CLAIM restore it stays the user's (R73), never deleted;
 - savepoints are the user's (R55): never deleted, never recorded as a checkpoint; the
   coordinator reads one back from storage when a job restores from it. Every file in the
-  savepoints directory is the user's (an in-flight savepoint's files cannot be told from
-  the user's: a leak, never a loss);
+  savepoints directory is the user's, except in the directory of a savepoint the HA
+  state lists as in flight (the store's own, as the job's base is): what no running TM
+  holds there goes. Without HA state (recovery) none is in flight: what an interrupted
+  savepoint left cannot be told from the user's, a leak, never a loss;
 - every file outside the lineage's bases, and those ``user_held`` names, are the user's;
 - every other file of the job's own base that no running TM records (``Holdings``) was
   the dead coordinator's (taken from a stopped attempt, R64, or handed over for a pending
@@ -68,7 +70,7 @@ from spec.config import Config, VertexSpec
 from spec.effects import COORDINATOR, USER
 from spec.handles import FileHandle, stream_of
 from spec.ids import SubtaskId, TmId
-from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
+from spec.layout import METADATA, SAVEPOINTS, is_under, job_base, savepoint_dir
 from spec.messages import Held, Holdings
 
 
@@ -92,6 +94,9 @@ class HaState:
     """Bases besides the job's own whose files a CLAIM restore gave it (R72, I5)."""
     restored: str | None = None
     """The ``_metadata`` the running job restored from, until it completes its own."""
+    savepoints: tuple[int, ...] = ()
+    """Savepoints in flight (triggered, not finished): their directories hold files of
+    the store's own (being written, or handed over by acknowledgements, R43)."""
 
 
 def ha_state(co: CheckpointCoordinator) -> HaState:
@@ -107,6 +112,7 @@ def ha_state(co: CheckpointCoordinator) -> HaState:
         tuple(r.metadata for r in co.retained),
         tuple(sorted(b for b in co.lineage if b != own)),
         restored,
+        tuple(sorted(k for k, p in co.pending.items() if p.savepoint)),
     )
 
 
@@ -152,6 +158,9 @@ def rebuild(
     co.lineage = set(lineage)
     co.bases |= lineage
     co.placement = dict(placement)
+    co.savepoint_ids |= set(ha.savepoints)
+    co.triggered_savepoints |= set(ha.savepoints)
+    in_flight = {savepoint_dir(n) for n in ha.savepoints}
     for t in sorted(set(placement.values())):
         co._add_tm(t)
 
@@ -171,7 +180,8 @@ def rebuild(
             md.handed_over = True
     claimed -= user
     for path, size in files.items():
-        mine = path in claimed or (base_of(path) == own and path not in user)
+        ours = base_of(path) == own or base_of(path) in in_flight
+        mine = path in claimed or (ours and path not in user)
         if path in claimed or not mine:
             co.catalog.files[path] = StoredFile(size, False, COORDINATOR if mine else USER, None)
     for done in keep:

@@ -80,6 +80,9 @@ SEQUENCES = int(os.environ.get("CKPT_SOAK_SEQUENCES") or 1)
 STEPS = int(os.environ.get("CKPT_SOAK_STEPS") or 24)
 SEED = int(os.environ.get("CKPT_SOAK_SEED") or 0)
 LOG = os.environ.get("CKPT_SOAK_LOG")
+COMPARE_FILES = os.environ.get("CKPT_SOAK_FILES", "1") != "0"
+"""``CKPT_SOAK_FILES=0`` leaves the file comparison out (to count what else a long soak
+finds while a known difference of the files is open); ``make test`` always compares."""
 JOB = "job-0"
 VERTICES = (VertexSpec("map", 2), VertexSpec("sink", 1))
 SETTINGS = [
@@ -676,6 +679,8 @@ class Soak:
         if not report.agrees or report.stopped is not None:
             raise SoakFailure(self.failure(f"the model disagrees: {report.summary()}"))
         self.counts["commands replayed"] += report.commands
+        if not COMPARE_FILES:
+            return
         compared, diff = compare_with_model(lines, self.snapshots, self.user_deleted)
         if diff is not None:
             raise SoakFailure(self.failure(f"the model's files differ: {diff}"))
