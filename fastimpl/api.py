@@ -366,8 +366,10 @@ class Coordinator:
             ]
 
     def savepoints(self) -> list[int]:
+        """The completed savepoints on storage, by id: the user's (R55); the store keeps
+        no record of one once complete, and one the user deleted is gone."""
         with self._store._lock:
-            return sorted(self._cl.savepoints)
+            return self._cl.savepoints
 
     def restore(
         self,

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Iterable
 from typing import Protocol
 
+from fastimpl.attempts import TmTable
 from fastimpl.catalog import Catalog
 from fastimpl.ids import IdSource
 from fastimpl.metadata import MetadataError, base_of, metadata_bytes, path_parts
@@ -151,12 +152,14 @@ class CheckpointCoordinator:
         self.vertices = vertices
         self.placement: dict[SubtaskId, TmId] = {}
         """Where the engine runs each subtask of the running job."""
-        self.tms: dict[TmId, Tm] = {}
+        self.tms: dict[TmId, Tm] = TmTable()
+        """Live and lost attempts; stopped ones are retired (``fastimpl.attempts``)."""
         self.next_checkpoint = 1
         self.pending: dict[int, Pending] = {}
         self.retained: list[Completed] = []
-        self.savepoints: dict[int, Completed] = {}
         self.savepoint_ids: set[int] = set()
+        """Savepoints an attempt may still write or acknowledge for (``_forget_savepoints``);
+        a completed savepoint is the user's and read back from storage (``stored_savepoint``)."""
         self.latest_completed = 0
         self.watermark = 0
         self.registry = SharedStateRegistry()
@@ -164,6 +167,8 @@ class CheckpointCoordinator:
         self.restoring: tuple[StateEntry, ...] = ()
         self.assignment: dict[SubtaskId, tuple[StateEntry, ...]] = {}
         """Each new subtask's share of the checkpoint restored last (R75, R76)."""
+        self.restored_from: str | None = None
+        """The ``_metadata`` restored last (the HA state keeps it while ``restoring``)."""
         self.bases: set[str] = {job_base(job_id), SAVEPOINTS}
         self.lineage: set[str] = {job_base(job_id)}
         """Bases whose files a CLAIM may give the coordinator (R72, I5): the running job's
@@ -177,6 +182,12 @@ class CheckpointCoordinator:
         where a stopped attempt's files may lie (R64)."""
         self.epoch = 0
         """Failovers so far: each TM applies a failover's duties once (``spec.messages``)."""
+        self.assigned_from = 0
+        """The first checkpoint of the last failover: a TM assigned there refuses to write
+        or acknowledge for any earlier one (R60), which ``_forget_savepoints`` relies on."""
+        self.hosted_before: dict[TmId, frozenset[SubtaskId]] = {}
+        """What a lost attempt hosted in a job a restore ended (its shared directories
+        are swept when it stops, R64); gone with the attempt."""
         self.dir_users: dict[str, set[TmId]] = {}
         """R42: the TMs that work in each managed directory, from their acknowledgements
         (R40) and the directories each was handed at a failover (R61)."""
@@ -258,7 +269,9 @@ class CheckpointCoordinator:
                     s = stream_of(e.handle)
                     if s is not None and isinstance(e.handle, FileHandle):
                         self.catalog.delete_file(s.path, COORDINATOR)
-            elif rec is not None:
+            elif rec is not None and rec.status is Status.LOST:
+                # a stopped attempt's files were swept when it stopped (R64): its late
+                # acknowledgement is ignored, as a retired one's is
                 self._note_given_up(entries, ack.attempt)
             return  # R56
         p = self.pending[ack.checkpoint]
@@ -445,8 +458,8 @@ class CheckpointCoordinator:
                 f = self.catalog.files.get(path)
                 if f is not None:
                     f.owner = USER
-            self.savepoints[done.id] = done
             self._notify_complete(done.id, True)
+            self._forget_savepoints()
             return done
         self.restoring = ()
         self.latest_completed = checkpoint
@@ -566,6 +579,62 @@ class CheckpointCoordinator:
                 self.catalog.delete_file(path, COORDINATOR)
         self._sweep_stopped(tm, hosted)
         self.collect_dirs()
+        self._retire(tm)
+
+    def _retire(self, tm: TmId) -> None:
+        """A stopped attempt's record goes (``fastimpl.attempts``): nothing depends on it
+        any more, and its id stays known as a stopped one's."""
+        self.tms.retire(tm)  # type: ignore[attr-defined]
+        self.started.pop(tm, None)
+        self.hosted_before.pop(tm, None)
+        for users in self.dir_users.values():
+            users.discard(tm)
+        self._forget_savepoints()
+
+    def _forget_savepoints(self) -> None:
+        """A finished savepoint's id goes once no attempt that may still write or
+        acknowledge for it is alive or lost: one started for a later checkpoint never
+        does (it refuses, R56), nor does one assigned by a later failover (R60), and a
+        stopped one's files were swept when it stopped; and once no delete in its
+        directory is still to come."""
+        horizon = self.next_checkpoint
+        for tm, (_, first) in self.started.items():
+            assigned = self.tms[tm].status is Status.ALIVE  # a lost one missed the failovers
+            horizon = min(horizon, max(first, self.assigned_from) if assigned else first)
+        done = [n for n in self.savepoint_ids if n < horizon and n not in self.pending]
+        if not done:
+            return
+        # a delete still to come in its directory (a party's file, a delete that failed
+        # or waits) needs the id: the catalog deletes there only in savepoints it made
+        cat = self.catalog
+        busy = {base_of(p) for p, f in cat.files.items() if f.owner != USER}
+        busy |= {base_of(d.path) for d in cat.deferred}
+        busy |= {base_of(p) for p in self.storage.failed_deletes}
+        for cid in done:
+            if savepoint_dir(cid) not in busy:
+                self.savepoint_ids.discard(cid)
+                self.triggered_savepoints.discard(cid)
+
+    def stored_savepoint(self, checkpoint: int) -> Completed | None:
+        """A completed savepoint, read back from its directory (the user's, R55, where
+        the user may have deleted it), validated; None if storage holds none."""
+        path = f"{savepoint_dir(checkpoint)}/{METADATA}"
+        if path not in self.storage.files_under(savepoint_dir(checkpoint)):
+            return None
+        done = self.load_completed(path)
+        return done if done.savepoint and done.id == checkpoint else None
+
+    def stored_savepoints(self) -> list[int]:
+        """The completed savepoints on storage, by id."""
+        found = self.storage.files_under(SAVEPOINTS)
+        out = []
+        for path in found:
+            parts = path.split("/")
+            if len(parts) == 3 and parts[2] == METADATA and parts[1].startswith("savepoint-"):
+                num = parts[1][len("savepoint-") :]
+                if num.isdigit():
+                    out.append(int(num))
+        return sorted(out)
 
     def _sweep_stopped(self, tm: TmId, hosted: frozenset[SubtaskId]) -> None:
         """R64, R65: what a stopped attempt still owned is the coordinator's. Its records
@@ -576,6 +645,7 @@ class CheckpointCoordinator:
         checkpoint refers to them. With one table shared in process nothing is unknown
         and nothing is asked."""
         job, first = self.started.pop(tm, (self.job, 1))
+        hosted |= self.hosted_before.pop(tm, frozenset())
         dirs = [taskowned_dir(job, tm)] + [shared_dir(job, s) for s in sorted(hosted)]
         last = self.next_checkpoint
         dirs += [checkpoint_dir(job, n) for n in range(first, last)]
@@ -690,6 +760,8 @@ class CheckpointCoordinator:
                     self.watermark,
                 ),
             )
+        self.assigned_from = self.next_checkpoint
+        self._forget_savepoints()
         self.collect_dirs()
 
     def _hand_files(self, tm: TmId, hosted: list[SubtaskId]) -> tuple[KeptFile, ...]:
@@ -782,7 +854,7 @@ class CheckpointCoordinator:
     def restore(self, cmd: c.Restore) -> None:
         source = next((r for r in self.retained if r.id == cmd.checkpoint), None)
         if source is None:
-            source = self.savepoints.get(cmd.checkpoint)
+            source = self.stored_savepoint(cmd.checkpoint)
         if source is None:
             raise CommandError(
                 Reason.NOT_RETAINED, f"checkpoint {cmd.checkpoint} is not retained nor a savepoint"
@@ -804,7 +876,10 @@ class CheckpointCoordinator:
             self.end_job(retain=True)
         for rec in self.tms.values():
             if rec.status is Status.LOST:
-                rec.hosted = frozenset()  # R64: a zombie stays in its job
+                # R64: a zombie stays in its job; where it wrote is still swept at its stop
+                before = self.hosted_before.get(rec.id, frozenset())
+                self.hosted_before[rec.id] = rec.hosted | before
+                rec.hosted = frozenset()
         self.job_seq += 1
         self.job = f"job-{self.job_seq}"
         self.bases.add(job_base(self.job))
@@ -833,6 +908,7 @@ class CheckpointCoordinator:
         assignment = assign(source.entries, self.vertices, self.cfg.max_parallelism)
         self.restoring = tuple(e for s in sorted(assignment) for e in assignment[s])
         self.assignment = {s: tuple(v) for s, v in assignment.items()}
+        self.restored_from = source.metadata
         if mode is RestoreMode.CLAIM:
             self._claim(source, recorded)
         same = all(
@@ -961,6 +1037,7 @@ class CheckpointCoordinator:
                     self.catalog.dir_owner[path] = COORDINATOR
             self.engine.forget_tm(tm)
             self.tms[tm].status = Status.STOPPED
+            self._retire(tm)
         self.running = False
         self.restoring = ()
         if retain:

@@ -149,8 +149,8 @@ class InProcessEngine:
         return self.coord.retained
 
     @property
-    def savepoints(self) -> dict[int, Completed]:
-        return self.coord.savepoints
+    def savepoints(self) -> list[int]:
+        return self.coord.stored_savepoints()
 
     @property
     def latest_completed(self) -> int:

@@ -9,6 +9,10 @@ and starts a new incarnation of the job (a new job id under the same root, new T
 that restores from the latest of them in CLAIM mode (R72): the new coordinator owns the
 crashed job's retained checkpoints and deletes them once they are subsumed.
 
+The coordinator is rebuilt by ``fastimpl.resume.rebuild``, the one restart from storage
+(a coordinator resumed while its TMs run on uses it too), with the HA state derived
+from storage (no HA service survived) and no TM running; then the restore.
+
 Everything else the crashed job left under its base is garbage of a process that can no
 longer write (half-written files of pending checkpoints, segments of aborted ones, a
 ``_metadata.inprogress`` of an interrupted metadata write, files a subsume had not yet
@@ -45,10 +49,10 @@ from fastimpl.coordinator import subtasks_of
 from fastimpl.engine import InProcessEngine
 from fastimpl.ids import IdSource
 from fastimpl.metadata import MetadataError, base_of, check_job
-from fastimpl.records import Completed, Status, StoredFile
+from fastimpl.records import Completed
+from fastimpl.resume import HaState, rebuild
 from fastimpl.storage import Storage
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
-from spec.effects import COORDINATOR, USER
 from spec.handles import stream_of
 from spec.keygroups import max_parallelism_refusal
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
@@ -177,32 +181,46 @@ def recover(
     cl = InProcessEngine(
         config, job_spec, fs, root, ids, job_id=job, background_deletes=background_deletes
     )
-    co = cl.coord
-    for rec in co.tms.values():
-        rec.status = Status.STOPPED  # the placeholders of the dead incarnation's TMs
-    co.running = False
-    co.job_seq = max(seqs, default=0)
+    # The engine started TMs under the crashed job's id; nothing of that job runs any
+    # more: they go, and the coordinator is rebuilt from storage as a resumed one is
+    # (``fastimpl.resume.rebuild``, the one restart from storage), with no TM running.
+    for tm in sorted(cl.coord.tms):
+        cl.forget_tm(tm)
+    cl.parties.clear()
     cl.next_tm = max([*tm_nums, cl.next_tm - 1]) + 1
-    co.next_checkpoint = max(cids, default=0) + 1
-    co.savepoints = savepoints
-    co.savepoint_ids = set(savepoints)
-    user_held = _user_held(reader, own, files, keep)
-    for path, size in files.items():
-        owner = COORDINATOR if base_of(path) == own and path not in user_held else USER
-        cl.catalog.files[path] = StoredFile(size, False, owner, None)
-    garbage: list[str] = []
+    if lease is not None:  # before the rebuild's first delete
+        reader.take_lease(lease, exclusive=False)
+        cl.storage.lease = lease
+    vertices = job_spec.vertices
     if keep:
-        latest = keep[-1]
-        co.retained = list(keep)
-        co.latest_completed = latest.id
         # The crashed job may have run at other parallelisms than ``job_spec`` asks for
         # (an earlier rescale): the checkpoint's own subtasks say which, so that the
         # restore rescales (R75, R76) exactly when it must.
-        was = {e.subtask.vertex: e.subtask.parallelism for e in latest.entries}
+        was = {e.subtask.vertex: e.subtask.parallelism for e in keep[-1].entries}
+        vertices = tuple(VertexSpec(v.name, was.get(v.name, v.parallelism)) for v in vertices)
+    # What the HA services would have kept, derived from storage: ids past every one
+    # used under the root (R50), the kept checkpoints as the checkpoint store.
+    ha = HaState(
+        job, max(seqs, default=0), max(cids, default=0) + 1, 0, 0, tuple(d.metadata for d in keep)
+    )
+    co, garbage = rebuild(
+        config,
+        vertices,
+        job_spec.num_tms,
+        cl.storage,
+        cl.ids,
+        cl,
+        ha,
+        {},
+        files=files,
+        user_held=_user_held(reader, own, files, keep),
+    )
+    cl.coord = co
+    cl.catalog = co.catalog
+    co.running = False  # the crashed job's end: nothing of it runs to be ended
+    if keep:
+        latest = keep[-1]
         want = tuple((v.name, v.parallelism) for v in job_spec.vertices)
-        co.vertices = tuple(
-            VertexSpec(v.name, was.get(v.name, v.parallelism)) for v in job_spec.vertices
-        )
         cl.restore(latest.id, want, RestoreMode.CLAIM)
         # The restore claimed the latest; the older retained ones stay retained too.
         for done in keep[:-1]:
@@ -214,33 +232,9 @@ def recover(
         co.job = f"job-{co.job_seq}"
         co.bases.add(job_base(co.job))
         co.lineage = {job_base(co.job)}
-        # The engine started its TMs under the crashed job's id: the new job runs on TMs
-        # of its own, so that they write under its base and its job end (EndJob names the
-        # job) reaches them. The old ones stay stopped, as the crashed job's TMs are.
-        for tm in sorted(co.tms):
-            cl.forget_tm(tm)
         tms = [cl.start_tm(co.job, co.next_checkpoint, None) for _ in range(job_spec.num_tms)]
         co.running = True
         co.deploy(cl.place(subtasks_of(co.vertices), tms))
-    if lease is not None:
-        reader.take_lease(lease, exclusive=False)
-        cl.storage.lease = lease
-    # Garbage of the dead incarnation: whatever in its own base no kept checkpoint refers to.
-    referenced: set[str] = set()
-    kept_dirs: set[str] = set()
-    for done in keep:
-        referenced.add(done.metadata)
-        referenced |= {s.path for e in done.entries if (s := stream_of(e.handle)) is not None}
-        kept_dirs |= set(done.directories)
-    for d in sorted(kept_dirs):
-        cl.catalog.dir_owner[d] = COORDINATOR if base_of(d) == own else USER
-    for path in sorted(files):
-        if base_of(path) != own or path in referenced or path in user_held:
-            continue
-        if any(is_under(path, d) for d in kept_dirs):
-            continue  # a kept directory goes whole when its checkpoints are subsumed (R42)
-        cl.catalog.delete_file(path, COORDINATOR)
-        garbage.append(path)
     co.collect_dirs()
     report = RecoveryReport(
         crashed_job=job,

@@ -1,24 +1,53 @@
-"""A coordinator restarted in a new process while its TMs run on (R95, issue 16).
+"""A coordinator rebuilt from storage: the one restart-from-storage of the product (R95,
+issue 16).
 
 ``CheckpointCoordinator.restart`` rebuilds retention and the registry in the same object.
 When the coordinator's process dies, nothing of it is left but what storage holds and what
-the engine's HA services keep (Flink keeps the job id and the checkpoint id counter in
-ZooKeeper or Kubernetes; here ``HaState``, which ``ha_state`` reads from a running
-coordinator and the engine persists). ``resume`` builds a new coordinator from those
-alone and the engine's list of running TMs:
+the engine's HA services keep (Flink keeps the job id, the checkpoint id counter and the
+pointers to the completed checkpoints' metadata in ZooKeeper or Kubernetes; here
+``HaState``, which ``ha_state`` reads from a running coordinator and the engine persists).
+``rebuild`` makes a new coordinator from those alone; two callers use it:
 
-- the checkpoint store is the job's ``chk-N/_metadata`` files on storage: each is read
-  and validated (a ``MetadataError`` naming the file, before anything changes), the latest
-  ``num_retained`` are retained and registered, their whole files and directories are the
-  coordinator's (R42, R43);
-- every other file under the job's base that no running TM records (``Holdings``) was the
-  dead coordinator's (taken from a stopped attempt, R64, or handed over for a pending
-  checkpoint, R43): it is the new one's, and goes unless a kept checkpoint refers to it
-  (R95: nothing retained is deleted, nothing unreferenced is kept);
-- every file outside the job's base is the user's (an earlier job's checkpoints given to
-  the user, savepoints, another job's files): read where referenced, never deleted;
-- then every subtask restarts as in a failover (R60-R62), with the epoch after the HA
-  one, so each TM applies the new coordinator's duties.
+- ``resume``: the coordinator's process died while its TMs run on. The engine hands the
+  HA state and the list of running TMs; after the rebuild every subtask restarts as in a
+  failover (R60-R62), with the epoch after the HA one, so each TM applies the new
+  coordinator's duties.
+- ``fastimpl.recovery.recover`` (``CheckpointStore.recover``): the whole process died, no
+  HA state survived and no TM runs. Recovery derives the HA state from storage (the job's
+  latest ``num_retained`` ``_metadata`` files, the highest ids used), rebuilds with no TM
+  running, then restores the latest checkpoint into a new incarnation in CLAIM mode.
+
+What the rebuild decides, file by file:
+
+- the checkpoint store is the HA state's list of ``_metadata`` paths (``checkpoints``),
+  or, without one, the latest ``num_retained`` ``chk-N/_metadata`` of the job's base. Each
+  is read and validated (a ``MetadataError`` naming the file, before anything changes);
+  they are retained and registered. What of them lies in a base of the job's lineage
+  (its own, and those a CLAIM restore gave it, R72, I5) is the coordinator's: their
+  ``_metadata``, the files they refer to and the files in their directories (R42, R43),
+  so a claimed source is still owned and goes once subsumed;
+- a ``_metadata`` under the job's base that the HA state does not list is an in-flight
+  checkpoint's (its write was torn, or it completed after the HA state was taken and
+  the coordinator died before telling anyone): never read, it is garbage like any other
+  unknown file of the job's base. Without HA pointers (recovery) every ``_metadata`` of
+  the base is read, and one that cannot be is refused: a damaged completed checkpoint
+  cannot be told from a torn one, and deleting it could lose the job's state;
+- the checkpoint the job restored from (``restored``, until it completes one of its own)
+  is read again: each subtask's share of it is what the subtask starts from (R75, R76);
+  after a NO_CLAIM restore it stays the user's (R73), never deleted;
+- savepoints are the user's (R55): never deleted, never recorded as a checkpoint; the
+  coordinator reads one back from storage when a job restores from it. Every file in the
+  savepoints directory is the user's, except in the directory of a savepoint the HA
+  state lists as in flight (the store's own, as the job's base is): what no running TM
+  holds there goes. Without HA state (recovery) none is in flight: what an interrupted
+  savepoint left cannot be told from the user's, a leak, never a loss;
+- every file outside the lineage's bases, and those ``user_held`` names, are the user's;
+- every other file of the job's own base that no running TM records (``Holdings``) was
+  the dead coordinator's (taken from a stopped attempt, R64, or handed over for a pending
+  checkpoint, R43): it is the new one's, and goes unless a kept checkpoint or the restore
+  refers to it (R95: nothing retained is deleted, nothing unreferenced is kept). Files of
+  a claimed base the dead coordinator did not hold by a kept checkpoint are the user's
+  (R91 gave them to the user when the claimed job ended).
 
 A TM that is lost and may still run (R64) is not known to the new coordinator: the engine
 resumes a coordinator only with every TM it knows of running or stopped.
@@ -27,36 +56,158 @@ resumes a coordinator only with every TM it knows of running or stopped.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from attrs import frozen
 
 from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine
 from fastimpl.ids import IdSource
-from fastimpl.records import ManagedDir, StoredFile
+from fastimpl.metadata import base_of
+from fastimpl.records import Completed, ManagedDir, StoredFile
+from fastimpl.redistribute import assign
 from fastimpl.storage import Storage
 from spec.config import Config, VertexSpec
 from spec.effects import COORDINATOR, USER
 from spec.handles import FileHandle, stream_of
 from spec.ids import SubtaskId, TmId
-from spec.layout import METADATA, is_under, job_base
+from spec.layout import METADATA, SAVEPOINTS, is_under, job_base, savepoint_dir
 from spec.messages import Held, Holdings
 
 
 @frozen
 class HaState:
-    """What the engine's HA services keep of a running coordinator (Flink's job id and
-    checkpoint id counter): enough for ids to keep increasing (R50) and for TMs to tell
-    the new coordinator's duties from the old one's."""
+    """What the engine's HA services keep of a running coordinator (Flink's job id,
+    checkpoint id counter and completed checkpoint store): enough for ids to keep
+    increasing (R50), for TMs to tell the new coordinator's duties from the old one's, and
+    for the new coordinator to know which ``_metadata`` files are completed checkpoints."""
 
     job: str
     job_seq: int
     next_checkpoint: int
     epoch: int
     watermark: int
+    checkpoints: tuple[str, ...] | None = None
+    """The retained checkpoints' ``_metadata`` paths, oldest first (Flink's completed
+    checkpoint store keeps these pointers in ZooKeeper); None: the latest
+    ``num_retained`` under the job's base."""
+    lineage: tuple[str, ...] = ()
+    """Bases besides the job's own whose files a CLAIM restore gave it (R72, I5)."""
+    restored: str | None = None
+    """The ``_metadata`` the running job restored from, until it completes its own."""
+    savepoints: tuple[int, ...] = ()
+    """Savepoints in flight (triggered, not finished): their directories hold files of
+    the store's own (being written, or handed over by acknowledgements, R43)."""
 
 
 def ha_state(co: CheckpointCoordinator) -> HaState:
-    return HaState(co.job, co.job_seq, co.next_checkpoint, co.epoch, co.watermark)
+    """What the engine persists of ``co`` after each call (its HA services)."""
+    own = job_base(co.job)
+    restored = co.restored_from if co.restoring else None
+    return HaState(
+        co.job,
+        co.job_seq,
+        co.next_checkpoint,
+        co.epoch,
+        co.watermark,
+        tuple(r.metadata for r in co.retained),
+        tuple(sorted(b for b in co.lineage if b != own)),
+        restored,
+        tuple(sorted(k for k, p in co.pending.items() if p.savepoint)),
+    )
+
+
+def rebuild(
+    config: Config,
+    vertices: tuple[VertexSpec, ...],
+    num_tms: int,
+    storage: Storage,
+    ids: IdSource,
+    engine: CoordinatorEngine,
+    ha: HaState,
+    placement: dict[SubtaskId, TmId],
+    *,
+    files: dict[str, int] | None = None,
+    user_held: Iterable[str] = (),
+    deletion_log: bool = False,
+) -> tuple[CheckpointCoordinator, list[str]]:
+    """A coordinator for job ``ha.job`` whose subtasks run where ``placement`` says (those
+    TMs alive; none after a crash of the whole process), and the paths it deleted as
+    garbage; see the module docstring. ``files``: storage's listing, if the caller has
+    it. Everything is read and validated before the first delete."""
+    co = CheckpointCoordinator(
+        config, vertices, num_tms, storage, ids, engine, ha.job, deletion_log=deletion_log
+    )
+    if files is None:
+        files = storage.list_files()
+    own = job_base(ha.job)
+    lineage = {own, *ha.lineage}
+    if ha.checkpoints is None:
+        pattern = re.compile(rf"{re.escape(own)}/chk-(\d+)/{METADATA}")
+        found = sorted((int(m.group(1)), p) for p in files if (m := pattern.fullmatch(p)))
+        loaded = [co.load_completed(path, ha.job) for _, path in found]  # validated first
+        keep = [d for d in loaded if not d.savepoint][-config.num_retained :]
+    else:
+        keep = [_load(co, path) for path in ha.checkpoints]
+    restored = None if ha.restored is None else _load(co, ha.restored)
+    user = set(user_held) - {p for d in keep for p in _paths_of(d)}
+
+    co.job_seq = ha.job_seq
+    co.next_checkpoint = ha.next_checkpoint
+    co.epoch = ha.epoch
+    co.watermark = ha.watermark
+    co.lineage = set(lineage)
+    co.bases |= lineage
+    co.placement = dict(placement)
+    co.savepoint_ids |= set(ha.savepoints)
+    co.triggered_savepoints |= set(ha.savepoints)
+    in_flight = {savepoint_dir(n) for n in ha.savepoints}
+    for t in sorted(set(placement.values())):
+        co._add_tm(t)
+
+    claimed: set[str] = set()
+    for done in keep:
+        if base_of(done.metadata) not in lineage:
+            continue  # the user's checkpoint (R72 outside the lineage): read, never deleted
+        claimed |= {p for p in _taken(done, own) if p in files and base_of(p) in lineage}
+        for d in done.directories:
+            if base_of(d) not in lineage:
+                co.catalog.dir_owner.setdefault(d, USER)  # read, never deleted (I5)
+                continue
+            if base_of(d) != own:  # a claimed job's directory goes whole (R42, R72)
+                claimed |= {p for p in files if is_under(p, d)}
+            co.catalog.dir_owner[d] = COORDINATOR  # R42
+            md = co.catalog.dirs.setdefault(d, ManagedDir(d, ""))  # its creator is not known
+            md.handed_over = True
+    claimed -= user
+    for path, size in files.items():
+        ours = base_of(path) == own or base_of(path) in in_flight
+        mine = path in claimed or (ours and path not in user)
+        if path in claimed or not mine:
+            co.catalog.files[path] = StoredFile(size, False, COORDINATOR if mine else USER, None)
+    for done in keep:
+        co._register(done)
+        co.retained.append(done)
+    co.latest_completed = keep[-1].id if keep else 0
+    if restored is not None:
+        share = assign(restored.entries, co.vertices, config.max_parallelism)
+        co.restoring = tuple(e for s in sorted(share) for e in share[s])
+        co.assignment = {s: tuple(v) for s, v in share.items()}
+
+    unknown = {p for p in files if p not in co.catalog.files}
+    held: set[str] = set()
+    if unknown:
+        asked = tuple(sorted({p.rsplit("/", 1)[0] for p in unknown}))
+        for t in co.current_tms():
+            answer = engine.duty(t, Holdings(ha.job, t, asked))
+            if isinstance(answer, Held):
+                held |= set(answer.paths)
+    garbage: list[str] = []
+    for path in sorted(unknown - held):  # what no running TM holds is the coordinator's
+        co.catalog.files[path] = StoredFile(files[path], False, COORDINATOR, None)
+        if not co.referenced(path):  # R95: what the dead coordinator held for nothing goes
+            co.catalog.delete_file(path, COORDINATOR)
+            garbage.append(path)
+    return co, garbage
 
 
 def resume(
@@ -72,53 +223,31 @@ def resume(
 ) -> CheckpointCoordinator:
     """A new coordinator for the running job ``ha.job`` whose subtasks run where
     ``placement`` says (all those TMs alive); see the module docstring."""
-    tms = sorted(set(placement.values()))
-    co = CheckpointCoordinator(
-        config, vertices, len(tms), storage, ids, engine, ha.job, deletion_log=deletion_log
+    num_tms = len(set(placement.values()))
+    co, _ = rebuild(
+        config, vertices, num_tms, storage, ids, engine, ha, placement, deletion_log=deletion_log
     )
-    files = storage.list_files()
-    own = job_base(ha.job)
-    pattern = re.compile(rf"{re.escape(own)}/chk-(\d+)/{METADATA}")
-    metas = sorted((int(m.group(1)), p) for p in files if (m := pattern.fullmatch(p)) is not None)
-    completed = [co.load_completed(path, ha.job) for _, path in metas]  # validated first
-    keep = [d for d in completed if not d.savepoint][-config.num_retained :]
-    co.job_seq = ha.job_seq
-    co.next_checkpoint = ha.next_checkpoint
-    co.epoch = ha.epoch
-    co.watermark = ha.watermark
-    co.placement = dict(placement)
-    for t in tms:
-        co._add_tm(t)
-    for done in keep:
-        co.catalog.files[done.metadata] = StoredFile(files[done.metadata], False, COORDINATOR, None)
-        for e in done.entries:
-            h = e.handle
-            if isinstance(h, FileHandle) and h.path in files:  # R43: handed over by its ack
-                co.catalog.files[h.path] = StoredFile(files[h.path], False, COORDINATOR, None)
-        for d in done.directories:  # R42: a completed checkpoint's directories
-            co.catalog.dir_owner[d] = COORDINATOR
-            md = co.catalog.dirs.setdefault(d, ManagedDir(d, ""))  # its creator is not known
-            md.handed_over = True
-        co._register(done)
-        co.retained.append(done)
-    co.latest_completed = keep[-1].id if keep else 0
-    for path, size in files.items():
-        if not is_under(path, own):  # other bases and savepoints: the user's (as recover())
-            co.catalog.files[path] = StoredFile(size, False, USER, None)
-    referenced = {d.metadata for d in keep} | {
-        s.path for d in keep for e in d.entries if (s := stream_of(e.handle)) is not None
-    }
-    unknown = {p for p in files if is_under(p, own) and p not in co.catalog.files}
-    held: set[str] = set()
-    if unknown:
-        asked = tuple(sorted({p.rsplit("/", 1)[0] for p in unknown}))
-        for t in tms:
-            answer = engine.duty(t, Holdings(ha.job, t, asked))
-            if isinstance(answer, Held):
-                held |= set(answer.paths)
-    for path in sorted(unknown - held):  # what no running TM holds is the coordinator's
-        co.catalog.files[path] = StoredFile(files[path], False, COORDINATOR, None)
-        if path not in referenced:  # R95: what the dead coordinator held for nothing goes
-            co.catalog.delete_file(path, COORDINATOR)
     co.failover()
     return co
+
+
+def _load(co: CheckpointCoordinator, path: str) -> Completed:
+    """A checkpoint the HA state names, validated; its job is the one its base names."""
+    return co.load_completed(path, base_of(path) if not path.startswith(SAVEPOINTS) else None)
+
+
+def _paths_of(done: Completed) -> set[str]:
+    return {done.metadata} | {s.path for e in done.entries if (s := stream_of(e.handle))}
+
+
+def _taken(done: Completed, own: str) -> set[str]:
+    """What of ``done`` is the coordinator's for certain: its ``_metadata``, the whole
+    files its acknowledgements handed over (R43), and everything it names in a claimed
+    job's base (R72). A segment's file in the job's own base may still be a running TM's
+    (it appends to it, R30): whose it is, the TMs say (``Holdings``)."""
+    return {done.metadata} | {
+        s.path
+        for e in done.entries
+        if (s := stream_of(e.handle)) is not None
+        and (isinstance(e.handle, FileHandle) or base_of(s.path) != own)
+    }

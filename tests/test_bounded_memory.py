@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from fastimpl import CheckpointStore, CounterIds
+from fastimpl.attempts import TmTable
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.effects import COORDINATOR
+from spec.errors import CommandError, Reason
 from spec.layout import metadata_path
 from tests.faultyfs import Place
 
@@ -126,5 +128,84 @@ def test_no_table_grows_with_the_number_of_checkpoints(mode: MergingMode, tmp_pa
     grew = {k: (first.get(k, 0), v) for k, v in second.items() if v > first.get(k, 0)}
     assert grew == {}, f"tables that grew from 40 to 80 checkpoints: {grew}"
     assert first["CheckpointCoordinator.registry"] > 0  # the walk reached the tables
+    assert store.check_invariants() == []
+    store.close()
+
+
+def _coordinator_tables(store: CheckpointStore) -> dict[str, int]:
+    """The sizes of the coordinator's tables that used to grow with every TM attempt and
+    savepoint (``fastimpl.attempts``; ``CheckpointCoordinator._retire``)."""
+    co = store._engine.coord
+    tms = co.tms
+    assert isinstance(tms, TmTable)
+    return {
+        "tms": len(tms),
+        "retired runs": tms.retired.size(),
+        "started": len(co.started),
+        "savepoint ids": len(co.savepoint_ids),
+        "triggered savepoints": len(co.triggered_savepoints),
+        "dir_users": len(co.dir_users),
+        "dir_users ids": sum(len(v) for v in co.dir_users.values()),
+    }
+
+
+def _savepoint_and_failover(store: CheckpointStore, *, abort_savepoint: bool) -> None:
+    """A savepoint (completed, or aborted after a write), a checkpoint, then a TM lost,
+    known stopped, and the job failed over onto a new attempt."""
+    coord = store.coordinator
+    sp = coord.trigger(savepoint=True)
+    for sub, tm in sorted(store.placement().items()):
+        mgr = store.task_manager(tm)
+        mgr.write(sp, sub, StateKind.KEYED_SHARED, f"sp-{sp}", b"s" * 40)
+        if abort_savepoint:
+            break
+        mgr.acknowledge(sp, sub)
+    if abort_savepoint:
+        coord.abort(sp)
+    else:
+        assert coord.complete(sp) is not None
+    store.deliver_notifications()
+    _checkpoints(store, 1)
+    oldest = min(store.task_managers(), key=lambda t: int(t.rsplit("-", 1)[1]))
+    victim = store.task_manager(oldest)
+    victim.crash()
+    victim.stopped()
+    coord.failover()
+    store.deliver_notifications()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=[m.name for m in MODES])
+def test_the_coordinators_tables_are_bounded_by_what_is_live(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    """Issue 16: a stopped attempt's record and a finished savepoint's ids go once nothing
+    depends on them, so the tables are as large after 2N failovers and savepoints as after
+    N (the retired ids take a run per gap between retired and live attempts: here the
+    oldest goes each time, so one). A retired attempt is still told apart from one never
+    heard of: its crash and its stop are refused as a stopped TM's (R64), not as an unknown
+    one's."""
+    place = Place.make("local", tmp_path)
+    store = CheckpointStore(place.url, Config.for_mode(mode, num_retained=1), JOB)
+    first = store.task_managers()[0]
+    for k in range(6):
+        _savepoint_and_failover(store, abort_savepoint=k % 3 == 2)
+    after_n = _coordinator_tables(store)
+    for k in range(6):
+        _savepoint_and_failover(store, abort_savepoint=k % 3 == 2)
+    assert _coordinator_tables(store) == after_n
+    assert after_n["tms"] == len(store.task_managers())
+    assert after_n["savepoint ids"] == after_n["triggered savepoints"] == 0
+    assert len(store.coordinator.savepoints()) == 8  # the user's, on storage
+    co = store._engine.coord
+    assert first not in dict(co.tms) and first in co.tms
+    with pytest.raises(CommandError) as lost:
+        store._engine.crash_tm(first)
+    assert lost.value.reason is Reason.TM_NOT_ALIVE
+    with pytest.raises(CommandError) as stopped:
+        co.attempt_stopped(first)
+    assert stopped.value.reason is Reason.TM_NOT_LOST
+    with pytest.raises(CommandError) as unknown:
+        co.attempt_stopped("tm-999")
+    assert unknown.value.reason is Reason.UNKNOWN_TM
     assert store.check_invariants() == []
     store.close()

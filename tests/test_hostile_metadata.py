@@ -601,7 +601,10 @@ def test_the_guard_refuses_a_foreign_delete_before_it_happens(
     )
     details = [v.detail for v in violations if v.invariant == "I5"]
     for path, why in [
-        (sp_file, "the user's"),
+        # a completed savepoint is the user's; once no attempt may write in it the store
+        # forgets it triggered it (issue 16, bounded tables), so its directory is no
+        # longer a base this store writes in: refused all the same, for that reason
+        (sp_file, "not a base this store made or claimed"),
         (w.a_job0_file(), "the user's"),
         ("other-app/f", "not a base this store made or claimed"),
         ("job-1/..", "'..' component"),

@@ -1,438 +1,28 @@
-"""The multi-process soak (issue 16): the coordinator in this process, every TM attempt a
-spawned OS process (``tests.tm_cluster.ProcessEngine``), meeting only through encoded
-``spec.messages`` over pipes, on a local directory (NONE, WITHIN, ACROSS) and on S3
-(moto's server; NONE, WITHIN: R16 refuses ACROSS on an object store).
-
-Each sequence is drawn from a seeded ``random.Random``: checkpoints written and
-acknowledged subtask by subtask, completes, aborts, notices delivered late, out of
-order, twice or never, TM processes killed with SIGKILL at a random point (during a
-write: the process kills itself at its next append, after half the bytes; between a
-write and its acknowledgement: killed from outside; while deleting: it kills itself at
-its first or second delete while applying a notice), each followed by the engine's
-notices that the TM is lost and stopped and a failover onto a new process (a new TM id),
-failovers without a loss (the survivors reset), a rescale (a restore with another
-parallelism, CLAIM or NO_CLAIM, onto new processes), and the coordinator killed: its
-object is dropped without any cleanup (its deletes are synchronous, so nothing of it
-runs on) and a new one is built from storage and the HA state (``fastimpl.resume``).
-
-After every step I1-I5 hold on the real files, with both parties' records merged and
-no disagreement between them; at the end the sequence quiesces (every notice delivered,
-pending checkpoints aborted, ``num_retained + 1`` checkpoints completed) and nothing
-leaks (I6), or the job is cancelled and nothing of it is left. Every sequence's command
-trace (``fastimpl.trace``, the spec's commands: a kill during a write is
-``CrashDuringWrite``, another kill ``CrashTm``) is replayed through the model
-(``model_tests.replay``): every outcome and refusal reason must agree, and the model must
-stay safe. The trace uses random file names (each TM process names its own files), so
-the replay compares outcomes, not observations.
-
-``make test`` runs one sequence per setting. The soak mode runs many:
-``CKPT_SOAK_SEQUENCES=200 CKPT_SOAK_STEPS=60 pytest tests/test_process_soak.py`` (per
-setting; ``CKPT_SOAK_LOG=<file>`` appends each passed sequence's figures there as a
-JSON line; ``CKPT_SOAK_SEED`` moves the seeds: sequence n of a setting uses the seed string
-"<CKPT_SOAK_SEED + n>-<mode>-<where>"). A failure names the seed and prints the steps
-taken; ``CKPT_SOAK_SEED=n CKPT_SOAK_SEQUENCES=1 pytest -k <mode>-<where>`` runs it again.
-"""
+"""The multi-process soak (issue 16; the harness and its knobs: ``tests.process_soak``):
+one seeded sequence per setting in ``make test``, many in the soak mode."""
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import random
-import uuid
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import attrs
-import fsspec  # type: ignore[import-untyped]
 import pytest
 
-from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
-from fastimpl.ids import RandomIds
-from fastimpl.records import Status
-from fastimpl.resume import ha_state, resume
-from fastimpl.storage import Storage
-from fastimpl.trace import CommandTrace
-from model_tests.replay import replay
-from spec import commands as c
-from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
-from spec.errors import CommandError, Reason
-from spec.ids import SubtaskId, TmId
-from spec.layout import is_under, job_base
-from spec.messages import Acknowledgement, AttemptStopped, decode_message
-from tests.lockstep import S3_BUCKET, s3
-from tests.tm_cluster import ProcessEngine, TmDied, violations
-
-SEQUENCES = int(os.environ.get("CKPT_SOAK_SEQUENCES") or 1)
-STEPS = int(os.environ.get("CKPT_SOAK_STEPS") or 24)
-SEED = int(os.environ.get("CKPT_SOAK_SEED") or 0)
-LOG = os.environ.get("CKPT_SOAK_LOG")
-JOB = "job-0"
-VERTICES = (VertexSpec("map", 2), VertexSpec("sink", 1))
-SETTINGS = [
-    (MergingMode.NONE, "local"),
-    (MergingMode.WITHIN_CHECKPOINT, "local"),
-    (MergingMode.ACROSS_CHECKPOINT, "local"),
-    (MergingMode.NONE, "s3"),
-    (MergingMode.WITHIN_CHECKPOINT, "s3"),
-]
-TOTALS: Counter[str] = Counter()
-"""What the soak did, over every sequence of the run (printed at the end of each)."""
-
-
-class SoakFailure(AssertionError):
-    pass
-
-
-class Soak:
-    """One seeded sequence against a coordinator and TM processes."""
-
-    def __init__(self, seed: str, config: Config, fs: Any, root: str, target: Any) -> None:
-        self.rng = random.Random(seed)
-        self.seed = seed
-        self.cfg = config
-        self.fs = fs
-        self.root = root
-        self.engine = ProcessEngine(target, root if target is fs else "", config, immediate=False)
-        self.coord = self._new_coordinator()
-        tms = [self.engine.start_tm(JOB, 1, None) for _ in range(2)]
-        self.coord.deploy(self.engine.place(subtasks_of(VERTICES), tms))
-        self.out = io.StringIO()
-        self.trace = CommandTrace(self.out)
-        self.trace.header(config, JobSpec(VERTICES, 2), "random")
-        self.steps: list[str] = []
-        self.counts: Counter[str] = Counter()
-        self.rescales = 0
-        self.restarts = 0
-
-    def _new_coordinator(self) -> CheckpointCoordinator:
-        storage = Storage(self.fs, self.root, background_deletes=False)
-        return CheckpointCoordinator(
-            self.cfg, VERTICES, 2, storage, RandomIds(), self.engine, JOB, deletion_log=True
-        )
-
-    # ------------------------------------------------------------------ recording
-
-    def run(self, cmd: c.Command, action: Callable[[], Any]) -> Any:
-        """Do ``action`` as ``cmd``: its outcome goes to the trace (a ``CommandError``
-        is a refusal, as the in-process engine records it)."""
-        self.steps.append(repr(cmd))
-        try:
-            result = action()
-        except CommandError as err:
-            self.trace.record(cmd, err, 0, None)
-            self.steps[-1] += f"  # refused: {err.reason.value}"
-            return None
-        self.trace.record(cmd, None, 0, None)
-        return result
-
-    def refused(self, cmd: c.Command, reason: str) -> None:
-        self.steps.append(f"{cmd!r}  # refused by the TM: {reason}")
-        self.trace.record(cmd, CommandError(Reason(reason), reason), 0, None)
-
-    def check(self, *, quiet: bool = False) -> None:
-        found = violations(self.coord, self.engine, quiet=quiet)
-        if found:
-            raise SoakFailure(self.failure(f"invariants broken: {found}"))
-
-    def failure(self, what: str) -> str:
-        steps = "\n".join(f"    {s}" for s in self.steps)
-        return f"seed {self.seed!r}: {what}\nsteps:\n{steps}"
-
-    # ------------------------------------------------------------------ the TM side
-
-    def host(self, s: SubtaskId) -> TmId:
-        return self.coord.placement[s]
-
-    def write(self, cid: int, s: SubtaskId, *, die: bool = False) -> str:
-        """A write of one state handle by the subtask's TM; "died" if it was killed."""
-        kind = self.rng.choice([StateKind.KEYED_SHARED, StateKind.OPERATOR_LIST])
-        name = self.rng.choice(["a", "b"]) if kind is StateKind.KEYED_SHARED else "ops"
-        size = self.rng.randint(2, 1500)
-        data = bytes([self.rng.randrange(256)]) * size
-        tm = self.host(s)
-        sub = (s.vertex, s.index, s.parallelism)
-        if die:
-            self.engine.call(tm, ("die", 1, "append"))
-        try:
-            reply = self.engine.call(tm, ("write", sub, cid, kind.value, name, data, False))
-        except TmDied:
-            crash = c.CrashDuringWrite(cid, s, kind, name, size, size // 2)
-            self.run(crash, lambda: self.coord.lose(tm))
-            self.counts["tm kills during a write"] += 1
-            self.stopped(tm)
-            return "died"
-        if die:
-            self.engine.call(tm, ("die", None))
-        cmd = c.WriteState(cid, s, kind, name, size, 1)
-        if reply[0] == "refused":
-            self.refused(cmd, reply[1])
-            return "refused"
-        assert reply == ("ok",), self.failure(f"write answered {reply}")
-        self.run(cmd, lambda: None)
-        return "ok"
-
-    def ack(self, cid: int, s: SubtaskId) -> None:
-        tm = self.host(s)
-        reply = self.engine.call(tm, ("ack", (s.vertex, s.index, s.parallelism), cid, False))
-        cmd = c.Acknowledge(cid, s)
-        if reply[0] == "refused":
-            self.refused(cmd, reply[1])
-            return
-        msg = decode_message(reply[1])
-        assert isinstance(msg, Acknowledgement), self.failure(f"ack answered {msg}")
-        self.run(cmd, lambda: self.coord.receive_ack(msg))
-
-    def stopped(self, tm: TmId) -> None:
-        """The engine saw the process die: the attempt is known stopped (R64), and the
-        job fails over onto a new process."""
-        stop = AttemptStopped(self.coord.job, tm)
-        self.run(c.AttemptStopped(tm), lambda: self.coord.receive_stopped(stop))
-        self.check()
-        self.run(c.Failover(), self.coord.failover)
-        self.counts["failovers"] += 1
-
-    # ------------------------------------------------------------------ steps
-
-    def pending(self) -> list[int]:
-        return sorted(self.coord.pending)
-
-    def step(self) -> None:
-        co = self.coord
-        actions: list[tuple[int, Callable[[], None]]] = [
-            (10, self.round),
-            (3, self.trigger),
-            (6, self.write_some),
-            (4, self.ack_some),
-            (3, self.complete_some),
-            (1, self.abort_some),
-            (10, self.notice),
-            (1, self.kill_between),
-            (1, self.kill_in_write),
-            (1, self.kill_deleting),
-            (1, self.failover),
-        ]
-        if co.retained and self.rescales < 1:
-            actions.append((2, self.rescale))
-        if co.retained and all(r.job == co.job for r in co.retained) and self.restarts < 2:
-            actions.append((2, self.restart))
-        weights = [w for w, _ in actions]
-        self.rng.choices([a for _, a in actions], weights)[0]()
-
-    def round(self) -> None:
-        """A checkpoint from trigger to complete, each part skipped now and then (the
-        rest is left to later steps)."""
-        cid = self.run(c.Trigger(False), self.coord.trigger)
-        for s in sorted(self.coord.placement, key=str):
-            for _ in range(self.rng.randint(1, 2)):
-                if self.write(cid, s) != "ok":
-                    return
-            if self.rng.random() < 0.9:
-                self.ack(cid, s)
-        if cid in self.coord.pending and self.rng.random() < 0.85:
-            done = self.run(c.Complete(cid), lambda: self.coord.complete(cid))
-            if done is not None:
-                self.counts["checkpoints completed"] += 1
-
-    def trigger(self) -> None:
-        if len(self.coord.pending) < 3:
-            self.run(c.Trigger(False), self.coord.trigger)
-
-    def write_some(self) -> None:
-        if self.pending():
-            cid = self.rng.choice(self.pending())
-            self.write(cid, self.rng.choice(sorted(self.coord.placement, key=str)))
-
-    def ack_some(self) -> None:
-        if self.pending():
-            cid = self.rng.choice(self.pending())
-            for s in sorted(self.coord.placement, key=str):
-                if s not in self.coord.pending[cid].acks and self.rng.random() < 0.7:
-                    self.ack(cid, s)
-                    if cid not in self.coord.pending:
-                        return
-
-    def complete_some(self) -> None:
-        if self.pending():
-            cid = self.rng.choice(self.pending())
-            self.run(c.Complete(cid), lambda: self.coord.complete(cid))
-
-    def abort(self, cid: int) -> None:
-        self.run(c.Abort(cid), lambda: self.coord.abort(cid))
-
-    def complete(self, cid: int) -> object:
-        return self.run(c.Complete(cid), lambda: self.coord.complete(cid))
-
-    def abort_some(self) -> None:
-        if self.pending():
-            cid = self.rng.choice(self.pending())
-            self.run(c.Abort(cid), lambda: self.coord.abort(cid))
-
-    def notice(self) -> None:
-        for _ in range(self.rng.randint(1, 4)):
-            self.one_notice()
-
-    def one_notice(self) -> None:
-        box = self.engine.outbox
-        if not box:
-            return
-        i = self.rng.randrange(len(box))
-        how = self.rng.choices(["deliver", "drop", "duplicate"], [10, 1, 1])[0]
-        if how == "deliver":
-            self.run(c.DeliverNotification(i), lambda: self.engine.deliver(i))
-        elif how == "drop":
-            self.run(c.DropNotification(i), lambda: self.engine.drop(i))
-        else:
-            self.run(c.DuplicateNotification(i), lambda: self.engine.duplicate(i))
-        self.counts[f"notices {how}"] += 1
-
-    def victim(self) -> TmId:
-        return self.rng.choice(self.coord.current_tms())
-
-    def kill_between(self) -> None:
-        """Killed from outside, between two calls (after a write, before its ack)."""
-        tm = self.victim()
-        mine = [s for s, t in self.coord.placement.items() if t == tm]
-        if self.pending() and self.rng.random() < 0.8:
-            self.write(self.pending()[-1], self.rng.choice(sorted(mine, key=str)))
-        self.engine.kill(tm)
-        self.run(c.CrashTm(tm), lambda: self.coord.lose(tm))
-        self.counts["tm kills between calls"] += 1
-        self.stopped(tm)
-
-    def kill_in_write(self) -> None:
-        if not self.pending():
-            self.run(c.Trigger(False), self.coord.trigger)
-        tm = self.victim()
-        s = self.rng.choice(
-            sorted((s for s, t in self.coord.placement.items() if t == tm), key=str)
-        )
-        self.write(self.pending()[-1], s, die=True)
-
-    def kill_deleting(self) -> None:
-        """The TM kills itself at its first or second delete while applying a notice;
-        if the notice deletes nothing it lives on."""
-        box = self.engine.outbox
-        live = set(self.coord.current_tms())
-        mine = [i for i, (t, _) in enumerate(box) if t in live]
-        if not mine:
-            return
-        i = self.rng.choice(mine)
-        tm = box[i][0]
-        self.engine.call(tm, ("die", self.rng.randint(1, 2), "delete"))
-        try:
-            self.engine.call(tm, ("notice", box[i][1]))
-        except TmDied:
-            del box[i]  # it reached the process, which died applying it
-            self.run(c.CrashTm(tm), lambda: self.coord.lose(tm))
-            self.counts["tm kills while deleting"] += 1
-            self.stopped(tm)
-            return
-        self.engine.call(tm, ("die", None))
-        del box[i]
-        self.run(c.DeliverNotification(i), lambda: None)
-
-    def failover(self) -> None:
-        self.run(c.Failover(), self.coord.failover)
-        self.counts["failovers"] += 1
-
-    def rescale(self) -> None:
-        cid = self.coord.retained[-1].id
-        par = self.rng.choice([1, 3, 2])
-        mode = self.rng.choice([RestoreMode.CLAIM, RestoreMode.NO_CLAIM])
-        cmd = c.Restore(cid, (("map", par),), mode)
-        self.run(cmd, lambda: self.coord.restore(cmd))
-        self.rescales += 1
-        self.counts["rescales"] += 1
-
-    def restart(self) -> None:
-        """The coordinator's process dies between two calls: the object is dropped as
-        it is, and a new one resumes from storage and the HA state."""
-        ha = ha_state(self.coord)
-        placement = dict(self.coord.placement)
-        if any(self.coord.tms[t].status is not Status.ALIVE for t in placement.values()):
-            return
-        self.coord = None  # type: ignore[assignment]  # nothing of it survives
-        storage = Storage(self.fs, self.root, background_deletes=False)
-
-        def resumed() -> None:
-            self.coord = resume(
-                self.cfg,
-                VERTICES,
-                storage,
-                RandomIds(),
-                self.engine,
-                ha,
-                placement,
-                deletion_log=True,
-            )
-
-        self.run(c.RestartCoordinator(), resumed)
-        self.restarts += 1
-        self.counts["coordinator kills"] += 1
-
-    # ------------------------------------------------------------------ the end
-
-    def drain_notices(self) -> None:
-        while self.engine.outbox:
-            self.run(c.DeliverNotification(0), lambda: self.engine.deliver(0))
-
-    def quiesce(self) -> None:
-        """Quiet (SPEC.md section 11): notices delivered, pending aborted, then
-        ``num_retained + 1`` checkpoints complete."""
-        self.drain_notices()
-        for pending in self.pending():
-            self.abort(pending)
-        self.drain_notices()
-        for _ in range(self.cfg.num_retained + 1):
-            cid = self.run(c.Trigger(False), self.coord.trigger)
-            for s in sorted(self.coord.placement, key=str):
-                assert self.write(cid, s) == "ok", self.failure("a quiet write was refused")
-                self.ack(cid, s)
-            done = self.complete(cid)
-            assert done is not None, self.failure(f"checkpoint {cid} did not complete")
-            self.drain_notices()
-
-    def finish(self) -> None:
-        if self.rng.random() < 0.25:
-            retain = self.rng.random() < 0.5
-            self.drain_notices()
-            self.run(c.Cancel(retain), lambda: self.coord.end_job(retain=retain))
-            self.counts["cancels"] += 1
-        else:
-            self.quiesce()
-        self.check(quiet=True)
-        if not self.coord.running and not self.coord.retained:
-            base = job_base(self.coord.job)
-            left = [p for p in Storage(self.fs, self.root).list_files() if is_under(p, base)]
-            if left:
-                raise SoakFailure(self.failure(f"a cancelled job left {sorted(left)}"))
-        report = replay(self.out.getvalue().splitlines())
-        if not report.agrees or report.stopped is not None:
-            raise SoakFailure(self.failure(f"the model disagrees: {report.summary()}"))
-        self.counts["commands replayed"] += report.commands
-
-
-def make_setting(
-    mode: MergingMode, where: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> tuple[Config, Any, str, Any]:
-    config = Config(
-        file_merging_enabled=mode is not MergingMode.NONE,
-        across_checkpoint_boundary=mode is MergingMode.ACROSS_CHECKPOINT,
-        max_file_size=4096,
-        num_retained=1,
-    )
-    if where == "s3":
-        fs = s3(request.getfixturevalue("s3_endpoint"))
-        root = f"{S3_BUCKET}/{uuid.uuid4().hex}"
-        return attrs.evolve(config, open_files_readable=False), fs, root, fs
-    path = tmp_path / uuid.uuid4().hex
-    path.mkdir()
-    target = f"file://{path}"
-    fs, root = fsspec.core.url_to_fs(target)
-    return config, fs, root, target
+from spec.config import MergingMode
+from tests.file_compare import compare_with_model
+from tests.process_soak import (
+    LOG,
+    SEED,
+    SEQUENCES,
+    SETTINGS,
+    STEPS,
+    TOTALS,
+    Soak,
+    SoakFailure,
+    make_setting,
+)
+from tests.tm_cluster import TmDied
 
 
 @pytest.mark.parametrize(("mode", "where"), SETTINGS, ids=[f"{m.value}-{w}" for m, w in SETTINGS])
@@ -465,3 +55,33 @@ def test_the_multi_process_soak(
     TOTALS.update(done)
     print(f"\nsoak {mode.value}-{where}: {dict(sorted(done.items()))}")
     assert done["sequences"] == SEQUENCES
+
+
+def test_the_file_comparison_catches_a_file_the_model_does_not_have(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The comparison of the real files with the model's (``tests.file_compare``) is not
+    vacuous: a sequence that agrees stops agreeing when one file is added to one step's
+    snapshot, or its owner changed."""
+    config, fs, root, target = make_setting(MergingMode.NONE, "local", tmp_path, request)
+    soak = Soak("file-compare", config, fs, root, target)
+    try:
+        soak.full_checkpoint()
+        soak.full_checkpoint()
+        soak.check()
+    finally:
+        soak.engine.stop_all()
+    lines = soak.out.getvalue().splitlines()
+    compared, diff = compare_with_model(lines, soak.snapshots, ())
+    assert diff is None and compared >= 1
+    n, last = soak.snapshots[-1]
+    extra = last.copy()
+    extra[("job-0/chk-2", "*", "coordinator", 7)] += 1
+    _, diff = compare_with_model(lines, [*soak.snapshots[:-1], (n, extra)], ())
+    assert diff is not None and "only on storage" in diff
+    (key, count), *_ = last.items()
+    moved = last.copy()
+    del moved[key]
+    moved[(key[0], key[1], "user" if key[2] != "user" else "coordinator", key[3])] = count
+    _, diff = compare_with_model(lines, [*soak.snapshots[:-1], (n, moved)], ())
+    assert diff is not None

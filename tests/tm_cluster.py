@@ -21,6 +21,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from fastimpl.coordinator import CheckpointCoordinator
+from fastimpl.records import Status
 from spec.config import Config
 from spec.effects import COORDINATOR, tm_actor
 from spec.ids import SubtaskId, TmId
@@ -220,26 +221,31 @@ def observe(
     deletions = list(coord.catalog.deletions or ())
     pending = [d.path for d in coord.catalog.deferred] + sorted(coord.storage.failed_deletes)
     refused = [r.path for r in coord.catalog.refused_deletes]
-    for tm, s in snaps.items():
+    lost = {t for t in snaps if t in coord.tms and coord.tms[t].status is Status.LOST}
+    for tm, s in sorted(snaps.items(), key=lambda ts: ts[0] in lost):
         for path, owner in s["owners"].items():
-            if owners.setdefault(path, owner) != owner:
+            if owners.setdefault(path, owner) != owner and tm not in lost:
                 disagree.append(f"{path}: coordinator says {owners[path]}, {tm} says {owner}")
+            # a zombie's records of what a failover handed to the new attempt are stale
+            # (R61, R64): the live parties' records come first
         for path, owner in s["dirs"].items():
             theirs = directories.setdefault(path, owner)
             if theirs == COORDINATOR and owner == tm_actor(tm):
                 continue  # R42: handed over at the complete; the TM learns it from the notice
-            if owner != theirs:
+            if owner != theirs and tm not in lost:
                 disagree.append(f"dir {path}: coordinator says {theirs}, {tm} says {owner}")
+        open_files |= set(s["open"])
+        deletions += s["deletions"]
+        pending += s["pending"]
+        refused += s["refused"]
+        if tm in lost:
+            continue  # as the model observes: only live parties' bookkeeping claims
         for path, actor in s["claims"].items():
             claims.setdefault(path, set()).add(actor)
         ref_counts.update(s["ref_counts"])
         for path, extents in s["live"].items():
             live.setdefault(path, []).extend(tuple(x) for x in extents)
         pool_files |= set(s["pool_files"])
-        open_files |= set(s["open"])
-        deletions += s["deletions"]
-        pending += s["pending"]
-        refused += s["refused"]
     for path, owner in list(directories.items()):
         # R41: a live TM deleted a directory of its own; the coordinator's copy of the
         # record goes at the TM's next acknowledgement, which no longer reports it (R40)
@@ -269,7 +275,7 @@ def observe(
         pending_deletes=tuple(pending),
         pool_files=frozenset(pool_files),
         metadata_files=frozenset(p for p in on_storage if p.endswith("/" + METADATA)),
-        live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in snaps}),
+        live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in snaps if t not in lost}),
     )
     return obs, disagree + [f"refused delete of {p}" for p in refused]
 
@@ -283,10 +289,21 @@ def violations(
 ) -> list[Violation | str]:
     """I1-I5 (and I6 when ``quiet``) on the real files, the parties' disagreements, and
     every directory either party records that is not on storage."""
+    return checked(coord, engine, quiet=quiet, orphans=orphans)[0]
+
+
+def checked(
+    coord: CheckpointCoordinator,
+    engine: ProcessEngine,
+    *,
+    quiet: bool,
+    orphans: dict[str, str] | None = None,
+) -> tuple[list[Violation | str], Observation]:
+    """``violations``, and the observation they were found on."""
     obs, disagree = observe(coord, engine, orphans=orphans)
     found: list[Violation | str] = [*check_all(obs, quiet=quiet), *disagree]
     local = coord.storage.protocol in ("file", "local")  # an object store has no directories
     for d in obs.directories if local else ():
         if not coord.storage.exists_dir(d):
             found.append(f"directory {d} is recorded but not on storage")
-    return found
+    return found, obs

@@ -27,10 +27,11 @@ from typing import Any
 
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.taskmanager import TaskManager
+from spec.commands import StorageOp
 from spec.config import Config, StateKind
 from spec.effects import tm_actor
 from spec.errors import Reason
-from spec.handles import FileHandle
+from spec.handles import FileHandle, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.messages import (
     CheckpointAborted,
@@ -115,6 +116,42 @@ def _refusal(tm: TaskManager, subtask: SubtaskId, checkpoint: int, savepoint: bo
     return None
 
 
+def _reuse(
+    tm: TaskManager,
+    subtask: SubtaskId,
+    checkpoint: int,
+    name: str,
+    savepoint: bool,
+    job: str,
+    tm_id: TmId,
+) -> tuple[Any, ...]:
+    """R20-R23, as the in-process engine's ``reuse_shared``: the old handle, a placeholder,
+    or the same bytes uploaded again (read back from storage; gone: ``NO_SUCH_STATE``)."""
+    why = _refusal(tm, subtask, checkpoint, savepoint)
+    if why is None and (subtask, name) not in tm.backend:
+        why = Reason.NO_SUCH_STATE.value
+    if why is not None:
+        return ("refused", why)
+    ref = tm.backend_ref(subtask, name)
+    if tm.reuse(subtask, checkpoint, ref, savepoint) is not None:
+        return ("ok",)
+    old = ref.entry
+    stream = stream_of(old.handle)
+    storage = tm.catalog.storage
+    try:
+        data = b""
+        if stream is not None and stream.length > 0:
+            if not storage.fs.exists(storage.full(stream.path)):
+                return ("refused", Reason.NO_SUCH_STATE.value)  # deleted by the store
+            data = storage.read_range(stream.path, getattr(stream, "offset", 0), stream.length)
+        tm.write(subtask, checkpoint, old.kind, old.name, len(data), old.entries, data, savepoint)
+    except StorageFault as fault:
+        tm.write_failed(subtask, checkpoint, savepoint)
+        decline = encode_message(Decline(job, checkpoint, subtask, tm_id))
+        return ("decline", decline, fault.op.value)
+    return ("ok",)
+
+
 def serve(
     conn: Connection,
     storage: Any,
@@ -165,9 +202,10 @@ def serve(
                 continue
             try:
                 tm.write(subtask, checkpoint, StateKind(kind), name, len(data), 1, data, savepoint)
-            except StorageFault:
+            except StorageFault as fault:
                 tm.write_failed(subtask, checkpoint, savepoint)
-                conn.send(("decline", encode_message(Decline(job, checkpoint, subtask, tm_id))))
+                decline = encode_message(Decline(job, checkpoint, subtask, tm_id))
+                conn.send(("decline", decline, fault.op.value))
             else:
                 conn.send(("ok",))
         elif op == "ack":
@@ -179,11 +217,27 @@ def serve(
                 continue
             try:
                 _, ack = tm.acknowledge(subtask, checkpoint, savepoint)
-            except StorageFault:
-                conn.send(("decline", encode_message(Decline(job, checkpoint, subtask, tm_id))))
+            except StorageFault as fault:
+                decline = encode_message(Decline(job, checkpoint, subtask, tm_id))
+                conn.send(("decline", decline, fault.op.value))
             else:
                 tm.catalog.storage.drain()
                 conn.send(("ack", encode_message(ack)))
+        elif op == "reuse":
+            _, (v, i, p), checkpoint, name, savepoint = req
+            conn.send(_reuse(tm, SubtaskId(v, i, p), checkpoint, name, savepoint, job, tm_id))
+        elif op == "arm":  # the storage's fault seam: its next call of this kind fails
+            tm.catalog.storage.arm(StorageOp(req[1]))
+            conn.send(("ok",))
+        elif op == "disarm":  # whether the armed fault was reached, and it is gone
+            storage = tm.catalog.storage
+            left = [o.value for o in storage.armed]
+            storage.armed.clear()
+            conn.send(("armed", left))
+        elif op == "retry":
+            tm.catalog.retry_deletes()
+            tm.catalog.storage.drain()
+            conn.send(("ok",))
         elif op == "records":
             conn.send(("records", records(tm)))
         else:
