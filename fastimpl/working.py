@@ -182,12 +182,15 @@ class Databases:
         cat = self.catalog
         refs: list[str] = []
         for path in sorted(self.uses.get(subtask, set())):
-            f = cat.files[path]
-            if savepoint or f.size < inline_below:
-                write(f"{DB_PREFIX}{path.rsplit('/', 1)[1]}", self._read(path, 0, f.size))
+            size = self.known[path].length
+            # With records of its own the TM no longer holds a file it handed over: the
+            # coordinator's, referred to in place again
+            f = cat.files.get(path)
+            if savepoint or size < inline_below:
+                write(f"{DB_PREFIX}{path.rsplit('/', 1)[1]}", self._read(path, 0, size))
                 continue
-            if f.owner == USER:
-                copy = self.write(subtask, self._read(path, 0, f.size), faults=False)
+            if f is not None and f.owner == USER:
+                copy = self.write(subtask, self._read(path, 0, size), faults=False)
                 self.uses[subtask].discard(path)
                 refs.append(copy)
                 continue
