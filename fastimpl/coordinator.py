@@ -865,7 +865,8 @@ class CheckpointCoordinator:
         self.assignment = {s: tuple(v) for s, v in assignment.items()}
         if mode is RestoreMode.CLAIM:
             self._claim(source, recorded)
-        self.working.open_databases(source, self.epoch)  # working state (§11): R105
+        # working state (§11): R105, in place; NO_CLAIM: the user's files
+        self.working.open_databases(source, self.epoch, users=mode is RestoreMode.NO_CLAIM)
         same = all(
             v.parallelism == ov.parallelism
             for v, ov in zip(self.vertices, old_vertices, strict=True)

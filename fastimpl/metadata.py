@@ -254,13 +254,13 @@ def validate_paths(meta: Metadata, source: str = "<metadata>") -> None:
 
 
 def check_working_path(path: str, bases: tuple[str, ...], source: str, field: str) -> str:
-    """A working file (R1, R100): ``<job base>/taskowned/working/<subtask>/db/<name>``
-    of an allowed base that is not a savepoint's (a savepoint refers to nothing in
-    place, R103)."""
+    """A working file (R1, R100): under ``<job base>/taskowned/working/<subtask>/db/``
+    (at any depth: a store may keep folders there) of an allowed base that is not a
+    savepoint's (a savepoint refers to nothing in place, R103)."""
     check_path(path, bases, source, field)
     base = base_of(path)
     rest = path[len(base) + 1 :].split("/")
-    if base.startswith(SAVEPOINTS + "/") or len(rest) != 5 or rest[:2] != ["taskowned", WORKING]:
+    if base.startswith(SAVEPOINTS + "/") or len(rest) < 5 or rest[:2] != ["taskowned", WORKING]:
         raise MetadataError(
             source,
             field,

@@ -59,9 +59,10 @@ PinKey = tuple[SubtaskId, int]
 
 
 def is_working_path(path: str) -> bool:
-    """``<base>/taskowned/working/<subtask>/db/<name>`` (R1)."""
+    """A file under ``<base>/taskowned/working/<subtask>/db/`` (R1), at any depth (a
+    store such as SlateDB keeps ``compacted/``, ``manifest/`` ... below ``db/``)."""
     parts = path.split("/")
-    return len(parts) == 6 and parts[1] == "taskowned" and parts[2] == WORKING and parts[4] == "db"
+    return len(parts) >= 6 and parts[1] == "taskowned" and parts[2] == WORKING and parts[4] == "db"
 
 
 def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
@@ -102,6 +103,9 @@ class Databases:
         the tables are forgotten (a reset), as the attempt's storage records are."""
         self.opened: set[tuple[int, SubtaskId]] = set()
         """The ``OpenDatabase`` duties applied (epoch, subtask): each once."""
+        self.users: set[str] = set()
+        """Files opened as the user's (NO_CLAIM, R105): copied before a snapshot refers
+        to them. A TM with records of its own holds no record of them to say so."""
 
     # -- R101
     def write(self, subtask: SubtaskId, data: bytes, *, faults: bool = True) -> str:
@@ -189,7 +193,7 @@ class Databases:
             if savepoint or size < inline_below:
                 write(f"{DB_PREFIX}{path.rsplit('/', 1)[1]}", self._read(path, 0, size))
                 continue
-            if f is not None and f.owner == USER:
+            if path in self.users or (f is not None and f.owner == USER):
                 copy = self.write(subtask, self._read(path, 0, size), faults=False)
                 self.uses[subtask].discard(path)
                 refs.append(copy)
@@ -238,6 +242,8 @@ class Databases:
         for f in msg.in_place:
             uses.add(f.path)
             self.known.setdefault(f.path, f)
+            if msg.users:
+                self.users.add(f.path)
         for e in msg.small:
             self.write(msg.subtask, read(e), faults=False)
 
@@ -333,7 +339,7 @@ class SharedWorking:
     def paths_of(self, done: Completed) -> set[str]:
         return {w.path for _, w in done.working}
 
-    def open_databases(self, source: Completed | None, epoch: int) -> None:
+    def open_databases(self, source: Completed | None, epoch: int, users: bool = False) -> None:
         """R105: each subtask of the running job opens a database on the working files
         ``source`` refers to for its key groups (in place: a projection on a rescale) and
         on copies of its small files; then each TM deletes the private files none of its
@@ -358,7 +364,7 @@ class SharedWorking:
                 if e.name.startswith(DB_PREFIX) and stream_of(e.handle) is not None
             )
             if in_place or small:
-                c.engine.duty(tm, OpenDatabase(c.job, tm, epoch, sub, in_place, small))
+                c.engine.duty(tm, OpenDatabase(c.job, tm, epoch, sub, in_place, small, users))
         for tm in sorted(set(c.placement.values())):
             c.engine.duty(tm, DatabasesOpened(c.job, tm, epoch))
 

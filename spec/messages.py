@@ -296,6 +296,9 @@ class OpenDatabase:
     subtask: SubtaskId
     in_place: tuple[InPlaceFile, ...]
     small: tuple[StateEntry, ...]
+    users: bool = False
+    """NO_CLAIM (R105): the files ``in_place`` are the user's; the database's snapshot
+    copies each into a file of its own first, and it never deletes one."""
 
 
 @frozen

@@ -119,7 +119,7 @@ messages: st.SearchStrategy[m.Message] = st.one_of(
     ),
     st.builds(m.Holdings, names, names, st.lists(st.text(), max_size=3).map(tuple)),
     st.builds(m.Held, names, names, st.lists(st.text(), max_size=3).map(tuple)),
-    st.builds(m.OpenDatabase, names, names, sizes, subtasks, in_place, entries),
+    st.builds(m.OpenDatabase, names, names, sizes, subtasks, in_place, entries, st.booleans()),
     st.builds(m.DatabasesOpened, names, names, sizes),
     st.builds(m.DatabaseFiles, names, names),
     st.builds(m.InUse, names, names, st.lists(st.text(), max_size=3).map(tuple)),

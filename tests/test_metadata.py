@@ -481,6 +481,9 @@ def test_working_files_round_trip_in_version_3() -> None:
     assert meta.shared_bases == ("j0",)
     moved = resolve(meta, "moved")
     assert moved.working[0][1].path == f"moved/{W_FILE.path}"
+    nested = f"{BASE}/taskowned/working/win-1-2/db/compacted/01J.sst"  # SlateDB keeps folders
+    data = working_sample((W_SUB, InPlaceFile(nested, 9, (64, 127))))
+    assert decode(data).working[1][1].path == nested
     plain = encode(3, JOB, False, sample_entries(JOB), (), max_parallelism=128)
     assert json.loads(plain)["version"] == 2 and decode(plain).working == ()
 
