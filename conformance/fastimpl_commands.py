@@ -77,6 +77,14 @@ def _apply(engine: InProcessEngine, cmd: c.Command) -> None:
             engine.retry_deletes()
         case c.Cancel():
             engine.cancel(cmd.retain)
+        case c.WriteWorking():
+            engine.write_working(cmd.subtask, bytes(cmd.size), cmd.attempt)
+        case c.DropWorking():
+            engine.drop_working(cmd.subtask, cmd.path, cmd.attempt)
+        case c.SnapshotWorking():
+            engine.snapshot_working(cmd.checkpoint, cmd.subtask, cmd.inline_below, cmd.attempt)
+        case c.CollectWorking():
+            engine.collect_working()
         case _:
             raise CommandError(Reason.BAD_ARGUMENT, f"unknown command {cmd!r}")
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TypeVar
 
-from refimpl import ModelState, initial_state, observe, step
+from refimpl import ModelState, initial_state, observe, observe_working, step
 from refimpl.state import TmStatus
 from spec import commands as c
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.effects import CreateFile, DeleteFile, Effect
 from spec.errors import CommandError
 from spec.ids import SubtaskId
-from spec.invariants import Violation, check_all, check_safety
-from spec.observation import Observation
+from spec.invariants import Violation, check_safety, check_working, working_files_kept
+from spec.observation import Observation, WorkingObservation
 
 DEFAULT_JOB = JobSpec((VertexSpec("src", 2), VertexSpec("agg", 2)), num_tms=2)
 ONE = JobSpec((VertexSpec("v", 1),), num_tms=1)
@@ -60,7 +60,10 @@ class Harness:
         self.state = out.state
         self.history.append(cmd)
         self.last_effects = out.effects
-        broken = check_safety(self.observe())
+        obs = self.observe()
+        broken = check_safety(obs)
+        if self.state.wfiles or self.state.dbs:  # §11: I7 once a database wrote
+            broken += working_files_kept(obs, self.working())
         if broken:
             raise InvariantBroken(self._report(broken))
         self.effects.extend(out.effects)
@@ -78,6 +81,10 @@ class Harness:
 
     def observe(self) -> Observation:
         return observe(self.state)
+
+    def working(self) -> WorkingObservation:
+        """The model's working files (§11): states, users and in-place references."""
+        return observe_working(self.state)
 
     def _report(self, broken: list[Violation]) -> str:
         lines = [str(v) for v in broken]
@@ -153,7 +160,8 @@ class Harness:
         """Bring the system to a quiet state and return what "no leak once quiet" finds
         (R60): lost attempts stopped, failed deletes retried until they succeed, every
         notification delivered, then ``num_retained + 1`` checkpoints completed without
-        faults while the job runs."""
+        faults while the job runs, and then the coordinator's collection of working files
+        (R104). Every invariant is checked, I7 and the working files' I6 too."""
         for tm in self.lost_tms():
             self.run(c.AttemptStopped(tm))
         self._drain_deletes()
@@ -177,8 +185,9 @@ class Harness:
                     done += 1
                 self._drain_deletes()
                 self.deliver_all()
+            self.run(c.CollectWorking())
         self._drain_deletes()
-        return check_all(self.observe(), quiet=True)
+        return check_working(self.observe(), self.working(), quiet=True)
 
     def _drain_deletes(self) -> None:
         for _ in range(len(self.state.armed) + 2):

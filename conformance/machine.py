@@ -19,8 +19,11 @@ from spec import commands as c
 from spec.commands import StorageOp
 from spec.config import Config, MergingMode, RestoreMode, StateKind
 from spec.errors import Reason
+from spec.ids import SubtaskId
 
 SHARED_NAMES = ("sst-1", "sst-2", "sst-3")
+INLINE_BELOW = (0, 30, 80)
+"""``SnapshotWorking.inline_below``: nothing merged, the small files, most files."""
 EXCLUSIVE = (
     (StateKind.OPERATOR_LIST, "offsets"),
     (StateKind.OPERATOR_UNION, "watermarks"),
@@ -112,6 +115,12 @@ class RefimplMachine(RuleBasedStateMachine):
                     cp, sub, kind, name, data.draw(st.integers(0, 80)), data.draw(st.integers(0, 4))
                 )
             )
+            # working state (§11): the live database writes, and the snapshot refers to
+            # its files in place or merges the small ones
+            if data.draw(st.integers(0, 2)) == 0:
+                self.do(c.WriteWorking(sub, data.draw(st.integers(1, 120))))
+            if self.s.dbs.get((tm, sub)) and data.draw(st.booleans()):
+                self.do(c.SnapshotWorking(cp, sub, data.draw(st.sampled_from(INLINE_BELOW))))
             if data.draw(st.integers(0, 7)) > 0:
                 self.do(c.Acknowledge(cp, sub))
         if cp in self.s.pending and data.draw(st.integers(0, 4)) > 0:
@@ -193,6 +202,41 @@ class RefimplMachine(RuleBasedStateMachine):
         sub = data.draw(st.sampled_from(self.h.subtasks))
         self.do(c.CrashDuringWrite(self._checkpoint(data), sub, kind, name, size, written))
 
+    # ------------------------------------------------------------------ working state (§11)
+
+    def _attempt_for(self, tm: str, sub: SubtaskId) -> str | None:
+        """``attempt`` of a database command from ``tm``: none for the subtask's host."""
+        return None if self.s.placement.get(sub) == tm else tm
+
+    @precondition(lambda self: self.h.state.running)
+    @rule(data=st.data(), size=st.integers(0, 150))
+    def write_working(self, data: st.DataObject, size: int) -> None:
+        sub = data.draw(st.sampled_from(self.h.subtasks))
+        self.do(c.WriteWorking(sub, size))
+
+    @precondition(lambda self: self.h.state.running and bool(self.h.state.dbs))
+    @rule(data=st.data())
+    def drop_working(self, data: st.DataObject) -> None:
+        used = sorted((t, sub, p) for (t, sub), uses in self.s.dbs.items() for p in uses)
+        if not used:
+            return
+        tm, sub, path = data.draw(st.sampled_from(used))
+        self.do(c.DropWorking(sub, path, self._attempt_for(tm, sub)))
+
+    @precondition(lambda self: self.h.state.running and self.h.state.next_checkpoint > 1)
+    @rule(data=st.data(), inline_below=st.sampled_from(INLINE_BELOW))
+    def snapshot_working(self, data: st.DataObject, inline_below: int) -> None:
+        cp = self._checkpoint(data)
+        sub = data.draw(st.sampled_from(self.h.subtasks))
+        self.do(c.SnapshotWorking(cp, sub, inline_below))
+
+    @precondition(lambda self: self.h.state.running)
+    @rule(data=st.data())
+    def collect_working(self, data: st.DataObject) -> None:
+        if not self.rarely(data, 2):
+            return
+        self.do(c.CollectWorking())
+
     # ------------------------------------------------------------------ notifications
 
     @precondition(lambda self: bool(self.h.state.channel))
@@ -225,6 +269,11 @@ class RefimplMachine(RuleBasedStateMachine):
         tm = data.draw(st.sampled_from([t for t in self.h.lost_tms() if self.s.tms[t].hosted]))
         sub = data.draw(st.sampled_from(sorted(self.s.tms[tm].hosted)))
         cp = self._checkpoint(data)
+        working = data.draw(st.integers(0, 3), label="working")
+        if working == 1:  # R106: a zombie's database goes on writing and snapshotting
+            self.do(c.WriteWorking(sub, size, attempt=tm))
+        elif working == 2:
+            self.do(c.SnapshotWorking(cp, sub, data.draw(st.sampled_from(INLINE_BELOW)), tm))
         if ack:
             self.do(c.Acknowledge(cp, sub, attempt=tm))
         else:

@@ -39,6 +39,7 @@ from fastimpl.shared_registry import (
     shared_keys,
 )
 from fastimpl.storage import Storage, StorageFault
+from fastimpl.working import SharedWorking
 from spec import commands as c
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
 from spec.effects import COORDINATOR, USER, tm_actor
@@ -46,6 +47,7 @@ from spec.errors import CommandError, Reason
 from spec.handles import (
     DirectoryHandle,
     FileHandle,
+    InPlaceFile,
     PlaceholderHandle,
     SegmentHandle,
     StateEntry,
@@ -191,6 +193,8 @@ class CheckpointCoordinator:
         self.dir_users: dict[str, set[TmId]] = {}
         """R42: the TMs that work in each managed directory, from their acknowledgements
         (R40) and the directories each was handed at a failover (R61)."""
+        self.working = SharedWorking(self)
+        """Working files handed over in place, and their collection (§11, R103-R105)."""
 
     def deploy(self, placement: dict[SubtaskId, TmId]) -> None:
         """The engine runs the job's subtasks on these TMs (all alive)."""
@@ -261,6 +265,9 @@ class CheckpointCoordinator:
             and self.placement.get(ack.subtask) == ack.attempt
         )
         entries = ack.entries
+        in_place: tuple[InPlaceFile, ...] = ()
+        if current:  # working state (§11): R103 hands them over, pending or not
+            in_place = self.working.take(ack, ack.checkpoint in self.pending)
         if not current or ack.checkpoint not in self.pending:
             if current:
                 # R43: a late ack still hands files over
@@ -275,6 +282,8 @@ class CheckpointCoordinator:
                 self._note_given_up(entries, ack.attempt)
             return  # R56
         p = self.pending[ack.checkpoint]
+        if in_place:
+            p.working[ack.subtask] = in_place
         p.received |= self._take_over_files(entries, ack.attempt)
         for e in entries:
             if isinstance(e.handle, DirectoryHandle):
@@ -434,6 +443,7 @@ class CheckpointCoordinator:
             tuple(directories),
             meta,
             self.cfg.max_parallelism,
+            tuple((s, w) for s in sorted(p.working) for w in p.working[s]),  # R103
         )
         try:
             self.storage.write_metadata(
@@ -445,6 +455,7 @@ class CheckpointCoordinator:
                     done.entries,
                     done.directories,
                     max_parallelism=done.max_parallelism,  # R77
+                    working=done.working,
                 ),
             )
         except StorageFault:
@@ -688,6 +699,8 @@ class CheckpointCoordinator:
         return base == job_base(job) or base in own_sp
 
     def referenced(self, path: str) -> bool:
+        if self.working.needed(path):  # working state (§11): R104
+            return True
         for r in self.retained:
             if path == r.metadata:
                 return True
@@ -762,6 +775,8 @@ class CheckpointCoordinator:
             )
         self.assigned_from = self.next_checkpoint
         self._forget_savepoints()
+        # working state (§11): R105 opens the checkpointed working files in place
+        self.working.open_databases(self.retained[-1] if self.retained else None, self.epoch)
         self.collect_dirs()
 
     def _hand_files(self, tm: TmId, hosted: list[SubtaskId]) -> tuple[KeptFile, ...]:
@@ -827,6 +842,7 @@ class CheckpointCoordinator:
             meta.directories,
             metadata,
             meta.max_parallelism,
+            meta.working,
         )
 
     def restart(self) -> None:
@@ -911,6 +927,8 @@ class CheckpointCoordinator:
         self.restored_from = source.metadata
         if mode is RestoreMode.CLAIM:
             self._claim(source, recorded)
+        # working state (§11): R105, in place; NO_CLAIM: the user's files
+        self.working.open_databases(source, self.epoch, users=mode is RestoreMode.NO_CLAIM)
         same = all(
             v.parallelism == ov.parallelism
             for v, ov in zip(self.vertices, old_vertices, strict=True)
@@ -940,9 +958,11 @@ class CheckpointCoordinator:
 
     @staticmethod
     def _paths_of(done: Completed) -> set[str]:
-        return {done.metadata} | {
-            s.path for e in done.entries if (s := stream_of(e.handle)) is not None
-        }
+        return (
+            {done.metadata}
+            | {s.path for e in done.entries if (s := stream_of(e.handle)) is not None}
+            | {w.path for _, w in done.working}  # working state (§11): R105, in place
+        )
 
     def _check_claim(self, source: Completed, recorded: Completed) -> None:
         """R72, I5: a CLAIM takes what the checkpoint held when it completed, no more. A
@@ -1052,6 +1072,7 @@ class CheckpointCoordinator:
                     kept = self.catalog.files.get(p)
                     if kept is not None:
                         kept.owner = USER
+                self.working.give_to_user(r)  # working state (§11): R105
         else:
             while self.retained:
                 self._subsume(self.retained.pop(0))

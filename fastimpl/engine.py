@@ -30,6 +30,7 @@ from fastimpl.storage import Storage, StorageFault
 from fastimpl.taskmanager import TaskManager
 from fastimpl.trace import CommandTrace
 from fastimpl.transport import InMemoryTransport
+from fastimpl.working import WorkingCalls
 from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, StateKind
 from spec.effects import COORDINATOR, tm_actor
@@ -50,11 +51,15 @@ from spec.messages import (
     AttemptStopped,
     CheckpointAborted,
     CheckpointComplete,
+    DatabaseFiles,
+    DatabasesOpened,
     Decline,
     Duty,
     EndJob,
     Held,
     Holdings,
+    InUse,
+    OpenDatabase,
     ResetTm,
     ReusableFiles,
     TmAssignment,
@@ -117,6 +122,7 @@ class InProcessEngine:
         """Where executed commands are logged (``start_trace``); None: not logged."""
         self.on_applied: Callable[[c.Command], None] | None = None
         """Told each command applied (``fastimpl.writer_state`` publishes the writer's state)."""
+        self.working = WorkingCalls(self)  # working state (§11): the database calls
 
     # ------------------------------------------------------------------ the coordinator's
 
@@ -194,12 +200,22 @@ class InProcessEngine:
         if isinstance(msg, ResetTm):
             self.channel.forget(tm)  # the old attempt's notices go with the redeploy
         sent = decode_message(encode_message(msg))
-        assert isinstance(sent, ResetTm | TmAssignment | ReusableFiles | EndJob | Holdings)
+        assert isinstance(
+            sent,
+            ResetTm
+            | TmAssignment
+            | ReusableFiles
+            | EndJob
+            | Holdings
+            | OpenDatabase
+            | DatabasesOpened
+            | DatabaseFiles,
+        )
         answer = self.parties[tm].on_duty(sent)
         if answer is None:
             return None
         back = decode_message(encode_message(answer))
-        assert isinstance(back, TmEnded | Held)
+        assert isinstance(back, TmEnded | Held | InUse)
         return back
 
     def forget_tm(self, tm: TmId) -> None:
@@ -346,8 +362,10 @@ class InProcessEngine:
             )
         except StorageFault:
             self.coord.receive_decline(Decline(self.job, cmd.checkpoint, cmd.subtask, tm))
+            self.parties[tm].working.release()  # working state (§11): the pins went
             raise
         self.coord.receive_ack(ack)
+        self.parties[tm].working.release()  # working state (§11): R102, after the hand-over
         return written
 
     def complete(self, checkpoint: int) -> Completed | None:
@@ -434,6 +452,38 @@ class InProcessEngine:
             self.coord.end_job(retain=retain)
 
         self.recorded(c.Cancel(retain), run)
+
+    # working state (§11): the live databases' calls (fastimpl.working)
+
+    def write_working(
+        self, subtask: SubtaskId, data: bytes, attempt: TmId | None = None
+    ) -> str | None:
+        """R101: ``subtask``'s database writes one working file; its path (``None``: a
+        storage call failed and nothing is used, R45)."""
+        cmd = c.WriteWorking(subtask, len(data), attempt)
+        return self.recorded(cmd, lambda: self.working.write(subtask, data, attempt))
+
+    def drop_working(self, subtask: SubtaskId, path: str, attempt: TmId | None = None) -> None:
+        """R102: ``subtask``'s database stops using ``path``."""
+        cmd = c.DropWorking(subtask, path, attempt)
+        self.recorded(cmd, lambda: self.working.drop(subtask, path, attempt))
+
+    def snapshot_working(
+        self,
+        checkpoint: int,
+        subtask: SubtaskId,
+        inline_below: int = 0,
+        attempt: TmId | None = None,
+    ) -> None:
+        """R103: ``subtask`` snapshots its database for ``checkpoint``."""
+        cmd = c.SnapshotWorking(checkpoint, subtask, inline_below, attempt)
+        self.recorded(
+            cmd, lambda: self.working.snapshot(checkpoint, subtask, inline_below, attempt)
+        )
+
+    def collect_working(self) -> None:
+        """R104: the coordinator's collection of working files."""
+        self.recorded(c.CollectWorking(), self.working.collect)
 
     def retry_deletes(self) -> None:
         """R45: retry the deletes that failed."""

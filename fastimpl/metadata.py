@@ -16,6 +16,11 @@ Written atomically by ``Storage.write_metadata``; read back, and validated, by
 
 Version 2 added ``max_parallelism`` (R77: a checkpoint is restored only with the max
 parallelism it was taken with); a version-1 file, which lacks it, is still read.
+Version 3 adds ``working``: the working files the checkpoint refers to in place (R103),
+each ``{"subtask": [...], "path": ..., "length": n, "key_groups": [lo, hi]}``, listed
+beside the entries. It is written only by a checkpoint that has some, so a reader of
+version 2 refuses such a file instead of restoring without them (and a checkpoint
+without working files keeps writing version 2).
 
 Every path is relative to the base directory that contains the job (the storage root, as
 in ``spec.layout``), never absolute and never with ``.``/``..`` components, and lies under
@@ -44,17 +49,20 @@ from spec.handles import (
     DirectoryHandle,
     FileHandle,
     Handle,
+    InPlaceFile,
     PlaceholderHandle,
     SegmentHandle,
     StateEntry,
 )
 from spec.ids import SubtaskId
-from spec.layout import METADATA, SAVEPOINTS, is_under, job_base, savepoint_dir
+from spec.layout import METADATA, SAVEPOINTS, WORKING, is_under, job_base, savepoint_dir
 
 MAGIC = "ckpt-ownership/metadata"
 VERSION = 2
 """Version 2 records the max parallelism the checkpoint was taken with (R77)."""
-SUPPORTED_VERSIONS = frozenset({1, VERSION})
+WORKING_VERSION = 3
+"""Version 3 also lists the working files referred to in place (R103)."""
+SUPPORTED_VERSIONS = frozenset({1, VERSION, WORKING_VERSION})
 """Version 1 (no max parallelism) is still read: R77 then checks key-group ranges."""
 MAX_PARALLELISM_LIMIT = 32768
 """Flink's upper bound on the max parallelism (``KeyGroupRangeAssignment``)."""
@@ -84,6 +92,8 @@ class Metadata:
     version: int = VERSION
     max_parallelism: int | None = None
     """R77: the max parallelism the checkpoint was taken with (``None``: version 1)."""
+    working: tuple[tuple[SubtaskId, InPlaceFile], ...] = ()
+    """R103: the working files it refers to in place, with the subtask that referred."""
 
 
 # --------------------------------------------------------------------------- paths
@@ -241,7 +251,27 @@ def validate_paths(meta: Metadata, source: str = "<metadata>") -> None:
                 checked.add(p)
     for i, d in enumerate(meta.directories):
         check_directory(d, bases, source, f"directories[{i}]")
+    for i, (_, w) in enumerate(meta.working):
+        check_working_path(w.path, bases, source, f"working[{i}].path")
     check_ids(meta, source)
+
+
+def check_working_path(path: str, bases: tuple[str, ...], source: str, field: str) -> str:
+    """A working file (R1, R100): under ``<job base>/taskowned/working/<subtask>/db/``
+    (at any depth: a store may keep folders there) of an allowed base that is not a
+    savepoint's (a savepoint refers to nothing in place, R103)."""
+    check_path(path, bases, source, field)
+    base = base_of(path)
+    rest = path[len(base) + 1 :].split("/")
+    if base.startswith(SAVEPOINTS + "/") or len(rest) < 5 or rest[:2] != ["taskowned", WORKING]:
+        raise MetadataError(
+            source,
+            field,
+            f"{path!r} is not a working file (<base>/taskowned/{WORKING}/<subtask>/db/<name>)",
+        )
+    if rest[3] != "db":
+        raise MetadataError(source, field, f"{path!r} is not in a database directory")
+    return path
 
 
 def resolve(meta: Metadata, base: str = "", *, source: str = "<metadata>") -> Metadata:
@@ -273,6 +303,7 @@ def resolve(meta: Metadata, base: str = "", *, source: str = "<metadata>") -> Me
         meta,
         entries=tuple(evolve(e, handle=fix(e.handle)) for e in meta.entries),
         directories=tuple(prefix + d for d in meta.directories),
+        working=tuple((s, evolve(w, path=prefix + w.path)) for s, w in meta.working),
     )
 
 
@@ -339,6 +370,7 @@ def encode(
     directories: tuple[str, ...],
     *,
     max_parallelism: int | None = None,
+    working: tuple[tuple[SubtaskId, InPlaceFile], ...] = (),
 ) -> bytes:
     """The bytes of a completed checkpoint's ``_metadata``.
 
@@ -349,6 +381,7 @@ def encode(
     has ``..`` or lies outside the job base (or savepoint dir) raises ``MetadataError``.
     """
     paths = [p for e in entries for p in _handle_paths(e.handle)] + list(directories)
+    paths += [w.path for _, w in working]
     checked: set[str] = set()  # a merged file is named by every segment in it: once
     for i, p in enumerate(paths):
         if not (isinstance(p, str) and p in checked):
@@ -356,7 +389,9 @@ def encode(
             checked.add(p)
     own = allowed_bases(job, checkpoint, savepoint)
     shared = tuple(sorted({base_of(p) for p in checked if not any(is_under(p, b) for b in own)}))
-    meta = Metadata(job, checkpoint, savepoint, tuple(entries), tuple(directories), shared)
+    meta = Metadata(
+        job, checkpoint, savepoint, tuple(entries), tuple(directories), shared, working=working
+    )
     validate_paths(meta, "<encode>")
     payload: dict[str, Any] = {
         "job": job,
@@ -380,6 +415,19 @@ def encode(
     if max_parallelism is not None:
         payload["max_parallelism"] = max_parallelism
     version = 1 if max_parallelism is None else VERSION
+    if working:
+        if max_parallelism is None:
+            raise ValueError("a checkpoint with working files records its max parallelism")
+        payload["working"] = [
+            {
+                "subtask": [s.vertex, s.index, s.parallelism],
+                "path": w.path,
+                "length": w.length,
+                "key_groups": [w.key_groups[0], w.key_groups[1]],
+            }
+            for s, w in working
+        ]
+        version = WORKING_VERSION
     body = _canonical(payload)
     # The canonical document, keys in sorted order, with the payload encoded only once.
     return b"".join(
@@ -492,7 +540,7 @@ class _Reader:
             )
         raise self.fail(w + "type", f"unknown handle type {kind!r}")
 
-    def entry(self, d: dict[str, Any], field: str) -> StateEntry:
+    def subtask(self, d: dict[str, Any], field: str) -> SubtaskId:
         w = field + "."
         sub = self.array(self.get(d, "subtask", w), w + "subtask")
         if len(sub) != 3:
@@ -507,6 +555,25 @@ class _Reader:
             if isinstance(exc, MetadataError):
                 raise
             raise self.fail(w + "subtask", str(exc)) from None
+        return subtask
+
+    def in_place(self, d: dict[str, Any], field: str) -> tuple[SubtaskId, InPlaceFile]:
+        w = field + "."
+        subtask = self.subtask(d, field)
+        unknown = sorted(set(d) - {"subtask", "path", "length", "key_groups"})
+        if unknown:
+            raise self.fail(field, f"unknown field(s) {', '.join(unknown)}")
+        path = self.string(self.get(d, "path", w), w + "path")
+        length = self.integer(self.get(d, "length", w), w + "length", 1)
+        kg = self.pair(self.get(d, "key_groups", w), w + "key_groups")
+        if kg is None or not 0 <= kg[0] <= kg[1]:
+            got = None if kg is None else list(kg)
+            raise self.fail(w + "key_groups", f"expected [first, last] key groups, got {got}")
+        return subtask, InPlaceFile(path, length, kg)
+
+    def entry(self, d: dict[str, Any], field: str) -> StateEntry:
+        w = field + "."
+        subtask = self.subtask(d, field)
         kind_v = self.get(d, "kind", w)
         try:
             kind = StateKind(kind_v)
@@ -611,6 +678,22 @@ def _decode(data: bytes, expected_job: str | None, source: str) -> Metadata:
                     f"{list(e.key_groups)} lies outside the key groups of max parallelism"
                     f" {max_par}",
                 )
-    meta = Metadata(job, checkpoint, savepoint, entries, directories, shared, version, max_par)
+    working: tuple[tuple[SubtaskId, InPlaceFile], ...] = ()
+    if version >= WORKING_VERSION:
+        working = tuple(
+            r.in_place(r.obj(x, f"{w}working[{i}]"), f"{w}working[{i}]")
+            for i, x in enumerate(r.array(r.get(payload, "working", w), w + "working"))
+        )
+        assert max_par is not None
+        for i, (_, f) in enumerate(working):
+            if f.key_groups[1] >= max_par:
+                raise r.fail(
+                    f"{w}working[{i}].key_groups",
+                    f"{list(f.key_groups)} lies outside the key groups of max parallelism"
+                    f" {max_par}",
+                )
+    meta = Metadata(
+        job, checkpoint, savepoint, entries, directories, shared, version, max_par, working
+    )
     validate_paths(meta, source)
     return meta

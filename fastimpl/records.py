@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 from spec.config import Scope
-from spec.handles import StateEntry
+from spec.handles import InPlaceFile, StateEntry
 from spec.ids import SubtaskId, TmId
 
 
@@ -120,13 +120,15 @@ class ManagedDir:
 
 
 class Pending:
-    __slots__ = ("acks", "id", "received", "savepoint")
+    __slots__ = ("acks", "id", "received", "savepoint", "working")
 
     def __init__(self, cid: int, savepoint: bool) -> None:
         self.id = cid
         self.savepoint = savepoint
         self.acks: dict[SubtaskId, tuple[StateEntry, ...]] = {}
         self.received: set[str] = set()
+        self.working: dict[SubtaskId, tuple[InPlaceFile, ...]] = {}
+        """R103: the working files each acknowledgement referred to in place."""
 
 
 class Completed:
@@ -138,6 +140,7 @@ class Completed:
         "max_parallelism",
         "metadata",
         "savepoint",
+        "working",
     )
 
     def __init__(
@@ -149,6 +152,7 @@ class Completed:
         directories: tuple[str, ...],
         metadata: str,
         max_parallelism: int | None = None,
+        working: tuple[tuple[SubtaskId, InPlaceFile], ...] = (),
     ) -> None:
         self.id = cid
         self.job = job
@@ -158,6 +162,8 @@ class Completed:
         self.metadata = metadata
         self.max_parallelism = max_parallelism
         """R77: the max parallelism it was taken with (``None``: a version-1 file)."""
+        self.working = working
+        """R103: the working files it refers to in place, with the subtask that referred."""
 
 
 class StoredFile:

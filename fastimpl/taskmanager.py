@@ -31,6 +31,7 @@ from fastimpl.ids import IdSource, RandomIds
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, ManagedDir, PFile, PoolKey, Seg, StoredFile, Tm
 from fastimpl.storage import Storage, StorageFault
+from fastimpl.working import Databases
 from spec.commands import StorageOp
 from spec.config import Config, MergingMode, Scope, StateKind
 from spec.effects import COORDINATOR, tm_actor
@@ -58,11 +59,15 @@ from spec.messages import (
     Acknowledgement,
     CheckpointAborted,
     CheckpointComplete,
+    DatabaseFiles,
+    DatabasesOpened,
     Duty,
     EndJob,
     Held,
     Holdings,
+    InUse,
     KeptFile,
+    OpenDatabase,
     ResetTm,
     ReusableFiles,
     TmAssignment,
@@ -141,6 +146,8 @@ class TaskManager:
         """The newest failover whose ``TmAssignment`` this TM applied (R61, R62)."""
         self.ended: TmEnded | None = None
         """Its answer to ``EndJob`` once the job ended for it (R90): given again if asked."""
+        # working state (§11): the attempt's live databases (fastimpl.working)
+        self.working = Databases(catalog, job, tm, config.max_parallelism)
 
     @classmethod
     def alone(
@@ -192,10 +199,11 @@ class TaskManager:
         self.acked = {}
         self.backend = {}
         self._per_subtask = {}
+        self.working.forget()  # working state (§11)
 
     # ------------------------------------------------------------------ duties (R60-R62, R72, R90)
 
-    def on_duty(self, msg: Duty) -> TmEnded | Held | None:
+    def on_duty(self, msg: Duty) -> TmEnded | Held | InUse | None:
         """Apply one of the coordinator's duties (``spec.messages``) to this TM's records;
         each is applied once, so a duty repeated or arriving after a newer one changes
         nothing. ``EndJob`` is answered with what the TM hands over (``TmEnded``),
@@ -204,8 +212,16 @@ class TaskManager:
             raise ValueError(f"{type(msg).__name__} for {msg.tm} of {msg.job} reached {self.tm}")
         if isinstance(msg, Holdings):
             return self.holdings(msg)
+        if isinstance(msg, DatabaseFiles):  # working state (§11): R104
+            return InUse(self.job, self.tm, () if self.ended else self.working.in_use())
         if self.ended is not None:
             return self.ended if isinstance(msg, EndJob) else None  # the job is over here
+        if isinstance(msg, OpenDatabase):  # working state (§11): R105
+            self.working.open(msg, self._read_segment)
+            return None
+        if isinstance(msg, DatabasesOpened):  # working state (§11): R62, R102
+            self.working.release()
+            return None
         if isinstance(msg, ResetTm):
             if msg.epoch > max(self.reset_epoch, self.assigned_epoch):
                 self.reset_epoch = msg.epoch
@@ -221,6 +237,13 @@ class TaskManager:
         else:
             return self.end(msg)
         return None
+
+    def _read_segment(self, e: StateEntry) -> bytes:
+        """The bytes of a restored handle (a small working file's segment, R105)."""
+        s = stream_of(e.handle)
+        assert s is not None
+        at = s.offset if isinstance(s, SegmentHandle) else 0
+        return self.catalog.storage.read_range(s.path, at, s.length)
 
     def holdings(self, msg: Holdings) -> Held:
         """The files this TM records under the directories asked: R64's sweep of a
@@ -527,6 +550,7 @@ class TaskManager:
         failed."""
         self.note(checkpoint, savepoint)
         key = (subtask, checkpoint)
+        in_place = self.working.unpin(subtask, checkpoint)  # working state (§11): R103
         written = tuple(self.outputs.pop(key, ()))
         entries = list(written)
         if self.mode is not MergingMode.NONE and not self._is_savepoint(checkpoint):
@@ -554,7 +578,9 @@ class TaskManager:
             for e in entries:
                 if isinstance(e.handle, FileHandle):
                     self.catalog.files.pop(e.handle.path, None)
-        return written, Acknowledgement(self.job, checkpoint, subtask, self.tm, tuple(entries))
+            self.working.handed_over(f.path for f in in_place)  # working state (§11)
+        ack = Acknowledgement(self.job, checkpoint, subtask, self.tm, tuple(entries), in_place)
+        return written, ack
 
     # ------------------------------------------------------------------ notices (R30-R35)
 
@@ -765,11 +791,14 @@ class TaskManager:
         return all((s, checkpoint) in self.acked for s in self.hosted)
 
     def drop_outputs_where(self, which: Callable[[int], bool]) -> None:
-        for key in sorted((k for k in self.outputs if which(k[1])), key=str):
+        keys = {k for k in self.outputs if which(k[1])}
+        keys |= {k for k in self.working.pin_keys() if which(k[1])}  # working state (§11)
+        for key in sorted(keys, key=str):
             self.drop_outputs(key[0], key[1])
 
     def drop_outputs(self, subtask: SubtaskId, checkpoint: int) -> None:
         """Discard what a subtask wrote for a checkpoint and never acknowledged."""
+        self.working.drop_pins(subtask, checkpoint)  # working state (§11): R102
         for e in self.outputs.pop((subtask, checkpoint), ()):
             h = e.handle
             bkey = (subtask, e.name)
@@ -811,6 +840,7 @@ class TaskManager:
         """R90: what no retained checkpoint keeps (logical ids ``keep``) is discarded;
         every open file closes."""
         self.drop_outputs_where(lambda cp: True)
+        self.working.close_all()  # working state (§11): R90, R102
         for lid in sorted(lid for lid in self.m.segs if lid not in keep):
             self._discard(lid)
         self.close_open_files()

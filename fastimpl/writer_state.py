@@ -10,7 +10,11 @@ restore, cancel), a small JSON file in the job base, ``_writer_state.json``:
 
 * ``published_at`` and, per pending checkpoint, ``triggered_at`` (the writer's clock) and
   ``retained_at_trigger`` (the checkpoints it may reuse from);
-* ``open_files``: every physical file open in a TM's pool at publication.
+* ``open_files``: every physical file open in a TM's pool at publication;
+* ``working_files``: every working file a live database uses or a snapshot pins (§11,
+  R100): the audit never takes one for an orphan. A file a database writes after the
+  publication is newer than the fence, and one it stops using stays listed until the
+  next publication: the list errs on keeping.
 
 The audit (``pipeline.deletion``) reads it before listing and again before deleting; it
 never collects a file that is open, nor one modified at or after the fence (the oldest
@@ -50,6 +54,10 @@ _QUIET = (
     c.DuplicateNotification,
     c.FailNextCall,
     c.RetryDeletes,
+    c.WriteWorking,
+    c.DropWorking,
+    c.SnapshotWorking,
+    c.CollectWorking,
 )
 """Commands that change neither the pending nor the retained set."""
 
@@ -79,6 +87,11 @@ class WriterStatePublisher:
         open_files = sorted(
             p for t in cl.parties.values() for p, pf in t.m.pfiles.items() if pf.open
         )
+        working: set[str] = set()
+        if cl.running:
+            for tm in cl.coord.current_tms():
+                dbs = cl.parties[tm].working
+                working |= set(dbs.in_use()) | {p for ps in dbs.pins.values() for p in ps}
         self.seq += 1
         doc: dict[str, Any] = {
             "format": FORMAT,
@@ -94,6 +107,7 @@ class WriterStatePublisher:
                 for cid, (t, pins) in sorted(self.triggered.items())
             ],
             "open_files": open_files,
+            "working_files": sorted(working),
         }
         _write_atomic(cl, f"{job_base(cl.job)}/{WRITER_STATE}", json.dumps(doc).encode())
 

@@ -63,6 +63,7 @@ RULE_TESTS = (
     "tests/test_rules_reuse_notifications.py",
     "tests/test_rules_ownership_failover.py",
     "tests/test_rules_coordinator_restore.py",
+    "tests/test_rules_working_state.py",
     "tests/test_flink_bugs.py",
     "tests/test_invariants.py",
 )
@@ -422,17 +423,10 @@ NOT_A_STORE_RULE = {
 the conformance suite cannot hold a case for them."""
 
 
-STAGE_2 = {*traceability.LATER, "I7"}
-"""STAGE 2 of issue 18 adds cases for these: the working-state rules (SPEC §11) and their
-invariant, whose commands fastimpl does not take yet (outside ``spec.commands.Command``),
-so the corpus generator and the lockstep strategies leave them out until then."""
-
-
 def required() -> list[str]:
     spec = traceability.SPEC.read_text(encoding="utf-8")
     rules = [r for r in traceability.spec_rules(spec) if r not in NOT_A_STORE_RULE]
-    wanted = [*rules, *traceability.spec_invariants(spec), *flink_bugs()]
-    return [r for r in wanted if r not in STAGE_2]
+    return [*rules, *traceability.spec_invariants(spec), *flink_bugs()]
 
 
 def check(folder: Path = CORPUS, *, expectations: bool = True, schema_every: int = 1) -> list[str]:

@@ -54,6 +54,7 @@ from fastimpl.engine import InProcessEngine
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, Completed, PFile, Seg
 from fastimpl.taskmanager import TaskManager
+from fastimpl.working import Databases
 from spec import commands as c
 from spec.config import Scope, StateKind
 from spec.effects import COORDINATOR, tm_actor
@@ -375,6 +376,25 @@ def _forget_taskowned_dir(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Catalog, "mkdir", mkdir)
 
 
+def _tm_deletes_shared_working(mp: pytest.MonkeyPatch) -> None:
+    """A database's attempt deletes every working file it wrote once none of its
+    databases uses it and no snapshot pins it, without asking whether it still owns it:
+    a file a checkpoint's acknowledgement referred to in place (shared, the
+    coordinator's, R102) goes with a compaction, under a retained checkpoint."""
+
+    def release(self: Databases) -> None:
+        used = {p for paths in self.uses.values() for p in paths}
+        pinned = {p for paths in self.pins.values() for p in paths}
+        for path in sorted(self.written):
+            if path in used or path in pinned:
+                continue
+            if path in self.catalog.files:
+                self.catalog.delete_file(path, self.actor)
+            self.written.discard(path)
+
+    mp.setattr(Databases, "release", release)
+
+
 ZOO: list[Mutant] = [
     Mutant(
         "flink-38347",
@@ -465,6 +485,12 @@ ZOO: list[Mutant] = [
         "the TM's exclusive-state directory is created but never registered",
         "forgetting to register a directory",
         _forget_taskowned_dir,
+    ),
+    Mutant(
+        "tm-deletes-shared-working",
+        "a database's attempt deletes a working file it wrote whoever owns it now",
+        "ForSt: the DB deletes a file it no longer owns (R102)",
+        _tm_deletes_shared_working,
     ),
 ]
 MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}

@@ -34,8 +34,9 @@ TLA_PARTS = (ROOT / "tla" / "WorkingState.tla",)
 """Specifications of parts the main one leaves out (disaggregated working state, SPEC §11):
 their operators are named ``Module!Operator`` in the table, since they reuse the main
 spec's action names (``Failover``, ``Complete``) for their own actions."""
-LATER = {f"R{n}": "stage 2 (issue 18)" for n in range(100, 107)}
-"""Rules fastimpl does not carry yet, and when it will: their fastimpl cell says so."""
+LATER: dict[str, str] = {}
+"""Rules fastimpl does not carry yet, and when it will: their fastimpl cell says so
+(none since issue 18's stage 2 gave fastimpl working state, R100-R106)."""
 TEST_DIRS = ("tests",)
 """Where test files are looked for (both while the tests move to ``tests/``)."""
 NOT_MODELLED = "not modelled"

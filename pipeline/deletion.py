@@ -226,6 +226,10 @@ def plan_deletion(
     wall = min((s.fence for s in known), default=None)
     cut = None if wall is None else wall - fence.margin(loc)
     open_files = frozenset().union(*(s.open_files for s in known)) if known else frozenset()
+    # §11: the live databases' files if every state read (the caller's, if given, and
+    # both read here) lists them; else None, and no working file is ever deleted
+    given = [] if state_before is None else [state_before]
+    working = fence.live_working([*given, *states[1:]])
     pins = frozenset().union(*(s.pins for s in known)) if known else frozenset()
     lost_pins = sorted(p for p in pins if p not in set(own.values()))
     stop = (
@@ -240,7 +244,7 @@ def plan_deletion(
     outcomes: list[tuple[str, str, str]] = []
     for path in candidates:
         outcome, why = _judge(loc, path, root_real, current[path], referenced, open_files,
-                              now=now, grace=grace, cut=cut, stop=stop)
+                              now=now, grace=grace, cut=cut, stop=stop, working=working)
         outcomes.append((path, outcome, why))
         if outcome == DELETE:
             st = current[path]
@@ -254,7 +258,7 @@ def plan_deletion(
 def _judge(
     loc: Location, path: str, root_real: str, st: tuple[int, float, bool] | None,
     referenced: set[str], open_files: frozenset[str], *, now: float, grace: float,
-    cut: float | None, stop: str | None,
+    cut: float | None, stop: str | None, working: frozenset[str] | None = None,
 ) -> tuple[str, str]:
     why = _refuse(loc, path, root_real)
     if why is not None:
@@ -265,8 +269,8 @@ def _judge(
         return KEEP_ACTIVE, "referenced by a _metadata read just now"
     if path in open_files:
         return KEEP_ACTIVE, "open in the live writer's pool"
-    if scan.is_working(path, loc.job_dir):
-        return KEEP_ACTIVE, "a live database's working file"
+    if scan.in_live_database(path, loc.job_dir, working):
+        return KEEP_ACTIVE, "a live database's working file (or the writer did not say)"
     mtime = st[1]
     if cut is not None and mtime >= cut:
         return DEFER, "modified at or after the live writer's fence (a pending checkpoint)"

@@ -12,6 +12,9 @@ writer"). What it gives the deletion guards:
 * ``pins``: the checkpoints a pending checkpoint may reuse segments from (retained when it
   was triggered). If one of them is gone while it is pending, the references it shared
   are no longer in any ``_metadata``: the collection stops.
+* ``working_files``: the working files the live databases use or a snapshot pins (§11,
+  R100); ``None`` when the writer publishes none, and then no working file is ever an
+  orphan (a file written after the publication is newer than the fence).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class WriterState:
     running: bool
     pending: tuple[tuple[int, float, tuple[int, ...]], ...]
     open_files: frozenset[str]
+    working_files: frozenset[str] | None = None
 
     @property
     def fence(self) -> float:
@@ -107,6 +111,35 @@ def _parse(doc: Any, job_dir: str) -> WriterState:
     running = doc["running"]
     if not isinstance(running, bool):
         raise TypeError("running is not a boolean")
+    working = doc.get("working_files")
+    if working is not None:
+        if not isinstance(working, list) or not all(isinstance(f, str) for f in working):
+            raise TypeError("working_files is not a list of paths")
+        for f in working:
+            if not is_under(f, job_dir):
+                raise ValueError(f"working file {f!r} is outside the job base")
     return WriterState(
-        _num(doc["published_at"]), _int(doc["seq"]), running, tuple(pending), frozenset(files)
+        _num(doc["published_at"]),
+        _int(doc["seq"]),
+        running,
+        tuple(pending),
+        frozenset(files),
+        None if working is None else frozenset(working),
     )
+
+
+def live_working(states: list[WriterState | None]) -> frozenset[str] | None:
+    """The working files the live databases use by every state read (``None``: some
+    read found no state, or a state without them: then any working file may be in use)."""
+    if not states or any(s is None or s.working_files is None for s in states):
+        return None
+    return frozenset().union(*(s.working_files for s in states if s and s.working_files))
+
+
+def working_of(loc: Location) -> frozenset[str] | None:
+    """What the audit's classification needs: the live databases' files, or ``None``
+    when the writer state is missing or unreadable (then none is an orphan)."""
+    try:
+        return live_working([read_state(loc)])
+    except StateError:
+        return None

@@ -16,6 +16,7 @@ from fastimpl.metadata import Metadata, MetadataError, check_named, decode
 from pipeline.location import Location
 from pipeline.names import is_utf8, shown
 from pipeline.safe_read import Refused, read_regular
+from spec.config import Scope, StateKind
 from spec.handles import DirectoryHandle, FileHandle, PlaceholderHandle, SegmentHandle
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
 
@@ -45,6 +46,9 @@ INT64_MAX = 2**63 - 1
 CHECKPOINT_DIR = re.compile(r"^chk-(\d+)$")
 SAVEPOINT_DIR = re.compile(r"^savepoint-(\d+)$")
 WORKING = "taskowned/working/"
+STREAM_HANDLES = ("segment", "file", "in_place")
+"""References that name bytes of a file: a segment, a whole file, and a working file a
+checkpoint refers to in place (R103, listed apart in the ``_metadata``)."""
 
 
 # --------------------------------------------------------------------------- listing
@@ -286,7 +290,7 @@ def read_metadata(loc: Location, path: str) -> Read:
     the job base are stat-ed here (the base's own files are in the listing)."""
     row, refs, err = _read(loc, path)
     outside = sorted(
-        {r[8] for r in refs if r[7] in ("segment", "file") and r[8] is not None
+        {r[8] for r in refs if r[7] in STREAM_HANDLES and r[8] is not None
          and not is_under(r[8], loc.job_dir)}
     )
     if row is not None and row[5] != loc.job_dir:
@@ -361,6 +365,10 @@ def _rows(
     for d in meta.directories:
         refs.append((key, meta.job, meta.checkpoint, meta.savepoint, "", "", "",
                      "directory", d, None, None, None, None))
+    for sub, w in meta.working:  # R103: a working file of a live database, in place
+        refs.append((key, meta.job, meta.checkpoint, meta.savepoint, sub.dir_name(),
+                     StateKind.KEYED_SHARED.value, w.path.rsplit("/", 1)[1], "in_place",
+                     w.path, 0, w.length, None, Scope.SHARED.value))
     row: CheckpointRow = (key, meta.job, meta.checkpoint, meta.savepoint, path, base,
                           len(meta.entries), list(meta.shared_bases))
     return row, refs, None
@@ -384,5 +392,13 @@ def owner_dir(path: str) -> str:
 
 
 def is_working(path: str, job_dir: str) -> bool:
-    """A live database's working file (FLIP-427): the database owns it, not the audit."""
+    """A file in a database's working directory (FLIP-427, R1)."""
     return path.startswith(f"{job_dir}/{WORKING}")
+
+
+def in_live_database(path: str, job_dir: str, live: frozenset[str] | None) -> bool:
+    """A working file a live database still uses (R100): the database's, not the
+    audit's. ``live``: the files the writer published as its databases' (``None``: it
+    published none, or its state cannot be read; then every working file may be in use,
+    and none is an orphan)."""
+    return is_working(path, job_dir) and (live is None or path in live)

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from fastimpl.writer_state import WRITER_STATE
-from pipeline import scan
+from pipeline import fence, scan
 from pipeline.location import Location
 from pipeline.result import (
     BEYOND,
@@ -52,6 +52,7 @@ def audit_single(
     loc: Location, *, grace: float, now: float | None = None, read_others: bool = True
 ) -> Tables:
     now = time.time() if now is None else now
+    working = fence.working_of(loc)  # read before the listing: a later file is newer
     problems: list[scan.Problem] = []
     units, files = scan.top_level(loc, problems)
     for unit in units:
@@ -73,7 +74,8 @@ def audit_single(
             corrupt.append(err)
         outside.update((f[0], f) for f in stats)
     return analyse(loc, files, ckpt_rows, refs, corrupt, list(outside.values()),
-                   grace=grace, now=now, engine="single-process", problems=problems)
+                   grace=grace, now=now, engine="single-process", problems=problems,
+                   working=working)
 
 
 def analyse(
@@ -88,7 +90,10 @@ def analyse(
     now: float,
     engine: str,
     problems: list[scan.Problem] | None = None,
+    working: frozenset[str] | None = None,
 ) -> Tables:
+    """``working``: the files the live databases use, as the writer published them
+    (``None``: unknown, so every unreferenced working file is ``working``)."""
     job = loc.job_dir
     in_base = {r[0] for r in ckpt_rows if r[5] == job}
     own_keys = {r[0] for r in ckpt_rows}
@@ -110,7 +115,7 @@ def analyse(
         if handle == "placeholder":
             dangling.append(_dangling(r, None, NO_PATH))
             continue
-        if handle not in ("segment", "file") or path is None:
+        if handle not in scan.STREAM_HANDLES or path is None:
             continue
         assert off is not None and length is not None
         ranges[path].append((off, off + length))
@@ -134,7 +139,7 @@ def analyse(
             status = CORRUPT
         elif path in ranges:
             status = REFERENCED
-        elif scan.is_working(path, job):
+        elif scan.in_live_database(path, job, working):
             status = WORKING
         elif mtime > now - grace:
             status = PENDING
@@ -220,7 +225,7 @@ def _checkpoints(
 ) -> list[Row]:
     by_ckpt: dict[str, list[scan.RefRow]] = defaultdict(list)
     for r in ref_rows:
-        if r[7] in ("segment", "file") and r[8] is not None:
+        if r[7] in scan.STREAM_HANDLES and r[8] is not None:
             by_ckpt[r[0]].append(r)
     # A shared segment is reused when an earlier checkpoint of the same job (not a
     # savepoint) references the same bytes.

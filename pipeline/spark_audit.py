@@ -21,7 +21,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from fastimpl.writer_state import WRITER_STATE
-from pipeline import arrow_rows, scan
+from pipeline import arrow_rows, fence, scan
 from pipeline.location import Location
 from pipeline.result import (
     BEYOND,
@@ -40,7 +40,7 @@ from pipeline.result import (
     ratio,
 )
 
-STREAMS = ("segment", "file")
+STREAMS = scan.STREAM_HANDLES
 
 Progress = Callable[[str], None]
 
@@ -88,6 +88,7 @@ def audit_spark(
     progress: Progress | None = None,
 ) -> SparkAudit:
     now = time.time() if now is None else now
+    working = fence.working_of(loc)  # read before the listing: a later file is newer
     say = progress or (lambda _msg: None)
     sc = spark.sparkContext
     job = loc.job_dir
@@ -179,7 +180,11 @@ def audit_spark(
         F.when(F.col("path").isin([*meta_paths, f"{job}/{WRITER_STATE}"]), F.lit(METADATA))
         .when(F.col("path").isin(corrupt_paths), F.lit(CORRUPT))
         .when(F.col("refs").isNotNull(), F.lit(REFERENCED))
-        .when(F.col("path").startswith(f"{job}/{scan.WORKING}"), F.lit(WORKING))
+        .when(
+            F.col("path").startswith(f"{job}/{scan.WORKING}")
+            & (F.lit(True) if working is None else F.col("path").isin(sorted(working))),
+            F.lit(WORKING),
+        )
         .when(F.col("mtime") > F.lit(now - grace), F.lit(PENDING))
         .otherwise(F.lit(ORPHAN))
     )

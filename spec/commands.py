@@ -171,34 +171,9 @@ class Cancel:
     retain: bool = False
 
 
-Command = (
-    Trigger
-    | WriteState
-    | ReuseShared
-    | Acknowledge
-    | Decline
-    | Complete
-    | Abort
-    | DeliverNotification
-    | DropNotification
-    | DuplicateNotification
-    | CrashTm
-    | AttemptStopped
-    | CrashDuringWrite
-    | Failover
-    | RestartCoordinator
-    | Restore
-    | FailNextCall
-    | RetryDeletes
-    | Cancel
-)
-
-
 # ---------------------------------------------------------------------- working state (§11)
-# STAGE 2 (issue 18) adds these to ``Command``, the refusal table, the lockstep strategies
-# and the conformance corpus, once fastimpl carries them. Until then only the reference
-# model takes them (``refimpl.step`` accepts ``AnyCommand``), so fastimpl, the corpus and
-# the lockstep machine are unchanged.
+# The live database of a subtask keeps its files in its working directory on the
+# checkpoint storage (R100-R106); checkpoints refer to them in place.
 
 
 @frozen
@@ -224,8 +199,7 @@ class DropWorking:
 class SnapshotWorking:
     """A subtask snapshots its database for a checkpoint (R103): files smaller than
     ``inline_below`` bytes are uploaded as shared state (merged segments when file merging
-    is on), the others are referred to in place. Stage 2 moves ``inline_below`` into
-    ``Config``."""
+    is on), the others are referred to in place."""
 
     checkpoint: int
     subtask: SubtaskId
@@ -238,7 +212,36 @@ class CollectWorking:
     """The coordinator's collection of working files (R104; SlateDB: its GC run)."""
 
 
-WorkingCommand = WriteWorking | DropWorking | SnapshotWorking | CollectWorking
-"""The commands of disaggregated working state (§11), outside ``Command`` until stage 2."""
+Command = (
+    Trigger
+    | WriteState
+    | ReuseShared
+    | Acknowledge
+    | Decline
+    | Complete
+    | Abort
+    | DeliverNotification
+    | DropNotification
+    | DuplicateNotification
+    | CrashTm
+    | AttemptStopped
+    | CrashDuringWrite
+    | Failover
+    | RestartCoordinator
+    | Restore
+    | FailNextCall
+    | RetryDeletes
+    | Cancel
+    | WriteWorking
+    | DropWorking
+    | SnapshotWorking
+    | CollectWorking
+)
 
-AnyCommand = Command | WorkingCommand
+
+WorkingCommand = WriteWorking | DropWorking | SnapshotWorking | CollectWorking
+"""The commands of disaggregated working state (§11)."""
+
+AnyCommand = Command
+"""Every command: the working ones joined ``Command`` with issue 18's stage 2 (kept as a
+name for the code written against the model alone)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attrs import frozen
+from attrs import field, frozen
 
 from spec.config import Scope, StateKind
 from spec.ids import SubtaskId
@@ -41,6 +41,30 @@ class DirectoryHandle:
     """A managed directory (FLIP-306 §4.3): a subtask's shared or a TM's exclusive dir."""
 
     path: str
+
+
+def _in_place_length(_inst: object, attribute: object, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"length: a working file has at least one byte, got {value}")
+
+
+def _key_group_range(_inst: object, attribute: object, value: tuple[int, int]) -> None:
+    if len(value) != 2 or not 0 <= value[0] <= value[1]:
+        raise ValueError(f"key_groups: expected (first, last) with 0 <= first <= last, got {value}")
+
+
+@frozen
+class InPlaceFile:
+    """R103: a working file of a subtask's live database that an acknowledgement refers
+    to where it is, instead of uploading a copy (§11). ``key_groups`` are those of the
+    subtask whose database wrote it: a rescale gives it to every new subtask whose range
+    overlaps them (R105). Not a ``Handle``: it names no bytes the checkpoint wrote, so it
+    travels beside the entries (``Acknowledgement.in_place``) and is listed apart in the
+    ``_metadata``."""
+
+    path: str
+    length: int = field(validator=_in_place_length)
+    key_groups: tuple[int, int] = field(validator=_key_group_range)
 
 
 StreamHandle = SegmentHandle | FileHandle

@@ -28,7 +28,7 @@ from typing import Any, Union
 from attrs import field, frozen
 
 from spec import codec
-from spec.handles import StateEntry
+from spec.handles import InPlaceFile, StateEntry
 from spec.ids import SubtaskId, TmId
 
 MESSAGE_VERSION = 1
@@ -96,6 +96,10 @@ class Acknowledgement:
     subtask: SubtaskId
     attempt: TmId = field(validator=_name)
     entries: tuple[StateEntry, ...]
+    in_place: tuple[InPlaceFile, ...] = ()
+    """R103: the working files the subtask's snapshot refers to where they are: the
+    coordinator's from this acknowledgement on (shared, R100), whether the checkpoint is
+    still pending or not."""
 
 
 @frozen
@@ -281,6 +285,52 @@ class Held:
     paths: tuple[str, ...]
 
 
+@frozen
+class OpenDatabase:
+    """R105: after a failover or a restore, ``subtask``'s database on ``tm`` opens on
+    ``in_place`` (the working files the restored checkpoint refers to for its key groups,
+    used where they are: no copy) and on a new private copy of each small file, read from
+    its segment in ``small`` (R103 merged it). Applied once per epoch and subtask."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+    epoch: int = field(validator=_non_negative)
+    subtask: SubtaskId
+    in_place: tuple[InPlaceFile, ...]
+    small: tuple[StateEntry, ...]
+    users: bool = False
+    """NO_CLAIM (R105): the files ``in_place`` are the user's; the database's snapshot
+    copies each into a file of its own first, and it never deletes one."""
+
+
+@frozen
+class DatabasesOpened:
+    """R62, R102: every database of the failover or restore of ``epoch`` is open: ``tm``
+    deletes its private working files that none of its databases uses now."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+    epoch: int = field(validator=_non_negative)
+
+
+@frozen
+class DatabaseFiles:
+    """R104: which working files ``tm``'s live databases use: the coordinator's
+    collection never deletes one of them."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+
+
+@frozen
+class InUse:
+    """A TM's answer to ``DatabaseFiles``: the working files its databases use."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+    paths: tuple[str, ...]
+
+
 # ---------------------------------------------------------------------------- engine -> coordinator
 
 
@@ -306,6 +356,10 @@ Message = Union[  # noqa: UP007 - the codec reads the union's members
     TmEnded,
     Holdings,
     Held,
+    OpenDatabase,
+    DatabasesOpened,
+    DatabaseFiles,
+    InUse,
 ]
 MESSAGE_TYPES: tuple[type, ...] = (
     Acknowledgement,
@@ -321,10 +375,23 @@ MESSAGE_TYPES: tuple[type, ...] = (
     TmEnded,
     Holdings,
     Held,
+    OpenDatabase,
+    DatabasesOpened,
+    DatabaseFiles,
+    InUse,
 )
-Duty = ResetTm | TmAssignment | ReusableFiles | EndJob | Holdings
+Duty = (
+    ResetTm
+    | TmAssignment
+    | ReusableFiles
+    | EndJob
+    | Holdings
+    | OpenDatabase
+    | DatabasesOpened
+    | DatabaseFiles
+)
 """What the coordinator asks of one TM besides notices."""
-Answer = TmEnded | Held
+Answer = TmEnded | Held | InUse
 """What a TM answers to a duty (``EndJob``, ``Holdings``); the others have no answer."""
 
 

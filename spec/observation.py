@@ -93,9 +93,11 @@ class WorkingFileView:
 
 @frozen
 class WorkingObservation:
-    """What a model shows of its working files (§11). Kept apart from ``Observation``
-    until stage 2 of issue 18 gives fastimpl working state: the conformance corpus stores
-    observations, and its stored form must not change before fastimpl can produce it."""
+    """What a model shows of its working files (§11): states, users and in-place
+    references, which the invariants I6 and I7 judge. Kept apart from ``Observation``,
+    whose stored form the conformance corpus holds: an implementation shows its working
+    files there as files with owners (the lockstep machine compares those) and its
+    collection's outcome as deletions."""
 
     files: Mapping[str, WorkingFileView] = field(converter=_frozen_map)
     uses: Mapping[str, frozenset[str]] = field(converter=_frozen_map)

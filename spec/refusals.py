@@ -139,6 +139,20 @@ MAX_PARALLELISM_SAME = Guard(
     ("R77",),
 )
 
+WORKING_BYTES = Guard(
+    "working_bytes",
+    Reason.BAD_ARGUMENT,
+    "`size` is 0: a working file has at least one byte",
+    ("R101",),
+)
+DATABASE_USES = Guard(
+    "database_uses",
+    Reason.NO_SUCH_STATE,
+    "the acting attempt's database of the subtask does not use `path` (never wrote or "
+    "opened it, or stopped using it)",
+    ("R102",),
+)
+
 _WRITER = (
     RUNNING,
     SUBTASK_KNOWN,
@@ -161,6 +175,16 @@ _HOST_WRITER = (
 )
 """The same for commands that carry no ``attempt``: they always come from the subtask's
 current TM, which is always known, and never from a zombie."""
+_DATABASE = (
+    RUNNING,
+    SUBTASK_KNOWN,
+    WRITER_KNOWN,
+    HOST_ALIVE,
+    ATTEMPT_LOST,
+    ATTEMPT_HOSTED,
+)
+"""The checks on the attempt whose live database acts (R100, R106): a writer's, without
+a checkpoint (a database writes and compacts between checkpoints)."""
 
 GUARDS: Mapping[type[c.Command], tuple[Guard, ...]] = {
     c.Trigger: (RUNNING,),
@@ -182,6 +206,10 @@ GUARDS: Mapping[type[c.Command], tuple[Guard, ...]] = {
     c.FailNextCall: (),
     c.RetryDeletes: (),
     c.Cancel: (RUNNING,),
+    c.WriteWorking: (*_DATABASE, WORKING_BYTES),
+    c.DropWorking: (*_DATABASE, DATABASE_USES),
+    c.SnapshotWorking: _WRITER,
+    c.CollectWorking: (RUNNING,),
 }
 """Every command of ``spec.commands.Command``, in the order of that union."""
 

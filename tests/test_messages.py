@@ -20,6 +20,7 @@ from spec.handles import (
     DirectoryHandle,
     FileHandle,
     Handle,
+    InPlaceFile,
     PlaceholderHandle,
     SegmentHandle,
     StateEntry,
@@ -59,11 +60,21 @@ entries = st.lists(
     max_size=4,
 ).map(tuple)
 
+in_place = st.lists(
+    st.builds(
+        lambda p, n, a, b: InPlaceFile(p, n, (min(a, b), max(a, b))),
+        st.text(),
+        st.integers(1, 2**40),
+        st.integers(0, 127),
+        st.integers(0, 127),
+    ),
+    max_size=3,
+).map(tuple)
 retained = st.builds(m.RetainedCheckpoint, cids, entries)
 kept = st.builds(m.KeptFile, st.text(), sizes, st.none() | names)
 
 messages: st.SearchStrategy[m.Message] = st.one_of(
-    st.builds(m.Acknowledgement, names, cids, subtasks, names, entries),
+    st.builds(m.Acknowledgement, names, cids, subtasks, names, entries, in_place),
     st.builds(m.Decline, names, cids, subtasks, names),
     st.builds(
         m.CheckpointComplete, names, cids, sizes, st.booleans(), st.frozensets(cids, max_size=4)
@@ -110,12 +121,16 @@ messages: st.SearchStrategy[m.Message] = st.one_of(
     ),
     st.builds(m.Holdings, names, names, st.lists(st.text(), max_size=3).map(tuple)),
     st.builds(m.Held, names, names, st.lists(st.text(), max_size=3).map(tuple)),
+    st.builds(m.OpenDatabase, names, names, sizes, subtasks, in_place, entries, st.booleans()),
+    st.builds(m.DatabasesOpened, names, names, sizes),
+    st.builds(m.DatabaseFiles, names, names),
+    st.builds(m.InUse, names, names, st.lists(st.text(), max_size=3).map(tuple)),
 )
 
 
 def test_the_strategy_covers_every_message_type() -> None:
     assert set(m.MESSAGE_TYPES) == set(typing.get_args(m.Message))
-    assert len(m.MESSAGE_TYPES) == 13
+    assert len(m.MESSAGE_TYPES) == 17
     assert set(typing.get_args(m.Duty)) <= set(m.MESSAGE_TYPES)
     assert set(typing.get_args(m.Answer)) <= set(m.MESSAGE_TYPES)
 
@@ -284,6 +299,76 @@ BAD += [
     ),
 ]
 
+WORKING_ACK = attrs.evolve(
+    SAMPLE, in_place=(InPlaceFile("job-0/taskowned/working/win-1-2/db/f7", 400, (64, 127)),)
+)
+
+
+def _working_with(path: tuple[str | int, ...], value: object) -> bytes:
+    env: Any = json.loads(m.encode_message(WORKING_ACK))
+    node = env
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    return _bytes(env)
+
+
+BAD += [
+    (
+        "an in-place file of no bytes",
+        _working_with(("message", "in_place", 0, "length"), 0),
+        "$.message.in_place[0]",
+    ),
+    (
+        "in-place key groups reversed",
+        _working_with(("message", "in_place", 0, "key_groups"), [9, 3]),
+        "$.message.in_place[0]",
+    ),
+    (
+        "in-place key groups not a pair",
+        _working_with(("message", "in_place", 0, "key_groups"), [9]),
+        "$.message.in_place[0].key_groups",
+    ),
+    (
+        "an in-place file without a path",
+        _working_with(("message", "in_place", 0, "path"), None),
+        "$.message.in_place[0].path",
+    ),
+    (
+        "in_place not a list",
+        _working_with(("message", "in_place"), {"path": "x"}),
+        "$.message.in_place",
+    ),
+    (
+        "an open database's negative epoch",
+        json.dumps(
+            {
+                "version": 1,
+                "message": {
+                    "type": "OpenDatabase",
+                    "job": "job-0",
+                    "tm": "tm-1",
+                    "epoch": -1,
+                    "subtask": {"type": "SubtaskId", "vertex": "v", "index": 0, "parallelism": 1},
+                    "in_place": [],
+                    "small": [],
+                },
+            }
+        ).encode(),
+        "$.message.epoch",
+    ),
+]
+
+
+def test_an_acknowledgement_carries_its_in_place_files() -> None:
+    """R103: what a snapshot refers to in place travels with the acknowledgement, and an
+    acknowledgement of a peer that refers to nothing in place stays as it was."""
+    back = m.decode_message(m.encode_message(WORKING_ACK))
+    assert isinstance(back, m.Acknowledgement) and back.in_place == WORKING_ACK.in_place
+    plain: Any = json.loads(m.encode_message(SAMPLE))
+    del plain["message"]["in_place"]
+    assert m.decode_message(_bytes(plain)) == SAMPLE
+
 
 @pytest.mark.parametrize(("what", "data", "where"), BAD, ids=[b[0] for b in BAD])
 def test_a_bad_message_is_refused_naming_the_field(what: str, data: bytes, where: str) -> None:
@@ -305,6 +390,9 @@ def test_a_bad_message_is_refused_naming_the_field(what: str, data: bytes, where
         (lambda: m.EndJob("job-0", "..", frozenset()), "tm"),
         (lambda: m.KeptFile("job-0/f", -1, None), "size"),
         (lambda: m.RetainedCheckpoint(0, ()), "checkpoint"),
+        (lambda: InPlaceFile("job-0/taskowned/working/v-0-1/db/f1", 0, (0, 1)), "length"),
+        (lambda: InPlaceFile("job-0/taskowned/working/v-0-1/db/f1", 5, (3, 1)), "key_groups"),
+        (lambda: m.InUse("job-0", "", ()), "tm"),
     ],
 )
 def test_an_invalid_message_cannot_be_built(build: Any, field: str) -> None:

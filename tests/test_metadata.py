@@ -30,6 +30,7 @@ from spec.handles import (
     DirectoryHandle,
     FileHandle,
     Handle,
+    InPlaceFile,
     PlaceholderHandle,
     SegmentHandle,
     StateEntry,
@@ -448,3 +449,79 @@ def test_foreign_metadata_through_storage_deletes_nothing() -> None:
     with pytest.raises(MetadataError, match="foreign job id"):
         storage.read_metadata(metadata_path(JOB, 3), expected_job="someone-else")
     assert storage.list_files() == before
+
+
+# --------------------------------------------------------------------------- working files (§11)
+
+W_SUB = SubtaskId("win", 1, 2)
+W_FILE = InPlaceFile(f"{BASE}/taskowned/working/win-1-2/db/f9", 400, (64, 127))
+
+
+def working_sample(*extra: tuple[SubtaskId, InPlaceFile]) -> bytes:
+    return encode(
+        3,
+        JOB,
+        False,
+        sample_entries(JOB),
+        (),
+        max_parallelism=128,
+        working=((W_SUB, W_FILE), *extra),
+    )
+
+
+def test_working_files_round_trip_in_version_3() -> None:
+    """R103: the files a checkpoint refers to in place are listed beside its entries, in
+    a version-3 file (a version-2 reader refuses it rather than restoring without
+    them); one in a restored predecessor's base is declared as a shared base."""
+    other = InPlaceFile("j0/taskowned/working/win-0-2/db/f1", 7, (0, 63))
+    data = working_sample((SubtaskId("win", 0, 2), other))
+    meta = decode(data, expected_job=JOB)
+    assert json.loads(data)["version"] == 3
+    assert meta.working == ((W_SUB, W_FILE), (SubtaskId("win", 0, 2), other))
+    assert meta.shared_bases == ("j0",)
+    moved = resolve(meta, "moved")
+    assert moved.working[0][1].path == f"moved/{W_FILE.path}"
+    nested = f"{BASE}/taskowned/working/win-1-2/db/compacted/01J.sst"  # SlateDB keeps folders
+    data = working_sample((W_SUB, InPlaceFile(nested, 9, (64, 127))))
+    assert decode(data).working[1][1].path == nested
+    plain = encode(3, JOB, False, sample_entries(JOB), (), max_parallelism=128)
+    assert json.loads(plain)["version"] == 2 and decode(plain).working == ()
+
+
+def _working_tampered(edit: Any) -> bytes:
+    doc = json.loads(working_sample())
+    edit(doc["payload"]["working"][0])
+    return reseal(doc)
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda w: w.update(length=0), ("working[0].length", "expected an integer >= 1")),
+        (lambda w: w.update(key_groups=[9, 3]), ("working[0].key_groups", "[9, 3]")),
+        (lambda w: w.update(key_groups=[0, 128]), ("working[0].key_groups", "max parallelism")),
+        (lambda w: w.update(key_groups=None), ("working[0].key_groups",)),
+        (lambda w: w.pop("path"), ("working[0].path", "missing field")),
+        (lambda w: w.update(color=1), ("working[0]", "unknown field(s) color")),
+        (lambda w: w.update(path="../x"), ("working[0].path", "'..'")),
+        (
+            lambda w: w.update(path=f"{BASE}/shared/win-1-2/f9"),
+            ("working[0].path", "not a working file"),
+        ),
+        (
+            lambda w: w.update(path="elsewhere/taskowned/working/win-1-2/db/f9"),
+            ("working[0].path", "outside the job base"),
+        ),
+        (lambda w: w.update(subtask=["win", 5, 2]), ("working[0].subtask",)),
+    ],
+)
+def test_a_bad_working_file_is_refused_naming_it(edit: Any, words: tuple[str, ...]) -> None:
+    expect(_working_tampered(edit), *words)
+
+
+def test_working_files_not_a_list_and_missing_in_version_3() -> None:
+    doc = json.loads(working_sample())
+    doc["payload"]["working"] = {"path": "x"}
+    expect(reseal(doc), "payload.working", "expected a list")
+    doc["payload"].pop("working")
+    expect(reseal(doc), "payload.working", "missing field")

@@ -144,6 +144,27 @@ def _writer_violations(roles: Roles, *, attempt: bool) -> dict[str, Violation]:
     return v
 
 
+def _database_violations(roles: Roles) -> dict[str, Violation]:
+    """The writer's violations without the checkpoint's (``spec.refusals._DATABASE``)."""
+    v = _writer_violations(roles, attempt=True)
+    for name in ("checkpoint_triggered", "not_finished_for_tm", "not_acknowledged"):
+        del v[name]
+    return v
+
+
+def _working_file(setup: tuple[c.Command, ...], subtask: SubtaskId) -> str:
+    """The working file ``subtask``'s database uses after ``setup`` (names are the
+    model's, R2: the product names them alike, lockstep checks it)."""
+    h = Harness(Config(), DEFAULT_JOB)
+    for cmd in setup:
+        if cmd == DELIVER_ALL:
+            h.deliver_all()
+        else:
+            h.run(cmd)
+    (path,) = h.state.dbs[(h.tm_of(subtask), subtask)]
+    return path
+
+
 def scenarios() -> dict[type[c.Command], Scenario]:
     roles = _roles()
     s, host = roles.subtask, roles.host
@@ -153,6 +174,8 @@ def scenarios() -> dict[type[c.Command], Scenario]:
     writer = _writer_violations(roles, attempt=True)
     host_writer = _writer_violations(roles, attempt=False)
     running = {"running": Violation(before=(CANCEL,))}
+    in_use = (c.WriteWorking(s, 40), *first)  # its name is the first (R2), in every mode
+    used = _working_file(in_use, s)
     return {
         c.Trigger: Scenario(first, c.Trigger(), running),
         c.WriteState: Scenario(pending, c.WriteState(2, s, KS, "sst-2", 40), writer),
@@ -234,6 +257,23 @@ def scenarios() -> dict[type[c.Command], Scenario]:
         c.FailNextCall: Scenario(first, c.FailNextCall(c.StorageOp.DELETE), {}),
         c.RetryDeletes: Scenario(first, c.RetryDeletes(), {}),
         c.Cancel: Scenario(first, c.Cancel(), running),
+        c.WriteWorking: Scenario(
+            first,
+            c.WriteWorking(s, 40),
+            _database_violations(roles) | {"working_bytes": Violation(fields={"size": 0})},
+        ),
+        c.DropWorking: Scenario(
+            in_use,
+            c.DropWorking(s, used),
+            _database_violations(roles)
+            | {
+                "database_uses": Violation(
+                    fields={"path": f"{used}-never"}, needs=frozenset({"subtask_known"})
+                )
+            },
+        ),
+        c.SnapshotWorking: Scenario((*in_use, c.Trigger()), c.SnapshotWorking(2, s, 10), writer),
+        c.CollectWorking: Scenario(first, c.CollectWorking(), running),
     }
 
 

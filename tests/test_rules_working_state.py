@@ -2,9 +2,10 @@
 checkpoints that refer to them in place, the coordinator's collection, restore in place,
 zombies) and invariant I7 of SPEC.md, against the reference model.
 
-The working commands are not in ``spec.commands.Command`` yet (stage 2 of issue 18 adds
-them with fastimpl), so these tests drive ``refimpl.step`` through a harness that checks
-I1-I5 and I7 (``spec.invariants.check_working``) after every command.
+These tests drive the reference model through ``Harness``, which checks I1-I5 and I7
+after every command; the conformance corpus records their sequences (fastimpl runs them
+in ``test_conformance.py``), and the lockstep machine drives the same commands against
+fastimpl.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance.harness import Harness
-from refimpl import observe_working, step
 from spec import commands as c
 from spec.commands import StorageOp
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, VertexSpec
@@ -41,32 +41,8 @@ TM1 = "tm:tm-1"
 
 
 class WorkingHarness(Harness):
-    """The model with working commands; I1-I5 and I7 are checked after every command."""
-
-    def run(self, cmd: c.AnyCommand) -> tuple[Effect, ...]:
-        out = step(self.state, cmd)
-        self.previous = self.state
-        self.state = out.state
-        self.history.append(cmd)  # type: ignore[arg-type]
-        self.last_effects = out.effects
-        broken = check_working(self.observe(), self.working(), quiet=False)
-        if broken:
-            raise AssertionError(self._report(broken))
-        self.effects.extend(out.effects)
-        return out.effects
-
-    def try_run(self, cmd: c.AnyCommand) -> CommandError | None:
-        """A refused command leaves the state unchanged (the same object)."""
-        before = self.state
-        try:
-            self.run(cmd)
-        except CommandError as err:
-            assert self.state is before
-            return err
-        return None
-
-    def working(self) -> WorkingObservation:
-        return observe_working(self.state)
+    """The model with working commands; ``Harness.run`` checks I1-I5 and I7 after every
+    command (a refused command leaves the state the same object, ``try_run``)."""
 
     def view(self, path: str) -> WorkingFileView:
         return self.working().files[path]

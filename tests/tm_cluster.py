@@ -32,9 +32,7 @@ from spec.messages import (
     CheckpointAborted,
     CheckpointComplete,
     Duty,
-    Held,
     ResetTm,
-    TmEnded,
     decode_message,
     encode_message,
 )
@@ -179,7 +177,7 @@ class ProcessEngine:
         reply = self.call(tm, ("duty", encode_message(msg)))
         if reply[0] == "answer":
             answer = decode_message(reply[1])
-            assert isinstance(answer, TmEnded | Held)
+            assert isinstance(answer, Answer), answer
             return answer
         assert reply == ("ok",), reply
         return None

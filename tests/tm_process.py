@@ -37,11 +37,7 @@ from spec.messages import (
     CheckpointAborted,
     CheckpointComplete,
     Decline,
-    EndJob,
-    Holdings,
-    ResetTm,
-    ReusableFiles,
-    TmAssignment,
+    Duty,
     decode_message,
     encode_message,
 )
@@ -189,7 +185,7 @@ def serve(
             conn.send(("ok",))
         elif op == "duty":
             duty = decode_message(req[1])
-            assert isinstance(duty, ResetTm | TmAssignment | ReusableFiles | EndJob | Holdings)
+            assert isinstance(duty, Duty), duty
             answer = tm.on_duty(duty)
             tm.catalog.storage.drain()
             conn.send(("ok",) if answer is None else ("answer", encode_message(answer)))

@@ -78,7 +78,7 @@ from spec.messages import (
     decode_message,
     encode_message,
 )
-from spec.observation import Observation, RegistryView, RetainedView
+from spec.observation import Observation, RetainedView
 
 
 class SparkEngine:
@@ -546,9 +546,7 @@ class SparkCoordinator:
             restoring=co.restoring,
             ref_counts=ref_counts,
             live_segments={p: tuple(sorted(v)) for p, v in segs.items()},
-            registry={
-                k: RegistryView(r.path, frozenset(r.refs), r.owned) for k, r in co.registry.items()
-            },
+            registry=co.registry.view(co.retained),
             deletions=tuple(co.catalog.deletions or ()),
             pending_deletes=tuple(pending),
             pool_files=frozenset(pool_files),

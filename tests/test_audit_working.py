@@ -1,0 +1,184 @@
+"""The audit understands working directories (issue 18, SPEC §11): a working file a live
+database uses is ``working``, one a retained checkpoint refers to in place is
+``referenced``, one neither refers to is an orphan; the deletion guards never touch a live
+database's file, and without the writer's word on its databases no working file is an
+orphan.
+
+The job runs through fastimpl's in-process engine on a local directory, its coordinator
+publishing its state (``fastimpl.writer_state``), as a live writer beside the audit."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import fsspec  # type: ignore[import-untyped]
+import pytest
+
+from fastimpl import CounterIds, InProcessEngine
+from fastimpl.writer_state import WRITER_STATE, WriterStatePublisher
+from pipeline import deletion, fence
+from pipeline.location import Location
+from pipeline.result import ORPHAN, REFERENCED, WORKING
+from pipeline.single import audit_single
+from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
+from spec.ids import SubtaskId
+from spec.layout import working_dir
+from tests.audit_fixtures import comparable
+
+DAY = 86400.0
+HOUR = 3600.0
+JOB = JobSpec((VertexSpec("w", 2),), num_tms=1)
+W0 = SubtaskId("w", 0, 2)
+W1 = SubtaskId("w", 1, 2)
+
+
+def written(path: str | None) -> str:
+    assert path is not None, "no storage fault is armed: the write succeeds"
+    return path
+
+
+class Job:
+    """A running job with working state: ``inplace`` referred to in place by retained
+    checkpoint 1 and no longer used, ``live`` used by the database and referred to by
+    nothing, ``stray`` an old file in the working directory that nobody refers to, and
+    ``small`` merged into checkpoint 1 and deleted by its database."""
+
+    def __init__(self, root: Path) -> None:
+        self.engine = InProcessEngine(
+            Config.for_mode(MergingMode.WITHIN_CHECKPOINT),
+            JOB,
+            fsspec.filesystem("file"),
+            str(root),
+            CounterIds(),
+        )
+        e = self.engine
+        self.publisher = WriterStatePublisher(e)
+        e.on_applied = self.publisher
+        self.inplace = written(e.write_working(W0, os.urandom(200)))
+        self.small = written(e.write_working(W0, os.urandom(20)))
+        cp = e.trigger()
+        e.snapshot_working(cp, W0, inline_below=50)
+        for s in (W0, W1):
+            e.write(cp, s, StateKind.OPERATOR_LIST, "offsets", os.urandom(30))
+            e.acknowledge(cp, s)
+        assert e.complete(cp) is not None
+        while e.channel:
+            e.deliver(0)
+        self.live = written(e.write_working(W0, os.urandom(300)))
+        e.drop_working(W0, self.inplace)  # compacted away: checkpoint 1 still refers to it
+        e.drop_working(W0, self.small)  # private: its database deletes it at once (R102)
+        self.publisher.publish()
+        self.stray = f"{working_dir(e.job, W0)}/f999999"
+        full = root / self.stray
+        full.write_bytes(b"left by a crashed database")
+        old = time.time() - 3 * DAY
+        os.utime(full, (old, old))
+        os.utime(root / self.live, (old, old))  # age alone never decides (R100)
+        self.loc = Location.parse(str(root / e.job))
+
+    def statuses(self) -> dict[str, str]:
+        t = audit_single(self.loc, grace=HOUR, now=time.time() + DAY)
+        return {f["path"]: f["status"] for f in t["files"] if "/working/" in f["path"]}
+
+
+def test_audit_tells_live_referenced_and_orphaned_working_files(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    assert job.small not in job.engine.catalog.files
+    assert job.statuses() == {
+        job.inplace: REFERENCED,
+        job.live: WORKING,
+        job.stray: ORPHAN,
+    }
+    t = audit_single(job.loc, grace=HOUR)
+    refs = [r for r in t["references"] if r["handle"] == "in_place"]
+    assert [(r["path"], r["offset"], r["length"]) for r in refs] == [(job.inplace, 0, 200)]
+    (chk,) = [c for c in t["checkpoints"] if c["in_base"]]
+    assert chk["dangling"] == 0 and chk["files"] >= 2  # the in-place file and a segment file
+
+
+def test_deletion_takes_the_orphan_and_never_a_live_databases_file(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    now = time.time() + DAY
+    t = audit_single(job.loc, grace=HOUR, now=now)
+    assert {o["path"] for o in t["orphans"]} == {job.stray}
+    forged = [*t["orphans"], {"path": job.live}, {"path": job.inplace}]
+    plan = deletion.plan_deletion(job.loc, t.summary, forged, grace=HOUR, now=now)
+    outcome = {p: (o, why) for p, o, why in plan.outcomes}
+    assert outcome[job.stray][0] == deletion.DELETE
+    assert outcome[job.live] == (
+        deletion.KEEP_ACTIVE,
+        "a live database's working file (or the writer did not say)",
+    )
+    assert outcome[job.inplace][0] == deletion.KEEP_ACTIVE  # referenced in place
+    deletion.execute(job.loc, plan, str(tmp_path / "log.jsonl"), rate=0)
+    assert not (tmp_path / job.stray).exists()
+    assert (tmp_path / job.live).exists() and (tmp_path / job.inplace).exists()
+
+
+def test_without_the_writers_word_no_working_file_is_an_orphan(tmp_path: Path) -> None:
+    """A writer state without ``working_files`` (an older writer) or none at all: any
+    working file may be a live database's, so none is an orphan and none is deleted."""
+    job = Job(tmp_path)
+    state = tmp_path / job.engine.job / WRITER_STATE
+    doc = json.loads(state.read_text())
+    del doc["working_files"]
+    state.write_text(json.dumps(doc))
+    assert fence.working_of(job.loc) is None
+    assert job.statuses()[job.stray] == WORKING
+    state.unlink()
+    assert job.statuses()[job.stray] == WORKING
+    now = time.time() + DAY
+    t = audit_single(job.loc, grace=HOUR, now=now)
+    plan = deletion.plan_deletion(job.loc, t.summary, [{"path": job.stray}], grace=HOUR, now=now)
+    assert [o for _p, o, _w in plan.outcomes] == [deletion.KEEP_ACTIVE]
+
+
+def test_a_stopped_jobs_unreferenced_working_files_are_orphans(tmp_path: Path) -> None:
+    """Once the job ended with its checkpoints retained, no database is live: what they
+    refer to in place is referenced (the user's), anything else in the working
+    directories is an orphan; the job's end deleted its databases' private files."""
+    job = Job(tmp_path)
+    job.engine.cancel(retain=True)
+    assert job.live not in job.engine.catalog.files  # closed with its database (R90)
+    assert json.loads((tmp_path / job.engine.job / WRITER_STATE).read_text())["working_files"] == []
+    assert job.statuses() == {job.inplace: REFERENCED, job.stray: ORPHAN}
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda d: d.update(working_files="x"), "working_files is not a list"),
+        (lambda d: d.update(working_files=["elsewhere/f"]), "outside the job base"),
+    ],
+)
+def test_a_bad_working_list_makes_the_state_unreadable(
+    tmp_path: Path, edit: object, problem: str
+) -> None:
+    job = Job(tmp_path)
+    state = tmp_path / job.engine.job / WRITER_STATE
+    doc = json.loads(state.read_text())
+    assert callable(edit)
+    edit(doc)
+    state.write_text(json.dumps(doc))
+    with pytest.raises(fence.StateError, match=problem):
+        fence.read_state(job.loc)
+    assert job.statuses()[job.stray] == WORKING  # unreadable: nothing is an orphan
+
+
+@pytest.mark.xdist_group("spark")
+def test_spark_and_single_agree_on_working_files(spark: Any, tmp_path: Path) -> None:
+    """The Spark job classifies working files as the single-process audit does."""
+    from pipeline.spark_audit import audit_spark
+
+    job = Job(tmp_path)
+    now = time.time() + DAY
+    single = audit_single(job.loc, grace=HOUR, now=now)
+    assert comparable(audit_spark(spark, job.loc, grace=HOUR, now=now).collect()) == comparable(
+        single
+    )
+    statuses = {f["path"]: f["status"] for f in single["files"]}
+    assert (statuses[job.live], statuses[job.stray]) == (WORKING, ORPHAN)
