@@ -82,7 +82,7 @@ def test_a_failing_delete_keeps_its_owner_after_many_more_deletes(
 
 def table_sizes(root: object) -> dict[str, int]:
     """The length of every container the store's objects hold, summed by where it is held
-    (``CheckpointCoordinator.registry``, ``Manager.segs[]``...): every object of
+    (``SharedStateRegistry._entries``, ``Manager.segs[]``...): every object of
     ``fastimpl`` reachable from ``root`` through attributes and container values, each
     visited once. A table added later is covered without naming it here."""
     sizes: dict[str, int] = {}
@@ -127,7 +127,7 @@ def test_no_table_grows_with_the_number_of_checkpoints(mode: MergingMode, tmp_pa
     second = table_sizes(store)
     grew = {k: (first.get(k, 0), v) for k, v in second.items() if v > first.get(k, 0)}
     assert grew == {}, f"tables that grew from 40 to 80 checkpoints: {grew}"
-    assert first["CheckpointCoordinator.registry"] > 0  # the walk reached the tables
+    assert first["SharedStateRegistry._entries"] > 0  # the walk reached the tables
     assert store.check_invariants() == []
     store.close()
 
