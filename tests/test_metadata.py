@@ -448,3 +448,66 @@ def test_foreign_metadata_through_storage_deletes_nothing() -> None:
     with pytest.raises(MetadataError, match="foreign job id"):
         storage.read_metadata(metadata_path(JOB, 3), expected_job="someone-else")
     assert storage.list_files() == before
+
+
+# --------------------------------------------------------------------------- fields named
+
+
+@pytest.mark.parametrize("field", ["key_groups", "entry_range"])
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("0-63", "expected a list"),
+        (["0", 63], "expected an integer"),
+        ([0, "63"], "expected an integer"),
+        ([0, True], "expected an integer"),
+    ],
+)
+def test_a_bad_range_names_its_field(field: str, value: object, problem: str) -> None:
+    """Either end of a key-group or entry range that is not an integer is refused with
+    the range's field named, so a user can find it in the file."""
+
+    def edit(d: dict[str, Any]) -> None:
+        d["payload"]["entries"][0][field] = value
+
+    err = expect(tampered(edit), f"payload.entries[0].{field}", problem)
+    assert err.field == f"payload.entries[0].{field}"
+
+
+@pytest.mark.parametrize("bounds", [(-2, 5), (-5, -2)])
+def test_a_range_is_checked_for_type_not_sign(bounds: tuple[int, int]) -> None:
+    """The decoder checks either bound of a range for type, not sign (a range's bounds
+    are the store's business: ``StateEntry`` holds them as written)."""
+    doc = json.loads(sample())
+    doc["payload"]["entries"][1]["entry_range"] = list(bounds)
+    assert decode(reseal(doc)).entries[1].entry_range == bounds
+
+
+def test_a_handle_type_that_is_no_string_names_its_field() -> None:
+    err = expect(
+        tampered(lambda d: d["payload"]["entries"][0]["handle"].update(type=7)),
+        "payload.entries[0].handle.type",
+        "expected a string",
+    )
+    assert err.field == "payload.entries[0].handle.type"
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "savepoint", "field", "words"),
+    [
+        (2, True, "payload.checkpoint", "names checkpoint 2, not savepoint 3"),
+        (3, False, "payload.savepoint", "is false in a savepoint's file"),
+    ],
+)
+def test_a_savepoint_file_in_another_place_is_named_as_a_savepoint(
+    checkpoint: int, savepoint: bool, field: str, words: str
+) -> None:
+    """``savepoints/savepoint-3/_metadata`` must hold savepoint 3: the refusal says which
+    of the two the path names, so the user knows what was moved where."""
+    from fastimpl.metadata import check_named
+
+    meta = Metadata(JOB, checkpoint, savepoint, sample_entries(), ())
+    with pytest.raises(MetadataError) as info:
+        check_named(meta, "savepoints/savepoint-3/_metadata")
+    assert info.value.field == field
+    assert words in str(info.value), str(info.value)
