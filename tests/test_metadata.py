@@ -483,11 +483,19 @@ def test_a_range_is_checked_for_type_not_sign(bounds: tuple[int, int]) -> None:
     assert decode(reseal(doc)).entries[1].entry_range == bounds
 
 
-def test_a_handle_type_that_is_no_string_names_its_field() -> None:
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda h: h.update(type=7), "expected a string"),
+        (lambda h: h.pop("type"), "missing field"),
+    ],
+    ids=["not-a-string", "missing"],
+)
+def test_a_bad_handle_type_names_its_field(edit: Any, problem: str) -> None:
     err = expect(
-        tampered(lambda d: d["payload"]["entries"][0]["handle"].update(type=7)),
+        tampered(lambda d: edit(d["payload"]["entries"][0]["handle"])),
         "payload.entries[0].handle.type",
-        "expected a string",
+        problem,
     )
     assert err.field == "payload.entries[0].handle.type"
 
