@@ -519,3 +519,54 @@ def test_a_savepoint_file_in_another_place_is_named_as_a_savepoint(
         check_named(meta, "savepoints/savepoint-3/_metadata")
     assert info.value.field == field
     assert words in str(info.value), str(info.value)
+
+
+def _fields(doc: object, at: str) -> list[tuple[str, tuple[str | int, ...]]]:
+    """Every field of a payload as (its name in an error, its key path), descending into
+    the entries and their handles (lists of scalars are fields of their own)."""
+    out: list[tuple[str, tuple[str | int, ...]]] = []
+
+    def walk(v: object, name: str, keys: tuple[str | int, ...]) -> None:
+        if isinstance(v, dict):
+            for k in sorted(v):
+                walk(v[k], f"{name}.{k}", (*keys, k))
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            for i, item in enumerate(v):
+                walk(item, f"{name}[{i}]", (*keys, i))
+        if (
+            keys
+            and not isinstance(v, dict)
+            and not (isinstance(v, list) and v and isinstance(v[0], dict))
+        ):
+            out.append((name, keys))
+
+    walk(doc, at, ())
+    return out
+
+
+_PAYLOAD_FIELDS = _fields(json.loads(sample())["payload"], "payload")
+
+
+def _at(doc: dict[str, Any], keys: tuple[str | int, ...]) -> Any:
+    for k in keys:
+        doc = doc[k]  # type: ignore[index]
+    return doc
+
+
+@pytest.mark.parametrize(("name", "keys"), _PAYLOAD_FIELDS, ids=[n for n, _ in _PAYLOAD_FIELDS])
+def test_every_field_missing_is_named(name: str, keys: tuple[str | int, ...]) -> None:
+    """A field left out is refused with its whole name (``payload.entries[1].handle.length``),
+    whichever field it is."""
+    err = expect(tampered(lambda d: _at(d["payload"], keys[:-1]).pop(keys[-1])), name, "missing")
+    assert err.field == name
+
+
+@pytest.mark.parametrize(("name", "keys"), _PAYLOAD_FIELDS, ids=[n for n, _ in _PAYLOAD_FIELDS])
+def test_every_field_of_the_wrong_type_is_named(name: str, keys: tuple[str | int, ...]) -> None:
+    """A field holding an object where a value belongs is refused with its whole name."""
+
+    def edit(d: dict[str, Any]) -> None:
+        _at(d["payload"], keys[:-1])[keys[-1]] = {"x": 1}
+
+    err = expect(tampered(edit), name)
+    assert err.field == name
