@@ -570,3 +570,88 @@ def test_every_field_of_the_wrong_type_is_named(name: str, keys: tuple[str | int
 
     err = expect(tampered(edit), name)
     assert err.field == name
+
+
+_OBJECTS = [
+    "payload",
+    "payload.entries[0]",
+    "payload.entries[0].handle",
+    "payload.entries[1].handle",
+]
+
+
+@pytest.mark.parametrize("name", _OBJECTS)
+def test_an_object_that_is_no_object_is_named(name: str) -> None:
+    keys = [k for k in name.replace("[", ".").replace("]", "").split(".")[1:]]
+
+    def edit(d: dict[str, Any]) -> None:
+        path = [int(k) if k.isdigit() else k for k in keys]
+        parent: Any = d["payload"] if path else d
+        for k in path[:-1]:
+            parent = parent[k]
+        parent[path[-1] if path else "payload"] = 7
+
+    err = expect(tampered(edit), name, "expected an object")
+    assert err.field == name
+
+
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_a_bad_subtask_part_names_the_subtask(at: int) -> None:
+    def edit(d: dict[str, Any]) -> None:
+        d["payload"]["entries"][0]["subtask"][at] = {"x": 1}
+
+    err = expect(tampered(edit), "payload.entries[0].subtask")
+    assert err.field == "payload.entries[0].subtask"
+
+
+@pytest.mark.parametrize("name", ["format", "version", "sha256", "payload"])
+def test_every_header_field_missing_is_named(name: str) -> None:
+    doc = json.loads(sample())
+    doc.pop(name)
+    with pytest.raises(MetadataError) as info:
+        decode(_canonical(doc), source="j/chk-3/_metadata")
+    assert info.value.field == name
+    assert "missing field" in str(info.value)
+
+
+def test_a_document_that_is_no_object_is_named_as_the_file() -> None:
+    with pytest.raises(MetadataError) as info:
+        decode(b"[1, 2]", source="j/chk-3/_metadata")
+    assert info.value.field == "file"
+
+
+def test_a_sha256_that_is_no_string_is_named() -> None:
+    doc = json.loads(sample())
+    doc["sha256"] = 7
+    with pytest.raises(MetadataError) as info:
+        decode(_canonical(doc), source="j/chk-3/_metadata")
+    assert info.value.field == "sha256"
+
+
+def test_the_size_limit_refuses_only_what_is_over_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MAX_BYTES`` is the largest file read: one of exactly that size is parsed."""
+    import fastimpl.metadata as m
+
+    data = sample()
+    monkeypatch.setattr(m, "MAX_BYTES", len(data))
+    assert decode(data).checkpoint == 3
+    monkeypatch.setattr(m, "MAX_BYTES", len(data) - 1)
+    with pytest.raises(MetadataError, match="more than"):
+        decode(data)
+
+
+@pytest.mark.parametrize("n", [2**63 - 1, -(2**63 - 1)])
+def test_the_largest_integer_is_accepted(n: int) -> None:
+    doc = json.loads(sample())
+    doc["payload"]["entries"][1]["entry_range"] = [0, n] if n > 0 else [n, 0]
+    assert n in decode(reseal(doc)).entries[1].entry_range  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("at", [0, 1])
+def test_an_entry_without_a_handle_names_it(at: int) -> None:
+    err = expect(
+        tampered(lambda d: d["payload"]["entries"][at].pop("handle")),
+        f"payload.entries[{at}].handle",
+        "missing field",
+    )
+    assert err.field == f"payload.entries[{at}].handle"
