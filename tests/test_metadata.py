@@ -525,3 +525,210 @@ def test_working_files_not_a_list_and_missing_in_version_3() -> None:
     expect(reseal(doc), "payload.working", "expected a list")
     doc["payload"].pop("working")
     expect(reseal(doc), "payload.working", "missing field")
+
+
+# --------------------------------------------------------------------------- fields named
+
+
+@pytest.mark.parametrize("field", ["key_groups", "entry_range"])
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("0-63", "expected a list"),
+        (["0", 63], "expected an integer"),
+        ([0, "63"], "expected an integer"),
+        ([0, True], "expected an integer"),
+    ],
+)
+def test_a_bad_range_names_its_field(field: str, value: object, problem: str) -> None:
+    """Either end of a key-group or entry range that is not an integer is refused with
+    the range's field named, so a user can find it in the file."""
+
+    def edit(d: dict[str, Any]) -> None:
+        d["payload"]["entries"][0][field] = value
+
+    err = expect(tampered(edit), f"payload.entries[0].{field}", problem)
+    assert err.field == f"payload.entries[0].{field}"
+
+
+@pytest.mark.parametrize("bounds", [(-2, 5), (-5, -2)])
+def test_a_range_is_checked_for_type_not_sign(bounds: tuple[int, int]) -> None:
+    """The decoder checks either bound of a range for type, not sign (a range's bounds
+    are the store's business: ``StateEntry`` holds them as written)."""
+    doc = json.loads(sample())
+    doc["payload"]["entries"][1]["entry_range"] = list(bounds)
+    assert decode(reseal(doc)).entries[1].entry_range == bounds
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda h: h.update(type=7), "expected a string"),
+        (lambda h: h.pop("type"), "missing field"),
+    ],
+    ids=["not-a-string", "missing"],
+)
+def test_a_bad_handle_type_names_its_field(edit: Any, problem: str) -> None:
+    err = expect(
+        tampered(lambda d: edit(d["payload"]["entries"][0]["handle"])),
+        "payload.entries[0].handle.type",
+        problem,
+    )
+    assert err.field == "payload.entries[0].handle.type"
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "savepoint", "field", "words"),
+    [
+        (2, True, "payload.checkpoint", "names checkpoint 2, not savepoint 3"),
+        (3, False, "payload.savepoint", "is false in a savepoint's file"),
+    ],
+)
+def test_a_savepoint_file_in_another_place_is_named_as_a_savepoint(
+    checkpoint: int, savepoint: bool, field: str, words: str
+) -> None:
+    """``savepoints/savepoint-3/_metadata`` must hold savepoint 3: the refusal says which
+    of the two the path names, so the user knows what was moved where."""
+    from fastimpl.metadata import check_named
+
+    meta = Metadata(JOB, checkpoint, savepoint, sample_entries(), ())
+    with pytest.raises(MetadataError) as info:
+        check_named(meta, "savepoints/savepoint-3/_metadata")
+    assert info.value.field == field
+    assert words in str(info.value), str(info.value)
+
+
+def _fields(doc: object, at: str) -> list[tuple[str, tuple[str | int, ...]]]:
+    """Every field of a payload as (its name in an error, its key path), descending into
+    the entries and their handles (lists of scalars are fields of their own)."""
+    out: list[tuple[str, tuple[str | int, ...]]] = []
+
+    def walk(v: object, name: str, keys: tuple[str | int, ...]) -> None:
+        if isinstance(v, dict):
+            for k in sorted(v):
+                walk(v[k], f"{name}.{k}", (*keys, k))
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            for i, item in enumerate(v):
+                walk(item, f"{name}[{i}]", (*keys, i))
+        if (
+            keys
+            and not isinstance(v, dict)
+            and not (isinstance(v, list) and v and isinstance(v[0], dict))
+        ):
+            out.append((name, keys))
+
+    walk(doc, at, ())
+    return out
+
+
+_PAYLOAD_FIELDS = _fields(json.loads(sample())["payload"], "payload")
+
+
+def _at(doc: dict[str, Any], keys: tuple[str | int, ...]) -> Any:
+    for k in keys:
+        doc = doc[k]  # type: ignore[index]
+    return doc
+
+
+@pytest.mark.parametrize(("name", "keys"), _PAYLOAD_FIELDS, ids=[n for n, _ in _PAYLOAD_FIELDS])
+def test_every_field_missing_is_named(name: str, keys: tuple[str | int, ...]) -> None:
+    """A field left out is refused with its whole name (``payload.entries[1].handle.length``),
+    whichever field it is."""
+    err = expect(tampered(lambda d: _at(d["payload"], keys[:-1]).pop(keys[-1])), name, "missing")
+    assert err.field == name
+
+
+@pytest.mark.parametrize(("name", "keys"), _PAYLOAD_FIELDS, ids=[n for n, _ in _PAYLOAD_FIELDS])
+def test_every_field_of_the_wrong_type_is_named(name: str, keys: tuple[str | int, ...]) -> None:
+    """A field holding an object where a value belongs is refused with its whole name."""
+
+    def edit(d: dict[str, Any]) -> None:
+        _at(d["payload"], keys[:-1])[keys[-1]] = {"x": 1}
+
+    err = expect(tampered(edit), name)
+    assert err.field == name
+
+
+_OBJECTS = [
+    "payload",
+    "payload.entries[0]",
+    "payload.entries[0].handle",
+    "payload.entries[1].handle",
+]
+
+
+@pytest.mark.parametrize("name", _OBJECTS)
+def test_an_object_that_is_no_object_is_named(name: str) -> None:
+    keys = [k for k in name.replace("[", ".").replace("]", "").split(".")[1:]]
+
+    def edit(d: dict[str, Any]) -> None:
+        path = [int(k) if k.isdigit() else k for k in keys]
+        parent: Any = d["payload"] if path else d
+        for k in path[:-1]:
+            parent = parent[k]
+        parent[path[-1] if path else "payload"] = 7
+
+    err = expect(tampered(edit), name, "expected an object")
+    assert err.field == name
+
+
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_a_bad_subtask_part_names_the_subtask(at: int) -> None:
+    def edit(d: dict[str, Any]) -> None:
+        d["payload"]["entries"][0]["subtask"][at] = {"x": 1}
+
+    err = expect(tampered(edit), "payload.entries[0].subtask")
+    assert err.field == "payload.entries[0].subtask"
+
+
+@pytest.mark.parametrize("name", ["format", "version", "sha256", "payload"])
+def test_every_header_field_missing_is_named(name: str) -> None:
+    doc = json.loads(sample())
+    doc.pop(name)
+    with pytest.raises(MetadataError) as info:
+        decode(_canonical(doc), source="j/chk-3/_metadata")
+    assert info.value.field == name
+    assert "missing field" in str(info.value)
+
+
+def test_a_document_that_is_no_object_is_named_as_the_file() -> None:
+    with pytest.raises(MetadataError) as info:
+        decode(b"[1, 2]", source="j/chk-3/_metadata")
+    assert info.value.field == "file"
+
+
+def test_a_sha256_that_is_no_string_is_named() -> None:
+    doc = json.loads(sample())
+    doc["sha256"] = 7
+    with pytest.raises(MetadataError) as info:
+        decode(_canonical(doc), source="j/chk-3/_metadata")
+    assert info.value.field == "sha256"
+
+
+def test_the_size_limit_refuses_only_what_is_over_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MAX_BYTES`` is the largest file read: one of exactly that size is parsed."""
+    import fastimpl.metadata as m
+
+    data = sample()
+    monkeypatch.setattr(m, "MAX_BYTES", len(data))
+    assert decode(data).checkpoint == 3
+    monkeypatch.setattr(m, "MAX_BYTES", len(data) - 1)
+    with pytest.raises(MetadataError, match="more than"):
+        decode(data)
+
+
+@pytest.mark.parametrize("n", [2**63 - 1, -(2**63 - 1)])
+def test_the_largest_integer_is_accepted(n: int) -> None:
+    doc = json.loads(sample())
+    doc["payload"]["entries"][1]["entry_range"] = [0, n] if n > 0 else [n, 0]
+    assert n in decode(reseal(doc)).entries[1].entry_range  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("at", [0, 1])
+def test_an_entry_without_a_handle_names_it(at: int) -> None:
+    err = expect(
+        tampered(lambda d: d["payload"]["entries"][at].pop("handle")),
+        f"payload.entries[{at}].handle",
+        "missing field",
+    )
+    assert err.field == f"payload.entries[{at}].handle"
