@@ -85,3 +85,32 @@ def test_the_file_comparison_catches_a_file_the_model_does_not_have(
     moved[(key[0], key[1], "user" if key[2] != "user" else "coordinator", key[3])] = count
     _, diff = compare_with_model(lines, [*soak.snapshots[:-1], (n, moved)], ())
     assert diff is not None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=SoakFailure,
+    reason="open defect (session 16): the coordinator and a lost attempt that still runs"
+    " (a zombie, tm-2) each delete the same shared file (I2); with separate records per"
+    " party, a lost attempt's deletes need a fence",
+)
+def test_a_zombies_stale_notice_does_not_delete_a_file_twice(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sequence of seed ``1004-within-local`` (40 steps), found by a long soak: after
+    two failovers, an aborted checkpoint and three notice deliveries, the coordinator and
+    the lost attempt ``tm-2`` each delete one shared file of ``map-1-2``."""
+    import tests.process_soak as ps
+
+    monkeypatch.setattr(ps, "COMPARE_FILES", False)
+    mode, where = MergingMode.WITHIN_CHECKPOINT, "local"
+    config, fs, root, target = make_setting(mode, where, tmp_path, request)
+    soak = Soak("1004-within-local", config, fs, root, target)
+    try:
+        soak.check(quiet=True)
+        for _ in range(40):
+            soak.step()
+            soak.check()
+        soak.finish()
+    finally:
+        soak.engine.stop_all()
