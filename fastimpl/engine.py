@@ -524,6 +524,23 @@ class InProcessEngine:
             raise CommandError(Reason.UNKNOWN_SUBTASK, f"{subtask} is not a subtask of {self.job}")
         if not 1 <= checkpoint < self.next_checkpoint:
             raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
+        tm = self.acting(subtask, attempt)
+        party = self.parties[tm]
+        if party.finished(checkpoint, self._is_savepoint(checkpoint)):
+            raise CommandError(
+                Reason.CHECKPOINT_FINISHED_FOR_TM,
+                f"{tm} already knows checkpoint {checkpoint} is finished",
+            )
+        if party.acknowledged(subtask, checkpoint):
+            raise CommandError(
+                Reason.ALREADY_ACKNOWLEDGED, f"{subtask} already acknowledged {checkpoint}"
+            )
+        return tm
+
+    def acting(self, subtask: SubtaskId, attempt: TmId | None) -> TmId:
+        """The attempt that acts for a subtask of the running job: its live TM, or a lost
+        attempt that hosted it (a zombie, R64), checked in the guard order of
+        ``spec.refusals``."""
         tm = self.placement[subtask] if attempt is None else attempt
         rec = self.tms.get(tm)
         if rec is None:
@@ -535,16 +552,6 @@ class InProcessEngine:
                 raise CommandError(Reason.TM_NOT_LOST, f"attempt {tm} is not a lost TM")
             if subtask not in rec.hosted:
                 raise CommandError(Reason.NOT_HOSTED, f"{tm} never hosted {subtask}")
-        party = self.parties[tm]
-        if party.finished(checkpoint, self._is_savepoint(checkpoint)):
-            raise CommandError(
-                Reason.CHECKPOINT_FINISHED_FOR_TM,
-                f"{tm} already knows checkpoint {checkpoint} is finished",
-            )
-        if party.acknowledged(subtask, checkpoint):
-            raise CommandError(
-                Reason.ALREADY_ACKNOWLEDGED, f"{subtask} already acknowledged {checkpoint}"
-            )
         return tm
 
     def observe(self) -> Observation:

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from fastimpl.catalog import Catalog
-from fastimpl.records import Completed, Status, StoredFile
+from fastimpl.records import Completed, StoredFile
 from fastimpl.redistribute import assign
 from fastimpl.storage import Storage, StorageFault
 from spec.config import StateKind
@@ -394,18 +394,7 @@ class WorkingCalls:
         e.coord.require_running()
         if subtask not in e.placement:
             raise CommandError(Reason.UNKNOWN_SUBTASK, f"{subtask} is not a subtask of {e.job}")
-        tm = e.placement[subtask] if attempt is None else attempt
-        rec = e.tms.get(tm)
-        if rec is None:
-            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
-        if attempt is None and rec.status is not Status.ALIVE:
-            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} hosting {subtask} is not alive")
-        if attempt is not None:
-            if rec.status is not Status.LOST:
-                raise CommandError(Reason.TM_NOT_LOST, f"attempt {tm} is not a lost TM")
-            if subtask not in rec.hosted:
-                raise CommandError(Reason.NOT_HOSTED, f"{tm} never hosted {subtask}")
-        return tm
+        return e.acting(subtask, attempt)
 
     def write(self, subtask: SubtaskId, data: bytes, attempt: TmId | None = None) -> str | None:
         """R101: the database writes one working file; its path, or ``None`` if a
