@@ -127,10 +127,10 @@ mutants: $(STAMP)
 MUTATE_CATALOG := _protected _record_delete _waits_for _defer delete_file _prunable_parents \
                   delete_dir retry_deletes _run_deferred owners _refuse_delete _foreign \
                   _holds_unknown_files
-MUTATE_COORDINATOR := _take_over_files _register _release_entry _subsume attempt_stopped \
+MUTATE_COORDINATOR := _take_over_files _register _delete_unused _subsume attempt_stopped \
                   referenced collect_dirs restore _claim end_job load_completed restart \
                   _check_claim _may_claim _paths_of _check_max_parallelism
-MUTATE_FUNCS ?= fastimpl.metadata.* fastimpl.recovery.* \
+MUTATE_FUNCS ?= fastimpl.metadata.* fastimpl.recovery.* fastimpl.shared_registry.* \
                 $(foreach f,$(MUTATE_CATALOG),fastimpl.catalog.xǁCatalogǁ$(f)__mutmut_*) \
                 $(foreach f,$(MUTATE_COORDINATOR),fastimpl.coordinator.xǁCheckpointCoordinatorǁ$(f)__mutmut_*) \
                 fastimpl.taskmanager.xǁTaskManagerǁ_release_dirs__mutmut_* \
