@@ -64,11 +64,13 @@ from spec.messages import (
     Answer,
     CheckpointAborted,
     CheckpointComplete,
+    DatabaseFiles,
     Decline,
     Duty,
     EndJob,
     Held,
     Holdings,
+    InUse,
     KeptFile,
     MessageError,
     ResetTm,
@@ -124,6 +126,10 @@ class SparkEngine:
             files = tuple(KeptFile(p, size, creator) for p, size, creator in r.get("owned", []))
             dirs = tuple(sorted(d for d, o in r.get("dirs", {}).items() if o == actor))
             return TmEnded(msg.job, tm, files, dirs)
+        if isinstance(msg, DatabaseFiles):
+            # R104: the RocksDB backend keeps its live database on the worker's local disk,
+            # so no TM of this job uses a working file on the checkpoint storage
+            return InUse(msg.job, tm, tuple(self.reports.get(tm, {}).get("working", ())))
         if isinstance(msg, ResetTm):  # the old attempt's notices go with the redeploy
             self.outbox[tm] = [(s, d) for s, d in self.outbox.get(tm, []) if _is_duty(d)]
         self._queue(tm, encode_message(msg))

@@ -48,7 +48,9 @@ from spec.ids import SubtaskId
 from spec.messages import (
     CheckpointAborted,
     CheckpointComplete,
+    DatabasesOpened,
     Decline,
+    OpenDatabase,
     ResetTm,
     ReusableFiles,
     TmAssignment,
@@ -187,7 +189,9 @@ class WorkerTaskManager:
             if isinstance(msg, CheckpointComplete | CheckpointAborted):
                 if msg.job == self.tm.job:
                     self.tm.on_notice(msg)
-            elif isinstance(msg, ResetTm | TmAssignment | ReusableFiles):
+            elif isinstance(
+                msg, ResetTm | TmAssignment | ReusableFiles | OpenDatabase | DatabasesOpened
+            ):
                 self.tm.on_duty(msg)
             else:
                 raise ValueError(f"mail item {seq} for {tm} is a {type(msg).__name__}")
