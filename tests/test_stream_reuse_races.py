@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,13 @@ def in_flight(r: SubtaskResult) -> bytes:
 
 
 def storage(url: str) -> set[str]:
-    root = Path(url)
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+    """The files under the base now. The coordinator's deleter thread may be pruning a
+    folder while this walks (deletes run in the background): a folder that vanishes
+    holds no file, so ``os.walk`` passing over it is the listing's truth."""
+    out = set()
+    for folder, _, files in os.walk(url):
+        out |= {os.path.relpath(os.path.join(folder, f), url) for f in files}
+    return out
 
 
 def referenced(job: LocalJob) -> set[tuple[str, int]]:

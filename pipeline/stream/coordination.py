@@ -424,6 +424,8 @@ class SparkCoordinator:
         self._strays = True
         self.sweep_strays()
         self.retire()
+        # the sweeps' deletes run on the storage's deleter thread: done means done
+        self.co.storage.drain()
         return True
 
     def abort(self, checkpoint: int) -> None:
