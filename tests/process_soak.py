@@ -298,12 +298,12 @@ class Soak:
         weights = [w for w, _ in actions]
         self.rng.choices([a for _, a in actions], weights)[0]()
 
-    def round(self) -> None:
-        """A checkpoint from trigger to complete, each part skipped now and then (the
-        rest is left to later steps)."""
-        cid = self.run(c.Trigger(False), self.coord.trigger)
+    def round(self, savepoint: bool = False) -> None:
+        """A checkpoint (or savepoint, one write per subtask) from trigger to complete,
+        each part skipped now and then (the rest is left to later steps)."""
+        cid = self.run(c.Trigger(savepoint), lambda: self.coord.trigger(savepoint))
         for s in sorted(self.coord.placement, key=str):
-            for _ in range(self.rng.randint(1, 2)):
+            for _ in range(1 if savepoint else self.rng.randint(1, 2)):
                 if self.write(cid, s) != "ok":
                     return
             if self.rng.random() < 0.9:
@@ -311,7 +311,8 @@ class Soak:
         if cid in self.coord.pending and self.rng.random() < 0.85:
             done = self.run(c.Complete(cid), lambda: self.coord.complete(cid))
             if done is not None:
-                self.counts["checkpoints completed"] += 1
+                kind = "savepoints" if savepoint else "checkpoints"
+                self.counts[f"{kind} completed"] += 1
 
     def trigger(self) -> None:
         if len(self.coord.pending) < 3:
@@ -454,17 +455,7 @@ class Soak:
     # ------------------------------------------------------------------ savepoints, reuse
 
     def savepoint_round(self) -> None:
-        """A savepoint from trigger to complete, each part skipped now and then."""
-        cid = self.run(c.Trigger(True), lambda: self.coord.trigger(True))
-        for s in sorted(self.coord.placement, key=str):
-            if self.write(cid, s) != "ok":
-                return
-            if self.rng.random() < 0.9:
-                self.ack(cid, s)
-        if cid in self.coord.pending and self.rng.random() < 0.85:
-            done = self.run(c.Complete(cid), lambda: self.coord.complete(cid))
-            if done is not None:
-                self.counts["savepoints completed"] += 1
+        self.round(savepoint=True)
 
     def delete_savepoint(self) -> None:
         """The user deletes a completed savepoint (theirs, R55): outside the store, so
