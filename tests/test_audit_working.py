@@ -71,6 +71,7 @@ class Job:
         self.live = written(e.write_working(W0, os.urandom(300)))
         e.drop_working(W0, self.inplace)  # compacted away: checkpoint 1 still refers to it
         e.drop_working(W0, self.small)  # private: its database deletes it at once (R102)
+        e.storage.drain()  # that delete runs on the deleter thread: the audit must not race it
         self.publisher.publish()
         self.stray = f"{working_dir(e.job, W0)}/f999999"
         full = root / self.stray
