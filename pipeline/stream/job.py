@@ -44,7 +44,7 @@ from pipeline.stream.source import RateSource
 from pipeline.stream.subtask import BatchOrder, Failures, SubtaskResult, deliver, run_subtask
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
-from spec.config import Config
+from spec.config import Config, RestoreMode
 from spec.handles import stream_of
 
 
@@ -79,6 +79,14 @@ class StreamSettings:
     """``(b, point)``: the driver SIGKILLs itself in batch b at ``point`` (DRIVER_KILL_POINTS)."""
     snapshot: bool = True
     """Checkpoint the state (off: the baseline of the records-per-second ratio)."""
+    state_backend: str = "rocksdb"
+    """``rocksdb``: a RocksDB per subtask on the executor's disk, its SSTs uploaded at each
+    checkpoint; ``working``: a SlateDB per subtask on the checkpoint storage itself
+    (``pipeline.stream.slate``), its files referred to in place (SPEC §11)."""
+    gc_min_age_s: float = 10.0
+    """``working``: the minimum age of the objects SlateDB's GC deletes (the grace of R64:
+    no attempt outlives its task here, whose worker is dead or done when ``collect``
+    returns)."""
     speculation: bool = False
     """Spark's speculative execution (a master with separate executors: not ``local``).
     Two attempts of one subtask may then write at once; the coordinator gives a TM up,
@@ -362,6 +370,16 @@ def run_stream(
             f"--rescale-at {settings.rescale_at[0]}:...: the batch must be in"
             f" 0..{settings.batches - 2} (a batch must follow it)"
         )
+    if settings.state_backend == "working":
+        if settings.speculation:
+            raise ValueError(
+                "--state-backend working runs without --speculation: two attempts of a"
+                " subtask would open its one database directory (the second fences the first)"
+            )
+        if not settings.snapshot:
+            raise ValueError(
+                "--state-backend working is the checkpointed state: not with --no-snapshot"
+            )
     if settings.config.max_parallelism != MAX_PARALLELISM:
         raise ValueError(
             f"pipeline.max-parallelism is {settings.config.max_parallelism}; the stream's"
@@ -378,6 +396,8 @@ def run_stream(
         p,
         storage_options=settings.storage_options,
         crashed_job=None if state is None else state["job"],
+        backend=settings.state_backend,
+        gc_min_age_s=settings.gc_min_age_s,
     )
     jobs = [coordinator.job_id]
     _write_state(settings.work_dir, coordinator.job_id, p)
@@ -397,7 +417,7 @@ def run_stream(
     files = _Files(settings.base, settings.storage_options)
     local = str(Path(settings.work_dir) / "local")
 
-    def new_driver(parallelism: int) -> BatchDriver:
+    def new_driver(parallelism: int, no_claim: bool = False) -> BatchDriver:
         d = BatchDriver(
             coordinator,
             settings.windowing,
@@ -409,6 +429,8 @@ def run_stream(
             failures=settings.failures,
             snapshot=settings.snapshot,
             sweep_local=not settings.speculation,
+            backend=settings.state_backend,
+            no_claim=no_claim,
         )
         if settings.snapshot:
             d.recover_progress()
@@ -436,7 +458,7 @@ def run_stream(
                 f" ({mode.name}), job {coordinator.job_id}"
             )
             run.rescaled = (driver.last_batch, new_p, mode.name)
-            driver = new_driver(new_p)
+            driver = new_driver(new_p, no_claim=mode is RestoreMode.NO_CLAIM)
         _segment(
             spark,
             settings,

@@ -122,6 +122,11 @@ class BatchOrder:
     """Remove what earlier attempts of the subtask left on the local disk (a killed
     attempt's DB, checkpoint or download directory) when a task starts. Safe only when no
     other attempt of the subtask can still run: off under speculation."""
+    backend: str = "rocksdb"
+    """``rocksdb`` (a local RocksDB, its files uploaded) or ``working`` (a SlateDB on the
+    checkpoint storage, its files referred to in place: ``working_task``)."""
+    no_claim: bool = False
+    """The job was restored with NO_CLAIM (``working``: a restore copies the user's rows)."""
 
 
 @frozen
@@ -161,6 +166,13 @@ def run_subtask(
     ``attempt`` names this attempt uniquely (its local directories); ``attempt_number``
     counts the retries of the task (0 first); ``die`` is how an injected failure kills it.
     """
+
+    if order.backend == "working":
+        from pipeline.stream.working_task import run_working_subtask
+
+        return run_working_subtask(
+            order, index, attempt, records, attempt_number=attempt_number, die=die
+        )
 
     def hook(point: str) -> None:
         if order.failures.kills(point, order.batch_id, index, attempt_number):
