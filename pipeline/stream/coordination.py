@@ -56,7 +56,7 @@ from pipeline.stream.worker_tm import MailItem, TaskManagerRecipe
 from pipeline.stream.working_names import db_dir_of, pointers
 from spec import commands as cmd
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
-from spec.effects import COORDINATOR, tm_actor
+from spec.effects import COORDINATOR, USER, tm_actor
 from spec.handles import SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.invariants import (
@@ -613,7 +613,8 @@ class SparkCoordinator:
         if self.slate is not None:
             # working state (§11): SlateDB's own objects (manifests, compactions, SSTs no
             # party recorded) are the database's: its live TM's, or once no live TM writes
-            # there the coordinator's, whose collection deletes them (slate_collect)
+            # there the coordinator's, whose collection deletes them (slate_collect); in a
+            # base the coordinator may not delete in (a NO_CLAIM source) the user's
             writer = {
                 d: tm_actor(t)
                 for t in reports
@@ -622,7 +623,8 @@ class SparkCoordinator:
             for path in on_storage:
                 d = db_dir_of(path)
                 if d is not None and path not in owners:
-                    owners[path] = writer.get(d, COORDINATOR)
+                    mine = d.split("/", 1)[0] in co.lineage
+                    owners[path] = writer.get(d, COORDINATOR) if mine else USER
         obs = Observation(
             files=on_storage,
             open_files=frozenset(open_files),
@@ -706,7 +708,11 @@ class SparkCoordinator:
                 needed = self.live_databases() | {
                     d for ps in w.retained.values() for p in ps if (d := db_dir_of(p)) is not None
                 } | {d for ps in w.uses.values() for p in ps if (d := db_dir_of(p)) is not None}
-                left = {d for p in obs.files if (d := db_dir_of(p)) is not None}
+                left = {
+                    d
+                    for p in obs.files
+                    if (d := db_dir_of(p)) is not None and d.split("/", 1)[0] in self.co.lineage
+                }
                 found += [f"I6: leaked database directory {d}" for d in sorted(left - needed)]
         if self.co.storage.protocol in ("file", "local"):
             found += [

@@ -98,7 +98,7 @@ class Place:
         return ""
 
 
-def db_settings(l0_max_ssts: int = 8) -> Any:
+def db_settings(l0_max_ssts: int = 32) -> Any:
     """Every database of the job: no WAL (durability is the checkpoint, as the RocksDB
     backend runs with its WAL off), its own garbage collector off (the coordinator runs
     it, R104), its compactor on and polling often enough to keep up with a flush per
@@ -108,6 +108,10 @@ def db_settings(l0_max_ssts: int = 8) -> Any:
     s.set("garbage_collector_options", "null")
     s.set("l0_max_ssts", str(l0_max_ssts))
     s.set("compactor_options.poll_interval", '"100ms"')
+    # the compaction worker polls for scheduled compactions every 5 s by default, and a
+    # flush waits while L0 holds l0_max_ssts_per_key (8) SSTs over its keys: a task's
+    # flush then stalled 3-8 s every fourth checkpoint (docs/slatedb.md)
+    s.set("compactor_options.worker.compactions_poll_interval", '"50ms"')
     return s
 
 
@@ -167,7 +171,7 @@ class SlateCounts:
     """The open windows' counts of one subtask in a SlateDB at ``lineage`` (a path
     relative to the base), opened as its writer: opening fences every earlier writer."""
 
-    def __init__(self, loop: Loop, place: Place, lineage: str, *, l0_max_ssts: int = 8) -> None:
+    def __init__(self, loop: Loop, place: Place, lineage: str, *, l0_max_ssts: int = 32) -> None:
         self.loop = loop
         self.place = place
         self.store = place.store()

@@ -171,13 +171,19 @@ def _restore(
     db = _open(loop, place, target)
     files = db.files()
     found = sizes(files.external)
-    kg = {s.lineage: s.key_groups for s in sources}
     party.open_restored(
-        subtask,
-        epoch,
-        [InPlaceFile(p, n, kg[p.rsplit("/compacted/", 1)[0]]) for p, n in sorted(found.items())],
+        subtask, epoch, [InPlaceFile(p, n, writer_groups(p)) for p, n in sorted(found.items())]
     )
     return db
+
+
+def writer_groups(path: str) -> tuple[int, int]:
+    """The key groups of the subtask whose database wrote ``path`` (its working
+    directory's name, ``<vertex>-<index>-<parallelism>``): a clone of a clone refers to
+    SSTs of databases further back than its sources."""
+    name = path.split("/")[3]
+    _, index, parallelism = name.rsplit("-", 2)
+    return key_group_range(MAX_PARALLELISM, int(parallelism), int(index))
 
 
 def run_working_subtask(
