@@ -396,6 +396,13 @@ class SparkCoordinator:
             on_storage |= co.storage.files_under(f"{base}/taskowned/working")
         self.slate.collect(on_storage, needed=needed, wanted=wanted, recorded=co.catalog.files)
 
+    def in_place_of_latest(self) -> tuple[dict[str, int], tuple[str, ...]]:
+        co = self.co
+        if self.slate is None or not co.retained:
+            return {}, ()
+        files = {w.path: w.length for _, w in co.retained[-1].working}
+        return files, tuple(sorted(b for b in co.lineage if b != job_base(co.job)))
+
     def live_databases(self) -> set[str]:
         """The database directories the live TMs' databases are at (their last reports)."""
         co = self.co

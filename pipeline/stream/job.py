@@ -28,7 +28,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -182,6 +182,9 @@ class StreamRun:
     """Every job id the run's checkpoints were written under, oldest first."""
     audits: list[JobAudit] = field(factory=list)
     """The storage audit of each job's base after the run (``pipeline.stream.audit``)."""
+    slatedb: tuple[int, int, int, int] | None = None
+    """``--state-backend working``: SlateDB checkpoints released, databases dropped, and
+    the objects (and bytes) SlateDB still keeps at the end (``kept_by_slatedb``)."""
 
 
 DRIVER_KILL_POINTS = ("sunk", "completed")
@@ -263,11 +266,22 @@ class _Files:
         self.seen: set[str] = set()
         self.samples: list[StorageSample] = []
 
-    def sample(self, checkpoint: int, assignments: list[bytes], job: str) -> None:
+    def sample(
+        self,
+        checkpoint: int,
+        assignments: list[bytes],
+        job: str,
+        in_place: Mapping[str, int] | None = None,
+        bases: Iterable[str] = (),
+    ) -> None:
         """``job``: the running job; the space amplification counts the bytes under its
-        base only (after a NO_CLAIM restore the old job's checkpoint is the user's)."""
+        base only (after a NO_CLAIM restore the old job's checkpoint is the user's), and
+        under ``bases`` (``--state-backend working``: the claimed jobs whose databases
+        the running job's clones refer to). ``in_place``: the working files the latest
+        checkpoint refers to in place, with their sizes (R103)."""
         found = self.fs.find(self.root, detail=True) if self.fs.exists(self.root) else {}
-        mine = f"{str(self.root).rstrip('/')}/{job}/"
+        root = str(self.root).rstrip("/")
+        mine = tuple(f"{root}/{b}/" for b in {job, *bases})
         # State files only, as Flink's figures count them: not the ``_metadata`` of each
         # checkpoint, nor the lease.
         now = {path for path in found if path.rsplit("/", 1)[-1] not in ("_metadata", "_writer")}
@@ -282,6 +296,7 @@ class _Files:
             for e in decode_assignment(a).entries
             if (h := stream_of(e.handle)) is not None
         }
+        places = dict(in_place or {})
         self.samples.append(
             StorageSample(
                 checkpoint,
@@ -289,8 +304,8 @@ class _Files:
                 len(now - self.seen),
                 len(self.seen - now),
                 state,
-                sum(r[2] for r in ranges),
-                tuple(sorted({r[0].split("/", 1)[0] for r in ranges})),
+                sum(r[2] for r in ranges) + sum(places.values()),
+                tuple(sorted({p.split("/", 1)[0] for p in [*(r[0] for r in ranges), *places]})),
             )
         )
         self.seen = now
@@ -477,6 +492,9 @@ def run_stream(
                 say("an attempt may still run: what it wrote is left to the audit")
         coordinator.settle()
         run.violations = coordinator.violations(quiet=True) if settings.snapshot else []
+        if coordinator.slate is not None:
+            done = coordinator.slate.done
+            run.slatedb = (done.released, len(done.dropped), *coordinator.kept_by_slatedb())
     finally:
         coordinator.close()
         if attempts is not None:
@@ -578,6 +596,7 @@ def _segment(
                     for s in driver.subtasks()
                 ],
                 coordinator.job_id,
+                *coordinator.in_place_of_latest(),
             )
         if on_batch is not None:
             on_batch(report)

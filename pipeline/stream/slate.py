@@ -308,14 +308,19 @@ def _spec(prefix: str, lineage: str, checkpoint_id: str, groups: tuple[int, int]
 
 
 def read_checkpoint(
-    loop: Loop, place: Place, lineage: str, checkpoint_id: str, groups: tuple[int, int]
+    loop: Loop, place: Place, lineage: str, checkpoint_id: str | None, groups: tuple[int, int]
 ) -> list[tuple[bytes, bytes]]:
     """The rows of key groups ``groups`` at SlateDB checkpoint ``checkpoint_id`` of the
-    database at ``lineage``, read by a reader pinned to that checkpoint, which writes
-    nothing there (a NO_CLAIM restore: the user's files are read, never changed)."""
+    database at ``lineage`` (``None``: its latest manifest), read by a reader pinned to
+    that checkpoint (or following the latest manifest), which writes nothing there (a
+    NO_CLAIM restore: the user's files are read, never changed)."""
     store, prefix = place.store(), place.prefix()
     b = sdb.DbReaderBuilder(prefix + lineage, store)
-    b.with_reader_mode(sdb.ReaderMode.CHECKPOINT(checkpoint_id))
+    b.with_reader_mode(
+        sdb.ReaderMode.FOLLOW_LATEST()
+        if checkpoint_id is None
+        else sdb.ReaderMode.CHECKPOINT(checkpoint_id)
+    )
     reader = loop.run(b.build())
     try:
         it = loop.run(reader.scan(group_range(groups)))

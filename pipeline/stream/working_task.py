@@ -66,6 +66,7 @@ class Sizes:
             by_dir.setdefault(p.rsplit("/", 1)[0], []).append(p)
         out: dict[str, int] = {}
         for d, ps in by_dir.items():
+            self.fs.invalidate_cache(f"{self.root}/{d}")  # s3fs caches listings
             listing = {
                 str(i["name"]).rstrip("/")[len(self.root) + 1 :]: int(i.get("size") or 0)
                 for i in self.fs.ls(f"{self.root}/{d}", detail=True)
@@ -77,6 +78,7 @@ class Sizes:
         return out
 
     def read(self, path: str) -> bytes:
+        self.fs.invalidate_cache()  # SlateDB wrote it after our last listing
         return bytes(self.fs.cat_file(f"{self.root}/{path}"))
 
 
