@@ -136,7 +136,7 @@ def _entry(name: str, kind: StateKind = StateKind.KEYED_SHARED) -> StateEntry:
     ],
 )
 def test_a_db_entry_that_names_no_slatedb_checkpoint_is_refused(name: str) -> None:
-    with pytest.raises(PointerError, match="names no SlateDB checkpoint|not a database"):
+    with pytest.raises(PointerError, match=r"names no SlateDB checkpoint|not a database"):
         pointers([_entry(name)])
 
 
