@@ -169,6 +169,10 @@ class WorkerTaskManager:
         self._failed: set[int] = set()
         self.lineage: str | None = None
         """The database directory the subtask's SlateDB is at (``--state-backend working``)."""
+        self.reset = False
+        """This task applied a ``ResetTm`` (a failover, R60): the TM's databases closed and
+        reopened on the latest retained checkpoint's files (R105), not on their latest
+        state."""
         storage = tm.catalog.storage
         create = storage.create
 
@@ -197,6 +201,7 @@ class WorkerTaskManager:
                 msg, ResetTm | TmAssignment | ReusableFiles | OpenDatabase | DatabasesOpened
             ):
                 self.tm.on_duty(msg)
+                self.reset = self.reset or isinstance(msg, ResetTm)
             else:
                 raise ValueError(f"mail item {seq} for {tm} is a {type(msg).__name__}")
             self.applied = seq

@@ -237,8 +237,12 @@ def run_working_subtask(
     try:
         party.apply_mail(order.mail)
         at = {s.lineage for s in sources}
+        # After a failover's reset (R60, R105) the database restarts at the retained
+        # checkpoint, not at its latest manifest: the reset closed it and released the
+        # private files written after that checkpoint (a compaction's outputs)
         in_place = (
             not order.restoring
+            and not party.reset
             and marker is not None
             and party.lineage is not None
             and marker == (assignment.latest_completed, party.lineage)
