@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import signal
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -146,6 +147,10 @@ class SubtaskResult:
     """The subtask's TM's records after the task (``worker_tm.report_of``)."""
     created: int = 0
     """Files the TM created on storage in this task."""
+    ready_seconds: float = 0.0
+    """From the task's start until its state was open (a restore included)."""
+    snapshot_seconds: float = 0.0
+    """The snapshot and the acknowledgement (the task's part of the checkpoint)."""
 
 
 def subtask_dir(work_dir: str, subtask: SubtaskId) -> Path:
@@ -178,6 +183,7 @@ def run_subtask(
         if order.failures.kills(point, order.batch_id, index, attempt_number):
             die(point)
 
+    started = time.perf_counter()
     subtask = SubtaskId(VERTEX, index, order.parallelism)
     reader = order.recipe.reader()
     assignment = decode_assignment(order.assignments[index])
@@ -226,6 +232,7 @@ def run_subtask(
     )
     base = {} if order.restoring else reusable(assignment.entries)
     db = WindowCounts(mine, opt)
+    ready = time.perf_counter() - started
     try:
         if party is not None:
             party.apply_mail(order.mail)
@@ -263,6 +270,7 @@ def run_subtask(
                 SnapshotStats(0, 0, 0, 0, 0, ()), tuple(sorted(closed)),
             )  # fmt: skip
         hook("before-snapshot")
+        snap_start = time.perf_counter()
         stats = take_snapshot(
             db,
             party,
@@ -275,6 +283,7 @@ def run_subtask(
             hook=hook,
         )
         ack = party.acknowledge(order.checkpoint, subtask)
+        snap_seconds = time.perf_counter() - snap_start
         hook("acknowledged")
     except Exception:
         db.close()
@@ -302,6 +311,8 @@ def run_subtask(
         tuple(sorted(closed)),
         report,
         party.created,
+        ready,
+        snap_seconds,
     )
 
 

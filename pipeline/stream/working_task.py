@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -203,6 +204,7 @@ def run_working_subtask(
         if order.failures.kills(point, order.batch_id, index, attempt_number):
             die(point)
 
+    started = time.perf_counter()
     subtask = SubtaskId(VERTEX, index, order.parallelism)
     assignment = decode_assignment(order.assignments[index])
     if assignment.subtask != subtask:
@@ -262,6 +264,7 @@ def run_working_subtask(
             else:
                 db = _open(loop, place, new_db_dir(recipe.job, subtask))
         party.track(subtask, sizes(db.files().all), db.lineage)
+        ready = time.perf_counter() - started
         counts: Counter[tuple[int, int, str]] = Counter()
         n = late = 0
         max_event: int | None = None
@@ -287,10 +290,12 @@ def run_working_subtask(
             sort_keys=True,
         ).encode()
         hook("before-snapshot")
+        snap_start = time.perf_counter()
         stats = take_working_snapshot(
             db, party, order.checkpoint, subtask, sizes, progress, hook
         )
         ack = party.acknowledge(order.checkpoint, subtask)
+        snap_seconds = time.perf_counter() - snap_start
         hook("acknowledged")
         db.close()
         _OPEN.remove(db)
@@ -326,5 +331,7 @@ def run_working_subtask(
         tuple(sorted(closed)),
         report,
         party.created,
+        ready,
+        snap_seconds,
     )
 
