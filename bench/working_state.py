@@ -195,8 +195,12 @@ def run_backend(
 
 @contextmanager
 def _s3() -> Iterator[tuple[str, dict[str, Any]]]:
+    import logging
+
     import boto3  # type: ignore[import-untyped]
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
