@@ -346,6 +346,18 @@ def stream(
             raise ValueError(f"--state-backend must be rocksdb or working, not {state_backend!r}")
         if slatedb_gc_min_age < 0:
             raise ValueError(f"--slatedb-gc-min-age must be >= 0, got {slatedb_gc_min_age}")
+        if state_backend == "working" and speculation:
+            raise ValueError(
+                "--state-backend working runs without --speculation: two attempts of a"
+                " subtask would open its one database directory"
+            )
+        if state_backend == "working" and urllib.parse.urlsplit(settings.base).scheme not in (
+            "", "file", "s3", "s3a"
+        ):
+            raise ValueError(
+                f"--state-backend working keeps its databases on the checkpoint storage, which"
+                f" must be a local directory or S3; {settings.base!r} is neither"
+            )
         if l0_compaction_trigger < 1:
             raise ValueError("--l0-compaction-trigger must be >= 1")
         if not 0 <= kill_worker_prob <= 1:
