@@ -242,8 +242,20 @@ def stream(
     l0_compaction_trigger: Annotated[
         int, typer.Option(help="RocksDB level-0 compaction trigger (its default: 4).")
     ] = 4,
+    state_backend: Annotated[
+        str,
+        typer.Option(
+            help="rocksdb (a local RocksDB, its SSTs uploaded at each checkpoint) or working"
+            " (a SlateDB on the checkpoint storage, its files referred to in place)."
+        ),
+    ] = "rocksdb",
+    slatedb_gc_min_age: Annotated[
+        float,
+        typer.Option(help="--state-backend working: minimum age of what SlateDB's GC deletes, s."),
+    ] = 10.0,
 ) -> None:
-    """Run the streaming word count on Spark with RocksDB state checkpointed into the store."""
+    """Run the streaming word count on Spark with RocksDB state checkpointed into the store
+    (or, with --state-backend working, SlateDB state on the checkpoint storage itself)."""
     from pipeline.stream.job import DRIVER_KILL_POINTS, StreamSettings, retries_tasks, run_stream
     from pipeline.stream.source import RateSource
     from pipeline.stream.subtask import Failures
@@ -327,7 +339,25 @@ def stream(
             rescale_at=rescale,
             die_at=die,
             l0_compaction_trigger=l0_compaction_trigger,
+            state_backend=state_backend,
+            gc_min_age_s=slatedb_gc_min_age,
         )
+        if state_backend not in ("rocksdb", "working"):
+            raise ValueError(f"--state-backend must be rocksdb or working, not {state_backend!r}")
+        if slatedb_gc_min_age < 0:
+            raise ValueError(f"--slatedb-gc-min-age must be >= 0, got {slatedb_gc_min_age}")
+        if state_backend == "working" and speculation:
+            raise ValueError(
+                "--state-backend working runs without --speculation: two attempts of a"
+                " subtask would open its one database directory"
+            )
+        if state_backend == "working" and urllib.parse.urlsplit(settings.base).scheme not in (
+            "", "file", "s3", "s3a"
+        ):
+            raise ValueError(
+                f"--state-backend working keeps its databases on the checkpoint storage, which"
+                f" must be a local directory or S3; {settings.base!r} is neither"
+            )
         if l0_compaction_trigger < 1:
             raise ValueError("--l0-compaction-trigger must be >= 1")
         if not 0 <= kill_worker_prob <= 1:

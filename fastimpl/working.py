@@ -25,7 +25,7 @@ The parties call in through small hooks marked ``# working state (§11)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -124,6 +124,38 @@ class Databases:
         self.uses.setdefault(subtask, set()).add(path)
         self.written.add(path)
         return path
+
+    def track(self, subtask: SubtaskId, files: Mapping[str, int], lineage: str) -> None:
+        """R101, R102 for a database that writes its own files (SlateDB): it uses exactly
+        ``files`` (path -> size) now, as its manifest says. A file under ``lineage`` (the
+        database's own directory, inside the subtask's working directory) that it did not
+        use before is one it wrote whole: recorded as this attempt's, private, and used. A
+        file it used and no longer lists it stopped using (a compaction replaced it), and
+        ``release`` deletes what that frees. A file outside ``lineage`` that it did not
+        use before is refused (``ValueError``, nothing recorded): only ``open`` (R105)
+        makes a database use a file it did not write."""
+        own = working_dir(self.job, subtask) + "/"
+        if not (lineage + "/").startswith(own) or lineage + "/" == own:
+            raise ValueError(f"{lineage} is not a database directory of {subtask} in {self.job}")
+        uses = self.uses.setdefault(subtask, set())
+        new = {p: n for p, n in files.items() if p not in uses}
+        foreign = sorted(p for p in new if not p.startswith(lineage + "/"))
+        if foreign:
+            raise ValueError(f"the database of {subtask} lists files it neither wrote nor "
+                             f"was opened on: {foreign[:3]}")  # fmt: skip
+        bad = sorted(p for p, n in new.items() if n <= 0)
+        if bad:
+            raise ValueError(f"working files of no bytes: {bad[:3]}")
+        kg = key_group_range(self.max_parallelism, subtask.parallelism, subtask.index)
+        cat = self.catalog
+        for path, size in sorted(new.items()):
+            cat.files[path] = StoredFile(size, False, self.actor, self.tm)
+            self.known[path] = InPlaceFile(path, size, kg)
+            self.written.add(path)
+            uses.add(path)
+        for path in sorted(uses - set(files)):
+            uses.discard(path)
+        self.release()
 
     def _put(self, path: str, data: bytes) -> None:
         cat = self.catalog

@@ -24,11 +24,15 @@ from pipeline.stream.subtask import (
 )
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import key_group, subtask_of, word_of
-from spec.config import Config
+from spec.config import Config, RestoreMode
 from spec.ids import SubtaskId
 
 
 def _die(point: str) -> NoReturn:
+    # A killed worker's databases die with it (``--state-backend working``)
+    from pipeline.stream.working_task import halt_all
+
+    halt_all()
     raise Killed(point)
 
 
@@ -48,13 +52,21 @@ class LocalJob:
         url: str | None = None,
         storage_options: dict[str, Any] | None = None,
         failures: Failures | None = None,
+        backend: str = "rocksdb",
+        gc_min_age_s: float = 0.0,
     ) -> None:
         self.url = url or str(tmp / "base")
         self.source = source or RateSource(400, vocabulary=300)
         self.windowing = windowing or Windowing(3000)
         self.parallelism = parallelism
+        self.config = config
         self.coordinator = open_coordinator(
-            self.url, config, parallelism, storage_options=storage_options
+            self.url,
+            config,
+            parallelism,
+            storage_options=storage_options,
+            backend=backend,
+            gc_min_age_s=gc_min_age_s,
         )
         self.work = str(tmp / "work")
         self.driver = BatchDriver(
@@ -65,6 +77,7 @@ class LocalJob:
             write_buffer_size=write_buffer_size,
             auto_compactions=auto_compactions,
             failures=failures or Failures(),
+            backend=backend,
         )
         self.emitted: dict[int, list[tuple[int, str, int]]] = {}
         self.next_batch = 0
@@ -141,6 +154,8 @@ class LocalJob:
             write_buffer_size=old.write_buffer_size,
             auto_compactions=old.auto_compactions,
             failures=old.failures,
+            backend=old.backend,
+            no_claim=self.config.restore_mode is RestoreMode.NO_CLAIM,
         )
         self.driver.recover_progress()
         self.driver.reports = list(old.reports)

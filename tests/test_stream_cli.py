@@ -30,6 +30,13 @@ from ckpt.cli import app
         (["--restore-mode", "sometimes"], "claim or no_claim"),
         (["--resume"], "--resume needs the --run-dir of a run that started"),
         (["--die-at", "3:later"], "expected B:sunk|completed"),
+        (["--state-backend", "lsm"], "rocksdb or working"),
+        (["--state-backend", "working", "--slatedb-gc-min-age", "-1"], "must be >= 0"),
+        (["--state-backend", "working", "--speculation"], "without --speculation"),
+        (
+            ["--state-backend", "working", "--merging", "within", "--base", "memory://x"],
+            "local directory or S3",
+        ),
     ],
 )
 def test_bad_usage_exits_2_naming_the_problem(tmp_path: Path, args: list[str], says: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import fsspec  # type: ignore[import-untyped]
+import pytest
 
 from fastimpl.taskmanager import TaskManager
 from spec.config import Config, MergingMode
@@ -60,3 +61,38 @@ def test_a_tm_of_its_own_copies_the_users_files_and_deletes_only_its_own() -> No
     tm.catalog.storage.drain()
     assert not fs.exists(f"{root}/{private}")
     assert fs.exists(f"{root}/{user}")  # the user's: copied, never deleted (R105)
+
+
+def test_a_database_that_writes_its_own_files_is_tracked_by_its_manifest() -> None:
+    """``Databases.track`` (SlateDB, R101, R102): a file of the database's own directory
+    it did not use before is its attempt's private file; a file it no longer lists goes
+    at once if still its own and unpinned, and a handed-over one never; a file outside its
+    directory that it was not opened on is refused and nothing is recorded."""
+    root = "/tm-working-track"
+    tm, fs = _tm(root)
+    tm.host([SUB])
+    lineage = f"{working_dir('job-1', SUB)}/0123456789ab"
+    a, b, c = (f"{lineage}/compacted/{n}.sst" for n in ("A", "B", "C"))
+    for p in (a, b, c):
+        fs.pipe(f"{root}/{p}", b"s" * 50)
+    tm.working.track(SUB, {a: 50, b: 50}, lineage)
+    assert tm.catalog.files[a].owner == "tm:tm-3" and set(tm.working.in_use()) == {a, b}
+    tm.working.snapshot(SUB, 1, 1, False, lambda name, data: None)
+    _, ack = tm.acknowledge(SUB, 1)
+    assert sorted(f.path for f in ack.in_place) == [a, b]  # handed over: no longer its own
+    tm.working.track(SUB, {b: 50, c: 50}, lineage)  # a compaction replaced a by c
+    tm.catalog.storage.drain()
+    assert fs.exists(f"{root}/{a}")  # the coordinator's now: never deleted here
+    tm.working.snapshot(SUB, 2, 1, False, lambda name, data: None)  # pins b and c
+    tm.working.track(SUB, {b: 50}, lineage)
+    tm.catalog.storage.drain()
+    assert fs.exists(f"{root}/{c}")  # pinned by the unacknowledged snapshot of 2
+    tm.working.drop_pins(SUB, 2)  # never acknowledged: private and unused, so it goes
+    tm.catalog.storage.drain()
+    assert not fs.exists(f"{root}/{c}")
+    foreign = f"{working_dir('job-1', SubtaskId('v', 1, 2))}/0123456789ab/compacted/D.sst"
+    with pytest.raises(ValueError, match="neither wrote nor was opened on"):
+        tm.working.track(SUB, {b: 50, foreign: 50}, lineage)
+    assert foreign not in tm.catalog.files and set(tm.working.in_use()) == {b}
+    with pytest.raises(ValueError, match="is not a database directory of"):
+        tm.working.track(SUB, {}, working_dir("job-1", SubtaskId("v", 1, 2)) + "/x")

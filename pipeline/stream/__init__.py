@@ -11,5 +11,9 @@ partition of a micro-batch, on a worker; injected failures), ``driver`` (a check
 per micro-batch, without Spark), ``job`` (the Spark job: ``foreachBatch``), ``sink``
 (closed windows to Parquet, a directory per batch), ``check`` (the same counts by a
 plain batch computation), ``audit`` (the storage audit of every job base after a run),
-``summary`` (what ``ckpt stream`` prints), ``demo`` (``make demo``).
+``summary`` (what ``ckpt stream`` prints), ``demo`` (``make demo``). ``--state-backend
+working`` (SPEC §11): ``slate`` (the counts in a SlateDB on the checkpoint storage),
+``working_task`` (a subtask's batch with it: snapshot in place, restore by clone),
+``working_names`` (database directories, checkpoint pointers), ``slate_collect`` (the
+coordinator's collection of the databases).
 """

@@ -113,6 +113,11 @@ class CoordinatorSide(Protocol):
     def settle(self) -> None:
         """Wait until the deletes the coordinator decided are carried out."""
 
+    def in_place_of_latest(self) -> tuple[dict[str, int], tuple[str, ...]]:
+        """The working files the latest completed checkpoint refers to in place (path ->
+        size, R103), and the job bases other than the running one whose state the
+        coordinator holds (``--state-backend working``; empty otherwise)."""
+
     def violations(self, *, quiet: bool = False) -> list[str]:
         """The store's invariants (I1-I5, and I6 when ``quiet``) on the real files."""
 

@@ -50,14 +50,22 @@ from fastimpl.ids import RandomIds
 from fastimpl.records import Status, Tm
 from fastimpl.recovery import recover
 from fastimpl.storage import Storage
+from fastimpl.working import is_working_path
 from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted
 from pipeline.stream.worker_tm import MailItem, TaskManagerRecipe
+from pipeline.stream.working_names import db_dir_of, pointers
 from spec import commands as cmd
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
-from spec.effects import COORDINATOR, tm_actor
+from spec.effects import COORDINATOR, USER, tm_actor
 from spec.handles import SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId, TmId
-from spec.invariants import check_all
+from spec.invariants import (
+    check_all,
+    check_safety,
+    no_leak_once_quiet,
+    no_working_leak_once_quiet,
+    working_files_kept,
+)
 from spec.layout import METADATA, is_under, job_base
 from spec.messages import (
     Acknowledgement,
@@ -80,7 +88,7 @@ from spec.messages import (
     decode_message,
     encode_message,
 )
-from spec.observation import Observation, RetainedView
+from spec.observation import Observation, RetainedView, WorkingFileView, WorkingObservation
 
 
 class SparkEngine:
@@ -165,6 +173,11 @@ def _is_duty(data: bytes) -> bool:
     return not isinstance(decode_message(data), CheckpointComplete | CheckpointAborted)
 
 
+BACKENDS = ("rocksdb", "working")
+"""``--state-backend``: a local RocksDB whose files each checkpoint uploads, or a SlateDB
+on the checkpoint storage whose files a checkpoint refers to in place (SPEC §11)."""
+
+
 def _lease_token() -> bytes:
     return (
         f"{uuid.uuid4().hex} host={socket.gethostname()} pid={os.getpid()}"
@@ -179,13 +192,19 @@ def open_coordinator(
     *,
     storage_options: Mapping[str, Any] | None = None,
     crashed_job: str | None = None,
+    backend: str = "rocksdb",
+    gc_min_age_s: float = 10.0,
 ) -> SparkCoordinator:
     """The coordinator of a new job on ``url`` whose keyed stage has ``parallelism``
     subtasks, one TM each. With ``crashed_job`` the job continues one whose driver died:
     the whole application died with it (every TM), so this is a recovery
     (``fastimpl.recovery``: a new job that claims the latest completed checkpoint and
     deletes what the crashed one left unfinished), not a coordinator restart under
-    running TMs (R95, ``fastimpl.resume``)."""
+    running TMs (R95, ``fastimpl.resume``). ``backend`` ``working``: the subtasks' state
+    is SlateDB on ``url`` (``slate_collect`` runs its collection, ``gc_min_age_s`` the
+    minimum age of SlateDB's GC: at least the grace of R64)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"--state-backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     opts = dict(storage_options or {})
     fs, root = fsspec.core.url_to_fs(url, **opts)
     vertices = (VertexSpec(VERTEX, parallelism),)
@@ -205,6 +224,7 @@ def open_coordinator(
         co.catalog.keep_deletion_log()
         engine.placed(co.placement)
         out = SparkCoordinator(co, engine, url, opts)
+        out.use_slatedb(backend, gc_min_age_s)
         out.restored_from = report.checkpoints[-1] if report.checkpoints else 0
         return out
     storage = Storage(fs, root)
@@ -223,7 +243,9 @@ def open_coordinator(
     )
     tms = [engine.start_tm(co.job, 1, None) for _ in range(parallelism)]
     co.deploy(engine.place(subtasks_of(vertices), tms))
-    return SparkCoordinator(co, engine, url, opts)
+    out = SparkCoordinator(co, engine, url, opts)
+    out.use_slatedb(backend, gc_min_age_s)
+    return out
 
 
 class SparkCoordinator:
@@ -259,6 +281,16 @@ class SparkCoordinator:
         records is swept (R64: never while the attempt may still write); a later
         complete, or ``finish_attempts``, does it. Without speculation every attempt of a
         batch has ended when ``collect`` returns."""
+        self.backend = "rocksdb"
+        self.slate: Any = None
+        """``--state-backend working``: the SlateDB collection (``slate_collect``)."""
+
+    def use_slatedb(self, backend: str, gc_min_age_s: float) -> None:
+        self.backend = backend
+        if backend == "working":
+            from pipeline.stream.slate_collect import SlateCollection
+
+            self.slate = SlateCollection(self.url, self.storage_options, gc_min_age_s)
 
     @property
     def job_id(self) -> str:
@@ -341,6 +373,45 @@ class SparkCoordinator:
         if self._strays:
             self.sweep_strays()  # first: a failover below hands files over by mail
         self.retire()
+        self.collect_working()
+
+    def collect_working(self) -> None:
+        """R104 under ``--state-backend working``: fastimpl's collection of shared SSTs,
+        then SlateDB's (``slate_collect``), between two batches (no database is open)."""
+        co = self.co
+        if self.slate is None or not co.running or co.pending or self.may_still_run():
+            return
+        co.working.collect()
+        co.storage.drain()
+        wanted = {
+            (p.lineage, p.checkpoint_id)
+            for entries in [r.entries for r in co.retained]
+            for p in pointers(entries)
+        }
+        used = co.working.in_use()
+        needed = {d for d, _ in wanted} | self.live_databases()
+        needed |= {d for p in co.working.referred() | used if (d := db_dir_of(p)) is not None}
+        on_storage: set[str] = set()
+        for base in sorted(co.lineage):
+            on_storage |= co.storage.files_under(f"{base}/taskowned/working")
+        self.slate.collect(on_storage, needed=needed, wanted=wanted, recorded=co.catalog.files)
+
+    def in_place_of_latest(self) -> tuple[dict[str, int], tuple[str, ...]]:
+        co = self.co
+        if self.slate is None or not co.retained:
+            return {}, ()
+        files = {w.path: w.length for _, w in co.retained[-1].working}
+        return files, tuple(sorted(b for b in co.lineage if b != job_base(co.job)))
+
+    def live_databases(self) -> set[str]:
+        """The database directories the live TMs' databases are at (their last reports)."""
+        co = self.co
+        return {
+            d
+            for t, rec in co.tms.items()
+            if rec.status is Status.ALIVE
+            and isinstance(d := self.engine.reports.get(t, {}).get("lineage"), str)
+        }
 
     def retire(self) -> None:
         """Give up the replaced TMs (see the module docstring); only with nothing
@@ -396,7 +467,10 @@ class SparkCoordinator:
             if rec.status is Status.ALIVE:  # a replaced TM's: swept when it is given up
                 known |= set(self.engine.reports.get(t, {}).get("held", []))
         base = job_base(co.job)
-        found = {p for p in co.storage.files_under(base) if p not in known}
+        # working state (§11): SlateDB's objects are collected by ``collect_working``
+        found = {
+            p for p in co.storage.files_under(base) if p not in known and not is_working_path(p)
+        }
         if not found:
             return
         owned = f"{base}/taskowned/"
@@ -426,6 +500,7 @@ class SparkCoordinator:
         self.retire()
         # the sweeps' deletes run on the storage's deleter thread: done means done
         self.co.storage.drain()
+        self.collect_working()
         return True
 
     def abort(self, checkpoint: int) -> None:
@@ -542,6 +617,21 @@ class SparkCoordinator:
         for tm, path in self.engine.in_transit():
             owners.setdefault(path, tm_actor(tm))  # R61: handed by a duty not applied yet
         on_storage = co.storage.list_files()
+        if self.slate is not None:
+            # working state (§11): SlateDB's own objects (manifests, compactions, SSTs no
+            # party recorded) are the database's: its live TM's, or once no live TM writes
+            # there the coordinator's, whose collection deletes them (slate_collect); in a
+            # base the coordinator may not delete in (a NO_CLAIM source) the user's
+            writer = {
+                d: tm_actor(t)
+                for t in reports
+                if isinstance(d := reports[t].get("lineage"), str)
+            }
+            for path in on_storage:
+                d = db_dir_of(path)
+                if d is not None and path not in owners:
+                    mine = d.split("/", 1)[0] in co.lineage
+                    owners[path] = writer.get(d, COORDINATOR) if mine else USER
         obs = Observation(
             files=on_storage,
             open_files=frozenset(open_files),
@@ -563,11 +653,74 @@ class SparkCoordinator:
         )
         return obs, disagree + [f"refused delete of {p}" for p in refused]
 
+    def working(self, obs: Observation) -> tuple[WorkingObservation, set[str]]:
+        """What the observation shows of the working files (§11): the SSTs a party
+        records, their states, users and in-place references; and every other object of
+        the databases (SlateDB's own: kept by its manifests, its checkpoints and its
+        GC's minimum age, judged apart, ``kept_by_slatedb``)."""
+        co = self.co
+        live = sorted(t for t, rec in co.tms.items() if rec.status is Status.ALIVE)
+        reports = {t: self.engine.reports[t] for t in live if t in self.engine.reports}
+        uses = {f"{t}@{tm_actor(t)}": frozenset(r.get("working", ())) for t, r in reports.items()}
+        pinned = {p for r in reports.values() for p in r.get("pinned", ())}
+        retained = {r.id: frozenset(w.path for _, w in r.working) for r in co.retained}
+        refs: dict[str, set[int]] = {}
+        for cid, paths in retained.items():
+            for p in paths:
+                refs.setdefault(p, set()).add(cid)
+        recorded = set(co.catalog.files) | {
+            p for r in reports.values() for p in r.get("owners", {})
+        }
+        files: dict[str, WorkingFileView] = {}
+        other: set[str] = set()
+        for path in obs.files:
+            if db_dir_of(path) is None:
+                continue
+            if path not in recorded:
+                other.add(path)
+                continue
+            owner = obs.owners.get(path, "")
+            state = (
+                "shared" if owner in (COORDINATOR, "user")
+                else "pinned" if path in pinned else "private"
+            )  # fmt: skip
+            users = frozenset(db for db, ps in uses.items() if path in ps)
+            files[path] = WorkingFileView(owner, state, users, frozenset(refs.get(path, ())))
+        return WorkingObservation(files, uses, retained), other
+
+    def kept_by_slatedb(self) -> tuple[int, int]:
+        """Objects (and bytes) of the databases that no party records: SlateDB's own
+        manifests and compactions, and SSTs it still names or that are younger than its
+        GC's minimum age. Reported, not called leaks (SPEC §11's table)."""
+        obs, _ = self.observe()
+        _, other = self.working(obs)
+        return len(other), sum(obs.files[p] for p in other)
+
     def violations(self, *, quiet: bool = False, also: Iterable[bytes] = ()) -> list[str]:
         """I1-I5 (and I6 when ``quiet``) on the real files, and the parties' disagreements.
-        Quiet needs every TM to have applied its mail (``deliver_mail``)."""
+        Quiet needs every TM to have applied its mail (``deliver_mail``). With working
+        state, I7 and the working files' I6 too; and, quiet, every database directory
+        left on storage is one a live database or a retained checkpoint needs."""
         obs, disagree = self.observe(also)
-        found = [str(v) for v in check_all(obs, quiet=quiet)] + disagree
+        if self.slate is None:
+            found = [str(v) for v in check_all(obs, quiet=quiet)] + disagree
+        else:
+            w, other = self.working(obs)
+            checks = check_safety(obs) + working_files_kept(obs, w)
+            if quiet:
+                exempt = frozenset(w.files) | frozenset(other)
+                checks += no_leak_once_quiet(obs, exempt) + no_working_leak_once_quiet(obs, w)
+            found = [str(v) for v in checks] + disagree
+            if quiet:
+                needed = self.live_databases() | {
+                    d for ps in w.retained.values() for p in ps if (d := db_dir_of(p)) is not None
+                } | {d for ps in w.uses.values() for p in ps if (d := db_dir_of(p)) is not None}
+                left = {
+                    d
+                    for p in obs.files
+                    if (d := db_dir_of(p)) is not None and d.split("/", 1)[0] in self.co.lineage
+                }
+                found += [f"I6: leaked database directory {d}" for d in sorted(left - needed)]
         if self.co.storage.protocol in ("file", "local"):
             found += [
                 f"directory {d} is recorded but not on storage"
@@ -578,3 +731,5 @@ class SparkCoordinator:
 
     def close(self) -> None:
         self.co.storage.close_all()
+        if self.slate is not None:
+            self.slate.close()

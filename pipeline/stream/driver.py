@@ -50,6 +50,14 @@ class BatchReport:
     """State files the subtasks' TMs created on storage (counted on the workers)."""
     new_tms: int = 0
     """Subtasks whose TM was a new attempt (a new job, a kill, a dropped local DB)."""
+    exclusive_bytes: int = 0
+    """Bytes of EXCLUSIVE state written (RocksDB's MANIFEST/OPTIONS/CURRENT and the
+    operator state; ``working``: the manifests' copies and the operator state)."""
+    in_place: int = 0
+    """``working``: files the checkpoint refers to in place (no upload)."""
+    in_place_bytes: int = 0
+    db_written_bytes: int = 0
+    """``working``: bytes of SSTs the databases wrote to the checkpoint storage."""
 
 
 @define
@@ -67,6 +75,10 @@ class BatchDriver:
     """Checkpoint every batch (off: the baseline without state checkpointing)."""
     sweep_local: bool = True
     """See ``BatchOrder.sweep_local`` (off under speculation)."""
+    backend: str = "rocksdb"
+    """See ``BatchOrder.backend``."""
+    no_claim: bool = False
+    """The job was restored with NO_CLAIM (see ``BatchOrder.no_claim``)."""
     watermark: int = NO_WATERMARK
     reports: list[BatchReport] = field(factory=list)
     last_batch: int = -1
@@ -135,6 +147,8 @@ class BatchDriver:
             sweep_local=self.sweep_local,
             restoring=self.snapshot and self.coordinator.restoring(),
             snapshot=self.snapshot,
+            backend=self.backend,
+            no_claim=self.no_claim,
         )
 
     def delivery(self) -> BatchOrder:
@@ -149,6 +163,7 @@ class BatchDriver:
             recipe=self.coordinator.task_manager_recipe(),
             assignments={},
             mail=self.coordinator.mail(),
+            backend=self.backend,
         )
 
     def finish(self, order: BatchOrder, results: Sequence[SubtaskResult]) -> BatchReport:
@@ -185,6 +200,10 @@ class BatchDriver:
             retried=sum(r.attempt_number > 0 for r in results),
             created=sum(r.created for r in results),
             new_tms=sum(bool(r.report) and json.loads(r.report).get("new", False) for r in results),
+            exclusive_bytes=sum(r.stats.exclusive_bytes for r in results),
+            in_place=sum(r.stats.in_place for r in results),
+            in_place_bytes=sum(r.stats.in_place_bytes for r in results),
+            db_written_bytes=sum(r.stats.db_written_bytes for r in results),
         )
         self.reports.append(report)
         return report

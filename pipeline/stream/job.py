@@ -28,7 +28,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -44,7 +44,7 @@ from pipeline.stream.source import RateSource
 from pipeline.stream.subtask import BatchOrder, Failures, SubtaskResult, deliver, run_subtask
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
-from spec.config import Config
+from spec.config import Config, RestoreMode
 from spec.handles import stream_of
 
 
@@ -79,6 +79,14 @@ class StreamSettings:
     """``(b, point)``: the driver SIGKILLs itself in batch b at ``point`` (DRIVER_KILL_POINTS)."""
     snapshot: bool = True
     """Checkpoint the state (off: the baseline of the records-per-second ratio)."""
+    state_backend: str = "rocksdb"
+    """``rocksdb``: a RocksDB per subtask on the executor's disk, its SSTs uploaded at each
+    checkpoint; ``working``: a SlateDB per subtask on the checkpoint storage itself
+    (``pipeline.stream.slate``), its files referred to in place (SPEC §11)."""
+    gc_min_age_s: float = 10.0
+    """``working``: the minimum age of the objects SlateDB's GC deletes (the grace of R64:
+    no attempt outlives its task here, whose worker is dead or done when ``collect``
+    returns)."""
     speculation: bool = False
     """Spark's speculative execution (a master with separate executors: not ``local``).
     Two attempts of one subtask may then write at once; the coordinator gives a TM up,
@@ -174,6 +182,9 @@ class StreamRun:
     """Every job id the run's checkpoints were written under, oldest first."""
     audits: list[JobAudit] = field(factory=list)
     """The storage audit of each job's base after the run (``pipeline.stream.audit``)."""
+    slatedb: tuple[int, int, int, int] | None = None
+    """``--state-backend working``: SlateDB checkpoints released, databases dropped, and
+    the objects (and bytes) SlateDB still keeps at the end (``kept_by_slatedb``)."""
 
 
 DRIVER_KILL_POINTS = ("sunk", "completed")
@@ -255,11 +266,22 @@ class _Files:
         self.seen: set[str] = set()
         self.samples: list[StorageSample] = []
 
-    def sample(self, checkpoint: int, assignments: list[bytes], job: str) -> None:
+    def sample(
+        self,
+        checkpoint: int,
+        assignments: list[bytes],
+        job: str,
+        in_place: Mapping[str, int] | None = None,
+        bases: Iterable[str] = (),
+    ) -> None:
         """``job``: the running job; the space amplification counts the bytes under its
-        base only (after a NO_CLAIM restore the old job's checkpoint is the user's)."""
+        base only (after a NO_CLAIM restore the old job's checkpoint is the user's), and
+        under ``bases`` (``--state-backend working``: the claimed jobs whose databases
+        the running job's clones refer to). ``in_place``: the working files the latest
+        checkpoint refers to in place, with their sizes (R103)."""
         found = self.fs.find(self.root, detail=True) if self.fs.exists(self.root) else {}
-        mine = f"{str(self.root).rstrip('/')}/{job}/"
+        root = str(self.root).rstrip("/")
+        mine = tuple(f"{root}/{b}/" for b in {job, *bases})
         # State files only, as Flink's figures count them: not the ``_metadata`` of each
         # checkpoint, nor the lease.
         now = {path for path in found if path.rsplit("/", 1)[-1] not in ("_metadata", "_writer")}
@@ -274,6 +296,7 @@ class _Files:
             for e in decode_assignment(a).entries
             if (h := stream_of(e.handle)) is not None
         }
+        places = dict(in_place or {})
         self.samples.append(
             StorageSample(
                 checkpoint,
@@ -281,8 +304,8 @@ class _Files:
                 len(now - self.seen),
                 len(self.seen - now),
                 state,
-                sum(r[2] for r in ranges),
-                tuple(sorted({r[0].split("/", 1)[0] for r in ranges})),
+                sum(r[2] for r in ranges) + sum(places.values()),
+                tuple(sorted({p.split("/", 1)[0] for p in [*(r[0] for r in ranges), *places]})),
             )
         )
         self.seen = now
@@ -362,6 +385,16 @@ def run_stream(
             f"--rescale-at {settings.rescale_at[0]}:...: the batch must be in"
             f" 0..{settings.batches - 2} (a batch must follow it)"
         )
+    if settings.state_backend == "working":
+        if settings.speculation:
+            raise ValueError(
+                "--state-backend working runs without --speculation: two attempts of a"
+                " subtask would open its one database directory (the second fences the first)"
+            )
+        if not settings.snapshot:
+            raise ValueError(
+                "--state-backend working is the checkpointed state: not with --no-snapshot"
+            )
     if settings.config.max_parallelism != MAX_PARALLELISM:
         raise ValueError(
             f"pipeline.max-parallelism is {settings.config.max_parallelism}; the stream's"
@@ -378,6 +411,8 @@ def run_stream(
         p,
         storage_options=settings.storage_options,
         crashed_job=None if state is None else state["job"],
+        backend=settings.state_backend,
+        gc_min_age_s=settings.gc_min_age_s,
     )
     jobs = [coordinator.job_id]
     _write_state(settings.work_dir, coordinator.job_id, p)
@@ -397,7 +432,7 @@ def run_stream(
     files = _Files(settings.base, settings.storage_options)
     local = str(Path(settings.work_dir) / "local")
 
-    def new_driver(parallelism: int) -> BatchDriver:
+    def new_driver(parallelism: int, no_claim: bool = False) -> BatchDriver:
         d = BatchDriver(
             coordinator,
             settings.windowing,
@@ -409,6 +444,8 @@ def run_stream(
             failures=settings.failures,
             snapshot=settings.snapshot,
             sweep_local=not settings.speculation,
+            backend=settings.state_backend,
+            no_claim=no_claim,
         )
         if settings.snapshot:
             d.recover_progress()
@@ -436,7 +473,7 @@ def run_stream(
                 f" ({mode.name}), job {coordinator.job_id}"
             )
             run.rescaled = (driver.last_batch, new_p, mode.name)
-            driver = new_driver(new_p)
+            driver = new_driver(new_p, no_claim=mode is RestoreMode.NO_CLAIM)
         _segment(
             spark,
             settings,
@@ -455,6 +492,9 @@ def run_stream(
                 say("an attempt may still run: what it wrote is left to the audit")
         coordinator.settle()
         run.violations = coordinator.violations(quiet=True) if settings.snapshot else []
+        if coordinator.slate is not None:
+            done = coordinator.slate.done
+            run.slatedb = (done.released, len(done.dropped), *coordinator.kept_by_slatedb())
     finally:
         coordinator.close()
         if attempts is not None:
@@ -556,6 +596,7 @@ def _segment(
                     for s in driver.subtasks()
                 ],
                 coordinator.job_id,
+                *coordinator.in_place_of_latest(),
             )
         if on_batch is not None:
             on_batch(report)

@@ -62,6 +62,13 @@ class SnapshotStats:
     exclusive: int
     exclusive_bytes: int
     local_files: tuple[str, ...]
+    in_place: int = 0
+    """``--state-backend working``: files the snapshot refers to in place."""
+    in_place_bytes: int = 0
+    """``--state-backend working``: bytes of the files the snapshot refers to in place."""
+    db_written_bytes: int = 0
+    """``--state-backend working``: bytes of the SSTs the database wrote to the checkpoint
+    storage since the previous snapshot (its flush and compactions, R101)."""
 
 
 def sst_name(lineage: str, file: str) -> str:

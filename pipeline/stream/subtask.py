@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import signal
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -122,6 +123,11 @@ class BatchOrder:
     """Remove what earlier attempts of the subtask left on the local disk (a killed
     attempt's DB, checkpoint or download directory) when a task starts. Safe only when no
     other attempt of the subtask can still run: off under speculation."""
+    backend: str = "rocksdb"
+    """``rocksdb`` (a local RocksDB, its files uploaded) or ``working`` (a SlateDB on the
+    checkpoint storage, its files referred to in place: ``working_task``)."""
+    no_claim: bool = False
+    """The job was restored with NO_CLAIM (``working``: a restore copies the user's rows)."""
 
 
 @frozen
@@ -141,6 +147,10 @@ class SubtaskResult:
     """The subtask's TM's records after the task (``worker_tm.report_of``)."""
     created: int = 0
     """Files the TM created on storage in this task."""
+    ready_seconds: float = 0.0
+    """From the task's start until its state was open (a restore included)."""
+    snapshot_seconds: float = 0.0
+    """The snapshot and the acknowledgement (the task's part of the checkpoint)."""
 
 
 def subtask_dir(work_dir: str, subtask: SubtaskId) -> Path:
@@ -162,10 +172,18 @@ def run_subtask(
     counts the retries of the task (0 first); ``die`` is how an injected failure kills it.
     """
 
+    if order.backend == "working":
+        from pipeline.stream.working_task import run_working_subtask
+
+        return run_working_subtask(
+            order, index, attempt, records, attempt_number=attempt_number, die=die
+        )
+
     def hook(point: str) -> None:
         if order.failures.kills(point, order.batch_id, index, attempt_number):
             die(point)
 
+    started = time.perf_counter()
     subtask = SubtaskId(VERTEX, index, order.parallelism)
     reader = order.recipe.reader()
     assignment = decode_assignment(order.assignments[index])
@@ -214,6 +232,7 @@ def run_subtask(
     )
     base = {} if order.restoring else reusable(assignment.entries)
     db = WindowCounts(mine, opt)
+    ready = time.perf_counter() - started
     try:
         if party is not None:
             party.apply_mail(order.mail)
@@ -251,6 +270,7 @@ def run_subtask(
                 SnapshotStats(0, 0, 0, 0, 0, ()), tuple(sorted(closed)),
             )  # fmt: skip
         hook("before-snapshot")
+        snap_start = time.perf_counter()
         stats = take_snapshot(
             db,
             party,
@@ -263,6 +283,7 @@ def run_subtask(
             hook=hook,
         )
         ack = party.acknowledge(order.checkpoint, subtask)
+        snap_seconds = time.perf_counter() - snap_start
         hook("acknowledged")
     except Exception:
         db.close()
@@ -290,6 +311,8 @@ def run_subtask(
         tuple(sorted(closed)),
         report,
         party.created,
+        ready,
+        snap_seconds,
     )
 
 

@@ -43,7 +43,7 @@ from fastimpl.storage import StorageFault
 from fastimpl.taskmanager import TaskManager
 from spec.config import Config, StateKind
 from spec.effects import tm_actor
-from spec.handles import FileHandle, SegmentHandle, StateEntry, stream_of
+from spec.handles import FileHandle, InPlaceFile, SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
 from spec.messages import (
     CheckpointAborted,
@@ -60,7 +60,7 @@ from spec.messages import (
 
 TM_STATE = "ckpt-tm.pickle"
 """In the subtask's DB directory: the TM's records between two tasks (RocksDB ignores it)."""
-_STATE_VERSION = 1
+_STATE_VERSION = 2
 
 MailItem = tuple[str, int, bytes]
 """``(TM id, sequence number, encoded spec.messages notice or duty)``."""
@@ -115,8 +115,10 @@ class TaskManagerRecipe:
             taken = _thaw(saved.read_bytes(), fs, str(root), self.job, subtask)
             saved.unlink()  # the records are this task's now; saved again at its end
             if taken is not None:
-                tm, applied = taken
-                return WorkerTaskManager(tm, self.reader(), subtask, applied, new=False)
+                tm, applied, lineage = taken
+                out = WorkerTaskManager(tm, self.reader(), subtask, applied, new=False)
+                out.lineage = lineage
+                return out
         tm = TaskManager.alone(
             fs, str(root), self.config, self.job, f"tm-{uuid.uuid4().hex[:12]}",
             first_checkpoint=checkpoint,
@@ -128,12 +130,12 @@ class TaskManagerRecipe:
 
 def _thaw(
     data: bytes, fs: Any, root: str, job: str, subtask: SubtaskId
-) -> tuple[TaskManager, int] | None:
+) -> tuple[TaskManager, int, str | None] | None:
     """The TM saved by ``WorkerTaskManager.save``, with a storage of this process; None
     when it is another job's or subtask's (a restore started a new job: the old job's
     TMs are over, whatever their records say) or unreadable (a new attempt is safe)."""
     try:
-        version, tm, applied = pickle.loads(data)
+        version, tm, applied, lineage = pickle.loads(data)
     except Exception:
         return None
     if version != _STATE_VERSION or not isinstance(tm, TaskManager):
@@ -147,7 +149,7 @@ def _thaw(
     for path, f in sorted(tm.catalog.files.items()):
         if f.open:
             tm.catalog.storage.reopen(path)
-    return tm, int(applied)
+    return tm, int(applied), lineage if isinstance(lineage, str) else None
 
 
 class WorkerTaskManager:
@@ -165,6 +167,12 @@ class WorkerTaskManager:
         self.created = 0
         """Files this task created on storage (the worker's count, for the figures)."""
         self._failed: set[int] = set()
+        self.lineage: str | None = None
+        """The database directory the subtask's SlateDB is at (``--state-backend working``)."""
+        self.reset = False
+        """This task applied a ``ResetTm`` (a failover, R60): the TM's databases closed and
+        reopened on the latest retained checkpoint's files (R105), not on their latest
+        state."""
         storage = tm.catalog.storage
         create = storage.create
 
@@ -193,6 +201,7 @@ class WorkerTaskManager:
                 msg, ResetTm | TmAssignment | ReusableFiles | OpenDatabase | DatabasesOpened
             ):
                 self.tm.on_duty(msg)
+                self.reset = self.reset or isinstance(msg, ResetTm)
             else:
                 raise ValueError(f"mail item {seq} for {tm} is a {type(msg).__name__}")
             self.applied = seq
@@ -246,6 +255,41 @@ class WorkerTaskManager:
     def read(self, entry: StateEntry) -> bytes:
         return self.reader.read(entry)
 
+    # -- working state (§11): the TM's side of the subtask's SlateDB (``working_task``)
+    def track(self, subtask: SubtaskId, files: Mapping[str, int], lineage: str) -> None:
+        """R101, R102: the database at ``lineage`` uses exactly ``files`` now (its
+        manifest's SSTs, path -> size); what it no longer uses and still owns goes."""
+        self.lineage = lineage
+        self.tm.working.track(subtask, files, lineage)
+        self.tm.catalog.storage.drain()
+
+    def open_restored(self, subtask: SubtaskId, epoch: int, files: Sequence[InPlaceFile]) -> None:
+        """R105: the database restored for ``subtask`` uses ``files`` where they are (a
+        clone's SSTs in the databases it was cloned from); nothing is copied."""
+        self.tm.on_duty(OpenDatabase(self.tm.job, self.tm.tm, epoch, subtask, tuple(files), ()))
+
+    def close_database(self, subtask: SubtaskId) -> None:
+        """The subtask's database is given up (a restore replaces it): it uses nothing,
+        and each private file of it that no pending snapshot pins goes (R102)."""
+        self.tm.working.uses.pop(subtask, None)
+        self.tm.working.release()
+        self.tm.catalog.storage.drain()
+
+    def snapshot_working(self, checkpoint: int, subtask: SubtaskId) -> tuple[InPlaceFile, ...]:
+        """R103: refer to every file the database uses in place (pinned until the
+        acknowledgement); the files, with their sizes. Every SST is referred to in place,
+        whatever its size: a SlateDB clone reads its source's SSTs where they are, so a
+        merged copy could not be restored from (``inline_below`` 1)."""
+        if checkpoint in self._failed:
+            return ()
+
+        def no_copy(name: str, data: bytes) -> object:
+            raise AssertionError(f"{name}: no working file is below 1 byte")
+
+        self.tm.working.snapshot(subtask, checkpoint, 1, False, no_copy)
+        w = self.tm.working
+        return tuple(w.known[p] for p in w.pins.get((subtask, checkpoint), ()))
+
     def save(self, db_dir: Path) -> None:
         """Leave the TM's records in ``db_dir`` for the subtask's next task; the open
         files' handles are given up (every append is durable already)."""
@@ -262,7 +306,7 @@ class WorkerTaskManager:
         cat.ids = None  # type: ignore[assignment]
         tm.ids = None  # type: ignore[assignment]
         try:
-            data = pickle.dumps((_STATE_VERSION, tm, self.applied))
+            data = pickle.dumps((_STATE_VERSION, tm, self.applied, self.lineage))
         finally:
             cat.storage, cat.ids, tm.ids = storage, ids, ids
         tmp = db_dir / (TM_STATE + ".tmp")
@@ -278,10 +322,17 @@ class WorkerTaskManager:
         ``EndJob`` and the observation of the invariants come from the last report of
         each TM, which is exact between two batches (a TM changes its records only
         while a task of its subtask runs)."""
-        return report_of(self.tm, self.applied, self.created, new=self.new)
+        return report_of(self.tm, self.applied, self.created, new=self.new, lineage=self.lineage)
 
 
-def report_of(tm: TaskManager, applied: int, created: int = 0, *, new: bool = False) -> bytes:
+def report_of(
+    tm: TaskManager,
+    applied: int,
+    created: int = 0,
+    *,
+    new: bool = False,
+    lineage: str | None = None,
+) -> bytes:
     cat = tm.catalog
     cat.storage.drain()
     actor = tm_actor(tm.tm)
@@ -311,6 +362,11 @@ def report_of(tm: TaskManager, applied: int, created: int = 0, *, new: bool = Fa
         "pool_files": sorted(tm.m.pools.values()),
         "pending": [d.path for d in cat.deferred] + sorted(cat.storage.failed_deletes),
         "refused": [r.path for r in cat.refused_deletes],
+        # working state (§11): the files the TM's databases use (R104's DatabaseFiles),
+        # the database directory it writes, and the files unacknowledged snapshots pin
+        "working": list(tm.working.in_use()),
+        "lineage": lineage,
+        "pinned": sorted({p for ps in tm.working.pins.values() for p in ps}),
     }
     return json.dumps(report, sort_keys=True).encode()
 
@@ -329,6 +385,7 @@ def deliver_mail(
     if taken is None:
         return b""
     party = WorkerTaskManager(taken[0], recipe.reader(), subtask, taken[1], new=False)
+    party.lineage = taken[2]
     party.apply_mail(mail)
     party.save(db_dir)
     out = party.report()

@@ -1,0 +1,78 @@
+"""Names of ``--state-backend working`` (SPEC §11) that the driver and the workers both
+read, without SlateDB itself: a database directory (``<job>/taskowned/working/<subtask>/
+db/<lineage>``: one SlateDB from its creation or restore on) and a checkpoint's pointer to
+its SlateDB checkpoint (the ``db:`` entry that copies the checkpoint's manifest, R103)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable
+
+from attrs import frozen
+
+from spec.config import StateKind
+from spec.handles import StateEntry
+from spec.ids import SubtaskId
+from spec.layout import working_dir
+
+POINTER = re.compile(
+    r"db:(?P<lineage>[^#]+/db/[0-9a-f]{12})/manifest/(?P<manifest>[0-9]{20})\.manifest"
+    r"#(?P<checkpoint>[0-9a-f-]{36})"
+)
+CHECKPOINT_PREFIX = "chk-"
+"""The name of every SlateDB checkpoint a snapshot creates (``chk-<checkpoint>``): the
+coordinator deletes those no retained or pending checkpoint names, and no others."""
+
+
+class PointerError(ValueError):
+    """A ``db:`` entry that names no SlateDB checkpoint of ours."""
+
+
+@frozen
+class Pointer:
+    """A checkpoint's SlateDB checkpoint, from its ``db:`` entry."""
+
+    lineage: str
+    manifest_id: int
+    checkpoint_id: str
+    key_groups: tuple[int, int]
+    entry: StateEntry
+
+    @property
+    def manifest_path(self) -> str:
+        return f"{self.lineage}/manifest/{self.manifest_id:020d}.manifest"
+
+
+def pointer_name(lineage: str, manifest_id: int, checkpoint_id: str) -> str:
+    return f"db:{lineage}/manifest/{manifest_id:020d}.manifest#{checkpoint_id}"
+
+
+def pointers(entries: Iterable[StateEntry]) -> list[Pointer]:
+    """The SlateDB checkpoints ``entries`` name (``PointerError`` for a ``db:`` name that
+    is not one of ours: a hostile name must not become a path)."""
+    out: list[Pointer] = []
+    for e in entries:
+        if not e.name.startswith("db:"):
+            continue
+        m = POINTER.fullmatch(e.name)
+        if m is None or e.kind is not StateKind.KEYED_SHARED or e.key_groups is None:
+            raise PointerError(f"{e.name!r} ({e.kind.value}) names no SlateDB checkpoint")
+        lineage = m["lineage"]
+        if db_dir_of(f"{lineage}/x") != lineage or ".." in lineage.split("/"):
+            raise PointerError(f"{e.name!r}: {lineage} is not a database directory")
+        out.append(Pointer(lineage, int(m["manifest"]), m["checkpoint"], e.key_groups, e))
+    return out
+
+
+def new_db_dir(job: str, subtask: SubtaskId) -> str:
+    """A new database directory of ``subtask`` (its lineage: 12 hex digits)."""
+    return f"{working_dir(job, subtask)}/{uuid.uuid4().hex[:12]}"
+
+
+def db_dir_of(path: str) -> str | None:
+    """The database directory a path under ``<job>/taskowned/working/`` lies in."""
+    parts = path.split("/")
+    if len(parts) < 7 or parts[1:3] != ["taskowned", "working"] or parts[4] != "db":
+        return None
+    return "/".join(parts[:6])

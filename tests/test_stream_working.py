@@ -1,0 +1,169 @@
+"""``--state-backend working`` without Spark (issue 18 stage 3): each subtask's keyed state
+is a SlateDB on the checkpoint storage, a checkpoint refers to its SSTs in place (R103),
+a restore clones from the checkpoint's SlateDB checkpoint (R105), and the coordinator's
+collection with SlateDB's GC leaves only what a live database or a retained checkpoint
+needs (R104, I6, I7). The same correctness test as the RocksDB backend's: every closed
+window's count equals the batch computation, under task kills and a rescale."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.stream.subtask import Failures
+from pipeline.stream.working_names import PointerError, pointer_name, pointers
+from pipeline.stream.working_task import RestoreError
+from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
+from spec.handles import FileHandle, StateEntry
+from spec.ids import SubtaskId
+from tests.lockstep import S3_BUCKET
+from tests.stream_harness import LocalJob
+
+
+def _job(tmp: Path, mode: RestoreMode = RestoreMode.CLAIM, **kw: object) -> LocalJob:
+    config = Config.for_mode(
+        MergingMode.WITHIN_CHECKPOINT, num_retained=1, restore_mode=mode, open_files_readable=False
+    )
+    return LocalJob(tmp, config, backend="working", **kw)  # type: ignore[arg-type]
+
+
+def _quiet_violations(job: LocalJob) -> list[str]:
+    job.quiesce()
+    assert job.coordinator.finish_attempts()
+    return job.coordinator.violations(quiet=True)
+
+
+@pytest.mark.parametrize("mode", [RestoreMode.CLAIM, RestoreMode.NO_CLAIM], ids=lambda m: m.name)
+def test_kills_and_a_rescale_4_to_3_count_every_window_once(
+    tmp_path: Path, mode: RestoreMode
+) -> None:
+    job = _job(tmp_path, mode, parallelism=4, failures=Failures(kill_prob=0.08, seed=3))
+    reports = [job.batch() for _ in range(8)]
+    assert job.kills, "the seed kills tasks"
+    assert sum(r.restored for r in reports) > 0  # a killed attempt's successor clones
+    assert all(r.in_place > 0 and r.uploaded == 0 for r in reports)
+    assert job.coordinator.violations() == []
+    job.rescale(3)
+    after = [job.batch() for _ in range(4)]
+    assert after[0].restored == 3
+    comparison = job.comparison()
+    assert comparison.windows >= 3
+    assert comparison.equal, comparison.mismatches[:10]
+    assert _quiet_violations(job) == []
+    done = job.coordinator.slate.done
+    assert done.released > 0  # subsumed checkpoints' SlateDB checkpoints went
+
+
+def _listing(root: Path) -> dict[str, tuple[int, int]]:
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            st = os.stat(os.path.join(d, f))
+            out[os.path.join(d, f)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def test_a_no_claim_restore_copies_and_never_touches_the_users_databases(tmp_path: Path) -> None:
+    """R105, R73: the new job's databases are copies (a reader pinned to the checkpoint
+    writes nothing in the source), so its checkpoints refer to its own files only."""
+    job = _job(tmp_path, RestoreMode.NO_CLAIM, parallelism=4)
+    for _ in range(4):
+        job.batch()
+    job.rescale(3)
+    users = tmp_path / "base" / "job-0" / "taskowned" / "working"
+    before = _listing(users)
+    assert before
+    reports = [job.batch() for _ in range(3)]
+    assert reports[0].restored == 3
+    assert _listing(users) == before
+    retained = job.coordinator.co.retained[-1]
+    assert retained.working and all(w.path.startswith("job-1/") for _, w in retained.working)
+    assert job.comparison().equal
+    assert _quiet_violations(job) == []
+
+
+def test_a_lost_local_home_restores_by_a_clone_that_copies_nothing(tmp_path: Path) -> None:
+    """R105: a subtask whose TM records are gone (a new worker) clones the checkpoint: its
+    first snapshot refers to the old database's SSTs in place and writes no SST of them."""
+    job = _job(tmp_path, parallelism=2)
+    for _ in range(4):
+        job.batch()
+    job.lose_local_state(1)
+    r = job.batch()
+    assert r.restored == 1
+    dbs = {w.path.split("/compacted/")[0] for _, w in job.coordinator.co.retained[-1].working}
+    assert any("count-1-2" in d for d in dbs)
+    assert len([d for d in dbs if "count-1-2" in d]) >= 2  # the clone's own and its source's
+    assert job.comparison().equal
+    assert _quiet_violations(job) == []
+
+
+def test_on_s3_the_working_backend_restores_and_collects(tmp_path: Path, s3_endpoint: str) -> None:
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": s3_endpoint},
+    }
+    job = _job(
+        tmp_path, parallelism=2, url=f"s3://{S3_BUCKET}/working-{tmp_path.name}",
+        storage_options=options,
+    )  # fmt: skip
+    for _ in range(4):
+        job.batch()
+    job.lose_local_state(0)
+    assert job.batch().restored == 1
+    job.batch()
+    assert job.comparison().equal
+    assert _quiet_violations(job) == []
+
+
+def _entry(name: str, kind: StateKind = StateKind.KEYED_SHARED) -> StateEntry:
+    sub = SubtaskId("count", 0, 2)
+    handle = FileHandle("job-0/shared/count-0-2/f", 10, "f", Scope.SHARED)
+    return StateEntry(sub, kind, name, handle, 1, (0, 63))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "db:../../etc/manifest/00000000000000000001.manifest#" + "0" * 36,
+        "db:job-0/taskowned/working/count-0-2/db/zz/manifest/1.manifest#x",
+        "db:job-0/shared/count-0-2/db/0123456789ab/manifest/00000000000000000001.manifest#"
+        + "a" * 36,
+        "db:no-pointer",
+    ],
+)
+def test_a_db_entry_that_names_no_slatedb_checkpoint_is_refused(name: str) -> None:
+    with pytest.raises(PointerError, match=r"names no SlateDB checkpoint|not a database"):
+        pointers([_entry(name)])
+
+
+def test_a_pointer_round_trips_and_an_exclusive_one_is_refused() -> None:
+    lineage = "job-0/taskowned/working/count-0-2/db/0123456789ab"
+    name = pointer_name(lineage, 7, "6e0a095c-1a45-423b-92fb-5c9368d8cb4c")
+    (p,) = pointers([_entry(name)])
+    assert (p.lineage, p.manifest_id, p.key_groups) == (lineage, 7, (0, 63))
+    assert p.manifest_path == f"{lineage}/manifest/00000000000000000007.manifest"
+    with pytest.raises(PointerError):
+        pointers([_entry(name, StateKind.KEYED_FULL)])
+
+
+def test_a_restore_whose_manifest_in_place_changed_is_refused_and_deletes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint's copy of its manifest is the restore's check: a database directory
+    whose manifest differs is not the one the checkpoint was taken of; nothing is cloned."""
+    job = _job(tmp_path, parallelism=2)
+    for _ in range(3):
+        job.batch()
+    (p,) = pointers(e for e in job.coordinator.co.retained[-1].entries if e.subtask.index == 0)
+    manifest = tmp_path / "base" / p.manifest_path
+    manifest.write_bytes(manifest.read_bytes() + b"x")
+    before = _listing(tmp_path / "base")
+    job.lose_local_state(0)
+    with pytest.raises(RestoreError, match="differs from the checkpoint's copy"):
+        job.batch()
+    gone = set(before) - set(_listing(tmp_path / "base"))
+    assert not gone
