@@ -15,6 +15,7 @@ otherwise, 2 on bad usage.
 from __future__ import annotations
 
 import fnmatch
+import json
 import time
 import urllib.parse
 from pathlib import Path
@@ -242,12 +243,27 @@ def stream(
     l0_compaction_trigger: Annotated[
         int, typer.Option(help="RocksDB level-0 compaction trigger (its default: 4).")
     ] = 4,
+    stall_at: Annotated[
+        list[str] | None,
+        typer.Option(
+            hidden=True,
+            help="B:S:POINT: the first attempt of subtask S's task in batch B stalls at POINT"
+            " (a straggler, for --speculation).",
+        ),
+    ] = None,
+    stall_seconds: Annotated[
+        float, typer.Option(hidden=True, help="How long a --stall-at task stalls.")
+    ] = 4.0,
+    json_out: Annotated[
+        Path | None,
+        typer.Option("--json", help="Also write the run's figures to this file (JSON)."),
+    ] = None,
 ) -> None:
     """Run the streaming word count on Spark with RocksDB state checkpointed into the store."""
     from pipeline.stream.job import DRIVER_KILL_POINTS, StreamSettings, retries_tasks, run_stream
     from pipeline.stream.source import RateSource
-    from pipeline.stream.subtask import Failures
-    from pipeline.stream.summary import batch_line, print_summary
+    from pipeline.stream.subtask import KILL_POINTS, Failures
+    from pipeline.stream.summary import batch_line, print_summary, run_figures
     from pipeline.stream.windows import Windowing
     from spec.config import Config, MergingMode
 
@@ -310,6 +326,12 @@ def stream(
             if not b.isdigit() or point not in DRIVER_KILL_POINTS:
                 raise ValueError(f"--die-at {die_at!r}: expected B:{'|'.join(DRIVER_KILL_POINTS)}")
             die = (int(b), point)
+        stalls = []
+        for item in stall_at or []:
+            b, s_, point = [*item.split(":", 2), "", ""][:3]
+            if not b.isdigit() or not s_.isdigit() or point not in KILL_POINTS:
+                raise ValueError(f"--stall-at {item!r}: expected B:S:{'|'.join(KILL_POINTS)}")
+            stalls.append((int(b), int(s_), point))
         settings = StreamSettings(
             base=base or str(settings_dir / "checkpoints"),
             work_dir=str(settings_dir / "work"),
@@ -322,7 +344,9 @@ def stream(
             batches=batches,
             master=master,
             write_buffer_size=write_buffer_size,
-            failures=Failures(kill_worker_prob, failure_seed),
+            failures=Failures(
+                kill_worker_prob, failure_seed, stall_at=tuple(stalls), stall_s=stall_seconds
+            ),
             speculation=speculation,
             rescale_at=rescale,
             die_at=die,
@@ -350,6 +374,8 @@ def stream(
         resume=resume,
     )
     ok = print_summary(console, run)
+    if json_out is not None:
+        json_out.write_text(json.dumps(run_figures(run), indent=1, sort_keys=True) + "\n")
     raise typer.Exit(0 if ok else 1)
 
 

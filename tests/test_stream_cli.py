@@ -29,7 +29,8 @@ from ckpt.cli import app
         (["--rescale-at", "3:0"], "P in 1..128"),
         (["--restore-mode", "sometimes"], "claim or no_claim"),
         (["--resume"], "--resume needs the --run-dir of a run that started"),
-        (["--die-at", "3:later"], "expected B:sunk|completed"),
+        (["--die-at", "3:later"], "expected B:running|sunk|completed"),
+        (["--stall-at", "3:1"], "--stall-at '3:1': expected B:S:deleting|before-snapshot"),
     ],
 )
 def test_bad_usage_exits_2_naming_the_problem(tmp_path: Path, args: list[str], says: str) -> None:

@@ -50,6 +50,8 @@ class BatchReport:
     """State files the subtasks' TMs created on storage (counted on the workers)."""
     new_tms: int = 0
     """Subtasks whose TM was a new attempt (a new job, a kill, a dropped local DB)."""
+    stage: int = -1
+    """The Spark stage of the batch's snapshot tasks (-1 outside Spark)."""
 
 
 @define
@@ -185,6 +187,7 @@ class BatchDriver:
             retried=sum(r.attempt_number > 0 for r in results),
             created=sum(r.created for r in results),
             new_tms=sum(bool(r.report) and json.loads(r.report).get("new", False) for r in results),
+            stage=max((r.stage for r in results), default=-1),
         )
         self.reports.append(report)
         return report

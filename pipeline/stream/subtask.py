@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import signal
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -48,9 +49,16 @@ from pipeline.stream.worker_tm import MailItem, TaskManagerRecipe, deliver_mail
 from spec.ids import SubtaskId
 from spec.keygroups import key_group_range
 
-KILL_POINTS = ("before-snapshot", "mid-upload", "uploaded", "acknowledged", "put-back")
-"""Where an injected failure kills a task: before its snapshot, after its first upload,
-after its last, after it acknowledged, after it left its DB for the next batch."""
+KILL_POINTS = ("deleting", "before-snapshot", "mid-upload", "uploaded", "acknowledged", "put-back")
+"""Where an injected failure kills a task: while its TM deletes (applying its mail, once
+its first delete is done and before any other), before its snapshot, after its first
+upload, after its last, after it acknowledged, after it left its DB for the next batch.
+A task whose TM deletes nothing while applying its mail is never killed at ``deleting``
+(without file merging a TM never does: the coordinator deletes, R54)."""
+
+KILL_LOG = "kills.log"
+"""In the executors' work directory: a JSON line per injected kill, written by the task
+just before it kills itself (``batch``, ``subtask``, ``attempt``, ``point``, ``pid``)."""
 
 
 class Killed(BaseException):
@@ -69,6 +77,10 @@ class Failures:
     ``spark.task.maxFailures`` above it, every task finishes in the end."""
     kill_at: tuple[int, int, str] | None = None
     """``(batch, subtask, point)``: one kill exactly there (the demo's), first attempt."""
+    stall_at: tuple[tuple[int, int, str], ...] = ()
+    """``(batch, subtask, point)``: the first attempt of that task stalls there for
+    ``stall_s`` (a straggler: Spark's speculation then launches a copy of it)."""
+    stall_s: float = 4.0
 
     @property
     def any(self) -> bool:
@@ -83,6 +95,61 @@ class Failures:
             return False
         key = f"{self.seed}/{batch}/{index}/{attempt_number}/{point}"
         return random.Random(key).random() < self.kill_prob
+
+    def stalls(self, point: str, batch: int, index: int, attempt_number: int) -> bool:
+        return attempt_number == 0 and (batch, index, point) in self.stall_at
+
+
+def log_kill(work_dir: str, batch: int, index: int, attempt_number: int, point: str) -> None:
+    """Append the kill about to happen to ``KILL_LOG`` (one ``write`` of one line, so
+    concurrent tasks do not interleave; the page cache keeps it past the SIGKILL)."""
+    line = json.dumps(
+        {
+            "batch": batch,
+            "subtask": index,
+            "attempt": attempt_number,
+            "point": point,
+            "pid": os.getpid(),
+        },
+        sort_keys=True,
+    )
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(work_dir) / KILL_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+@frozen
+class Kill:
+    """An injected kill, as the task logged it just before (``log_kill``)."""
+
+    batch: int
+    subtask: int
+    attempt: int
+    """The task's attempt number (0: its first)."""
+    point: str
+
+
+def read_kills(work_dir: str) -> list[Kill]:
+    """The kills ``log_kill`` recorded under ``work_dir``, oldest first."""
+    try:
+        text = (Path(work_dir) / KILL_LOG).read_text()
+    except FileNotFoundError:
+        return []
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            out.append(Kill(int(d["batch"]), int(d["subtask"]), int(d["attempt"]), str(d["point"])))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"{Path(work_dir) / KILL_LOG} line {n}: not a kill record: {err!r}"
+            ) from None
+    return out
 
 
 def sigkill(point: str) -> NoReturn:
@@ -141,6 +208,9 @@ class SubtaskResult:
     """The subtask's TM's records after the task (``worker_tm.report_of``)."""
     created: int = 0
     """Files the TM created on storage in this task."""
+    stage: int = -1
+    """The Spark stage the task ran in (-1 outside Spark): which speculative attempts
+    the listener saw were copies of snapshot tasks."""
 
 
 def subtask_dir(work_dir: str, subtask: SubtaskId) -> Path:
@@ -163,7 +233,11 @@ def run_subtask(
     """
 
     def hook(point: str) -> None:
-        if order.failures.kills(point, order.batch_id, index, attempt_number):
+        f = order.failures
+        if f.stalls(point, order.batch_id, index, attempt_number):
+            time.sleep(f.stall_s)
+        if f.kills(point, order.batch_id, index, attempt_number):
+            log_kill(order.work_dir, order.batch_id, index, attempt_number, point)
             die(point)
 
     subtask = SubtaskId(VERTEX, index, order.parallelism)
@@ -216,7 +290,9 @@ def run_subtask(
     db = WindowCounts(mine, opt)
     try:
         if party is not None:
+            party.on_delete = lambda: hook("deleting")
             party.apply_mail(order.mail)
+            party.on_delete = None
         counts: Counter[tuple[int, int, str]] = Counter()
         n = late = 0
         max_event: int | None = None

@@ -32,7 +32,7 @@ import os
 import pickle
 import posixpath
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,14 +165,30 @@ class WorkerTaskManager:
         self.created = 0
         """Files this task created on storage (the worker's count, for the figures)."""
         self._failed: set[int] = set()
+        self.on_delete: Callable[[], None] | None = None
+        """Called (once, then cleared) when the next delete the TM makes is done: an
+        injected failure's ``deleting`` point, while the TM may have more to make."""
         storage = tm.catalog.storage
         create = storage.create
+        delete_file, delete_dir = storage.delete_file, storage.delete_dir
 
         def counted(path: str) -> None:
             create(path)
             self.created += 1
 
+        def deleting(delete: Callable[..., None]) -> Callable[..., None]:
+            def call(path: str, *args: Any, **kwargs: Any) -> None:
+                delete(path, *args, **kwargs)
+                then, self.on_delete = self.on_delete, None
+                if then is not None:
+                    storage.drain()  # done, not merely queued
+                    then()
+
+            return call
+
         storage.create = counted  # type: ignore[method-assign]
+        storage.delete_file = deleting(delete_file)  # type: ignore[method-assign]
+        storage.delete_dir = deleting(delete_dir)  # type: ignore[method-assign]
 
     @property
     def tm_id(self) -> str:
