@@ -222,10 +222,11 @@ def test_spark_55820_a_stale_local_db_is_caught(
     both the sink and the restored checkpoint disagree with the batch computation."""
     real = subtask_module._take
 
-    def take_stale(shared: Path, mine: Path, latest: int, lineage: str | None) -> str | None:
+    def take_stale(home: Path, mine: Path, latest: int, lineage: str | None) -> str | None:
+        shared = home / "db"
         marker = read_marker(shared) if shared.exists() else None
         if marker is None or marker[1] != lineage:
-            return real(shared, mine, latest, lineage)
+            return real(home, mine, latest, lineage)
         shared.rename(mine)
         return marker[1]
 

@@ -149,7 +149,10 @@ class BatchDriver:
             parallelism=self.parallelism,
             work_dir=self.work_dir,
             recipe=self.coordinator.task_manager_recipe(),
-            assignments={},
+            # which local DB is the latest completed checkpoint's (its TM gets the mail)
+            assignments={
+                s.index: self.coordinator.restore_assignment(s, 1) for s in self.subtasks()
+            },
             mail=self.coordinator.mail(),
         )
 

@@ -6,9 +6,10 @@ Spark gives a subtask no affinity to a worker: consecutive batches of one partit
 in different Python processes. So the DB lives on the executor's local disk under
 ``<work>/<subtask>/db``, and a task takes it by renaming it to ``db.<attempt>`` (atomic:
 two attempts of one subtask never open one DB, and RocksDB's LOCK would refuse the second
-anyway), and puts it back when its acknowledgement is ready. A DB that is not at the
-latest completed checkpoint (its checkpoint was aborted, or it is missing: a new worker,
-a task retried elsewhere) is dropped and restored from the restore assignment. The
+anyway), and puts it back when its acknowledgement is ready (set aside, never replacing
+another attempt's: ``put_back``). A DB that is not at the latest completed checkpoint
+(its checkpoint was aborted, another attempt's was accepted, or it is missing: a new
+worker, a task retried elsewhere) is dropped and restored from the restore assignment. The
 subtask's TM (``worker_tm``) is saved in the DB's directory and travels with it: a DB
 dropped or restored means a new TM attempt.
 
@@ -17,6 +18,7 @@ Nothing here depends on Spark: ``run_subtask`` takes the partition's records.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -266,7 +268,7 @@ def run_subtask(
     lineage = (
         None
         if rescaled or not order.snapshot
-        else _take(shared, mine, assignment.latest_completed, lineage_of(assignment.entries))
+        else _take(home, mine, assignment.latest_completed, lineage_of(assignment.entries))
     )
     taken = lineage is not None
     if lineage is None:
@@ -321,7 +323,7 @@ def run_subtask(
         ).encode()
         if party is None:
             db.close()
-            _put_back(mine, shared)
+            put_back(mine, shared)
             return SubtaskResult(
                 index, attempt, attempt_number, b"", n, late, max_event, False,
                 SnapshotStats(0, 0, 0, 0, 0, ()), tuple(sorted(closed)),
@@ -351,7 +353,7 @@ def run_subtask(
     report = party.report()
     party.close()
     write_marker(mine, order.checkpoint, lineage)
-    _put_back(mine, shared)
+    put_back(mine, shared)
     hook("put-back")
     return SubtaskResult(
         index,
@@ -372,39 +374,51 @@ def run_subtask(
 def deliver(order: BatchOrder, index: int) -> bytes:
     """Apply the mail to subtask ``index``'s TM where no batch follows (the end of a run:
     the last complete's notices, so that each TM deletes what it no longer needs); its
-    report, or b"" when the subtask has no TM of this job here."""
+    report, or b"" when the subtask has no TM of this job here. The TM is the one saved
+    with the DB the latest completed checkpoint was taken of (``order.assignments``),
+    found as a task finds it (``_take``): a DB a late attempt put back is not it."""
     subtask = SubtaskId(VERTEX, index, order.parallelism)
     home = subtask_dir(order.work_dir, subtask)
     shared = home / "db"
     mine = home / f"db.deliver-{uuid.uuid4().hex[:8]}"
-    try:
-        shared.rename(mine)
-    except FileNotFoundError:
+    assignment = decode_assignment(order.assignments[index])
+    if _take(home, mine, assignment.latest_completed, lineage_of(assignment.entries)) is None:
         return b""
     try:
         out = deliver_mail(order.recipe, mine, subtask, order.mail)
     finally:
-        _put_back(mine, shared)
+        put_back(mine, shared)
     return out
 
 
-def _take(shared: Path, mine: Path, latest_completed: int, lineage: str | None) -> str | None:
-    """Take the local DB if it is the one checkpoint ``latest_completed`` was taken of (at
-    that checkpoint, and of the lineage its metadata names): its lineage, else ``None``
-    (and no DB at ``mine``). A DB at the right checkpoint but of another lineage is
-    another attempt's (a speculative loser put it back): its SSTs are not the uploads
-    the checkpoint names under the same file names, so reusing them would be wrong."""
+SET_ASIDE = ".done"
+"""The suffix of a DB an attempt put back while another attempt's was in its place."""
+
+
+def _take(home: Path, mine: Path, latest_completed: int, lineage: str | None) -> str | None:
+    """Take the local DB checkpoint ``latest_completed`` was taken of (at that checkpoint,
+    and of the lineage its metadata names), from those attempts put back (``db``, and
+    those set aside, ``put_back``): its lineage, else ``None`` (and no DB at ``mine``).
+    A DB at the right checkpoint but of another lineage is another attempt's (a
+    speculative loser's): its SSTs are not the uploads the checkpoint names under the
+    same file names, so reusing it would be wrong. Every DB that is not the one is of no
+    use to any attempt of this batch, and is removed; its attempt put it back, so it
+    touches it no more."""
     if mine.exists():
         shutil.rmtree(mine)  # this attempt's id is new: a leftover is nobody's
-    try:
-        shared.rename(mine)
-    except FileNotFoundError:
-        return None
-    marker = read_marker(mine)
-    if marker is None or latest_completed == 0 or marker != (latest_completed, lineage):
-        shutil.rmtree(mine)
-        return None
-    return marker[1]
+    found: str | None = None
+    for candidate in [home / "db", *sorted(home.glob(f"db.*{SET_ASIDE}"))]:
+        claimed = mine if found is None else mine.with_name(f"{mine.name}.drop")
+        try:
+            candidate.rename(claimed)  # atomic: a concurrent attempt takes it or we do
+        except FileNotFoundError:
+            continue
+        marker = read_marker(claimed)
+        if found is None and latest_completed > 0 and marker == (latest_completed, lineage):
+            found = marker[1]
+        else:
+            shutil.rmtree(claimed)
+    return found
 
 
 def _take_any(shared: Path, mine: Path) -> None:
@@ -418,15 +432,27 @@ def _take_any(shared: Path, mine: Path) -> None:
 
 
 def _sweep(home: Path, keep: set[str]) -> None:
-    """Remove the directories other attempts left (see ``BatchOrder.sweep_local``)."""
+    """Remove the directories other attempts left (see ``BatchOrder.sweep_local``), but
+    the DBs put back (``_take`` chooses among those)."""
     for entry in home.iterdir():
-        if entry.name not in keep and entry.name.startswith(("db.", "chk-")):
+        if (
+            entry.name not in keep
+            and entry.name.startswith(("db.", "chk-"))
+            and not entry.name.endswith(SET_ASIDE)
+        ):
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _put_back(mine: Path, shared: Path) -> None:
-    """Leave the DB for the subtask's next task; a DB another attempt put back meanwhile
-    (speculation) is at the same checkpoint or older, and is replaced."""
-    if shared.exists():
-        shutil.rmtree(shared)
-    mine.rename(shared)
+def put_back(mine: Path, shared: Path) -> None:
+    """Leave the DB for the subtask's next task. If another attempt's DB is there (a
+    speculative copy of this task, or a late attempt of an earlier batch whose Python
+    worker Spark had not yet stopped), neither is destroyed: this one is set aside
+    (``db.<attempt>.done``) and the next task takes whichever the latest completed
+    checkpoint was taken of (``_take``). Replacing would let a late attempt remove the
+    DB, and the TM records, of the attempt whose checkpoint completed."""
+    try:
+        os.rename(mine, shared)  # refused, atomically, while another DB is there
+    except OSError as err:
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        os.rename(mine, mine.with_name(mine.name + SET_ASIDE))
