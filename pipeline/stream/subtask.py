@@ -56,7 +56,7 @@ KILL_POINTS = ("deleting", "before-snapshot", "mid-upload", "uploaded", "acknowl
 its first delete is done and before any other), before its snapshot, after its first
 upload, after its last, after it acknowledged, after it left its DB for the next batch.
 A task whose TM deletes nothing while applying its mail is never killed at ``deleting``
-(without file merging a TM never does: the coordinator deletes, R54)."""
+(without file merging a TM never does: its files are the coordinator's to delete)."""
 
 KILL_LOG = "kills.log"
 """In the executors' work directory: a JSON line per injected kill, written by the task
