@@ -258,6 +258,13 @@ def stream(
         Path | None,
         typer.Option("--json", help="Also write the run's figures to this file (JSON)."),
     ] = None,
+    trace: Annotated[
+        bool,
+        typer.Option(
+            help="Write the command trace to work/trace.ndjson (python -m model_tests.replay"
+            " reads it); it stops where the model has no command for what the run does."
+        ),
+    ] = False,
 ) -> None:
     """Run the streaming word count on Spark with RocksDB state checkpointed into the store."""
     from pipeline.stream.job import DRIVER_KILL_POINTS, StreamSettings, retries_tasks, run_stream
@@ -351,6 +358,7 @@ def stream(
             rescale_at=rescale,
             die_at=die,
             l0_compaction_trigger=l0_compaction_trigger,
+            trace=trace,
         )
         if l0_compaction_trigger < 1:
             raise ValueError("--l0-compaction-trigger must be >= 1")

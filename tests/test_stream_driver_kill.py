@@ -14,7 +14,8 @@ straggler, on the two-host loopback cluster of ``tests.spark_cluster``) and a re
 Each restart recovers the store from the persisted ``_metadata`` (a new job that claims
 the latest completed checkpoint) and Spark from its own offsets. At the end: 22 batches,
 every closed window equal to the batch computation, the invariants I1-I6 on the real
-files (the last run's), and the storage audit of every job base clean. ACROSS merging
+files (the last run's), the storage audit of every job base clean, and the first driver's
+command trace replayed through the model as far as it goes. ACROSS merging
 (the test of the worker failures alone runs WITHIN). The driver runs in a subprocess;
 the test shares the ``spark`` xdist group."""
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from model_tests.replay import replay
 from pipeline.stream.source import RateSource
 from pipeline.stream.windows import Windowing
 from tests.spark_cluster import LoopbackCluster
@@ -42,7 +44,7 @@ ARGS = [
     "--vocabulary", str(VOCABULARY), "--window-ms", str(WINDOW_MS),
     "--write-buffer-size", "4096", "--merging", "across", "--num-retained", "1",
     "--rescale-at", "3:3", "--speculation", "--stall-at", "8:1:mid-upload",
-    "--kill-worker-prob", "0.03", "--failure-seed", "7", "--no-audit",
+    "--kill-worker-prob", "0.03", "--failure-seed", "7", "--no-audit", "--trace",
 ]  # fmt: skip
 
 
@@ -94,6 +96,11 @@ def test_r96_the_driver_killed_three_times_with_worker_failures_counts_every_rec
     assert audits, jobs
     for job, s in audits.items():
         assert (s.orphans, s.dangling, s.corrupt_metadata) == (0, 0, 0), (job, s.verdict)
+    # The command trace: the first driver's, up to the first event the model has no
+    # command for; a recovered driver writes none (a recovery is no model command).
+    assert run["trace"] is None and run["trace_stopped"].startswith("a driver restart")
+    replayed = replay((run_dir / "work" / "trace.ndjson").read_text().splitlines())
+    assert replayed.agrees and replayed.commands > 0, replayed.summary()
     kills = run["kills"]  # every run's, as the killed tasks logged them
     assert kills, "no worker was killed"
     copies = run["speculative_copies"]  # the last run's listener
@@ -106,5 +113,6 @@ def test_r96_the_driver_killed_three_times_with_worker_failures_counts_every_rec
         f" {len(kills)} ({points}), every batch completed; speculative attempts of snapshot"
         f" tasks in the last run {len(copies)}; windows compared {cmp.windows}"
         f" ({cmp.counts} counts): equal; I1-I6 hold; audit:"
-        f" {', '.join(f'{j} {s.files} files clean' for j, s in audits.items())}"
+        f" {', '.join(f'{j} {s.files} files clean' for j, s in audits.items())};"
+        f" the first driver's command trace: {replayed.commands} commands agree with the model"
     )

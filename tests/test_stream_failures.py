@@ -12,9 +12,10 @@ micro-batches, with
 - a rescale from 2 to 3 subtasks (NO_CLAIM).
 
 Then every closed window's count against a batch computation over the same input, the
-store's invariants I1-I6 on the real files (quiet), and the storage audit of every job
-base (the single-process engine, the same analysis as ``ckpt audit``: no orphan once
-quiet, no dangling reference, every ``_metadata`` readable). WITHIN merging: a TM two
+store's invariants I1-I6 on the real files (quiet), the storage audit of every job base
+(the single-process engine, the same analysis as ``ckpt audit``: no orphan once quiet, no
+dangling reference, every ``_metadata`` readable), and the command trace replayed
+through the model up to the first event it has no command for. WITHIN merging: a TM two
 checkpoints old deletes at every batch, so the ``deleting`` kill has a delete to strike.
 The driver runs in a subprocess (its own SparkContext); the test shares the ``spark``
 xdist group (one Spark test process at a time)."""
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from model_tests.replay import replay
 from pipeline.stream.source import RateSource
 from pipeline.stream.subtask import KILL_POINTS, Failures
 from pipeline.stream.windows import Windowing
@@ -97,7 +99,7 @@ def test_issue17_kills_speculation_and_a_rescale_count_every_window_once_and_lea
         "--parallelism", str(PARALLELISM), "--batches", str(BATCHES),
         "--rows-per-batch", str(ROWS), "--vocabulary", str(VOCABULARY),
         "--window-ms", str(WINDOW_MS), "--write-buffer-size", "4096", "--merging", "within",
-        "--no-audit", "--json", str(figures),
+        "--no-audit", "--json", str(figures), "--trace",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-5000:]
     run = json.loads(figures.read_text())
@@ -133,6 +135,12 @@ def test_issue17_kills_speculation_and_a_rescale_count_every_window_once_and_lea
     assert sorted(audits) == ["job-0", "job-1"]
     for job, s in audits.items():
         assert (s.orphans, s.dangling, s.corrupt_metadata) == (0, 0, 0), (job, s.verdict)
+    # The command trace, replayed through the model as far as it goes: it stops at the
+    # first event the model has no command for (a TM replaced within a checkpoint, the
+    # files of an attempt nobody heard of, the rescale), and agrees up to there.
+    assert run["trace_stopped"], "a run with kills and a rescale traced to its end"
+    replayed = replay(Path(run["trace"]).read_text().splitlines())
+    assert replayed.agrees and replayed.commands == run["trace_commands"], replayed.summary()
     ends = ", ".join(f"{e} {n}" for e, n in sorted(Counter(str(a["end"]) for a in copies).items()))
     print(
         f"\nissue 17, worker failures on a loopback standalone cluster"
@@ -145,5 +153,7 @@ def test_issue17_kills_speculation_and_a_rescale_count_every_window_once_and_lea
         f" of snapshot tasks {len(copies)}"
         f" ({ends});"
         f" windows compared {cmp.windows} ({cmp.counts} counts): equal; I1-I6 hold;"
-        f" audit: {', '.join(f'{j} {s.files} files clean' for j, s in audits.items())}"
+        f" audit: {', '.join(f'{j} {s.files} files clean' for j, s in audits.items())};"
+        f" command trace: {replayed.commands} commands agree with the model, then stops:"
+        f" {run['trace_stopped']}"
     )

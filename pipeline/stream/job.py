@@ -88,6 +88,9 @@ class StreamSettings:
     """``(b, point)``: the driver SIGKILLs itself in batch b at ``point`` (DRIVER_KILL_POINTS)."""
     snapshot: bool = True
     """Checkpoint the state (off: the baseline of the records-per-second ratio)."""
+    trace: bool = False
+    """Write the run's command trace (``TRACE`` in the work directory) for
+    ``model_tests.replay``; it stops where the model has no command (``pipeline.stream.trace``)."""
     speculation: bool = False
     """Spark's speculative execution (a master with separate executors: not ``local``).
     Two attempts of one subtask may then write at once; the coordinator gives a TM up,
@@ -228,6 +231,11 @@ class StreamRun:
     a resumed run's include those of the runs before it in the same work directory)."""
     attempts: tuple[TaskAttempt, ...] = ()
     """Every task attempt Spark's listener reported (with ``--speculation``; else none)."""
+    trace: str | None = None
+    """The command trace written (``StreamSettings.trace``), if any."""
+    trace_commands: int = 0
+    trace_stopped: str | None = None
+    """Why the trace ends before the run (None: it holds the whole run)."""
 
     def speculative_copies(self) -> list[TaskAttempt]:
         """The speculative attempts Spark launched of this run's snapshot tasks (the
@@ -242,6 +250,9 @@ DRIVER_KILL_POINTS = ("running", "sunk", "completed")
 the application dies); after the sink holds the batch's windows but before its
 checkpoint completes; after the checkpoint completed but before Spark commits the
 batch."""
+
+TRACE = "trace.ndjson"
+"""In the work directory: the run's command trace (``StreamSettings.trace``)."""
 
 DRIVER_STATE = "driver.json"
 """In the work directory: the running job's id and parallelism, for a restart."""
@@ -462,6 +473,7 @@ def run_stream(
         p,
         storage_options=settings.storage_options,
         crashed_job=None if state is None else state["job"],
+        trace=str(Path(settings.work_dir) / TRACE) if settings.trace else None,
     )
     jobs = [coordinator.job_id]
     _write_state(settings.work_dir, coordinator.job_id, p)
@@ -542,6 +554,11 @@ def run_stream(
         run.violations = coordinator.violations(quiet=True) if settings.snapshot else []
     finally:
         coordinator.close()
+        if settings.trace:
+            t = coordinator.trace
+            run.trace = None if t is None else str(Path(settings.work_dir) / TRACE)
+            run.trace_commands = 0 if t is None else t.commands
+            run.trace_stopped = coordinator.trace_stopped if t is None else t.stopped
         if attempts is not None:
             attempts.unregister()
             run.attempts = tuple(sorted(attempts.attempts.values(), key=lambda a: a.task_id))

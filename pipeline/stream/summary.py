@@ -47,6 +47,9 @@ def run_figures(run: StreamRun) -> dict[str, Any]:
         "attempts": [attrs.asdict(a) for a in run.attempts],
         "speculative_copies": [attrs.asdict(a) for a in run.speculative_copies()],
         "storage": [attrs.asdict(x) for x in run.storage],
+        "trace": run.trace,
+        "trace_commands": run.trace_commands,
+        "trace_stopped": run.trace_stopped,
     }
 
 
@@ -106,6 +109,12 @@ def print_summary(console: Console, run: StreamRun) -> bool:
         t.add_row("driver restarted", f"recovered job {run.recovered}")
         t.add_row(
             "batches Spark re-ran that the state held (not counted again)", str(len(run.skipped))
+        )
+    if run.settings.trace:
+        t.add_row(
+            "command trace (model_tests.replay)",
+            f"{run.trace_commands} commands"
+            + (f"; stops early: {run.trace_stopped}" if run.trace_stopped else ", the whole run"),
         )
     t.add_row("store invariants I1-I6 (quiet)", "hold" if not run.violations else "VIOLATED")
     for job_audit in run.audits:
