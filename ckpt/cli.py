@@ -313,9 +313,12 @@ def stream(
     local = base is None or urllib.parse.urlsplit(base).scheme in ("", "file")
     try:
         config = Config.from_flink(flink, open_files_readable=local)
-        settings_dir = run_dir or Path("ckpt-stream") / time.strftime(
-            "run-%Y%m%dT%H%M%SZ", time.gmtime()
-        )
+        # Absolute: executors of a cluster run in their worker's directory, not this one.
+        settings_dir = (
+            run_dir or Path("ckpt-stream") / time.strftime("run-%Y%m%dT%H%M%SZ", time.gmtime())
+        ).absolute()
+        if base is not None and urllib.parse.urlsplit(base).scheme == "":
+            base = str(Path(base).absolute())
         if resume:
             if run_dir is None or not (run_dir / "work" / "driver.json").is_file():
                 raise ValueError("--resume needs the --run-dir of a run that started")
