@@ -473,7 +473,7 @@ def test_flink_38574_late_confirmation_and_reupload_never_reference_a_deleted_up
 def test_a_speculative_copy_that_may_still_run_keeps_its_files_until_it_ended(
     tmp_path: Path,
 ) -> None:
-    """R64 for an attempt Spark has not seen end (speculation, STREAM_NOTES §2d): while
+    """R64 for an attempt Spark has not seen end (speculation, ``job.TaskAttempts``): while
     a task attempt of the job may still run, the coordinator gives no TM up and sweeps
     nothing nobody records, whatever completes meanwhile; once none may, the copy's files
     (a TM attempt the coordinator never heard of) are swept."""

@@ -14,9 +14,11 @@ hash, and offer no end-of-partition hook to snapshot in: two state systems, and 
 over the files.
 
 Masters: ``local[N]`` runs the job (no task retries: a failing task fails the batch);
-worker kills need ``local[N,F]`` with F >= 2 or ``local-cluster``; speculation needs a
-standalone cluster with workers on distinct hosts (STREAM_NOTES §2c). A rescale or a
-restarted driver runs on any master.
+worker kills need ``local[N,F]`` with F >= 2 or ``local-cluster``; speculation needs
+executors on two hosts, which ``local-cluster`` never has (Spark launches a speculative
+copy only on a host where no attempt of the task ran): a standalone cluster, on one
+machine with its workers bound to two loopback addresses (README, "Masters";
+``tests/spark_cluster.py``). A rescale or a restarted driver runs on any master.
 """
 
 from __future__ import annotations
@@ -105,7 +107,9 @@ SPECULATION = {
     "spark.speculation.quantile": "0.5",
     "spark.speculation.minTaskRuntime": "500ms",
 }
-"""The settings STREAM_NOTES §2c verified on a loopback standalone cluster."""
+"""Spark looks every 100 ms, once half of a stage's tasks finished, for a task running
+1.5 times their median and at least 0.5 s, and copies it: what the tests on the loopback
+standalone cluster run with (``tests/test_stream_failures.py``)."""
 
 
 @frozen
@@ -442,7 +446,7 @@ def run_stream(
     if settings.speculation and settings.master.strip().startswith("local"):
         raise ValueError(
             f"--speculation needs a master with separate executors; Spark never speculates"
-            f" on {settings.master} (use a standalone cluster, STREAM_NOTES §2c)"
+            f" on {settings.master} (use a standalone cluster with workers on two hosts)"
         )
     if settings.failures.any and not retries_tasks(settings.master):
         raise ValueError(
