@@ -309,9 +309,10 @@ def _refuse_unreadable_open_files(fs: Any, config: Config) -> None:
     through any wrappers (an unknown wrapper is refused: ``UnknownWrapperError``).
 
     ``Config`` refuses ACROSS when told the store hides open files; check again with
-    what the file system says.
+    what the file system says. Asked whatever the configuration says: the same walk
+    refuses a cache over a local disk (``CachedLocalDiskError``, issue 14).
     """
-    if config.open_files_readable and not open_files_readable(fs):
+    if not open_files_readable(fs) and config.open_files_readable:
         attrs.evolve(config, open_files_readable=False)
 
 

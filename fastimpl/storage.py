@@ -72,6 +72,14 @@ class UnknownWrapperError(ValueError):
     its bytes end up, and when, cannot be told, so it is refused rather than guessed."""
 
 
+class CachedLocalDiskError(ValueError):
+    """A caching wrapper (``simplecache::``, ``filecache::``, ``blockcache::``) over a
+    local disk (issue 14): through the cache the store's calls go through fsspec, which
+    follows links, so the store's refusal of links below its root (``UnsafePathError``)
+    could not run; and a cache of a disk on the same machine buys nothing. Refused before
+    any I/O: open the local path (or ``dir::`` over it) without the cache."""
+
+
 def _protocol_names(fs: Any) -> tuple[str, ...]:
     p = fs.protocol
     return (p,) if isinstance(p, str) else tuple(p)
@@ -97,7 +105,9 @@ def open_files_readable(fs: Any) -> bool:
     the answer itself with a boolean ``open_files_readable`` attribute (a wrapper that
     knows what it does); a wrapper that does not, and that the store does not know,
     raises ``UnknownWrapperError``: a wrong "readable" would let ACROSS merging name bytes
-    that never reached the store, and a wrong guess either way is not ours to make.
+    that never reached the store, and a wrong guess either way is not ours to make. A
+    cache whose chain ends in a local disk raises ``CachedLocalDiskError`` (issue 14):
+    the same walk, so every store and recovery asks it once, before any I/O.
     """
     from fsspec.implementations.cached import CachingFileSystem  # type: ignore[import-untyped]
     from fsspec.implementations.dirfs import DirFileSystem  # type: ignore[import-untyped]
@@ -109,6 +119,7 @@ def open_files_readable(fs: Any) -> bool:
     if OBJECT_STORES.intersection(names):
         return False
     if isinstance(fs, CachingFileSystem):
+        _refuse_a_cache_of_a_local_disk(fs)
         # simplecache/filecache write to a local copy and upload it at close; blockcache
         # writes through but serves reads from cached blocks, stale while a file grows.
         # Either way a reader does not see an open file's flushed bytes where they end up.
@@ -125,6 +136,28 @@ def open_files_readable(fs: Any) -> bool:
             " open_files_readable attribute saying so"
         )
     return bool(READABLE_STORES.intersection(names))
+
+
+def _refuse_a_cache_of_a_local_disk(cache: Any) -> None:
+    """Follow ``cache``'s target through ``dir::`` and further caches; raise
+    ``CachedLocalDiskError`` if it ends in a local disk."""
+    from fsspec.implementations.cached import CachingFileSystem
+    from fsspec.implementations.dirfs import DirFileSystem
+    from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
+
+    chain = [cache]
+    inner = cache.fs
+    while isinstance(inner, CachingFileSystem | DirFileSystem):
+        chain.append(inner)
+        inner = inner.fs
+    if isinstance(inner, LocalFileSystem) or {"file", "local"} & set(_protocol_names(inner)):
+        url = "".join(f"{_protocol_names(c)[0]}::" for c in chain) + "file://"
+        raise CachedLocalDiskError(
+            f"{url}: a cache over a local disk is refused. Through the cache the store"
+            " cannot refuse symbolic links in its tree (issue 14), and a cache of a disk"
+            " on this machine buys nothing: give the local path (or dir:: over it)"
+            " without the cache"
+        )
 
 
 log = logging.getLogger("fastimpl.storage")
@@ -436,7 +469,7 @@ def _through_local_dirfs(fs: Any, root: str) -> tuple[Any, str]:
     """``dir::`` over a local disk is that disk under a longer root: unwrapped, so that
     its calls take the local path (its syncs, and its refusal of links, issue 14)."""
     from fsspec.implementations.dirfs import DirFileSystem
-    from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
+    from fsspec.implementations.local import LocalFileSystem
 
     inner = fs
     while isinstance(inner, DirFileSystem):
