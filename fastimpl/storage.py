@@ -991,15 +991,28 @@ class Storage:
             except Exception as err:  # a dead writer's upload may fail: nothing to keep
                 log.debug("closing abandoned %s: %r", path, err)
 
-    def _write_replace(self, d: Dir, name: str, data: bytes) -> None:
+    def _write_replace(self, d: Dir, name: str, data: bytes, suffix: str = ".inprogress") -> None:
         """Write ``data`` to ``name`` in ``d`` whole or not at all on a local disk: a
-        synced ``.inprogress`` twin, then a rename (the caller syncs the directory)."""
-        tmp = name + ".inprogress"
+        synced twin (``name`` + ``suffix``), then a rename (the caller syncs the
+        directory)."""
+        tmp = name + suffix
         with self._create_in(d, tmp, path_of(d, tmp)) as f:
             f.write(data)
             f.flush()
             self.os.fsync(f)
         self.os.replace(d, tmp, name)
+
+    def publish(self, path: str, data: bytes) -> None:
+        """Write a small file for readers outside the store (``fastimpl.writer_state``)
+        whole or not at all: on a local disk a synced twin named for this process, then
+        a rename, both through the descriptor walk (never through a link, issue 14); a
+        single PUT elsewhere. Not a checkpoint write: no armed fault fires and no lease
+        is checked."""
+        if not self._local:
+            self.fs.pipe_file(self.full(path), data)
+            return
+        with self._at(path, make=True) as (d, name):
+            self._write_replace(d, name, data, f".tmp-{os.getpid()}")
 
     def write_metadata(self, path: str, data: bytes) -> None:
         """Write a checkpoint's metadata atomically: a temporary file, then a rename.

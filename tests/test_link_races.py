@@ -82,6 +82,10 @@ def _metadata(st: Storage) -> None:
     st.write_metadata("job-0/shared/sub/_metadata", b"{}")
 
 
+def _publish(st: Storage) -> None:
+    st.publish("job-0/shared/sub/_writer_state.json", b"{}")
+
+
 def _mkdir(st: Storage) -> None:
     st.mkdir("job-0/shared/sub/made")
 
@@ -99,6 +103,7 @@ OPERATIONS: dict[str, Callable[[Storage], object]] = {
     "create": _create,
     "reopen": _reopen,
     "metadata": _metadata,
+    "publish": _publish,
     "mkdir": _mkdir,
     "delete file": _delete_file,
     "delete dir": _delete_dir,
