@@ -36,11 +36,11 @@ Paths are the inner file system's (``/tmp/x/...`` for a local directory, ``/root
 for memory).
 
 ``local_root=DIR`` (over a ``LocalFileSystem``) makes it a local disk instead: its
-protocol says ``file``, so ``Storage`` takes its real local-disk path (builtin ``open``,
-``os.fsync``, ``os.replace``, directory syncs, pruning), and every OS call of that path
-goes through :class:`FaultyOS` (the wrapper's ``local_os``, see
+protocol says ``file``, so ``Storage`` takes its real local-disk path (descriptors walked
+from the root, ``os.fsync``, renames, directory syncs, pruning), and every OS call of that
+path goes through :class:`FaultyOS` (the wrapper's ``local_os``, see
 ``fastimpl.storage.LocalOS``), with the same ``fail``/``crash_after``/``log``/``mutations``
-as above. Reads (``cat_file``) still go through the fsspec methods. Methods that ``fail``
+as above. A read there is ``FaultyOS.read``, failed as ``cat_file``. Methods that ``fail``
 takes there: ``open`` (a file for writing), ``write``, ``flush``, ``fsync``, ``close``,
 ``mkdir``, ``fsync_dir``, ``replace``, ``remove``, ``rmdir``, ``rmtree``, ``scandir``,
 ``cat_file``, ``find``, ``ls``, ``info``; ``rm_file``, ``rm``, ``makedirs`` and ``mv``
@@ -129,8 +129,8 @@ LOCAL_METHODS = frozenset(
         "info",
     }
 )
-"""What ``fail`` takes on a local disk (``local_root``): the OS calls of ``FaultyOS`` and
-the fsspec reads ``Storage`` still makes there."""
+"""What ``fail`` takes on a local disk (``local_root``): the OS calls of ``FaultyOS``
+(a read is ``cat_file``) and the fsspec calls a test may make there."""
 _LOCAL_ALIASES = {"rm_file": "remove", "rm": "rmtree", "makedirs": "mkdir", "mv": "replace"}
 
 
