@@ -52,7 +52,7 @@ from fastimpl.metadata import MetadataError, base_of, check_job
 from fastimpl.records import Completed
 from fastimpl.resume import HaState, rebuild
 from fastimpl.storage import Storage
-from spec.config import Config, JobSpec, RestoreMode, VertexSpec
+from spec.config import Config, JobSpec, RestoreMode, VertexSpec, check_parallelism
 from spec.handles import stream_of
 from spec.keygroups import max_parallelism_refusal
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
@@ -130,6 +130,7 @@ def recover(
     ``lease``: take the base over with this token (issue 14) once everything is read and
     validated and before the first delete, so that a writer still running there is fenced
     before its files are claimed or collected, and a refused recovery changes nothing."""
+    check_parallelism(config, job_spec.vertices)  # R78: before anything is read
     try:
         check_job(job, "<recover>", "crashed_job")
     except MetadataError as err:

@@ -22,15 +22,15 @@ pending trigger, or the publication when nothing is pending): every file a later
 touches is newer than that (a file opened after a publication is newer than it), and it
 stops collecting when a checkpoint some pending one may reuse from is gone.
 
-Publishing is opt-in (:func:`publish_state`), written straight to the file system (not
-through the store's fault-injecting path, so armed faults and call counts are unchanged),
-atomically: a temporary file, then a rename (a single PUT on object stores).
+Publishing is opt-in (:func:`publish_state`), written with ``Storage.publish`` (not a
+checkpoint write: no armed fault fires, no lease is checked), atomically: a temporary file,
+then a rename, through the store's descriptor walk, which never follows a link (a single
+PUT on object stores).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -113,18 +113,7 @@ class WriterStatePublisher:
 
 
 def _write_atomic(cl: InProcessEngine, rel: str, data: bytes) -> None:
-    st = cl.storage
-    full = st.full(rel)
-    if st.protocol in ("file", "local"):
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        tmp = f"{full}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, full)
-    else:
-        st.fs.pipe_file(full, data)
+    cl.storage.publish(rel, data)
 
 
 def publish_state(store: CheckpointStore) -> WriterStatePublisher:
