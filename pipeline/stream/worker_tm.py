@@ -60,7 +60,8 @@ from spec.messages import (
 
 TM_STATE = "ckpt-tm.pickle"
 """In the subtask's DB directory: the TM's records between two tasks (RocksDB ignores it)."""
-_STATE_VERSION = 1
+_STATE_VERSION = 2
+"""Bumped when the pickled TaskManager changes shape (2: its ``lost`` attempts, R64)."""
 
 MailItem = tuple[str, int, bytes]
 """``(TM id, sequence number, encoded spec.messages notice or duty)``."""
