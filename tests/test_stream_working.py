@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pipeline.stream import slate
 from pipeline.stream.subtask import Failures
 from pipeline.stream.working_names import PointerError, pointer_name, pointers
 from pipeline.stream.working_task import RestoreError
@@ -84,9 +86,22 @@ def test_a_no_claim_restore_copies_and_never_touches_the_users_databases(tmp_pat
     assert _quiet_violations(job) == []
 
 
-def test_a_lost_local_home_restores_by_a_clone_that_copies_nothing(tmp_path: Path) -> None:
+def test_a_lost_local_home_restores_by_a_clone_that_copies_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """R105: a subtask whose TM records are gone (a new worker) clones the checkpoint: its
-    first snapshot refers to the old database's SSTs in place and writes no SST of them."""
+    first snapshot refers to the old database's SSTs in place and writes no SST of them.
+    The compactor is held back here: a compaction between the clone's flush and its
+    snapshot may rewrite the source's SSTs into the clone's own (a rewrite, not a copy at
+    restore), which made the count below depend on timing."""
+    settings = slate.db_settings
+
+    def slow_compactor(l0_max_ssts: int = 32) -> Any:
+        s = settings(l0_max_ssts)
+        s.set("compactor_options.poll_interval", '"1h"')
+        return s
+
+    monkeypatch.setattr(slate, "db_settings", slow_compactor)
     job = _job(tmp_path, parallelism=2)
     for _ in range(4):
         job.batch()
