@@ -67,10 +67,14 @@ def _apply(engine: InProcessEngine, cmd: c.Command) -> None:
             engine.recorded(cmd, lambda: _crash_during_write(engine, cmd))
         case c.Failover():
             engine.failover()
+        case c.ReplaceTm():
+            engine.replace_tm(cmd.tm)
         case c.RestartCoordinator():
             engine.restart()
         case c.Restore():
-            engine.restore(cmd.checkpoint, cmd.parallelism, cmd.mode, cmd.max_parallelism)
+            engine.restore(
+                cmd.checkpoint, cmd.parallelism, cmd.mode, cmd.max_parallelism, cmd.num_tms
+            )
         case c.FailNextCall():
             engine.recorded(cmd, lambda: engine.storage.arm(cmd.op))
         case c.RetryDeletes():

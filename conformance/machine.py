@@ -263,6 +263,19 @@ class RefimplMachine(RuleBasedStateMachine):
             return
         self.do(c.CrashTm(data.draw(st.sampled_from(self.h.live_tms()))))
 
+    @precondition(lambda self: self.h.state.running and len(self.h.live_tms()) > 0)
+    @rule(data=st.data())
+    def replace_tm(self, data: st.DataObject) -> None:
+        """R66: a task-level failover, most often within a pending checkpoint that the
+        replaced TM has already acknowledged (a Spark task retried after a kill, or a
+        speculative copy accepted); the new attempt usually writes and acknowledges."""
+        if not self.rarely(data, 4):
+            return
+        tm = data.draw(st.sampled_from(self.h.live_tms()))
+        self.do(c.ReplaceTm(tm))
+        if bool(self.s.pending) and data.draw(st.booleans()):
+            self.checkpoint_work(data)
+
     @precondition(lambda self: any(self.h.state.tms[t].hosted for t in self.h.lost_tms()))
     @rule(data=st.data(), size=st.integers(1, 200), ack=st.booleans())
     def zombie_acts(self, data: st.DataObject, size: int, ack: bool) -> None:

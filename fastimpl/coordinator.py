@@ -41,6 +41,7 @@ from fastimpl.storage import Storage, StorageFault
 from fastimpl.working import SharedWorking
 from spec import commands as c
 from spec.config import (
+    MAX_TMS,
     Config,
     MergingMode,
     RestoreMode,
@@ -569,6 +570,91 @@ class CheckpointCoordinator:
         for cid in sorted(self.pending):
             self.abort(cid)
 
+    def replace(self, tm: TmId, new: TmId | None = None) -> TmId:
+        """R66: task-level failover. ``tm`` is lost (a zombie until it stops, R64) and its
+        acknowledgements of pending checkpoints are withdrawn; a new attempt runs its
+        subtasks, may write for every pending checkpoint and later ones, and starts them
+        as a restarting TM does (R61, R62, R105). Nothing is aborted, no other TM is reset
+        or told. The new attempt's id.
+
+        ``new``: an attempt the engine started on its own, which the coordinator first
+        hears of now (Spark: the TM of a retried or speculative task, by its
+        acknowledgement). It started from what the engine gave it and is sent nothing:
+        it holds nothing of ``tm``'s, whose files stay ``tm``'s until it stops (R64).
+        Without ``new`` the engine starts the attempt here, and it is told what it starts
+        from (``TmAssignment``)."""
+        rec = self.tms[tm]
+        hosted = sorted(s for s, t in self.placement.items() if t == tm)
+        rec.status = Status.LOST
+        rec.hosted = frozenset(hosted)
+        self._withdraw_acks(hosted)
+        first = min(self.pending, default=self.next_checkpoint)
+        lowest = min(
+            (k for k, p in self.pending.items() if not p.savepoint), default=self.next_checkpoint
+        )
+        starting = new is None
+        if new is None:
+            new = self.engine.start_tm(self.job, first, lowest - 1)
+        self.tms[new] = Tm(new, Status.ALIVE)
+        self.started[new] = (self.job, first)
+        self.placement = {s: new if t == tm else t for s, t in self.placement.items()}
+        self.engine.placed(self.placement)
+        d = taskowned_dir(self.job, tm)  # R63: abandoned to the coordinator
+        if d in self.catalog.dir_owner and self.catalog.dir_owner[d] != COORDINATOR:
+            self.catalog.dir_owner[d] = COORDINATOR
+        if starting:
+            # R10, R66: every checkpoint from ``first`` on that is no longer pending is
+            # over for it: aborted (above the lowest pending one, completing it would have
+            # aborted that, R53), or a finished savepoint
+            over = [k for k in range(first, self.next_checkpoint) if k not in self.pending]
+            self.epoch += 1  # its assignment is applied once; a later failover's after it
+            self._assign(
+                new,
+                hosted,
+                first,
+                lowest - 1,
+                frozenset(k for k in over if k > lowest and not self._is_savepoint(k)),
+                frozenset(k for k in over if self._is_savepoint(k)),
+            )
+            # working state (§11): R105 opens the checkpointed working files in place
+            latest = self.retained[-1] if self.retained else None
+            self.working.open_databases(latest, self.epoch, only=new)
+        self.collect_dirs()
+        return new
+
+    def _withdraw_acks(self, subtasks: list[SubtaskId]) -> None:
+        """R66, R56: the acknowledgements a replaced attempt sent for pending checkpoints
+        are withdrawn with what they handed over: the pins of their placeholders (R22),
+        their in-place references (R103), and their whole files (R43), which the
+        coordinator deletes once the attempt stopped (R64)."""
+        for cid in sorted(self.pending):
+            p = self.pending[cid]
+            gone = [s for s in subtasks if s in p.acks]
+            if not gone:
+                continue
+            entries = [e for s in gone for e in p.acks.pop(s)]
+            for s in gone:
+                p.working.pop(s, None)
+            handed = {e.handle.path for e in entries if isinstance(e.handle, FileHandle)}
+            handed &= p.received
+            p.received -= handed
+            still = {
+                e.handle.logical_id
+                for v in p.acks.values()
+                for e in v
+                if isinstance(e.handle, PlaceholderHandle)
+            }
+            pinned = {
+                e.handle.logical_id
+                for e in entries
+                if isinstance(e.handle, PlaceholderHandle) and e.handle.logical_id not in still
+            }
+            self._delete_unused(self.registry.unpin_keys(pinned, cid, self._lowest_retained()))
+            for path in sorted(handed):
+                f = self.catalog.files.get(path)
+                if f is not None and f.owner == COORDINATOR:
+                    self.catalog.delete_file(path, COORDINATOR)
+
     def receive_stopped(self, msg: AttemptStopped) -> None:
         """R64, as the engine's message says it (an attempt the coordinator gave up on
         has stopped): the same as ``attempt_stopped``. The message's job is the one the
@@ -801,38 +887,53 @@ class CheckpointCoordinator:
             d = taskowned_dir(self.job, old)  # R63
             if d in self.catalog.dir_owner and self.catalog.dir_owner[d] != COORDINATOR:
                 self.catalog.dir_owner[d] = COORDINATOR
-        latest = self.retained[-1] if self.retained and self.retained[-1].job == self.job else None
-        retained = tuple(RetainedCheckpoint(r.id, r.entries) for r in self.retained)
-        lost = frozenset(t for t, r in self.tms.items() if r.status is Status.LOST)
         for tm in sorted(set(self.placement.values())):
             hosted = sorted(s for s, t in self.placement.items() if t == tm)
-            self.told_lost[tm] = lost
-            for path in self._kept_paths(tm, hosted):
-                if creator_of(path) in lost:  # R61: tm's now, its creator may still run
-                    self.kept_from_lost[path] = tm
-            self.engine.duty(
-                tm,
-                TmAssignment(
-                    self.job,
-                    tm,
-                    self.epoch,
-                    tuple(hosted),
-                    retained,
-                    None if latest is None else RetainedCheckpoint(latest.id, latest.entries),
-                    lost,
-                    *self._hand_dirs(tm, hosted),
-                    self._hand_files(tm, hosted),
-                    self.next_checkpoint,
-                    self.latest_completed,
-                    self.next_checkpoint - 1,
-                    self.watermark,
-                ),
-            )
+            self._assign(tm, hosted, self.next_checkpoint, self.next_checkpoint - 1)
         self.assigned_from = self.next_checkpoint
         self._forget_savepoints()
         # working state (§11): R105 opens the checkpointed working files in place
         self.working.open_databases(self.retained[-1] if self.retained else None, self.epoch)
         self.collect_dirs()
+
+    def _assign(
+        self,
+        tm: TmId,
+        hosted: list[SubtaskId],
+        first: int,
+        mark: int,
+        aborted: frozenset[int] = frozenset(),
+        savepoints: frozenset[int] = frozenset(),
+    ) -> None:
+        """R60-R62, R66: ``tm`` restarts ``hosted`` from the retained checkpoints, and
+        writes for ``first`` and later checkpoints that are not over (``mark``,
+        ``aborted``, ``savepoints``)."""
+        latest = self.retained[-1] if self.retained and self.retained[-1].job == self.job else None
+        lost = frozenset(t for t, r in self.tms.items() if r.status is Status.LOST)
+        self.told_lost[tm] = lost
+        for path in self._kept_paths(tm, hosted):
+            if creator_of(path) in lost:  # R61: tm's now, its creator may still run
+                self.kept_from_lost[path] = tm
+        self.engine.duty(
+            tm,
+            TmAssignment(
+                self.job,
+                tm,
+                self.epoch,
+                tuple(hosted),
+                tuple(RetainedCheckpoint(r.id, r.entries) for r in self.retained),
+                None if latest is None else RetainedCheckpoint(latest.id, latest.entries),
+                lost,
+                *self._hand_dirs(tm, hosted),
+                self._hand_files(tm, hosted),
+                first,
+                self.latest_completed,
+                mark,
+                self.watermark,
+                aborted,
+                savepoints,
+            ),
+        )
 
     def _hand_files(self, tm: TmId, hosted: list[SubtaskId]) -> tuple[KeptFile, ...]:
         """R61: files of retained checkpoints' segments in the directories ``tm`` manages
@@ -948,6 +1049,8 @@ class CheckpointCoordinator:
             p < 1 or p > self.cfg.max_parallelism for p in new_par.values()
         ):
             raise CommandError(Reason.BAD_ARGUMENT, f"bad parallelism {cmd.parallelism}")
+        if cmd.num_tms is not None and not 1 <= cmd.num_tms <= MAX_TMS:
+            raise CommandError(Reason.BAD_ARGUMENT, f"num_tms {cmd.num_tms} not in 1 .. {MAX_TMS}")
         self._check_max_parallelism(source, cmd)
         old_vertices = self.vertices
         if self.running:
@@ -968,6 +1071,8 @@ class CheckpointCoordinator:
         self.vertices = tuple(
             VertexSpec(v.name, new_par.get(v.name, v.parallelism)) for v in self.vertices
         )
+        if cmd.num_tms is not None:
+            self.num_tms = cmd.num_tms  # R70: Spark runs one TM per subtask
         tms = [
             self.engine.start_tm(self.job, self.next_checkpoint, self.next_checkpoint - 1)
             for _ in range(self.num_tms)

@@ -402,13 +402,27 @@ class InProcessEngine:
         self.recorded(c.CrashTm(tm), lambda: self._crash_tm(tm))
 
     def _crash_tm(self, tm: TmId) -> None:
+        self._live_tm(tm)
+        self.coord.lose(tm)
+
+    def _live_tm(self, tm: TmId) -> None:
+        """A live TM of the running job, named by a command (R57, R66)."""
         self.coord.require_running()
         rec = self.tms.get(tm)
         if rec is None:
             raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
         if rec.status is not Status.ALIVE or tm not in self.placement.values():
             raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} is not a live TM of {self.job}")
-        self.coord.lose(tm)
+
+    def replace_tm(self, tm: TmId) -> TmId:
+        """R66: task-level failover: a new attempt runs ``tm``'s subtasks, pending
+        checkpoints stay pending, ``tm`` is lost (it may still run); the new attempt's id."""
+
+        def run() -> TmId:
+            self._live_tm(tm)
+            return self.coord.replace(tm)
+
+        return self.recorded(c.ReplaceTm(tm), run)
 
     def attempt_stopped(self, tm: TmId) -> None:
         """R64: a lost TM is known to have stopped."""
@@ -443,9 +457,10 @@ class InProcessEngine:
         parallelism: tuple[tuple[str, int], ...] = (),
         mode: RestoreMode = RestoreMode.NO_CLAIM,
         max_parallelism: int | None = None,
+        num_tms: int | None = None,
     ) -> str:
         """R70-R77: a new job from a retained checkpoint or a savepoint; its id."""
-        cmd = c.Restore(checkpoint, parallelism, mode, max_parallelism)
+        cmd = c.Restore(checkpoint, parallelism, mode, max_parallelism, num_tms)
         self.recorded(cmd, lambda: self.coord.restore(cmd))
         return self.job
 

@@ -147,6 +147,23 @@ class SharedStateRegistry:
                 released.append(entry)
         return released
 
+    def unpin_keys(
+        self, keys: set[str], checkpoint: int, lowest_retained: int | None
+    ) -> list[SharedEntry]:
+        """R66: the pins of pending ``checkpoint`` on ``keys`` go (a withdrawn
+        acknowledgement's placeholders); the entries nothing else keeps are unregistered
+        and returned, in key order."""
+        released: list[SharedEntry] = []
+        for key in sorted(keys):
+            entry = self._entries.get(key)
+            if entry is None or checkpoint not in entry.pinned_by:
+                continue
+            entry.pinned_by.discard(checkpoint)
+            if self._unused(entry, lowest_retained):
+                del self._entries[key]
+                released.append(entry)
+        return released
+
     def unregister_unused(
         self, lowest_retained: int | None, among: Sequence[str]
     ) -> list[SharedEntry]:

@@ -288,6 +288,10 @@ class TaskManager:
         self.restart_knowledge(
             msg.latest_completed, msg.finished_mark, msg.subsumed, msg.first_checkpoint
         )
+        # R66: a replacement starts for the pending checkpoints; those between that are over
+        self.known_aborted |= msg.aborted
+        self.finished_savepoints |= msg.finished_savepoints
+        self.savepoints |= msg.finished_savepoints
         if self.own_records:
             cat = self.catalog
             for d in msg.taken_over:  # R61: the coordinator's word that it is not its own

@@ -371,11 +371,17 @@ class SharedWorking:
     def paths_of(self, done: Completed) -> set[str]:
         return {w.path for _, w in done.working}
 
-    def open_databases(self, source: Completed | None, epoch: int, users: bool = False) -> None:
-        """R105: each subtask of the running job opens a database on the working files
-        ``source`` refers to for its key groups (in place: a projection on a rescale) and
-        on copies of its small files; then each TM deletes the private files none of its
-        databases uses any more (R62)."""
+    def open_databases(
+        self,
+        source: Completed | None,
+        epoch: int,
+        users: bool = False,
+        only: TmId | None = None,
+    ) -> None:
+        """R105: each subtask of the running job (of TM ``only``, if given: R66) opens a
+        database on the working files ``source`` refers to for its key groups (in place:
+        a projection on a rescale) and on copies of its small files; then each TM deletes
+        the private files none of its databases uses any more (R62)."""
         c = self.coord
         cat = c.catalog
         entries = () if source is None else source.entries
@@ -384,6 +390,8 @@ class SharedWorking:
         for _, w in () if source is None else source.working:
             files.setdefault(w.path, w)
         for sub, tm in sorted(c.placement.items()):
+            if only is not None and tm != only:
+                continue
             kg = key_group_range(c.cfg.max_parallelism, sub.parallelism, sub.index)
             in_place = tuple(
                 w
@@ -398,7 +406,8 @@ class SharedWorking:
             if in_place or small:
                 c.engine.duty(tm, OpenDatabase(c.job, tm, epoch, sub, in_place, small, users))
         for tm in sorted(set(c.placement.values())):
-            c.engine.duty(tm, DatabasesOpened(c.job, tm, epoch))
+            if only is None or tm == only:
+                c.engine.duty(tm, DatabasesOpened(c.job, tm, epoch))
 
     def give_to_user(self, done: Completed) -> None:
         """R91, R105: a retained checkpoint given to the user takes its in-place files."""

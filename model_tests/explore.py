@@ -109,6 +109,7 @@ def moves(s: ModelState, b: Bounds) -> Iterator[Move]:
         lost = sorted(t for t, r in s.tms.items() if r.status is TmStatus.LOST)
         if not lost and alive:
             yield (c.CrashTm(alive[0]),)
+            yield (c.ReplaceTm(alive[0]),)
         for t in lost:
             yield (c.AttemptStopped(t),)
         if lost:

@@ -59,7 +59,7 @@ from spec import commands as c
 from spec.config import Scope, StateKind
 from spec.effects import COORDINATOR, tm_actor
 from spec.handles import FileHandle, SegmentHandle, stream_of
-from spec.ids import TmId
+from spec.ids import SubtaskId, TmId
 from spec.layout import is_under, taskowned_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -395,6 +395,17 @@ def _tm_deletes_shared_working(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Databases, "release", release)
 
 
+def _replace_keeps_acks(mp: pytest.MonkeyPatch) -> None:
+    """A task-level failover (R66) keeps the acknowledgements the replaced attempt sent
+    for pending checkpoints: a checkpoint completes without the new attempt's, naming
+    files of an attempt the coordinator gave up on, which its stop may sweep first."""
+
+    def withdraw_acks(self: CheckpointCoordinator, subtasks: list[SubtaskId]) -> None:
+        return None
+
+    mp.setattr(CheckpointCoordinator, "_withdraw_acks", withdraw_acks)
+
+
 ZOO: list[Mutant] = [
     Mutant(
         "flink-38347",
@@ -485,6 +496,12 @@ ZOO: list[Mutant] = [
         "the TM's exclusive-state directory is created but never registered",
         "forgetting to register a directory",
         _forget_taskowned_dir,
+    ),
+    Mutant(
+        "replace-keeps-acks",
+        "a task-level failover keeps the replaced attempt's acknowledgements",
+        "R66: completing with an attempt given up on (Spark: a retried task's first ack)",
+        _replace_keeps_acks,
     ),
     Mutant(
         "tm-deletes-shared-working",

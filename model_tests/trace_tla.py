@@ -81,7 +81,7 @@ def _record(cmd: c.Command, where: str, sizes: set[int], partial: set[int]) -> d
             r["c"] = cmd.checkpoint
         case c.DeliverNotification() | c.DropNotification() | c.DuplicateNotification():
             pass
-        case c.CrashTm() | c.AttemptStopped():
+        case c.CrashTm() | c.AttemptStopped() | c.ReplaceTm():
             r["t"] = _tm(cmd.tm, where)
         case c.CrashDuringWrite():
             if cmd.kind is not StateKind.KEYED_SHARED:
@@ -93,6 +93,8 @@ def _record(cmd: c.Command, where: str, sizes: set[int], partial: set[int]) -> d
         case c.Restore():
             if cmd.max_parallelism is not None:
                 raise TraceOutsideModel(f"{where}: the TLA+ spec has no max parallelism (R77)")
+            if cmd.num_tms is not None:
+                raise TraceOutsideModel(f"{where}: every job of the TLA+ spec has NumTms TMs")
             r["c"] = cmd.checkpoint
             r["mode"] = "CLAIM" if cmd.mode is RestoreMode.CLAIM else "NO_CLAIM"
         case c.Cancel():
@@ -178,6 +180,7 @@ def convert(lines: Iterable[str], name: str = "MCTrace") -> TlaTrace:
     )
     # Failovers and restores draw fresh TM ids: leave room for every one the trace made.
     max_tm = max(tms) + sum(r["cmd"] in ("Failover", "Restore") for r in records) * job.num_tms
+    max_tm += sum(r["cmd"] == "ReplaceTm" for r in records)
     consts = {
         "Mode": f'"{MODES[config.merging_mode]}"',
         "NumTms": job.num_tms,

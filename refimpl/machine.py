@@ -43,7 +43,7 @@ from refimpl.state import (
 )
 from spec import commands as c
 from spec.commands import StorageOp
-from spec.config import MergingMode, RestoreMode, Scope, StateKind, VertexSpec
+from spec.config import MAX_TMS, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
 from spec.effects import (
     COORDINATOR,
     USER,
@@ -119,6 +119,7 @@ class _Work:
         self.job_seq = s.job_seq
         self.running = s.running
         self.vertices = s.vertices
+        self.num_tms = s.num_tms
         self.placement = dict(s.placement)
         self.tms = dict(s.tms)
         self.next_checkpoint = s.next_checkpoint
@@ -160,7 +161,7 @@ class _Work:
             job_seq=self.job_seq,
             running=self.running,
             vertices=self.vertices,
-            num_tms=self.s.num_tms,
+            num_tms=self.num_tms,
             placement=self.placement,
             tms=self.tms,
             next_checkpoint=self.next_checkpoint,
@@ -241,6 +242,8 @@ class _Work:
             case c.Failover():
                 self.require_running()
                 self.failover()
+            case c.ReplaceTm():
+                self.replace_tm(cmd.tm)
             case c.RestartCoordinator():
                 self.require_running()
                 self.restart_coordinator()
@@ -1100,13 +1103,100 @@ class _Work:
     # ------------------------------------------------------------------ crashes (R60-R65)
 
     def crash_tm(self, tm: TmId) -> None:
+        self._live_tm(tm)
+        self._lose(tm)
+
+    def _live_tm(self, tm: TmId) -> TmRec:
+        """A live TM of the running job, named by a command (R57, R66)."""
         self.require_running()
         rec = self.tms.get(tm)
         if rec is None:
             raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
         if rec.status is not TmStatus.ALIVE or tm not in self.placement.values():
             raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} is not a live TM of {self.job}")
-        self._lose(tm)
+        return rec
+
+    def replace_tm(self, tm: TmId) -> None:
+        """R66: task-level failover. ``tm`` is lost (a zombie until it stops, R64) and its
+        acknowledgements of pending checkpoints are withdrawn; a new attempt runs its
+        subtasks, may write for every pending checkpoint and later ones, and starts them
+        as a restarting TM does (R61, R62, R105). Nothing is aborted, no other TM is
+        reset."""
+        rec = self._live_tm(tm)
+        hosted = sorted(s for s, t in self.placement.items() if t == tm)
+        self.tms[tm] = evolve(rec, status=TmStatus.LOST, hosted=frozenset(hosted))
+        self._withdraw_acks(hosted)
+        new = f"tm-{self.next_tm}"
+        self.next_tm += 1
+        self.tms[new] = self._started_for_pending(new)
+        for s in hosted:
+            self.placement[s] = new
+        d = taskowned_dir(self.job, tm)  # R63: abandoned to the coordinator
+        if d in self.dir_owner and self.dir_owner[d] != COORDINATOR:
+            self.dir_owner[d] = COORDINATOR
+        self._restore_manager(new)
+        self._open_databases(self.retained[-1] if self.retained else None, only=new)
+        self._collect_dirs()
+
+    def _started_for_pending(self, tm: TmId) -> TmRec:
+        """R10, R66: a new attempt started for the checkpoints pending now: every earlier
+        one, and every later one that is no longer pending, is over for it. Below the
+        lowest pending checkpoint (not a savepoint) every checkpoint is over; above it a
+        checkpoint no longer pending was aborted (completing it would have aborted the
+        pending one, R53), and a savepoint no longer pending is finished."""
+        first = min(self.pending, default=self.next_checkpoint)
+        lowest = min(
+            (k for k, p in self.pending.items() if not p.savepoint), default=self.next_checkpoint
+        )
+        over = [k for k in range(first, self.next_checkpoint) if k not in self.pending]
+        return TmRec(
+            tm,
+            TmStatus.ALIVE,
+            known_completed=self.latest_completed,
+            finished_mark=lowest - 1,
+            known_aborted=frozenset(k for k in over if k > lowest and not self._is_savepoint(k)),
+            known_watermark=self.watermark,
+            first_checkpoint=first,
+            finished_savepoints=frozenset(k for k in over if self._is_savepoint(k)),
+        )
+
+    def _withdraw_acks(self, subtasks: list[SubtaskId]) -> None:
+        """R66, R56: the acknowledgements a replaced attempt sent for pending checkpoints
+        are withdrawn with what they handed over: the pins of their placeholders (R22),
+        their in-place references (R103), and their whole files (R43), which the
+        coordinator deletes once the attempt stopped (R64)."""
+        for cid in sorted(self.pending):
+            p = self.pending[cid]
+            gone = [s for s in subtasks if s in p.acks]
+            if not gone:
+                continue
+            entries = [e for s in gone for e in p.acks[s]]
+            acks = {s: v for s, v in p.acks.items() if s not in gone}
+            handed = {e.handle.path for e in entries if isinstance(e.handle, FileHandle)}
+            handed &= p.received
+            self.pending[cid] = evolve(
+                p,
+                acks=acks,
+                received=p.received - handed,
+                working={s: v for s, v in p.working.items() if s not in gone},
+            )
+            still = {
+                e.handle.logical_id
+                for v in acks.values()
+                for e in v
+                if isinstance(e.handle, PlaceholderHandle)
+            }
+            pinned = {
+                e.handle.logical_id for e in entries if isinstance(e.handle, PlaceholderHandle)
+            }
+            for key in sorted(pinned - still):
+                reg = self.registry.get(key)
+                if reg is not None and cid in reg.pins:
+                    self.registry[key] = evolve(reg, pins=reg.pins - {cid})
+                    self._release_entry(key)
+            for path in sorted(handed):
+                if path in self.files and self.files[path].owner == COORDINATOR:
+                    self._delete_file(path, COORDINATOR)
 
     def _lose(self, tm: TmId) -> None:
         """R57: a lost TM's subtasks can acknowledge nothing more, and what they did
@@ -1373,6 +1463,8 @@ class _Work:
             p < 1 or p > self.cfg.max_parallelism for p in new_par.values()
         ):
             raise CommandError(Reason.BAD_ARGUMENT, f"bad parallelism {cmd.parallelism}")
+        if cmd.num_tms is not None and not 1 <= cmd.num_tms <= MAX_TMS:
+            raise CommandError(Reason.BAD_ARGUMENT, f"num_tms {cmd.num_tms} not in 1 .. {MAX_TMS}")
         self._check_max_parallelism(source, cmd)
         mode = RestoreMode.NO_CLAIM if source.savepoint else cmd.mode  # R73
         # R71, R74: the new job's TMs start with empty tables and new directories, so no
@@ -1389,8 +1481,10 @@ class _Work:
         self.vertices = tuple(
             VertexSpec(v.name, new_par.get(v.name, v.parallelism)) for v in self.vertices
         )
+        if cmd.num_tms is not None:
+            self.num_tms = cmd.num_tms  # R70: Spark runs one TM per subtask
         tms = []
-        for _ in range(self.s.num_tms):
+        for _ in range(self.num_tms):
             tms.append(f"tm-{self.next_tm}")
             self.next_tm += 1
         for t in tms:
@@ -1646,14 +1740,17 @@ class _Work:
             if not self._working_needed(path):
                 self._delete_file(path, COORDINATOR)
 
-    def _open_databases(self, source: Completed | None) -> None:
-        """R105: each subtask of the running job opens a database on the working files the
-        source refers to for its key groups (a projection, in place, no copy) and on copies
-        of its small files from their segments; without a source it starts empty."""
+    def _open_databases(self, source: Completed | None, only: TmId | None = None) -> None:
+        """R105: each subtask of the running job (of TM ``only``, if given: R66) opens a
+        database on the working files the source refers to for its key groups (a
+        projection, in place, no copy) and on copies of its small files from their
+        segments; without a source it starts empty."""
         if source is None:
             return
         assignment = redistribute(source.entries, self.vertices, self.cfg.max_parallelism)
         for sub, tm in sorted(self.placement.items()):
+            if only is not None and tm != only:
+                continue
             lo, hi = key_group_range(self.cfg.max_parallelism, sub.parallelism, sub.index)
             uses = {
                 path

@@ -127,6 +127,16 @@ class Failover:
 
 
 @frozen
+class ReplaceTm:
+    """Task-level failover (R66): the live TM ``tm`` is replaced by a new attempt, with a
+    new id, that runs the same subtasks, while pending checkpoints stay pending and the
+    other TMs run on (Spark retrying a killed task or accepting a speculative copy). The
+    replaced attempt is lost: it may still run as a zombie until ``AttemptStopped``."""
+
+    tm: TmId
+
+
+@frozen
 class RestartCoordinator:
     """The coordinator process restarts: it rebuilds retained checkpoints and the registry
     from persisted metadata, and the job's subtasks restart as in a failover."""
@@ -143,6 +153,9 @@ class Restore:
     max_parallelism: int | None = None
     """The new job's max parallelism; ``None``: the configured one. It must be the one
     the checkpoint was taken with (R77)."""
+    num_tms: int | None = None
+    """How many TMs the new job starts with (R70, R78: 1 .. 32768); ``None``: as many as
+    the ended job started with. Spark runs one TM per subtask, so a rescale changes it."""
 
 
 class StorageOp(enum.Enum):
@@ -227,6 +240,7 @@ Command = (
     | AttemptStopped
     | CrashDuringWrite
     | Failover
+    | ReplaceTm
     | RestartCoordinator
     | Restore
     | FailNextCall

@@ -198,7 +198,8 @@ class ResetTm:
 
 @frozen
 class TmAssignment:
-    """R60-R62, R64: what ``tm`` runs after a failover (or a restore) and starts from.
+    """R60-R62, R64, R66: what ``tm`` runs after a failover (or a restore, or as the new
+    attempt of a task-level failover) and starts from.
 
     ``hosted``: the subtasks it runs now; ``retained``: every retained checkpoint (oldest
     first), whose segments in its directories it takes over (R61) while every other file
@@ -230,6 +231,11 @@ class TmAssignment:
     latest_completed: int = field(validator=_non_negative)
     finished_mark: int = field(validator=_non_negative)
     subsumed: int = field(validator=_non_negative)
+    aborted: frozenset[int] = frozenset()
+    """R66: checkpoints from ``first_checkpoint`` on that were aborted before the TM
+    started (a replacement starts for the pending ones, which may have gaps)."""
+    finished_savepoints: frozenset[int] = frozenset()
+    """R66: savepoints from ``first_checkpoint`` on that were over before it started."""
 
 
 @frozen

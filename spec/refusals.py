@@ -110,7 +110,7 @@ TM_ALIVE_IN_JOB = Guard(
     "tm_alive_in_job",
     Reason.TM_NOT_ALIVE,
     "the TM is lost or stopped, or hosts no subtask of the running job",
-    ("R57",),
+    ("R57", "R66"),
 )
 TM_LOST = Guard("tm_lost", Reason.TM_NOT_LOST, "the TM is alive or already stopped", ("R64",))
 PARTIAL_WRITE = Guard(
@@ -129,7 +129,8 @@ SOURCE_RETAINED = Guard(
 PARALLELISM_VALID = Guard(
     "parallelism_valid",
     Reason.BAD_ARGUMENT,
-    "a parallelism names an unknown vertex or lies outside 1 .. max parallelism",
+    "a parallelism names an unknown vertex or lies outside 1 .. max parallelism, or "
+    "`num_tms` lies outside 1 .. 32768",
     ("R75", "R78"),
 )
 MAX_PARALLELISM_SAME = Guard(
@@ -201,6 +202,7 @@ GUARDS: Mapping[type[c.Command], tuple[Guard, ...]] = {
     c.AttemptStopped: (TM_KNOWN, TM_LOST),
     c.CrashDuringWrite: (*_HOST_WRITER, PARTIAL_WRITE),
     c.Failover: (RUNNING,),
+    c.ReplaceTm: (RUNNING, TM_KNOWN, TM_ALIVE_IN_JOB),
     c.RestartCoordinator: (RUNNING,),
     c.Restore: (SOURCE_RETAINED, PARALLELISM_VALID, MAX_PARALLELISM_SAME),
     c.FailNextCall: (),

@@ -227,6 +227,17 @@ def scenarios() -> dict[type[c.Command], Scenario]:
                 ),
             },
         ),
+        c.ReplaceTm: Scenario(
+            pending,
+            c.ReplaceTm(host),
+            {
+                "running": Violation(before=(CANCEL,)),
+                "tm_known": Violation(fields={"tm": GHOST_TM}),
+                "tm_alive_in_job": Violation(
+                    before=(c.ReplaceTm(host),), needs=frozenset({"tm_known"})
+                ),
+            },
+        ),
         c.AttemptStopped: Scenario(
             (*first, c.CrashTm(host)),
             c.AttemptStopped(host),

@@ -310,6 +310,26 @@ def test_r70_restoring_anything_else_is_refused(mode: MergingMode) -> None:
     assert refused(h, c.Restore(2, (("nope", 2),))) is Reason.BAD_ARGUMENT
 
 
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r70_a_restore_starts_as_many_tms_as_it_asks_for(mode: MergingMode) -> None:
+    """Spark runs one TM per subtask: a rescale to 3 ``agg`` subtasks starts 5 TMs, one
+    for each subtask, and a later restore keeps the count unless it asks for another."""
+    h = Harness(Config.for_mode(mode))
+    h.checkpoint()
+    assert refused(h, c.Restore(1, (("agg", 3),), num_tms=0)) is Reason.BAD_ARGUMENT
+    assert refused(h, c.Restore(1, num_tms=2**15 + 1)) is Reason.BAD_ARGUMENT
+    h.run(c.Restore(1, (("agg", 3),), num_tms=5))
+    assert len(h.live_tms()) == 5 and len(set(h.state.placement.values())) == 5
+    h.checkpoint()
+    h.run(c.Restore(h.last_checkpoint))
+    assert len(h.live_tms()) == 5
+    h.checkpoint()
+    h.run(c.Restore(h.last_checkpoint, num_tms=1))
+    assert h.live_tms() == ["tm-13"] and set(h.state.placement.values()) == {"tm-13"}
+    h.checkpoint()
+    assert h.quiesce() == []
+
+
 NOT_REUSABLE = [
     (m, r)
     for m in ALL_MODES

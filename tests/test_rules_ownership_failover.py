@@ -1,6 +1,6 @@
-"""Rules R40-R45 (directories, hand-over, one owner, retried deletes) and R60-R65
-(failover, safe cleanup, exclusive directories, zombies, crashes mid-write) of SPEC.md,
-checked against the reference model one scenario at a time."""
+"""Rules R40-R45 (directories, hand-over, one owner, retried deletes) and R60-R66
+(failover, safe cleanup, exclusive directories, zombies, crashes mid-write, task-level
+failover) of SPEC.md, checked against the reference model one scenario at a time."""
 
 from __future__ import annotations
 
@@ -588,4 +588,191 @@ def test_r65_crash_in_pooled_file_leaves_dead_bytes() -> None:
     obs = h.observe()
     assert obs.owners[pool] == "tm:tm-3" and obs.ref_counts[pool] == 1
     assert obs.live_segments[pool] == ((0, size),)  # no segment for the 40 dead bytes
+    assert h.quiesce() == []
+
+
+# ---------------------------------------------------------------- R66 task-level failover
+
+
+def _all_write_and_ack(h: Harness, cp: int, tm: str | None = None) -> list[str]:
+    """Every subtask (of ``tm`` only, if given) writes shared and operator state for
+    ``cp`` and acknowledges; the files created."""
+    made: list[str] = []
+    for s in h.subtasks:
+        if tm is None or h.tm_of(s) == tm:
+            made += created(h.run(c.WriteState(cp, s, KS, "sst-1", 100)))
+            made += created(h.run(c.WriteState(cp, s, OP, "offsets", 30, entries=2)))
+            h.run(c.Acknowledge(cp, s))
+    return made
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r66_a_replaced_tm_leaves_pending_checkpoints_pending_and_its_acks_are_withdrawn(
+    mode: MergingMode,
+) -> None:
+    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h.checkpoint()
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    moved = on_tm(h, "tm-2")
+    old = _all_write_and_ack(h, cp, "tm-2")
+    _all_write_and_ack(h, cp, "tm-1")
+    channel = h.state.channel
+    h.run(c.ReplaceTm("tm-2"))
+    assert cp in h.state.pending and h.state.channel == channel  # nothing aborted or told
+    assert h.lost_tms() == ["tm-2"] and h.live_tms() == ["tm-1", "tm-3"]
+    assert [h.tm_of(s) for s in moved] == ["tm-3", "tm-3"]
+    assert set(h.state.pending[cp].acks) == set(on_tm(h, "tm-1"))  # tm-1's stay
+    err = h.try_run(c.Complete(cp))
+    assert err is not None and err.reason is Reason.NOT_ALL_ACKNOWLEDGED
+    for s in moved:  # the zombie may still acknowledge: ignored (R56)
+        assert h.try_run(c.Acknowledge(cp, s, attempt="tm-2")) is not None
+    new = _all_write_and_ack(h, cp, "tm-3")
+    h.run(c.Complete(cp))
+    referenced = ref_paths(h.observe())
+    assert not referenced & set(old)  # I1: only the accepted attempts' files
+    assert referenced & set(new)
+    h.deliver_all()
+    assert h.quiesce() == []
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r66_the_new_attempt_writes_for_the_pending_checkpoints_and_later_ones_only(
+    mode: MergingMode,
+) -> None:
+    h = Harness(Config.for_mode(mode))
+    h.checkpoint()
+    for _ in range(3):
+        h.run(c.Trigger())  # 2, 3, 4
+    h.run(c.Abort(3))
+    h.run(c.ReplaceTm("tm-2"))
+    s = on_tm(h, "tm-3")[0]
+    for cp, ok in ((1, False), (2, True), (3, False), (4, True)):
+        err = h.try_run(c.WriteState(cp, s, OP, "offsets", 10))
+        assert (err is None) is ok, (cp, err)
+        if err is not None:
+            assert err.reason is Reason.CHECKPOINT_FINISHED_FOR_TM
+    h.run(c.Trigger())
+    h.run(c.WriteState(5, s, OP, "offsets", 10))
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r66_a_finished_savepoint_above_a_pending_checkpoint_is_over_for_the_new_attempt(
+    mode: MergingMode,
+) -> None:
+    h = Harness(Config.for_mode(mode))
+    h.checkpoint()
+    h.run(c.Trigger())  # 2: pending
+    h.run(c.Trigger(savepoint=True))  # 3: completes while 2 stays pending (R53, R55)
+    _all_write_and_ack(h, 3)
+    h.run(c.Complete(3))
+    assert 2 in h.state.pending
+    h.run(c.ReplaceTm("tm-1"))
+    s = on_tm(h, "tm-3")[0]
+    err = h.try_run(c.WriteState(3, s, OP, "offsets", 10))
+    assert err is not None and err.reason is Reason.CHECKPOINT_FINISHED_FOR_TM
+    h.run(c.WriteState(2, s, OP, "offsets", 10))
+
+
+def test_r66_withdrawn_whole_files_are_deleted_once_the_replaced_attempt_stopped() -> None:
+    h = Harness(Config.for_mode(MergingMode.NONE))
+    h.checkpoint()
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    handed = _all_write_and_ack(h, cp, "tm-2")
+    assert handed and all(h.observe().owners[p] == COORDINATOR for p in handed)  # R43
+    h.run(c.ReplaceTm("tm-2"))
+    obs = h.observe()
+    assert all(p in obs.files and p in obs.pending_deletes for p in handed)  # R64: waits
+    assert not h.state.pending[cp].received & set(handed)
+    gone = deleted(h.run(c.AttemptStopped("tm-2")), COORDINATOR)
+    assert sorted(gone) == sorted(handed)
+    assert h.observe().pending_deletes == ()
+
+
+def test_r66_a_withdrawn_placeholder_no_longer_pins_its_registry_entry() -> None:
+    h = Harness(Config.for_mode(MergingMode.NONE))
+    h.checkpoint()
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    s = on_tm(h, "tm-2")[0]
+    h.run(c.ReuseShared(cp, s, "sst-1"))  # R22: a placeholder
+    h.run(c.Acknowledge(cp, s))
+    pinned = [k for k, r in h.state.registry.items() if cp in r.pins]
+    assert len(pinned) == 1
+    h.run(c.ReplaceTm("tm-2"))
+    assert not any(cp in r.pins for r in h.state.registry.values())
+    assert pinned[0] in h.state.registry  # checkpoint 1 still refers to it
+    h.run(c.ReuseShared(cp, s, "sst-1"))  # the new attempt reuses it again (R61)
+    h.run(c.Acknowledge(cp, s))
+    assert [k for k, r in h.state.registry.items() if cp in r.pins] == pinned
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r66_the_new_attempt_takes_over_the_retained_segments_and_the_replaced_ones_wait(
+    mode: MergingMode,
+) -> None:
+    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h.checkpoint()
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    pending = _all_write_and_ack(h, cp, "tm-2")
+    h.run(c.ReplaceTm("tm-2"))
+    obs = h.observe()
+    for s in on_tm(h, "tm-3"):  # R61: the retained checkpoint's files are tm-3's
+        kept = [p for p in ref_paths(obs) if is_under(p, shared_dir(JOB, s))]
+        assert kept and all(obs.owners[p] == "tm:tm-3" for p in kept)
+    assert pending and all(obs.owners[p] == "tm:tm-2" for p in pending)  # R64: tm-2's
+    assert obs.directories[taskowned_dir(JOB, "tm-2")] == COORDINATOR  # R63
+    h.run(c.AttemptStopped("tm-2"))
+    obs = h.observe()
+    assert not set(pending) & set(obs.files)  # nothing refers to them: the coordinator's, gone
+    assert h.quiesce() == []
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r66_an_attempt_replaced_before_it_acknowledged_is_collected_at_its_stop(
+    mode: MergingMode,
+) -> None:
+    """A task that started a new attempt, wrote and died before its acknowledgement
+    reached the coordinator, then retried: the attempt the coordinator never heard from
+    is replaced in turn, and its files go at its stop."""
+    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h.checkpoint()
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    _all_write_and_ack(h, cp, "tm-1")
+    h.run(c.ReplaceTm("tm-2"))  # the first retry: tm-3
+    stray: list[str] = []
+    for s in on_tm(h, "tm-3"):
+        stray += created(h.run(c.WriteState(cp, s, KS, "sst-1", 100)), "tm:tm-3")
+    assert stray
+    h.run(c.ReplaceTm("tm-3"))  # it died unheard of: the second retry, tm-4
+    _all_write_and_ack(h, cp, "tm-4")
+    h.run(c.Complete(cp))
+    assert not ref_paths(h.observe()) & set(stray)
+    gone = deleted(h.run(c.AttemptStopped("tm-3")), COORDINATOR)
+    assert set(stray) <= set(gone) and not set(stray) & set(h.observe().files)
+    h.run(c.AttemptStopped("tm-2"))
+    assert h.quiesce() == []
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r66_a_zombie_of_a_replacement_writes_but_nothing_it_does_reaches_a_checkpoint(
+    mode: MergingMode,
+) -> None:
+    h = Harness(Config.for_mode(mode))
+    h.checkpoint()
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    h.run(c.ReplaceTm("tm-2"))
+    z = on_tm(h, "tm-3")[0]
+    written = created(h.run(c.WriteState(cp, z, KS, "zombie", 60, attempt="tm-2")))
+    h.run(c.Acknowledge(cp, z, attempt="tm-2"))  # ignored (R56)
+    _all_write_and_ack(h, cp)
+    h.run(c.Complete(cp))
+    assert not ref_paths(h.observe()) & set(written)
+    h.deliver_all()
+    h.run(c.AttemptStopped("tm-2"))
+    assert not set(written) & set(h.observe().files)
     assert h.quiesce() == []

@@ -1023,6 +1023,55 @@ DoFailoverWith(s, RM(_, _)) ==
 
 DoFailover(s) == DoFailoverWith(s, RestoreManager)
 
+(* R66, R56 (_withdraw_acks) for pending checkpoint c: the acknowledgements *)
+(* of subtasks I (a replaced attempt's) are withdrawn with what they       *)
+(* handed over: the pins of their placeholders (R22) and their whole files *)
+(* (R43), which the coordinator deletes once the attempt stopped (R64).    *)
+WithdrawOne(s, c, I) ==
+    LET p == s.pending[c]
+        gone == I \cap DOMAIN p.acks
+        ents == UNION {p.acks[i] : i \in gone}
+        acks2 == Without(p.acks, gone)
+        handed == {e.file : e \in {x \in ents : x.kind = "file"}} \cap p.received
+        still == {e.lid : e \in {x \in UNION {acks2[i] : i \in DOMAIN acks2} : x.kind = "ph"}}
+        K == ({e.lid : e \in {x \in ents : x.kind = "ph"}} \ still)
+               \cap {k \in DOMAIN s.registry : c \in s.registry[k].pins}
+        s1 == [s EXCEPT !.pending[c] = [acks |-> acks2, received |-> p.received \ handed],
+                        !.registry = [k \in DOMAIN s.registry |->
+                                         IF k \in K
+                                         THEN [s.registry[k] EXCEPT !.pins = @ \ {c}]
+                                         ELSE s.registry[k]]]
+        s2 == ReleaseEntries(s1, K)
+    IN  DeleteFiles(s2, {f \in handed : f \in DOMAIN s2.files /\ s2.files[f].owner = Coord},
+                    Coord)
+
+WithdrawAcks(s, I) == FoldInOrder(LAMBDA x, c : WithdrawOne(x, c, I), s, DOMAIN s.pending)
+
+(* R66 (replace_tm) with the withdrawal as a parameter: task-level         *)
+(* failover.  t is lost (a zombie until it stops, R64), its                *)
+(* acknowledgements of pending checkpoints are withdrawn (R56), and a      *)
+(* fresh TM runs t's subtasks: it may write for every pending checkpoint   *)
+(* and later ones (R10: those in between that are not pending are          *)
+(* aborted, R53), and starts them as a failover restarts a TM (R61, R62).  *)
+(* Nothing is aborted, no other TM is reset.  (R63: not modelled.)         *)
+DoReplaceTmWith(s, t, Withdraw(_, _)) ==
+    LET hosted == HostedBy(s, t)
+        s1 == Withdraw([s EXCEPT !.tms[t].status = "lost", !.tms[t].hosted = hosted], hosted)
+        new == s1.nextTm
+        first == IF DOMAIN s1.pending = {} THEN s1.nextCkpt ELSE MinOf(DOMAIN s1.pending)
+        over == {k \in first..(s1.nextCkpt - 1) : k \notin DOMAIN s1.pending}
+        s2 == [s1 EXCEPT
+                 !.nextTm = new + 1,
+                 !.tms = Put(s1.tms, new, [NewTm(first, first - 1) EXCEPT !.knownAborted = over]),
+                 !.segs = Put(s1.segs, new, EmptyFn),
+                 !.pfiles = Put(s1.pfiles, new, EmptyFn),
+                 !.backend = Put(s1.backend, new, EmptyFn),
+                 !.placement = [i \in DOMAIN s1.placement |->
+                                   IF s1.placement[i] = t THEN new ELSE s1.placement[i]]]
+    IN  Calm0(CollectDirs(RestoreManager(s2, new)))
+
+DoReplaceTm(s, t) == DoReplaceTmWith(s, t, WithdrawAcks)
+
 (* R91: the retained checkpoints, their files and directories become the   *)
 (* user's.                                                                 *)
 GiveToUser(s) ==
@@ -1287,6 +1336,16 @@ Failover ==
     /\ Goto(DoFailover(st))
 
 (***************************************************************************)
+(* ReplaceTm(t): task-level failover: a fresh TM runs live TM t's          *)
+(* subtasks while pending checkpoints stay pending; t is lost (R66).       *)
+(***************************************************************************)
+ReplaceTm(t) ==
+    /\ running
+    /\ t \in CurrentTms(st)
+    /\ nextTm <= MaxTm
+    /\ Goto(DoReplaceTm(st, t))
+
+(***************************************************************************)
 (* Restore(c, p, mode): end the job and start a new one from retained      *)
 (* checkpoint c with parallelism p, CLAIM or NO_CLAIM (R70-R76).           *)
 (***************************************************************************)
@@ -1324,7 +1383,7 @@ DeliverNext == \E n \in DOMAIN channel : DeliverNotification(n)
 LossNext == \E n \in DOMAIN channel : DropNotification(n) \/ DuplicateNotification(n)
 
 CrashNext ==
-    \/ \E t \in DOMAIN tms : CrashTm(t) \/ AttemptStopped(t)
+    \/ \E t \in DOMAIN tms : CrashTm(t) \/ AttemptStopped(t) \/ ReplaceTm(t)
     \/ \E i \in DOMAIN placement, c \in Ckpts : CrashDuringWrite(i, c)
     \/ \E t \in DOMAIN tms, i \in DOMAIN placement, c \in Ckpts :
            ZombieWrite(t, i, c) \/ ZombieAck(t, i, c)

@@ -11,8 +11,8 @@
 (*  - Complete once every subtask acknowledged, Abort of any pending one;  *)
 (*  - deliver / drop any notification, duplicate while fewer than          *)
 (*    MaxChannel are in flight;                                            *)
-(*  - with Crashes: CrashTm of the lowest live TM when none is lost,       *)
-(*    AttemptStopped of a lost one, Failover when one is lost;             *)
+(*  - with Crashes: CrashTm or ReplaceTm of the lowest live TM when none   *)
+(*    is lost, AttemptStopped of a lost one, Failover when one is lost;    *)
 (*  - with MaxJob > 1: a CLAIM Restore of the latest retained checkpoint   *)
 (*    to each parallelism of RescalePars, from the first job only.         *)
 (* MaxMoves bounds the depth as explore's max_depth does: every spec of   *)
@@ -87,6 +87,9 @@ SmallCrash ==
     /\ \/ /\ LostTms(st) = {}
           /\ CurrentTms(st) # {}
           /\ CrashTm(MinOf(CurrentTms(st)))
+       \/ /\ LostTms(st) = {}
+          /\ CurrentTms(st) # {}
+          /\ ReplaceTm(MinOf(CurrentTms(st)))
        \/ \E t \in LostTms(st) : AttemptStopped(t)
        \/ /\ LostTms(st) # {}
           /\ Failover

@@ -58,6 +58,7 @@ Replay(e) ==
     \/ e.cmd = "AttemptStopped" /\ AttemptStopped(e.t)
     \/ e.cmd = "CrashDuringWrite" /\ CrashDuringWrite(e.i, e.c)
     \/ e.cmd = "Failover" /\ Failover
+    \/ e.cmd = "ReplaceTm" /\ ReplaceTm(e.t)
     \/ e.cmd = "Restore" /\ Restore(e.c, e.p, e.mode)
     \/ e.cmd = "Cancel" /\ Cancel(e.retain)
 
