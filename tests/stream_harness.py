@@ -54,6 +54,7 @@ class LocalJob:
         failures: Failures | None = None,
         backend: str = "rocksdb",
         gc_min_age_s: float = 0.0,
+        trace: str | None = None,
     ) -> None:
         self.url = url or str(tmp / "base")
         self.source = source or RateSource(400, vocabulary=300)
@@ -67,6 +68,7 @@ class LocalJob:
             storage_options=storage_options,
             backend=backend,
             gc_min_age_s=gc_min_age_s,
+            trace=trace,
         )
         self.work = str(tmp / "work")
         self.driver = BatchDriver(

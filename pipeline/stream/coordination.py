@@ -4,9 +4,13 @@ engine it asks for what only Spark can do (``SparkEngine``).
 The coordinator knows the subtasks' TMs (``pipeline.stream.worker_tm``) only from what
 they send: each task returns its TM's encoded acknowledgement (or decline) and a report
 of the TM's records. Placement is Spark's, so the coordinator learns it from the
-acknowledgements: one from a TM it never heard of, for subtask ``s``, places ``s`` there
-(``deploy``), and the TM ``s`` ran on before is replaced. Once the checkpoint completes
-(nothing is pending, so nothing is aborted, R57) each replaced TM is given up and known
+acknowledgements: one from a TM it never heard of, for subtask ``s``, within a pending
+checkpoint, is a task-level failover (R66, ``CheckpointCoordinator.replace``): the TM
+``s`` ran on is given up (lost: its task may still run, a speculative original) and
+whatever it acknowledged for a pending checkpoint is withdrawn, and the new TM, which
+Spark started on its own from the batch's restore assignment, runs ``s``. (The first TM
+of a subtask only takes its placeholder's place: a placeholder never ran.) Once the
+checkpoint completes and no attempt of the job may still run, each replaced TM is known
 stopped (R64, ``AttemptStopped``): its task ended before ``collect`` returned and its
 records are gone, so it can write no more. The coordinator then sweeps what it left
 (R64, R65: its files no live TM holds and no retained checkpoint refers to), and fails
@@ -24,13 +28,12 @@ their directories) when the stopped TM had written anything.
   driver sweeps or ends the job. A Spark job could not do better: it cannot choose the
   worker, and the TM it would reach is the same saved state.
 - ``start_tm`` (the first deployment, a restore, a failover replacing a lost TM) names a
-  placeholder: the TM that acknowledges for the subtask replaces it as above.
+  placeholder: the TM that first acknowledges for the subtask takes its place.
 
 With ``trace`` the coordinator writes the run's command trace (``pipeline.stream.trace``):
 its own commands, and each TM's as its report brings them; the trace stops where the run
-does something the model has no command for (a TM replaced by acknowledging, files of an
-attempt nobody heard of, a rescale, a driver restart). The invariants are checked on the
-real files throughout (``violations``).
+does something the model has no command for (a driver restart). The invariants are
+checked on the real files throughout (``violations``).
 """
 
 from __future__ import annotations
@@ -107,6 +110,9 @@ class SparkEngine:
         self.hosted: dict[TmId, set[SubtaskId]] = {}
         """The subtasks each TM acknowledged for: where a stopped one's files lie."""
         self.placement: dict[SubtaskId, TmId] = {}
+        self.placeholders: set[TmId] = set()
+        """The TMs ``start_tm`` named: none of them ever runs (a Spark task starts its
+        TM itself), each only holds a subtask's place until its first TM acknowledges."""
         self._placeholders = 0
         self._nonce = uuid.uuid4().hex[:6]
         self.trace: StreamTrace | None = None
@@ -122,7 +128,9 @@ class SparkEngine:
 
     def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
         self._placeholders += 1
-        return f"tm-{self._nonce}-{self._placeholders}"
+        tm = f"tm-{self._nonce}-{self._placeholders}"
+        self.placeholders.add(tm)
+        return tm
 
     def place(self, subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
         return {s: tms[i % len(tms)] for i, s in enumerate(subtasks)}
@@ -236,6 +244,7 @@ def open_coordinator(
         co.engine = engine  # the in-process TMs the recovery started are placeholders now
         co.catalog.keep_deletion_log()
         engine.placed(co.placement)
+        engine.placeholders |= set(co.placement.values())
         out = SparkCoordinator(co, engine, url, opts)
         out.use_slatedb(backend, gc_min_age_s)
         out.restored_from = report.checkpoints[-1] if report.checkpoints else 0
@@ -258,9 +267,7 @@ def open_coordinator(
     tms = [engine.start_tm(co.job, 1, None) for _ in range(parallelism)]
     co.deploy(engine.place(subtasks_of(vertices), tms))
     if trace is not None:
-        engine.trace = StreamTrace(
-            trace, config, vertices, parallelism, co.placement, subtasks_of(vertices)
-        )
+        engine.trace = StreamTrace(trace, config, JobSpec(vertices, parallelism), co.placement)
     out = SparkCoordinator(co, engine, url, opts)
     out.use_slatedb(backend, gc_min_age_s)
     return out
@@ -339,16 +346,17 @@ class SparkCoordinator:
                 if self.trace is not None:
                     self.trace.applied(report["tm"], applied)
 
-    def _traced(self, command: cmd.Command, run: Callable[[], _T]) -> _T:
+    def _traced(self, command: cmd.Command, run: Callable[[], _T], traced: bool = True) -> _T:
         """``run`` as ``command``: its outcome goes to the trace, if one is written."""
+        trace = self.trace if traced else None
         try:
             out = run()
         except CommandError as err:
-            if self.trace is not None:
-                self.trace.record(command, err)
+            if trace is not None:
+                trace.record(command, err)
             raise
-        if self.trace is not None:
-            self.trace.record(command)
+        if trace is not None:
+            trace.record(command)
         return out
 
     def trigger(self) -> int:
@@ -373,21 +381,49 @@ class SparkCoordinator:
             applied = self.engine.heard(r)
             self._strays = self._strays or bool(r.get("new"))
         self._place(msg.subtask, msg.attempt, msg.checkpoint)
-        trace = self.trace
-        if trace is not None:
-            if msg.attempt not in trace.model:
-                trace.stop(f"an acknowledgement from {msg.attempt}, an attempt the model never saw")
-            trace.applied(msg.attempt, applied)
-            trace.lines(r.get("commands", ()))
+        attempt = self._trace_task(msg, applied, r.get("commands", ()))
         if isinstance(msg, Decline):
-            self._traced(
-                cmd.Decline(msg.checkpoint, msg.subtask), lambda: self.co.receive_decline(msg)
-            )
+            decline = cmd.Decline(msg.checkpoint, msg.subtask)
+            self._traced(decline, lambda: self.co.receive_decline(msg), attempt is not None)
         else:
-            self._traced(
-                cmd.Acknowledge(msg.checkpoint, msg.subtask), lambda: self.co.receive_ack(msg)
-            )
+            ack = cmd.Acknowledge(msg.checkpoint, msg.subtask, attempt or None)
+            self._traced(ack, lambda: self.co.receive_ack(msg), attempt is not None)
         self.received.add(msg.checkpoint)
+
+    def _trace_task(
+        self, msg: Acknowledgement | Decline, applied: list[int], lines: Iterable[dict[str, Any]]
+    ) -> str | None:
+        """What a task's TM did goes to the trace: the notices it applied, its writes and
+        reuses (``attempt=`` its model name when it no longer hosts the subtask: a
+        zombie, R64). Its acknowledgement's ``attempt``: "" for the subtask's TM, its
+        model name for a zombie; None when the acknowledgement is not traced (an attempt
+        the coordinator never placed, whose files are a stray's)."""
+        trace = self.trace
+        if trace is None:
+            return None
+        tm = msg.attempt
+        rec = self.co.tms.get(tm)
+        name = trace.model.get(tm)
+        if name is None:
+            if rec is None:
+                trace.outside(
+                    f"the {type(msg).__name__.lower()} of {tm}, an attempt the coordinator"
+                    f" never placed (checkpoint {msg.checkpoint} was over): ignored, its"
+                    " files swept as a stray's"
+                )
+            else:
+                trace.stop(f"a message from {tm}, which the model does not know")
+            return None
+        if rec is None or rec.status is Status.STOPPED:
+            trace.stop(f"{tm} acted after it was known stopped (its records came back)")
+            return None
+        zombie = self.co.placement.get(msg.subtask) != tm
+        if zombie and isinstance(msg, Decline):
+            trace.stop(f"a decline from {tm}, given up on: the model has no zombie decline")
+            return None
+        trace.applied(tm, applied)
+        trace.lines(lines, name if zombie else None)
+        return name if zombie else ""
 
     def _place(self, subtask: SubtaskId, tm: TmId, checkpoint: int) -> None:
         co = self.co
@@ -397,18 +433,23 @@ class SparkCoordinator:
         if old == tm:
             self.engine.hosted.setdefault(tm, set()).add(subtask)
             return
-        rec = co.tms.get(tm)
-        if checkpoint not in co.pending or (rec is not None and rec.status is not Status.ALIVE):
-            # Late (its checkpoint is over), or from a TM given up on: the coordinator
-            # ignores it (R56), and it moves nothing (a speculative loser's delayed result).
+        if checkpoint not in co.pending or tm in co.tms:
+            # Late (its checkpoint is over), or from a TM the coordinator knows for another
+            # place or gave up on: it ignores it (R56), and it moves nothing (a speculative
+            # loser's delayed result).
             return
         self.engine.hosted.setdefault(tm, set()).add(subtask)
-        co.deploy({**co.placement, subtask: tm})
-        if rec is None:
-            co.started[tm] = (co.job, checkpoint)  # where its files may lie (R64)
         self.replaced.add(old)
+        if old in self.engine.placeholders:
+            # the subtask's first TM takes its placeholder's place (which never ran)
+            co.deploy({**co.placement, subtask: tm})
+            co.started[tm] = (co.job, checkpoint)  # where its files may lie (R64)
+            if self.trace is not None:
+                self.trace.placed(old, tm)
+            return
         if self.trace is not None:
-            self.trace.placed(old, tm)
+            self.trace.replaced(old, tm)  # before: ReplaceTm names the TM it replaces
+        co.replace(old, tm)  # R66: a retried or speculative task's TM
 
     def complete(self, checkpoint: int) -> None:
         co = self.co
@@ -474,20 +515,26 @@ class SparkCoordinator:
         co = self.co
         if co.pending or not co.running or self.may_still_run():
             return
+        trace = self.trace
         for tm in sorted(self.replaced):
             rec = co.tms.get(tm)
-            if tm in co.placement.values() or rec is None or rec.status is not Status.ALIVE:
+            if tm in co.placement.values() or rec is None or rec.status is Status.STOPPED:
                 continue
-            if self.trace is not None and tm not in self.trace.placeholders:
-                self.trace.stop(f"{tm} given up once replaced (no model command)")
-            co.lose(tm)
+            if rec.status is Status.ALIVE:
+                co.lose(tm)  # a placeholder, which never ran (nothing is pending: R57)
             rec.hosted = rec.hosted | frozenset(self.engine.hosted.get(tm, ()))
+            if trace is not None and tm not in trace.placeholders:
+                trace.record(cmd.AttemptStopped(trace.model[tm]))  # R64, after R66
+                trace.forget(tm)
             co.attempt_stopped(tm)
             self.retired.append(tm)
             self.engine.reports.pop(tm, None)
         self.replaced.clear()
         if self._held_segments():
-            co.failover()  # R60-R62: the files of retained checkpoints go to live TMs
+            # R60-R62: the files of retained checkpoints go to live TMs
+            self._traced(cmd.Failover(), co.failover)
+            if trace is not None:
+                trace.failover(co.placement.values())
             self.failovers += 1
 
     def _held_segments(self) -> bool:
@@ -521,7 +568,7 @@ class SparkCoordinator:
         self._strays = False
         known = set(co.catalog.owners())
         for t, rec in co.tms.items():
-            if rec.status is Status.ALIVE:  # a replaced TM's: swept when it is given up
+            if rec.status is not Status.STOPPED:  # a replaced TM's: swept at its stop
                 known |= set(self.engine.reports.get(t, {}).get("held", []))
         base = job_base(co.job)
         # working state (§11): SlateDB's objects are collected by ``collect_working``
@@ -531,9 +578,11 @@ class SparkCoordinator:
         if not found:
             return
         if self.trace is not None:
-            self.trace.stop(
-                f"{len(found)} file(s) no party records (an attempt the driver never heard"
-                " of), swept: the model never saw them written"
+            self.trace.outside(
+                f"{len(found)} file(s) no party records (written by a task whose report"
+                " never reached the driver: a killed attempt's last writes, or an attempt"
+                " the coordinator never heard of), swept as a stopped attempt's (R64, R66):"
+                " the model never saw them written"
             )
         owned = f"{base}/taskowned/"
         names = {p[len(owned) :].split("/", 1)[0] for p in found if p.startswith(owned)}
@@ -580,9 +629,14 @@ class SparkCoordinator:
         if not co.retained:
             raise CheckpointNotCompleted("no completed checkpoint to rescale from")
         latest = co.retained[-1].id
+        ending = co.current_tms()
+        # R70: one TM per subtask, as Spark runs them
+        restore = cmd.Restore(
+            latest, ((VERTEX, parallelism),), mode or co.cfg.restore_mode, num_tms=parallelism
+        )
+        self._traced(restore, lambda: co.restore(restore))
         if self.trace is not None:
-            self.trace.stop("a rescale: the model keeps its job's TMs, Spark runs one per subtask")
-        co.restore(cmd.Restore(latest, ((VERTEX, parallelism),), mode or co.cfg.restore_mode))
+            self.trace.restored(ending, co.placement, parallelism)
         self.restored_from = latest
 
     def restore_assignment(self, subtask: SubtaskId, checkpoint: int) -> bytes:

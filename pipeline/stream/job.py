@@ -100,7 +100,8 @@ class StreamSettings:
     returns)."""
     trace: bool = False
     """Write the run's command trace (``TRACE`` in the work directory) for
-    ``model_tests.replay``; it stops where the model has no command (``pipeline.stream.trace``)."""
+    ``model_tests.replay``; it stops where the model has no command (a driver restart,
+    ``pipeline.stream.trace``)."""
     speculation: bool = False
     """Spark's speculative execution (a master with separate executors: not ``local``).
     Two attempts of one subtask may then write at once; the coordinator gives a TM up,
@@ -251,6 +252,9 @@ class StreamRun:
     trace_commands: int = 0
     trace_stopped: str | None = None
     """Why the trace ends before the run (None: it holds the whole run)."""
+    trace_outside: tuple[str, ...] = ()
+    """What the run did outside the model, left out of the trace (strays' files,
+    ``pipeline.stream.trace``)."""
 
     def speculative_copies(self) -> list[TaskAttempt]:
         """The speculative attempts Spark launched of this run's snapshot tasks (the
@@ -603,6 +607,7 @@ def run_stream(
             run.trace = None if t is None else str(Path(settings.work_dir) / TRACE)
             run.trace_commands = 0 if t is None else t.commands
             run.trace_stopped = coordinator.trace_stopped if t is None else t.stopped
+            run.trace_outside = () if t is None else tuple(t.left_out)
         if attempts is not None:
             attempts.unregister()
             run.attempts = tuple(sorted(attempts.attempts.values(), key=lambda a: a.task_id))

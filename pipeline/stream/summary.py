@@ -57,6 +57,7 @@ def run_figures(run: StreamRun) -> dict[str, Any]:
         "trace": run.trace,
         "trace_commands": run.trace_commands,
         "trace_stopped": run.trace_stopped,
+        "trace_outside": list(run.trace_outside),
     }
 
 
@@ -146,7 +147,12 @@ def print_summary(console: Console, run: StreamRun) -> bool:
         t.add_row(
             "command trace (model_tests.replay)",
             f"{run.trace_commands} commands"
-            + (f"; stops early: {run.trace_stopped}" if run.trace_stopped else ", the whole run"),
+            + (f"; stops early: {run.trace_stopped}" if run.trace_stopped else ", the whole run")
+            + (
+                f"; {len(run.trace_outside)} event(s) outside the model left out"
+                if run.trace_outside
+                else ""
+            ),
         )
     t.add_row(
         f"store invariants I1-{'I7' if working else 'I6'} (quiet)",

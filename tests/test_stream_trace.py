@@ -1,0 +1,100 @@
+"""The streaming job's command trace (``pipeline.stream.trace``) replayed through the
+model in process (``tests.stream_harness``: the driver, subtask and snapshot code without
+Spark), with the events that used to stop it: tasks killed at every point and retried by
+a new TM attempt within their checkpoint (R66's ``ReplaceTm``, then ``AttemptStopped``),
+two attempts of one task where the driver accepts the second (a speculative copy), a
+subtask whose local DB is lost, files of an attempt the coordinator never heard of (left
+out, said so), and a rescale (``Restore`` with one TM per subtask). The trace must hold
+the whole run, the model must accept every command with the coordinator's outcome, and
+I1-I6 must hold on the real files once quiet."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from model_tests.replay import replay
+from pipeline.stream.checkpointing import VERTEX
+from pipeline.stream.subtask import KILL_POINTS, Failures, run_subtask, subtask_dir
+from spec.config import Config, MergingMode
+from spec.ids import SubtaskId
+from tests.stream_harness import LocalJob, _die
+
+RUNS = [
+    (MergingMode.WITHIN_CHECKPOINT, 1),
+    (MergingMode.ACROSS_CHECKPOINT, 1),
+    (MergingMode.NONE, 1),
+    (MergingMode.WITHIN_CHECKPOINT, 2),
+]
+"""Merging mode and num-retained: with two retained checkpoints a replaced TM's files of
+the older one outlive its stop, and a failover hands them to the live TM (R61)."""
+
+
+def _commands(trace: Path) -> Counter[str]:
+    lines = trace.read_text().splitlines()[1:]
+    return Counter(json.loads(x)["command"]["type"] for x in lines if x.strip())
+
+
+@pytest.mark.parametrize(("mode", "retained"), RUNS, ids=lambda x: getattr(x, "name", str(x)))
+def test_kills_a_speculative_copy_a_lost_db_and_a_rescale_replay_whole(
+    tmp_path: Path, mode: MergingMode, retained: int
+) -> None:
+    trace = tmp_path / "trace.ndjson"
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(mode, num_retained=retained),
+        parallelism=2,
+        failures=Failures(0.08, seed=11),
+        trace=str(trace),
+    )
+    for _ in range(4):
+        job.batch()
+    # Two attempts of subtask 0's task: the first leaves its DB where the second cannot
+    # take it, so the second starts a new TM; the driver accepts the second.
+    job.driver.sweep_local = False
+    order = job.driver.order(job.next_batch)
+    parts = job.partitions(order.batch_id)
+    home = subtask_dir(job.work, SubtaskId(VERTEX, 0, 2))
+    # (attempt_number 1: injected kills strike first attempts only)
+    first = run_subtask(order, 0, "first", parts.get(0, []), attempt_number=1, die=_die)
+    (home / "db").rename(home / "db.first")
+    second = run_subtask(order, 0, "second", parts.get(0, []), attempt_number=1, die=_die)
+    assert json.loads(second.report)["new"] and not json.loads(first.report)["new"]
+    other = run_subtask(order, 1, "one", parts.get(1, []), attempt_number=1, die=_die)
+    job.emitted[order.batch_id] = [w for r in (second, other) for w in r.closed]
+    job.driver.finish(order, [second, other])
+    job.next_batch += 1
+    job.driver.sweep_local = True
+    for _ in range(2):
+        job.batch()
+    job.lose_local_state(1)  # the next task of subtask 1 starts a new TM
+    for _ in range(3):
+        job.batch()
+    job.rescale(3)
+    for _ in range(5):
+        job.batch()
+    job.quiesce()
+    assert job.coordinator.finish_attempts()
+    assert job.coordinator.violations(quiet=True) == []
+    assert job.comparison().equal
+    assert job.kills and {p for _, _, _, p in job.kills} & set(KILL_POINTS)
+    t = job.coordinator.trace
+    assert t is not None
+    job.coordinator.close()
+    assert t.stopped is None, t.stopped
+    replayed = replay(trace.read_text().splitlines())
+    assert replayed.agrees, replayed.summary()
+    assert replayed.stopped is None and replayed.commands == t.commands
+    seen = _commands(trace)
+    assert seen["ReplaceTm"] >= 3 and seen["AttemptStopped"] >= 3 and seen["Restore"] == 1
+    assert seen["Complete"] >= 14
+    assert seen["Failover"] >= 1 or retained == 1 or mode is MergingMode.NONE
+    print(
+        f"\n{mode.name}, num-retained {retained}: {replayed.commands} commands agree with the model"
+        f" ({seen['ReplaceTm']} ReplaceTm, {seen['AttemptStopped']} AttemptStopped,"
+        f" {seen['Failover']} Failover, {len(job.kills)} kills);"
+        f" left out: {len(t.left_out)} sweep(s) of files no party records"
+    )
