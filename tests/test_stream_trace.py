@@ -98,3 +98,40 @@ def test_kills_a_speculative_copy_a_lost_db_and_a_rescale_replay_whole(
         f" {seen['Failover']} Failover, {len(job.kills)} kills);"
         f" left out: {len(t.left_out)} sweep(s) of files no party records"
     )
+
+
+def test_files_a_failover_handed_over_by_mail_not_yet_applied_are_not_swept_as_strays(
+    tmp_path: Path,
+) -> None:
+    """R61: between a failover and the next batch the files it handed to a live TM are
+    in its mail only (the coordinator gave up their records, the TM's last report does
+    not hold them yet). The sweep for attempts the coordinator never heard of runs then
+    (at the end of a run, before a rescale): it must count them as the TM's, not sweep
+    them as a stray attempt's."""
+    trace = tmp_path / "trace.ndjson"
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=2),
+        parallelism=2,
+        trace=str(trace),
+    )
+    for _ in range(3):
+        job.batch()
+    job.lose_local_state(0)  # the next task of subtask 0 starts a new TM (R66)
+    job.batch()  # its completion stops the replaced TM, and a failover hands its files over
+    co = job.coordinator
+    handed = {p for _, p in co.engine.in_transit()}
+    assert handed, "the scenario needs a failover whose hand-over is still in the mail"
+    assert co.finish_attempts()
+    t = co.trace
+    assert t is not None
+    assert co.strays == 0 and t.left_out == []
+    assert co.violations(quiet=False) == []
+    job.quiesce()
+    assert co.finish_attempts()
+    assert co.violations(quiet=True) == []
+    assert handed <= set(co.co.storage.list_files())
+    job.coordinator.close()
+    assert t.stopped is None, t.stopped
+    replayed = replay(trace.read_text().splitlines())
+    assert replayed.agrees, replayed.summary()

@@ -570,6 +570,8 @@ class SparkCoordinator:
         for t, rec in co.tms.items():
             if rec.status is not Status.STOPPED:  # a replaced TM's: swept at its stop
                 known |= set(self.engine.reports.get(t, {}).get("held", []))
+        # R61: handed to a TM by a failover whose mail it has not applied yet: its own
+        known |= {path for _, path in self.engine.in_transit()}
         base = job_base(co.job)
         # working state (§11): SlateDB's objects are collected by ``collect_working``
         found = {
