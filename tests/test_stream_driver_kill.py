@@ -3,7 +3,11 @@ two points R96 names, after a rescale from 2 to 3 subtasks, and started again on
 run directory each time (``--resume``): every closed window
 is counted once, window by window equal to the batch computation, and the storage audit
 of every job base is clean. The driver runs in a subprocess with its own Spark (so the
-test shares the ``spark`` xdist group: one JVM at a time)."""
+test shares the ``spark`` xdist group: one JVM at a time).
+
+The same kills run in the stream harness too (no Spark: the harness runs again the batch
+the engine had not committed), with both state backends: with ``working`` the recovered
+job clones the crashed job's SlateDB checkpoints and refers to their SSTs in place."""
 
 from __future__ import annotations
 
@@ -16,12 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.location import Location
+from pipeline.single import audit_single
 from pipeline.stream.check import batch_counts, compare
 from pipeline.stream.sink import read_all
 from pipeline.stream.source import RateSource
 from pipeline.stream.windows import Windowing
-
-pytestmark = pytest.mark.xdist_group("spark")
+from spec.config import Config, MergingMode, RestoreMode
+from tests.stream_harness import DriverKilled, LocalJob
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCHES = 6
@@ -54,6 +60,7 @@ def _run(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
+@pytest.mark.xdist_group("spark")
 def test_r96_a_driver_killed_before_and_after_the_complete_counts_every_record_once(
     tmp_path: Path,
 ) -> None:
@@ -93,3 +100,49 @@ def test_r96_a_driver_killed_before_and_after_the_complete_counts_every_record_o
     jobs = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir())
     assert jobs[:4] == ["job-0", "job-1", "job-2", "job-3"]
     assert "storage audit of job-3" in third.stdout
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "working"])
+def test_r96_in_the_harness_a_driver_killed_twice_counts_every_record_once(
+    tmp_path: Path, backend: str
+) -> None:
+    config = Config.for_mode(
+        MergingMode.ACROSS_CHECKPOINT, num_retained=1, restore_mode=RestoreMode.NO_CLAIM
+    )
+    job = LocalJob(
+        tmp_path, config, parallelism=2, source=RateSource(200, vocabulary=200),
+        windowing=Windowing(2000), backend=backend,
+    )  # fmt: skip
+    job.batch()
+    job.batch()
+    job.rescale(3)  # a new job, job-1, from job-0's checkpoint (NO_CLAIM: a copy)
+    with pytest.raises(DriverKilled):
+        job.batch(die="completed")  # batch 2's checkpoint completed, not committed
+    job.restart_driver()  # job-1 recovered as job-2
+    assert (job.coordinator.job_id, job.next_batch) == ("job-2", 3)  # batch 2 is in the state
+    first = job.batch()
+    if backend == "working":
+        # R105: every subtask clones job-1's SlateDB checkpoint and uploads nothing
+        assert first.restored == 3 and first.in_place > 0 and first.uploaded == 0
+    with pytest.raises(DriverKilled):
+        job.batch(die="sunk")  # batch 4's output is in the sink, its checkpoint pending
+    job.restart_driver()  # job-2 recovered as job-3
+    assert (job.coordinator.job_id, job.next_batch) == ("job-3", 4)  # batch 4 runs again
+    job.batch()
+    job.batch()
+    comparison = job.comparison()
+    assert comparison.windows >= 2
+    assert comparison.equal, (comparison.mismatches[:10], comparison.duplicates[:10])
+    job.quiesce()
+    assert job.coordinator.finish_attempts()
+    assert job.coordinator.violations(quiet=True) == []
+    job.coordinator.close()
+    base = tmp_path / "base"
+    assert sorted(p.name for p in base.iterdir() if p.is_dir())[:4] == [
+        "job-0", "job-1", "job-2", "job-3"
+    ]  # fmt: skip
+    for name in ("job-0", "job-1", "job-2", "job-3"):
+        if not any(p.is_file() for p in (base / name).rglob("*")):
+            continue  # a claimed job whose files all went once subsumed
+        s = audit_single(Location.parse(str(base / name)), grace=0.0).summary
+        assert (name, s.orphans, s.dangling, s.corrupt_metadata) == (name, 0, 0, 0), s.verdict

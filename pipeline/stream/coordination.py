@@ -218,6 +218,7 @@ def open_coordinator(
             job=crashed_job,
             ids=RandomIds(),
             lease=_lease_token(),
+            leave_working=backend == "working",
         )
         co = cluster.coord
         co.engine = engine  # the in-process TMs the recovery started are placeholders now
