@@ -150,6 +150,10 @@ def manifest_files(loop: Loop, admin: Any, lineage: str, manifest_id: int | None
     m = loop.run(admin.read_manifest(manifest_id))
     if m is None:
         raise ValueError(f"{lineage}: no manifest {manifest_id}")
+    return _files_of(m, lineage, prefix)
+
+
+def _files_of(m: Any, lineage: str, prefix: str) -> ManifestFiles:
     ids = [v.sst.id.value for v in m.l0]
     ids += [v.sst.id.value for sr in m.compacted for v in sr.sst_views]
     where: dict[str, str] = {}
@@ -355,6 +359,34 @@ class Admin:
 
     def files(self, lineage: str, manifest_id: int | None = None) -> ManifestFiles:
         return manifest_files(self.loop, self._admin(lineage), lineage, manifest_id, self.prefix)
+
+    def manifest(self, lineage: str, manifest_id: int) -> tuple[ManifestFiles, tuple[int, ...]]:
+        """The SSTs manifest ``manifest_id`` of the database names, and the manifests of
+        the SlateDB checkpoints it lists (each pins what its manifest names)."""
+        m = self.loop.run(self._admin(lineage).read_manifest(manifest_id))
+        if m is None:
+            raise ValueError(f"{lineage}: no manifest {manifest_id}")
+        return _files_of(m, lineage, self.prefix), tuple(int(c.manifest_id) for c in m.checkpoints)
+
+    def compaction_outputs(
+        self, lineage: str, compactions_id: int
+    ) -> tuple[tuple[str, ...], str | None]:
+        """What the compactions of compactor state ``compactions_id`` may still commit to
+        the manifest: the SSTs they recorded as written (a compaction interrupted between
+        writing its output and committing it, status ``COMPACTED``, is committed by the
+        next compactor), and the id (a ULID) of the oldest one still unfinished, whose
+        output may be on storage unrecorded yet (it was writing when the database
+        closed): an SST named by a later ULID may be its. A ``COMPLETED`` compaction's
+        output is in the manifest or gone, a ``FAILED`` one's is never used."""
+        c = self.loop.run(self._admin(lineage).read_compactions(compactions_id))
+        if c is None:
+            raise ValueError(f"{lineage}: no compactor state {compactions_id}")
+        done = (sdb.CompactionStatus.COMPLETED, sdb.CompactionStatus.FAILED)
+        unfinished = [x for x in c.recent_compactions if x.active or x.status not in done]
+        outputs = tuple(
+            f"{lineage}/compacted/{h.id.value}.sst" for x in unfinished for h in x.output_ssts
+        )
+        return outputs, min((str(x.id) for x in unfinished), default=None)
 
     def gc(self, lineage: str, min_age_ms: int, *, dry_run: bool = False) -> None:
         """SlateDB's garbage collector, once, on every directory of the database: it

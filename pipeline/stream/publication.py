@@ -1,0 +1,184 @@
+"""The streaming job's coordinator publishes its writer state (``fastimpl.writer_state``,
+SPEC "Outside collectors"), so that an outside collector (``ckpt audit --delete-orphans``)
+never takes a file a live writer still needs, and the audit tells a working file a
+database still has from a leak (§11).
+
+It publishes into every job base the coordinator may delete in (its lineage: the running
+job's, and those a CLAIM restore or a recovery after a driver kill gave it) and every
+other base a database it needs lies in (a clone refers to its source's SSTs in place and
+SlateDB writes its pin there: after a second recovery the base the first one claimed is
+the user's, R95), at each trigger, complete and abort, after a restore, and at the end of
+a run. A base that is no longer one of those (the source of a NO_CLAIM restore) gets one
+last state, with nothing pending and not running. Per base:
+
+* the pending checkpoints, each with its trigger time and the checkpoints retained then;
+* ``open_files``: the pool files the live TMs hold open (their last reports, exact between
+  two batches) and those of the coordinator;
+* ``working_files`` (``--state-backend working``): what SlateDB keeps in every database
+  directory still needed (a live database writes there or uses a file of it, a retained
+  checkpoint names it or a file in it): its own objects (manifests, compactor state, WAL
+  fences, GC boundaries), every SST its latest manifest or one of its SlateDB checkpoints
+  names, every SST an unfinished compaction of its latest compactor state wrote or may
+  have written (one named by a later ULID than the compaction's: the database closed
+  while it ran, and the next compactor commits or redoes it), and every file a live
+  database uses or a snapshot pins. In a base outside the lineage every database
+  directory is the user's and counts as needed. Anything else in a working directory (a
+  database directory nothing needs, which the coordinator's collection drops; an SST no
+  kept manifest names, such as a fenced zombie's upload; a stray) is not listed: an
+  orphan once older than the grace and the fence. With the RocksDB backend the list is
+  empty: its databases are on the workers' disks.
+
+The state is observed (the working directories listed, the manifests read) when no task
+runs: at a complete (after the collection), an abort, a restore and the end of a run; a
+trigger republishes the last observation with the new pending checkpoint. Its
+``published_at`` is when that observation began, so every object written since is newer
+than the fence and is never collected. Manifests and compactor states are immutable:
+each is read once. If one cannot be read, the state omits ``working_files``, and the
+collector keeps every working file.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastimpl.metadata import base_of
+from fastimpl.records import Status
+from fastimpl.writer_state import PendingAt, note_pending, state_document, write_state
+from pipeline.stream.working_names import BOOKKEEPING, SST, db_dir_of
+from spec.layout import job_base
+
+if TYPE_CHECKING:
+    from pipeline.stream.coordination import SparkCoordinator
+
+
+class StatePublisher:
+    """The writer state of one ``SparkCoordinator`` (see the module docstring)."""
+
+    def __init__(self, sc: SparkCoordinator) -> None:
+        self.sc = sc
+        self.triggered: PendingAt = {}
+        self.seq = 0
+        self.bases: set[str] = set()
+        """The bases the last publication went to."""
+        self.targets: set[str] = set()
+        """The bases the last observation found the coordinator needs (see above)."""
+        self.observed_at = 0.0
+        self.open: set[str] = set()
+        self.working: set[str] | None = set()
+        self._manifests: dict[tuple[str, int], tuple[frozenset[str], tuple[int, ...]]] = {}
+        self._compactions: dict[tuple[str, int], tuple[frozenset[str], str | None]] = {}
+        self.manifest_reads = 0
+
+    def publish(self, *, observe: bool = True) -> None:
+        co = self.sc.co
+        if observe or not self.seq:
+            self._observe()
+        retained = tuple(r.id for r in co.retained)
+        note_pending(self.triggered, co.pending, retained, time.time())
+        own = job_base(co.job)
+        targets = self.targets
+        for base in sorted(targets | self.bases):
+            inside = f"{base}/"
+            kept = base in targets
+            self.seq += 1
+            doc = state_document(
+                job=base,
+                seq=self.seq,
+                published_at=self.observed_at,
+                running=co.running and base == own,
+                latest_completed=co.latest_completed,
+                retained=retained,
+                triggered=self.triggered if kept else {},
+                open_files=[p for p in self.open if p.startswith(inside)],
+                working_files=None
+                if self.working is None
+                else [p for p in self.working if p.startswith(inside)],
+            )
+            write_state(co.storage, base, doc)
+        self.bases = set(targets)
+
+    def _observe(self) -> None:
+        sc, co = self.sc, self.sc.co
+        self.observed_at = time.time()  # before the listing: anything later is newer
+        co.storage.drain()
+        live = [t for t, rec in co.tms.items() if rec.status is Status.ALIVE] if co.running else []
+        reports = [sc.engine.reports[t] for t in live if t in sc.engine.reports]
+        self.open = {p for p, f in co.catalog.files.items() if f.open}
+        self.open |= {p for r in reports for p in r.get("open", ())}
+        lineage = set(co.lineage)
+        if sc.slate is None:
+            self.targets = lineage
+            self.working = set()
+            return
+        working = {p for r in reports for k in ("working", "pinned") for p in r.get(k, ())}
+        needed = sc.needed_databases()
+        self.targets = lineage | {base_of(d) for d in needed}
+        user = (self.targets | self.bases) - lineage
+        dirs: dict[str, list[str]] = {}
+        for base in sorted(lineage | user):
+            for p in co.storage.files_under(f"{base}/taskowned/working"):
+                d = db_dir_of(p)
+                if d is not None:
+                    dirs.setdefault(d, []).append(p)
+        try:
+            for d, paths in sorted(dirs.items()):
+                if d in needed or base_of(d) in user:
+                    working |= self._kept(d, paths)
+        except Exception:  # a manifest that cannot be read: say nothing, keep everything
+            self.working = None
+            return
+        present = set(dirs)
+        self._manifests = {k: v for k, v in self._manifests.items() if k[0] in present}
+        self._compactions = {k: v for k, v in self._compactions.items() if k[0] in present}
+        self.working = working
+
+    def _kept(self, d: str, paths: list[str]) -> set[str]:
+        """What SlateDB keeps in database directory ``d`` (its objects ``paths``)."""
+        out: set[str] = set()
+        ids: list[int] = []
+        states: list[int] = []
+        for p in paths:
+            m = BOOKKEEPING.fullmatch(p[len(d) + 1 :])
+            if m is not None:
+                out.add(p)
+                if m["manifest"] is not None:
+                    ids.append(int(m["manifest"]))
+                if m["compactions"] is not None:
+                    states.append(int(m["compactions"]))
+        if ids:
+            files, checkpoints = self._manifest(d, max(ids))
+            out |= files
+            for mid in checkpoints:
+                out |= self._manifest(d, mid)[0]
+        if states:
+            outputs, since = self._outputs(d, max(states))
+            out |= outputs
+            if since is not None:
+                for p in paths:
+                    m = SST.fullmatch(p[len(d) + 1 :])
+                    if m is not None and m["ulid"] >= since:
+                        out.add(p)
+        return out
+
+    def _outputs(self, d: str, compactions_id: int) -> tuple[frozenset[str], str | None]:
+        key = (d, compactions_id)
+        got = self._compactions.get(key)
+        if got is None:
+            admin: Any = self.sc.slate.admin
+            outputs, since = admin.compaction_outputs(d, compactions_id)
+            self.manifest_reads += 1
+            got = (frozenset(outputs), since)
+            self._compactions[key] = got
+        return got
+
+    def _manifest(self, d: str, manifest_id: int) -> tuple[frozenset[str], tuple[int, ...]]:
+        key = (d, manifest_id)
+        got = self._manifests.get(key)
+        if got is None:
+            admin: Any = self.sc.slate.admin
+            files, checkpoints = admin.manifest(d, manifest_id)
+            self.manifest_reads += 1
+            got = (frozenset(files.all), checkpoints)
+            self._manifests[key] = got
+        return got
