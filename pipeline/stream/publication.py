@@ -18,15 +18,16 @@ last state, with nothing pending and not running. Per base:
   directory still needed (a live database writes there or uses a file of it, a retained
   checkpoint names it or a file in it): its own objects (manifests, compactor state, WAL
   fences, GC boundaries), every SST its latest manifest or one of its SlateDB checkpoints
-  names, every SST an unfinished compaction of its latest compactor state wrote or may
-  have written (one named by a later ULID than the compaction's: the database closed
-  while it ran, and the next compactor commits or redoes it), and every file a live
-  database uses or a snapshot pins. In a base outside the lineage every database
-  directory is the user's and counts as needed. Anything else in a working directory (a
-  database directory nothing needs, which the coordinator's collection drops; an SST no
-  kept manifest names, such as a fenced zombie's upload; a stray) is not listed: an
-  orphan once older than the grace and the fence. With the RocksDB backend the list is
-  empty: its databases are on the workers' disks.
+  names, every other SST SlateDB's own garbage collector would keep whatever its age (one
+  written at or after the oldest compaction of its latest compactor state or its newest
+  L0 SST: a compaction's output, and an L0, are written before a manifest names them, and
+  a database closed while a compaction ran leaves one the next compactor commits), and
+  every file a live database uses or a snapshot pins. In a base outside the lineage every
+  database directory is the user's and counts as needed. Anything else in a working
+  directory (a database directory nothing needs, which the coordinator's collection
+  drops; an older SST no kept manifest names, such as a fenced zombie's upload; a stray)
+  is not listed: an orphan once older than the grace and the fence. With the RocksDB
+  backend the list is empty: its databases are on the workers' disks.
 
 The state is observed (the working directories listed, the manifests read) when no task
 runs: at a complete (after the collection), an abort, a restore and the end of a run; a
@@ -45,11 +46,12 @@ from typing import TYPE_CHECKING, Any
 from fastimpl.metadata import base_of
 from fastimpl.records import Status
 from fastimpl.writer_state import PendingAt, note_pending, state_document, write_state
-from pipeline.stream.working_names import BOOKKEEPING, SST, db_dir_of
+from pipeline.stream.working_names import BOOKKEEPING, SST, db_dir_of, ulid_ms
 from spec.layout import job_base
 
 if TYPE_CHECKING:
     from pipeline.stream.coordination import SparkCoordinator
+    from pipeline.stream.slate import Manifest
 
 
 class StatePublisher:
@@ -66,8 +68,8 @@ class StatePublisher:
         self.observed_at = 0.0
         self.open: set[str] = set()
         self.working: set[str] | None = set()
-        self._manifests: dict[tuple[str, int], tuple[frozenset[str], tuple[int, ...]]] = {}
-        self._compactions: dict[tuple[str, int], tuple[frozenset[str], str | None]] = {}
+        self._manifests: dict[tuple[str, int], Manifest] = {}
+        self._compactions: dict[tuple[str, int], str | None] = {}
         self.manifest_reads = 0
 
     def publish(self, *, observe: bool = True) -> None:
@@ -136,49 +138,51 @@ class StatePublisher:
     def _kept(self, d: str, paths: list[str]) -> set[str]:
         """What SlateDB keeps in database directory ``d`` (its objects ``paths``)."""
         out: set[str] = set()
-        ids: list[int] = []
+        manifests: list[int] = []
         states: list[int] = []
         for p in paths:
             m = BOOKKEEPING.fullmatch(p[len(d) + 1 :])
             if m is not None:
                 out.add(p)
                 if m["manifest"] is not None:
-                    ids.append(int(m["manifest"]))
+                    manifests.append(int(m["manifest"]))
                 if m["compactions"] is not None:
                     states.append(int(m["compactions"]))
-        if ids:
-            files, checkpoints = self._manifest(d, max(ids))
-            out |= files
-            for mid in checkpoints:
-                out |= self._manifest(d, mid)[0]
-        if states:
-            outputs, since = self._outputs(d, max(states))
-            out |= outputs
-            if since is not None:
-                for p in paths:
-                    m = SST.fullmatch(p[len(d) + 1 :])
-                    if m is not None and m["ulid"] >= since:
-                        out.add(p)
+        if not manifests:
+            return out | set(paths)  # a database being created: all of it is SlateDB's
+        latest = self._manifest(d, max(manifests))
+        out |= set(latest.files.all)
+        for mid in latest.checkpoints:
+            out |= set(self._manifest(d, mid).files.all)
+        # SlateDB's GC keeps every SST written at or after the oldest compaction its
+        # compactor state lists (its output may not be in the manifest yet) or the newest
+        # L0 SST (an L0 is written before the manifest names it), whatever its age: with
+        # neither, every SST (``compacted_gc.rs``)
+        marks = [latest.newest_l0, self._oldest(d, max(states)) if states else None]
+        if any(x is None for x in marks):
+            cutoff = 0
+        else:
+            cutoff = min(ulid_ms(x) for x in marks if x is not None)
+        for p in paths:
+            m = SST.fullmatch(p[len(d) + 1 :])
+            if m is not None and ulid_ms(m["ulid"]) >= cutoff:
+                out.add(p)
         return out
 
-    def _outputs(self, d: str, compactions_id: int) -> tuple[frozenset[str], str | None]:
-        key = (d, compactions_id)
-        got = self._compactions.get(key)
-        if got is None:
-            admin: Any = self.sc.slate.admin
-            outputs, since = admin.compaction_outputs(d, compactions_id)
-            self.manifest_reads += 1
-            got = (frozenset(outputs), since)
-            self._compactions[key] = got
-        return got
-
-    def _manifest(self, d: str, manifest_id: int) -> tuple[frozenset[str], tuple[int, ...]]:
+    def _manifest(self, d: str, manifest_id: int) -> Manifest:
         key = (d, manifest_id)
         got = self._manifests.get(key)
         if got is None:
             admin: Any = self.sc.slate.admin
-            files, checkpoints = admin.manifest(d, manifest_id)
+            got = admin.manifest(d, manifest_id)
             self.manifest_reads += 1
-            got = (frozenset(files.all), checkpoints)
             self._manifests[key] = got
         return got
+
+    def _oldest(self, d: str, compactions_id: int) -> str | None:
+        key = (d, compactions_id)
+        if key not in self._compactions:
+            admin: Any = self.sc.slate.admin
+            self._compactions[key] = admin.oldest_compaction(d, compactions_id)
+            self.manifest_reads += 1
+        return self._compactions[key]
