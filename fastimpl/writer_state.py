@@ -24,7 +24,9 @@ stops collecting when a checkpoint some pending one may reuse from is gone.
 
 Publishing is opt-in (:func:`publish_state`), written straight to the file system (not
 through the store's fault-injecting path, so armed faults and call counts are unchanged),
-atomically: a temporary file, then a rename (a single PUT on object stores).
+atomically: a temporary file, then a rename (a single PUT on object stores). The
+streaming job's coordinator publishes the same document (``state_document``,
+``write_state``) from its own view (``pipeline.stream.publication``).
 """
 
 from __future__ import annotations
