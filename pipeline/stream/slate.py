@@ -190,11 +190,12 @@ class Manifest:
 
 
 QUIET_L0 = 16
-"""A restored database whose L0 holds at most this many SSTs opens without its compactor
-(``SlateCounts``, ``compactor`` off) for its first task: starting one costs the restore
-some requests of its own (its state, a fence) and competes with the restore for the
-storage, and the task's one flush leaves L0 far below ``l0_max_ssts`` (32), where a flush
-would wait. The next task opens it with the compactor, which catches up."""
+"""A database restored after a kill (a clone of one database, not a rescale's) whose L0
+holds at most this many SSTs opens without its compactor (``SlateCounts``, ``compactor``
+off) for its first task: starting one costs the restore some requests of its own (its
+state, a fence) and competes with the restore for the storage, and the task's one flush
+leaves L0 far below ``l0_max_ssts`` (32), where a flush would wait. The next task opens
+it with the compactor, which catches up."""
 
 
 class SlateCounts:
