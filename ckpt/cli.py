@@ -15,6 +15,7 @@ otherwise, 2 on bad usage.
 from __future__ import annotations
 
 import fnmatch
+import json
 import time
 import urllib.parse
 from pathlib import Path
@@ -253,13 +254,35 @@ def stream(
         float,
         typer.Option(help="--state-backend working: minimum age of what SlateDB's GC deletes, s."),
     ] = 10.0,
+    stall_at: Annotated[
+        list[str] | None,
+        typer.Option(
+            hidden=True,
+            help="B:S:POINT: the first attempt of subtask S's task in batch B stalls at POINT"
+            " (a straggler, for --speculation).",
+        ),
+    ] = None,
+    stall_seconds: Annotated[
+        float, typer.Option(hidden=True, help="How long a --stall-at task stalls.")
+    ] = 4.0,
+    json_out: Annotated[
+        Path | None,
+        typer.Option("--json", help="Also write the run's figures to this file (JSON)."),
+    ] = None,
+    trace: Annotated[
+        bool,
+        typer.Option(
+            help="Write the command trace to work/trace.ndjson (python -m model_tests.replay"
+            " reads it); it stops where the model has no command for what the run does."
+        ),
+    ] = False,
 ) -> None:
     """Run the streaming word count on Spark with RocksDB state checkpointed into the store
     (or, with --state-backend working, SlateDB state on the checkpoint storage itself)."""
     from pipeline.stream.job import DRIVER_KILL_POINTS, StreamSettings, retries_tasks, run_stream
     from pipeline.stream.source import RateSource
-    from pipeline.stream.subtask import Failures
-    from pipeline.stream.summary import batch_line, print_summary
+    from pipeline.stream.subtask import KILL_POINTS, Failures
+    from pipeline.stream.summary import batch_line, print_summary, run_figures
     from pipeline.stream.windows import Windowing
     from spec.config import Config, MergingMode
 
@@ -302,9 +325,12 @@ def stream(
     local = base is None or urllib.parse.urlsplit(base).scheme in ("", "file")
     try:
         config = Config.from_flink(flink, open_files_readable=local)
-        settings_dir = run_dir or Path("ckpt-stream") / time.strftime(
-            "run-%Y%m%dT%H%M%SZ", time.gmtime()
-        )
+        # Absolute: executors of a cluster run in their worker's directory, not this one.
+        settings_dir = (
+            run_dir or Path("ckpt-stream") / time.strftime("run-%Y%m%dT%H%M%SZ", time.gmtime())
+        ).absolute()
+        if base is not None and urllib.parse.urlsplit(base).scheme == "":
+            base = str(Path(base).absolute())
         if resume:
             if run_dir is None or not (run_dir / "work" / "driver.json").is_file():
                 raise ValueError("--resume needs the --run-dir of a run that started")
@@ -322,6 +348,12 @@ def stream(
             if not b.isdigit() or point not in DRIVER_KILL_POINTS:
                 raise ValueError(f"--die-at {die_at!r}: expected B:{'|'.join(DRIVER_KILL_POINTS)}")
             die = (int(b), point)
+        stalls = []
+        for item in stall_at or []:
+            b, s_, point = [*item.split(":", 2), "", ""][:3]
+            if not b.isdigit() or not s_.isdigit() or point not in KILL_POINTS:
+                raise ValueError(f"--stall-at {item!r}: expected B:S:{'|'.join(KILL_POINTS)}")
+            stalls.append((int(b), int(s_), point))
         settings = StreamSettings(
             base=base or str(settings_dir / "checkpoints"),
             work_dir=str(settings_dir / "work"),
@@ -334,13 +366,16 @@ def stream(
             batches=batches,
             master=master,
             write_buffer_size=write_buffer_size,
-            failures=Failures(kill_worker_prob, failure_seed),
+            failures=Failures(
+                kill_worker_prob, failure_seed, stall_at=tuple(stalls), stall_s=stall_seconds
+            ),
             speculation=speculation,
             rescale_at=rescale,
             die_at=die,
             l0_compaction_trigger=l0_compaction_trigger,
             state_backend=state_backend,
             gc_min_age_s=slatedb_gc_min_age,
+            trace=trace,
         )
         if state_backend not in ("rocksdb", "working"):
             raise ValueError(f"--state-backend must be rocksdb or working, not {state_backend!r}")
@@ -380,6 +415,8 @@ def stream(
         resume=resume,
     )
     ok = print_summary(console, run)
+    if json_out is not None:
+        json_out.write_text(json.dumps(run_figures(run), indent=1, sort_keys=True) + "\n")
     raise typer.Exit(0 if ok else 1)
 
 

@@ -21,6 +21,7 @@ from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.metadata import MetadataError
 from fastimpl.recovery import RecoveryError, RecoveryReport, recover
 from fastimpl.storage import (
+    CachedLocalDiskError,
     DeleteFailure,
     FencedError,
     Storage,
@@ -32,6 +33,7 @@ from fastimpl.trace import CommandTrace
 
 __all__ = [
     "BaseInUseError",
+    "CachedLocalDiskError",
     "CheckpointStore",
     "CheckpointStream",
     "CommandTrace",

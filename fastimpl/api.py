@@ -38,7 +38,7 @@ from fastimpl.records import Status, StoredFile
 from fastimpl.recovery import RecoveryReport, recover
 from fastimpl.storage import WRITER_LEASE, DeleteFailure, Storage, open_files_readable
 from fastimpl.trace import CommandTrace
-from spec.config import Config, JobSpec, RestoreMode, StateKind
+from spec.config import Config, JobSpec, RestoreMode, StateKind, check_parallelism
 from spec.effects import USER
 from spec.handles import SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId, TmId
@@ -99,6 +99,7 @@ class CheckpointStore:
         deletion_log: bool = False,
         _engine: InProcessEngine | None = None,
     ) -> None:
+        check_parallelism(config, job.vertices)  # R78: before any I/O
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         _refuse_unreadable_open_files(fs, config)
         self._lock = threading.RLock()
@@ -126,6 +127,7 @@ class CheckpointStore:
         deletion_log: bool = False,
     ) -> tuple[CheckpointStore, RecoveryReport]:
         """Continue a job whose process died, from what storage holds (see ``recovery``)."""
+        check_parallelism(config, job.vertices)  # R78: before any I/O
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         _refuse_unreadable_open_files(fs, config)
         # The recovery takes the base over (``lease``) before its first delete: a writer
@@ -309,9 +311,10 @@ def _refuse_unreadable_open_files(fs: Any, config: Config) -> None:
     through any wrappers (an unknown wrapper is refused: ``UnknownWrapperError``).
 
     ``Config`` refuses ACROSS when told the store hides open files; check again with
-    what the file system says.
+    what the file system says. Asked whatever the configuration says: the same walk
+    refuses a cache over a local disk (``CachedLocalDiskError``, issue 14).
     """
-    if config.open_files_readable and not open_files_readable(fs):
+    if not open_files_readable(fs) and config.open_files_readable:
         attrs.evolve(config, open_files_readable=False)
 
 

@@ -41,7 +41,15 @@ from fastimpl.shared_registry import (
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.working import SharedWorking
 from spec import commands as c
-from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
+from spec.config import (
+    Config,
+    MergingMode,
+    RestoreMode,
+    Scope,
+    StateKind,
+    VertexSpec,
+    check_parallelism,
+)
 from spec.effects import COORDINATOR, USER, tm_actor
 from spec.errors import CommandError, Reason
 from spec.handles import (
@@ -140,6 +148,7 @@ class CheckpointCoordinator:
         *,
         deletion_log: bool = False,
     ) -> None:
+        check_parallelism(config, vertices)  # R78: before anything is built or written
         self.cfg = config
         self.mode = config.merging_mode
         self.storage = storage

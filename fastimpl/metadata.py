@@ -44,7 +44,7 @@ from typing import Any
 
 from attrs import evolve, frozen
 
-from spec.config import Scope, StateKind
+from spec.config import UPPER_BOUND_MAX_PARALLELISM, Scope, StateKind
 from spec.handles import (
     DirectoryHandle,
     FileHandle,
@@ -64,8 +64,8 @@ WORKING_VERSION = 3
 """Version 3 also lists the working files referred to in place (R103)."""
 SUPPORTED_VERSIONS = frozenset({1, VERSION, WORKING_VERSION})
 """Version 1 (no max parallelism) is still read: R77 then checks key-group ranges."""
-MAX_PARALLELISM_LIMIT = 32768
-"""Flink's upper bound on the max parallelism (``KeyGroupRangeAssignment``)."""
+MAX_PARALLELISM_LIMIT = UPPER_BOUND_MAX_PARALLELISM
+"""Flink's upper bound on the max parallelism (``KeyGroupRangeAssignment``, R78)."""
 
 
 class MetadataError(ValueError):

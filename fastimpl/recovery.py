@@ -53,7 +53,7 @@ from fastimpl.records import Completed
 from fastimpl.resume import HaState, rebuild
 from fastimpl.storage import Storage
 from fastimpl.working import is_working_path
-from spec.config import Config, JobSpec, RestoreMode, VertexSpec
+from spec.config import Config, JobSpec, RestoreMode, VertexSpec, check_parallelism
 from spec.handles import stream_of
 from spec.keygroups import max_parallelism_refusal
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
@@ -147,6 +147,7 @@ def recover(
     the files a kept checkpoint refers to in place (the coordinator's, R105 CLAIM),
     neither records nor deletes the rest, and opens no database of the model there; the
     caller's collector (the streaming job's ``slate_collect``) decides."""
+    check_parallelism(config, job_spec.vertices)  # R78: before anything is read
     try:
         check_job(job, "<recover>", "crashed_job")
     except MetadataError as err:

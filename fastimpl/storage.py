@@ -15,6 +15,13 @@ that puts a ``_metadata`` in place, and after each directory that ``makedirs`` n
 creates. The local path makes its OS calls through one :class:`LocalOS` object (the real
 ``os`` by default), so that a wrapper can fail or crash any of them.
 
+Links (issue 14): on a local disk no name below the root is looked up by a path. The
+store opens the root, then each component from its parent's descriptor with
+``O_NOFOLLOW``, and creates, reads, renames and removes a name relative to the directory
+holding it (``dir_fd``); a recursive delete walks down the same way. A link met anywhere
+below the root is refused (``UnsafePathError`` naming the path and the link), and a check
+and a use are one call, so a link swapped in between is never followed either.
+
 Deletions (issue 3) run off the write path: with ``background_deletes`` (the default) a
 delete is decided and recorded by the caller, and carried out by a worker thread that
 batches what is queued (one bulk call on stores that have one), retries a failing call
@@ -30,11 +37,12 @@ import errno
 import logging
 import os
 import re
-import shutil
 import stat
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import IO, Any
 
 from fastimpl.metadata import Metadata, MetadataError, check_named, decode
@@ -64,6 +72,14 @@ class UnknownWrapperError(ValueError):
     its bytes end up, and when, cannot be told, so it is refused rather than guessed."""
 
 
+class CachedLocalDiskError(ValueError):
+    """A caching wrapper (``simplecache::``, ``filecache::``, ``blockcache::``) over a
+    local disk (issue 14): through the cache the store's calls go through fsspec, which
+    follows links, so the store's refusal of links below its root (``UnsafePathError``)
+    could not run; and a cache of a disk on the same machine buys nothing. Refused before
+    any I/O: open the local path (or ``dir::`` over it) without the cache."""
+
+
 def _protocol_names(fs: Any) -> tuple[str, ...]:
     p = fs.protocol
     return (p,) if isinstance(p, str) else tuple(p)
@@ -89,7 +105,9 @@ def open_files_readable(fs: Any) -> bool:
     the answer itself with a boolean ``open_files_readable`` attribute (a wrapper that
     knows what it does); a wrapper that does not, and that the store does not know,
     raises ``UnknownWrapperError``: a wrong "readable" would let ACROSS merging name bytes
-    that never reached the store, and a wrong guess either way is not ours to make.
+    that never reached the store, and a wrong guess either way is not ours to make. A
+    cache whose chain ends in a local disk raises ``CachedLocalDiskError`` (issue 14):
+    the same walk, so every store and recovery asks it once, before any I/O.
     """
     from fsspec.implementations.cached import CachingFileSystem  # type: ignore[import-untyped]
     from fsspec.implementations.dirfs import DirFileSystem  # type: ignore[import-untyped]
@@ -101,6 +119,7 @@ def open_files_readable(fs: Any) -> bool:
     if OBJECT_STORES.intersection(names):
         return False
     if isinstance(fs, CachingFileSystem):
+        _refuse_a_cache_of_a_local_disk(fs)
         # simplecache/filecache write to a local copy and upload it at close; blockcache
         # writes through but serves reads from cached blocks, stale while a file grows.
         # Either way a reader does not see an open file's flushed bytes where they end up.
@@ -117,6 +136,28 @@ def open_files_readable(fs: Any) -> bool:
             " open_files_readable attribute saying so"
         )
     return bool(READABLE_STORES.intersection(names))
+
+
+def _refuse_a_cache_of_a_local_disk(cache: Any) -> None:
+    """Follow ``cache``'s target through ``dir::`` and further caches; raise
+    ``CachedLocalDiskError`` if it ends in a local disk."""
+    from fsspec.implementations.cached import CachingFileSystem
+    from fsspec.implementations.dirfs import DirFileSystem
+    from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
+
+    chain = [cache]
+    inner = cache.fs
+    while isinstance(inner, CachingFileSystem | DirFileSystem):
+        chain.append(inner)
+        inner = inner.fs
+    if isinstance(inner, LocalFileSystem) or {"file", "local"} & set(_protocol_names(inner)):
+        url = "".join(f"{_protocol_names(c)[0]}::" for c in chain) + "file://"
+        raise CachedLocalDiskError(
+            f"{url}: a cache over a local disk is refused. Through the cache the store"
+            " cannot refuse symbolic links in its tree (issue 14), and a cache of a disk"
+            " on this machine buys nothing: give the local path (or dir:: over it)"
+            " without the cache"
+        )
 
 
 log = logging.getLogger("fastimpl.storage")
@@ -213,86 +254,222 @@ class DeleteFailure:
         return f"DeleteFailure({kind} {self.path!r}, {self.attempts} attempts: {self.error!r})"
 
 
+class Dir:
+    """A directory of the local tree, held open by its descriptor (issue 14).
+
+    The store reaches every name below its root from the root, one component at a time,
+    each opened with ``O_NOFOLLOW`` relative to its parent's descriptor, and creates,
+    reads, renames and removes names relative to the descriptor of the directory holding
+    them: a link swapped in after the store last looked is never followed, because
+    nothing is looked up by a path that could pass through it. ``path`` is the full path
+    the directory was reached as: errors and a wrapper's bookkeeping name it.
+    """
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd = fd
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"Dir({self.path!r}, fd={self.fd})"
+
+
+def path_of(d: Dir | None, name: str) -> str:
+    """The full path of ``name`` in ``d`` (``name`` itself when ``d`` is ``None``)."""
+    if d is None:
+        return name
+    return f"{d.path.rstrip('/')}/{name}"
+
+
+class NotRegularFile(OSError):
+    """What was opened to be read or appended to is no regular file (a FIFO, device,
+    socket or directory): refused without reading (``mode`` says what it is)."""
+
+    def __init__(self, path: str, mode: int) -> None:
+        super().__init__(errno.EINVAL, f"{path} is {_kind_of(mode)}", path)
+        self.mode = mode
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+_EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO swapped in after the store looked opens at once (and is refused by
+# its ``fstat``) instead of blocking the reader; on a regular file it changes nothing.
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 class LocalOS:
     """The operating-system calls of :class:`Storage` on a local file system.
 
-    Storage's local path (builtin ``open``, ``os.fsync``, ``os.replace``, ``os.remove``,
-    ``os.scandir``, ...) makes every OS call through one object of this class and nowhere
+    Storage's local path makes every OS call through one object of this class and nowhere
     else. By default it is the real OS; a file system object with a ``local_os``
     attribute (a ``LocalOS``, e.g. a fault-injecting wrapper) supplies its own. Each call
     looks its function up when it is made (``os.fsync``, not a reference taken at import),
     so that pyfakefs and a patched ``os.fsync`` are seen.
+
+    Below the store's root every call acts on a name in a directory held open (a
+    :class:`Dir`) and never follows a link (issue 14): ``open_dir`` and the file opens use
+    ``O_NOFOLLOW`` (a link there fails with ``ELOOP``, or ``ENOTDIR`` for a directory),
+    removals and renames use ``dir_fd``, which act on the name itself. ``d=None`` means
+    ``name`` is a path outside the store's tree: the root and the directories above it,
+    which are the user's choice of where the base lives and may be links.
     """
 
-    def open(self, path: str) -> IO[bytes]:
-        """A new file opened for writing (truncated if it exists)."""
-        return open(path, "wb")
+    # -------------------------------------------------------------- directories
 
-    def fsync(self, f: IO[bytes]) -> None:
-        """Make the bytes written to ``f`` (already flushed) durable."""
-        os.fsync(f.fileno())
+    def open_dir(self, d: Dir | None, name: str) -> Dir:
+        """Open directory ``name`` in ``d``, never through a link (``d=None``: ``name``
+        is a path outside the tree, opened as given)."""
+        if d is None:
+            return Dir(os.open(name, _DIR_FLAGS), name)
+        return Dir(os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=d.fd), path_of(d, name))
 
-    def fsync_dir(self, path: str) -> None:
-        """Make the names in directory ``path`` durable: files created, renamed or
+    def close_dir(self, d: Dir) -> None:
+        os.close(d.fd)
+
+    def isdir(self, path: str) -> bool:
+        """Whether ``path``, outside the tree (the root or above), is a directory."""
+        return os.path.isdir(path)
+
+    def mkdir(self, d: Dir | None, name: str) -> None:
+        os.mkdir(name, dir_fd=None if d is None else d.fd)
+
+    def fsync_dir(self, d: Dir) -> None:
+        """Make the names in directory ``d`` durable: files created, renamed or
         directories made in it survive a power loss only once this returns."""
-        if os.name == "nt":
-            return  # a directory cannot be opened on Windows; NTFS journals its names
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
-            os.fsync(fd)
+            os.fsync(d.fd)
         except OSError as err:
             # A file system that cannot sync a directory says so (some network and FUSE
             # file systems): there is nothing more to do there. Any other error is real.
             if err.errno not in (errno.EINVAL, errno.ENOTSUP):
                 raise
-        finally:
+
+    def scandir(self, d: Dir) -> list[os.DirEntry[str]]:
+        return self._entries(d)
+
+    @staticmethod
+    def _entries(d: Dir) -> list[os.DirEntry[str]]:
+        with os.scandir(d.fd) as it:
+            return list(it)
+
+    def lstat(self, d: Dir | None, name: str) -> os.stat_result:
+        """The status of ``name`` itself: a symbolic link is not followed."""
+        return os.stat(name, dir_fd=None if d is None else d.fd, follow_symlinks=False)
+
+    def readlink(self, d: Dir, name: str) -> str:
+        return os.readlink(name, dir_fd=d.fd)
+
+    # -------------------------------------------------------------- files
+
+    @staticmethod
+    def _create(d: Dir, name: str) -> int:
+        return os.open(name, _NEW_FILE, 0o666, dir_fd=d.fd)
+
+    def open(self, d: Dir, name: str) -> IO[bytes]:
+        """A new file ``name`` in ``d`` opened for writing (truncated if it exists; a
+        link there is refused, never followed to truncate its target)."""
+        return os.fdopen(self._create(d, name), "wb")
+
+    def open_append(self, d: Dir, name: str) -> IO[bytes]:
+        """Regular file ``name`` in ``d`` opened for appending (``NotRegularFile``
+        else)."""
+        fd = os.open(name, _APPEND, dir_fd=d.fd)
+        try:
+            self._regular(fd, path_of(d, name))
+            return os.fdopen(fd, "ab")
+        except BaseException:
             os.close(fd)
+            raise
 
-    def isdir(self, path: str) -> bool:
-        return os.path.isdir(path)
+    def read(self, d: Dir, name: str, start: int = 0, length: int | None = None) -> bytes:
+        """Up to ``length`` bytes (all with ``None``) of regular file ``name`` in ``d``
+        from ``start`` (``NotRegularFile`` for anything else: nothing is read)."""
+        with os.fdopen(os.open(name, _READ, dir_fd=d.fd), "rb") as f:
+            self._regular(f.fileno(), path_of(d, name))
+            if start:
+                f.seek(start)
+            return f.read() if length is None else f.read(length)
 
-    def create_exclusive(self, path: str, data: bytes) -> None:
-        """Create ``path`` holding ``data`` (synced), failing with ``FileExistsError``
-        if it exists: ``O_EXCL`` makes the check and the creation one step."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0))
+    @staticmethod
+    def _regular(fd: int, path: str) -> None:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, mode)
+
+    def fsync(self, f: IO[bytes]) -> None:
+        """Make the bytes written to ``f`` (already flushed) durable."""
+        os.fsync(f.fileno())
+
+    def create_exclusive(self, d: Dir, name: str, data: bytes) -> None:
+        """Create ``name`` in ``d`` holding ``data`` (synced), failing with
+        ``FileExistsError`` if it exists: ``O_EXCL`` makes the check and the creation one
+        step (and a link there exists: never followed)."""
+        fd = os.open(name, _EXCLUSIVE, 0o666, dir_fd=d.fd)
         try:
             os.write(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
 
-    def lstat(self, path: str) -> os.stat_result:
-        """The status of ``path`` itself: a symbolic link is not followed."""
-        return os.lstat(path)
+    def replace(self, d: Dir, src: str, dst: str) -> None:
+        """Rename ``src`` to ``dst``, both in ``d`` (a link at ``dst`` is replaced, its
+        target untouched)."""
+        os.replace(src, dst, src_dir_fd=d.fd, dst_dir_fd=d.fd)
 
-    def readlink(self, path: str) -> str:
-        return os.readlink(path)
+    # -------------------------------------------------------------- removing
 
-    def mkdir(self, path: str) -> None:
-        os.mkdir(path)
+    def remove(self, d: Dir, name: str) -> None:
+        """Remove file ``name`` from ``d`` (a link: the link itself)."""
+        self._unlink(d, name)
 
-    def replace(self, src: str, dst: str) -> None:
-        os.replace(src, dst)
+    def rmdir(self, d: Dir, name: str) -> None:
+        """Remove the empty directory ``name`` from ``d`` (``ENOTDIR`` for a link)."""
+        self._rmdir(d, name)
 
-    def remove(self, path: str) -> None:
-        os.remove(path)
+    def rmtree(self, d: Dir, name: str) -> None:
+        """Remove directory ``name`` from ``d`` and everything in it, walking down by
+        descriptors in sorted order: a link inside is removed as a name, never descended
+        into, and so is a directory swapped for a link while the walk runs. ``name``
+        itself a link: ``ENOTDIR`` (or ``ELOOP``), nothing removed."""
+        self._rmtree(d, name)
 
-    def rmdir(self, path: str) -> None:
-        os.rmdir(path)
+    def _rmtree(self, d: Dir, name: str) -> None:
+        # One descriptor per level of the directory being emptied, none for its siblings:
+        # depth, not width, bounds the descriptors held.
+        sub = self.open_dir(d, name)
+        try:
+            for e in sorted(self._entries(sub), key=lambda e: e.name):
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        try:
+                            self._rmtree(sub, e.name)
+                            continue
+                        except OSError as err:
+                            if err.errno not in (errno.ENOTDIR, errno.ELOOP):
+                                raise
+                        # no directory any more (a link or a file swapped in): its name goes
+                    self._unlink(sub, e.name)
+                except FileNotFoundError:
+                    continue  # removed meanwhile: what this call was to do
+        finally:
+            self.close_dir(sub)
+        self._rmdir(d, name)
 
-    def rmtree(self, path: str) -> None:
-        shutil.rmtree(path)
+    def _unlink(self, d: Dir, name: str) -> None:
+        os.unlink(name, dir_fd=d.fd)
 
-    def scandir(self, path: str) -> list[os.DirEntry[str]]:
-        with os.scandir(path) as it:
-            return list(it)
+    def _rmdir(self, d: Dir, name: str) -> None:
+        os.rmdir(name, dir_fd=d.fd)
 
 
 def _through_local_dirfs(fs: Any, root: str) -> tuple[Any, str]:
     """``dir::`` over a local disk is that disk under a longer root: unwrapped, so that
     its calls take the local path (its syncs, and its refusal of links, issue 14)."""
     from fsspec.implementations.dirfs import DirFileSystem
-    from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
+    from fsspec.implementations.local import LocalFileSystem
 
     inner = fs
     while isinstance(inner, DirFileSystem):
@@ -370,52 +547,239 @@ class Storage:
             return self.root
         return f"{self.root}/{path}" if self.root else path
 
-    # ------------------------------------------------------------------ links (issue 14)
+    # ------------------------------------------------------------------ the local tree (issue 14)
+    #
+    # On a local disk nothing below the root is looked up by a path: the store opens the
+    # root, then each component from its parent with O_NOFOLLOW, and acts on the last name
+    # relative to the directory holding it (``LocalOS``). A link is refused wherever it is
+    # met, whenever it was put there (a check and a use are one call), one whose target is
+    # inside the base too: the store never makes one, so a link is a hand-made change, and
+    # one inside would give a file two names (two owners, a double delete). The root and
+    # the directories above it are the user's choice of where the base lives, and may be
+    # links.
 
-    def _check_tree(self, path: str, leaf: str) -> None:
-        """On a local disk, refuse (``UnsafePathError``) a symbolic link among the
-        components of ``path`` below the root; ``leaf`` says what ``path`` itself may be:
-
-        - ``"file"``: a regular file (a read: a FIFO, device or socket is refused before
-          anything opens it, so nothing blocks on one);
-        - ``"dir"``: a directory or nothing yet, never a link (a directory made or reused);
-        - ``"any"``: anything (a create or rename replaces it; a delete removes a link
-          itself, never its target): only the directories above it are checked.
-
-        Every link is refused, one whose target is inside the base too: the store never
-        makes one, so a link is a hand-made change, and one inside would give a file two
-        names (two owners, a double delete). The root and the directories above it are
-        the user's choice of where the base lives, and may be links. A component that
-        does not exist ends the check: nothing below it exists to be followed.
-        """
-        if not self._local or not path:
-            return
-        parts = path.split("/")
-        last = len(parts) - 1
-        checked = len(parts) if leaf in ("file", "dir") else last
-        for i in range(checked):
-            rel = "/".join(parts[: i + 1])
-            full = self.full(rel)
-            try:
-                mode = self.os.lstat(full).st_mode
-            except FileNotFoundError:
-                if leaf == "file":
-                    raise
-                return
-            if stat.S_ISLNK(mode):
+    @contextmanager
+    def _dir(self, rel: str, path: str, *, make: bool = False) -> Iterator[Dir]:
+        """Directory ``rel`` (below the root; ``""``: the root) held open while the body
+        runs, reached without following a link: a link on the way is refused with
+        ``UnsafePathError`` naming ``path`` (what the caller acts on) and the link.
+        ``make``: missing directories are made, and each new name is synced in its parent
+        (innermost first) before the body runs (R12)."""
+        osl = self.os
+        if make and self._unsynced_dirs:
+            self._pay_sync_debts()
+        top = self.root or "/"
+        try:
+            d = osl.open_dir(None, top)
+        except FileNotFoundError:
+            if not make:
+                raise
+            self._makedirs_outside(top)
+            d = osl.open_dir(None, top)
+        opened = [d]
+        try:
+            owed: list[Dir] = []
+            parts = rel.split("/") if rel else []
+            for i, name in enumerate(parts):
                 try:
-                    target = f" to {self.os.readlink(full)!r}"
-                except OSError:
-                    target = ""
-                raise UnsafePathError(
-                    path,
-                    f"{path}: {rel} is a symbolic link{target}; the store never follows a"
-                    " link in its tree (nothing was read, written or deleted through it)",
-                )
-            if i == last and leaf == "file" and not stat.S_ISREG(mode):
-                raise UnsafePathError(
-                    path, f"{path} is {_kind_of(mode)} where a regular file belongs: not opened"
-                )
+                    sub = self._open_sub(d, parts, i, path)
+                except FileNotFoundError:
+                    if not make:
+                        raise
+                    self._unsynced_dirs.add(d.path)  # owed until the sync below succeeds
+                    try:
+                        osl.mkdir(d, name)
+                    except FileExistsError:
+                        pass  # made meanwhile: opened below like any other
+                    owed.append(d)
+                    sub = self._open_sub(d, parts, i, path)
+                opened.append(sub)
+                d = sub
+            for parent in reversed(owed):
+                osl.fsync_dir(parent)
+                self._unsynced_dirs.discard(parent.path)
+            yield d
+        finally:
+            for x in reversed(opened):
+                osl.close_dir(x)
+
+    @contextmanager
+    def _at(self, path: str, *, make: bool = False) -> Iterator[tuple[Dir, str]]:
+        """The directory holding ``path`` (held open, as ``_dir``) and ``path``'s name."""
+        parent, _, name = path.rpartition("/")
+        with self._dir(parent, path, make=make) as d:
+            yield d, name
+
+    def _open_sub(self, d: Dir, parts: list[str], i: int, path: str) -> Dir:
+        try:
+            return self.os.open_dir(d, parts[i])
+        except OSError as err:
+            if err.errno in (errno.ENOTDIR, errno.ELOOP):
+                unsafe = self._unsafe(d, parts[i], path, "/".join(parts[: i + 1]), leaf=False)
+                if unsafe is not None:
+                    raise unsafe from err
+            raise
+
+    def _unsafe(
+        self, d: Dir, name: str, path: str, rel: str, *, leaf: bool
+    ) -> UnsafePathError | None:
+        """What ``name`` in ``d`` is, if that is a reason to refuse ``path``: a link
+        (anywhere), or a special file where a regular ``leaf`` file belongs. Asked after
+        a call failed, or before a read opens anything (so nothing blocks on a FIFO)."""
+        try:
+            mode = self.os.lstat(d, name).st_mode
+        except OSError:
+            return None
+        if stat.S_ISLNK(mode):
+            try:
+                target = f" to {self.os.readlink(d, name)!r}"
+            except OSError:
+                target = ""
+            return UnsafePathError(
+                path,
+                f"{path}: {rel} is a symbolic link{target}; the store never follows a"
+                " link in its tree (nothing was read, written or deleted through it)",
+            )
+        if leaf and not stat.S_ISREG(mode):
+            return self._special(path, mode)
+        return None
+
+    @staticmethod
+    def _special(path: str, mode: int) -> UnsafePathError:
+        return UnsafePathError(
+            path, f"{path} is {_kind_of(mode)} where a regular file belongs: not read"
+        )
+
+    def _leaf_failed(self, err: OSError, d: Dir, name: str, path: str) -> OSError:
+        """The error to raise for a failed call on ``path`` (``name`` in ``d``): a link
+        or a special file there is said so; any other error is itself."""
+        if isinstance(err, NotRegularFile):
+            return self._special(path, err.mode)
+        if err.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EISDIR):
+            return self._unsafe(d, name, path, path, leaf=True) or err
+        return err
+
+    def _read_local(self, path: str, start: int = 0, length: int | None = None) -> bytes:
+        """Read regular file ``path`` through descriptors: its type is checked before it
+        is opened (a FIFO, device or socket is never opened) and again on the descriptor
+        (something swapped in since is refused unread)."""
+        with self._at(path) as (d, name):
+            unsafe = self._unsafe(d, name, path, path, leaf=True)
+            if unsafe is not None:
+                raise unsafe
+            try:
+                return self.os.read(d, name, start, length)
+            except FileNotFoundError:
+                raise
+            except OSError as err:
+                failed = self._leaf_failed(err, d, name, path)
+                if failed is err:
+                    raise
+                raise failed from err
+
+    def _pay_sync_debts(self) -> None:
+        """Sync every directory still owed a sync (one failed, or was never reached),
+        innermost first: a later call would find the names there and not know that
+        they are not durable yet."""
+        for p in sorted(self._unsynced_dirs, key=len, reverse=True):
+            try:
+                with self._open_full(p) as d:
+                    self.os.fsync_dir(d)
+            except FileNotFoundError:
+                pass  # deleted since: no name in it is owed any more
+            except UnsafePathError as err:
+                log.warning("not syncing %s: %s", p, err)  # no longer the store's
+            self._unsynced_dirs.discard(p)
+
+    @contextmanager
+    def _open_full(self, full: str) -> Iterator[Dir]:
+        """Directory ``full`` (a full path) held open: through the tree below the root,
+        as given at the root and above it."""
+        prefix = (self.root or "") + "/"
+        if full.startswith(prefix) and full != prefix:
+            rel = full[len(prefix) :]
+            with self._dir(rel, rel) as d:
+                yield d
+            return
+        d = self.os.open_dir(None, full)
+        try:
+            yield d
+        finally:
+            self.os.close_dir(d)
+
+    def _makedirs_outside(self, top: str) -> None:
+        """Make the root ``top`` and its missing parents (outside the tree: by path), and
+        sync the parent of each directory made here, once."""
+        osl = self.os
+        made: list[str] = []
+        d = top
+        while not osl.isdir(d):
+            made.append(d)
+            parent = os.path.dirname(d)
+            if not parent or parent == d:
+                break
+            d = parent
+        owed = {os.path.dirname(d) or "." for d in made}
+        self._unsynced_dirs |= owed
+        for d in reversed(made):
+            try:
+                osl.mkdir(None, d)
+            except FileExistsError:
+                if not osl.isdir(d):
+                    raise  # a file of that name
+        for p in sorted(owed, key=len, reverse=True):
+            with self._open_full(p) as held:
+                osl.fsync_dir(held)
+            self._unsynced_dirs.discard(p)
+
+    def _local_tree(self, top: str) -> Iterator[tuple[str, Dir, list[os.DirEntry[str]]]]:
+        """Every directory from ``top`` (below the root; ``""``: the root) down, depth
+        first: its path relative to the root, the directory held open while the caller
+        looks at it, and its entries (whose ``stat`` needs it open). Each is opened from
+        its parent without following a link; descriptors are held along one path only
+        (the depth of the tree, not its width). A directory missing (not made yet,
+        deleted meanwhile), or no longer a directory, is skipped; ``top`` a link raises
+        ``UnsafePathError``."""
+        osl = self.os
+        try:
+            root = osl.open_dir(None, self.root or "/")
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        held: list[tuple[str, Dir]] = [("", root)]
+        stack: list[list[str]] = [top.split("/") if top else []]
+        depth = len(stack[0])
+        try:
+            while stack:
+                parts = stack.pop()
+                keep = 0
+                while (
+                    keep < len(parts) and keep + 1 < len(held) and held[keep + 1][0] == parts[keep]
+                ):
+                    keep += 1
+                while len(held) > keep + 1:
+                    osl.close_dir(held.pop()[1])
+                try:
+                    for i in range(keep, len(parts)):
+                        held.append((parts[i], self._open_sub(held[-1][1], parts, i, top)))
+                except UnsafePathError:
+                    if len(parts) == depth:
+                        raise  # ``top`` itself, or a directory above it
+                    continue  # swapped for a link since it was listed: not descended into
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                rel = "/".join(parts)
+                d = held[-1][1]
+                entries = osl.scandir(d)
+                yield rel, d, entries
+                for e in entries:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append([*parts, e.name])
+                    except FileNotFoundError:
+                        continue
+        finally:
+            while held:
+                osl.close_dir(held.pop()[1])
 
     # ------------------------------------------------------------------ the base's owner
 
@@ -424,23 +788,25 @@ class Storage:
         ``savepoints/savepoint-<n>`` entries, and whether a writer lease is there."""
         jobs: list[int] = []
         sps: list[int] = []
-        names = self._names(self.root)
+        names = self._names("")
         for name in names:
             m = _JOB_NAME.fullmatch(name)
             if m:
                 jobs.append(int(m.group(1)))
         if SAVEPOINTS in names:
-            for name in self._names(self.full(SAVEPOINTS)):
+            for name in self._names(SAVEPOINTS):
                 m = _SAVEPOINT_NAME.fullmatch(name)
                 if m:
                     sps.append(int(m.group(1)))
         return sorted(jobs), sorted(sps), WRITER_LEASE in names
 
-    def _names(self, full: str) -> set[str]:
+    def _names(self, path: str) -> set[str]:
+        """The names in directory ``path`` (below the root; ``""``: the root)."""
         try:
             if self._local:
-                return {e.name for e in self.os.scandir(full or "/")}
-            listed = self.fs.ls(full or "/", detail=False)
+                with self._dir(path, path) as d:
+                    return {e.name for e in self.os.scandir(d)}
+            listed = self.fs.ls(self.full(path) or "/", detail=False)
         except (FileNotFoundError, NotADirectoryError):
             return set()
         return {str(p).rstrip("/").rsplit("/", 1)[-1] for p in listed}
@@ -449,17 +815,16 @@ class Storage:
         """Write this store's token into ``WRITER_LEASE``; ``exclusive``: only if no lease
         is there (atomically where the store can: ``O_EXCL`` on a local disk, a
         conditional PUT on S3). False if ``exclusive`` and a lease was there."""
-        full = self.full(WRITER_LEASE)
         try:
             if self._local:
-                self._makedirs(self.root or "/")
-                self._check_tree(WRITER_LEASE, "any")
-                if exclusive:
-                    self.os.create_exclusive(full, token)
-                else:
-                    self._write_replace(full, token)
-                self.os.fsync_dir(self.root or "/")
+                with self._dir("", WRITER_LEASE, make=True) as d:
+                    if exclusive:
+                        self.os.create_exclusive(d, WRITER_LEASE, token)
+                    else:
+                        self._write_replace(d, WRITER_LEASE, token)
+                    self.os.fsync_dir(d)
             else:
+                full = self.full(WRITER_LEASE)
                 self.fs.pipe_file(full, token, mode="create" if exclusive else "overwrite")
         except FileExistsError:
             return False
@@ -471,7 +836,10 @@ class Storage:
         if self.lease is None:
             return
         try:
-            held = bytes(self.fs.cat_file(self.full(WRITER_LEASE)))
+            if self._local:
+                held = self._read_local(WRITER_LEASE)
+            else:
+                held = bytes(self.fs.cat_file(self.full(WRITER_LEASE)))
         except FileNotFoundError:
             held = b""
         except Exception as err:
@@ -503,64 +871,33 @@ class Storage:
     # ------------------------------------------------------------------ writing
 
     def mkdir(self, path: str) -> None:
+        """Make directory ``path`` and its missing parents. On a local disk each parent
+        of a directory made here is synced afterwards (once), so the new names survive a
+        power loss. A parent whose sync failed (or was never reached) stays owed, and is
+        synced before any later directory is made or file created: the next call would
+        find the directory there and not know that its name is not durable yet."""
         self._wait_for_deletes_under(path)
         try:
-            self._check_tree(path, "dir")
-            self._makedirs(self.full(path))
+            if self._local:
+                with self._dir(path, path, make=True):
+                    pass
+            else:
+                self.fs.makedirs(self.full(path), exist_ok=True)
         except Exception as err:
             raise self._failed(StorageFault(StorageOp.CREATE, path, err)) from err
-
-    def _makedirs(self, full: str) -> None:
-        """Make directory ``full`` and its missing parents. On a local disk each parent
-        of a directory made here is synced afterwards (once), so the new names survive a
-        power loss; a directory that existed already costs one ``isdir``. A parent whose
-        sync failed (or was never reached) stays owed, and is synced before any later
-        directory is made or file created: the next call would find the directory there
-        and not know that its name is not durable yet."""
-        if not self._local:
-            self.fs.makedirs(full, exist_ok=True)
-            return
-        osl = self.os
-        if self._unsynced_dirs:
-            for p in sorted(self._unsynced_dirs, key=len, reverse=True):
-                try:
-                    osl.fsync_dir(p)
-                except FileNotFoundError:
-                    pass  # deleted since: no name in it is owed any more
-                self._unsynced_dirs.discard(p)
-        made: list[str] = []
-        d = full
-        while not osl.isdir(d):
-            made.append(d)
-            parent = os.path.dirname(d)
-            if not parent or parent == d:
-                break
-            d = parent
-        owed = {os.path.dirname(d) or "." for d in made}
-        self._unsynced_dirs |= owed
-        for d in reversed(made):
-            try:
-                osl.mkdir(d)
-            except FileExistsError:
-                if not osl.isdir(d):
-                    raise  # a file of that name
-        for p in sorted(owed, key=len, reverse=True):
-            osl.fsync_dir(p)
-            self._unsynced_dirs.discard(p)
 
     def create(self, path: str) -> None:
         self.fire(StorageOp.CREATE, path)
         self._wait_for_deletes_under(path)
-        full = self.full(path)
-        parent = full.rsplit("/", 1)[0]
         f: IO[bytes] | None = None
         try:
-            self._check_tree(path, "any")
-            self._makedirs(parent)
             if self._local:
-                f = self.os.open(full)
-                self.os.fsync_dir(parent)  # the new name survives a power loss (R12)
+                with self._at(path, make=True) as (d, name):
+                    f = self._create_in(d, name, path)
+                    self.os.fsync_dir(d)  # the new name survives a power loss (R12)
             else:
+                full = self.full(path)
+                self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
                 f = self.fs.open(full, "wb")
         except Exception as err:
             if f is not None:
@@ -569,6 +906,15 @@ class Storage:
             raise self._failed(StorageFault(StorageOp.CREATE, path, err)) from err
         assert f is not None
         self._open[path] = f
+
+    def _create_in(self, d: Dir, name: str, path: str) -> IO[bytes]:
+        try:
+            return self.os.open(d, name)
+        except OSError as err:
+            failed = self._leaf_failed(err, d, name, path)
+            if failed is err:
+                raise
+            raise failed from err
 
     @staticmethod
     def _close_quietly(path: str, f: IO[bytes]) -> None:
@@ -622,8 +968,19 @@ class Storage:
             raise ValueError(f"{path}: only a file on a local disk can be reopened")
         if path in self._open:
             return
-        self._check_tree(path, "file")
-        self._open[path] = open(self.full(path), "ab")  # noqa: SIM115 (closed by close)
+        with self._at(path) as (d, name):
+            unsafe = self._unsafe(d, name, path, path, leaf=True)
+            if unsafe is not None:
+                raise unsafe
+            try:
+                self._open[path] = self.os.open_append(d, name)
+            except FileNotFoundError:
+                raise
+            except OSError as err:
+                failed = self._leaf_failed(err, d, name, path)
+                if failed is err:
+                    raise
+                raise failed from err
 
     def abandon(self, path: str) -> None:
         """Forget an open file without finishing it (its process is gone)."""
@@ -634,15 +991,28 @@ class Storage:
             except Exception as err:  # a dead writer's upload may fail: nothing to keep
                 log.debug("closing abandoned %s: %r", path, err)
 
-    def _write_replace(self, full: str, data: bytes) -> None:
-        """Write ``data`` to ``full`` whole or not at all on a local disk: a synced
-        ``.inprogress`` twin, then a rename (the caller syncs the directory)."""
-        tmp = full + ".inprogress"
-        with self.os.open(tmp) as f:
+    def _write_replace(self, d: Dir, name: str, data: bytes, suffix: str = ".inprogress") -> None:
+        """Write ``data`` to ``name`` in ``d`` whole or not at all on a local disk: a
+        synced twin (``name`` + ``suffix``), then a rename (the caller syncs the
+        directory)."""
+        tmp = name + suffix
+        with self._create_in(d, tmp, path_of(d, tmp)) as f:
             f.write(data)
             f.flush()
             self.os.fsync(f)
-        self.os.replace(tmp, full)
+        self.os.replace(d, tmp, name)
+
+    def publish(self, path: str, data: bytes) -> None:
+        """Write a small file for readers outside the store (``fastimpl.writer_state``)
+        whole or not at all: on a local disk a synced twin named for this process, then
+        a rename, both through the descriptor walk (never through a link, issue 14); a
+        single PUT elsewhere. Not a checkpoint write: no armed fault fires and no lease
+        is checked."""
+        if not self._local:
+            self.fs.pipe_file(self.full(path), data)
+            return
+        with self._at(path, make=True) as (d, name):
+            self._write_replace(d, name, data, f".tmp-{os.getpid()}")
 
     def write_metadata(self, path: str, data: bytes) -> None:
         """Write a checkpoint's metadata atomically: a temporary file, then a rename.
@@ -655,15 +1025,14 @@ class Storage:
         """
         self.fire(StorageOp.METADATA, path)
         self.check_lease(StorageOp.METADATA, path)
-        full = self.full(path)
-        parent = full.rsplit("/", 1)[0]
         try:
-            self._check_tree(path, "any")
-            self._makedirs(parent)
             if self._local:
-                self._write_replace(full, data)
-                self.os.fsync_dir(parent)
+                with self._at(path, make=True) as (d, name):
+                    self._write_replace(d, name, data)
+                    self.os.fsync_dir(d)
             else:
+                full = self.full(path)
+                self.fs.makedirs(full.rsplit("/", 1)[0], exist_ok=True)
                 self.fs.pipe_file(full, data)
         except Exception as err:
             self._remove_after_failure(path)
@@ -671,8 +1040,10 @@ class Storage:
                 self._remove_after_failure(path + ".inprogress")
                 # The removal must not come back at a power loss either: recovery would
                 # take the aborted checkpoint for a completed one whose files are deleted.
+                parent = path.rpartition("/")[0]
                 try:
-                    self.os.fsync_dir(parent)
+                    with self._dir(parent, path) as d:
+                        self.os.fsync_dir(d)
                 except FileNotFoundError:
                     pass  # the directory was never made: nothing was put in it
                 except Exception as sync_err:
@@ -685,13 +1056,12 @@ class Storage:
         the failure leaves no ``_metadata`` that recovery would take for a completed one
         and no file that nobody owns. The path is new (R2): nobody else can have written
         it. A removal that fails too is kept in ``failed_deletes`` and retried."""
-        full = self.full(path)
         try:
             if self._local:
-                self._check_tree(path, "any")
-                self.os.remove(full)
+                with self._at(path) as (d, name):
+                    self.os.remove(d, name)
             else:
-                self.fs.rm_file(full)
+                self.fs.rm_file(self.full(path))
         except FileNotFoundError:
             pass
         except UnsafePathError as err:
@@ -708,8 +1078,10 @@ class Storage:
         Only reads: a corrupt, truncated, missing or foreign file is reported, never deleted.
         """
         try:
-            self._check_tree(path, "file")
-            data = bytes(self.fs.cat_file(self.full(path)))
+            if self._local:
+                data = self._read_local(path)
+            else:
+                data = bytes(self.fs.cat_file(self.full(path)))
         except FileNotFoundError as err:
             raise MetadataError(path, "file", "does not exist") from err
         except UnsafePathError as err:
@@ -725,8 +1097,10 @@ class Storage:
         short file raises ``ReadFault`` (a ``StorageFault``: a re-upload that cannot read
         the old bytes declines, R17)."""
         try:
-            self._check_tree(path, "file")
-            data = bytes(self.fs.cat_file(self.full(path), start=offset, end=offset + length))
+            if self._local:
+                data = self._read_local(path, offset, length)
+            else:
+                data = bytes(self.fs.cat_file(self.full(path), start=offset, end=offset + length))
         except Exception as err:
             why = f"{type(err).__name__}: {err}"
             raise self._failed(ReadFault(path, f"reading {path} failed: {why}", err)) from err
@@ -770,22 +1144,14 @@ class Storage:
         already holds, where fsspec's ``find`` stats every entry again (a listing after
         every command is most of a lockstep run's time)."""
         out: dict[str, int] = {}
-        stack = [("", self.root or "/")]
-        while stack:
-            rel, full = stack.pop()
-            try:
-                entries = self.os.scandir(full)
-            except (FileNotFoundError, NotADirectoryError):
-                continue  # the root not made yet, or a directory deleted meanwhile
+        for rel, _, entries in self._local_tree(""):
+            prefix = f"{rel}/" if rel else ""
             for e in entries:
-                name = f"{rel}{e.name}"
                 try:
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append((name + "/", e.path))
-                    elif e.is_file(follow_symlinks=False):
-                        out[name] = e.stat(follow_symlinks=False).st_size
+                    if e.is_file(follow_symlinks=False):
+                        out[prefix + e.name] = e.stat(follow_symlinks=False).st_size
                 except FileNotFoundError:
-                    continue
+                    continue  # deleted meanwhile
         out.pop(WRITER_LEASE, None)  # the store's own lease, not checkpoint data
         return out
 
@@ -795,19 +1161,13 @@ class Storage:
         self.drain()
         if self._local:
             out: set[str] = set()
-            stack = [path]
-            while stack:
-                d = stack.pop()
-                try:
-                    entries = self.os.scandir(self.full(d))
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
-                for e in entries:
-                    rel = f"{d}/{e.name}"
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(rel)
-                    else:
-                        out.add(rel)  # a file, a link or a special file: not ours to delete
+            try:
+                for rel, _, entries in self._local_tree(path):
+                    for e in entries:
+                        if not e.is_dir(follow_symlinks=False):
+                            out.add(f"{rel}/{e.name}")  # a file, a link or a special file
+            except UnsafePathError:
+                return {path}  # a link where the directory was: not the store's to empty
             return out
         prefix = self.root + "/" if self.root else ""
         try:
@@ -819,11 +1179,25 @@ class Storage:
     def size(self, path: str) -> int:
         """The size of file ``path`` on storage now (queued deletes done first)."""
         self.drain()
-        return int(self.fs.size(self.full(path)))
+        if not self._local:
+            return int(self.fs.size(self.full(path)))
+        with self._at(path) as (d, name):
+            unsafe = self._unsafe(d, name, path, path, leaf=True)
+            if unsafe is not None:
+                raise unsafe
+            return int(self.os.lstat(d, name).st_size)
 
     def exists_dir(self, path: str) -> bool:
+        """Whether directory ``path`` is there (queued deletes done first); on a local
+        disk a link is no directory of the store's, nor is anything reached through one."""
         self.drain()
-        return bool(self.fs.isdir(self.full(path)))
+        if not self._local:
+            return bool(self.fs.isdir(self.full(path)))
+        try:
+            with self._dir(path, path):
+                return True
+        except (FileNotFoundError, NotADirectoryError, UnsafePathError):
+            return False
 
     # ------------------------------------------------------------------ deleting
 
@@ -857,8 +1231,8 @@ class Storage:
     def _prune(self, dirs: tuple[str, ...]) -> None:
         for d in dirs:
             try:
-                self._check_tree(d, "dir")
-                self.os.rmdir(self.full(d))
+                with self._at(d) as (parent, name):
+                    self.os.rmdir(parent, name)  # a link there: ENOTDIR, kept
             except OSError:
                 return  # not empty (or already gone): its parents are not empty either
 
@@ -986,18 +1360,12 @@ class Storage:
         self.delete_calls += 1
         if self._local:
             for path, is_dir in batch:
-                full = self.full(path)
                 try:
-                    self._check_tree(path, "any")
-                    if is_dir and stat.S_ISLNK(self.os.lstat(full).st_mode):
-                        # A managed directory replaced by a link: its name goes, the
-                        # link's target is not the store's and is never descended into.
-                        log.warning("%s is a symbolic link: removing the link only", path)
-                        self.os.remove(full)
-                    elif is_dir:
-                        self.os.rmtree(full)
-                    else:
-                        self.os.remove(full)
+                    with self._at(path) as (d, name):
+                        if is_dir:
+                            self._rmtree_local(d, name, path)
+                        else:
+                            self.os.remove(d, name)  # a link: the link itself
                 except FileNotFoundError:
                     pass
             self.deletes_done += len(batch)
@@ -1023,13 +1391,26 @@ class Storage:
                                 self.fs.rm_file(p)
                             except FileNotFoundError:
                                 pass
-            for d in dirs:
-                if self.fs.exists(d):
-                    self.fs.rm(d, recursive=True)
+            for top in dirs:
+                if self.fs.exists(top):
+                    self.fs.rm(top, recursive=True)
         finally:
             if lock is not None:
                 lock.release()
         self.deletes_done += len(batch)
+
+    def _rmtree_local(self, d: Dir, name: str, path: str) -> None:
+        try:
+            self.os.rmtree(d, name)
+        except OSError as err:
+            if err.errno not in (errno.ENOTDIR, errno.ELOOP):
+                raise
+            if not stat.S_ISLNK(self.os.lstat(d, name).st_mode):
+                raise
+            # A managed directory replaced by a link: its name goes, the link's target is
+            # not the store's and is never descended into.
+            log.warning("%s is a symbolic link: removing the link only", path)
+            self.os.remove(d, name)
 
     def _release_deleters(self) -> None:
         """A dict keeps the table of its largest size: once no delete is in flight, start

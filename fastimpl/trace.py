@@ -62,20 +62,11 @@ class CommandTrace:
         real_faults: int,
         observation: Observation | None,
     ) -> None:
-        line: dict[str, Any] = {"command": codec.encode_command(cmd)}
-        if error is None:
-            line["outcome"] = "ok"
-        elif isinstance(error, CommandError):
-            line["outcome"] = "refused"
-            line["reason"] = error.reason.value
-        else:
-            line["outcome"] = "fault"
-            op = getattr(error, "op", None)
-            line["op"] = getattr(op, "value", type(error).__name__)
-        if real_faults:
-            line["real_faults"] = real_faults
-        if observation is not None:
-            line["observation"] = codec.encode(observation)
+        self.record_line(command_line(cmd, error, real_faults, observation))
+
+    def record_line(self, line: dict[str, Any]) -> None:
+        """A command line made elsewhere (``command_line``: a party in another process
+        logged it); the trace numbers it."""
         with self._lock:
             self._seq += 1
             self._line({"seq": self._seq, **line})
@@ -87,3 +78,27 @@ class CommandTrace:
     def close(self) -> None:
         if self._own:
             self._out.close()
+
+
+def command_line(
+    cmd: c.Command,
+    error: BaseException | None = None,
+    real_faults: int = 0,
+    observation: Observation | None = None,
+) -> dict[str, Any]:
+    """One command's line of a trace, without its ``seq`` (see the module docstring)."""
+    line: dict[str, Any] = {"command": codec.encode_command(cmd)}
+    if error is None:
+        line["outcome"] = "ok"
+    elif isinstance(error, CommandError):
+        line["outcome"] = "refused"
+        line["reason"] = error.reason.value
+    else:
+        line["outcome"] = "fault"
+        op = getattr(error, "op", None)
+        line["op"] = getattr(op, "value", type(error).__name__)
+    if real_faults:
+        line["real_faults"] = real_faults
+    if observation is not None:
+        line["observation"] = codec.encode(observation)
+    return line

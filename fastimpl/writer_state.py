@@ -22,17 +22,16 @@ pending trigger, or the publication when nothing is pending): every file a later
 touches is newer than that (a file opened after a publication is newer than it), and it
 stops collecting when a checkpoint some pending one may reuse from is gone.
 
-Publishing is opt-in (:func:`publish_state`), written straight to the file system (not
-through the store's fault-injecting path, so armed faults and call counts are unchanged),
-atomically: a temporary file, then a rename (a single PUT on object stores). The
-streaming job's coordinator publishes the same document (``state_document``,
-``write_state``) from its own view (``pipeline.stream.publication``).
+Publishing is opt-in (:func:`publish_state`), written with ``Storage.publish`` (not a
+checkpoint write: no armed fault fires, no lease is checked), atomically: a temporary file,
+then a rename, through the store's descriptor walk, which never follows a link (a single
+PUT on object stores). The streaming job's coordinator publishes the same document
+(``state_document``, ``write_state``) from its own view (``pipeline.stream.publication``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -157,19 +156,9 @@ class WriterStatePublisher:
 
 
 def write_state(storage: Storage, base: str, data: bytes) -> None:
-    """``data`` as ``<base>/_writer_state.json``, atomically (a temporary file and a
-    rename on a local disk, one PUT on an object store), straight to the file system."""
-    full = storage.full(f"{base}/{WRITER_STATE}")
-    if storage.protocol in ("file", "local"):
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        tmp = f"{full}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, full)
-    else:
-        storage.fs.pipe_file(full, data)
+    """``data`` as ``<base>/_writer_state.json``, whole or not at all
+    (``Storage.publish``)."""
+    storage.publish(f"{base}/{WRITER_STATE}", data)
 
 
 def publish_state(store: CheckpointStore) -> WriterStatePublisher:

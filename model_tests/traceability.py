@@ -47,6 +47,7 @@ TLA_ABSTRACTED = {
     "R35": "no savepoints",
     "R55": "no savepoints",
     "R77": "no max parallelism",
+    "R78": "job sizes are the model's constants",
     "R82": "the AmpBound constant only",
     "R95": "no coordinator restart",
     "R96": "no engine, no sink, no driver restart",

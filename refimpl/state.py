@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from attrs import field, frozen
 
 from spec.commands import StorageOp
-from spec.config import Config, JobSpec, Scope, VertexSpec
+from spec.config import Config, JobSpec, Scope, VertexSpec, check_parallelism
 from spec.handles import Handle, StateEntry
 from spec.ids import SubtaskId, TmId
 from spec.layout import SAVEPOINTS, job_base
@@ -233,6 +233,7 @@ def place(subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
 
 def initial_state(config: Config, job: JobSpec, job_id: str = "job-0") -> ModelState:
     """A running job with ``job.num_tms`` live TMs and no checkpoint yet."""
+    check_parallelism(config, job.vertices)  # R78: before anything is built
     tm_ids = [f"tm-{i}" for i in range(1, job.num_tms + 1)]
     return ModelState(
         config=config,

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 from attrs import field, frozen
 
 MIB = 1024 * 1024
+UPPER_BOUND_MAX_PARALLELISM = 1 << 15
+"""Flink's inclusive upper bound on the max parallelism (the number of key groups) and so
+on any parallelism: ``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``, which is
+``Transformation.UPPER_BOUND_MAX_PARALLELISM = 1 << 15`` (R78)."""
+MAX_TMS = UPPER_BOUND_MAX_PARALLELISM
+"""The most TMs a job is built with (R78). With Flink's default slot sharing a job needs
+as many slots as its largest parallelism, at most ``UPPER_BOUND_MAX_PARALLELISM``: no job
+needs more TMs than that, even at one slot each."""
 
 
 class MergingMode(enum.Enum):
@@ -64,6 +72,24 @@ def _positive(_inst: object, attribute: object, value: int) -> None:
         raise ValueError(f"{attribute} must be >= 1, got {value}")
 
 
+def _size(limit: int, bound: str) -> Callable[[object, attrs.Attribute[int], int], None]:
+    """R78: a job size in 1 .. ``limit``, refused when the value is made (an engine
+    builds every TM and subtask: a size past what it can build would hang, not fail)."""
+
+    def check(inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if not 1 <= value <= limit:
+            name = getattr(inst, "name", None)
+            who = f"vertex {name!r}: " if isinstance(name, str) else ""
+            raise ValueError(
+                f"{who}{attribute.name} must be in 1 .. {limit} ({bound}), got {value} (R78)"
+            )
+
+    return check
+
+
+_MAX_PARALLELISM = _size(UPPER_BOUND_MAX_PARALLELISM, "Flink's upper bound on a parallelism, 2**15")
+
+
 @frozen
 class Config:
     """Checkpoint storage options, named after Flink's keys (Flink 1.20 and 2.x,
@@ -85,9 +111,9 @@ class Config:
     num_retained: int = field(default=1, validator=_positive)
     """execution.checkpointing.num-retained (default 1; deprecated key
     state.checkpoints.num-retained)."""
-    max_parallelism: int = field(default=128, validator=_positive)
+    max_parallelism: int = field(default=128, validator=_MAX_PARALLELISM)
     """Number of key groups (pipeline.max-parallelism; ours defaults to 128, Flink's -1
-    derives it from the parallelism)."""
+    derives it from the parallelism); at most ``UPPER_BOUND_MAX_PARALLELISM`` (R78)."""
     restore_mode: RestoreMode = RestoreMode.NO_CLAIM
     """execution.state-recovery.claim-mode (default NO_CLAIM; deprecated key
     execution.savepoint-restore-mode). Flink 1.x's LEGACY mode is not supported."""
@@ -183,7 +209,9 @@ class VertexSpec:
     """A vertex of the job graph and its parallelism."""
 
     name: str
-    parallelism: int = field(validator=_positive)
+    parallelism: int = field(validator=_MAX_PARALLELISM)
+    """At most ``UPPER_BOUND_MAX_PARALLELISM``, and at most the job's max parallelism
+    (``check_parallelism``, where a job meets its configuration) (R78)."""
 
 
 @frozen
@@ -191,9 +219,25 @@ class JobSpec:
     """The job's vertices and how many task managers host its subtasks."""
 
     vertices: tuple[VertexSpec, ...]
-    num_tms: int = field(default=2, validator=_positive)
+    num_tms: int = field(
+        default=2, validator=_size(MAX_TMS, "one per slot of the largest parallelism")
+    )
 
     def __attrs_post_init__(self) -> None:
         names = [v.name for v in self.vertices]
         if not names or len(set(names)) != len(names):
             raise ValueError(f"vertex names must be non-empty and unique: {names}")
+
+
+def check_parallelism(config: Config, vertices: tuple[VertexSpec, ...]) -> None:
+    """R78: every vertex's parallelism is at most the max parallelism (Flink's "Maximum
+    parallelism must not be smaller than parallelism"): key group ``g`` goes to subtask
+    ``g * p // max_parallelism`` (R75), so a subtask past the max parallelism would get
+    no key group. Both parties check it where they are made with a job and its
+    configuration, before anything is built or written."""
+    for v in vertices:
+        if v.parallelism > config.max_parallelism:
+            raise ValueError(
+                f"vertex {v.name!r}: parallelism {v.parallelism} is more than the max"
+                f" parallelism {config.max_parallelism}: it must be at most that (R78)"
+            )

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from attrs import frozen
 
-from spec.config import RestoreMode
+from spec.config import UPPER_BOUND_MAX_PARALLELISM, RestoreMode
 
 if TYPE_CHECKING:
     from spec.config import Config
@@ -101,7 +101,7 @@ FLINK_OPTIONS: tuple[FlinkOption, ...] = (
     FlinkOption(
         "pipeline.max-parallelism",
         "max_parallelism",
-        "int",
+        "max-parallelism",
         hint=" (the number of key groups; Flink's -1, derive it from the parallelism, has no"
         " equivalent here)",
     ),
@@ -167,6 +167,13 @@ def _parse_int(value: object) -> int:
         raise _BadValue("overflows Flink's (Java) int")
     if number < 1:
         raise _BadValue("must be at least 1")
+    return number
+
+
+def _parse_max_parallelism(value: object) -> int:
+    number = _parse_int(value)
+    if number > UPPER_BOUND_MAX_PARALLELISM:
+        raise _BadValue(f"more than Flink's upper bound {UPPER_BOUND_MAX_PARALLELISM} (R78)")
     return number
 
 
@@ -286,6 +293,7 @@ def _format_claim_mode(value: object) -> str:
 _PARSERS: dict[str, Callable[[object], object]] = {
     "bool": _parse_bool,
     "int": _parse_int,
+    "max-parallelism": _parse_max_parallelism,
     "float": _parse_float,
     "memory": _parse_memory,
     "claim-mode": _parse_claim_mode,
@@ -293,6 +301,7 @@ _PARSERS: dict[str, Callable[[object], object]] = {
 _FORMATTERS: dict[str, Callable[[object], str]] = {
     "bool": _format_bool,
     "int": _format_int,
+    "max-parallelism": _format_int,
     "float": _format_float,
     "memory": _format_memory,
     "claim-mode": _format_claim_mode,

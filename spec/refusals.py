@@ -130,7 +130,7 @@ PARALLELISM_VALID = Guard(
     "parallelism_valid",
     Reason.BAD_ARGUMENT,
     "a parallelism names an unknown vertex or lies outside 1 .. max parallelism",
-    ("R75",),
+    ("R75", "R78"),
 )
 MAX_PARALLELISM_SAME = Guard(
     "max_parallelism_same",

@@ -21,6 +21,7 @@ from tests.lockstep import (  # noqa: F401 (fixtures: a lockstep storage, moto's
     backend,
     s3_endpoint,
 )
+from tests.spark_cluster import loopback_cluster  # noqa: F401 (a fixture: two-host Spark)
 
 _SUPPRESSED: list[HealthCheck] = [HealthCheck.too_slow]
 

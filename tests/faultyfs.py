@@ -36,11 +36,11 @@ Paths are the inner file system's (``/tmp/x/...`` for a local directory, ``/root
 for memory).
 
 ``local_root=DIR`` (over a ``LocalFileSystem``) makes it a local disk instead: its
-protocol says ``file``, so ``Storage`` takes its real local-disk path (builtin ``open``,
-``os.fsync``, ``os.replace``, directory syncs, pruning), and every OS call of that path
-goes through :class:`FaultyOS` (the wrapper's ``local_os``, see
+protocol says ``file``, so ``Storage`` takes its real local-disk path (descriptors walked
+from the root, ``os.fsync``, renames, directory syncs, pruning), and every OS call of that
+path goes through :class:`FaultyOS` (the wrapper's ``local_os``, see
 ``fastimpl.storage.LocalOS``), with the same ``fail``/``crash_after``/``log``/``mutations``
-as above. Reads (``cat_file``) still go through the fsspec methods. Methods that ``fail``
+as above. A read there is ``FaultyOS.read``, failed as ``cat_file``. Methods that ``fail``
 takes there: ``open`` (a file for writing), ``write``, ``flush``, ``fsync``, ``close``,
 ``mkdir``, ``fsync_dir``, ``replace``, ``remove``, ``rmdir``, ``rmtree``, ``scandir``,
 ``cat_file``, ``find``, ``ls``, ``info``; ``rm_file``, ``rm``, ``makedirs`` and ``mv``
@@ -71,6 +71,7 @@ import hashlib
 import itertools
 import os
 import shutil
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -83,7 +84,7 @@ from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
 from fsspec.utils import stringify_path  # type: ignore[import-untyped]
 
 from fastimpl import CheckpointStore, CounterIds, IdSource, InProcessEngine
-from fastimpl.storage import WRITER_LEASE, LocalOS
+from fastimpl.storage import WRITER_LEASE, Dir, LocalOS, path_of
 from spec.config import Config, JobSpec
 from spec.handles import SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
@@ -128,8 +129,8 @@ LOCAL_METHODS = frozenset(
         "info",
     }
 )
-"""What ``fail`` takes on a local disk (``local_root``): the OS calls of ``FaultyOS`` and
-the fsspec reads ``Storage`` still makes there."""
+"""What ``fail`` takes on a local disk (``local_root``): the OS calls of ``FaultyOS``
+(a read is ``cat_file``) and the fsspec calls a test may make there."""
 _LOCAL_ALIASES = {"rm_file": "remove", "rm": "rmtree", "makedirs": "mkdir", "mv": "replace"}
 
 
@@ -743,13 +744,25 @@ class FaultyOS(LocalOS):
                     f.write(self._synced.get(child, b""))
 
     # ------------------------------------------------------------------ the OS calls
+    #
+    # Each call does the real one through ``LocalOS`` (by descriptor, never following a
+    # link: what the product does) and keeps the model by the path it stands for.
 
-    def open(self, path: str) -> IO[bytes]:
+    def open_dir(self, d: Dir | None, name: str) -> Dir:
+        self.fs._alive()
+        return super().open_dir(d, name)
+
+    def lstat(self, d: Dir | None, name: str) -> os.stat_result:
+        self.fs._alive()
+        return super().lstat(d, name)
+
+    def open(self, d: Dir, name: str) -> IO[bytes]:
         fs = self.fs
+        path = path_of(d, name)
         rule = fs._enter("open", path)
         with fs._lock:
             fs._mutate("create", path)
-            real = builtins.open(path, "wb", buffering=0)  # noqa: SIM115 (closed by the file)
+            real = os.fdopen(self._create(d, name), "wb", buffering=0)
             if path not in self._node:
                 self._new(path, False)
             f = FaultyLocalFile(self, path, real)
@@ -758,6 +771,10 @@ class FaultyOS(LocalOS):
             f._drop()
             fs._after(rule, "open", path)
         return cast(IO[bytes], f)
+
+    def read(self, d: Dir, name: str, start: int = 0, length: int | None = None) -> bytes:
+        with self.fs.call("cat_file", path_of(d, name)):
+            return super().read(d, name, start, length)
 
     def fsync(self, f: IO[bytes]) -> None:
         lf = cast(FaultyLocalFile, f)
@@ -769,11 +786,12 @@ class FaultyOS(LocalOS):
             if node is not None:
                 self._synced[node] = bytes(lf.pushed)
 
-    def fsync_dir(self, path: str) -> None:
+    def fsync_dir(self, d: Dir) -> None:
         fs = self.fs
+        path = d.path
         with fs.call("fsync_dir", path), fs._lock:
             fs._mutate("fsync_dir", path)
-            super().fsync_dir(path)
+            super().fsync_dir(d)
             if self._under(path):
                 base = path.rstrip("/")
                 self._listing[self._node_of(path)] = {
@@ -784,75 +802,68 @@ class FaultyOS(LocalOS):
         self.fs._alive()
         return os.path.isdir(path)
 
-    def mkdir(self, path: str) -> None:
+    def mkdir(self, d: Dir | None, name: str) -> None:
         fs = self.fs
+        path = path_of(d, name)
         with fs.call("mkdir", path), fs._lock:
             if os.path.lexists(path):
                 raise FileExistsError(errno.EEXIST, "exists", path)
             fs._mutate("mkdir", path)
-            os.mkdir(path)
+            super().mkdir(d, name)
             self._new(path, True)
 
-    def replace(self, src: str, dst: str) -> None:
+    def replace(self, d: Dir, src: str, dst: str) -> None:
         fs = self.fs
-        with fs.call("replace", src), fs._lock:
-            fs._mutate("replace", f"{src} -> {dst}")
-            os.replace(src, dst)
-            node = self._node.pop(src, None)
-            if node is not None and self._under(dst):
-                self._node[dst] = node
+        src_path, dst_path = path_of(d, src), path_of(d, dst)
+        with fs.call("replace", src_path), fs._lock:
+            fs._mutate("replace", f"{src_path} -> {dst_path}")
+            super().replace(d, src, dst)
+            node = self._node.pop(src_path, None)
+            if node is not None and self._under(dst_path):
+                self._node[dst_path] = node
             else:
-                self._forget(dst)
+                self._forget(dst_path)
 
-    def remove(self, path: str) -> None:
+    def remove(self, d: Dir, name: str) -> None:
         fs = self.fs
-        with fs.call("remove", path), fs._lock:
-            self._remove(path)
+        with fs.call("remove", path_of(d, name)), fs._lock:
+            self._unlink(d, name)
 
-    def _remove(self, path: str) -> None:
-        if not os.path.lexists(path):
-            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+    def _unlink(self, d: Dir, name: str) -> None:
+        path = path_of(d, name)
+        super().lstat(d, name)  # FileNotFoundError before the operation is counted
         self.fs._mutate("remove", path)
-        os.remove(path)
+        super()._unlink(d, name)
         self._forget(path)
 
-    def rmdir(self, path: str) -> None:
+    def rmdir(self, d: Dir, name: str) -> None:
         fs = self.fs
-        with fs.call("rmdir", path), fs._lock:
-            self._rmdir(path)
+        with fs.call("rmdir", path_of(d, name)), fs._lock:
+            self._rmdir(d, name)
 
-    def _rmdir(self, path: str) -> None:
-        if not os.path.isdir(path):
-            raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+    def _rmdir(self, d: Dir, name: str) -> None:
+        path = path_of(d, name)
+        if not stat.S_ISDIR(super().lstat(d, name).st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
         if os.listdir(path):
             raise OSError(errno.ENOTEMPTY, "directory not empty", path)
         self.fs._mutate("rmdir", path)
-        os.rmdir(path)
+        super()._rmdir(d, name)
         self._forget(path)
 
-    def rmtree(self, path: str) -> None:
-        """Each file and directory removed is one mutating operation, in sorted order
-        (depth first), so that a crash can cut the call in half at a known point."""
+    def rmtree(self, d: Dir, name: str) -> None:
+        """Each file and directory removed is one mutating operation (``_unlink``,
+        ``_rmdir``), in sorted order (depth first), so that a crash can cut the call in
+        half at a known point."""
         fs = self.fs
-        with fs.call("rmtree", path), fs._lock:
-            if not os.path.isdir(path):
-                raise FileNotFoundError(errno.ENOENT, "no such directory", path)
-            self._rmtree(path)
+        with fs.call("rmtree", path_of(d, name)), fs._lock:
+            super().rmtree(d, name)
 
-    def _rmtree(self, path: str) -> None:
-        for name in sorted(os.listdir(path)):
-            full = f"{path}/{name}"
-            if os.path.isdir(full) and not os.path.islink(full):
-                self._rmtree(full)
-            else:
-                self._remove(full)
-        self._rmdir(path)
-
-    def scandir(self, path: str) -> list[os.DirEntry[str]]:
+    def scandir(self, d: Dir) -> list[os.DirEntry[str]]:
         fs = self.fs
-        rule = fs._enter("scandir", path)
-        out = super().scandir(path)
-        fs._after(rule, "scandir", path)
+        rule = fs._enter("scandir", d.path)
+        out = super().scandir(d)
+        fs._after(rule, "scandir", d.path)
         return out
 
 

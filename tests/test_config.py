@@ -9,11 +9,23 @@ import re
 from pathlib import Path
 
 import attrs
+import fsspec  # type: ignore[import-untyped]
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec.config import Config, MergingMode, RestoreMode
+from fastimpl import CheckpointStore, InProcessEngine
+from fastimpl.recovery import recover
+from refimpl.state import initial_state
+from spec.config import (
+    MAX_TMS,
+    UPPER_BOUND_MAX_PARALLELISM,
+    Config,
+    JobSpec,
+    MergingMode,
+    RestoreMode,
+    VertexSpec,
+)
 from spec.flink_options import FLINK_OPTIONS
 
 MIB = 1 << 20
@@ -368,6 +380,8 @@ def test_keys_are_case_sensitive() -> None:
         (MAX_PARALLELISM, "-1"),
         (MAX_PARALLELISM, "0"),
         (MAX_PARALLELISM, "many"),
+        (MAX_PARALLELISM, "32769"),
+        (MAX_PARALLELISM, 2**31 - 1),
     ],
 )
 def test_bad_values_are_refused_naming_key_and_value(key: str, value: object) -> None:
@@ -420,7 +434,7 @@ configs = st.builds(
     max_file_size=memory_sizes,
     max_space_amplification=st.floats(allow_nan=False),
     num_retained=st.integers(1, 2**31 - 1),
-    max_parallelism=st.integers(1, 2**31 - 1),
+    max_parallelism=st.integers(1, UPPER_BOUND_MAX_PARALLELISM),
     restore_mode=st.sampled_from(RestoreMode),
     pool_blocking=st.booleans(),
     open_files_readable=st.just(True),
@@ -474,3 +488,72 @@ def test_readme_from_flink_example_runs() -> None:
     cfg = scope["config"]
     assert isinstance(cfg, Config)
     assert cfg.merging_mode is MergingMode.WITHIN_CHECKPOINT
+
+
+# --- R78: job sizes ------------------------------------------------------------------------
+
+
+def test_r78_the_bounds_are_flinks() -> None:
+    """Flink's ``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM`` is
+    ``Transformation.UPPER_BOUND_MAX_PARALLELISM = 1 << 15``, inclusive; the bound on TMs
+    is the same number, and both bounds themselves are accepted."""
+    assert UPPER_BOUND_MAX_PARALLELISM == MAX_TMS == 32768
+    assert Config(max_parallelism=32768).max_parallelism == 32768
+    assert VertexSpec("v", 32768).parallelism == 32768
+    assert JobSpec((VertexSpec("v", 1),), num_tms=32768).num_tms == 32768
+    assert Config.from_flink({MAX_PARALLELISM: "32768"}).max_parallelism == 32768
+
+
+@pytest.mark.parametrize(
+    ("make", "field", "value"),
+    [
+        (lambda: Config(max_parallelism=2**63), "max_parallelism", 2**63),
+        (lambda: Config(max_parallelism=32769), "max_parallelism", 32769),
+        (lambda: Config(max_parallelism=0), "max_parallelism", 0),
+        (lambda: VertexSpec("src", 2**63), "vertex 'src': parallelism", 2**63),
+        (lambda: VertexSpec("src", 32769), "vertex 'src': parallelism", 32769),
+        (lambda: VertexSpec("src", 0), "vertex 'src': parallelism", 0),
+        (lambda: JobSpec((VertexSpec("v", 1),), num_tms=2**70), "num_tms", 2**70),
+        (lambda: JobSpec((VertexSpec("v", 1),), num_tms=32769), "num_tms", 32769),
+        (lambda: JobSpec((VertexSpec("v", 1),), num_tms=0), "num_tms", 0),
+    ],
+)
+def test_r78_sizes_past_the_bounds_are_refused_when_made(
+    make: object, field: str, value: int
+) -> None:
+    """The job of 2**70 TMs and the parallelism of 2**63 that hung the in-process engine
+    (issue 14, threat 53) are refused when the value is made, naming the field, the value
+    and the bound."""
+    assert callable(make)
+    with pytest.raises(ValueError) as e:
+        make()
+    msg = str(e.value)
+    assert msg.startswith(f"{field} must be in 1 .. 32768"), msg
+    assert f"got {value} (R78)" in msg
+
+
+def test_r78_a_parallelism_above_the_max_parallelism_is_refused_by_model_and_product(
+    tmp_path: Path,
+) -> None:
+    """Each vertex's parallelism is at most the max parallelism: both parties refuse the
+    job when they are made with it, naming the vertex and both values, before anything
+    is written (the product used to accept it and fail deep inside the first complete:
+    "bad subtask 0/8 for max parallelism 4")."""
+    cfg = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, max_parallelism=4)
+    job = JobSpec((VertexSpec("src", 4), VertexSpec("win", 8)), num_tms=2)
+    why = r"vertex 'win': parallelism 8 is more than the max parallelism 4: .* \(R78\)"
+    base = tmp_path / "base"
+    with pytest.raises(ValueError, match=why):
+        initial_state(cfg, job)
+    with pytest.raises(ValueError, match=why):
+        CheckpointStore(str(base), cfg, job)
+    with pytest.raises(ValueError, match=why):
+        CheckpointStore.recover(str(base), cfg, job)
+    with pytest.raises(ValueError, match=why):
+        InProcessEngine(cfg, job, fsspec.filesystem("memory"), f"/r78-{id(cfg)}")
+    with pytest.raises(ValueError, match=why):
+        recover(cfg, job, fsspec.filesystem("file"), str(base))
+    assert not base.exists()
+    fits = JobSpec((VertexSpec("src", 4), VertexSpec("win", 4)), num_tms=2)
+    assert initial_state(cfg, fits).running
+    CheckpointStore(str(base), cfg, fits).close()

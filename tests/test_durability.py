@@ -27,7 +27,7 @@ from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-
 from pyfakefs.fake_filesystem_unittest import Patcher
 
 from fastimpl import CheckpointStore
-from fastimpl.storage import LocalOS, Storage, StorageFault
+from fastimpl.storage import Dir, LocalOS, Storage, StorageFault
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import stream_of
 from spec.layout import metadata_path
@@ -117,11 +117,11 @@ def test_a_directory_sync_that_failed_is_owed_until_it_succeeds(
     real = LocalOS.fsync_dir
     failing = {"left": 1}
 
-    def fsync_dir(self: LocalOS, path: str) -> None:
-        if failing["left"] and path.endswith("/shared"):
+    def fsync_dir(self: LocalOS, d: Dir) -> None:
+        if failing["left"] and d.path.endswith("/shared"):
             failing["left"] -= 1
-            raise OSError(5, "I/O error syncing", path)
-        real(self, path)
+            raise OSError(5, "I/O error syncing", d.path)
+        real(self, d)
 
     monkeypatch.setattr(LocalOS, "fsync_dir", fsync_dir)
     with pytest.raises(StorageFault):
@@ -206,9 +206,9 @@ def test_directory_syncs_work_on_pyfakefs() -> None:
         def __init__(self) -> None:
             self.dirs: list[str] = []
 
-        def fsync_dir(self, path: str) -> None:
-            super().fsync_dir(path)
-            self.dirs.append(path)
+        def fsync_dir(self, d: Dir) -> None:
+            super().fsync_dir(d)
+            self.dirs.append(d.path)
 
     with Patcher():
         os.makedirs("/ckpt")
@@ -257,51 +257,54 @@ def _layer(tmp_path: Path) -> tuple[Path, FaultyFileSystem, FaultyOS]:
     return root, fs, fs.local_os
 
 
-def _scenario(root: Path, los: FaultyOS) -> None:
+def _scenario(root: Path, los: FaultyOS) -> tuple[Dir, Dir]:
     """Synced bytes and names, unsynced bytes, an unsynced new file, directory, rename
-    and removal."""
-    a = los.open(f"{root}/a")
+    and removal; the root and ``old`` held open."""
+    top = los.open_dir(None, str(root))
+    old = los.open_dir(top, "old")
+    a = los.open(top, "a")
     a.write(b"1234")
     a.flush()
     los.fsync(a)
     a.write(b"56")
     a.flush()  # reached the OS, not synced
-    los.fsync_dir(str(root))  # the name "a" is durable
+    los.fsync_dir(top)  # the name "a" is durable
     a.close()
-    b = los.open(f"{root}/b")  # its bytes synced, its name never
+    b = los.open(top, "b")  # its bytes synced, its name never
     b.write(b"b")
     b.flush()
     los.fsync(b)
     b.close()
-    los.mkdir(f"{root}/new")
-    t = los.open(f"{root}/old/t")
+    los.mkdir(top, "new")
+    t = los.open(old, "t")
     t.write(b"renamed")
     t.flush()
     los.fsync(t)
     t.close()
-    los.replace(f"{root}/old/t", f"{root}/old/final")  # the directory is never synced
-    los.remove(f"{root}/old/kept")
-    c = los.open(f"{root}/c")
+    los.replace(old, "t", "final")  # the directory is never synced
+    los.remove(old, "kept")
+    c = los.open(top, "c")
     c.write(b"unflushed")  # still in the file's buffer
+    return top, old
 
 
 def test_a_power_loss_keeps_what_was_synced_and_nothing_else(tmp_path: Path) -> None:
     root, fs, los = _layer(tmp_path)
-    _scenario(root, los)
+    top, _ = _scenario(root, los)
     fs.crash_after(1)
     with pytest.raises(SimulatedCrash):
-        los.fsync_dir(str(root))
+        los.fsync_dir(top)
     assert _tree(root) == {"a": b"1234", "old": None, "old/kept": b"there before"}
     with pytest.raises(SimulatedCrash):
-        los.scandir(str(root))  # every later call too
+        los.scandir(top)  # every later call too
 
 
 def test_a_process_death_keeps_what_reached_the_os(tmp_path: Path) -> None:
     root, fs, los = _layer(tmp_path)
-    _scenario(root, los)
+    top, _ = _scenario(root, los)
     fs.crash_after(1, power_loss=False)
     with pytest.raises(SimulatedCrash):
-        los.fsync_dir(str(root))
+        los.fsync_dir(top)
     assert _tree(root) == {
         "a": b"123456",
         "b": b"b",
@@ -314,11 +317,11 @@ def test_a_process_death_keeps_what_reached_the_os(tmp_path: Path) -> None:
 
 def test_a_synced_rename_and_removal_survive_a_power_loss(tmp_path: Path) -> None:
     root, fs, los = _layer(tmp_path)
-    _scenario(root, los)
-    los.fsync_dir(f"{root}/old")
+    top, old = _scenario(root, los)
+    los.fsync_dir(old)
     fs.crash_after(1)
     with pytest.raises(SimulatedCrash):
-        los.remove(f"{root}/a")
+        los.remove(top, "a")
     assert _tree(root) == {"a": b"1234", "old": None, "old/final": b"renamed"}
 
 

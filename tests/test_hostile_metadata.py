@@ -17,7 +17,7 @@ the store's (issue 14, defects 1 and 6).
 3. The guard: a delete outside what the store can prove it owns is refused before it
    happens, recorded, and reported by ``check_invariants()`` as I5.
 4. Crashes instead of reports (defect 6): duplicate logical ids, deep nesting, huge
-   integers, unpaired surrogates, an unreadable directory and a path past PATH_MAX give a
+   integers, unpaired surrogates and an unreadable directory give a
    ``MetadataError``/``RecoveryError`` naming the file and the problem; nothing changes.
 """
 
@@ -795,23 +795,37 @@ def test_a_directory_the_os_refuses_to_list_is_a_recovery_error(tmp_path: Path, 
     p.cleanup()
 
 
-def test_a_path_past_path_max_is_a_recovery_error(tmp_path: Path) -> None:
+def test_a_tree_past_path_max_is_walked_and_left_alone(tmp_path: Path) -> None:
+    """A chain of directories deeper than PATH_MAX at the root, a file at its bottom. It
+    was a ``RecoveryError`` ("File name too long") while the store listed by path; the
+    store now walks its tree by descriptors (issue 14), so no path it hands the OS is
+    long: recovery lists the chain like any other directory, keeps it whole (it is not
+    the crashed job's), and recovers the job unchanged."""
     p = Place.make("local", tmp_path)
     store = _store2(p, MergingMode.WITHIN_CHECKPOINT)
     store.close()
     before = _listing(p)
+    depth = MAX_PATH // 200 + 2
     fd = os.open(p.root, os.O_RDONLY)
     try:
-        for _ in range(MAX_PATH // 200 + 2):  # each step relative to the last: no long path
+        for _ in range(depth):  # each step relative to the last: no long path
             os.mkdir("d" * 200, dir_fd=fd)
             nxt = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
             os.close(fd)
             fd = nxt
+        leaf = os.open("bottom", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(leaf, b"precious")
+        os.close(leaf)
     finally:
         os.close(fd)
-    with pytest.raises(RecoveryError) as info:
-        _recover(p, MergingMode.WITHIN_CHECKPOINT)
-    assert "File name too long" in str(info.value) or "ENAMETOOLONG" in str(info.value)
+    deep = "/".join(["d" * 200] * depth) + "/bottom"
+    assert len(f"{p.root}/{deep}") > MAX_PATH
+    again, report = _recover(p, MergingMode.WITHIN_CHECKPOINT)
+    assert report.checkpoints == (2, 3)
+    assert again.check_invariants() == []
+    files = again._engine.storage.list_files()
+    assert files[deep] == len(b"precious")
+    again.close()
     assert p.read(metadata_path("job-0", 3)) == before[metadata_path("job-0", 3)][2]
 
 

@@ -67,13 +67,18 @@ HOSTILE: dict[str, tuple[str, str]] = {
         "$.job: expected dict",
     ),
     "start-without-a-job": (json.dumps({"op": "start", "config": CONFIG}), "needs field 'job'"),
-    "start-with-a-huge-job": (
+    "start-with-a-huge-job": (  # past R78's bound: refused by spec.config itself
         json.dumps({"op": "start", "config": CONFIG, "job": dict(JOB, num_tms=2**70)}),
-        f"$.job.num_tms: {2**70} is more than {MAX_SIZE}",
+        f"$.job: not a valid JobSpec: num_tms must be in 1 .. 32768 (one per slot of the"
+        f" largest parallelism), got {2**70} (R78)",
+    ),
+    "start-with-a-big-job": (  # within R78 but past what the server runs
+        json.dumps({"op": "start", "config": CONFIG, "job": dict(JOB, num_tms=MAX_SIZE + 1)}),
+        f"$.job.num_tms: {MAX_SIZE + 1} is more than {MAX_SIZE}",
     ),
     "start-with-a-huge-max-parallelism": (
         json.dumps({"op": "start", "config": dict(CONFIG, max_parallelism=2**63), "job": JOB}),
-        "$.config.max_parallelism",
+        "$.config: not a valid Config: max_parallelism must be in 1 .. 32768",
     ),
     "start-with-a-negative-size": (
         json.dumps({"op": "start", "config": CONFIG, "job": dict(JOB, num_tms=-1)}),

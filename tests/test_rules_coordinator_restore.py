@@ -15,7 +15,7 @@ from refimpl.redistribute import redistribute
 from spec import commands as c
 from spec import effects as ef
 from spec.commands import StorageOp
-from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
+from spec.config import Config, JobSpec, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
 from spec.effects import COORDINATOR, USER, Effect
 from spec.errors import Reason
 from spec.handles import FileHandle, StateEntry, stream_of
@@ -585,6 +585,26 @@ def test_r77_ranges_decide_when_the_value_was_not_recorded() -> None:
         assert why is not None and str(other) in why and "[64, 127]" in why
     assert max_parallelism_refusal(128, 128, [e]) is None
     assert "128" in (max_parallelism_refusal(128, 256, []) or "")
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r78_a_restore_past_the_max_parallelism_is_refused_and_the_bound_itself_runs(
+    mode: MergingMode,
+) -> None:
+    """Vertices at their max parallelism (4) checkpoint; a restore that would raise a
+    parallelism past it, or past Flink's 2**15, or to 2**63 (what hung the in-process
+    engine when a job was built that large) is refused before anything changes; one at
+    the bound and below is accepted. (A job, vertex or configuration past the bounds is
+    refused when it is made: tests/test_config.py.)"""
+    job = JobSpec((VertexSpec("src", 4), VertexSpec("agg", 4)), num_tms=2)
+    h = Harness(Config.for_mode(mode, max_parallelism=4), job)
+    h.checkpoint(shared=["a"])
+    before = h.observe()
+    for par in ((("agg", 5),), (("src", 32769),), (("src", 2**63),)):
+        assert refused(h, c.Restore(1, par)) is Reason.BAD_ARGUMENT
+    assert h.observe() == before
+    h.run(c.Restore(1, (("agg", 4), ("src", 2))))
+    assert h.observe().restoring
 
 
 # ---------------------------------------------------------------- R80-R82 amplification

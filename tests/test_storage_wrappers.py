@@ -8,20 +8,27 @@ durable while they sat in a local temporary copy, and a completed checkpoint nam
 segment that never reached S3 (I1). Here every wrapper over S3 (moto) is refused with
 ACROSS before any I/O, works in WITHIN (and leaves every byte a completed checkpoint
 names on S3 itself), and made-up wrapper classes are refused in every mode.
+
+A cache over a local disk (``simplecache::file://`` and the like) is refused in every
+mode, by the same walk of the chain (issue 14, threat 50): through the cache the store's
+calls went through fsspec, which follows links, so its refusal of links below the root
+never ran; and a cache of a disk on the same machine buys nothing.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import fsspec  # type: ignore[import-untyped]
 import pytest
+from fsspec.implementations.dirfs import DirFileSystem  # type: ignore[import-untyped]
 from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
 
-from fastimpl import CheckpointStore
-from fastimpl.storage import UnknownWrapperError, open_files_readable
+from fastimpl import CachedLocalDiskError, CheckpointStore, recover
+from fastimpl.storage import Storage, UnknownWrapperError, open_files_readable
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import FileHandle, SegmentHandle, stream_of
 from tests.faultyfs import FaultyFileSystem
@@ -158,13 +165,15 @@ def test_the_answer_follows_the_chain_to_the_store() -> None:
     wrapper that says what it does is believed."""
     mem = fsspec.filesystem("memory")
     local = fsspec.filesystem("file")
-    dirfs = fsspec.implementations.dirfs.DirFileSystem
+    dirfs = DirFileSystem
     assert open_files_readable(mem) and open_files_readable(local)
     assert open_files_readable(dirfs(path="/x", fs=local))
     assert open_files_readable(dirfs(path="/x", fs=dirfs(path="/y", fs=mem)))
     assert not open_files_readable(dirfs(path="/x", fs=FaultyFileSystem(mem, object_store=True)))
     for cache in ("simplecache", "filecache", "blockcache"):
-        assert not open_files_readable(fsspec.filesystem(cache, fs=local))
+        assert not open_files_readable(fsspec.filesystem(cache, fs=mem))
+        with pytest.raises(CachedLocalDiskError, match=f"{cache}::file://"):
+            open_files_readable(fsspec.filesystem(cache, fs=local))
     assert not open_files_readable(_PlainStore())
     assert open_files_readable(FaultyFileSystem(mem))
     with pytest.raises(UnknownWrapperError):
@@ -173,3 +182,55 @@ def test_the_answer_follows_the_chain_to_the_store() -> None:
     fsspec.register_implementation("madeupstore", _PlainStore, clobber=True)
     with pytest.raises(ValueError, match=r"\(R16\)"):
         CheckpointStore("madeupstore://x", cfg, JOB)
+
+
+CACHED_LOCAL = [
+    "{cache}::file://{base}",
+    "{cache}::{base}",
+    "dir::{cache}::file://{base}",
+    "{cache}::dir::file://{base}",
+]
+
+
+@pytest.mark.parametrize("form", CACHED_LOCAL)
+@pytest.mark.parametrize("cache", ["simplecache", "filecache", "blockcache"])
+@pytest.mark.parametrize("mode", list(MergingMode))
+def test_a_cache_over_a_local_disk_is_refused_before_any_io(
+    tmp_path: Path, mode: MergingMode, cache: str, form: str
+) -> None:
+    """Every caching wrapper over a local disk, however it is chained, in every merging
+    mode: a new store, a recovery and a bare ``Storage`` are refused with
+    ``CachedLocalDiskError`` naming the chain, and nothing is created on the disk."""
+    base = tmp_path / "base"
+    url = form.format(cache=cache, base=base)
+    cfg = Config.for_mode(mode)
+    with pytest.raises(CachedLocalDiskError, match=rf"{cache}::(dir::)?file://: a cache over"):
+        CheckpointStore(url, cfg, JOB)
+    with pytest.raises(CachedLocalDiskError, match="symbolic links"):
+        CheckpointStore.recover(url, cfg, JOB)
+    fs, root = fsspec.core.url_to_fs(url)
+    with pytest.raises(CachedLocalDiskError):
+        Storage(fs, root)
+    with pytest.raises(CachedLocalDiskError):
+        recover(cfg, JOB, fs, root)
+    with pytest.raises(CachedLocalDiskError):
+        # what the store runs with when told the store hides open files (R16): the
+        # configuration does not decide it
+        CheckpointStore(url, Config.for_mode(MergingMode.NONE, open_files_readable=False), JOB)
+    assert not base.exists()
+
+
+def test_the_local_disk_itself_works_where_its_cache_is_refused(tmp_path: Path) -> None:
+    """The refusal's advice holds: the same disk without the cache, and ``dir::`` over
+    it, complete a checkpoint and read its bytes back."""
+    for url in (str(tmp_path / "plain"), f"dir::{tmp_path / 'wrapped'}"):
+        store = CheckpointStore(url, Config.for_mode(MergingMode.WITHIN_CHECKPOINT), JOB)
+        coord = store.coordinator
+        cid = coord.trigger()
+        for sub, tm in sorted(store.placement().items()):
+            store.task_manager(tm).write(cid, sub, StateKind.KEYED_SHARED, "sst", b"k" * 10)
+            store.task_manager(tm).acknowledge(cid, sub)
+        done = coord.complete(cid)
+        assert done is not None
+        assert [store.read(e) for e in done.entries] == [b"k" * 10] * len(done.entries)
+        store.close()

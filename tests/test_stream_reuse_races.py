@@ -222,10 +222,11 @@ def test_spark_55820_a_stale_local_db_is_caught(
     both the sink and the restored checkpoint disagree with the batch computation."""
     real = subtask_module._take
 
-    def take_stale(shared: Path, mine: Path, latest: int, lineage: str | None) -> str | None:
+    def take_stale(home: Path, mine: Path, latest: int, lineage: str | None) -> str | None:
+        shared = home / "db"
         marker = read_marker(shared) if shared.exists() else None
         if marker is None or marker[1] != lineage:
-            return real(shared, mine, latest, lineage)
+            return real(home, mine, latest, lineage)
         shared.rename(mine)
         return marker[1]
 
@@ -472,7 +473,7 @@ def test_flink_38574_late_confirmation_and_reupload_never_reference_a_deleted_up
 def test_a_speculative_copy_that_may_still_run_keeps_its_files_until_it_ended(
     tmp_path: Path,
 ) -> None:
-    """R64 for an attempt Spark has not seen end (speculation, STREAM_NOTES §2d): while
+    """R64 for an attempt Spark has not seen end (speculation, ``job.TaskAttempts``): while
     a task attempt of the job may still run, the coordinator gives no TM up and sweeps
     nothing nobody records, whatever completes meanwhile; once none may, the copy's files
     (a TM attempt the coordinator never heard of) are swept."""

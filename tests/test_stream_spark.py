@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from model_tests.replay import replay
 from pipeline.stream.job import StreamSettings, run_stream
 from pipeline.stream.source import RateSource
 from pipeline.stream.windows import Windowing
@@ -31,6 +32,7 @@ def test_the_stream_on_spark_counts_every_closed_window_like_a_batch_job(
         windowing=Windowing(2000),
         batches=10,
         write_buffer_size=4096,
+        trace=True,
     )
     run = run_stream(settings, spark=spark)
     assert [r.batch_id for r in run.reports] == list(range(10))
@@ -46,6 +48,13 @@ def test_the_stream_on_spark_counts_every_closed_window_like_a_batch_job(
     # What storage holds after each checkpoint covers what the checkpoint references.
     assert [x.checkpoint for x in run.storage] == list(range(1, 11))
     assert all(x.referenced_bytes > 0 and x.state_bytes >= x.referenced_bytes for x in run.storage)
+    # The command trace of the whole run, the TMs' commands reported from the Python
+    # workers, replays through the model: every outcome agrees, the model stays safe.
+    assert run.trace is not None and run.trace_stopped is None
+    replayed = replay(Path(run.trace).read_text().splitlines())
+    assert replayed.agrees and replayed.stopped is None, replayed.summary()
+    assert replayed.commands == run.trace_commands > 10 * 2 * 2
+    print(f"\ncommand trace of {len(run.reports)} batches: {replayed.summary()}")
 
 
 @pytest.mark.parametrize(
@@ -69,6 +78,7 @@ def test_a_rescale_cuts_the_state_by_key_groups_and_counts_every_window_once(
         batches=8,
         write_buffer_size=4096,
         rescale_at=(3, after),
+        trace=True,
     )
     run = run_stream(settings, spark=spark)
     assert run.rescaled == (3, after, mode.name) and run.jobs == ("job-0", "job-1")
@@ -91,3 +101,8 @@ def test_a_rescale_cuts_the_state_by_key_groups_and_counts_every_window_once(
     assert [a.job for a in run.audits] == ["job-0", "job-1"]
     assert all(a.clean for a in run.audits), run.audits
     assert run.audits[1].checkpoints == 1
+    # The trace holds the batches before the rescale, which the model has no command for.
+    assert run.trace is not None and run.trace_stopped is not None
+    assert run.trace_stopped.startswith("a rescale")
+    replayed = replay(Path(run.trace).read_text().splitlines())
+    assert replayed.agrees and replayed.commands == run.trace_commands > 4 * before * 2

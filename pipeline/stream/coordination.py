@@ -26,10 +26,11 @@ their directories) when the stopped TM had written anything.
 - ``start_tm`` (the first deployment, a restore, a failover replacing a lost TM) names a
   placeholder: the TM that acknowledges for the subtask replaces it as above.
 
-No command trace is kept (``fastimpl.trace`` logs the in-process engine's calls): the
-TMs' writes happen in the workers, in an order no single process sees, and a TM that
-replaces another by acknowledging has no command in the model's vocabulary; the
-invariants are checked on the real files instead (``violations``).
+With ``trace`` the coordinator writes the run's command trace (``pipeline.stream.trace``):
+its own commands, and each TM's as its report brings them; the trace stops where the run
+does something the model has no command for (a TM replaced by acknowledging, files of an
+attempt nobody heard of, a rescale, a driver restart). The invariants are checked on the
+real files throughout (``violations``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import fsspec  # type: ignore[import-untyped]
@@ -54,11 +55,13 @@ from fastimpl.working import is_working_path
 from fastimpl.writer_state import WRITER_STATE
 from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted
 from pipeline.stream.publication import StatePublisher
+from pipeline.stream.trace import StreamTrace
 from pipeline.stream.worker_tm import MailItem, TaskManagerRecipe
 from pipeline.stream.working_names import db_dir_of, pointers
 from spec import commands as cmd
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
 from spec.effects import COORDINATOR, USER, tm_actor
+from spec.errors import CommandError
 from spec.handles import SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.invariants import (
@@ -92,6 +95,8 @@ from spec.messages import (
 )
 from spec.observation import Observation, RetainedView, WorkingFileView, WorkingObservation
 
+_T = TypeVar("_T")
+
 
 class SparkEngine:
     """``CoordinatorEngine`` of a Spark driver (see the module docstring)."""
@@ -106,9 +111,12 @@ class SparkEngine:
         self.placement: dict[SubtaskId, TmId] = {}
         self._placeholders = 0
         self._nonce = uuid.uuid4().hex[:6]
+        self.trace: StreamTrace | None = None
 
     def send(self, tm: TmId, msg: Notice) -> None:
         self._queue(tm, encode_message(msg))
+        if self.trace is not None:
+            self.trace.sent(tm, self.seq, msg)
 
     def _queue(self, tm: TmId, data: bytes) -> None:
         self.seq += 1
@@ -162,13 +170,17 @@ class SparkEngine:
                     out += [(tm, k.path) for k in msg.files]
         return out
 
-    def heard(self, report: Mapping[str, Any]) -> None:
-        """A TM's report: its records now, and the last mail item it applied."""
+    def heard(self, report: Mapping[str, Any]) -> list[int]:
+        """A TM's report: its records now, and the last mail item it applied; the items
+        it applied since its last report, in order."""
         tm = report["tm"]
+        before = int(self.reports.get(tm, {}).get("applied", 0))
         self.reports[tm] = dict(report)
         applied = int(report["applied"])
+        done = [s for s, _d in self.outbox.get(tm, []) if before < s <= applied]
         if tm in self.outbox:
             self.outbox[tm] = [(s, d) for s, d in self.outbox[tm] if s > applied]
+        return done
 
 
 def _is_duty(data: bytes) -> bool:
@@ -196,6 +208,7 @@ def open_coordinator(
     crashed_job: str | None = None,
     backend: str = "rocksdb",
     gc_min_age_s: float = 10.0,
+    trace: str | None = None,
 ) -> SparkCoordinator:
     """The coordinator of a new job on ``url`` whose keyed stage has ``parallelism``
     subtasks, one TM each. With ``crashed_job`` the job continues one whose driver died:
@@ -229,6 +242,7 @@ def open_coordinator(
         out = SparkCoordinator(co, engine, url, opts)
         out.use_slatedb(backend, gc_min_age_s)
         out.restored_from = report.checkpoints[-1] if report.checkpoints else 0
+        out.trace_stopped = "a driver restart: a recovery into a new job, no model command"
         out.publish()
         return out
     storage = Storage(fs, root)
@@ -247,6 +261,10 @@ def open_coordinator(
     )
     tms = [engine.start_tm(co.job, 1, None) for _ in range(parallelism)]
     co.deploy(engine.place(subtasks_of(vertices), tms))
+    if trace is not None:
+        engine.trace = StreamTrace(
+            trace, config, vertices, parallelism, co.placement, subtasks_of(vertices)
+        )
     out = SparkCoordinator(co, engine, url, opts)
     out.use_slatedb(backend, gc_min_age_s)
     out.publish()
@@ -279,6 +297,8 @@ class SparkCoordinator:
         """Attempts the coordinator never heard of whose files were swept."""
         self._strays = False
         self._stray_ids = 0
+        self.trace_stopped: str | None = None
+        """Why no trace is written, when the run could not be traced from its start."""
         self.may_still_run: Callable[[], bool] = lambda: False
         """Whether a task attempt of this job may still run: a speculative copy, or an
         attempt Spark gave up on whose Python worker has not stopped yet (a SparkListener
@@ -318,14 +338,33 @@ class SparkCoordinator:
     def mail(self) -> tuple[MailItem, ...]:
         return self.engine.mail()
 
+    @property
+    def trace(self) -> StreamTrace | None:
+        return self.engine.trace
+
     def heard(self, reports: Iterable[bytes]) -> None:
         """Reports of TMs a delivery reached (``worker_tm.deliver_mail``)."""
         for r in reports:
             if r:
-                self.engine.heard(json.loads(r))
+                report = json.loads(r)
+                applied = self.engine.heard(report)
+                if self.trace is not None:
+                    self.trace.applied(report["tm"], applied)
+
+    def _traced(self, command: cmd.Command, run: Callable[[], _T]) -> _T:
+        """``run`` as ``command``: its outcome goes to the trace, if one is written."""
+        try:
+            out = run()
+        except CommandError as err:
+            if self.trace is not None:
+                self.trace.record(command, err)
+            raise
+        if self.trace is not None:
+            self.trace.record(command)
+        return out
 
     def trigger(self) -> int:
-        c = self.co.trigger()
+        c = self._traced(cmd.Trigger(False), self.co.trigger)
         self.publish(observe=False)  # before the batch's tasks write for it
         return c
 
@@ -339,17 +378,29 @@ class SparkCoordinator:
             raise ValueError(f"a task sent a {type(msg).__name__}, not an acknowledgement")
         if msg.job != self.co.job:
             raise ValueError(f"an acknowledgement of job {msg.job} reached job {self.co.job}")
+        applied: list[int] = []
+        r: dict[str, Any] = {}
         if report:
             r = json.loads(report)
             if r.get("tm") != msg.attempt:
                 raise ValueError(f"the report of {r.get('tm')} came with {msg.attempt}'s message")
-            self.engine.heard(r)
+            applied = self.engine.heard(r)
             self._strays = self._strays or bool(r.get("new"))
         self._place(msg.subtask, msg.attempt, msg.checkpoint)
+        trace = self.trace
+        if trace is not None:
+            if msg.attempt not in trace.model:
+                trace.stop(f"an acknowledgement from {msg.attempt}, an attempt the model never saw")
+            trace.applied(msg.attempt, applied)
+            trace.lines(r.get("commands", ()))
         if isinstance(msg, Decline):
-            self.co.receive_decline(msg)
+            self._traced(
+                cmd.Decline(msg.checkpoint, msg.subtask), lambda: self.co.receive_decline(msg)
+            )
         else:
-            self.co.receive_ack(msg)
+            self._traced(
+                cmd.Acknowledge(msg.checkpoint, msg.subtask), lambda: self.co.receive_ack(msg)
+            )
         self.received.add(msg.checkpoint)
 
     def _place(self, subtask: SubtaskId, tm: TmId, checkpoint: int) -> None:
@@ -370,6 +421,8 @@ class SparkCoordinator:
         if rec is None:
             co.started[tm] = (co.job, checkpoint)  # where its files may lie (R64)
         self.replaced.add(old)
+        if self.trace is not None:
+            self.trace.placed(old, tm)
 
     def complete(self, checkpoint: int) -> None:
         co = self.co
@@ -381,8 +434,10 @@ class SparkCoordinator:
                 f"checkpoint {checkpoint} was aborted before it could complete"
             )
         self.received.discard(checkpoint)
-        done = co.complete(checkpoint)
+        done = self._traced(cmd.Complete(checkpoint), lambda: co.complete(checkpoint))
         if done is None:
+            if self.trace is not None:
+                self.trace.stop(f"writing the _metadata of checkpoint {checkpoint} failed")
             raise CheckpointNotCompleted(f"checkpoint {checkpoint} did not complete (aborted)")
         if self._strays:
             self.sweep_strays()  # first: a failover below hands files over by mail
@@ -447,6 +502,8 @@ class SparkCoordinator:
             rec = co.tms.get(tm)
             if tm in co.placement.values() or rec is None or rec.status is not Status.ALIVE:
                 continue
+            if self.trace is not None and tm not in self.trace.placeholders:
+                self.trace.stop(f"{tm} given up once replaced (no model command)")
             co.lose(tm)
             rec.hosted = rec.hosted | frozenset(self.engine.hosted.get(tm, ()))
             co.attempt_stopped(tm)
@@ -499,6 +556,11 @@ class SparkCoordinator:
         }
         if not found:
             return
+        if self.trace is not None:
+            self.trace.stop(
+                f"{len(found)} file(s) no party records (an attempt the driver never heard"
+                " of), swept: the model never saw them written"
+            )
         owned = f"{base}/taskowned/"
         names = {p[len(owned) :].split("/", 1)[0] for p in found if p.startswith(owned)}
         self._stray_ids += 1
@@ -532,7 +594,7 @@ class SparkCoordinator:
 
     def abort(self, checkpoint: int) -> None:
         if checkpoint in self.co.pending and self.co.running:
-            self.co.abort(checkpoint)
+            self._traced(cmd.Abort(checkpoint), lambda: self.co.abort(checkpoint))
         self.received.discard(checkpoint)
         # What the batch's tasks handed over in results that never arrived (whole files
         # an acknowledgement gives the coordinator, R43) is nobody's now: swept once the
@@ -546,6 +608,8 @@ class SparkCoordinator:
         if not co.retained:
             raise CheckpointNotCompleted("no completed checkpoint to rescale from")
         latest = co.retained[-1].id
+        if self.trace is not None:
+            self.trace.stop("a rescale: the model keeps its job's TMs, Spark runs one per subtask")
         co.restore(cmd.Restore(latest, ((VERTEX, parallelism),), mode or co.cfg.restore_mode))
         self.restored_from = latest
         self.publish()
@@ -767,3 +831,5 @@ class SparkCoordinator:
         self.co.storage.close_all()
         if self.slate is not None:
             self.slate.close()
+        if self.trace is not None:
+            self.trace.close()

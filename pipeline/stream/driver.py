@@ -58,6 +58,8 @@ class BatchReport:
     in_place_bytes: int = 0
     db_written_bytes: int = 0
     """``working``: bytes of SSTs the databases wrote to the checkpoint storage."""
+    stage: int = -1
+    """The Spark stage of the batch's snapshot tasks (-1 outside Spark)."""
 
 
 @define
@@ -162,7 +164,10 @@ class BatchDriver:
             parallelism=self.parallelism,
             work_dir=self.work_dir,
             recipe=self.coordinator.task_manager_recipe(),
-            assignments={},
+            # which local DB is the latest completed checkpoint's (its TM gets the mail)
+            assignments={
+                s.index: self.coordinator.restore_assignment(s, 1) for s in self.subtasks()
+            },
             mail=self.coordinator.mail(),
             backend=self.backend,
         )
@@ -205,6 +210,7 @@ class BatchDriver:
             in_place=sum(r.stats.in_place for r in results),
             in_place_bytes=sum(r.stats.in_place_bytes for r in results),
             db_written_bytes=sum(r.stats.db_written_bytes for r in results),
+            stage=max((r.stage for r in results), default=-1),
         )
         self.reports.append(report)
         return report

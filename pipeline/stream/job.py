@@ -14,9 +14,11 @@ hash, and offer no end-of-partition hook to snapshot in: two state systems, and 
 over the files.
 
 Masters: ``local[N]`` runs the job (no task retries: a failing task fails the batch);
-worker kills need ``local[N,F]`` with F >= 2 or ``local-cluster``; speculation needs a
-standalone cluster with workers on distinct hosts (STREAM_NOTES §2c). A rescale or a
-restarted driver runs on any master.
+worker kills need ``local[N,F]`` with F >= 2 or ``local-cluster``; speculation needs
+executors on two hosts, which ``local-cluster`` never has (Spark launches a speculative
+copy only on a host where no attempt of the task ran): a standalone cluster, on one
+machine with its workers bound to two loopback addresses (README, "Masters";
+``tests/spark_cluster.py``). A rescale or a restarted driver runs on any master.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+import attrs
 from attrs import define, field, frozen
 
 from fastimpl.writer_state import WRITER_STATE
@@ -42,7 +45,15 @@ from pipeline.stream.coordination import SparkCoordinator, open_coordinator
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.sink import read_all, write_batch
 from pipeline.stream.source import RateSource
-from pipeline.stream.subtask import BatchOrder, Failures, SubtaskResult, deliver, run_subtask
+from pipeline.stream.subtask import (
+    BatchOrder,
+    Failures,
+    Kill,
+    SubtaskResult,
+    deliver,
+    read_kills,
+    run_subtask,
+)
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
 from spec.config import Config, RestoreMode
@@ -88,6 +99,9 @@ class StreamSettings:
     """``working``: the minimum age of the objects SlateDB's GC deletes (the grace of R64:
     no attempt outlives its task here, whose worker is dead or done when ``collect``
     returns)."""
+    trace: bool = False
+    """Write the run's command trace (``TRACE`` in the work directory) for
+    ``model_tests.replay``; it stops where the model has no command (``pipeline.stream.trace``)."""
     speculation: bool = False
     """Spark's speculative execution (a master with separate executors: not ``local``).
     Two attempts of one subtask may then write at once; the coordinator gives a TM up,
@@ -102,15 +116,35 @@ SPECULATION = {
     "spark.speculation.quantile": "0.5",
     "spark.speculation.minTaskRuntime": "500ms",
 }
-"""The settings STREAM_NOTES §2c verified on a loopback standalone cluster."""
+"""Spark looks every 100 ms, once half of a stage's tasks finished, for a task running
+1.5 times their median and at least 0.5 s, and copies it: what the tests on the loopback
+standalone cluster run with (``tests/test_stream_failures.py``)."""
+
+
+@frozen
+class TaskAttempt:
+    """One task attempt as Spark's listener bus reported it."""
+
+    task_id: int
+    stage: int
+    index: int
+    """The partition: for a snapshot stage, the subtask."""
+    attempt: int
+    host: str
+    speculative: bool
+    """A copy Spark launched while another attempt of the task ran (speculation)."""
+    end: str | None = None
+    """How it ended (``Success``, ``TaskKilled``, ``ExceptionFailure``...); None: not seen."""
 
 
 class TaskAttempts:
     """The driver's view of task attempts, from Spark's listener bus (a SparkListener
-    through py4j, STREAM_NOTES §2d). An attempt may still run from its start event to
-    its end event and a grace after it: a cancelled attempt's Python worker is
-    force-killed only ``spark.python.task.killTimeout`` after the interrupt, which a
-    monitor polls every 2 s, so a TaskKilled end may come before its last write."""
+    through py4j). An attempt may still run from its start event to its end event and a
+    grace after it: a cancelled attempt's Python worker is force-killed only
+    ``spark.python.task.killTimeout`` after the interrupt, which a monitor polls every
+    2 s, so a TaskKilled end may come before its last write. Every attempt is kept
+    (``attempts``): the run's record of which were speculative copies and how each
+    ended."""
 
     def __init__(self, sc: Any, grace_s: float = 10.0) -> None:
         self._sc = sc
@@ -118,16 +152,32 @@ class TaskAttempts:
         self.running: set[int] = set()
         self.last_end = float("-inf")
         self.started = self.ended = 0
+        self.attempts: dict[int, TaskAttempt] = {}
         self._lock = threading.Lock()
+        self._proxy: Any = None
 
     def onTaskStart(self, event: Any) -> None:
+        info = event.taskInfo()
+        a = TaskAttempt(
+            int(info.taskId()),
+            int(event.stageId()),
+            int(info.index()),
+            int(info.attemptNumber()),
+            str(info.host()),
+            bool(info.speculative()),
+        )
         with self._lock:
-            self.running.add(int(event.taskInfo().taskId()))
+            self.running.add(a.task_id)
+            self.attempts[a.task_id] = a
             self.started += 1
 
     def onTaskEnd(self, event: Any) -> None:
+        tid = int(event.taskInfo().taskId())
+        reason = str(event.reason().getClass().getSimpleName()).rstrip("$")
         with self._lock:
-            self.running.discard(int(event.taskInfo().taskId()))
+            self.running.discard(tid)
+            if tid in self.attempts:
+                self.attempts[tid] = attrs.evolve(self.attempts[tid], end=reason)
             self.last_end = time.monotonic()
             self.ended += 1
 
@@ -154,11 +204,17 @@ class TaskAttempts:
         sc = spark.sparkContext
         listener = cls(sc)
         ensure_callback_server_started(sc._gateway)  # type: ignore[no-untyped-call]
-        sc._jsc.sc().addSparkListener(listener)
+        # py4j makes a new Java proxy each time a Python object is passed, and Spark
+        # removes a listener by identity: keep the one proxy (through a Java list, whose
+        # element comes back as a reference) to remove it again.
+        holder = sc._jvm.java.util.ArrayList()
+        holder.add(listener)
+        listener._proxy = holder.get(0)
+        sc._jsc.sc().addSparkListener(listener._proxy)
         return listener
 
     def unregister(self) -> None:
-        self._sc._jsc.sc().removeSparkListener(self)
+        self._sc._jsc.sc().removeSparkListener(self._proxy)
 
 
 @define
@@ -186,12 +242,33 @@ class StreamRun:
     slatedb: tuple[int, int, int, int] | None = None
     """``--state-backend working``: SlateDB checkpoints released, databases dropped, and
     the objects (and bytes) SlateDB still keeps at the end (``kept_by_slatedb``)."""
+    kills: tuple[Kill, ...] = ()
+    """The injected worker kills, as the killed tasks logged them (``subtask.KILL_LOG``;
+    a resumed run's include those of the runs before it in the same work directory)."""
+    attempts: tuple[TaskAttempt, ...] = ()
+    """Every task attempt Spark's listener reported (with ``--speculation``; else none)."""
+    trace: str | None = None
+    """The command trace written (``StreamSettings.trace``), if any."""
+    trace_commands: int = 0
+    trace_stopped: str | None = None
+    """Why the trace ends before the run (None: it holds the whole run)."""
+
+    def speculative_copies(self) -> list[TaskAttempt]:
+        """The speculative attempts Spark launched of this run's snapshot tasks (the
+        stages the accepted results came from)."""
+        stages = {r.stage for r in self.reports if r.stage >= 0}
+        return [a for a in self.attempts if a.speculative and a.stage in stages]
 
 
-DRIVER_KILL_POINTS = ("sunk", "completed")
-"""Where ``die_at`` kills the driver in its batch: after the sink holds the batch's
-windows but before its checkpoint completes; after the checkpoint completed but before
-Spark commits the batch."""
+DRIVER_KILL_POINTS = ("running", "sunk", "completed")
+"""Where ``die_at`` kills the driver in its batch: while the batch's snapshot tasks run
+(half a second after the first of them started: the TMs write the checkpoint's files as
+the application dies); after the sink holds the batch's windows but before its
+checkpoint completes; after the checkpoint completed but before Spark commits the
+batch."""
+
+TRACE = "trace.ndjson"
+"""In the work directory: the run's command trace (``StreamSettings.trace``)."""
 
 DRIVER_STATE = "driver.json"
 """In the work directory: the running job's id and parallelism, for a restart."""
@@ -230,9 +307,10 @@ def _task(
     # Unique per attempt across the application: names the attempt's local DB directory.
     attempt = f"t{ctx.taskAttemptId()}" if ctx is not None else f"p{os.getpid()}"
     number = ctx.attemptNumber() if ctx is not None else 0
-    yield run_subtask(
+    result = run_subtask(
         order, index, attempt, ((g, w, ts) for g, (w, ts) in rows), attempt_number=number
     )
+    yield result if ctx is None else attrs.evolve(result, stage=ctx.stageId())
 
 
 @frozen
@@ -352,6 +430,27 @@ def _die(point: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _die_while_running(sc: Any, seen_jobs: set[int], delay_s: float = 0.5) -> None:
+    """Kill the driver once a task of the batch's snapshot stage runs (the stage with the
+    highest id of a job not in ``seen_jobs``, the jobs active before the batch: the
+    collect's result stage)."""
+    tracker = sc.statusTracker()
+
+    def watch() -> None:
+        while True:
+            for job in tracker.getActiveJobsIds():
+                info = tracker.getJobInfo(job)
+                if job in seen_jobs or info is None or not info.stageIds:
+                    continue
+                stage = tracker.getStageInfo(max(info.stageIds))
+                if stage is not None and stage.numActiveTasks + stage.numCompletedTasks > 0:
+                    time.sleep(delay_s)
+                    _die("running")
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, name="die-while-running", daemon=True).start()
+
+
 def run_stream(
     settings: StreamSettings,
     *,
@@ -372,7 +471,7 @@ def run_stream(
     if settings.speculation and settings.master.strip().startswith("local"):
         raise ValueError(
             f"--speculation needs a master with separate executors; Spark never speculates"
-            f" on {settings.master} (use a standalone cluster, STREAM_NOTES §2c)"
+            f" on {settings.master} (use a standalone cluster with workers on two hosts)"
         )
     if settings.failures.any and not retries_tasks(settings.master):
         raise ValueError(
@@ -415,11 +514,13 @@ def run_stream(
         crashed_job=None if state is None else state["job"],
         backend=settings.state_backend,
         gc_min_age_s=settings.gc_min_age_s,
+        trace=str(Path(settings.work_dir) / TRACE) if settings.trace else None,
     )
     jobs = [coordinator.job_id]
     _write_state(settings.work_dir, coordinator.job_id, p)
     if state is not None:
         say(f"driver restarted: job {state['job']} recovered as {coordinator.job_id}")
+    own_session = spark is None
     if spark is None:
         from pipeline.session import spark_session
 
@@ -499,15 +600,24 @@ def run_stream(
             run.slatedb = (done.released, len(done.dropped), *coordinator.kept_by_slatedb())
     finally:
         coordinator.close()
+        if settings.trace:
+            t = coordinator.trace
+            run.trace = None if t is None else str(Path(settings.work_dir) / TRACE)
+            run.trace_commands = 0 if t is None else t.commands
+            run.trace_stopped = coordinator.trace_stopped if t is None else t.stopped
         if attempts is not None:
             attempts.unregister()
+            run.attempts = tuple(sorted(attempts.attempts.values(), key=lambda a: a.task_id))
     run.seconds = time.perf_counter() - t0
     run.final_watermark = driver.watermark
     run.skipped = tuple(skipped)
     run.jobs = tuple(jobs)
+    run.kills = tuple(read_kills(local))
     if audit and settings.snapshot:
         say("auditing the checkpoint storage")
         run.audits = audit_jobs(spark, settings.base, run.jobs, settings.storage_options)
+    if own_session:
+        spark.stop()  # before the interpreter's exit takes py4j's callback server away
     if check:
         emitted = [w for rows in read_all(out_dir(settings)).values() for w in rows]
         expected = batch_counts(settings.source, driver.last_batch + 1, settings.windowing)
@@ -571,6 +681,9 @@ def _segment(
             return
         order = driver.order(batch_id)
         die = settings.die_at if settings.die_at and settings.die_at[0] == batch_id else None
+        if die is not None and die[1] == "running":
+            sc = spark.sparkContext
+            _die_while_running(sc, set(sc.statusTracker().getActiveJobsIds()))
         try:
             results: list[SubtaskResult] = (
                 df.rdd.map(functools.partial(_keyed, word_args))

@@ -6,9 +6,10 @@ Spark gives a subtask no affinity to a worker: consecutive batches of one partit
 in different Python processes. So the DB lives on the executor's local disk under
 ``<work>/<subtask>/db``, and a task takes it by renaming it to ``db.<attempt>`` (atomic:
 two attempts of one subtask never open one DB, and RocksDB's LOCK would refuse the second
-anyway), and puts it back when its acknowledgement is ready. A DB that is not at the
-latest completed checkpoint (its checkpoint was aborted, or it is missing: a new worker,
-a task retried elsewhere) is dropped and restored from the restore assignment. The
+anyway), and puts it back when its acknowledgement is ready (set aside, never replacing
+another attempt's: ``put_back``). A DB that is not at the latest completed checkpoint
+(its checkpoint was aborted, another attempt's was accepted, or it is missing: a new
+worker, a task retried elsewhere) is dropped and restored from the restore assignment. The
 subtask's TM (``worker_tm``) is saved in the DB's directory and travels with it: a DB
 dropped or restored means a new TM attempt.
 
@@ -17,6 +18,7 @@ Nothing here depends on Spark: ``run_subtask`` takes the partition's records.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -25,7 +27,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -46,12 +48,21 @@ from pipeline.stream.snapshot import (
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM
 from pipeline.stream.worker_tm import MailItem, TaskManagerRecipe, deliver_mail
+from pipeline.stream.working_names import PointerError, pointers
+from spec.handles import StateEntry
 from spec.ids import SubtaskId
 from spec.keygroups import key_group_range
 
-KILL_POINTS = ("before-snapshot", "mid-upload", "uploaded", "acknowledged", "put-back")
-"""Where an injected failure kills a task: before its snapshot, after its first upload,
-after its last, after it acknowledged, after it left its DB for the next batch."""
+KILL_POINTS = ("deleting", "before-snapshot", "mid-upload", "uploaded", "acknowledged", "put-back")
+"""Where an injected failure kills a task: while its TM deletes (applying its mail, once
+its first delete is done and before any other), before its snapshot, after its first
+upload, after its last, after it acknowledged, after it left its DB for the next batch.
+A task whose TM deletes nothing while applying its mail is never killed at ``deleting``
+(without file merging a TM never does: its files are the coordinator's to delete)."""
+
+KILL_LOG = "kills.log"
+"""In the executors' work directory: a JSON line per injected kill, written by the task
+just before it kills itself (``batch``, ``subtask``, ``attempt``, ``point``, ``pid``)."""
 
 
 class Killed(BaseException):
@@ -70,6 +81,10 @@ class Failures:
     ``spark.task.maxFailures`` above it, every task finishes in the end."""
     kill_at: tuple[int, int, str] | None = None
     """``(batch, subtask, point)``: one kill exactly there (the demo's), first attempt."""
+    stall_at: tuple[tuple[int, int, str], ...] = ()
+    """``(batch, subtask, point)``: the first attempt of that task stalls there for
+    ``stall_s`` (a straggler: Spark's speculation then launches a copy of it)."""
+    stall_s: float = 4.0
 
     @property
     def any(self) -> bool:
@@ -84,6 +99,61 @@ class Failures:
             return False
         key = f"{self.seed}/{batch}/{index}/{attempt_number}/{point}"
         return random.Random(key).random() < self.kill_prob
+
+    def stalls(self, point: str, batch: int, index: int, attempt_number: int) -> bool:
+        return attempt_number == 0 and (batch, index, point) in self.stall_at
+
+
+def log_kill(work_dir: str, batch: int, index: int, attempt_number: int, point: str) -> None:
+    """Append the kill about to happen to ``KILL_LOG`` (one ``write`` of one line, so
+    concurrent tasks do not interleave; the page cache keeps it past the SIGKILL)."""
+    line = json.dumps(
+        {
+            "batch": batch,
+            "subtask": index,
+            "attempt": attempt_number,
+            "point": point,
+            "pid": os.getpid(),
+        },
+        sort_keys=True,
+    )
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(work_dir) / KILL_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+@frozen
+class Kill:
+    """An injected kill, as the task logged it just before (``log_kill``)."""
+
+    batch: int
+    subtask: int
+    attempt: int
+    """The task's attempt number (0: its first)."""
+    point: str
+
+
+def read_kills(work_dir: str) -> list[Kill]:
+    """The kills ``log_kill`` recorded under ``work_dir``, oldest first."""
+    try:
+        text = (Path(work_dir) / KILL_LOG).read_text()
+    except FileNotFoundError:
+        return []
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            out.append(Kill(int(d["batch"]), int(d["subtask"]), int(d["attempt"]), str(d["point"])))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"{Path(work_dir) / KILL_LOG} line {n}: not a kill record: {err!r}"
+            ) from None
+    return out
 
 
 def sigkill(point: str) -> NoReturn:
@@ -155,6 +225,9 @@ class SubtaskResult:
     """From the task's start until its state was open (a restore included)."""
     snapshot_seconds: float = 0.0
     """The snapshot and the acknowledgement (the task's part of the checkpoint)."""
+    stage: int = -1
+    """The Spark stage the task ran in (-1 outside Spark): which speculative attempts
+    the listener saw were copies of snapshot tasks."""
 
 
 def subtask_dir(work_dir: str, subtask: SubtaskId) -> Path:
@@ -184,7 +257,11 @@ def run_subtask(
         )
 
     def hook(point: str) -> None:
-        if order.failures.kills(point, order.batch_id, index, attempt_number):
+        f = order.failures
+        if f.stalls(point, order.batch_id, index, attempt_number):
+            time.sleep(f.stall_s)
+        if f.kills(point, order.batch_id, index, attempt_number):
+            log_kill(order.work_dir, order.batch_id, index, attempt_number, point)
             die(point)
 
     started = time.perf_counter()
@@ -214,7 +291,7 @@ def run_subtask(
     lineage = (
         None
         if rescaled or not order.snapshot
-        else _take(shared, mine, assignment.latest_completed, lineage_of(assignment.entries))
+        else _take(home, mine, assignment.latest_completed, lineage_of(assignment.entries))
     )
     taken = lineage is not None
     if lineage is None:
@@ -239,7 +316,9 @@ def run_subtask(
     ready = time.perf_counter() - started
     try:
         if party is not None:
+            party.on_delete = lambda: hook("deleting")
             party.apply_mail(order.mail)
+            party.on_delete = None
         counts: Counter[tuple[int, int, str]] = Counter()
         n = late = 0
         max_event: int | None = None
@@ -268,7 +347,7 @@ def run_subtask(
         ).encode()
         if party is None:
             db.close()
-            _put_back(mine, shared)
+            put_back(mine, shared)
             return SubtaskResult(
                 index, attempt, attempt_number, b"", n, late, max_event, False,
                 SnapshotStats(0, 0, 0, 0, 0, ()), tuple(sorted(closed)),
@@ -300,7 +379,7 @@ def run_subtask(
     report = party.report()
     party.close()
     write_marker(mine, order.checkpoint, lineage)
-    _put_back(mine, shared)
+    put_back(mine, shared)
     hook("put-back")
     return SubtaskResult(
         index,
@@ -323,39 +402,64 @@ def run_subtask(
 def deliver(order: BatchOrder, index: int) -> bytes:
     """Apply the mail to subtask ``index``'s TM where no batch follows (the end of a run:
     the last complete's notices, so that each TM deletes what it no longer needs); its
-    report, or b"" when the subtask has no TM of this job here."""
+    report, or b"" when the subtask has no TM of this job here. The TM is the one saved
+    with the DB the latest completed checkpoint was taken of (``order.assignments``),
+    found as a task finds it (``_take``): a DB a late attempt put back is not it."""
     subtask = SubtaskId(VERTEX, index, order.parallelism)
     home = subtask_dir(order.work_dir, subtask)
     shared = home / "db"
     mine = home / f"db.deliver-{uuid.uuid4().hex[:8]}"
-    try:
-        shared.rename(mine)
-    except FileNotFoundError:
+    assignment = decode_assignment(order.assignments[index])
+    if _take(home, mine, assignment.latest_completed, _lineage(order, assignment.entries)) is None:
         return b""
     try:
         out = deliver_mail(order.recipe, mine, subtask, order.mail)
     finally:
-        _put_back(mine, shared)
+        put_back(mine, shared)
     return out
 
 
-def _take(shared: Path, mine: Path, latest_completed: int, lineage: str | None) -> str | None:
-    """Take the local DB if it is the one checkpoint ``latest_completed`` was taken of (at
-    that checkpoint, and of the lineage its metadata names): its lineage, else ``None``
-    (and no DB at ``mine``). A DB at the right checkpoint but of another lineage is
-    another attempt's (a speculative loser put it back): its SSTs are not the uploads
-    the checkpoint names under the same file names, so reusing them would be wrong."""
+def _lineage(order: BatchOrder, entries: Sequence[StateEntry]) -> str | None:
+    """The lineage the local state of the subtask's latest completed checkpoint is marked
+    with: the RocksDB's (``lineage_of``), or with ``working`` the SlateDB directory its one
+    pointer names (``working_task`` marks its TM's records so); ``None`` when unknown."""
+    if order.backend != "working":
+        return lineage_of(entries)
+    try:
+        found = {p.lineage for p in pointers(entries)}
+    except PointerError:
+        return None  # not one of ours: no local state is taken for it
+    return found.pop() if len(found) == 1 else None
+
+
+SET_ASIDE = ".done"
+"""The suffix of a DB an attempt put back while another attempt's was in its place."""
+
+
+def _take(home: Path, mine: Path, latest_completed: int, lineage: str | None) -> str | None:
+    """Take the local DB checkpoint ``latest_completed`` was taken of (at that checkpoint,
+    and of the lineage its metadata names), from those attempts put back (``db``, and
+    those set aside, ``put_back``): its lineage, else ``None`` (and no DB at ``mine``).
+    A DB at the right checkpoint but of another lineage is another attempt's (a
+    speculative loser's): its SSTs are not the uploads the checkpoint names under the
+    same file names, so reusing it would be wrong. Every DB that is not the one is of no
+    use to any attempt of this batch, and is removed; its attempt put it back, so it
+    touches it no more."""
     if mine.exists():
         shutil.rmtree(mine)  # this attempt's id is new: a leftover is nobody's
-    try:
-        shared.rename(mine)
-    except FileNotFoundError:
-        return None
-    marker = read_marker(mine)
-    if marker is None or latest_completed == 0 or marker != (latest_completed, lineage):
-        shutil.rmtree(mine)
-        return None
-    return marker[1]
+    found: str | None = None
+    for candidate in [home / "db", *sorted(home.glob(f"db.*{SET_ASIDE}"))]:
+        claimed = mine if found is None else mine.with_name(f"{mine.name}.drop")
+        try:
+            candidate.rename(claimed)  # atomic: a concurrent attempt takes it or we do
+        except FileNotFoundError:
+            continue
+        marker = read_marker(claimed)
+        if found is None and latest_completed > 0 and marker == (latest_completed, lineage):
+            found = marker[1]
+        else:
+            shutil.rmtree(claimed)
+    return found
 
 
 def _take_any(shared: Path, mine: Path) -> None:
@@ -369,15 +473,27 @@ def _take_any(shared: Path, mine: Path) -> None:
 
 
 def _sweep(home: Path, keep: set[str]) -> None:
-    """Remove the directories other attempts left (see ``BatchOrder.sweep_local``)."""
+    """Remove the directories other attempts left (see ``BatchOrder.sweep_local``), but
+    the DBs put back (``_take`` chooses among those)."""
     for entry in home.iterdir():
-        if entry.name not in keep and entry.name.startswith(("db.", "chk-")):
+        if (
+            entry.name not in keep
+            and entry.name.startswith(("db.", "chk-"))
+            and not entry.name.endswith(SET_ASIDE)
+        ):
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _put_back(mine: Path, shared: Path) -> None:
-    """Leave the DB for the subtask's next task; a DB another attempt put back meanwhile
-    (speculation) is at the same checkpoint or older, and is replaced."""
-    if shared.exists():
-        shutil.rmtree(shared)
-    mine.rename(shared)
+def put_back(mine: Path, shared: Path) -> None:
+    """Leave the DB for the subtask's next task. If another attempt's DB is there (a
+    speculative copy of this task, or a late attempt of an earlier batch whose Python
+    worker Spark had not yet stopped), neither is destroyed: this one is set aside
+    (``db.<attempt>.done``) and the next task takes whichever the latest completed
+    checkpoint was taken of (``_take``). Replacing would let a late attempt remove the
+    DB, and the TM records, of the attempt whose checkpoint completed."""
+    try:
+        os.rename(mine, shared)  # refused, atomically, while another DB is there
+    except OSError as err:
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        os.rename(mine, mine.with_name(mine.name + SET_ASIDE))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
+import attrs
 from rich.console import Console
 from rich.table import Table
 
@@ -25,6 +29,37 @@ def batch_line(r: BatchReport) -> str:
     )
 
 
+def run_figures(run: StreamRun) -> dict[str, Any]:
+    """The run's figures as JSON values (``ckpt stream --json``): what the summary
+    prints, and the records behind it (every batch, kill and task attempt)."""
+    cmp = run.comparison
+    return {
+        "batches": [attrs.asdict(r) for r in run.reports],
+        "jobs": list(run.jobs),
+        "rescaled": None if run.rescaled is None else list(run.rescaled),
+        "recovered": run.recovered,
+        "skipped": list(run.skipped),
+        "seconds": run.seconds,
+        "violations": list(run.violations),
+        "audits": [attrs.asdict(a) | {"clean": a.clean} for a in run.audits],
+        "comparison": None
+        if cmp is None
+        else {
+            "windows": cmp.windows,
+            "counts": cmp.counts,
+            "equal": cmp.equal,
+            "mismatches": [list(m) for m in cmp.mismatches[:20]],
+        },
+        "kills": [attrs.asdict(k) for k in run.kills],
+        "attempts": [attrs.asdict(a) for a in run.attempts],
+        "speculative_copies": [attrs.asdict(a) for a in run.speculative_copies()],
+        "storage": [attrs.asdict(x) for x in run.storage],
+        "trace": run.trace,
+        "trace_commands": run.trace_commands,
+        "trace_stopped": run.trace_stopped,
+    }
+
+
 def print_summary(console: Console, run: StreamRun) -> bool:
     """Print the run's figures; whether it is correct (the counts equal the batch
     computation's, and the store's invariants hold)."""
@@ -44,6 +79,20 @@ def print_summary(console: Console, run: StreamRun) -> bool:
         "records per second (wall clock, Spark start excluded)",
         f"{records / run.seconds:.0f}" if run.seconds > 0 else "-",
     )
+    if run.kills:
+        points = Counter(k.point for k in run.kills)
+        t.add_row(
+            "worker kills injected (by point, as the killed tasks logged them)",
+            f"{len(run.kills)}: " + ", ".join(f"{p} {n}" for p, n in sorted(points.items())),
+        )
+    if run.settings.speculation:
+        copies = run.speculative_copies()
+        ends = Counter(a.end or "not seen" for a in copies)
+        t.add_row(
+            "speculative attempts launched (of snapshot tasks / all; how they ended)",
+            f"{len(copies)} / {sum(a.speculative for a in run.attempts)}; "
+            + (", ".join(f"{e} {n}" for e, n in sorted(ends.items())) or "-"),
+        )
     if run.settings.failures.any:
         t.add_row("tasks retried after an injected kill", str(sum(r.retried for r in reports)))
         t.add_row(
@@ -92,6 +141,12 @@ def print_summary(console: Console, run: StreamRun) -> bool:
         t.add_row("driver restarted", f"recovered job {run.recovered}")
         t.add_row(
             "batches Spark re-ran that the state held (not counted again)", str(len(run.skipped))
+        )
+    if run.settings.trace:
+        t.add_row(
+            "command trace (model_tests.replay)",
+            f"{run.trace_commands} commands"
+            + (f"; stops early: {run.trace_stopped}" if run.trace_stopped else ", the whole run"),
         )
     t.add_row(
         f"store invariants I1-{'I7' if working else 'I6'} (quiet)",

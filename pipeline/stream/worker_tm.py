@@ -32,7 +32,7 @@ import os
 import pickle
 import posixpath
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,8 @@ from attrs import field, frozen
 
 from fastimpl.storage import StorageFault
 from fastimpl.taskmanager import TaskManager
+from fastimpl.trace import command_line
+from spec import commands as c
 from spec.config import Config, StateKind
 from spec.effects import tm_actor
 from spec.handles import FileHandle, InPlaceFile, SegmentHandle, StateEntry, stream_of
@@ -173,14 +175,36 @@ class WorkerTaskManager:
         """This task applied a ``ResetTm`` (a failover, R60): the TM's databases closed and
         reopened on the latest retained checkpoint's files (R105), not on their latest
         state."""
+        self.commands: list[dict[str, Any]] = []
+        """The spec commands this TM carried out in this task, in order, as lines of a
+        ``fastimpl.trace`` (the driver's run trace takes them, ``pipeline.stream.trace``):
+        its writes and reuses. Its acknowledgement, and the notices it applied, the driver
+        logs itself (the outcome of an acknowledgement is the coordinator's)."""
+        self._reuploading: str | None = None
+        self.on_delete: Callable[[], None] | None = None
+        """Called (once, then cleared) when the next delete the TM makes is done: an
+        injected failure's ``deleting`` point, while the TM may have more to make."""
         storage = tm.catalog.storage
         create = storage.create
+        delete_file, delete_dir = storage.delete_file, storage.delete_dir
 
         def counted(path: str) -> None:
             create(path)
             self.created += 1
 
+        def deleting(delete: Callable[..., None]) -> Callable[..., None]:
+            def call(path: str, *args: Any, **kwargs: Any) -> None:
+                delete(path, *args, **kwargs)
+                then, self.on_delete = self.on_delete, None
+                if then is not None:
+                    storage.drain()  # done, not merely queued
+                    then()
+
+            return call
+
         storage.create = counted  # type: ignore[method-assign]
+        storage.delete_file = deleting(delete_file)  # type: ignore[method-assign]
+        storage.delete_dir = deleting(delete_dir)  # type: ignore[method-assign]
 
     @property
     def tm_id(self) -> str:
@@ -209,6 +233,10 @@ class WorkerTaskManager:
         self.tm.catalog.storage.drain()
         return n
 
+    def _log(self, cmd: c.Command, error: BaseException | None = None) -> None:
+        # a real storage failure, not an armed fault: the model cannot replay it
+        self.commands.append(command_line(cmd, error, 1 if error is not None else 0))
+
     def write(
         self, checkpoint: int, subtask: SubtaskId, kind: StateKind, name: str, data: bytes
     ) -> StateEntry | None:
@@ -216,12 +244,22 @@ class WorkerTaskManager:
         declines it at ``acknowledge``, R17)."""
         if checkpoint in self._failed:
             return None
+        # The upload again of what ``reuse`` may not reuse is, in the model, ReuseShared.
+        again, self._reuploading = self._reuploading == name, None
+        cmd: c.Command = (
+            c.ReuseShared(checkpoint, subtask, name)
+            if again
+            else c.WriteState(checkpoint, subtask, kind, name, len(data), 1)
+        )
         try:
-            return self.tm.write(subtask, checkpoint, kind, name, len(data), 1, data)
-        except StorageFault:
+            entry = self.tm.write(subtask, checkpoint, kind, name, len(data), 1, data)
+        except StorageFault as err:
+            self._log(cmd, err)
             self.tm.write_failed(subtask, checkpoint)
             self._failed.add(checkpoint)
             return None
+        self._log(cmd)
+        return entry
 
     def reuse(self, checkpoint: int, subtask: SubtaskId, entry: StateEntry) -> StateEntry | None:
         """R20-R22: the entry acknowledged for an upload of a completed checkpoint, when
@@ -234,7 +272,12 @@ class WorkerTaskManager:
         ref = self.tm.backend.get((subtask, entry.name))
         if ref is None or ref.entry.handle != entry.handle:
             return None
-        return self.tm.reuse(subtask, checkpoint, ref)
+        reused = self.tm.reuse(subtask, checkpoint, ref)
+        if reused is None:
+            self._reuploading = entry.name
+        else:
+            self._log(c.ReuseShared(checkpoint, subtask, entry.name))
+        return reused
 
     def acknowledge(self, checkpoint: int, subtask: SubtaskId) -> bytes:
         if checkpoint in self._failed:
@@ -326,7 +369,14 @@ class WorkerTaskManager:
         ``EndJob`` and the observation of the invariants come from the last report of
         each TM, which is exact between two batches (a TM changes its records only
         while a task of its subtask runs)."""
-        return report_of(self.tm, self.applied, self.created, new=self.new, lineage=self.lineage)
+        return report_of(
+            self.tm,
+            self.applied,
+            self.created,
+            new=self.new,
+            lineage=self.lineage,
+            commands=self.commands,
+        )
 
 
 def report_of(
@@ -336,6 +386,7 @@ def report_of(
     *,
     new: bool = False,
     lineage: str | None = None,
+    commands: Sequence[dict[str, Any]] = (),
 ) -> bytes:
     cat = tm.catalog
     cat.storage.drain()
@@ -371,6 +422,7 @@ def report_of(
         "working": list(tm.working.in_use()),
         "lineage": lineage,
         "pinned": sorted({p for ps in tm.working.pins.values() for p in ps}),
+        "commands": list(commands),
     }
     return json.dumps(report, sort_keys=True).encode()
 

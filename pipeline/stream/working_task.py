@@ -39,7 +39,7 @@ import fsspec  # type: ignore[import-untyped]
 from pipeline.stream import slate
 from pipeline.stream.checkpointing import VERTEX, decode_assignment
 from pipeline.stream.snapshot import OPERATOR_STATE, SnapshotStats, read_marker, write_marker
-from pipeline.stream.subtask import BatchOrder, SubtaskResult, _put_back, _sweep, sigkill
+from pipeline.stream.subtask import BatchOrder, SubtaskResult, _sweep, put_back, sigkill
 from pipeline.stream.words import MAX_PARALLELISM
 from pipeline.stream.worker_tm import WorkerTaskManager
 from pipeline.stream.working_names import Pointer, new_db_dir, pointer_name, pointers
@@ -346,7 +346,7 @@ def run_working_subtask(
     report = party.report()
     party.close()
     write_marker(mine, order.checkpoint, db.lineage)
-    _put_back(mine, shared)
+    put_back(mine, shared)
     hook("put-back")
     return SubtaskResult(
         index,

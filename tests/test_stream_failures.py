@@ -1,0 +1,159 @@
+"""Issue 17's correctness test with every failure kind of a worker on: the streaming job
+(``ckpt stream``) on a Spark standalone cluster whose two workers are two hosts
+(``tests.spark_cluster``: Spark launches speculative copies only on another host), for 22
+micro-batches, with
+
+- worker kills (``--kill-worker-prob``, a seed chosen here so that its draws kill a task
+  at every point of ``KILL_POINTS``: while its TM deletes, before the snapshot,
+  mid-upload, after the upload, after acknowledging, after leaving the DB);
+- speculation (``--speculation``), with a straggler at two batches so that Spark
+  launches a copy of a snapshot task while the first attempt is mid-upload: the
+  listener's records must show such copies, not assume them;
+- a rescale from 2 to 3 subtasks (NO_CLAIM).
+
+Then every closed window's count against a batch computation over the same input, the
+store's invariants I1-I6 on the real files (quiet), the storage audit of every job base
+(the single-process engine, the same analysis as ``ckpt audit``: no orphan once quiet, no
+dangling reference, every ``_metadata`` readable), and the command trace replayed
+through the model up to the first event it has no command for. WITHIN merging: a TM two
+checkpoints old deletes at every batch, so the ``deleting`` kill has a delete to strike.
+The driver runs in a subprocess (its own SparkContext); the test shares the ``spark``
+xdist group (one Spark test process at a time)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from model_tests.replay import replay
+from pipeline.stream.source import RateSource
+from pipeline.stream.subtask import KILL_POINTS, Failures
+from pipeline.stream.windows import Windowing
+from tests.spark_cluster import LoopbackCluster
+from tests.stream_run_checks import audit_bases, sink_against_batch
+
+pytestmark = pytest.mark.xdist_group("spark")
+
+BATCHES = 22
+PARALLELISM = 2
+RESCALE = (10, 3)
+KILL_PROB = 0.04
+STALLS = ((4, 0, "mid-upload"), (15, 1, "mid-upload"))
+"""Stragglers: the first attempt stalls 4 s mid-upload, its copy runs on the other host."""
+ROWS, VOCABULARY, WINDOW_MS = 200, 200, 2000
+
+
+def tasks() -> list[tuple[int, int]]:
+    """Every (batch, subtask) of the run."""
+    return [
+        (b, i)
+        for b in range(BATCHES)
+        for i in range(PARALLELISM if b <= RESCALE[0] else RESCALE[1])
+    ]
+
+
+def first_kill(f: Failures, b: int, i: int) -> str | None:
+    """Where the seed kills the first attempt of task (b, i), if its TM deletes."""
+    return next((p for p in KILL_POINTS if f.kills(p, b, i, 0)), None)
+
+
+def choose_seed() -> int:
+    """The first seed whose draws kill at every point, with a margin: a ``deleting``
+    kill only where the subtask's TM is two checkpoints old (no kill or straggler of it
+    in the two batches before, none right after the start or the rescale), so that it
+    has a delete to make (WITHIN); every other point in a task the ``deleting`` draw
+    spares; no kill in a straggler's task; at most 12 kills in all."""
+    stalled = {(b, i) for b, i, _ in STALLS}
+    for seed in range(10_000):
+        f = Failures(KILL_PROB, seed)
+        kills = {(b, i): p for b, i in tasks() if (p := first_kill(f, b, i)) is not None}
+        if len(kills) > 12 or stalled & set(kills):
+            continue
+        touched = set(kills) | stalled
+        start = {b: 0 if b <= RESCALE[0] else RESCALE[0] + 1 for b in range(BATCHES)}
+        deleting = [
+            (b, i)
+            for (b, i), p in kills.items()
+            if p == "deleting" and b >= start[b] + 2 and not {(b - 1, i), (b - 2, i)} & touched
+        ]
+        others = set(kills.values()) - {"deleting"}
+        if deleting and others == set(KILL_POINTS) - {"deleting"}:
+            return seed
+    raise AssertionError("no seed kills at every point")
+
+
+def test_issue17_kills_speculation_and_a_rescale_count_every_window_once_and_leave_no_orphan(
+    loopback_cluster: LoopbackCluster, tmp_path: Path
+) -> None:
+    seed = choose_seed()
+    run_dir = tmp_path / "run"
+    figures = tmp_path / "figures.json"
+    stalls = [a for b, i, p in STALLS for a in ("--stall-at", f"{b}:{i}:{p}")]
+    done, seconds = loopback_cluster.stream(
+        run_dir,
+        "--speculation", "--kill-worker-prob", str(KILL_PROB), "--failure-seed", str(seed),
+        *stalls, "--rescale-at", f"{RESCALE[0]}:{RESCALE[1]}",
+        "--parallelism", str(PARALLELISM), "--batches", str(BATCHES),
+        "--rows-per-batch", str(ROWS), "--vocabulary", str(VOCABULARY),
+        "--window-ms", str(WINDOW_MS), "--write-buffer-size", "4096", "--merging", "within",
+        "--no-audit", "--json", str(figures), "--trace",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-5000:]
+    run = json.loads(figures.read_text())
+    batches = run["batches"]
+    assert [b["batch_id"] for b in batches] == list(range(BATCHES))
+    assert [b["checkpoint"] for b in batches] == list(range(1, BATCHES + 1))
+    assert sum(b["records"] for b in batches) == BATCHES * ROWS
+    assert run["rescaled"] == [RESCALE[0], RESCALE[1], "NO_CLAIM"]
+    assert run["jobs"] == ["job-0", "job-1"]
+    # Every kill point struck, each on a first attempt, and each killed task's batch went
+    # on to complete with a result from a later attempt of that task.
+    kills = run["kills"]
+    points = Counter(k["point"] for k in kills)
+    assert set(points) == set(KILL_POINTS), points
+    assert all(k["attempt"] == 0 for k in kills)
+    killed_batches = {k["batch"] for k in kills}
+    assert all(batches[b]["retried"] >= 1 for b in killed_batches), killed_batches
+    # Speculative copies of snapshot tasks, as Spark's listener reported them: at least
+    # one of each straggler, launched while its first attempt stalled mid-upload.
+    copies = run["speculative_copies"]
+    stragglers = {(batches[b]["stage"], i) for b, i, _ in STALLS}
+    assert stragglers <= {(a["stage"], a["index"]) for a in copies}, run["attempts"]
+    hosts = {a["host"] for a in run["attempts"]}
+    assert hosts == {"127.0.0.2", "127.0.0.3"}, hosts
+    # The results, the invariants on the real files, the audit of every job base.
+    assert run["comparison"]["equal"], run["comparison"]["mismatches"]
+    cmp = sink_against_batch(
+        run_dir, RateSource(ROWS, vocabulary=VOCABULARY), Windowing(WINDOW_MS), BATCHES
+    )
+    assert cmp.windows >= 8 and cmp.equal, (cmp.mismatches[:10], cmp.duplicates[:10])
+    assert run["violations"] == []
+    audits = audit_bases(run_dir / "checkpoints")
+    assert sorted(audits) == ["job-0", "job-1"]
+    for job, s in audits.items():
+        assert (s.orphans, s.dangling, s.corrupt_metadata) == (0, 0, 0), (job, s.verdict)
+    # The command trace, replayed through the model as far as it goes: it stops at the
+    # first event the model has no command for (a TM replaced within a checkpoint, the
+    # files of an attempt nobody heard of, the rescale), and agrees up to there.
+    assert run["trace_stopped"], "a run with kills and a rescale traced to its end"
+    replayed = replay(Path(run["trace"]).read_text().splitlines())
+    assert replayed.agrees and replayed.commands == run["trace_commands"], replayed.summary()
+    ends = ", ".join(f"{e} {n}" for e, n in sorted(Counter(str(a["end"]) for a in copies).items()))
+    print(
+        f"\nissue 17, worker failures on a loopback standalone cluster"
+        f" (up in {loopback_cluster.start_seconds:.0f} s; driver {seconds:.0f} s, seed {seed}):"
+        f" {len(batches)} micro-batches, rescale {PARALLELISM} -> {RESCALE[1]} after batch"
+        f" {RESCALE[0]}; worker kills injected {len(kills)}"
+        f" ({', '.join(f'{p} {n}' for p, n in sorted(points.items()))}), recovered"
+        f" {len(kills)} (every killed task's batch completed, from a retry);"
+        f" speculative attempts launched {sum(a['speculative'] for a in run['attempts'])},"
+        f" of snapshot tasks {len(copies)}"
+        f" ({ends});"
+        f" windows compared {cmp.windows} ({cmp.counts} counts): equal; I1-I6 hold;"
+        f" audit: {', '.join(f'{j} {s.files} files clean' for j, s in audits.items())};"
+        f" command trace: {replayed.commands} commands agree with the model, then stops:"
+        f" {run['trace_stopped']}"
+    )
