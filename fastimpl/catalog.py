@@ -17,7 +17,7 @@ from typing import Protocol
 
 import attrs
 
-from fastimpl.ids import IdSource
+from fastimpl.ids import IdSource, creator_of, marked
 from fastimpl.metadata import MetadataError, base_of, path_parts
 from fastimpl.records import Deferred, ManagedDir, Status, StoredFile, Tm
 from fastimpl.storage import Storage, StorageFault
@@ -68,6 +68,15 @@ class CatalogHost(Protocol):
 
 
 class Catalog:
+    creator_mark: TmId | None = None
+    """The attempt whose id marks every file name drawn here (``fastimpl.ids.marked``):
+    set for a TM with records of its own, whose files other parties may find on storage
+    without any record of theirs (R64); None where one table serves every party."""
+
+    shared = False
+    """Whether one table serves every party (the in-process composition): then every
+    delete any party makes passes through it and no record outlives its file unseen."""
+
     def __init__(
         self, storage: Storage, ids: IdSource, host: CatalogHost, *, deletion_log: bool = False
     ) -> None:
@@ -114,7 +123,10 @@ class Catalog:
             f.open = False
 
     def new_file_name(self, directory: str) -> str:
-        return f"{directory}/{self.ids.file_name(directory)}"
+        name = self.ids.file_name(directory)
+        if self.creator_mark is not None:
+            name = marked(name, self.creator_mark)
+        return f"{directory}/{name}"
 
     def _protected(self, path: str) -> bool:
         f = self.files.get(path)
@@ -151,6 +163,12 @@ class Catalog:
             return None
         rec = self.host.tms.get(creator)
         return creator if rec is not None and rec.status is Status.LOST else None
+
+    @staticmethod
+    def _creator(path: str, f: StoredFile) -> TmId | None:
+        """Who created ``path``: its record's word, else its name's (a record rebuilt from
+        metadata after a restart, ``fastimpl.resume``, does not know; R64 needs it)."""
+        return f.creator if f.creator is not None else creator_of(path)
 
     def _defer(self, d: Deferred) -> None:
         """R45, R64: a waiting delete is listed once, however often it is asked for."""
@@ -199,7 +217,7 @@ class Catalog:
         if self._refuse_delete(path, actor, False):
             return
         f = self.files.get(path)
-        wait = self._waits_for(None if f is None else f.creator, actor)
+        wait = self._waits_for(None if f is None else self._creator(path, f), actor)
         if wait is not None:
             self._defer(Deferred(actor, path, False, wait))
             return
@@ -231,7 +249,11 @@ class Catalog:
         inside = sorted(p for p in self.files if is_under(p, path))
         d = self.dirs.get(path)
         waits = {self._waits_for(d.creator if d is not None else None, actor)}
-        waits |= {self._waits_for(self.files[p].creator, actor) for p in inside}
+        waits |= {self._waits_for(self._creator(p, self.files[p]), actor) for p in inside}
+        unrecorded = self._unrecorded_creators(path, inside, actor)
+        if unrecorded is None:
+            return
+        waits |= {self._waits_for(creator, actor) for creator in unrecorded}
         waits.discard(None)
         if waits:
             self._defer(Deferred(actor, path, True, min(w for w in waits if w)))
@@ -248,6 +270,25 @@ class Catalog:
         for sub in [x for x in self.dir_owner if is_under(x, path)]:
             del self.dir_owner[sub]
             self.dirs.pop(sub, None)
+
+    def _unrecorded_creators(
+        self, path: str, inside: list[str], actor: str
+    ) -> set[TmId | None] | None:
+        """R64 for a recursive delete: the creators of the files in ``path`` that these
+        records do not hold, by their names (``fastimpl.ids.creator_of``): a lost
+        attempt's files no party here records (a TM in another process, a zombie whose
+        deletes nobody sees) would go with the directory. Listed only while an attempt
+        these records know of is lost; None (the delete deferred, R45) if the listing
+        fails."""
+        if not any(r.status is Status.LOST for r in self.host.tms.values()):
+            return set()
+        try:
+            on_storage = self.storage.files_under(path)
+        except Exception as err:  # cannot tell who wrote there: keep it, retry later
+            log.warning("listing %s before deleting it failed: %r", path, err)
+            self._defer(Deferred(actor, path, True, None))
+            return None
+        return {creator_of(p) for p in on_storage - set(inside)}
 
     def _holds_unknown_files(self, path: str, inside: list[str], actor: str) -> bool:
         """Issue 14: a recursive delete removes only what the store knows it wrote. If
@@ -287,6 +328,39 @@ class Catalog:
         self.deferred = [d for d in self.deferred if d.waits_for is not None]
         for d in ready:
             self._run_deferred(d)
+
+    def release_waits(self, stopped: TmId) -> None:
+        """R64: ``stopped`` is known to have stopped: the deletes that waited for it run
+        (those that fail again wait for a retry, R45)."""
+        self._forget_unseen_deletes(stopped)
+        waiting = [d for d in self.deferred if d.waits_for == stopped]
+        self.deferred = [d for d in self.deferred if d.waits_for != stopped]
+        for d in waiting:
+            self._run_deferred(Deferred(d.actor, d.path, d.is_dir, None))
+
+    def _forget_unseen_deletes(self, stopped: TmId) -> None:
+        """R64: a record here of a file ``stopped`` created may have outlived the file:
+        an attempt in another process deletes its own files (a zombie applying the notices
+        it already had) without these records seeing it, even one handed over meanwhile
+        (a claim, R72), which it could not learn of. Once it has stopped it deletes no
+        more: the records are checked against storage, and one whose file is gone goes
+        without a delete of its own (its delete is the attempt's, in its log)."""
+        if self.shared:
+            return
+        made = [p for p, f in self.files.items() if f.creator == stopped]
+        if not made:
+            return
+        present: set[str] = set()
+        try:
+            for d in sorted({p.rsplit("/", 1)[0] for p in made}):
+                present |= self.storage.files_under(d)
+        except Exception as err:  # cannot tell: the records stay
+            log.warning("listing what %s created failed: %r", stopped, err)
+            return
+        for p in made:
+            if p not in present:
+                del self.files[p]
+                self.failed_uploads.discard(p)
 
     def _run_deferred(self, d: Deferred) -> None:
         """A waiting delete is carried out by whoever owns the path now (R44)."""

@@ -19,11 +19,10 @@ from typing import Protocol
 
 from fastimpl.attempts import TmTable
 from fastimpl.catalog import Catalog
-from fastimpl.ids import IdSource
+from fastimpl.ids import IdSource, creator_of
 from fastimpl.metadata import MetadataError, base_of, metadata_bytes, path_parts
 from fastimpl.records import (
     Completed,
-    Deferred,
     ManagedDir,
     Pending,
     Status,
@@ -86,6 +85,7 @@ from spec.messages import (
     Held,
     Holdings,
     KeptFile,
+    LostAttemptStopped,
     ResetTm,
     RetainedCheckpoint,
     ReusableFiles,
@@ -199,6 +199,13 @@ class CheckpointCoordinator:
         self.hosted_before: dict[TmId, frozenset[SubtaskId]] = {}
         """What a lost attempt hosted in a job a restore ended (its shared directories
         are swept when it stops, R64); gone with the attempt."""
+        self.kept_from_lost: dict[str, TmId] = {}
+        """R61, R64: files of retained checkpoints created by a lost attempt (by their
+        names, ``fastimpl.ids.creator_of``), each with the attempt a failover handed it to:
+        that attempt's, not its creator's, when it stops; gone once either has stopped."""
+        self.told_lost: dict[TmId, frozenset[TmId]] = {}
+        """The lost attempts each TM was told of at its last failover (``TmAssignment``)
+        and not yet told stopped: its deletes of their files wait (R64)."""
         self.dir_users: dict[str, set[TmId]] = {}
         """R42: the TMs that work in each managed directory, from their acknowledgements
         (R40) and the directories each was handed at a failover (R61)."""
@@ -590,10 +597,8 @@ class CheckpointCoordinator:
             self.catalog.files[path].owner = COORDINATOR
         for path in sorted(p for p, o in self.catalog.dir_owner.items() if o == actor):
             self.catalog.dir_owner[path] = COORDINATOR
-        waiting = [d for d in self.catalog.deferred if d.waits_for == tm]
-        self.catalog.deferred = [d for d in self.catalog.deferred if d.waits_for != tm]
-        for d in waiting:
-            self.catalog._run_deferred(Deferred(d.actor, d.path, d.is_dir, None))
+        self.catalog.release_waits(tm)
+        self._tell_stopped(tm)
         for path in formerly:
             if path in self.catalog.files and not self.referenced(path):
                 self.catalog.delete_file(path, COORDINATOR)
@@ -601,12 +606,27 @@ class CheckpointCoordinator:
         self.collect_dirs()
         self._retire(tm)
 
+    def _tell_stopped(self, tm: TmId) -> None:
+        """R64: the live TMs told that ``tm`` may still run learn that it stopped, and
+        their deletes that waited for it run; what a failover handed over of its files
+        waits for nobody now."""
+        for live in self.current_tms():
+            told = self.told_lost.get(live, frozenset())
+            if tm in told:
+                self.engine.duty(live, LostAttemptStopped(self.job, live, tm))
+                self.told_lost[live] = told - {tm}
+        for path in [p for p in self.kept_from_lost if creator_of(p) == tm]:
+            del self.kept_from_lost[path]
+
     def _retire(self, tm: TmId) -> None:
         """A stopped attempt's record goes (``fastimpl.attempts``): nothing depends on it
         any more, and its id stays known as a stopped one's."""
         self.tms.retire(tm)  # type: ignore[attr-defined]
         self.started.pop(tm, None)
         self.hosted_before.pop(tm, None)
+        self.told_lost.pop(tm, None)
+        for path in [p for p, t in self.kept_from_lost.items() if t == tm]:
+            del self.kept_from_lost[path]
         for users in self.dir_users.values():
             users.discard(tm)
         self._forget_savepoints()
@@ -663,7 +683,16 @@ class CheckpointCoordinator:
         live party records. They are listed, each live TM of the job says which it
         records (``Holdings``), and the rest are taken and deleted unless a retained
         checkpoint refers to them. With one table shared in process nothing is unknown
-        and nothing is asked."""
+        and nothing is asked.
+
+        A subtask's shared directory and a checkpoint's directory are written by every
+        attempt that ran the subtask or wrote for the checkpoint, a zombie included,
+        whose records the coordinator cannot ask for and whose deletes it cannot see. A
+        file another lost attempt created (its name says whose, ``fastimpl.ids.creator_of``)
+        is that attempt's to delete, not the stopped one's (R64): it is left to it, and
+        swept when it stops; unless a failover handed it to the stopped attempt (R61,
+        ``kept_from_lost``), whose it then was. What a live attempt records it says
+        (``Holdings``); what it does not, it will never delete, and is taken."""
         job, first = self.started.pop(tm, (self.job, 1))
         hosted |= self.hosted_before.pop(tm, frozenset())
         dirs = [taskowned_dir(job, tm)] + [shared_dir(job, s) for s in sorted(hosted)]
@@ -692,9 +721,22 @@ class CheckpointCoordinator:
         for path in sorted(found - held):
             if path in self.catalog.files or not self._may_sweep(path, job):
                 continue
-            self.catalog.files[path] = StoredFile(self.storage.size(path), False, COORDINATOR, tm)
+            made = creator_of(path)
+            if made is not None and made != tm and self._is_lost(made):
+                if self.kept_from_lost.get(path) != tm:
+                    continue  # R64: a zombie's, left to it
+            creator = tm if made is None else made
+            self.catalog.files[path] = StoredFile(
+                self.storage.size(path), False, COORDINATOR, creator
+            )
             if not self.referenced(path):
-                self.catalog.delete_file(path, COORDINATOR)
+                self.catalog.delete_file(path, COORDINATOR)  # waits while its creator runs
+
+    def _is_lost(self, tm: TmId) -> bool:
+        """Whether attempt ``tm`` is lost and not known stopped: it may still run, and no
+        one can ask it what it records (a live one answers ``Holdings``)."""
+        rec = self.tms.get(tm)
+        return rec is not None and rec.status is Status.LOST
 
     def _may_sweep(self, path: str, job: str) -> bool:
         """I5: only under the base of the job the attempt ran for (one this coordinator
@@ -764,6 +806,10 @@ class CheckpointCoordinator:
         lost = frozenset(t for t, r in self.tms.items() if r.status is Status.LOST)
         for tm in sorted(set(self.placement.values())):
             hosted = sorted(s for s, t in self.placement.items() if t == tm)
+            self.told_lost[tm] = lost
+            for path in self._kept_paths(tm, hosted):
+                if creator_of(path) in lost:  # R61: tm's now, its creator may still run
+                    self.kept_from_lost[path] = tm
             self.engine.duty(
                 tm,
                 TmAssignment(
@@ -792,23 +838,30 @@ class CheckpointCoordinator:
         """R61: files of retained checkpoints' segments in the directories ``tm`` manages
         now that the coordinator holds (taken from a stopped attempt, R64) go to ``tm``
         with their records."""
-        if self.mode is MergingMode.NONE:
-            return ()
-        managed = [shared_dir(self.job, s) for s in hosted] + [taskowned_dir(self.job, tm)]
-        paths = {
-            h.path
-            for r in self.retained
-            for e in r.entries
-            if isinstance(h := e.handle, SegmentHandle)
-            and any(is_under(h.path, d) for d in managed)
-        }
         out: list[KeptFile] = []
-        for path in sorted(paths):
+        for path in self._kept_paths(tm, hosted):
             f = self.catalog.files.get(path)
             if f is not None and f.owner == COORDINATOR:
                 del self.catalog.files[path]
                 out.append(KeptFile(path, f.size, f.creator))
         return tuple(out)
+
+    def _kept_paths(self, tm: TmId, hosted: list[SubtaskId]) -> list[str]:
+        """R61: the files of retained checkpoints' segments in the directories ``tm``
+        manages now (its subtasks' shared ones, its own exclusive one): ``tm`` takes them
+        over. Merging modes only (NONE restarts nothing from files)."""
+        if self.mode is MergingMode.NONE:
+            return []
+        managed = [shared_dir(self.job, s) for s in hosted] + [taskowned_dir(self.job, tm)]
+        return sorted(
+            {
+                h.path
+                for r in self.retained
+                for e in r.entries
+                if isinstance(h := e.handle, SegmentHandle)
+                and any(is_under(h.path, d) for d in managed)
+            }
+        )
 
     def _hand_dirs(
         self, tm: TmId, hosted: list[SubtaskId]
@@ -1015,6 +1068,7 @@ class CheckpointCoordinator:
         for d in source.directories:
             if not self._may_claim(d, recorded, is_dir=True):
                 continue
+            self._record_unheld(self._attempts_files_under(d), COORDINATOR, source.job)
             paths |= {p for p in self.catalog.files if is_under(p, d)}
             if d in self.catalog.dir_owner:
                 self.catalog.dir_owner[d] = COORDINATOR
@@ -1029,6 +1083,27 @@ class CheckpointCoordinator:
                 md.handed_over = True
         self.retained = [source]
         self.latest_completed = source.id
+
+    def _unrecorded_under(self, directory: str) -> set[str]:
+        """The files in ``directory`` on storage that no record here holds; none if it
+        cannot be listed (then nothing unrecorded is taken: a leak, not a loss)."""
+        try:
+            return self.storage.files_under(directory) - set(self.catalog.files)
+        except Exception as err:
+            log.warning("listing %s failed: %r", directory, err)
+            return set()
+
+    def _attempts_files_under(self, directory: str) -> set[str]:
+        """R72 with R64: the files in a claimed ``directory`` that no record here holds
+        yet an attempt of this store wrote: a zombie in a process of its own, whose name
+        mark (``fastimpl.ids.creator_of``) names an attempt these records know. Anything
+        else there (unmarked, or marked by no attempt of ours) is not the store's: a
+        claim never takes it, and the directory's delete leaves it (issue 14)."""
+        return {
+            p
+            for p in self._unrecorded_under(directory)
+            if (made := creator_of(p)) is not None and made in self.tms
+        }
 
     def end_job(self, *, retain: bool) -> None:
         for cid in sorted(self.pending):
@@ -1074,6 +1149,7 @@ class CheckpointCoordinator:
                 paths = {r.metadata} | {
                     s.path for e in r.entries if (s := stream_of(e.handle)) is not None
                 }
+                self._record_unheld(paths, USER, self.job)
                 for rd in r.directories:
                     if rd in self.catalog.dir_owner:
                         self.catalog.dir_owner[rd] = USER
@@ -1093,6 +1169,29 @@ class CheckpointCoordinator:
             ):
                 self.catalog.delete_file(path, COORDINATOR)
         self.collect_dirs()
+
+    def _record_unheld(self, paths: Iterable[str], owner: str, job: str) -> None:
+        """R64 with R72, R91: files no live party handed over yet a retained checkpoint
+        uses, or that lie in a claimed directory, are a lost attempt's that may still run
+        (a live TM hands what it owns over at ``EndJob``). They change hands as everything
+        the checkpoint uses does, so the coordinator records them, created by whoever
+        their names say (its deletes of them wait while that attempt may run). The zombie
+        keeps its own records: it never deletes a file a retained checkpoint uses (its
+        notices are older), and one it deletes anyway is checked for once it stopped
+        (``Catalog.release_waits``). Only under the base of ``job``, the one whose
+        attempts wrote them (I5)."""
+        wanted = {p for p in paths if p not in self.catalog.files and self._may_sweep(p, job)}
+        if not wanted:
+            return
+        try:
+            here: set[str] = set()
+            for d in sorted({p.rsplit("/", 1)[0] for p in wanted}):
+                here |= self.storage.files_under(d)
+        except Exception as err:  # cannot tell: nothing is recorded (a leak, not a loss)
+            log.warning("listing what a lost attempt left failed: %r", err)
+            return
+        for p in sorted(wanted & here):
+            self.catalog.files[p] = StoredFile(self.storage.size(p), False, owner, creator_of(p))
 
     def _handed_at_end(self, ended: TmEnded) -> None:
         """R90: what the TM still owned is recorded as its own, then handed over below.

@@ -59,6 +59,7 @@ from spec.messages import (
     Held,
     Holdings,
     InUse,
+    LostAttemptStopped,
     OpenDatabase,
     ResetTm,
     ReusableFiles,
@@ -115,6 +116,7 @@ class InProcessEngine:
             deletion_log=deletion_log,
         )
         self.catalog = self.coord.catalog
+        self.catalog.shared = True  # every party's deletes pass through it
         tms = [self.start_tm(job_id, 1, None) for _ in range(job_spec.num_tms)]
         self.coord.deploy(self.place(subtasks_of(job_spec.vertices), tms))
         self.job_spec = job_spec
@@ -205,6 +207,7 @@ class InProcessEngine:
             ResetTm
             | TmAssignment
             | ReusableFiles
+            | LostAttemptStopped
             | EndJob
             | Holdings
             | OpenDatabase

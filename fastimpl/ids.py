@@ -5,6 +5,12 @@ names the reference model gives (``f{n:06d}`` per physical file, ``s{n:06d}`` pe
 segment, from two counters), so a lockstep test can compare the two file by file;
 ``RandomIds`` gives names unique across processes (a random prefix and a counter) for
 production, where several processes share a root.
+
+A TM in a process of its own (``TaskManager.alone``) marks every file name it draws with
+its attempt id (``marked``): ``<name>.<escaped attempt>``. The mark is the one record of
+who created a file that outlives the attempt's process and that every party can read from
+a listing, local or on an object store: the coordinator reads it (``creator_of``) when it
+sweeps what a stopped attempt left in a directory other attempts write in too (R64).
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import itertools
 import os
 import weakref
 from typing import Protocol
+
+from spec.ids import TmId, escape_name, unescape_name
 
 
 class IdSource(Protocol):
@@ -44,6 +52,30 @@ class CounterIds:
         lid = f"s{self.next_segment:06d}"
         self.next_segment += 1
         return lid
+
+
+MARK = "."
+"""Between a drawn file name and its creator's escaped attempt id: never in a drawn name
+(``f`` and lower-case letters and digits), and ``escape_name`` never starts with it."""
+
+
+def marked(name: str, creator: TmId) -> str:
+    """``name`` (a file name drawn from an id source) marked as ``creator``'s."""
+    return f"{name}{MARK}{escape_name(creator)}"
+
+
+def creator_of(path: str) -> TmId | None:
+    """The attempt a marked file name (the last component of ``path``) names as its
+    creator; None for a name without a mark or with one that is not an escaped id."""
+    name = path.rsplit("/", 1)[-1]
+    drawn, sep, mark = name.partition(MARK)
+    if not sep or not drawn or not mark:
+        return None
+    try:
+        creator = unescape_name(mark)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return creator if creator and escape_name(creator) == mark else None
 
 
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"

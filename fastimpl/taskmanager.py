@@ -27,9 +27,9 @@ import attrs
 import fsspec  # type: ignore[import-untyped]
 
 from fastimpl.catalog import Catalog
-from fastimpl.ids import IdSource, RandomIds
+from fastimpl.ids import IdSource, RandomIds, creator_of
 from fastimpl.manager import Manager
-from fastimpl.records import BackendRef, ManagedDir, PFile, PoolKey, Seg, StoredFile, Tm
+from fastimpl.records import BackendRef, ManagedDir, PFile, PoolKey, Seg, Status, StoredFile, Tm
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.working import Databases
 from spec.commands import StorageOp
@@ -67,6 +67,7 @@ from spec.messages import (
     Holdings,
     InUse,
     KeptFile,
+    LostAttemptStopped,
     OpenDatabase,
     ResetTm,
     ReusableFiles,
@@ -144,6 +145,10 @@ class TaskManager:
         """The newest failover whose reset this TM applied (``ResetTm``, R60)."""
         self.assigned_epoch = 0
         """The newest failover whose ``TmAssignment`` this TM applied (R61, R62)."""
+        self.lost: set[TmId] = set()
+        """Attempts the TM was told may still run (``TmAssignment.lost``) and not yet told
+        stopped (``LostAttemptStopped``): with records of its own, its deletes of files
+        they created wait for them (R64)."""
         self.ended: TmEnded | None = None
         """Its answer to ``EndJob`` once the job ended for it (R90): given again if asked."""
         # working state (§11): the attempt's live databases (fastimpl.working)
@@ -179,6 +184,9 @@ class TaskManager:
         party = cls(tm, job, config, Catalog(store, ids, view), ids, first_checkpoint)
         view.party = party
         party.own_records = True
+        # R64: what it creates may be found on storage with nobody's record of it (its
+        # process killed); the name says whose it is
+        party.catalog.creator_mark = tm
         return party
 
     def host(self, subtasks: list[SubtaskId]) -> None:
@@ -222,7 +230,11 @@ class TaskManager:
         if isinstance(msg, DatabasesOpened):  # working state (§11): R62, R102
             self.working.release()
             return None
-        if isinstance(msg, ResetTm):
+        if isinstance(msg, LostAttemptStopped):
+            self.lost.discard(msg.stopped)
+            if self.own_records:  # R64: with one shared table the coordinator runs them
+                self.catalog.release_waits(msg.stopped)
+        elif isinstance(msg, ResetTm):
             if msg.epoch > max(self.reset_epoch, self.assigned_epoch):
                 self.reset_epoch = msg.epoch
                 self.reset()
@@ -272,6 +284,7 @@ class TaskManager:
             self.reset_epoch = msg.epoch
             self.reset()
         self.assigned_epoch = msg.epoch
+        self.lost = set(msg.lost)
         self.restart_knowledge(
             msg.latest_completed, msg.finished_mark, msg.subsumed, msg.first_checkpoint
         )
@@ -879,8 +892,10 @@ class TaskManager:
             if pf is None:
                 f = self.catalog.files.get(h.path)
                 if f is None and self.own_records:
-                    # R61: a file another attempt wrote; its size is storage's
-                    f = StoredFile(self.catalog.storage.size(h.path), False, self.actor, None)
+                    # R61: a file another attempt wrote; its size is storage's, its creator
+                    # its name's (R64: a delete of it waits while that attempt may run)
+                    size = self.catalog.storage.size(h.path)
+                    f = StoredFile(size, False, self.actor, creator_of(h.path))
                     self.catalog.files[h.path] = f
                 pf = PFile(h.path, h.scope, None, None, False, 0 if f is None else f.size)
                 kept[h.path] = pf
@@ -930,8 +945,9 @@ class TaskManager:
 
 class _OwnView:
     """What the guards of a TM's own records ask (``CatalogHost``): the TM deletes only
-    under its job's base and in savepoints it was told of, and waits for no attempt
-    (deferring a lost attempt's files, R64, is the coordinator's)."""
+    under its job's base and in savepoints it was told of, and a delete of a file another
+    attempt created waits while the TM knows that attempt may still run (R64: told by
+    ``TmAssignment.lost``, released by ``LostAttemptStopped``)."""
 
     def __init__(self, job: str) -> None:
         self._bases = {job_base(job), SAVEPOINTS}
@@ -948,7 +964,8 @@ class _OwnView:
 
     @property
     def tms(self) -> dict[TmId, Tm]:
-        return {}
+        lost = () if self.party is None else self.party.lost
+        return {t: Tm(t, Status.LOST) for t in lost}
 
     def hot_dirs(self) -> frozenset[str]:
         """Directories about to be written again: the hosted subtasks' shared ones."""

@@ -3,11 +3,11 @@
 A coordinator and a TM meet only through these values (issue 16): a TM acknowledges or
 declines a checkpoint, the coordinator tells TMs that a checkpoint completed or aborted,
 hands a restoring subtask what it starts from, gives a TM its duties (a reset and a
-restart after a failover, the claimed files its backends may reuse, the end of the job,
-which the TM answers with what it hands over), and the engine tells the coordinator that
-an attempt it gave up on has stopped. Each is a frozen attrs value, and each travels as
-bytes: ``encode_message`` / ``decode_message``, JSON through ``spec.codec`` wrapped in an
-envelope that carries ``MESSAGE_VERSION``.
+restart after a failover, the claimed files its backends may reuse, that a lost attempt
+has stopped, the end of the job, which the TM answers with what it hands over), and the
+engine tells the coordinator that an attempt it gave up on has stopped. Each is a frozen
+attrs value, and each travels as bytes: ``encode_message`` / ``decode_message``, JSON
+through ``spec.codec`` wrapped in an envelope that carries ``MESSAGE_VERSION``.
 
 Decoding refuses, with a ``MessageError`` naming the field (``$.message.checkpoint``),
 anything that is not exactly a message of this version: bytes that are not UTF-8 JSON,
@@ -233,6 +233,17 @@ class TmAssignment:
 
 
 @frozen
+class LostAttemptStopped:
+    """R64: ``stopped``, an attempt ``tm`` was told may still run (``TmAssignment.lost``),
+    is known to have stopped: the deletes of files it created that wait in ``tm``'s
+    records run now, as the coordinator's own waiting deletes do."""
+
+    job: str = field(validator=_name)
+    tm: TmId = field(validator=_name)
+    stopped: TmId = field(validator=_name)
+
+
+@frozen
 class ReusableFiles:
     """R72: claimed whole files (``entries``, of checkpoint ``checkpoint``) the hosted
     subtasks' backends may reuse (NONE mode, unchanged parallelism)."""
@@ -352,6 +363,7 @@ Message = Union[  # noqa: UP007 - the codec reads the union's members
     ResetTm,
     TmAssignment,
     ReusableFiles,
+    LostAttemptStopped,
     EndJob,
     TmEnded,
     Holdings,
@@ -371,6 +383,7 @@ MESSAGE_TYPES: tuple[type, ...] = (
     ResetTm,
     TmAssignment,
     ReusableFiles,
+    LostAttemptStopped,
     EndJob,
     TmEnded,
     Holdings,
@@ -384,6 +397,7 @@ Duty = (
     ResetTm
     | TmAssignment
     | ReusableFiles
+    | LostAttemptStopped
     | EndJob
     | Holdings
     | OpenDatabase

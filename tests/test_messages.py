@@ -111,6 +111,7 @@ messages: st.SearchStrategy[m.Message] = st.one_of(
         sizes,
     ),
     st.builds(m.ReusableFiles, names, names, sizes, cids, entries),
+    st.builds(m.LostAttemptStopped, names, names, names),
     st.builds(m.EndJob, names, names, st.frozensets(st.text(), max_size=4)),
     st.builds(
         m.TmEnded,
@@ -130,7 +131,7 @@ messages: st.SearchStrategy[m.Message] = st.one_of(
 
 def test_the_strategy_covers_every_message_type() -> None:
     assert set(m.MESSAGE_TYPES) == set(typing.get_args(m.Message))
-    assert len(m.MESSAGE_TYPES) == 17
+    assert len(m.MESSAGE_TYPES) == 18
     assert set(typing.get_args(m.Duty)) <= set(m.MESSAGE_TYPES)
     assert set(typing.get_args(m.Answer)) <= set(m.MESSAGE_TYPES)
 

@@ -90,9 +90,21 @@ def test_a_lost_local_home_restores_by_a_clone_that_copies_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """R105: a subtask whose TM records are gone (a new worker) clones the checkpoint: the
-    clone writes no SST and its manifest names the checkpoint's SSTs of the subtask where
-    they are. (Whether its first snapshot still refers to them depends on whether its
-    compactor rewrote them first: a race, not checked.)"""
+    clone writes no SST, its manifest names the checkpoint's SSTs of the subtask where they
+    are, and its first snapshot refers to them in place. The compactor is held back here: a
+    compaction between the clone's flush and its snapshot may rewrite the source's SSTs into
+    the clone's own (a rewrite, not a copy at restore), which made the snapshot's references
+    depend on timing (a restored database's first task opens without its compactor only
+    while its L0 is small, ``slate.QUIET_L0``)."""
+    settings = slate.db_settings
+
+    def slow_compactor(l0_max_ssts: int = 32, *, compactor: bool = True) -> Any:
+        s = settings(l0_max_ssts, compactor=compactor)
+        if compactor:
+            s.set("compactor_options.poll_interval", '"1h"')
+        return s
+
+    monkeypatch.setattr(slate, "db_settings", slow_compactor)
     job = _job(tmp_path, parallelism=2)
     for _ in range(4):
         job.batch()
@@ -112,6 +124,8 @@ def test_a_lost_local_home_restores_by_a_clone_that_copies_nothing(
     ((target, files, written),) = cloned
     assert "/count-1-2/" in target and written == []
     assert files.own == () and set(files.external) == theirs
+    dbs = {w.path.split("/compacted/")[0] for _, w in job.coordinator.co.retained[-1].working}
+    assert len([d for d in dbs if "count-1-2" in d]) >= 2  # the clone's own and its source's
     assert job.comparison().equal
     assert _quiet_violations(job) == []
 

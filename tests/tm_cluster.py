@@ -220,13 +220,18 @@ def observe(
     pending = [d.path for d in coord.catalog.deferred] + sorted(coord.storage.failed_deletes)
     refused = [r.path for r in coord.catalog.refused_deletes]
     lost = {t for t in snaps if t in coord.tms and coord.tms[t].status is Status.LOST}
-    for tm, s in sorted(snaps.items(), key=lambda ts: ts[0] in lost):
+    # A zombie's records of what a failover handed to a newer attempt are stale (R61,
+    # R64): the live parties' records come first, then the lost ones' from the newest
+    # attempt back (a failover hands files from older attempts to newer ones, never back;
+    # the engine numbers attempts in the order it starts them)
+    for tm, s in sorted(snaps.items(), key=lambda ts: (ts[0] in lost, -_attempt_number(ts[0]))):
         for path, owner in s["owners"].items():
             if owners.setdefault(path, owner) != owner and tm not in lost:
                 disagree.append(f"{path}: coordinator says {owners[path]}, {tm} says {owner}")
-            # a zombie's records of what a failover handed to the new attempt are stale
-            # (R61, R64): the live parties' records come first
         for path, owner in s["dirs"].items():
+            if tm in lost and path not in directories and not coord.storage.exists_dir(path):
+                continue  # a zombie's record of a directory a failover handed over and its
+                # new owner deleted since (R61, R63): stale, as its file records are
             theirs = directories.setdefault(path, owner)
             if theirs == COORDINATOR and owner == tm_actor(tm):
                 continue  # R42: handed over at the complete; the TM learns it from the notice
@@ -276,6 +281,11 @@ def observe(
         live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in snaps if t not in lost}),
     )
     return obs, disagree + [f"refused delete of {p}" for p in refused]
+
+
+def _attempt_number(tm: TmId) -> int:
+    """The number ``ProcessEngine.start_tm`` gave attempt ``tm-<n>``."""
+    return int(tm.rsplit("-", 1)[1])
 
 
 def violations(

@@ -62,7 +62,9 @@ from spec.messages import (
 
 TM_STATE = "ckpt-tm.pickle"
 """In the subtask's DB directory: the TM's records between two tasks (RocksDB ignores it)."""
-_STATE_VERSION = 2
+_STATE_VERSION = 3
+"""Bumped when the pickled records change shape (2: the working database's lineage;
+3: the TaskManager's ``lost`` attempts, R64)."""
 
 MailItem = tuple[str, int, bytes]
 """``(TM id, sequence number, encoded spec.messages notice or duty)``."""
