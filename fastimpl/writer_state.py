@@ -161,6 +161,12 @@ def write_state(storage: Storage, base: str, data: bytes) -> None:
     storage.publish(f"{base}/{WRITER_STATE}", data)
 
 
+def withdraw_state(storage: Storage, base: str) -> None:
+    """Delete ``<base>/_writer_state.json``: the writer has nothing left there
+    (``Storage.unpublish``: as its publication, no checkpoint delete)."""
+    storage.unpublish(f"{base}/{WRITER_STATE}")
+
+
 def publish_state(store: CheckpointStore) -> WriterStatePublisher:
     """Make ``store``'s coordinator publish its state for outside collectors (the audit's
     ``--delete-orphans`` at a short grace needs it); publishes once now."""

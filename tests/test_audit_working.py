@@ -286,3 +286,30 @@ def test_the_audit_of_a_stream_run_takes_only_the_leaks_in_its_databases(
     assert job.coordinator.finish_attempts()
     assert job.coordinator.violations(quiet=True) == []
     job.coordinator.close()
+
+
+def test_a_claimed_base_left_with_nothing_loses_its_writer_state(tmp_path: Path) -> None:
+    """A CLAIM restore puts the old job's base in the coordinator's lineage for good, and
+    the coordinator publishes its state there while the base holds the claimed checkpoint.
+    Once every file of it went (subsumed, ``num_retained`` 1), the state goes too: else it
+    alone would keep the base for good, republished at every complete. The audit of the
+    running job's base still sees its state; the job runs on, windows equal."""
+    config = Config.for_mode(
+        MergingMode.WITHIN_CHECKPOINT, num_retained=1, restore_mode=RestoreMode.CLAIM
+    )
+    job = LocalJob(tmp_path, config, parallelism=2)
+    old = tmp_path / "base" / "job-0"
+    for _ in range(3):
+        job.batch()
+    job.rescale(3)
+    assert json.loads((old / WRITER_STATE).read_text())["job"] == "job-0"
+    for _ in range(2):
+        job.batch()
+        job.quiesce()
+        assert "job-0" in job.coordinator.co.lineage
+        assert [p for p in old.rglob("*") if p.is_file()] == []
+    state = json.loads((tmp_path / "base" / "job-1" / WRITER_STATE).read_text())
+    assert state["running"] and state["job"] == "job-1"
+    assert job.comparison().equal
+    assert job.coordinator.violations(quiet=True) == []
+    job.coordinator.close()

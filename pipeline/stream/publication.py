@@ -9,7 +9,8 @@ other base a database it needs lies in (a clone refers to its source's SSTs in p
 SlateDB writes its pin there: after a second recovery the base the first one claimed is
 the user's, R95), at each trigger, complete and abort, after a restore, and at the end of
 a run. A base that is no longer one of those (the source of a NO_CLAIM restore) gets one
-last state, with nothing pending and not running. Per base:
+last state, with nothing pending and not running; one that holds nothing else any more
+(a claimed job whose files all went once subsumed) has its state deleted. Per base:
 
 * the pending checkpoints, each with its trigger time and the checkpoints retained then;
 * ``open_files``: the pool files the live TMs hold open (their last reports, exact between
@@ -45,7 +46,14 @@ from typing import TYPE_CHECKING, Any
 
 from fastimpl.metadata import base_of
 from fastimpl.records import Status
-from fastimpl.writer_state import PendingAt, note_pending, state_document, write_state
+from fastimpl.writer_state import (
+    WRITER_STATE,
+    PendingAt,
+    note_pending,
+    state_document,
+    withdraw_state,
+    write_state,
+)
 from pipeline.stream.working_names import BOOKKEEPING, SST, db_dir_of, ulid_ms
 from spec.layout import job_base
 
@@ -65,6 +73,8 @@ class StatePublisher:
         """The bases the last publication went to."""
         self.targets: set[str] = set()
         """The bases the last observation found the coordinator needs (see above)."""
+        self.emptied: set[str] = set()
+        """Bases that hold nothing but a state published before: it goes."""
         self.observed_at = 0.0
         self.open: set[str] = set()
         self.working: set[str] | None = set()
@@ -80,7 +90,7 @@ class StatePublisher:
         note_pending(self.triggered, co.pending, retained, time.time())
         own = job_base(co.job)
         targets = self.targets
-        for base in sorted(targets | self.bases):
+        for base in sorted((targets | self.bases) - self.emptied):
             inside = f"{base}/"
             kept = base in targets
             self.seq += 1
@@ -98,7 +108,10 @@ class StatePublisher:
                 else [p for p in self.working if p.startswith(inside)],
             )
             write_state(co.storage, base, doc)
-        self.bases = set(targets)
+        for base in sorted(self.emptied):
+            withdraw_state(co.storage, base)
+        self.bases = set(targets) - self.emptied
+        self.emptied = set()
 
     def _observe(self) -> None:
         sc, co = self.sc, self.sc.co
@@ -108,21 +121,36 @@ class StatePublisher:
         reports = [sc.engine.reports[t] for t in live if t in sc.engine.reports]
         self.open = {p for p, f in co.catalog.files.items() if f.open}
         self.open |= {p for r in reports for p in r.get("open", ())}
+        own = job_base(co.job)
         lineage = set(co.lineage)
-        if sc.slate is None:
-            self.targets = lineage
-            self.working = set()
-            return
-        working = {p for r in reports for k in ("working", "pinned") for p in r.get(k, ())}
-        needed = sc.needed_databases()
+        needed = set() if sc.slate is None else sc.needed_databases()
         self.targets = lineage | {base_of(d) for d in needed}
         user = (self.targets | self.bases) - lineage
+        recorded = {base_of(p) for p in co.catalog.files}
         dirs: dict[str, list[str]] = {}
-        for base in sorted(lineage | user):
-            for p in co.storage.files_under(f"{base}/taskowned/working"):
+        for base in sorted(self.targets | self.bases):
+            found: set[str] = set()
+            if sc.slate is not None:
+                found = co.storage.files_under(f"{base}/taskowned/working")
+            if base != own and not found and base not in recorded:
+                # nothing here the coordinator knows of (a claimed job whose files all went
+                # once subsumed): listed whole, and if the state is all it holds, the
+                # state goes too (it would keep the base for good, the lineage never shrinks)
+                state = f"{base}/{WRITER_STATE}"
+                rest = co.storage.files_under(base)
+                if not rest - {state}:
+                    self.targets.discard(base)
+                    if state in rest:
+                        self.emptied.add(base)
+                    continue
+            for p in found:
                 d = db_dir_of(p)
                 if d is not None:
                     dirs.setdefault(d, []).append(p)
+        if sc.slate is None:
+            self.working = set()
+            return
+        working = {p for r in reports for k in ("working", "pinned") for p in r.get(k, ())}
         try:
             for d, paths in sorted(dirs.items()):
                 if d in needed or base_of(d) in user:
