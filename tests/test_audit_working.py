@@ -21,15 +21,18 @@ from typer.testing import CliRunner
 
 from ckpt.cli import app
 from fastimpl import CounterIds, InProcessEngine
+from fastimpl.storage import Storage
 from fastimpl.writer_state import WRITER_STATE, WriterStatePublisher
 from pipeline import deletion, fence
 from pipeline.location import Location
 from pipeline.result import ORPHAN, REFERENCED, WORKING
 from pipeline.single import audit_single
+from spec.commands import StorageOp
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.ids import SubtaskId
 from spec.layout import working_dir
 from tests.audit_fixtures import comparable
+from tests.lockstep import S3_BUCKET, s3
 from tests.stream_harness import LocalJob
 
 DAY = 86400.0
@@ -313,3 +316,26 @@ def test_a_claimed_base_left_with_nothing_loses_its_writer_state(tmp_path: Path)
     assert job.comparison().equal
     assert job.coordinator.violations(quiet=True) == []
     job.coordinator.close()
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_unpublish_takes_the_state_as_publish_wrote_it(
+    tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    """``Storage.unpublish`` (the withdrawn state's delete) is no checkpoint delete, as
+    ``publish`` is no checkpoint write: an armed fault does not fire; a state already
+    gone is no error."""
+    if where == "s3":
+        fs, root = s3(request.getfixturevalue("s3_endpoint")), f"{S3_BUCKET}/{tmp_path.name}"
+    else:
+        fs, root = fsspec.filesystem("file"), str(tmp_path)
+    st = Storage(fs, root, background_deletes=False)
+    path = f"job-0/{WRITER_STATE}"
+    st.publish(path, b"{}")
+    st.write_metadata("job-0/kept", b"{}")
+    assert st.files_under("job-0") == {path, "job-0/kept"}
+    st.arm(StorageOp.DELETE)
+    for _ in range(2):
+        st.unpublish(path)
+        assert st.files_under("job-0") == {"job-0/kept"}
+    assert st.armed == [StorageOp.DELETE]
