@@ -64,7 +64,7 @@ PYTEST_WORKERS ?= auto
 test: $(STAMP) check-java
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/mypy
-	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=25
 
 # The streaming word count on Spark (local[2,4]: a killed task is retried) in each merging
 # mode, with one worker kill and one rescale, then the invariants, the storage audit and
