@@ -60,10 +60,11 @@ lint: $(STAMP)
 PYTEST_WORKERS ?= auto
 
 # --dist loadgroup: the Spark tests share one worker (xdist_group "spark"), so one JVM.
+# --durations: every run names its 25 slowest tests (CI aims at under 20 minutes).
 test: $(STAMP) check-java
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/mypy
-	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=25
 
 # The streaming word count on Spark (local[2,4]: a killed task is retried) in each merging
 # mode, with one worker kill and one rescale, then the invariants, the storage audit and

@@ -2,7 +2,7 @@
 
 Options: ``--quick`` (smaller, for a smoke run; writes no file unless ``--out`` is
 given), ``--only NAME[,NAME]`` (``write``, ``small``, ``subsume``, ``memory``, ``steady``,
-``audit``),
+``audit``; and ``working``, issue 18's state backends, which runs only when asked),
 ``--repeats N`` (runs per timed measurement, default 7), ``--out PATH``, ``--tmp DIR``
 (where the local-disk benchmark writes; default: the system temp dir).
 """
@@ -22,20 +22,29 @@ from bench.common import REPO, Figure, machine_info, table
 from bench.memory import memory_over_checkpoints
 from bench.tables import memory_per_segment, subsume_cost
 from bench.throughput import small_segments, write_throughput
+from bench.working_state import figure as working_figure
 
 NAMES = ("write", "small", "subsume", "memory", "steady", "audit")
+"""What ``python -m bench`` (``make bench``) runs."""
+OPT_IN = ("working",)
+"""Run only when ``--only`` names them (``bench.working_state``: its own module has the
+S3 run and other workloads)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    ap.add_argument("--only", default=",".join(NAMES), help="comma-separated: " + ", ".join(NAMES))
+    ap.add_argument(
+        "--only",
+        default=",".join(NAMES),
+        help="comma-separated: " + ", ".join((*NAMES, *OPT_IN)),
+    )
     ap.add_argument("--repeats", type=int, default=7, help="runs per timed measurement")
     ap.add_argument("--out", type=Path, default=None, help="where to write the results JSON")
     ap.add_argument("--tmp", default=None, help="directory for the local-disk benchmark")
     args = ap.parse_args(argv)
     chosen = [n.strip() for n in args.only.split(",") if n.strip()]
-    unknown = sorted(set(chosen) - set(NAMES))
+    unknown = sorted(set(chosen) - set(NAMES) - set(OPT_IN))
     if unknown or args.repeats < 1:
         ap.error(f"unknown benchmark {unknown}" if unknown else "--repeats must be >= 1")
     out: Path | None = args.out
@@ -52,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory": lambda: memory_per_segment(args.repeats, args.quick, log),
         "steady": lambda: memory_over_checkpoints(args.quick, log),
         "audit": lambda: audit_throughput(min(args.repeats, 5), args.quick, args.tmp, log),
+        "working": lambda: working_figure(log, args.tmp),
     }
     info = machine_info()
     log(
@@ -61,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     figures: list[Figure] = []
     started = time.perf_counter()
-    for name in NAMES:
+    for name in (*NAMES, *OPT_IN):
         if name in chosen:
             log(f"[{name}]")
             t0 = time.perf_counter()

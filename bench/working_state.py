@@ -52,6 +52,8 @@ from typing import Any
 
 import fsspec  # type: ignore[import-untyped]
 
+from bench.common import Case, Figure
+from fastimpl.writer_state import WRITER_STATE
 from pipeline.stream.source import RateSource
 from pipeline.stream.windows import Windowing
 from spec.config import Config, MergingMode, RestoreMode
@@ -107,7 +109,7 @@ class Storage:
         now = {
             p[len(self.root) + 1 :]: int(i.get("size") or 0)
             for p, i in found.items()
-            if not p.endswith(("/_metadata", "/_writer"))
+            if not p.endswith(("/_metadata", "/_writer", f"/{WRITER_STATE}"))
         }
         new = {p: n for p, n in now.items() if self.seen.get(p) != n}
         self.seen = now
@@ -258,6 +260,52 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"counts equal to the batch computation: {result['correct']}; invariant violations:"
           f" rocksdb {len(result['violations']['rocksdb'])},"
           f" working {len(result['violations']['working'])}")  # fmt: skip
+
+
+def figure(log: Any, tmp: str | None = None) -> Figure:
+    """``python -m bench --only working`` (opt-in, about half a minute): the default
+    workload on a local directory, one run of each backend; the headline is the bytes the
+    checkpoint wrote, and the goal every goal of issue 18."""
+    with tempfile.TemporaryDirectory(prefix="bench-working-", dir=tmp) as where:
+        kw: dict[str, Any] = dict(batches=24, rows=1000, vocabulary=1000, parallelism=4, log=log)
+        rocks = run_backend("rocksdb", Path(where, "r"), url=None, options={}, **kw)
+        working = run_backend("working", Path(where, "w"), url=None, options={}, **kw)
+    result = compare("local directory", rocks, working)
+    rows = {r["figure"]: r for r in result["rows"]}
+    head = rows[RATIOS[0][1]]
+    amplification = working.summary()["space_amplification_end"]
+    bound = 2.0
+    met = all(r["met"] is not False for r in result["rows"]) and amplification <= bound
+    return Figure(
+        key="working_state_local",
+        title="working state: bytes a checkpoint writes (SlateDB in place, local directory)",
+        unit="B",
+        value=head["working"],
+        baseline=head["rocksdb"],
+        baseline_what="--state-backend rocksdb (new SSTs uploaded), same input, storage and run",
+        ratio=head["ratio"],
+        ratio_what="rocksdb / working (above 1: working is better)",
+        goal=f"bytes >= 10x, restores after a kill and a rescale >= 5x, amplification at "
+        f"the end <= {bound}",
+        met=met and result["correct"] == {"rocksdb": True, "working": True},
+        cases=[
+            Case(
+                r["figure"],
+                r["working"],
+                r["rocksdb"],
+                r["ratio"],
+                "" if r["goal"] is None else f"goal >= {r['goal']:.0f}x",
+            )
+            for r in result["rows"]
+        ],
+        details={
+            "workload": "1000 rows a batch, 1000 words, 24 batches, parallelism 4, WITHIN, "
+            "worker lost before batches 6, 10, 14, 18, rescale 4 -> 3 (CLAIM) before 21",
+            "correct": result["correct"],
+            "violations": result["violations"],
+            "seconds": result["seconds"],
+        },
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

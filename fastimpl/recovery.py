@@ -52,6 +52,7 @@ from fastimpl.metadata import MetadataError, base_of, check_job
 from fastimpl.records import Completed
 from fastimpl.resume import HaState, rebuild
 from fastimpl.storage import Storage
+from fastimpl.working import is_working_path
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec, check_parallelism
 from spec.handles import stream_of
 from spec.keygroups import max_parallelism_refusal
@@ -96,6 +97,14 @@ def _numbered(pattern: str, paths: dict[str, int]) -> dict[int, str]:
 def _check_bytes(done: Completed, files: dict[str, int]) -> None:
     if done.metadata not in files:
         raise RecoveryError(f"checkpoint {done.id}: {done.metadata} is missing")
+    for sub, w in done.working:  # R103: the working files it refers to in place
+        size = files.get(w.path)
+        if size is None or size < w.length:
+            held = "is missing" if size is None else f"holds {size} bytes"
+            raise RecoveryError(
+                f"checkpoint {done.id} ({done.metadata}): {w.path} {held}, the working "
+                f"file {sub} refers to in place needs {w.length}"
+            )
     for e in done.entries:
         s = stream_of(e.handle)
         if s is None:
@@ -124,12 +133,20 @@ def recover(
     ids: IdSource | None = None,
     background_deletes: bool = True,
     lease: bytes | None = None,
+    leave_working: bool = False,
 ) -> tuple[InProcessEngine, RecoveryReport]:
     """A running store that continues the crashed ``job`` from what storage holds.
 
     ``lease``: take the base over with this token (issue 14) once everything is read and
     validated and before the first delete, so that a writer still running there is fenced
-    before its files are claimed or collected, and a refused recovery changes nothing."""
+    before its files are claimed or collected, and a refused recovery changes nothing.
+
+    ``leave_working``: the databases in the working directories (§11) are a store's of
+    their own that keeps bookkeeping no checkpoint refers to (SlateDB's manifests, which a
+    clone from the kept checkpoint reads): of those directories the recovery takes only
+    the files a kept checkpoint refers to in place (the coordinator's, R105 CLAIM),
+    neither records nor deletes the rest, and opens no database of the model there; the
+    caller's collector (the streaming job's ``slate_collect``) decides."""
     check_parallelism(config, job_spec.vertices)  # R78: before anything is read
     try:
         check_job(job, "<recover>", "crashed_job")
@@ -204,6 +221,10 @@ def recover(
     ha = HaState(
         job, max(seqs, default=0), max(cids, default=0) + 1, 0, 0, tuple(d.metadata for d in keep)
     )
+    listing = files
+    if leave_working:
+        in_place = {w.path for d in keep for _, w in d.working}
+        listing = {p: n for p, n in files.items() if not is_working_path(p) or p in in_place}
     co, garbage = rebuild(
         config,
         vertices,
@@ -213,11 +234,12 @@ def recover(
         cl,
         ha,
         {},
-        files=files,
+        files=listing,
         user_held=_user_held(reader, own, files, keep),
     )
     cl.coord = co
     cl.catalog = co.catalog
+    co.working.opens = not leave_working
     co.running = False  # the crashed job's end: nothing of it runs to be ended
     if keep:
         latest = keep[-1]
@@ -284,6 +306,7 @@ def _user_held(reader: Storage, own: str, files: dict[str, int], keep: list[Comp
             held = set(mine)
             break
         held |= {s.path for e in meta.entries if (s := stream_of(e.handle)) is not None}
+        held |= {w.path for _, w in meta.working}
         held |= {p for d in meta.directories for p in mine if is_under(p, d)}
     held &= mine
     for done in keep:
@@ -291,4 +314,5 @@ def _user_held(reader: Storage, own: str, files: dict[str, int], keep: list[Comp
         # of the latest, and a held one would stay on storage after it is subsumed
         held -= {done.metadata}
         held -= {s.path for e in done.entries if (s := stream_of(e.handle)) is not None}
+        held -= {w.path for _, w in done.working}
     return held

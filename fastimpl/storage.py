@@ -1014,6 +1014,22 @@ class Storage:
         with self._at(path, make=True) as (d, name):
             self._write_replace(d, name, data, f".tmp-{os.getpid()}")
 
+    def unpublish(self, path: str) -> None:
+        """Delete a file :meth:`publish` wrote, if it is there; not a checkpoint delete
+        either: no armed fault fires, no lease is checked, nothing is queued. On a local
+        disk through the descriptor walk (a link there: the link itself)."""
+        if not self._local:
+            try:
+                self.fs.rm_file(self.full(path))
+            except FileNotFoundError:
+                pass
+            return
+        try:
+            with self._at(path) as (d, name):
+                self.os.remove(d, name)
+        except FileNotFoundError:
+            pass
+
     def write_metadata(self, path: str, data: bytes) -> None:
         """Write a checkpoint's metadata atomically: a temporary file, then a rename.
 

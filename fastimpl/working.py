@@ -304,6 +304,10 @@ class SharedWorking:
         self.coord = coord
         self.shared: set[str] = set()
         """Working files an acknowledgement handed over: the coordinator's for good."""
+        self.opens = True
+        """Whether a restore opens the model's databases (``OpenDatabase``): not where the
+        databases are an outside store's that the tasks open themselves (a recovery with
+        ``leave_working``, the streaming job's SlateDB)."""
 
     def take(self, ack: Acknowledgement, pending: bool) -> tuple[InPlaceFile, ...]:
         """R103: what a current attempt's acknowledgement refers to in place becomes the
@@ -383,6 +387,8 @@ class SharedWorking:
         a projection on a rescale) and on copies of its small files; then each TM deletes
         the private files none of its databases uses any more (R62)."""
         c = self.coord
+        if not self.opens:
+            return
         cat = c.catalog
         entries = () if source is None else source.entries
         assignment = assign(entries, c.vertices, c.cfg.max_parallelism)

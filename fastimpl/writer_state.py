@@ -25,13 +25,15 @@ stops collecting when a checkpoint some pending one may reuse from is gone.
 Publishing is opt-in (:func:`publish_state`), written with ``Storage.publish`` (not a
 checkpoint write: no armed fault fires, no lease is checked), atomically: a temporary file,
 then a rename, through the store's descriptor walk, which never follows a link (a single
-PUT on object stores).
+PUT on object stores). The streaming job's coordinator publishes the same document
+(``state_document``, ``write_state``) from its own view (``pipeline.stream.publication``).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from spec import commands as c
@@ -40,6 +42,7 @@ from spec.layout import job_base
 if TYPE_CHECKING:
     from fastimpl.api import CheckpointStore
     from fastimpl.engine import InProcessEngine
+    from fastimpl.storage import Storage
 
 WRITER_STATE = "_writer_state.json"
 FORMAT = "ckpt-writer-state"
@@ -62,12 +65,62 @@ _QUIET = (
 """Commands that change neither the pending nor the retained set."""
 
 
+PendingAt = dict[int, tuple[float, tuple[int, ...]]]
+"""Per pending checkpoint: the writer's time of its trigger and the checkpoints retained
+then (what it may reuse from)."""
+
+
+def note_pending(triggered: PendingAt, pending: Iterable[int], retained: tuple[int, ...],
+                 now: float) -> None:  # fmt: skip
+    """Record the trigger of each checkpoint pending now that ``triggered`` does not hold
+    yet (``now``, retaining ``retained``), and forget those no longer pending."""
+    live = set(pending)
+    for cid in live:
+        triggered.setdefault(cid, (now, retained))
+    for cid in [k for k in triggered if k not in live]:
+        del triggered[cid]
+
+
+def state_document(
+    *,
+    job: str,
+    seq: int,
+    published_at: float,
+    running: bool,
+    latest_completed: int,
+    retained: tuple[int, ...],
+    triggered: PendingAt,
+    open_files: Iterable[str],
+    working_files: Iterable[str] | None,
+) -> bytes:
+    """The published state (``working_files`` ``None``: the writer does not say which
+    working files its databases use, and the collector keeps them all)."""
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "job": job,
+        "seq": seq,
+        "published_at": published_at,
+        "running": running,
+        "latest_completed": latest_completed,
+        "retained": list(retained),
+        "pending": [
+            {"checkpoint": cid, "triggered_at": t, "retained_at_trigger": list(pins)}
+            for cid, (t, pins) in sorted(triggered.items())
+        ],
+        "open_files": sorted(open_files),
+    }
+    if working_files is not None:
+        doc["working_files"] = sorted(working_files)
+    return json.dumps(doc).encode()
+
+
 class WriterStatePublisher:
     """Called by the engine after each call it applied (``InProcessEngine.on_applied``)."""
 
     def __init__(self, cluster: InProcessEngine) -> None:
         self.cluster = cluster
-        self.triggered: dict[int, tuple[float, tuple[int, ...]]] = {}
+        self.triggered: PendingAt = {}
         self.seq = 0
         self._last: object = None
 
@@ -80,40 +133,38 @@ class WriterStatePublisher:
         cl = self.cluster
         now = time.time()
         retained = tuple(r.id for r in cl.retained)
-        for cid in cl.pending:
-            self.triggered.setdefault(cid, (now, retained))
-        for cid in [k for k in self.triggered if k not in cl.pending]:
-            del self.triggered[cid]
-        open_files = sorted(
-            p for t in cl.parties.values() for p, pf in t.m.pfiles.items() if pf.open
-        )
+        note_pending(self.triggered, cl.pending, retained, now)
+        open_files = [p for t in cl.parties.values() for p, pf in t.m.pfiles.items() if pf.open]
         working: set[str] = set()
         if cl.running:
             for tm in cl.coord.current_tms():
                 dbs = cl.parties[tm].working
                 working |= set(dbs.in_use()) | {p for ps in dbs.pins.values() for p in ps}
         self.seq += 1
-        doc: dict[str, Any] = {
-            "format": FORMAT,
-            "version": VERSION,
-            "job": cl.job,
-            "seq": self.seq,
-            "published_at": now,
-            "running": cl.running,
-            "latest_completed": cl.latest_completed,
-            "retained": list(retained),
-            "pending": [
-                {"checkpoint": cid, "triggered_at": t, "retained_at_trigger": list(pins)}
-                for cid, (t, pins) in sorted(self.triggered.items())
-            ],
-            "open_files": open_files,
-            "working_files": sorted(working),
-        }
-        _write_atomic(cl, f"{job_base(cl.job)}/{WRITER_STATE}", json.dumps(doc).encode())
+        doc = state_document(
+            job=cl.job,
+            seq=self.seq,
+            published_at=now,
+            running=cl.running,
+            latest_completed=cl.latest_completed,
+            retained=retained,
+            triggered=self.triggered,
+            open_files=open_files,
+            working_files=working,
+        )
+        write_state(cl.storage, job_base(cl.job), doc)
 
 
-def _write_atomic(cl: InProcessEngine, rel: str, data: bytes) -> None:
-    cl.storage.publish(rel, data)
+def write_state(storage: Storage, base: str, data: bytes) -> None:
+    """``data`` as ``<base>/_writer_state.json``, whole or not at all
+    (``Storage.publish``)."""
+    storage.publish(f"{base}/{WRITER_STATE}", data)
+
+
+def withdraw_state(storage: Storage, base: str) -> None:
+    """Delete ``<base>/_writer_state.json``: the writer has nothing left there
+    (``Storage.unpublish``: as its publication, no checkpoint delete)."""
+    storage.unpublish(f"{base}/{WRITER_STATE}")
 
 
 def publish_state(store: CheckpointStore) -> WriterStatePublisher:

@@ -28,6 +28,10 @@ from spec.config import Config, RestoreMode
 from spec.ids import SubtaskId
 
 
+class DriverKilled(BaseException):
+    """The driver died (SIGKILL) in a batch, at ``LocalJob.batch``'s ``die``."""
+
+
 def _die(point: str) -> NoReturn:
     # A killed worker's databases die with it (``--state-backend working``)
     from pipeline.stream.working_task import halt_all
@@ -61,6 +65,8 @@ class LocalJob:
         self.windowing = windowing or Windowing(3000)
         self.parallelism = parallelism
         self.config = config
+        self.storage_options = storage_options
+        self.gc_min_age_s = gc_min_age_s
         self.coordinator = open_coordinator(
             self.url,
             config,
@@ -122,14 +128,56 @@ class LocalJob:
                 raise RuntimeError(f"subtask {i} of batch {order.batch_id}: 4 attempts died")
         return out
 
-    def batch(self) -> BatchReport:
-        """Run the next micro-batch to its completed checkpoint (sink first)."""
+    def batch(self, die: str | None = None) -> BatchReport:
+        """Run the next micro-batch to its completed checkpoint (sink first). ``die``
+        kills the driver in it (``ckpt stream --die-at``): ``sunk`` after the sink holds
+        its output, before its checkpoint completes; ``completed`` after that, before
+        the engine commits the batch (so a restarted engine runs it again)."""
         order = self.driver.order(self.next_batch)
         results = self.run_tasks(order)
         self.emitted[order.batch_id] = [w for r in results for w in r.closed]
+        if die == "sunk":
+            raise DriverKilled(die)
         report = self.driver.finish(order, results)
+        if die == "completed":
+            raise DriverKilled(die)
         self.next_batch += 1
         return report
+
+    def restart_driver(self) -> None:
+        """The driver died with its workers (``DriverKilled``) and starts again on the
+        same storage and work directory (``ckpt stream --resume``): a new coordinator
+        recovers the store into a new job that claims the latest completed checkpoint
+        (R96), the progress comes from its operator state, and the engine runs again
+        from the first batch it had not committed; a batch the state already holds is
+        committed without running (SPEC R96), so the next one to run follows it."""
+        from pipeline.stream.working_task import halt_all
+
+        halt_all()  # the workers' databases died with the application
+        old = self.coordinator
+        self.coordinator = open_coordinator(
+            self.url,
+            self.config,
+            self.parallelism,
+            storage_options=self.storage_options,
+            crashed_job=old.job_id,
+            backend=self.driver.backend,
+            gc_min_age_s=self.gc_min_age_s,
+        )
+        old_driver = self.driver
+        self.driver = BatchDriver(
+            self.coordinator,
+            self.windowing,
+            self.parallelism,
+            self.work,
+            write_buffer_size=old_driver.write_buffer_size,
+            auto_compactions=old_driver.auto_compactions,
+            failures=old_driver.failures,
+            backend=old_driver.backend,
+        )
+        self.driver.recover_progress()
+        self.driver.reports = list(old_driver.reports)
+        self.next_batch = self.driver.last_batch + 1
 
     def quiesce(self) -> None:
         """Deliver the mail no batch carried yet to every subtask's TM (as the end of a

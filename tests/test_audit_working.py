@@ -17,17 +17,23 @@ from typing import Any
 
 import fsspec  # type: ignore[import-untyped]
 import pytest
+from typer.testing import CliRunner
 
+from ckpt.cli import app
 from fastimpl import CounterIds, InProcessEngine
+from fastimpl.storage import Storage
 from fastimpl.writer_state import WRITER_STATE, WriterStatePublisher
 from pipeline import deletion, fence
 from pipeline.location import Location
 from pipeline.result import ORPHAN, REFERENCED, WORKING
 from pipeline.single import audit_single
-from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
+from spec.commands import StorageOp
+from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.ids import SubtaskId
 from spec.layout import working_dir
 from tests.audit_fixtures import comparable
+from tests.lockstep import S3_BUCKET, s3
+from tests.stream_harness import LocalJob
 
 DAY = 86400.0
 HOUR = 3600.0
@@ -183,3 +189,153 @@ def test_spark_and_single_agree_on_working_files(spark: Any, tmp_path: Path) -> 
     )
     statuses = {f["path"]: f["status"] for f in single["files"]}
     assert (statuses[job.live], statuses[job.stray]) == (WORKING, ORPHAN)
+
+
+def _plant_and_collect(job: LocalJob, base: Path, log: Path, n: int) -> tuple[set[str], bool]:
+    """Plant leaks in the running job's working directory, backdate every file three days
+    (age protects nothing then), check that the audit of every job base calls exactly
+    those orphans, and run ``ckpt audit --delete-orphans`` at grace 0 on each. The leaks:
+    a database directory nothing needs, an upload's staging file in a live database's
+    directory (``object_store`` writes ``<name>#<n>`` and renames it), and an SST no
+    manifest names (a fenced zombie's upload) made at time 0, which is an orphan exactly
+    when SlateDB's own garbage collector would delete it (it keeps every SST while its
+    database never compacted). The mail goes to the TMs first (as at the end of a run), so
+    that they have deleted what the last complete released. What the audit deleted, and
+    whether the zombie's SST was an orphan."""
+    job.quiesce()
+    live = sorted(job.coordinator.live_databases())
+    assert live
+    zombie = f"{live[0]}/compacted/000000000000000000000000{n:02d}.sst"
+    planted = {
+        f"{live[-1].rsplit('/', 1)[0]}/ffffffffff{n:02d}/manifest/{1:020d}.manifest",
+        f"{live[-1]}/compacted/01M8DYPF6ETEJ9NV1RJ09SVQ{n:02d}.sst#{n}",
+        zombie,
+    }
+    for rel in planted:
+        (base / rel).parent.mkdir(parents=True, exist_ok=True)
+        (base / rel).write_bytes(b"left behind")
+    old = time.time() - 3 * DAY
+    for f in base.rglob("*"):
+        if f.is_file():
+            os.utime(f, (old, old))
+    jobs = sorted(p.name for p in base.iterdir() if p.is_dir())
+    orphans: set[str] = set()
+    seen: set[str] = set()
+    for name in jobs:
+        files = audit_single(Location.parse(str(base / name)), grace=0.0)["files"]
+        orphans |= {f["path"] for f in files if f["status"] == ORPHAN}
+        seen |= {f["status"] for f in files if "/taskowned/working/" in f["path"]}
+    assert {REFERENCED, WORKING} <= seen
+    if zombie not in orphans:  # kept: SlateDB's own collector keeps it too
+        job.coordinator.slate.admin.gc(live[0], 0)
+        assert (base / zombie).exists()
+        planted.remove(zombie)
+    assert orphans == planted
+    for name in jobs:
+        r = CliRunner().invoke(
+            app,
+            ["audit", str(base / name), "--engine", "single", "-q", "--delete-orphans",
+             "--grace", "0s", "--allow-short-grace", "--max-deletes-per-second", "0",
+             "--log", str(log)],
+            catch_exceptions=False,
+        )  # fmt: skip
+        # 3: a guard refused (a CLAIM restore's source: its files are the restored job's)
+        assert r.exit_code == 0 or (r.exit_code == 3 and "restore source of" in r.output), r.output
+    deleted = {
+        json.loads(x)["path"]
+        for x in log.read_text().splitlines()
+        if json.loads(x)["event"] == "deleted"
+    }
+    assert planted <= deleted
+    return deleted, zombie in planted
+
+
+def test_the_audit_of_a_stream_run_takes_only_the_leaks_in_its_databases(
+    tmp_path: Path,
+) -> None:
+    """``ckpt stream --state-backend working`` (the stream harness: the job's driver,
+    tasks and coordinator, no Spark) publishes its writer state with what its SlateDB
+    databases keep. Between batches, through a lost worker (a clone refers to its
+    source's SSTs in place) and a rescale 2 -> 3 under CLAIM (the new job's databases
+    are clones of the old job's), and at the end of the run, the audit calls exactly the
+    planted leaks orphans, and ``--delete-orphans`` deletes them and nothing else: the
+    job runs on from its databases, every window equal to the batch computation."""
+    config = Config.for_mode(
+        MergingMode.WITHIN_CHECKPOINT, num_retained=1, restore_mode=RestoreMode.CLAIM
+    )
+    job = LocalJob(tmp_path, config, parallelism=2, backend="working")
+    base = tmp_path / "base"
+    log = tmp_path / "deletions.jsonl"
+    deleted: set[str] = set()
+    zombies = 0
+    for b in range(9):
+        if b == 3:
+            job.lose_local_state(1)
+        if b == 6:
+            job.rescale(3)
+        job.batch()
+        if b in (2, 4, 6, 8):
+            now, zombie = _plant_and_collect(job, base, log, b)
+            assert len(now - deleted) == 2 + zombie, now - deleted
+            deleted, zombies = now, zombies + zombie
+    assert job.coordinator.finish_attempts()
+    now, zombie = _plant_and_collect(job, base, log, 9)
+    assert len(now - deleted) == 2 + zombie
+    assert zombies + zombie > 0, "no database compacted: SlateDB keeps every SST then"
+    for _ in range(2):
+        job.batch()
+    assert job.comparison().equal
+    job.quiesce()
+    assert job.coordinator.finish_attempts()
+    assert job.coordinator.violations(quiet=True) == []
+    job.coordinator.close()
+
+
+def test_a_claimed_base_left_with_nothing_loses_its_writer_state(tmp_path: Path) -> None:
+    """A CLAIM restore puts the old job's base in the coordinator's lineage for good, and
+    the coordinator publishes its state there while the base holds the claimed checkpoint.
+    Once every file of it went (subsumed, ``num_retained`` 1), the state goes too: else it
+    alone would keep the base for good, republished at every complete. The audit of the
+    running job's base still sees its state; the job runs on, windows equal."""
+    config = Config.for_mode(
+        MergingMode.WITHIN_CHECKPOINT, num_retained=1, restore_mode=RestoreMode.CLAIM
+    )
+    job = LocalJob(tmp_path, config, parallelism=2)
+    old = tmp_path / "base" / "job-0"
+    for _ in range(3):
+        job.batch()
+    job.rescale(3)
+    assert json.loads((old / WRITER_STATE).read_text())["job"] == "job-0"
+    for _ in range(2):
+        job.batch()
+        job.quiesce()
+        assert "job-0" in job.coordinator.co.lineage
+        assert [p for p in old.rglob("*") if p.is_file()] == []
+    state = json.loads((tmp_path / "base" / "job-1" / WRITER_STATE).read_text())
+    assert state["running"] and state["job"] == "job-1"
+    assert job.comparison().equal
+    assert job.coordinator.violations(quiet=True) == []
+    job.coordinator.close()
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_unpublish_takes_the_state_as_publish_wrote_it(
+    tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    """``Storage.unpublish`` (the withdrawn state's delete) is no checkpoint delete, as
+    ``publish`` is no checkpoint write: an armed fault does not fire; a state already
+    gone is no error."""
+    if where == "s3":
+        fs, root = s3(request.getfixturevalue("s3_endpoint")), f"{S3_BUCKET}/{tmp_path.name}"
+    else:
+        fs, root = fsspec.filesystem("file"), str(tmp_path)
+    st = Storage(fs, root, background_deletes=False)
+    path = f"job-0/{WRITER_STATE}"
+    st.publish(path, b"{}")
+    st.write_metadata("job-0/kept", b"{}")
+    assert st.files_under("job-0") == {path, "job-0/kept"}
+    st.arm(StorageOp.DELETE)
+    for _ in range(2):
+        st.unpublish(path)
+        assert st.files_under("job-0") == {"job-0/kept"}
+    assert st.armed == [StorageOp.DELETE]

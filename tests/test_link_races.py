@@ -86,6 +86,10 @@ def _publish(st: Storage) -> None:
     st.publish("job-0/shared/sub/_writer_state.json", b"{}")
 
 
+def _unpublish(st: Storage) -> None:
+    st.unpublish(FILE)
+
+
 def _mkdir(st: Storage) -> None:
     st.mkdir("job-0/shared/sub/made")
 
@@ -104,6 +108,7 @@ OPERATIONS: dict[str, Callable[[Storage], object]] = {
     "reopen": _reopen,
     "metadata": _metadata,
     "publish": _publish,
+    "unpublish": _unpublish,
     "mkdir": _mkdir,
     "delete file": _delete_file,
     "delete dir": _delete_dir,

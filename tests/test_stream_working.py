@@ -89,27 +89,42 @@ def test_a_no_claim_restore_copies_and_never_touches_the_users_databases(tmp_pat
 def test_a_lost_local_home_restores_by_a_clone_that_copies_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """R105: a subtask whose TM records are gone (a new worker) clones the checkpoint: its
-    first snapshot refers to the old database's SSTs in place and writes no SST of them.
-    The compactor is held back here: a compaction between the clone's flush and its
-    snapshot may rewrite the source's SSTs into the clone's own (a rewrite, not a copy at
-    restore), which made the count below depend on timing."""
+    """R105: a subtask whose TM records are gone (a new worker) clones the checkpoint: the
+    clone writes no SST, its manifest names the checkpoint's SSTs of the subtask where they
+    are, and its first snapshot refers to them in place. The compactor is held back here: a
+    compaction between the clone's flush and its snapshot may rewrite the source's SSTs into
+    the clone's own (a rewrite, not a copy at restore), which made the snapshot's references
+    depend on timing (a restored database's first task opens without its compactor only
+    while its L0 is small, ``slate.QUIET_L0``)."""
     settings = slate.db_settings
 
-    def slow_compactor(l0_max_ssts: int = 32) -> Any:
-        s = settings(l0_max_ssts)
-        s.set("compactor_options.poll_interval", '"1h"')
+    def slow_compactor(l0_max_ssts: int = 32, *, compactor: bool = True) -> Any:
+        s = settings(l0_max_ssts, compactor=compactor)
+        if compactor:
+            s.set("compactor_options.poll_interval", '"1h"')
         return s
 
     monkeypatch.setattr(slate, "db_settings", slow_compactor)
     job = _job(tmp_path, parallelism=2)
     for _ in range(4):
         job.batch()
+    theirs = {w.path for s, w in job.coordinator.co.retained[-1].working if s.index == 1}
+    cloned: list[tuple[str, slate.ManifestFiles, list[str]]] = []
+    real = slate.clone
+
+    def clone(loop: slate.Loop, place: slate.Place, target: str, *a: Any, **k: Any) -> None:
+        real(loop, place, target, *a, **k)
+        written = sorted(p.name for p in (tmp_path / "base" / target / "compacted").glob("*"))
+        cloned.append((target, slate.Admin(loop, place).files(target), written))
+
+    monkeypatch.setattr(slate, "clone", clone)
     job.lose_local_state(1)
     r = job.batch()
-    assert r.restored == 1
+    assert r.restored == 1 and r.uploaded == 0
+    ((target, files, written),) = cloned
+    assert "/count-1-2/" in target and written == []
+    assert files.own == () and set(files.external) == theirs
     dbs = {w.path.split("/compacted/")[0] for _, w in job.coordinator.co.retained[-1].working}
-    assert any("count-1-2" in d for d in dbs)
     assert len([d for d in dbs if "count-1-2" in d]) >= 2  # the clone's own and its source's
     assert job.comparison().equal
     assert _quiet_violations(job) == []

@@ -55,7 +55,9 @@ from fastimpl.records import Status, Tm
 from fastimpl.recovery import recover
 from fastimpl.storage import Storage
 from fastimpl.working import is_working_path
+from fastimpl.writer_state import WRITER_STATE
 from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted
+from pipeline.stream.publication import StatePublisher
 from pipeline.stream.trace import StreamTrace
 from pipeline.stream.worker_tm import MailItem, TaskManagerRecipe
 from pipeline.stream.working_names import db_dir_of, pointers
@@ -239,6 +241,7 @@ def open_coordinator(
             job=crashed_job,
             ids=RandomIds(),
             lease=_lease_token(),
+            leave_working=backend == "working",
         )
         co = cluster.coord
         co.engine = engine  # the in-process TMs the recovery started are placeholders now
@@ -249,6 +252,7 @@ def open_coordinator(
         out.use_slatedb(backend, gc_min_age_s)
         out.restored_from = report.checkpoints[-1] if report.checkpoints else 0
         out.trace_stopped = "a driver restart: a recovery into a new job, no model command"
+        out.publish()
         return out
     storage = Storage(fs, root)
     if not storage.open_files_readable and config.open_files_readable:
@@ -270,6 +274,7 @@ def open_coordinator(
         engine.trace = StreamTrace(trace, config, JobSpec(vertices, parallelism), co.placement)
     out = SparkCoordinator(co, engine, url, opts)
     out.use_slatedb(backend, gc_min_age_s)
+    out.publish()
     return out
 
 
@@ -311,6 +316,13 @@ class SparkCoordinator:
         self.backend = "rocksdb"
         self.slate: Any = None
         """``--state-backend working``: the SlateDB collection (``slate_collect``)."""
+        self.publisher = StatePublisher(self)
+        """The writer state for outside collectors (``publication``)."""
+
+    def publish(self, *, observe: bool = True) -> None:
+        """Publish the writer state (``publication``); ``observe``: look at storage again
+        (no task runs), else republish the last observation with the pending set now."""
+        self.publisher.publish(observe=observe)
 
     def use_slatedb(self, backend: str, gc_min_age_s: float) -> None:
         self.backend = backend
@@ -360,7 +372,9 @@ class SparkCoordinator:
         return out
 
     def trigger(self) -> int:
-        return self._traced(cmd.Trigger(False), self.co.trigger)
+        c = self._traced(cmd.Trigger(False), self.co.trigger)
+        self.publish(observe=False)  # before the batch's tasks write for it
+        return c
 
     def receive(self, message: bytes, report: bytes = b"") -> None:
         """An acknowledgement or decline from a task, with its TM's report."""
@@ -470,6 +484,7 @@ class SparkCoordinator:
             self.sweep_strays()  # first: a failover below hands files over by mail
         self.retire()
         self.collect_working()
+        self.publish()
 
     def collect_working(self) -> None:
         """R104 under ``--state-backend working``: fastimpl's collection of shared SSTs,
@@ -479,18 +494,27 @@ class SparkCoordinator:
             return
         co.working.collect()
         co.storage.drain()
-        wanted = {
-            (p.lineage, p.checkpoint_id)
-            for entries in [r.entries for r in co.retained]
-            for p in pointers(entries)
-        }
-        used = co.working.in_use()
-        needed = {d for d, _ in wanted} | self.live_databases()
-        needed |= {d for p in co.working.referred() | used if (d := db_dir_of(p)) is not None}
+        wanted = self._wanted()
+        needed = self.needed_databases()
         on_storage: set[str] = set()
         for base in sorted(co.lineage):
             on_storage |= co.storage.files_under(f"{base}/taskowned/working")
         self.slate.collect(on_storage, needed=needed, wanted=wanted, recorded=co.catalog.files)
+
+    def _wanted(self) -> set[tuple[str, str]]:
+        """``(database directory, SlateDB checkpoint id)`` of every retained checkpoint."""
+        return {(p.lineage, p.checkpoint_id) for r in self.co.retained for p in pointers(r.entries)}
+
+    def needed_databases(self) -> set[str]:
+        """The database directories a live database writes or uses a file of, or a
+        retained or pending checkpoint names (its pointer, or a file in place)."""
+        co = self.co
+        refs = co.working.referred() | co.working.in_use()
+        return (
+            {d for d, _ in self._wanted()}
+            | self.live_databases()
+            | {d for p in refs if (d := db_dir_of(p)) is not None}
+        )
 
     def in_place_of_latest(self) -> tuple[dict[str, int], tuple[str, ...]]:
         co = self.co
@@ -575,7 +599,9 @@ class SparkCoordinator:
         base = job_base(co.job)
         # working state (§11): SlateDB's objects are collected by ``collect_working``
         found = {
-            p for p in co.storage.files_under(base) if p not in known and not is_working_path(p)
+            p
+            for p in co.storage.files_under(base)
+            if p not in known and not is_working_path(p) and p != f"{base}/{WRITER_STATE}"
         }
         if not found:
             return
@@ -614,6 +640,7 @@ class SparkCoordinator:
         # the sweeps' deletes run on the storage's deleter thread: done means done
         self.co.storage.drain()
         self.collect_working()
+        self.publish()
         return True
 
     def abort(self, checkpoint: int) -> None:
@@ -624,6 +651,7 @@ class SparkCoordinator:
         # an acknowledgement gives the coordinator, R43) is nobody's now: swept once the
         # next checkpoint completes.
         self._strays = True
+        self.publish()
 
     def rescale(self, parallelism: int, mode: RestoreMode | None = None) -> None:
         co = self.co
@@ -640,6 +668,7 @@ class SparkCoordinator:
         if self.trace is not None:
             self.trace.restored(ending, co.placement, parallelism)
         self.restored_from = latest
+        self.publish()
 
     def restore_assignment(self, subtask: SubtaskId, checkpoint: int) -> bytes:
         co = self.co
@@ -736,7 +765,12 @@ class SparkCoordinator:
             claims.setdefault(path, set()).add(COORDINATOR)
         for tm, path in self.engine.in_transit():
             owners.setdefault(path, tm_actor(tm))  # R61: handed by a duty not applied yet
-        on_storage = co.storage.list_files()
+        # the writer state of each base (``publication``) is no party's checkpoint data
+        on_storage = {
+            p: n
+            for p, n in co.storage.list_files().items()
+            if p.split("/", 1)[-1] != WRITER_STATE
+        }
         if self.slate is not None:
             # working state (§11): SlateDB's own objects (manifests, compactions, SSTs no
             # party recorded) are the database's: its live TM's, or once no live TM writes

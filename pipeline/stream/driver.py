@@ -151,6 +151,7 @@ class BatchDriver:
             snapshot=self.snapshot,
             backend=self.backend,
             no_claim=self.no_claim,
+            in_place=self.coordinator.in_place_of_latest()[0] if self.backend == "working" else {},
         )
 
     def delivery(self) -> BatchOrder:

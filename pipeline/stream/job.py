@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import attrs
 from attrs import define, field, frozen
 
+from fastimpl.writer_state import WRITER_STATE
 from pipeline.stream.audit import JobAudit, audit_jobs
 from pipeline.stream.check import Comparison, batch_counts, compare
 from pipeline.stream.checkpointing import CoordinatorSide, decode_assignment
@@ -365,12 +366,13 @@ class _Files:
         root = str(self.root).rstrip("/")
         mine = tuple(f"{root}/{b}/" for b in {job, *bases})
         # State files only, as Flink's figures count them: not the ``_metadata`` of each
-        # checkpoint, nor the lease.
-        now = {path for path in found if path.rsplit("/", 1)[-1] not in ("_metadata", "_writer")}
+        # checkpoint, nor the lease, nor the writer's published state.
+        skip = ("_metadata", "_writer", WRITER_STATE)
+        now = {path for path in found if path.rsplit("/", 1)[-1] not in skip}
         state = sum(
             int(info.get("size") or 0)
             for path, info in found.items()
-            if path.rsplit("/", 1)[-1] not in ("_metadata", "_writer") and path.startswith(mine)
+            if path.rsplit("/", 1)[-1] not in skip and path.startswith(mine)
         )
         ranges = {
             (h.path, getattr(h, "offset", 0), h.length)

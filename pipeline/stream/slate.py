@@ -98,15 +98,20 @@ class Place:
         return ""
 
 
-def db_settings(l0_max_ssts: int = 32) -> Any:
+def db_settings(l0_max_ssts: int = 32, *, compactor: bool = True) -> Any:
     """Every database of the job: no WAL (durability is the checkpoint, as the RocksDB
     backend runs with its WAL off), its own garbage collector off (the coordinator runs
     it, R104), its compactor on and polling often enough to keep up with a flush per
-    checkpoint."""
+    checkpoint. Without the compactor (``compactor`` off: a restored database's first
+    task, ``QUIET_L0``) a flush waits only once L0 holds ``l0_max_ssts`` SSTs."""
     s = sdb.Settings.default()
     s.set("wal_enabled", "false")
     s.set("garbage_collector_options", "null")
     s.set("l0_max_ssts", str(l0_max_ssts))
+    if not compactor:
+        s.set("compactor_options", "null")
+        s.set("l0_max_ssts_per_key", str(l0_max_ssts))
+        return s
     s.set("compactor_options.poll_interval", '"100ms"')
     # the compaction worker polls for scheduled compactions every 5 s by default, and a
     # flush waits while L0 holds l0_max_ssts_per_key (8) SSTs over its keys: a task's
@@ -137,6 +142,8 @@ class ManifestFiles:
     manifest_id: int
     own: tuple[str, ...]
     external: tuple[str, ...]
+    l0: int = 0
+    """How many of them are L0 SSTs."""
 
     @property
     def all(self) -> tuple[str, ...]:
@@ -150,6 +157,10 @@ def manifest_files(loop: Loop, admin: Any, lineage: str, manifest_id: int | None
     m = loop.run(admin.read_manifest(manifest_id))
     if m is None:
         raise ValueError(f"{lineage}: no manifest {manifest_id}")
+    return _files_of(m, lineage, prefix)
+
+
+def _files_of(m: Any, lineage: str, prefix: str) -> ManifestFiles:
     ids = [v.sst.id.value for v in m.l0]
     ids += [v.sst.id.value for sr in m.compacted for v in sr.sst_views]
     where: dict[str, str] = {}
@@ -164,21 +175,50 @@ def manifest_files(loop: Loop, admin: Any, lineage: str, manifest_id: int | None
             external.append(f"{where[i]}/compacted/{i}.sst")
         else:
             own.append(f"{lineage}/compacted/{i}.sst")
-    return ManifestFiles(int(m.id), tuple(own), tuple(external))
+    return ManifestFiles(int(m.id), tuple(own), tuple(external), len(m.l0))
+
+
+@frozen
+class Manifest:
+    """What the publication needs of a manifest (``Admin.manifest``)."""
+
+    files: ManifestFiles
+    checkpoints: tuple[int, ...]
+    """The manifests of the SlateDB checkpoints it lists (each pins what it names)."""
+    newest_l0: str | None
+    """The ULID of its newest L0 SST (with none, of the last L0 a compaction took)."""
+
+
+QUIET_L0 = 16
+"""A database restored after a kill (a clone of one database, not a rescale's) whose L0
+holds at most this many SSTs opens without its compactor (``SlateCounts``, ``compactor``
+off) for its first task: starting one costs the restore some requests of its own (its
+state, a fence) and competes with the restore for the storage, and the task's one flush
+leaves L0 far below ``l0_max_ssts`` (32), where a flush would wait. The next task opens
+it with the compactor, which catches up."""
 
 
 class SlateCounts:
     """The open windows' counts of one subtask in a SlateDB at ``lineage`` (a path
     relative to the base), opened as its writer: opening fences every earlier writer."""
 
-    def __init__(self, loop: Loop, place: Place, lineage: str, *, l0_max_ssts: int = 32) -> None:
+    def __init__(
+        self,
+        loop: Loop,
+        place: Place,
+        lineage: str,
+        *,
+        l0_max_ssts: int = 32,
+        store: Any = None,
+        compactor: bool = True,
+    ) -> None:
         self.loop = loop
         self.place = place
-        self.store = place.store()
+        self.store = place.store() if store is None else store
         self.prefix = place.prefix()
         self.lineage = lineage
         b = sdb.DbBuilder(self.prefix + lineage, self.store)
-        b.with_settings(db_settings(l0_max_ssts))
+        b.with_settings(db_settings(l0_max_ssts, compactor=compactor))
         self.db = loop.run(b.build())
         self.admin = sdb.AdminBuilder(self.prefix + lineage, self.store).build()
         self._open = True
@@ -279,17 +319,25 @@ class SlateCounts:
             self.loop.run(self.db.shutdown())
 
 
+def files_of(loop: Loop, place: Place, lineage: str, store: Any) -> ManifestFiles:
+    """The SSTs the latest manifest of the database at ``lineage`` names (not open)."""
+    admin = sdb.AdminBuilder(place.prefix() + lineage, store).build()
+    return manifest_files(loop, admin, lineage, None, place.prefix())
+
+
 def clone(
     loop: Loop,
     place: Place,
     target: str,
     sources: Sequence[tuple[str, str, tuple[int, int] | None]],
+    store: Any = None,
 ) -> None:
     """R105: a new database at ``target`` from SlateDB checkpoints ``(lineage, checkpoint
     id, key groups or None)``: it refers to the sources' SSTs where they are (a projection
     on the key groups when given; several sources make a union) and copies nothing. Each
-    source gets a checkpoint of SlateDB's own that pins what the clone refers to."""
-    store, prefix = place.store(), place.prefix()
+    source gets a checkpoint of SlateDB's own that pins what the clone refers to.
+    ``store``: the object store to use (one per task: building one costs a client)."""
+    store, prefix = place.store() if store is None else store, place.prefix()
     admin = sdb.AdminBuilder(prefix + sources[0][0], store).build()
     first, *rest = sources
     b = admin.create_clone_builder_from_source(_spec(prefix, *first))
@@ -355,6 +403,27 @@ class Admin:
 
     def files(self, lineage: str, manifest_id: int | None = None) -> ManifestFiles:
         return manifest_files(self.loop, self._admin(lineage), lineage, manifest_id, self.prefix)
+
+    def manifest(self, lineage: str, manifest_id: int) -> Manifest:
+        """What manifest ``manifest_id`` of the database says (``Manifest``)."""
+        m = self.loop.run(self._admin(lineage).read_manifest(manifest_id))
+        if m is None:
+            raise ValueError(f"{lineage}: no manifest {manifest_id}")
+        l0 = [str(v.sst.id.value) for v in m.l0]
+        last = [str(x) for x in (m.last_compacted_l0_sst_id, m.last_compacted_l0_sst_view_id) if x]
+        return Manifest(
+            _files_of(m, lineage, self.prefix),
+            tuple(int(c.manifest_id) for c in m.checkpoints),
+            max(l0) if l0 else (min(last) if last else None),
+        )
+
+    def oldest_compaction(self, lineage: str, compactions_id: int) -> str | None:
+        """The id (a ULID) of the oldest compaction compactor state ``compactions_id``
+        lists, whatever its status (``None``: none)."""
+        c = self.loop.run(self._admin(lineage).read_compactions(compactions_id))
+        if c is None:
+            raise ValueError(f"{lineage}: no compactor state {compactions_id}")
+        return min((str(x.id) for x in c.recent_compactions), default=None)
 
     def gc(self, lineage: str, min_age_ms: int, *, dry_run: bool = False) -> None:
         """SlateDB's garbage collector, once, on every directory of the database: it

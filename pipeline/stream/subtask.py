@@ -198,6 +198,10 @@ class BatchOrder:
     checkpoint storage, its files referred to in place: ``working_task``)."""
     no_claim: bool = False
     """The job was restored with NO_CLAIM (``working``: a restore copies the user's rows)."""
+    in_place: Mapping[str, int] = field(factory=dict)
+    """``working``: the files the latest completed checkpoint refers to in place, with
+    their sizes (its ``_metadata``'s): a restore's clone refers to some of them, and needs
+    no listing to know how large they are."""
 
 
 @frozen

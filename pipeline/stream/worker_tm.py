@@ -308,6 +308,10 @@ class WorkerTaskManager:
         self.tm.working.track(subtask, files, lineage)
         self.tm.catalog.storage.drain()
 
+    def known_sizes(self) -> dict[str, int]:
+        """The sizes of the working files this TM's databases use or its snapshots pin."""
+        return {p: f.length for p, f in self.tm.working.known.items()}
+
     def open_restored(self, subtask: SubtaskId, epoch: int, files: Sequence[InPlaceFile]) -> None:
         """R105: the database restored for ``subtask`` uses ``files`` where they are (a
         clone's SSTs in the databases it was cloned from); nothing is copied."""

@@ -20,6 +20,27 @@ POINTER = re.compile(
     r"db:(?P<lineage>[^#]+/db/[0-9a-f]{12})/manifest/(?P<manifest>[0-9]{20})\.manifest"
     r"#(?P<checkpoint>[0-9a-f-]{36})"
 )
+BOOKKEEPING = re.compile(
+    r"(?:manifest/(?P<manifest>[0-9]{20})\.manifest"
+    r"|compactions/(?P<compactions>[0-9]{20})\.compactions"
+    r"|wal/[0-9]{20}\.sst|gc/[a-z_]+\.boundary)"
+)
+"""SlateDB's own objects in a database directory (``docs/slatedb.md``): its manifests,
+compactor state, WAL fences and GC boundaries. Its SSTs, ``compacted/<ULID>.sst``, are
+the working files of §11."""
+SST = re.compile(r"compacted/(?P<ulid>[0-9A-HJKMNP-TV-Z]{26})\.sst")
+"""An SST of a database (named by a ULID: time first, so names sort by creation)."""
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def ulid_ms(ulid: str) -> int:
+    """The time a ULID was made (its first ten characters), in ms since the epoch."""
+    t = 0
+    for ch in ulid[:10]:
+        t = t * 32 + _CROCKFORD.index(ch)
+    return t
+
+
 CHECKPOINT_PREFIX = "chk-"
 """The name of every SlateDB checkpoint a snapshot creates (``chk-<checkpoint>``): the
 coordinator deletes those no retained or pending checkpoint names, and no others."""

@@ -55,17 +55,24 @@ class RestoreError(ValueError):
 
 
 class Sizes:
-    """The sizes of objects on the checkpoint storage, one listing per directory."""
+    """The sizes of objects on the checkpoint storage, one listing per directory. An SST
+    is written whole and never changed (R101), so a size once known stays right: only
+    the directories of the others are listed."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any]) -> None:
         self.fs, root = fsspec.core.url_to_fs(url, **dict(storage_options))
         self.root = str(root).rstrip("/")
 
-    def __call__(self, paths: Iterable[str]) -> dict[str, int]:
+    def __call__(
+        self, paths: Iterable[str], known: Mapping[str, int] | None = None
+    ) -> dict[str, int]:
         by_dir: dict[str, list[str]] = {}
-        for p in paths:
-            by_dir.setdefault(p.rsplit("/", 1)[0], []).append(p)
         out: dict[str, int] = {}
+        for p in paths:
+            if known is not None and p in known:
+                out[p] = known[p]
+            else:
+                by_dir.setdefault(p.rsplit("/", 1)[0], []).append(p)
         for d, ps in by_dir.items():
             self.fs.invalidate_cache(f"{self.root}/{d}")  # s3fs caches listings
             listing = {
@@ -98,7 +105,7 @@ def take_working_snapshot(
     db.flush()
     checkpoint_id, manifest_id = db.checkpoint(checkpoint)
     files = db.files(manifest_id)
-    found = sizes(files.all)
+    found = sizes(files.all, party.known_sizes())
     party.track(subtask, found, db.lineage)
     flushed = sum(n for p, n in found.items() if p not in before)
     in_place = party.snapshot_working(checkpoint, subtask)
@@ -136,8 +143,10 @@ def halt_all() -> None:
             pass
 
 
-def _open(loop: slate.Loop, place: slate.Place, lineage: str) -> slate.SlateCounts:
-    db = slate.SlateCounts(loop, place, lineage)
+def _open(
+    loop: slate.Loop, place: slate.Place, lineage: str, store: Any, *, compactor: bool = True
+) -> slate.SlateCounts:
+    db = slate.SlateCounts(loop, place, lineage, store=store, compactor=compactor)
     _OPEN.append(db)
     return db
 
@@ -145,39 +154,56 @@ def _open(loop: slate.Loop, place: slate.Place, lineage: str) -> slate.SlateCoun
 def _restore(
     loop: slate.Loop,
     place: slate.Place,
+    store: Any,
     party: WorkerTaskManager,
     subtask: SubtaskId,
     epoch: int,
     sources: Sequence[Pointer],
     sizes: Sizes,
+    known: Mapping[str, int],
     *,
     project: bool,
     copy: bool,
-) -> slate.SlateCounts:
+) -> tuple[slate.SlateCounts, dict[str, int] | None]:
     """R105: a new database for ``subtask`` from ``sources`` (each checked against the
     manifest in place first). A clone refers to the sources' SSTs in place, and the TM
-    opens them as restored files; a copy (NO_CLAIM) reads the rows and writes its own."""
+    opens them as restored files; a copy (NO_CLAIM) reads the rows and writes its own.
+    With the database, the files its manifest names and their sizes (``None`` for a
+    copy): those the restored checkpoint refers to in place are as large as its
+    ``_metadata`` says (``known``), so only others are listed. A clone of one database
+    whose L0 is small opens without its compactor (``slate.QUIET_L0``): then the manifest
+    read before the open is the database's, and none is read after it. A rescale's clone
+    opens with it: its L0 unites the L0 SSTs of every source, and compacting them early
+    lets the old databases go (with its first compaction put off, the bench's space
+    amplification after a rescale 4 -> 3 rose from about 1.9 to 2.1, above the bound)."""
     groups = key_group_range(MAX_PARALLELISM, subtask.parallelism, subtask.index)
     for s in sources:
         if sizes.read(s.manifest_path) != party.read(s.entry):
             raise RestoreError(f"{s.manifest_path} differs from the checkpoint's copy of it")
     target = new_db_dir(party.tm.job, subtask)
     if copy:
-        db = _open(loop, place, target)
+        db = _open(loop, place, target, store)
         for s in sources:
             db.put_all(slate.read_checkpoint(loop, place, s.lineage, s.checkpoint_id, groups))
-        return db
+        return db, None
     slate.clone(
         loop, place, target, [(s.lineage, s.checkpoint_id, groups if project else None)
-                              for s in sources]
+                              for s in sources], store,
     )  # fmt: skip
-    db = _open(loop, place, target)
-    files = db.files()
-    found = sizes(files.external)
+    quiet = False
+    if not project and len(sources) == 1:
+        files = slate.files_of(loop, place, target, store)
+        quiet = files.l0 <= slate.QUIET_L0
+    db = _open(loop, place, target, store, compactor=not quiet)
+    if not quiet:
+        files = db.files()  # a compaction may have begun at the open
+    found = sizes(files.all, known)
     party.open_restored(
-        subtask, epoch, [InPlaceFile(p, n, writer_groups(p)) for p, n in sorted(found.items())]
+        subtask,
+        epoch,
+        [InPlaceFile(p, found[p], writer_groups(p)) for p in sorted(files.external)],
     )
-    return db
+    return db, found
 
 
 def writer_groups(path: str) -> tuple[int, int]:
@@ -211,6 +237,7 @@ def run_working_subtask(
         raise ValueError(f"the assignment of {subtask} names {assignment.subtask}")
     recipe = order.recipe
     place = slate.Place(recipe.url, dict(recipe.storage_options))
+    store = place.store()  # one object store for every SlateDB call of the task
     sizes = Sizes(recipe.url, recipe.storage_options)
     home = Path(order.work_dir) / subtask.dir_name()
     home.mkdir(parents=True, exist_ok=True)
@@ -250,20 +277,23 @@ def run_working_subtask(
             and marker == (assignment.latest_completed, party.lineage)
             and at == {party.lineage}
         )
+        found: dict[str, int] | None = None
         if in_place:
             assert party.lineage is not None
-            db = _open(loop, place, party.lineage)
+            db = _open(loop, place, party.lineage, store)
         else:
             party.close_database(subtask)
             if sources:
                 restored = True
-                db = _restore(
-                    loop, place, party, subtask, order.checkpoint, sources, sizes,
-                    project=rescaled, copy=order.restoring and order.no_claim,
+                db, found = _restore(
+                    loop, place, store, party, subtask, order.checkpoint, sources, sizes,
+                    order.in_place, project=rescaled, copy=order.restoring and order.no_claim,
                 )  # fmt: skip
             else:
-                db = _open(loop, place, new_db_dir(recipe.job, subtask))
-        party.track(subtask, sizes(db.files().all), db.lineage)
+                db = _open(loop, place, new_db_dir(recipe.job, subtask), store)
+        if found is None:
+            found = sizes(db.files().all, party.known_sizes())
+        party.track(subtask, found, db.lineage)
         ready = time.perf_counter() - started
         counts: Counter[tuple[int, int, str]] = Counter()
         n = late = 0
@@ -301,7 +331,7 @@ def run_working_subtask(
         _OPEN.remove(db)
         # A compaction may have replaced files since the snapshot: the TM records the
         # manifest the next task opens (R102 deletes the private files it dropped).
-        party.track(subtask, sizes(db.files().all), db.lineage)
+        party.track(subtask, sizes(db.files().all, party.known_sizes()), db.lineage)
     except Exception:
         if db is not None:
             db.close()

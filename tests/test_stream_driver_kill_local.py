@@ -1,0 +1,69 @@
+"""The driver of ``ckpt stream`` killed at the two points R96 names, without Spark: the
+stream harness (``tests.stream_harness``: the job's own driver, tasks and coordinator, the
+partitions of a batch one after another) runs the batch the engine had not committed
+again, as Spark does (``tests/test_stream_driver_kill.py`` kills the real driver on a
+cluster). After a rescale from 2 to 3 subtasks (NO_CLAIM), the driver dies after batch 2's
+checkpoint completed and after batch 4's windows are in the sink; each restart recovers
+the store into a new job that claims the latest completed checkpoint. Both state
+backends: with ``working`` the recovered job's databases are clones of the crashed job's
+SlateDB checkpoints (its manifests must survive the recovery). Every closed window equal
+to the batch computation, I1-I7 quiet, the audit of every job base clean."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.location import Location
+from pipeline.single import audit_single
+from pipeline.stream.source import RateSource
+from pipeline.stream.windows import Windowing
+from spec.config import Config, MergingMode, RestoreMode
+from tests.stream_harness import DriverKilled, LocalJob
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "working"])
+def test_r96_in_the_harness_a_driver_killed_twice_counts_every_record_once(
+    tmp_path: Path, backend: str
+) -> None:
+    config = Config.for_mode(
+        MergingMode.ACROSS_CHECKPOINT, num_retained=1, restore_mode=RestoreMode.NO_CLAIM
+    )
+    job = LocalJob(
+        tmp_path, config, parallelism=2, source=RateSource(200, vocabulary=200),
+        windowing=Windowing(2000), backend=backend,
+    )  # fmt: skip
+    job.batch()
+    job.batch()
+    job.rescale(3)  # a new job, job-1, from job-0's checkpoint (NO_CLAIM: a copy)
+    with pytest.raises(DriverKilled):
+        job.batch(die="completed")  # batch 2's checkpoint completed, not committed
+    job.restart_driver()  # job-1 recovered as job-2
+    assert (job.coordinator.job_id, job.next_batch) == ("job-2", 3)  # batch 2 is in the state
+    first = job.batch()
+    if backend == "working":
+        # R105: every subtask clones job-1's SlateDB checkpoint and uploads nothing
+        assert first.restored == 3 and first.in_place > 0 and first.uploaded == 0
+    with pytest.raises(DriverKilled):
+        job.batch(die="sunk")  # batch 4's output is in the sink, its checkpoint pending
+    job.restart_driver()  # job-2 recovered as job-3
+    assert (job.coordinator.job_id, job.next_batch) == ("job-3", 4)  # batch 4 runs again
+    job.batch()
+    job.batch()
+    comparison = job.comparison()
+    assert comparison.windows >= 2
+    assert comparison.equal, (comparison.mismatches[:10], comparison.duplicates[:10])
+    job.quiesce()
+    assert job.coordinator.finish_attempts()
+    assert job.coordinator.violations(quiet=True) == []
+    job.coordinator.close()
+    base = tmp_path / "base"
+    assert sorted(p.name for p in base.iterdir() if p.is_dir())[:4] == [
+        "job-0", "job-1", "job-2", "job-3"
+    ]  # fmt: skip
+    for name in ("job-0", "job-1", "job-2", "job-3"):
+        if not any(p.is_file() for p in (base / name).rglob("*")):
+            continue  # a claimed job whose files all went once subsumed
+        s = audit_single(Location.parse(str(base / name)), grace=0.0).summary
+        assert (name, s.orphans, s.dangling, s.corrupt_metadata) == (name, 0, 0, 0), s.verdict
