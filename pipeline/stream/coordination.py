@@ -716,9 +716,10 @@ class SparkCoordinator:
         TMs the coordinator has not heard from (a test that holds a task's result back)."""
         co = self.co
         co.storage.drain()
-        # every TM not given up: the placed ones, and those replaced while an attempt of
-        # the job may still run (``may_still_run``), by their last report
-        live = sorted(t for t, rec in co.tms.items() if rec.status is Status.ALIVE)
+        # every TM not known stopped, by its last report: the placed ones, and those
+        # replaced (R66: lost at once) while an attempt of the job may still run
+        # (``may_still_run``): a lost attempt keeps its files until it stopped (R64)
+        live = sorted(t for t, rec in co.tms.items() if rec.status is not Status.STOPPED)
         live = live if co.running else []
         reports = {t: self.engine.reports[t] for t in live if t in self.engine.reports}
         for data in also:
