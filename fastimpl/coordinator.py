@@ -1075,7 +1075,7 @@ class CheckpointCoordinator:
         for d in source.directories:
             if not self._may_claim(d, recorded, is_dir=True):
                 continue
-            self._record_unheld(self._unrecorded_under(d), COORDINATOR, source.job)
+            self._record_unheld(self._attempts_files_under(d), COORDINATOR, source.job)
             paths |= {p for p in self.catalog.files if is_under(p, d)}
             if d in self.catalog.dir_owner:
                 self.catalog.dir_owner[d] = COORDINATOR
@@ -1099,6 +1099,18 @@ class CheckpointCoordinator:
         except Exception as err:
             log.warning("listing %s failed: %r", directory, err)
             return set()
+
+    def _attempts_files_under(self, directory: str) -> set[str]:
+        """R72 with R64: the files in a claimed ``directory`` that no record here holds
+        yet an attempt of this store wrote: a zombie in a process of its own, whose name
+        mark (``fastimpl.ids.creator_of``) names an attempt these records know. Anything
+        else there (unmarked, or marked by no attempt of ours) is not the store's: a
+        claim never takes it, and the directory's delete leaves it (issue 14)."""
+        return {
+            p
+            for p in self._unrecorded_under(directory)
+            if (made := creator_of(p)) is not None and made in self.tms
+        }
 
     def end_job(self, *, retain: bool) -> None:
         for cid in sorted(self.pending):
