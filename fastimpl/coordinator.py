@@ -934,6 +934,7 @@ class CheckpointCoordinator:
             f = self.catalog.files.get(path)
             if f is not None and f.owner == COORDINATOR and not self.referenced(path):
                 self.catalog.delete_file(path, COORDINATOR)
+        self.catalog.retry_deletes_of(COORDINATOR)
         self.failover()
 
     def restore(self, cmd: c.Restore) -> None:

@@ -1359,7 +1359,24 @@ class _Work:
                 and not self._referenced(path)
             ):
                 self._delete_file(path, COORDINATOR)
+        self._retry_own_deletes()
         self.failover()
+
+    def _retry_own_deletes(self) -> None:
+        """R95, R45: a restarted coordinator remembers none of its deletes that failed;
+        what they were to delete is its own and unreferenced, so it goes now (a directory
+        only if R42 allows it then), and a delete that fails again is pending again."""
+
+        def owner(d: Deferred) -> str | None:
+            if d.is_dir:
+                return self.dir_owner.get(d.path)
+            f = self.files.get(d.path)
+            return None if f is None else f.owner
+
+        mine = [d for d in self.deferred if d.waits_for is None and owner(d) == COORDINATOR]
+        self.deferred = [d for d in self.deferred if d not in mine]
+        for d in mine:
+            self._run_deferred(d)
 
     # ------------------------------------------------------------------ restore (R70-R76)
 
