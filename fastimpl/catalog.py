@@ -13,6 +13,7 @@ acknowledgement, R43; a stopped attempt's files become the coordinator's, R64).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -96,6 +97,10 @@ class Catalog:
         bug): what the invariant checks need, at most ``_BAD_DELETIONS_KEPT`` of them."""
         self.deferred: list[Deferred] = []
         self.refused_deletes: list[RefusedDelete] = []
+        self.dir_rules: dict[str, Callable[[str], bool]] = {}
+        """Each party's rule for deleting a directory it owns (R41 for a TM, R42 for the
+        coordinator), by actor: a directory delete that waited runs only if its owner's
+        rule still allows it (``_run_deferred``)."""
 
     def mkdir(self, path: str, actor: str, creator: TmId) -> None:
         if path in self.dir_owner:
@@ -329,6 +334,24 @@ class Catalog:
         for d in ready:
             self._run_deferred(d)
 
+    def retry_deletes_of(self, actor: str) -> None:
+        """R95, R45: a restarted coordinator remembers none of its deletes that failed;
+        what they were to delete is ``actor``'s and unreferenced, so it goes now (a
+        directory only if its owner's rule allows it then); one that fails again waits
+        again. (A coordinator rebuilt in a new process finds those paths as garbage of
+        the job's base, ``fastimpl.resume``.)"""
+
+        def owner(d: Deferred) -> str | None:
+            if d.is_dir:
+                return self.dir_owner.get(d.path)
+            f = self.files.get(d.path)
+            return None if f is None else f.owner
+
+        mine = [d for d in self.deferred if d.waits_for is None and owner(d) == actor]
+        self.deferred = [d for d in self.deferred if d not in mine]
+        for d in mine:
+            self._run_deferred(d)
+
     def release_waits(self, stopped: TmId) -> None:
         """R64: ``stopped`` is known to have stopped: the deletes that waited for it run
         (those that fail again wait for a retry, R45)."""
@@ -363,10 +386,16 @@ class Catalog:
                 self.failed_uploads.discard(p)
 
     def _run_deferred(self, d: Deferred) -> None:
-        """A waiting delete is carried out by whoever owns the path now (R44)."""
+        """A waiting delete is carried out by whoever owns the path now (R44). A
+        directory goes only if its owner's rule still allows it (R41, R42): while the
+        delete waited, a new attempt of the subtask may have written into it and a
+        checkpoint may refer to it. If not, it is dropped and the rule asks again."""
         if d.is_dir:
             owner = self.dir_owner.get(d.path)
-            if owner is not None and owner != USER:
+            if owner is None or owner == USER:
+                return
+            rule = self.dir_rules.get(owner)
+            if rule is None or rule(d.path):
                 self.delete_dir(d.path, owner)
         else:
             f = self.files.get(d.path)

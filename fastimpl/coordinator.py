@@ -156,6 +156,7 @@ class CheckpointCoordinator:
         self.engine = engine
         self.catalog = Catalog(storage, ids, self, deletion_log=deletion_log)
         """Every path on storage, who owns it, and the guarded deletes (``fastimpl.catalog``)."""
+        self.catalog.dir_rules[COORDINATOR] = self._collectable
         self._hot: tuple[object, frozenset[str]] | None = None
         self.num_tms = num_tms
         self.job = job_id
@@ -851,22 +852,28 @@ class CheckpointCoordinator:
 
     def collect_dirs(self) -> None:
         """R42: the coordinator deletes a directory it owns once nothing refers to it."""
-        live = set(self.current_tms())
-        used = {d for r in self.retained for d in r.directories}
-        for path, owner in sorted(self.catalog.dir_owner.items()):
-            if owner != COORDINATOR or path in used or f"{DIR_PREFIX}{path}" in self.registry:
-                continue
-            d = self.catalog.dirs.get(path)
-            if d is not None and d.creator in live and self.running:
-                continue
-            if self.dir_users.get(path, set()) & live:
-                continue  # R42: a live TM reported it, it may still hold files there
-            inside = [f for p, f in self.catalog.files.items() if is_under(p, path)]
-            if any(f.owner not in (COORDINATOR, tm_actor(f.creator or "")) for f in inside):
-                continue
-            self.catalog.delete_dir(path, COORDINATOR)
+        for path in sorted(self.catalog.dir_owner):
+            if self._collectable(path):
+                self.catalog.delete_dir(path, COORDINATOR)
         for path in [p for p in self.dir_users if p not in self.catalog.dir_owner]:
             del self.dir_users[path]  # gone: nobody works there any more
+
+    def _collectable(self, path: str) -> bool:
+        """R42 for one directory: the coordinator may delete it now."""
+        if self.catalog.dir_owner.get(path) != COORDINATOR:
+            return False
+        if f"{DIR_PREFIX}{path}" in self.registry:
+            return False
+        if any(path in r.directories for r in self.retained):
+            return False
+        live = set(self.current_tms())
+        d = self.catalog.dirs.get(path)
+        if d is not None and d.creator in live and self.running:
+            return False
+        if self.dir_users.get(path, set()) & live:
+            return False  # R42: a live TM reported it, it may still hold files there
+        inside = [f for p, f in self.catalog.files.items() if is_under(p, path)]
+        return all(f.owner in (COORDINATOR, tm_actor(f.creator or "")) for f in inside)
 
     def failover(self) -> None:
         for cid in sorted(self.pending):
@@ -1028,6 +1035,7 @@ class CheckpointCoordinator:
             f = self.catalog.files.get(path)
             if f is not None and f.owner == COORDINATOR and not self.referenced(path):
                 self.catalog.delete_file(path, COORDINATOR)
+        self.catalog.retry_deletes_of(COORDINATOR)
         self.failover()
 
     def restore(self, cmd: c.Restore) -> None:

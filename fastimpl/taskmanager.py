@@ -151,6 +151,7 @@ class TaskManager:
         they created wait for them (R64)."""
         self.ended: TmEnded | None = None
         """Its answer to ``EndJob`` once the job ended for it (R90): given again if asked."""
+        catalog.dir_rules[self.actor] = self._releasable
         # working state (§11): the attempt's live databases (fastimpl.working)
         self.working = Databases(catalog, job, tm, config.max_parallelism)
 
@@ -838,18 +839,21 @@ class TaskManager:
     def _release_dirs(self) -> None:
         """R41: delete a directory only when every checkpoint that reported it aborted."""
         for path in sorted(self.catalog.dirs):
-            d = self.catalog.dirs.get(path)
-            if d is None or d.creator != self.tm or d.handed_over or not d.used_by:
-                continue
-            if self.catalog.dir_owner.get(path) != self.actor:
-                continue
-            if not d.used_by <= self.known_aborted:
-                continue
-            if any(is_under(p, path) for p in self.m.pfiles):
-                continue
-            if any(is_under(f, path) for f in self.catalog.files):
-                continue
-            self.catalog.delete_dir(path, self.actor)
+            if self._releasable(path):
+                self.catalog.delete_dir(path, self.actor)
+
+    def _releasable(self, path: str) -> bool:
+        """R41 for one directory: this TM may delete it now."""
+        d = self.catalog.dirs.get(path)
+        if d is None or d.creator != self.tm or d.handed_over or not d.used_by:
+            return False
+        if self.catalog.dir_owner.get(path) != self.actor:
+            return False
+        if not d.used_by <= self.known_aborted:
+            return False
+        if any(is_under(p, path) for p in self.m.pfiles):
+            return False
+        return not any(is_under(f, path) for f in self.catalog.files)
 
     # ------------------------------------------------------------------ restore (R61, R62)
 

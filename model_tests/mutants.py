@@ -52,12 +52,12 @@ from fastimpl.catalog import Catalog
 from fastimpl.coordinator import CheckpointCoordinator
 from fastimpl.engine import InProcessEngine
 from fastimpl.manager import Manager
-from fastimpl.records import BackendRef, Completed, PFile, Seg
+from fastimpl.records import BackendRef, Completed, Deferred, PFile, Seg
 from fastimpl.taskmanager import TaskManager
 from fastimpl.working import Databases
 from spec import commands as c
 from spec.config import Scope, StateKind
-from spec.effects import COORDINATOR, tm_actor
+from spec.effects import COORDINATOR, USER, tm_actor
 from spec.handles import FileHandle, SegmentHandle, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.layout import is_under, taskowned_dir
@@ -406,6 +406,23 @@ def _replace_keeps_acks(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(CheckpointCoordinator, "_withdraw_acks", withdraw_acks)
 
 
+def _deferred_dir_delete_unchecked(mp: pytest.MonkeyPatch) -> None:
+    """A directory delete that waited (for a zombie to stop, R64, or for a retry, R45)
+    runs when it is released without asking its owner's rule again (R41, R42): a new
+    attempt that wrote into the directory meanwhile, under a retained checkpoint, loses
+    its files (the long soak's seed 1028-across-local)."""
+    orig = Catalog._run_deferred
+
+    def run_deferred(self: Catalog, d: Deferred) -> None:
+        owner = self.dir_owner.get(d.path)
+        if d.is_dir and owner is not None and owner != USER:
+            self.delete_dir(d.path, owner)
+            return
+        orig(self, d)
+
+    mp.setattr(Catalog, "_run_deferred", run_deferred)
+
+
 ZOO: list[Mutant] = [
     Mutant(
         "flink-38347",
@@ -508,6 +525,12 @@ ZOO: list[Mutant] = [
         "a database's attempt deletes a working file it wrote whoever owns it now",
         "ForSt: the DB deletes a file it no longer owns (R102)",
         _tm_deletes_shared_working,
+    ),
+    Mutant(
+        "deferred-dir-delete-unchecked",
+        "a directory delete that waited runs without asking its owner's rule again",
+        "acting on a decision taken before the wait (R64, R45)",
+        _deferred_dir_delete_unchecked,
     ),
 ]
 MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}

@@ -440,11 +440,19 @@ class _Work:
 
     def _run_deferred(self, d: Deferred) -> None:
         """A waiting delete is carried out by whoever owns the path now (ownership may
-        have moved while it waited, R44); what became the user's is never deleted."""
+        have moved while it waited, R44); what became the user's is never deleted. A
+        directory is deleted only if its owner's rule still allows it (R41, R42): while
+        the delete waited, a new attempt of the subtask may have written into it and a
+        checkpoint may refer to it. If not, the delete is dropped; the rule asks again."""
         if d.is_dir:
             owner = self.dir_owner.get(d.path)
-            if owner is not None and owner != USER:
-                self._delete_dir(d.path, owner)
+            if owner == COORDINATOR:
+                if self._collectable(d.path):
+                    self._delete_dir(d.path, owner)
+            elif owner is not None and owner != USER:
+                tm = _tm_of_actor(owner)
+                if tm is not None and self._releasable(tm, d.path):
+                    self._delete_dir(d.path, owner)
         elif d.path in self.files and self.files[d.path].owner != USER:
             self._delete_file(d.path, self.files[d.path].owner)
 
@@ -1086,19 +1094,22 @@ class _Work:
     def _tm_release_dirs(self, tm: TmId) -> None:
         """R41: a TM deletes a directory it created only if every checkpoint that reported
         it is known aborted and nothing it tracks lies in it (a set, not a counter)."""
-        rec = self.tms[tm]
-        for path, d in sorted(self.dirs.items()):
-            if d.creator != tm or d.handed_over or not d.used_by:
-                continue
-            if self.dir_owner.get(path) != tm_actor(tm):
-                continue
-            if not d.used_by <= rec.known_aborted:
-                continue
-            if any(p.tm == tm and is_under(p.path, path) for p in self.pfiles.values()):
-                continue
-            if any(is_under(f, path) for f in self.files):
-                continue
-            self._delete_dir(path, tm_actor(tm))
+        for path in sorted(self.dirs):
+            if self._releasable(tm, path):
+                self._delete_dir(path, tm_actor(tm))
+
+    def _releasable(self, tm: TmId, path: str) -> bool:
+        """R41 for one directory: ``tm`` may delete it now."""
+        d = self.dirs.get(path)
+        if d is None or d.creator != tm or d.handed_over or not d.used_by:
+            return False
+        if self.dir_owner.get(path) != tm_actor(tm):
+            return False
+        if not d.used_by <= self.tms[tm].known_aborted:
+            return False
+        if any(p.tm == tm and is_under(p.path, path) for p in self.pfiles.values()):
+            return False
+        return not any(is_under(f, path) for f in self.files)
 
     # ------------------------------------------------------------------ crashes (R60-R65)
 
@@ -1286,20 +1297,24 @@ class _Work:
     def _collect_dirs(self) -> None:
         """R42: the coordinator deletes a directory it owns once nothing refers to it and
         no live TM of the job still works in it."""
+        for path in sorted(self.dir_owner):
+            if self._collectable(path):
+                self._delete_dir(path, COORDINATOR)
+
+    def _collectable(self, path: str) -> bool:
+        """R42 for one directory: the coordinator may delete it now."""
+        if self.dir_owner.get(path) != COORDINATOR:
+            return False
+        if path in self._referenced_dirs() or f"dir:{path}" in self.registry:
+            return False
         live = set(self.current_tms())
-        used = self._referenced_dirs()
-        for path, owner in sorted(self.dir_owner.items()):
-            if owner != COORDINATOR or path in used or f"dir:{path}" in self.registry:
-                continue
-            d = self.dirs.get(path)
-            if d is not None and d.creator in live and self.running:
-                continue
-            if any(t in live and is_under(p, path) for (t, p) in self.pfiles):
-                continue
-            inside = [f for p, f in self.files.items() if is_under(p, path)]
-            if any(f.owner not in (COORDINATOR, tm_actor(f.creator or "")) for f in inside):
-                continue
-            self._delete_dir(path, COORDINATOR)
+        d = self.dirs.get(path)
+        if d is not None and d.creator in live and self.running:
+            return False
+        if any(t in live and is_under(p, path) for (t, p) in self.pfiles):
+            return False
+        inside = [f for p, f in self.files.items() if is_under(p, path)]
+        return all(f.owner in (COORDINATOR, tm_actor(f.creator or "")) for f in inside)
 
     def failover(self) -> None:
         """R60-R63: restart every subtask from the latest completed checkpoint."""
@@ -1434,7 +1449,24 @@ class _Work:
                 and not self._referenced(path)
             ):
                 self._delete_file(path, COORDINATOR)
+        self._retry_own_deletes()
         self.failover()
+
+    def _retry_own_deletes(self) -> None:
+        """R95, R45: a restarted coordinator remembers none of its deletes that failed;
+        what they were to delete is its own and unreferenced, so it goes now (a directory
+        only if R42 allows it then), and a delete that fails again is pending again."""
+
+        def owner(d: Deferred) -> str | None:
+            if d.is_dir:
+                return self.dir_owner.get(d.path)
+            f = self.files.get(d.path)
+            return None if f is None else f.owner
+
+        mine = [d for d in self.deferred if d.waits_for is None and owner(d) == COORDINATOR]
+        self.deferred = [d for d in self.deferred if d not in mine]
+        for d in mine:
+            self._run_deferred(d)
 
     # ------------------------------------------------------------------ restore (R70-R76)
 

@@ -656,6 +656,7 @@ class Soak:
             retain = self.rng.random() < 0.5
             self.drain_notices()
             self.run(c.Cancel(retain), lambda: self.coord.end_job(retain=retain))
+            self.retry_deletes()  # quiet: every failed delete retried (SPEC.md section 11)
             self.counts["cancels"] += 1
         else:
             self.quiesce()

@@ -781,6 +781,27 @@ def test_r95_restart_rebuilds_registry_and_retained(mode: MergingMode, num_retai
     assert h.quiesce() == []
 
 
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r95_a_failed_delete_of_the_coordinators_is_done_at_the_restart(mode: MergingMode) -> None:
+    """R95, R45: the restarted coordinator remembers none of its failed deletes; what they
+    were to delete is unreferenced, so it goes at the restart (long soak seed
+    1031-within-local: a coordinator rebuilt in a new process deleted the subsumed
+    checkpoint's ``_metadata`` whose delete had failed, and the model kept it pending)."""
+    h = Harness(Config.for_mode(mode))
+    h.checkpoint()
+    h.checkpoint(complete=False)
+    h.run(c.FailNextCall(StorageOp.DELETE))
+    h.run(c.Complete(h.last_checkpoint))
+    before = h.observe()
+    failed = set(before.pending_deletes)
+    assert failed and {before.owners[p] for p in failed} == {COORDINATOR}
+    effects = h.run(c.RestartCoordinator())
+    after = h.observe()
+    assert failed <= set(deleted(effects, COORDINATOR))
+    assert not failed & set(after.files) and after.pending_deletes == ()
+    assert h.quiesce() == []
+
+
 # ---------------------------------------------------------------------------- R57
 
 

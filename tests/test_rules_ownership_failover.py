@@ -551,6 +551,37 @@ def test_r64_coordinator_takes_and_deletes_what_a_stopped_attempt_owned(mode: Me
     assert gone or mode is MergingMode.ACROSS_CHECKPOINT  # ACROSS: only pooled, live files
 
 
+@pytest.mark.parametrize("mode", MERGING)
+def test_r64_a_waiting_directory_delete_is_decided_again_when_it_runs(mode: MergingMode) -> None:
+    """R64, R42, R45: the replacement ``tm-3`` creates a subtask's shared directory, the
+    zombie ``tm-2`` writes into it, ``tm-3`` is lost and stops: the coordinator would
+    collect the directory, but the delete waits for the zombie. The next attempt ``tm-4``
+    writes there and a retained checkpoint refers to the directory; when the zombie
+    stops, R42 is asked again and keeps it (long soak seed 1028-across-local)."""
+    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h.checkpoint(shared=())
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    h.run(c.Trigger())
+    s = on_tm(h, "tm-3")[0]
+    h.run(c.WriteState(h.last_checkpoint, s, KS, "live", 10))
+    h.run(c.WriteState(h.last_checkpoint, s, KS, "zombie", 10, attempt="tm-2"))
+    h.run(c.Acknowledge(h.last_checkpoint, s))
+    directory = shared_dir(JOB, s)
+    assert h.observe().directories[directory] == "tm:tm-3"
+    h.run(c.CrashTm("tm-3"))
+    h.run(c.AttemptStopped("tm-3"))
+    assert directory in h.observe().pending_deletes  # it waits for tm-2
+    h.run(c.Failover())
+    assert h.tm_of(s) == "tm-4"
+    h.checkpoint()
+    assert any(directory in r.directories for r in h.state.retained)
+    effects = h.run(c.AttemptStopped("tm-2"))
+    obs = h.observe()
+    assert directory not in [d for d, _ in dir_deletes(effects)]
+    assert directory in obs.directories and directory not in obs.pending_deletes
+
+
 # ---------------------------------------------------------------- R65 crash mid-write
 
 

@@ -20,7 +20,9 @@ from fastimpl.engine import InProcessEngine
 from model_tests.targets import FastimplTarget
 from spec import commands as c
 from spec.config import Config, MergingMode
+from spec.effects import Effect
 from spec.errors import CommandError, Reason
+from spec.ids import SubtaskId
 from tests.lockstep import Backend, LockstepHarness
 
 _runs = itertools.count()
@@ -44,6 +46,23 @@ def _on_storage(h: LockstepHarness, path: str) -> bool:
     return bool(_cluster(h).storage.exists_dir(path))
 
 
+def _zombie_writes_beside_its_replacement(
+    h: LockstepHarness,
+) -> tuple[int, SubtaskId, tuple[Effect, ...]]:
+    """``tm-2`` crashes before any shared directory exists; after the failover its
+    replacement ``tm-3`` writes for a new checkpoint, creating a subtask's shared
+    directory, and the zombie ``tm-2`` writes into it too. Returns the checkpoint, the
+    subtask and what the zombie's write returned."""
+    h.checkpoint(shared=())
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    s = next(s for s in h.subtasks if h.tm_of(s) == "tm-3")
+    h.run(c.WriteState(cp, s, KS, "live", 10))
+    return cp, s, h.run(c.WriteState(cp, s, KS, "zombie", 10, attempt="tm-2"))
+
+
 @pytest.mark.parametrize("storage", ["memory", "local"])
 @pytest.mark.parametrize("mode", MERGING)
 def test_a_zombies_file_keeps_the_live_attempts_directory(
@@ -53,14 +72,7 @@ def test_a_zombies_file_keeps_the_live_attempts_directory(
     it: ending the job must not delete the directory (and the zombie's file with it)
     until the zombie has stopped."""
     h = _harness(mode, storage, tmp_path)
-    h.checkpoint(shared=())  # no shared directory exists before the crash
-    h.run(c.CrashTm("tm-2"))
-    h.run(c.Failover())
-    h.run(c.Trigger())
-    cp = h.last_checkpoint
-    s = next(s for s in h.subtasks if h.tm_of(s) == "tm-3")
-    h.run(c.WriteState(cp, s, KS, "live", 10))
-    zombie = h.run(c.WriteState(cp, s, KS, "zombie", 10, attempt="tm-2"))
+    _, _, zombie = _zombie_writes_beside_its_replacement(h)
     cl = _cluster(h)
     zombie_files = [
         p for p, f in cl.catalog.files.items() if f.creator == "tm-2" and "/shared/" in p
@@ -138,3 +150,37 @@ def test_a_stopped_zombie_lets_go_of_its_open_files_and_stops_only_once(
     with pytest.raises(CommandError) as refused:
         h.run(c.AttemptStopped("tm-2"))
     assert refused.value.reason is Reason.TM_NOT_LOST
+
+
+@pytest.mark.parametrize("storage", ["memory", "local"])
+@pytest.mark.parametrize("mode", MERGING)
+def test_a_directory_delete_that_waited_for_a_zombie_is_decided_again_when_it_stops(
+    mode: MergingMode, storage: str, tmp_path: Path
+) -> None:
+    """R42, R64 (seeds 1028-across-local and 1027-within-local of the long soak): the
+    replacement ``tm-3`` creates a subtask's shared directory, the zombie ``tm-2`` writes
+    into it, and ``tm-3`` is lost and stops before any checkpoint refers to it. The
+    coordinator takes the directory and would collect it, but the delete waits for the
+    zombie. The next attempt ``tm-4`` writes into the same directory and a checkpoint
+    refers to it; when the zombie stops, the delete that waited is decided again (R42
+    says no: a retained checkpoint refers to it) instead of deleting the directory with
+    ``tm-4``'s file that the checkpoint uses."""
+    h = _harness(mode, storage, tmp_path)
+    cp, s, _ = _zombie_writes_beside_its_replacement(h)
+    h.run(c.Acknowledge(cp, s))
+    directory = next(
+        p for p, d in _cluster(h).catalog.dirs.items() if d.creator == "tm-3" and "/shared/" in p
+    )
+    h.run(c.CrashTm("tm-3"))
+    h.run(c.AttemptStopped("tm-3"))
+    assert directory in h.target.observe().pending_deletes, "the delete waits for tm-2"
+    h.run(c.Failover())
+    assert h.tm_of(s) == "tm-4"
+    h.checkpoint()
+    assert any(directory in r.directories for r in h.state.retained)
+
+    h.run(c.AttemptStopped("tm-2"))
+    obs = h.target.observe()
+    assert directory in obs.directories and _on_storage(h, directory)
+    assert directory not in obs.pending_deletes
+    assert not h.quiesce()

@@ -403,15 +403,6 @@ DeleteDir(s, d, actor) ==
         ELSE LET s1 == RemoveFiles(s, inside, actor)
              IN  [s1 EXCEPT !.dirs = Without(s1.dirs, {d})]
 
-(* R44, R45, R64: a waiting delete is carried out by whoever owns the path *)
-(* when it runs; what became the user's is never deleted.                  *)
-RunDeferred(s, x) ==
-    IF x.isDir
-    THEN IF x.dir \in DOMAIN s.dirs /\ s.dirs[x.dir].owner # User
-         THEN DeleteDir(s, x.dir, s.dirs[x.dir].owner) ELSE s
-    ELSE IF x.file \in DOMAIN s.files /\ s.files[x.file].owner # User
-         THEN DeleteFiles(s, {x.file}, s.files[x.file].owner) ELSE s
-
 -----------------------------------------------------------------------------------------
 (***************************************************************************)
 (* A TM's file-merging manager: physical files and segments.               *)
@@ -560,15 +551,17 @@ DropOutputs(s, t, C, S) ==
 (* R41 (_tm_release_dirs): a TM deletes a directory it created only if     *)
 (* every checkpoint that reported it is known aborted (a SET of ids, not   *)
 (* a counter: FLINK-38347) and nothing lies in it.                         *)
+Releasable(s, t, d) ==
+    /\ s.dirs[d].creator = t
+    /\ ~s.dirs[d].handedOver
+    /\ s.dirs[d].usedBy # {}
+    /\ s.dirs[d].owner = t
+    /\ s.dirs[d].usedBy \subseteq s.tms[t].knownAborted
+    /\ ~\E f \in DOMAIN s.pfiles[t] : s.pfiles[t][f].dir = d
+    /\ ~\E f \in DOMAIN s.files : s.files[f].dir = d
+
 ReleaseDirs(s, t) ==
-    LET ok(d) == /\ s.dirs[d].creator = t
-                 /\ ~s.dirs[d].handedOver
-                 /\ s.dirs[d].usedBy # {}
-                 /\ s.dirs[d].owner = t
-                 /\ s.dirs[d].usedBy \subseteq s.tms[t].knownAborted
-                 /\ ~\E f \in DOMAIN s.pfiles[t] : s.pfiles[t][f].dir = d
-                 /\ ~\E f \in DOMAIN s.files : s.files[f].dir = d
-    IN  FoldSet(LAMBDA x, d : DeleteDir(x, d, t), s, {d \in DOMAIN s.dirs : ok(d)})
+    FoldSet(LAMBDA x, d : DeleteDir(x, d, t), s, {d \in DOMAIN s.dirs : Releasable(s, t, d)})
 
 (* R23 (_confirm) for one acknowledgement a of the completed checkpoint:   *)
 (* what it acknowledged becomes the subtask's reusable baseline; a name    *)
@@ -710,17 +703,33 @@ SubsumeOldest(s) ==
 (* R42 (_collect_dirs): the coordinator deletes a directory it owns once   *)
 (* no retained checkpoint refers to it, no live TM of the job works in it  *)
 (* and everything in it is the coordinator's (or its creator's).           *)
-CollectDirs(s) ==
+Collectable(s, d) ==
     LET live == CurrentTms(s)
-        used == UNION {r.dirs : r \in s.retained}
-        ok(d) == /\ s.dirs[d].owner = Coord
-                 /\ d \notin used
-                 /\ d \notin DOMAIN s.dirReg
-                 /\ ~(s.dirs[d].creator \in live /\ s.running)
-                 /\ ~\E t \in live : \E f \in DOMAIN s.pfiles[t] : s.pfiles[t][f].dir = d
-                 /\ \A f \in DOMAIN s.files :
-                        s.files[f].dir = d => s.files[f].owner \in {Coord, s.files[f].creator}
-    IN  FoldSet(LAMBDA x, d : DeleteDir(x, d, Coord), s, {d \in DOMAIN s.dirs : ok(d)})
+    IN  /\ s.dirs[d].owner = Coord
+        /\ d \notin UNION {r.dirs : r \in s.retained}
+        /\ d \notin DOMAIN s.dirReg
+        /\ ~(s.dirs[d].creator \in live /\ s.running)
+        /\ ~\E t \in live : \E f \in DOMAIN s.pfiles[t] : s.pfiles[t][f].dir = d
+        /\ \A f \in DOMAIN s.files :
+               s.files[f].dir = d => s.files[f].owner \in {Coord, s.files[f].creator}
+
+CollectDirs(s) ==
+    FoldSet(LAMBDA x, d : DeleteDir(x, d, Coord), s, {d \in DOMAIN s.dirs : Collectable(s, d)})
+
+(* R44, R45, R64: a waiting delete is carried out by whoever owns the path *)
+(* when it runs; what became the user's is never deleted. A directory goes *)
+(* only if its owner's rule still allows it then (R41 for a TM, R42 for    *)
+(* the coordinator): while it waited, a new attempt may have written into  *)
+(* it and a retained checkpoint may refer to it.                           *)
+RunDeferred(s, x) ==
+    IF x.isDir
+    THEN IF x.dir \in DOMAIN s.dirs /\ s.dirs[x.dir].owner # User
+         THEN LET o == s.dirs[x.dir].owner
+                  ok == IF o = Coord THEN Collectable(s, x.dir) ELSE Releasable(s, o, x.dir)
+              IN  IF ok THEN DeleteDir(s, x.dir, o) ELSE s
+         ELSE s
+    ELSE IF x.file \in DOMAIN s.files /\ s.files[x.file].owner # User
+         THEN DeleteFiles(s, {x.file}, s.files[x.file].owner) ELSE s
 
 -----------------------------------------------------------------------------------------
 (***************************************************************************)
