@@ -873,6 +873,10 @@ class CheckpointCoordinator:
         if self.dir_users.get(path, set()) & live:
             return False  # R42: a live TM reported it, it may still hold files there
         inside = [f for p, f in self.catalog.files.items() if is_under(p, path)]
+        if any(f.owner in {tm_actor(t) for t in live} for f in inside):
+            # R42: a live TM works there, with a file it has not acknowledged yet (a
+            # subtask's new attempt in a directory a zombie created, R66, R64)
+            return False
         return all(f.owner in (COORDINATOR, tm_actor(f.creator or "")) for f in inside)
 
     def failover(self) -> None:

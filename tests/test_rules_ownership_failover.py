@@ -582,6 +582,38 @@ def test_r64_a_waiting_directory_delete_is_decided_again_when_it_runs(mode: Merg
     assert directory in obs.directories and directory not in obs.pending_deletes
 
 
+@pytest.mark.parametrize("mode", MERGING)
+def test_r64_a_waiting_directory_delete_spares_a_live_attempts_unacknowledged_file(
+    mode: MergingMode,
+) -> None:
+    """R64, R42: two failovers leave two zombies of a subtask, ``tm-1`` and ``tm-3``;
+    ``tm-1`` creates the subtask's shared directory and both write there. When ``tm-1``
+    stops, the coordinator takes the directory and its delete waits for ``tm-3``. The
+    live attempt ``tm-4`` writes there and has not acknowledged yet: when ``tm-3`` stops,
+    a live TM works in the directory (R42), so it stays with ``tm-4``'s file."""
+    h = Harness(Config.for_mode(mode, max_file_size=100))
+    s = on_tm(h, "tm-1")[0]
+    h.run(c.CrashTm("tm-1"))
+    h.run(c.Failover())
+    h.run(c.CrashTm("tm-3"))
+    h.run(c.Failover())
+    assert h.tm_of(s) == "tm-4"
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    h.run(c.WriteState(cp, s, KS, "zombie", 10, attempt="tm-1"))
+    h.run(c.WriteState(cp, s, KS, "zombie", 10, attempt="tm-3"))
+    directory = shared_dir(JOB, s)
+    h.run(c.AttemptStopped("tm-1"))
+    assert directory in h.observe().pending_deletes  # waits for tm-3
+    live = created(h.run(c.WriteState(cp, s, KS, "live", 10)), "tm:tm-4")
+    effects = h.run(c.AttemptStopped("tm-3"))  # before the fix: I5, tm-4's file deleted
+    obs = h.observe()
+    assert directory not in [d for d, _ in dir_deletes(effects)]
+    assert live and set(live) <= set(obs.files) and directory not in obs.pending_deletes
+    h.run(c.Acknowledge(cp, s))
+    assert h.quiesce() == []
+
+
 # ---------------------------------------------------------------- R65 crash mid-write
 
 
