@@ -839,3 +839,39 @@ def test_r66_a_zombie_of_a_replacement_writes_but_nothing_it_does_reaches_a_chec
     h.run(c.AttemptStopped("tm-2"))
     assert not set(written) & set(h.observe().files)
     assert h.quiesce() == []
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r66_a_directory_delete_waiting_for_a_replaced_attempt_spares_the_new_ones_files(
+    mode: MergingMode,
+) -> None:
+    """R66, R64, R42: two replaced attempts at once (TLC's soak model, 7 moves). The
+    zombie ``tm-1`` creates the subtask's shared directory, the zombie ``tm-3`` writes
+    into it; when ``tm-1`` stops the coordinator takes the directory, and its delete
+    waits for ``tm-3``. Meanwhile the live attempt ``tm-4`` writes there: when ``tm-3``
+    stops, R42 is asked again and keeps the directory with ``tm-4``'s file in it."""
+    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    s = on_tm(h, "tm-1")[0]
+    h.run(c.ReplaceTm("tm-1"))
+    h.run(c.ReplaceTm("tm-3"))
+    assert h.tm_of(s) == "tm-4" and h.lost_tms() == ["tm-1", "tm-3"]
+    zombies = created(h.run(c.WriteState(cp, s, KS, "zombie", 10, attempt="tm-1")))
+    zombies += created(h.run(c.WriteState(cp, s, KS, "zombie", 10, attempt="tm-3")))
+    directory = shared_dir(JOB, s)
+    assert h.observe().directories[directory] == "tm:tm-1"  # the zombie created it
+    h.run(c.AttemptStopped("tm-1"))
+    assert directory in h.observe().pending_deletes  # the coordinator's; waits for tm-3
+    live = created(h.run(c.WriteState(cp, s, KS, "live", 10)), "tm:tm-4")
+    assert live and all(is_under(p, directory) for p in live)
+    effects = h.run(c.AttemptStopped("tm-3"))  # before the fix: I5, tm-4's file deleted
+    obs = h.observe()
+    assert directory not in [d for d, _ in dir_deletes(effects)]
+    assert set(live) <= set(obs.files) and directory not in obs.pending_deletes
+    assert not set(zombies) & set(obs.files)
+    _all_write_and_ack(h, cp)
+    h.run(c.Complete(cp))
+    assert any(directory in r.directories for r in h.state.retained)
+    h.deliver_all()
+    assert h.quiesce() == []
