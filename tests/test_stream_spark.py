@@ -101,8 +101,9 @@ def test_a_rescale_cuts_the_state_by_key_groups_and_counts_every_window_once(
     assert [a.job for a in run.audits] == ["job-0", "job-1"]
     assert all(a.clean for a in run.audits), run.audits
     assert run.audits[1].checkpoints == 1
-    # The trace holds the batches before the rescale, which the model has no command for.
-    assert run.trace is not None and run.trace_stopped is not None
-    assert run.trace_stopped.startswith("a rescale")
+    # The trace runs through the rescale (a Restore onto the new parallelism, R66's
+    # mapping) to the last batch, and the model agrees with every command of it.
+    assert run.trace is not None and run.trace_stopped is None, run.trace_stopped
     replayed = replay(Path(run.trace).read_text().splitlines())
-    assert replayed.agrees and replayed.commands == run.trace_commands > 4 * before * 2
+    assert replayed.agrees, replayed.summary()
+    assert replayed.commands == run.trace_commands > 8 * min(before, after) * 2
