@@ -675,8 +675,14 @@ class CheckpointCoordinator:
         for path in sorted(self.catalog.files):
             f = self.catalog.files[path]
             if f.creator == tm and f.open:
-                self.storage.abandon(path)  # its process is gone
-                f.open = False
+                if self.cfg.open_files_readable:
+                    self.storage.abandon(path)  # its process is gone
+                    f.open = False
+                else:
+                    # R65: an object store writes an object when its file is closed (R12);
+                    # its writer is gone, so it never will be, whoever owns it by now
+                    self.storage.discard(path)
+                    del self.catalog.files[path]
         self.engine.forget_tm(tm)
         actor = tm_actor(tm)
         formerly = sorted(p for p, f in self.catalog.files.items() if f.owner == actor)

@@ -1247,7 +1247,12 @@ class _Work:
         self.tms[tm] = evolve(rec, status=TmStatus.STOPPED, hosted=frozenset())
         for path, f in sorted(self.files.items()):
             if f.creator == tm and f.open:
-                self.files[path] = evolve(f, open=False)  # its process is gone
+                if self.cfg.open_files_readable:
+                    self.files[path] = evolve(f, open=False)  # its process is gone
+                else:
+                    # R65: an object store writes an object when its file is closed (R12);
+                    # its writer is gone, so it never will be, whoever owns it by now
+                    del self.files[path]
         self._forget_tm(tm)
         actor = tm_actor(tm)
         formerly = sorted(p for p, f in self.files.items() if f.owner == actor)

@@ -11,7 +11,7 @@ import pytest
 from conformance.harness import ALL_MODES, JOB, KS, MERGING, ONE, OP, Harness, S, created, deleted
 from spec import commands as c
 from spec.commands import StorageOp
-from spec.config import Config, MergingMode
+from spec.config import Config, MergingMode, RestoreMode
 from spec.effects import (
     COORDINATOR,
     AppendBytes,
@@ -652,6 +652,45 @@ def test_r65_crash_in_pooled_file_leaves_dead_bytes() -> None:
     assert obs.owners[pool] == "tm:tm-3" and obs.ref_counts[pool] == 1
     assert obs.live_segments[pool] == ((0, size),)  # no segment for the 40 dead bytes
     assert h.quiesce() == []
+
+
+@pytest.mark.parametrize("claim", [False, True], ids=["stop", "claim-then-stop"])
+def test_r65_an_object_store_never_has_a_file_its_stopped_writer_left_open(claim: bool) -> None:
+    """R65, R12, R64, R72: on an object store an object is written when its file is
+    closed, so a file a lost attempt still had open when it stopped never exists: it
+    leaves the model at the stop without a delete, whoever owns it by then. The long soak
+    (seed 1002-within-s3): the zombie ``tm-2`` writes into a WITHIN file; a CLAIM restore
+    gives the claimed directories, with everything in them, to the coordinator; when
+    ``tm-2`` stops, the model kept the never written file as the coordinator's until the
+    directory went, where storage had nothing. Without the restore it deleted it."""
+    h = Harness(Config.for_mode(MergingMode.WITHIN_CHECKPOINT, open_files_readable=False))
+    h.checkpoint()
+    s = on_tm(h, "tm-2")[0]
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    h.run(c.Trigger())
+    left = created(h.run(c.WriteState(h.last_checkpoint, s, KS, "z", 10, attempt="tm-2")))
+    assert left and left[0] in h.observe().open_files and is_under(left[0], shared_dir(JOB, s))
+    if claim:
+        h.run(c.Restore(1, (), RestoreMode.CLAIM))
+        assert h.observe().owners[left[0]] == COORDINATOR  # with the claimed directory
+    effects = h.run(c.AttemptStopped("tm-2"))
+    assert left[0] not in h.observe().files
+    assert left[0] not in deleted(effects)  # never written, so never deleted (I2)
+    assert h.quiesce() == []
+
+
+def test_r65_a_readable_store_keeps_a_file_its_stopped_writer_left_open() -> None:
+    """R65: where flushed bytes are durable (a local disk) the same file exists, closed,
+    once its writer stopped, and the coordinator deletes it (R64)."""
+    h = Harness(Config.for_mode(MergingMode.WITHIN_CHECKPOINT))
+    h.checkpoint()
+    s = on_tm(h, "tm-2")[0]
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    h.run(c.Trigger())
+    left = created(h.run(c.WriteState(h.last_checkpoint, s, KS, "z", 10, attempt="tm-2")))
+    assert deleted(h.run(c.AttemptStopped("tm-2")), COORDINATOR) == left
 
 
 # ---------------------------------------------------------------- R66 task-level failover
