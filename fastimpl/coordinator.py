@@ -208,9 +208,6 @@ class CheckpointCoordinator:
         self.told_lost: dict[TmId, frozenset[TmId]] = {}
         """The lost attempts each TM was told of at its last failover (``TmAssignment``)
         and not yet told stopped: its deletes of their files wait (R64)."""
-        self.dir_users: dict[str, set[TmId]] = {}
-        """R42: the TMs that work in each managed directory, from their acknowledgements
-        (R40) and the directories each was handed at a failover (R61)."""
         self.working = SharedWorking(self)
         """Working files handed over in place, and their collection (§11, R103-R105)."""
 
@@ -303,9 +300,6 @@ class CheckpointCoordinator:
         if in_place:
             p.working[ack.subtask] = in_place
         p.received |= self._take_over_files(entries, ack.attempt)
-        for e in entries:
-            if isinstance(e.handle, DirectoryHandle):
-                self.dir_users.setdefault(e.handle.path, set()).add(ack.attempt)
         if self.mode is not MergingMode.NONE and not p.savepoint:
             self._forget_released_dirs(ack)
         p.acks[ack.subtask] = entries
@@ -675,8 +669,14 @@ class CheckpointCoordinator:
         for path in sorted(self.catalog.files):
             f = self.catalog.files[path]
             if f.creator == tm and f.open:
-                self.storage.abandon(path)  # its process is gone
-                f.open = False
+                if self.cfg.open_files_readable:
+                    self.storage.abandon(path)  # its process is gone
+                    f.open = False
+                else:
+                    # R65: an object store writes an object when its file is closed (R12);
+                    # its writer is gone, so it never will be, whoever owns it by now
+                    self.storage.discard(path)
+                    del self.catalog.files[path]
         self.engine.forget_tm(tm)
         actor = tm_actor(tm)
         formerly = sorted(p for p, f in self.catalog.files.items() if f.owner == actor)
@@ -714,8 +714,6 @@ class CheckpointCoordinator:
         self.told_lost.pop(tm, None)
         for path in [p for p, t in self.kept_from_lost.items() if t == tm]:
             del self.kept_from_lost[path]
-        for users in self.dir_users.values():
-            users.discard(tm)
         self._forget_savepoints()
 
     def _forget_savepoints(self) -> None:
@@ -855,8 +853,6 @@ class CheckpointCoordinator:
         for path in sorted(self.catalog.dir_owner):
             if self._collectable(path):
                 self.catalog.delete_dir(path, COORDINATOR)
-        for path in [p for p in self.dir_users if p not in self.catalog.dir_owner]:
-            del self.dir_users[path]  # gone: nobody works there any more
 
     def _collectable(self, path: str) -> bool:
         """R42 for one directory: the coordinator may delete it now."""
@@ -870,14 +866,22 @@ class CheckpointCoordinator:
         d = self.catalog.dirs.get(path)
         if d is not None and d.creator in live and self.running:
             return False
-        if self.dir_users.get(path, set()) & live:
-            return False  # R42: a live TM reported it, it may still hold files there
+        if self.running and path in self._managed_dirs(live):
+            return False  # R42: a live TM works there: it writes there at its next write
         inside = [f for p, f in self.catalog.files.items() if is_under(p, path)]
         if any(f.owner in {tm_actor(t) for t in live} for f in inside):
             # R42: a live TM works there, with a file it has not acknowledged yet (a
             # subtask's new attempt in a directory a zombie created, R66, R64)
             return False
         return all(f.owner in (COORDINATOR, tm_actor(f.creator or "")) for f in inside)
+
+    def _managed_dirs(self, tms: set[TmId]) -> set[str]:
+        """R42, R61: the directories the TMs ``tms`` manage in the running job, holding a
+        file there yet or not: the shared directories of the subtasks they host and their
+        own exclusive ones. A TM told that such a directory is the coordinator's (R61)
+        writes into it without creating it again, so it must not go under it."""
+        hosted = {shared_dir(self.job, s) for s, t in self.placement.items() if t in tms}
+        return hosted | {taskowned_dir(self.job, t) for t in tms}
 
     def failover(self) -> None:
         for cid in sorted(self.pending):
@@ -988,7 +992,6 @@ class CheckpointCoordinator:
         taken: list[str] = []
         coordinators: list[str] = []
         for d in managed:
-            self.dir_users.setdefault(d, set()).add(tm)
             owner = self.catalog.dir_owner.get(d)
             if owner == COORDINATOR:
                 coordinators.append(d)

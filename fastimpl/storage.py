@@ -991,6 +991,29 @@ class Storage:
             except Exception as err:  # a dead writer's upload may fail: nothing to keep
                 log.debug("closing abandoned %s: %r", path, err)
 
+    def discard(self, path: str) -> None:
+        """Forget an open file whose writer died, on a store that writes an object only
+        when its file is closed (R12, R65): nothing is uploaded, so it never exists."""
+        f = self._open.pop(path, None)
+        if f is None:
+            return
+        try:
+            throw_away = getattr(f, "discard", None)  # fsspec: drop the buffer, abort parts
+            if callable(throw_away):
+                throw_away()
+            f.closed = True  # type: ignore[misc]  # a later close (or __del__) uploads nothing
+        except Exception as err:
+            log.debug("discarding %s: %r", path, err)
+        if not self._local:
+            # a file system that shows a file from its creation (memory://, standing in
+            # for an object store in tests) keeps what no object store would have
+            full = self.full(path)
+            try:
+                if self.fs.exists(full):
+                    self.fs.rm_file(full)
+            except Exception as err:
+                log.debug("removing discarded %s: %r", path, err)
+
     def _write_replace(self, d: Dir, name: str, data: bytes, suffix: str = ".inprogress") -> None:
         """Write ``data`` to ``name`` in ``d`` whole or not at all on a local disk: a
         synced twin (``name`` + ``suffix``), then a rename (the caller syncs the

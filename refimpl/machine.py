@@ -1247,7 +1247,12 @@ class _Work:
         self.tms[tm] = evolve(rec, status=TmStatus.STOPPED, hosted=frozenset())
         for path, f in sorted(self.files.items()):
             if f.creator == tm and f.open:
-                self.files[path] = evolve(f, open=False)  # its process is gone
+                if self.cfg.open_files_readable:
+                    self.files[path] = evolve(f, open=False)  # its process is gone
+                else:
+                    # R65: an object store writes an object when its file is closed (R12);
+                    # its writer is gone, so it never will be, whoever owns it by now
+                    del self.files[path]
         self._forget_tm(tm)
         actor = tm_actor(tm)
         formerly = sorted(p for p, f in self.files.items() if f.owner == actor)
@@ -1311,10 +1316,19 @@ class _Work:
         d = self.dirs.get(path)
         if d is not None and d.creator in live and self.running:
             return False
+        if self.running and path in self._managed_dirs(live):
+            return False  # a live TM works there: it writes there at its next write
         if any(t in live and is_under(p, path) for (t, p) in self.pfiles):
             return False
         inside = [f for p, f in self.files.items() if is_under(p, path)]
         return all(f.owner in (COORDINATOR, tm_actor(f.creator or "")) for f in inside)
+
+    def _managed_dirs(self, tms: set[TmId]) -> set[str]:
+        """R42, R61: the directories the TMs ``tms`` manage in the running job, holding a
+        file there yet or not: the shared directories of the subtasks they host and their
+        own exclusive ones."""
+        hosted = {shared_dir(self.job, s) for s, t in self.placement.items() if t in tms}
+        return hosted | {taskowned_dir(self.job, t) for t in tms}
 
     def failover(self) -> None:
         """R60-R63: restart every subtask from the latest completed checkpoint."""

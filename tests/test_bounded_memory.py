@@ -144,8 +144,6 @@ def _coordinator_tables(store: CheckpointStore) -> dict[str, int]:
         "started": len(co.started),
         "savepoint ids": len(co.savepoint_ids),
         "triggered savepoints": len(co.triggered_savepoints),
-        "dir_users": len(co.dir_users),
-        "dir_users ids": sum(len(v) for v in co.dir_users.values()),
     }
 
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from spec.config import MergingMode
+from spec import commands as c
+from spec.config import MergingMode, StateKind
+from spec.layout import is_under, shared_dir
 from tests.file_compare import compare_with_model
 from tests.process_soak import (
     LOG,
@@ -109,3 +111,52 @@ def test_a_zombies_stale_notice_does_not_delete_a_file_twice(
     finally:
         soak.engine.stop_all()
     assert soak.counts["zombies"] >= 1 and soak.counts["failovers"] >= 2
+
+
+def test_a_reupload_takes_the_bytes_from_the_tms_own_copy(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """R20: state that may not be reused is uploaded again, and the model accepts the
+    ``ReuseShared`` whatever storage still holds of the old upload. The soak's TM process
+    read the old bytes back from storage, which on S3 does not have them while the old
+    upload's WITHIN file is open (an object is written when its file is closed, R12: seed
+    ``1008-within-s3``) nor after the store deleted them (their checkpoint aborted), and
+    refused with ``NO_SUCH_STATE``. It now keeps the bytes it uploaded, as a backend keeps
+    its local files: both re-uploads are accepted, and the model agrees."""
+    config, fs, root, target = make_setting(MergingMode.WITHIN_CHECKPOINT, "s3", tmp_path, request)
+    soak = Soak("reupload", config, fs, root, target)
+    s = sorted(soak.coord.placement, key=str)[0]
+    sub = (s.vertex, s.index, s.parallelism)
+
+    def keyed(cid: int, name: str) -> None:
+        data = b"k" * 100
+        reply = soak.engine.call(
+            soak.host(s), ("write", sub, cid, "keyed_shared", name, data, False)
+        )
+        assert reply == ("ok",)
+        soak.run(c.WriteState(cid, s, StateKind.KEYED_SHARED, name, len(data), 1), lambda: None)
+        soak.check()
+
+    def reuse(cid: int, name: str) -> None:
+        reply = soak.engine.call(soak.host(s), ("reuse", sub, cid, name, False))
+        assert reply == ("ok",), reply
+        soak.run(c.ReuseShared(cid, s, name), lambda: None)
+        soak.check()
+
+    try:
+        first = soak.run_trigger()
+        keyed(first, "a")
+        keyed(first, "b")
+        second = soak.run_trigger()
+        reuse(second, "b")  # the old bytes lie in the first checkpoint's open file
+        soak.ack(first, s)
+        soak.abort(first)
+        soak.drain_notices()  # the TM deletes the aborted checkpoint's file
+        soak.check()
+        listed = soak.coord.storage.list_files()
+        assert not [p for p in listed if is_under(p, shared_dir(soak.coord.job, s))]
+        reuse(soak.run_trigger(), "a")  # the old bytes are gone from storage
+        soak.finish()
+    finally:
+        soak.engine.stop_all()
+    assert soak.counts["commands replayed"] > 0

@@ -11,7 +11,7 @@ import pytest
 from conformance.harness import ALL_MODES, JOB, KS, MERGING, ONE, OP, Harness, S, created, deleted
 from spec import commands as c
 from spec.commands import StorageOp
-from spec.config import Config, MergingMode
+from spec.config import Config, MergingMode, RestoreMode
 from spec.effects import (
     COORDINATOR,
     AppendBytes,
@@ -588,9 +588,10 @@ def test_r64_a_waiting_directory_delete_spares_a_live_attempts_unacknowledged_fi
 ) -> None:
     """R64, R42: two failovers leave two zombies of a subtask, ``tm-1`` and ``tm-3``;
     ``tm-1`` creates the subtask's shared directory and both write there. When ``tm-1``
-    stops, the coordinator takes the directory and its delete waits for ``tm-3``. The
-    live attempt ``tm-4`` writes there and has not acknowledged yet: when ``tm-3`` stops,
-    a live TM works in the directory (R42), so it stays with ``tm-4``'s file."""
+    stops, the coordinator takes the directory; its delete waited for ``tm-3`` until R42
+    said that the live attempt ``tm-4`` works in the directories it manages before it
+    writes there: now nothing is deleted at all. ``tm-4`` writes there and has not
+    acknowledged yet: when ``tm-3`` stops, the directory stays with ``tm-4``'s file."""
     h = Harness(Config.for_mode(mode, max_file_size=100))
     s = on_tm(h, "tm-1")[0]
     h.run(c.CrashTm("tm-1"))
@@ -604,13 +605,51 @@ def test_r64_a_waiting_directory_delete_spares_a_live_attempts_unacknowledged_fi
     h.run(c.WriteState(cp, s, KS, "zombie", 10, attempt="tm-3"))
     directory = shared_dir(JOB, s)
     h.run(c.AttemptStopped("tm-1"))
-    assert directory in h.observe().pending_deletes  # waits for tm-3
+    obs = h.observe()  # the coordinator's, and tm-4 works there (R42): no delete waits
+    assert obs.directories[directory] == COORDINATOR and directory not in obs.pending_deletes
     live = created(h.run(c.WriteState(cp, s, KS, "live", 10)), "tm:tm-4")
     effects = h.run(c.AttemptStopped("tm-3"))  # before the fix: I5, tm-4's file deleted
     obs = h.observe()
     assert directory not in [d for d, _ in dir_deletes(effects)]
     assert live and set(live) <= set(obs.files) and directory not in obs.pending_deletes
     h.run(c.Acknowledge(cp, s))
+    assert h.quiesce() == []
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r42_a_live_attempt_works_in_the_directories_it_manages_before_it_writes(
+    mode: MergingMode,
+) -> None:
+    """R42, R61, R45: the directory of a subtask the coordinator holds is not collected
+    while a live TM runs the subtask, whether or not it has written there yet: a
+    restarting TM told that the directory is the coordinator's writes into it without
+    creating it again. ``tm-3`` creates the subtask's directory and stops; the
+    coordinator's delete waits for the zombie ``tm-2``, which wrote there too; a failover
+    starts ``tm-4`` on the subtask; ``tm-2`` stops before ``tm-4`` writes. The model
+    deleted the directory (no live TM held a file there) where fastimpl kept it (``tm-4``
+    was handed it at the failover)."""
+    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h.checkpoint(shared=())
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    h.run(c.Trigger())
+    s = on_tm(h, "tm-3")[0]
+    h.run(c.WriteState(h.last_checkpoint, s, KS, "live", 10))
+    h.run(c.WriteState(h.last_checkpoint, s, KS, "zombie", 10, attempt="tm-2"))
+    h.run(c.Acknowledge(h.last_checkpoint, s))
+    directory = shared_dir(JOB, s)
+    h.run(c.CrashTm("tm-3"))
+    h.run(c.AttemptStopped("tm-3"))
+    assert directory in h.observe().pending_deletes  # it waits for tm-2
+    h.run(c.Failover())
+    assert h.tm_of(s) == "tm-4"
+    effects = h.run(c.AttemptStopped("tm-2"))
+    obs = h.observe()
+    assert directory not in [d for d, _ in dir_deletes(effects)]
+    assert obs.directories[directory] == COORDINATOR and directory not in obs.pending_deletes
+    h.run(c.Trigger())
+    written = h.run(c.WriteState(h.last_checkpoint, s, KS, "next", 10))
+    assert not [e for e in written if isinstance(e, MakeDir)]  # it is there
     assert h.quiesce() == []
 
 
@@ -652,6 +691,45 @@ def test_r65_crash_in_pooled_file_leaves_dead_bytes() -> None:
     assert obs.owners[pool] == "tm:tm-3" and obs.ref_counts[pool] == 1
     assert obs.live_segments[pool] == ((0, size),)  # no segment for the 40 dead bytes
     assert h.quiesce() == []
+
+
+@pytest.mark.parametrize("claim", [False, True], ids=["stop", "claim-then-stop"])
+def test_r65_an_object_store_never_has_a_file_its_stopped_writer_left_open(claim: bool) -> None:
+    """R65, R12, R64, R72: on an object store an object is written when its file is
+    closed, so a file a lost attempt still had open when it stopped never exists: it
+    leaves the model at the stop without a delete, whoever owns it by then. The long soak
+    (seed 1002-within-s3): the zombie ``tm-2`` writes into a WITHIN file; a CLAIM restore
+    gives the claimed directories, with everything in them, to the coordinator; when
+    ``tm-2`` stops, the model kept the never written file as the coordinator's until the
+    directory went, where storage had nothing. Without the restore it deleted it."""
+    h = Harness(Config.for_mode(MergingMode.WITHIN_CHECKPOINT, open_files_readable=False))
+    h.checkpoint()
+    s = on_tm(h, "tm-2")[0]
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    h.run(c.Trigger())
+    left = created(h.run(c.WriteState(h.last_checkpoint, s, KS, "z", 10, attempt="tm-2")))
+    assert left and left[0] in h.observe().open_files and is_under(left[0], shared_dir(JOB, s))
+    if claim:
+        h.run(c.Restore(1, (), RestoreMode.CLAIM))
+        assert h.observe().owners[left[0]] == COORDINATOR  # with the claimed directory
+    effects = h.run(c.AttemptStopped("tm-2"))
+    assert left[0] not in h.observe().files
+    assert left[0] not in deleted(effects)  # never written, so never deleted (I2)
+    assert h.quiesce() == []
+
+
+def test_r65_a_readable_store_keeps_a_file_its_stopped_writer_left_open() -> None:
+    """R65: where flushed bytes are durable (a local disk) the same file exists, closed,
+    once its writer stopped, and the coordinator deletes it (R64)."""
+    h = Harness(Config.for_mode(MergingMode.WITHIN_CHECKPOINT))
+    h.checkpoint()
+    s = on_tm(h, "tm-2")[0]
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    h.run(c.Trigger())
+    left = created(h.run(c.WriteState(h.last_checkpoint, s, KS, "z", 10, attempt="tm-2")))
+    assert deleted(h.run(c.AttemptStopped("tm-2")), COORDINATOR) == left
 
 
 # ---------------------------------------------------------------- R66 task-level failover
@@ -847,9 +925,10 @@ def test_r66_a_directory_delete_waiting_for_a_replaced_attempt_spares_the_new_on
 ) -> None:
     """R66, R64, R42: two replaced attempts at once (TLC's soak model, 7 moves). The
     zombie ``tm-1`` creates the subtask's shared directory, the zombie ``tm-3`` writes
-    into it; when ``tm-1`` stops the coordinator takes the directory, and its delete
-    waits for ``tm-3``. Meanwhile the live attempt ``tm-4`` writes there: when ``tm-3``
-    stops, R42 is asked again and keeps the directory with ``tm-4``'s file in it."""
+    into it; when ``tm-1`` stops the coordinator takes the directory. Its delete waited
+    for ``tm-3`` until R42 said that the live attempt ``tm-4`` works in the directories
+    it manages before it writes there: now nothing is deleted. ``tm-4`` writes there:
+    when ``tm-3`` stops, R42 keeps the directory with ``tm-4``'s file in it."""
     h = Harness(Config.for_mode(mode, max_file_size=100))
     h.run(c.Trigger())
     cp = h.last_checkpoint
@@ -862,7 +941,8 @@ def test_r66_a_directory_delete_waiting_for_a_replaced_attempt_spares_the_new_on
     directory = shared_dir(JOB, s)
     assert h.observe().directories[directory] == "tm:tm-1"  # the zombie created it
     h.run(c.AttemptStopped("tm-1"))
-    assert directory in h.observe().pending_deletes  # the coordinator's; waits for tm-3
+    obs = h.observe()  # the coordinator's, and tm-4 works there (R42): no delete waits
+    assert obs.directories[directory] == COORDINATOR and directory not in obs.pending_deletes
     live = created(h.run(c.WriteState(cp, s, KS, "live", 10)), "tm:tm-4")
     assert live and all(is_under(p, directory) for p in live)
     effects = h.run(c.AttemptStopped("tm-3"))  # before the fix: I5, tm-4's file deleted

@@ -112,6 +112,12 @@ def _refusal(tm: TaskManager, subtask: SubtaskId, checkpoint: int, savepoint: bo
     return None
 
 
+LocalCopies = dict[tuple[str, int], bytes]
+"""The bytes of each upload this process made, by its stream's (path, offset): the local
+state a backend uploads again when an old upload may not be reused (a RocksDB backend's
+SST files on local disk)."""
+
+
 def _reuse(
     tm: TaskManager,
     subtask: SubtaskId,
@@ -120,9 +126,16 @@ def _reuse(
     savepoint: bool,
     job: str,
     tm_id: TmId,
+    local: LocalCopies,
 ) -> tuple[Any, ...]:
     """R20-R23, as the in-process engine's ``reuse_shared``: the old handle, a placeholder,
-    or the same bytes uploaded again (read back from storage; gone: ``NO_SUCH_STATE``)."""
+    or the same bytes uploaded again. The bytes come from the process's own copy of what
+    it uploaded, as a backend's do from its local files: storage may not give them back,
+    since the old upload may lie in a pooled file still open on an object store (not
+    written before it is closed, R12) or in one the store deleted (its checkpoint aborted),
+    and the model re-uploads in both cases (R20; the soak's seed 1008-within-s3). State
+    this process restored and never wrote is read back from the retained checkpoint's
+    file, which exists (I1)."""
     why = _refusal(tm, subtask, checkpoint, savepoint)
     if why is None and (subtask, name) not in tm.backend:
         why = Reason.NO_SUCH_STATE.value
@@ -137,15 +150,33 @@ def _reuse(
     try:
         data = b""
         if stream is not None and stream.length > 0:
-            if not storage.fs.exists(storage.full(stream.path)):
-                return ("refused", Reason.NO_SUCH_STATE.value)  # deleted by the store
-            data = storage.read_range(stream.path, getattr(stream, "offset", 0), stream.length)
-        tm.write(subtask, checkpoint, old.kind, old.name, len(data), old.entries, data, savepoint)
+            at = getattr(stream, "offset", 0)
+            copy = local.get((stream.path, at))
+            data = copy if copy is not None else storage.read_range(stream.path, at, stream.length)
+        _write(tm, local, subtask, checkpoint, old.kind, old.name, old.entries, data, savepoint)
     except StorageFault as fault:
         tm.write_failed(subtask, checkpoint, savepoint)
         decline = encode_message(Decline(job, checkpoint, subtask, tm_id))
         return ("decline", decline, fault.op.value)
     return ("ok",)
+
+
+def _write(
+    tm: TaskManager,
+    local: LocalCopies,
+    subtask: SubtaskId,
+    checkpoint: int,
+    kind: StateKind,
+    name: str,
+    entries: int,
+    data: bytes,
+    savepoint: bool,
+) -> None:
+    """A write, whose bytes the process keeps (``LocalCopies``)."""
+    entry = tm.write(subtask, checkpoint, kind, name, len(data), entries, data, savepoint)
+    stream = stream_of(entry.handle)
+    if stream is not None and kind is StateKind.KEYED_SHARED:
+        local[(stream.path, getattr(stream, "offset", 0))] = data
 
 
 def serve(
@@ -164,6 +195,7 @@ def serve(
         tm.finished_mark = finished_mark
     tm.catalog.keep_deletion_log()  # the test checks I2 and I5 over the whole history
     kill = KillPoint(tm.catalog.storage)
+    local: LocalCopies = {}
     while True:
         req = conn.recv()
         op = req[0]
@@ -197,7 +229,7 @@ def serve(
                 conn.send(("refused", why))  # nothing is written
                 continue
             try:
-                tm.write(subtask, checkpoint, StateKind(kind), name, len(data), 1, data, savepoint)
+                _write(tm, local, subtask, checkpoint, StateKind(kind), name, 1, data, savepoint)
             except StorageFault as fault:
                 tm.write_failed(subtask, checkpoint, savepoint)
                 decline = encode_message(Decline(job, checkpoint, subtask, tm_id))
@@ -221,7 +253,8 @@ def serve(
                 conn.send(("ack", encode_message(ack)))
         elif op == "reuse":
             _, (v, i, p), checkpoint, name, savepoint = req
-            conn.send(_reuse(tm, SubtaskId(v, i, p), checkpoint, name, savepoint, job, tm_id))
+            sub = SubtaskId(v, i, p)
+            conn.send(_reuse(tm, sub, checkpoint, name, savepoint, job, tm_id, local))
         elif op == "arm":  # the storage's fault seam: its next call of this kind fails
             tm.catalog.storage.arm(StorageOp(req[1]))
             conn.send(("ok",))

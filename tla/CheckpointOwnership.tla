@@ -702,6 +702,7 @@ SubsumeOldest(s) ==
 
 (* R42 (_collect_dirs): the coordinator deletes a directory it owns once   *)
 (* no retained checkpoint refers to it, no live TM of the job works in it  *)
+(* (manages it, holding a file there yet or not, or holds a file there)    *)
 (* and everything in it is the coordinator's (or its creator's).           *)
 Collectable(s, d) ==
     LET live == CurrentTms(s)
@@ -709,6 +710,8 @@ Collectable(s, d) ==
         /\ d \notin UNION {r.dirs : r \in s.retained}
         /\ d \notin DOMAIN s.dirReg
         /\ ~(s.dirs[d].creator \in live /\ s.running)
+        /\ ~(s.running /\ \E i \in DOMAIN s.placement :
+                s.placement[i] \in live /\ d = SharedDir(s.job, s.par, i))
         /\ ~\E t \in live : \E f \in DOMAIN s.pfiles[t] : s.pfiles[t][f].dir = d
         /\ \A f \in DOMAIN s.files :
                s.files[f].dir = d => s.files[f].owner \in {Coord, s.files[f].creator}
