@@ -9,6 +9,10 @@ and starts a new incarnation of the job (a new job id under the same root, new T
 that restores from the latest of them in CLAIM mode (R72): the new coordinator owns the
 crashed job's retained checkpoints and deletes them once they are subsumed.
 
+Checkpoint ids go on past every one used under the root (R50): those storage shows, and
+the pending ones of the crashed job's last published writer state (``fastimpl.
+writer_state``; with merging, a pending checkpoint leaves nothing under ``chk-N/``).
+
 The coordinator is rebuilt by ``fastimpl.resume.rebuild``, the one restart from storage
 (a coordinator resumed while its TMs run on uses it too), with the HA state derived
 from storage (no HA service survived) and no TM running; then the restore.
@@ -40,6 +44,7 @@ deleted.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -53,6 +58,7 @@ from fastimpl.records import Completed
 from fastimpl.resume import HaState, rebuild
 from fastimpl.storage import Storage
 from fastimpl.working import is_working_path
+from fastimpl.writer_state import WRITER_STATE
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec, check_parallelism
 from spec.handles import stream_of
 from spec.keygroups import max_parallelism_refusal
@@ -195,6 +201,7 @@ def recover(
     cids = [int(m.group(1)) for p in files if (m := re.match(r"[^/]+/chk-(\d+)/", p))] + [
         int(m.group(1)) for p in files if (m := re.match(rf"{SAVEPOINTS}/savepoint-(\d+)/", p))
     ]
+    cids += _published_pending(reader, own, files)
 
     cl = InProcessEngine(
         config, job_spec, fs, root, ids, job_id=job, background_deletes=background_deletes
@@ -269,6 +276,24 @@ def recover(
         left_alone=tuple(sorted(t for t in tops if t not in (own, SAVEPOINTS))),
     )
     return cl, report
+
+
+def _published_pending(reader: Storage, own: str, files: dict[str, int]) -> list[int]:
+    """R50: the checkpoints the crashed job had triggered when it last published its
+    state (``fastimpl.writer_state``, the streaming job's coordinator publishes at every
+    trigger). Such a checkpoint may have left nothing under ``chk-N/`` (with merging its
+    files lie in ``shared/`` and ``taskowned/``), so only the publication says its id was
+    used; the new job's ids go past it. No publication: the ids storage shows."""
+    path = f"{own}/{WRITER_STATE}"
+    if path not in files:
+        return []
+    try:
+        doc = json.loads(reader.read_range(path, 0, files[path]))
+        return [int(p["checkpoint"]) for p in doc["pending"]]
+    except (ValueError, KeyError, TypeError) as err:
+        raise RecoveryError(
+            f"{path}: not a writer state ({type(err).__name__}: {err}); nothing was deleted"
+        ) from None
 
 
 def _check_ids(keep: list[Completed]) -> None:

@@ -35,14 +35,27 @@ VERSION = 1
 
 
 class CommandTrace:
-    """Writes a trace to ``out`` (a text file opened for writing, or a path)."""
+    """Writes a trace to ``out`` (a text file opened for writing, or a path). ``append``
+    (a path only): the trace there goes on, numbered on from its last command line (a
+    driver restarted in a new process, ``pipeline.stream.trace``)."""
 
-    def __init__(self, out: IO[str] | str, *, observations: bool = False) -> None:
+    def __init__(
+        self, out: IO[str] | str, *, observations: bool = False, append: bool = False
+    ) -> None:
         self._own = isinstance(out, str)
-        self._out: IO[str] = open(out, "w", encoding="utf-8") if isinstance(out, str) else out  # noqa: SIM115
-        self.observations = observations
         self._seq = 0
+        if isinstance(out, str) and append:
+            with open(out, encoding="utf-8") as f:
+                self._seq = max(0, sum(1 for line in f if line.strip()) - 1)  # the header
+        mode = "a" if append else "w"
+        self._out: IO[str] = open(out, mode, encoding="utf-8") if isinstance(out, str) else out  # noqa: SIM115
+        self.observations = observations
         self._lock = threading.Lock()
+
+    @property
+    def numbered(self) -> int:
+        """The command lines of the trace so far (an appended one's earlier ones too)."""
+        return self._seq
 
     def header(self, config: Config, job: JobSpec, ids: str) -> None:
         self._line(

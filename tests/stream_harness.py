@@ -67,6 +67,7 @@ class LocalJob:
         self.config = config
         self.storage_options = storage_options
         self.gc_min_age_s = gc_min_age_s
+        self.trace = trace
         self.coordinator = open_coordinator(
             self.url,
             config,
@@ -155,6 +156,8 @@ class LocalJob:
 
         halt_all()  # the workers' databases died with the application
         old = self.coordinator
+        if old.trace is not None:
+            old.trace.close()  # its lines are on disk: the driver died after writing them
         self.coordinator = open_coordinator(
             self.url,
             self.config,
@@ -163,6 +166,7 @@ class LocalJob:
             crashed_job=old.job_id,
             backend=self.driver.backend,
             gc_min_age_s=self.gc_min_age_s,
+            trace=self.trace,
         )
         old_driver = self.driver
         self.driver = BatchDriver(

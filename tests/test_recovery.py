@@ -40,6 +40,7 @@ import pytest
 from fastimpl import CheckpointStore, MetadataError, RecoveryError
 from fastimpl.metadata import decode
 from fastimpl.recovery import RecoveryReport, recover
+from fastimpl.writer_state import WRITER_STATE, publish_state
 from pipeline.location import Location
 from pipeline.single import audit_single
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
@@ -596,6 +597,47 @@ def test_no_completed_checkpoint_starts_a_new_job_and_deletes_garbage(
     new.flush()
     assert new.check_invariants(quiet=True) == []
     assert place.snapshot() == {}
+
+
+@pytest.mark.parametrize("published", [True, False], ids=["published", "unpublished"])
+def test_r50_a_pending_checkpoint_in_the_published_writer_state_is_not_triggered_again(
+    place: Place, published: bool
+) -> None:
+    """R50 across a recovery: with merging, a pending checkpoint's files lie in
+    ``shared/`` and ``taskowned/``, none under ``chk-N/``, so storage alone does not show
+    that its id was used; the writer state the crashed job published at the trigger
+    (``fastimpl.writer_state``) does, and the new job's ids go past it. Unpublished, the
+    new job can only go past the ids storage shows."""
+    config = Config.for_mode(MergingMode.ACROSS_CHECKPOINT, num_retained=1)
+    store = _store(place, config)
+    if published:
+        publish_state(store)
+    ledger, prog = Ledger(), Progress()
+    checkpoint(store, ledger, prog)
+    pending = store.coordinator.trigger()
+    for sub, tm in sorted(store.placement().items()):
+        store.task_manager(tm).write(pending, sub, KS, "s", payload(sub, "s"))
+    # the process dies here
+    assert not any(f"/chk-{pending}/" in p for p in place.snapshot())
+    new, report = CheckpointStore.recover(place.url, config, JOB)
+    assert report.checkpoints == (pending - 1,)
+    assert new.coordinator.trigger() == (pending + 1 if published else pending)
+
+
+def test_an_unreadable_writer_state_refuses_the_recovery_and_deletes_nothing(
+    place: Place,
+) -> None:
+    config = Config.for_mode(MergingMode.ACROSS_CHECKPOINT, num_retained=1)
+    store = _store(place, config)
+    checkpoint(store, Ledger(), Progress())
+    pending = store.coordinator.trigger()
+    for sub, tm in sorted(store.placement().items()):
+        store.task_manager(tm).write(pending, sub, KS, "s", payload(sub, "s"))
+    place.inner.pipe_file(f"{place.root}/job-0/{WRITER_STATE}", b'{"pending": [{}]}')
+    before = place.snapshot()
+    with pytest.raises(RecoveryError, match=rf"job-0/{WRITER_STATE}: not a writer state"):
+        CheckpointStore.recover(place.url, config, JOB)
+    assert place.snapshot() == before
 
 
 def test_recover_continues_job_0_unless_told_otherwise(place: Place) -> None:

@@ -14,8 +14,9 @@ straggler, on the two-host loopback cluster of ``tests.spark_cluster``) and a re
 Each restart recovers the store from the persisted ``_metadata`` (a new job that claims
 the latest completed checkpoint) and Spark from its own offsets. At the end: 22 batches,
 every closed window equal to the batch computation, the invariants I1-I6 on the real
-files (the last run's), the storage audit of every job base clean, and the first driver's
-command trace replayed through the model as far as it goes. ACROSS merging
+files (the last run's), the storage audit of every job base clean, and the command trace
+of the whole run (each restarted driver writes on the crashed one's) replayed through the
+model and agreeing. ACROSS merging
 (the test of the worker failures alone runs WITHIN). The driver runs in a subprocess;
 the test shares the ``spark`` xdist group."""
 
@@ -96,11 +97,17 @@ def test_r96_the_driver_killed_three_times_with_worker_failures_counts_every_rec
     assert audits, jobs
     for job, s in audits.items():
         assert (s.orphans, s.dangling, s.corrupt_metadata) == (0, 0, 0), (job, s.verdict)
-    # The command trace: the first driver's, up to the first event the model has no
-    # command for; a recovered driver writes none (a recovery is no model command).
-    assert run["trace"] is None and run["trace_stopped"].startswith("a driver restart")
-    replayed = replay((run_dir / "work" / "trace.ndjson").read_text().splitlines())
-    assert replayed.agrees and replayed.commands > 0, replayed.summary()
+    # The command trace of the whole run: each restarted driver wrote on the crashed
+    # one's (the crash of the job's TMs, their stop, a CLAIM restore into the new job).
+    assert run["trace"] is not None and run["trace_stopped"] is None, run["trace_stopped"]
+    lines = (run_dir / "work" / "trace.ndjson").read_text().splitlines()
+    replayed = replay(lines)
+    assert replayed.agrees and replayed.stopped is None, replayed.summary()
+    assert replayed.commands == len(lines) - 1 == run["trace_commands"]
+    restores = [c for x in lines[1:] if (c := json.loads(x)["command"])["type"] == "Restore"]
+    assert [r["mode"] for r in restores[1:]] == ["claim"] * len(DEATHS), restores
+    assert len(restores) == len(DEATHS) + 1 and restores[0]["num_tms"] == 3
+    crashed = Counter(json.loads(x)["command"]["type"] for x in lines[1:])
     kills = run["kills"]  # every run's, as the killed tasks logged them
     assert kills, "no worker was killed"
     copies = run["speculative_copies"]  # the last run's listener
@@ -114,5 +121,7 @@ def test_r96_the_driver_killed_three_times_with_worker_failures_counts_every_rec
         f" tasks in the last run {len(copies)}; windows compared {cmp.windows}"
         f" ({cmp.counts} counts): equal; I1-I6 hold; audit:"
         f" {', '.join(f'{j} {s.files} files clean' for j, s in audits.items())};"
-        f" the first driver's command trace: {replayed.commands} commands agree with the model"
+        f" the command trace of the whole run: {replayed.commands} commands agree with the"
+        f" model ({crashed['ReplaceTm']} ReplaceTm, {crashed['CrashTm']} CrashTm,"
+        f" {crashed['AttemptStopped']} AttemptStopped, {len(restores)} Restore)"
     )

@@ -7,14 +7,18 @@ checkpoint completed and after batch 4's windows are in the sink; each restart r
 the store into a new job that claims the latest completed checkpoint. Both state
 backends: with ``working`` the recovered job's databases are clones of the crashed job's
 SlateDB checkpoints (its manifests must survive the recovery). Every closed window equal
-to the batch computation, I1-I7 quiet, the audit of every job base clean."""
+to the batch computation, I1-I7 quiet, the audit of every job base clean, and the command
+trace of the whole run (each restarted driver writes on the crashed one's) replayed
+through the model and agreeing."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from model_tests.replay import replay
 from pipeline.location import Location
 from pipeline.single import audit_single
 from pipeline.stream.source import RateSource
@@ -32,7 +36,7 @@ def test_r96_in_the_harness_a_driver_killed_twice_counts_every_record_once(
     )
     job = LocalJob(
         tmp_path, config, parallelism=2, source=RateSource(200, vocabulary=200),
-        windowing=Windowing(2000), backend=backend,
+        windowing=Windowing(2000), backend=backend, trace=str(tmp_path / "trace.ndjson"),
     )  # fmt: skip
     job.batch()
     job.batch()
@@ -57,7 +61,19 @@ def test_r96_in_the_harness_a_driver_killed_twice_counts_every_record_once(
     job.quiesce()
     assert job.coordinator.finish_attempts()
     assert job.coordinator.violations(quiet=True) == []
+    trace = job.coordinator.trace
     job.coordinator.close()
+    # The command trace of the whole run, the restarted drivers writing on the first's:
+    # each restart is the crash of the job's TMs, their stop and a CLAIM restore.
+    assert trace is not None and trace.stopped is None, job.coordinator.trace_stopped
+    lines = (tmp_path / "trace.ndjson").read_text().splitlines()
+    replayed = replay(lines)
+    assert replayed.agrees and replayed.stopped is None, replayed.summary()
+    assert replayed.commands == len(lines) - 1 == trace.commands
+    restores = [c for x in lines[1:] if (c := json.loads(x)["command"])["type"] == "Restore"]
+    assert [(r["mode"], r["num_tms"]) for r in restores] == [
+        ("no_claim", 3), ("claim", 3), ("claim", 3)
+    ]  # fmt: skip
     base = tmp_path / "base"
     assert sorted(p.name for p in base.iterdir() if p.is_dir())[:4] == [
         "job-0", "job-1", "job-2", "job-3"

@@ -21,7 +21,7 @@ from pipeline.stream.checkpointing import VERTEX
 from pipeline.stream.subtask import KILL_POINTS, Failures, run_subtask, subtask_dir
 from spec.config import Config, MergingMode
 from spec.ids import SubtaskId
-from tests.stream_harness import LocalJob, _die
+from tests.stream_harness import DriverKilled, LocalJob, _die
 
 RUNS = [
     (MergingMode.WITHIN_CHECKPOINT, 1),
@@ -135,3 +135,101 @@ def test_files_a_failover_handed_over_by_mail_not_yet_applied_are_not_swept_as_s
     assert t.stopped is None, t.stopped
     replayed = replay(trace.read_text().splitlines())
     assert replayed.agrees, replayed.summary()
+
+
+@pytest.mark.parametrize("die", ["sunk", "completed"])
+def test_a_restarted_driver_writes_on_the_crashed_drivers_trace_and_it_replays_whole(
+    tmp_path: Path, die: str
+) -> None:
+    """The driver dies with its application (``die``: after the sink, its checkpoint
+    pending; after the complete) and a new one recovers the store into a new job that
+    claims the latest completed checkpoint. The new driver reads the trace the dead one
+    wrote (the model's TMs, its next TM) and writes on: each TM of the crashed job
+    crashes, every attempt of it is known stopped, a ``Restore`` in CLAIM mode with one
+    TM per subtask; then the new job's batches, with kills before and after the restart
+    (``ReplaceTm`` names must follow the model's count). The whole trace replays and
+    agrees. R50: the new job's first checkpoint is past the one the dead driver had
+    triggered, though that one left nothing under ``chk-N/`` (its id is in the writer
+    state the dead driver published)."""
+    trace = tmp_path / "trace.ndjson"
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(MergingMode.ACROSS_CHECKPOINT, num_retained=1),
+        parallelism=2,
+        failures=Failures(0.08, seed=11),
+        trace=str(trace),
+    )
+    for _ in range(4):
+        job.batch()
+    first = job.coordinator.trace
+    assert first is not None
+    with pytest.raises(DriverKilled):
+        job.batch(die=die)
+    triggered = job.coordinator.co.next_checkpoint - 1
+    before = first.commands
+    job.restart_driver()
+    t = job.coordinator.trace
+    assert t is not None and t is not first and t.stopped is None, job.coordinator.trace_stopped
+    assert job.batch().checkpoint == triggered + 1
+    for _ in range(5):
+        job.batch()
+    job.quiesce()
+    assert job.coordinator.finish_attempts()
+    assert job.coordinator.violations(quiet=True) == []
+    assert job.comparison().equal
+    job.coordinator.close()
+    assert t.stopped is None, t.stopped
+    replayed = replay(trace.read_text().splitlines())
+    assert replayed.agrees, replayed.summary()
+    assert replayed.stopped is None and replayed.commands == t.commands > before
+    lines = [json.loads(x)["command"] for x in trace.read_text().splitlines()[1:]]
+    restore = next(i for i, x in enumerate(lines) if x["type"] == "Restore")
+    crashed = Counter(x["type"] for x in lines[before:restore])
+    assert crashed["CrashTm"] == 2 and crashed["AttemptStopped"] >= 2
+    assert set(crashed) == {"CrashTm", "AttemptStopped"}
+    assert lines[restore]["mode"] == "claim" and lines[restore]["num_tms"] == 2
+    after = Counter(x["type"] for x in lines[restore:])
+    assert Counter(x["type"] for x in lines[:before])["ReplaceTm"] >= 1 and after["ReplaceTm"] >= 1
+    print(
+        f"\ndriver killed ({die}): {replayed.commands} commands agree with the model,"
+        f" {before} of the dead driver's; the restart: {dict(crashed)}, Restore CLAIM;"
+        f" ReplaceTm after it {after['ReplaceTm']}"
+    )
+
+
+def test_a_restarted_driver_stops_the_trace_where_the_model_would_keep_other_files(
+    tmp_path: Path,
+) -> None:
+    """With two retained checkpoints the recovery's new job retains both (its
+    coordinator's, each deleted once subsumed) while the model's CLAIM restore retains
+    the one it claims and leaves the older one to the user: the restarted driver stops
+    the trace there, saying so, and what came before replays and agrees. A driver
+    restarted after that does not write on a trace with a gap."""
+    trace = tmp_path / "trace.ndjson"
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=2),
+        parallelism=2,
+        trace=str(trace),
+    )
+    for _ in range(3):
+        job.batch()
+    with pytest.raises(DriverKilled):
+        job.batch(die="completed")
+    job.restart_driver()
+    t = job.coordinator.trace
+    assert t is not None and t.stopped is not None
+    assert t.stopped.startswith("a driver restart keeping 2 checkpoints"), t.stopped
+    job.batch()
+    with pytest.raises(DriverKilled):
+        job.batch(die="sunk")
+    job.restart_driver()
+    assert job.coordinator.trace is None
+    assert (job.coordinator.trace_stopped or "").startswith(
+        "a driver restart: the crashed driver's trace had stopped: a driver restart keeping"
+    ), job.coordinator.trace_stopped
+    job.batch()
+    job.coordinator.close()
+    replayed = replay(trace.read_text().splitlines())
+    assert replayed.agrees and replayed.commands > 0, replayed.summary()
+    assert "Restore" not in _commands(trace)

@@ -31,9 +31,10 @@ their directories) when the stopped TM had written anything.
   placeholder: the TM that first acknowledges for the subtask takes its place.
 
 With ``trace`` the coordinator writes the run's command trace (``pipeline.stream.trace``):
-its own commands, and each TM's as its report brings them; the trace stops where the run
-does something the model has no command for (a driver restart). The invariants are
-checked on the real files throughout (``violations``).
+its own commands, and each TM's as its report brings them; a restarted driver writes on
+the crashed one's trace (the recovery as the model's crash of every TM and a CLAIM
+restore); the trace stops where the run does something the model has no command for. The
+invariants are checked on the real files throughout (``violations``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from fastimpl.working import is_working_path
 from fastimpl.writer_state import WRITER_STATE
 from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted
 from pipeline.stream.publication import StatePublisher
-from pipeline.stream.trace import StreamTrace
+from pipeline.stream.trace import NotResumable, StreamTrace
 from pipeline.stream.worker_tm import MailItem, TaskManagerRecipe
 from pipeline.stream.working_names import db_dir_of, pointers
 from spec import commands as cmd
@@ -251,7 +252,15 @@ def open_coordinator(
         out = SparkCoordinator(co, engine, url, opts)
         out.use_slatedb(backend, gc_min_age_s)
         out.restored_from = report.checkpoints[-1] if report.checkpoints else 0
-        out.trace_stopped = "a driver restart: a recovery into a new job, no model command"
+        if trace is not None:
+            try:
+                engine.trace = StreamTrace.resume(trace, co.cfg)
+            except NotResumable as err:
+                out.trace_stopped = f"a driver restart: {err}"
+            else:
+                engine.trace.restarted(
+                    co.vertices, report.checkpoints, co.placement, len(report.garbage)
+                )
         out.publish()
         return out
     storage = Storage(fs, root)
@@ -547,7 +556,7 @@ class SparkCoordinator:
             if rec.status is Status.ALIVE:
                 co.lose(tm)  # a placeholder, which never ran (nothing is pending: R57)
             rec.hosted = rec.hosted | frozenset(self.engine.hosted.get(tm, ()))
-            if trace is not None and tm not in trace.placeholders:
+            if trace is not None and trace.stopped is None and tm not in trace.placeholders:
                 trace.record(cmd.AttemptStopped(trace.model[tm]))  # R64, after R66
                 trace.forget(tm)
             co.attempt_stopped(tm)
