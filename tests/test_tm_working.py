@@ -20,7 +20,14 @@ from spec.errors import CommandError, Reason
 from spec.handles import InPlaceFile
 from spec.ids import SubtaskId
 from spec.layout import working_dir
-from spec.messages import DatabaseFiles, DatabasesOpened, InUse, OpenDatabase
+from spec.messages import (
+    DatabaseFiles,
+    DatabasesOpened,
+    EndJob,
+    InUse,
+    KeptFile,
+    OpenDatabase,
+)
 
 SUB = SubtaskId("v", 0, 1)
 OLD = SubtaskId("v", 0, 1)
@@ -190,3 +197,61 @@ def test_a_file_whose_key_groups_touch_a_subtasks_range_at_one_end_is_opened_by_
     assert overlaps((0, 5), (5, 9)) and overlaps((5, 9), (0, 5))
     assert overlaps((3, 3), (3, 3))
     assert not overlaps((0, 4), (5, 9)) and not overlaps((5, 9), (0, 4))
+
+
+def test_a_file_handed_over_is_no_longer_the_tms_at_the_jobs_end() -> None:
+    """R103, R90: once an acknowledgement handed a working file to the coordinator, a TM
+    with records of its own forgets it: its answer to ``EndJob`` does not hand it back
+    as its own, and its end deletes only the private file nothing refers to."""
+    root = "/tm-working-end"
+    tm, fs = _tm(root)
+    tm.host([SUB])
+    shared = _big(tm, 60, b"a")
+    tm.working.snapshot(SUB, 1, 1, False, lambda name, data: None)
+    _, ack = tm.acknowledge(SUB, 1)
+    assert [f.path for f in ack.in_place] == [shared]
+    private = _big(tm, 60, b"p")
+    ended = tm.end(EndJob("job-1", "tm-3", frozenset()))
+    tm.catalog.storage.drain()
+    assert shared not in {k.path for k in ended.files}
+    assert fs.exists(f"{root}/{shared}") and not fs.exists(f"{root}/{private}")
+
+
+def test_a_restored_file_referred_to_in_place_is_handed_over_without_a_record() -> None:
+    """R105 CLAIM, R103: a database opened on a restored file holds no record of it (the
+    file is the coordinator's); a snapshot refers to it in place and the acknowledgement
+    hands it over all the same, and the TM never deletes it."""
+    root = "/tm-working-claim"
+    tm, fs = _tm(root)
+    restored = f"{working_dir('job-0', OLD)}/f000009"
+    fs.pipe(f"{root}/{restored}", b"r" * 90)
+    tm.host([SUB])
+    msg = OpenDatabase("job-1", "tm-3", 0, SUB, (InPlaceFile(restored, 90, (0, 127)),), (), False)
+    assert tm.on_duty(msg) is None
+    assert restored not in tm.catalog.files
+    tm.working.snapshot(SUB, 1, 1, False, lambda name, data: None)
+    assert tm.working.pins[(SUB, 1)] == (restored,)  # not copied: not the user's
+    _, ack = tm.acknowledge(SUB, 1)
+    assert [f.path for f in ack.in_place] == [restored]
+    tm.working.drop(SUB, restored)
+    tm.catalog.storage.drain()
+    assert fs.exists(f"{root}/{restored}")
+
+
+def test_a_tracked_file_the_tm_could_not_delete_is_handed_over_with_its_record() -> None:
+    """R90, R102: at the job's end a database's private file goes; if its delete fails
+    the TM hands it to the coordinator in its ``TmEnded`` answer with the size and the
+    creator its manifest gave, so that the coordinator can delete it (waiting for that
+    attempt if it is lost, R64)."""
+    root = "/tm-working-undeleted"
+    tm, fs = _tm(root)
+    tm.host([SUB])
+    lineage = f"{working_dir('job-1', SUB)}/0123456789ab"
+    sst = f"{lineage}/compacted/A.sst"
+    fs.pipe(f"{root}/{sst}", b"s" * 50)
+    tm.working.track(SUB, {sst: 50}, lineage)
+    tm.catalog.storage.arm(StorageOp.DELETE)
+    ended = tm.end(EndJob("job-1", "tm-3", frozenset()))
+    tm.catalog.storage.drain()
+    assert ended.files == (KeptFile(sst, 50, "tm-3"),)
+    assert fs.exists(f"{root}/{sst}")
