@@ -37,11 +37,13 @@ import fsspec  # type: ignore[import-untyped]
 import fsspec.implementations.memory  # type: ignore[import-untyped]
 import pytest
 
-from fastimpl import CheckpointStore, MetadataError, RecoveryError
+from conformance.fastimpl_commands import apply
+from fastimpl import CheckpointStore, CounterIds, InProcessEngine, MetadataError, RecoveryError
 from fastimpl.metadata import decode
 from fastimpl.recovery import RecoveryReport, recover
 from pipeline.location import Location
 from pipeline.single import audit_single
+from spec.commands import Acknowledge, Complete, SnapshotWorking, Trigger, WriteWorking
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.handles import StreamHandle, stream_of
 from spec.ids import SubtaskId
@@ -942,3 +944,41 @@ def test_an_unlistable_directory_is_named_in_the_refusal(tmp_path: Path) -> None
         recover(Config.for_mode(MergingMode.NONE), JOB, fs, "/base")
     msg = str(err.value)
     assert "/base/job-0/chk-3" in msg and "PermissionError" in msg, msg
+
+
+def test_recovery_keeps_the_working_files_a_kept_checkpoint_refers_to_in_place(
+    place: Place,
+) -> None:
+    """R103, R105 after a crash of the whole process: the working files the kept
+    checkpoint refers to in place (§11) are not in the ``_metadata``'s entries but in its
+    working list; recovery must keep them, byte for byte, as the coordinator's, and delete
+    as garbage only the private working file no checkpoint refers to."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    job = JobSpec((VertexSpec("v", 2),), num_tms=2)
+    engine = InProcessEngine(config, job, place.inner, place.root, CounterIds())
+    subtasks = (SubtaskId("v", 0, 2), SubtaskId("v", 1, 2))
+    for s, size in zip(subtasks, (500, 400), strict=True):
+        apply(engine, WriteWorking(s, size))
+    apply(engine, Trigger())
+    cp = engine.coord.next_checkpoint - 1
+    for s in subtasks:
+        apply(engine, SnapshotWorking(cp, s, 0))
+        apply(engine, Acknowledge(cp, s))
+    apply(engine, Complete(cp))
+    private = engine.working.write(subtasks[0], b"p" * 30)  # after the checkpoint
+    assert private is not None
+    engine.storage.drain()
+    in_place = sorted(w.path for r in engine.coord.retained for _, w in r.working)
+    assert len(in_place) == 2
+    before = place.snapshot()
+    new, report = recover(config, job, place.inner, place.root, background_deletes=False)
+    new.storage.drain()
+    assert report.checkpoints == (cp,)
+    assert report.garbage == (private,)
+    after = place.snapshot()
+    assert {p: after.get(p) for p in in_place} == {p: before[p] for p in in_place}
+    assert private not in after
+    owners = new.observe().owners
+    assert {owners.get(p) for p in in_place} == {"coordinator"}
+    new.storage.close_all()
+    engine.storage.close_all()
