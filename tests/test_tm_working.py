@@ -13,7 +13,7 @@ import pytest
 
 from fastimpl.storage import StorageFault
 from fastimpl.taskmanager import TaskManager
-from fastimpl.working import overlaps
+from fastimpl.working import is_working_path, overlaps
 from spec.commands import StorageOp
 from spec.config import Config, MergingMode
 from spec.errors import CommandError, Reason
@@ -255,3 +255,25 @@ def test_a_tracked_file_the_tm_could_not_delete_is_handed_over_with_its_record()
     tm.catalog.storage.drain()
     assert ended.files == (KeptFile(sst, 50, "tm-3"),)
     assert fs.exists(f"{root}/{sst}")
+
+
+@pytest.mark.parametrize(
+    ("path", "working"),
+    [
+        ("job-0/taskowned/working/v-0-1/db/f000001", True),
+        ("job-0/taskowned/working/v-0-1/db/0123456789ab/compacted/A.sst", True),
+        ("job-0/taskowned/tm-1/x/db/f000001", False),  # a TM's own directory
+        ("job-0/shared/working/v-0-1/db/f000001", False),
+        ("job-0/shared/v-0-1/x/db/f000001", False),
+        ("job-0/shared/v-0-1/a/b/c", False),
+        ("job-0/taskowned/working/v-0-1/dbx/f000001", False),
+        ("job-0/taskowned/working/v-0-1/f000001", False),
+    ],
+)
+def test_only_files_below_a_subtasks_db_directory_are_working_files(
+    path: str, working: bool
+) -> None:
+    """R1, §11: what the coordinator takes over from an acknowledgement, keeps while
+    referred to, and what recovery leaves to an outside store (``leave_working``) is only
+    ``<base>/taskowned/working/<subtask>/db/...``."""
+    assert is_working_path(path) is working
