@@ -946,16 +946,14 @@ def test_an_unlistable_directory_is_named_in_the_refusal(tmp_path: Path) -> None
     assert "/base/job-0/chk-3" in msg and "PermissionError" in msg, msg
 
 
-def test_recovery_keeps_the_working_files_a_kept_checkpoint_refers_to_in_place(
-    place: Place,
-) -> None:
-    """R103, R105 after a crash of the whole process: the working files the kept
-    checkpoint refers to in place (§11) are not in the ``_metadata``'s entries but in its
-    working list; recovery must keep them, byte for byte, as the coordinator's, and delete
-    as garbage only the private working file no checkpoint refers to."""
-    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
-    job = JobSpec((VertexSpec("v", 2),), num_tms=2)
-    engine = InProcessEngine(config, job, place.inner, place.root, CounterIds())
+WORKING_JOB = JobSpec((VertexSpec("v", 2),), num_tms=2)
+
+
+def _working_store(place: Place, config: Config) -> tuple[InProcessEngine, int, str, list[str]]:
+    """A job whose databases (§11) wrote one working file each, a completed checkpoint
+    that refers to both in place (R103), and a private working file written after it:
+    the engine, the checkpoint, the private file and the in-place files."""
+    engine = InProcessEngine(config, WORKING_JOB, place.inner, place.root, CounterIds())
     subtasks = (SubtaskId("v", 0, 2), SubtaskId("v", 1, 2))
     for s, size in zip(subtasks, (500, 400), strict=True):
         apply(engine, WriteWorking(s, size))
@@ -970,8 +968,20 @@ def test_recovery_keeps_the_working_files_a_kept_checkpoint_refers_to_in_place(
     engine.storage.drain()
     in_place = sorted(w.path for r in engine.coord.retained for _, w in r.working)
     assert len(in_place) == 2
+    return engine, cp, private, in_place
+
+
+def test_recovery_keeps_the_working_files_a_kept_checkpoint_refers_to_in_place(
+    place: Place,
+) -> None:
+    """R103, R105 after a crash of the whole process: the working files the kept
+    checkpoint refers to in place (§11) are not in the ``_metadata``'s entries but in its
+    working list; recovery must keep them, byte for byte, as the coordinator's, and delete
+    as garbage only the private working file no checkpoint refers to."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    engine, cp, private, in_place = _working_store(place, config)
     before = place.snapshot()
-    new, report = recover(config, job, place.inner, place.root, background_deletes=False)
+    new, report = recover(config, WORKING_JOB, place.inner, place.root, background_deletes=False)
     new.storage.drain()
     assert report.checkpoints == (cp,)
     assert report.garbage == (private,)
@@ -981,4 +991,30 @@ def test_recovery_keeps_the_working_files_a_kept_checkpoint_refers_to_in_place(
     owners = new.observe().owners
     assert {owners.get(p) for p in in_place} == {"coordinator"}
     new.storage.close_all()
+    engine.storage.close_all()
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_missing_or_truncated_working_file_refuses_and_changes_nothing(
+    place: Place, damage: str
+) -> None:
+    """R103: a working file the kept checkpoint refers to in place is checked like the
+    files its entries name: missing or shorter than the checkpoint says, recovery is
+    refused naming it, and nothing is deleted (not even the garbage private file). Until
+    run 10 of the mutation run, recovery read the ``_metadata`` without its working list,
+    so it restored a checkpoint whose working file was gone and deleted garbage first."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    engine, _, private, in_place = _working_store(place, config)
+    victim = in_place[0]
+    if damage == "missing":
+        place.inner.rm_file(f"{place.root}/{victim}")
+    else:
+        place.write(victim, b"x" * 10)
+    before = place.snapshot()
+    with pytest.raises(RecoveryError) as info:
+        recover(config, WORKING_JOB, place.inner, place.root, background_deletes=False)
+    msg = str(info.value)
+    assert victim in msg and "working file" in msg
+    assert ("is missing" in msg) if damage == "missing" else ("holds 10 bytes" in msg)
+    assert place.snapshot() == before and private in before
     engine.storage.close_all()
