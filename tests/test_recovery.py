@@ -45,7 +45,7 @@ from pipeline.location import Location
 from pipeline.single import audit_single
 from spec.commands import Acknowledge, Complete, SnapshotWorking, Trigger, WriteWorking
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
-from spec.handles import StreamHandle, stream_of
+from spec.handles import SegmentHandle, StreamHandle, stream_of
 from spec.ids import SubtaskId
 from spec.layout import SAVEPOINTS, metadata_path
 from tests.faultyfs import FaultyFileSystem, Ledger, Place, SimulatedCrash, payload
@@ -666,6 +666,31 @@ def test_a_truncated_data_file_refuses_naming_the_sizes(place: Place) -> None:
         CheckpointStore.recover(place.url, config, JOB)
     msg = str(info.value)
     assert s.path in msg and str(end - 1) in msg and str(end) in msg
+    assert place.snapshot() == before
+
+
+def test_a_segment_past_the_end_of_its_truncated_file_refuses(place: Place) -> None:
+    """A segment needs its file to reach ``offset + length``: a file cut below that but
+    still longer than the segment's length is refused all the same, naming the sizes
+    (mutation run 10: the offset could be ignored and every test still passed)."""
+    config = Config.for_mode(MergingMode.ACROSS_CHECKPOINT, num_retained=1)
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    checkpoint(store, ledger, prog)
+    segments = [
+        s
+        for e in store.coordinator.retained()[-1].entries
+        if isinstance(s := stream_of(e.handle), SegmentHandle)
+    ]
+    s = max(segments, key=lambda h: h.offset)
+    assert s.offset > 0, "merging puts a later segment past the start of its file"
+    end = s.offset + s.length
+    place.write(s.path, place.read(s.path)[: end - 1])
+    before = place.snapshot()
+    with pytest.raises(RecoveryError) as info:
+        CheckpointStore.recover(place.url, config, JOB)
+    msg = str(info.value)
+    assert s.path in msg and f"holds {end - 1} bytes" in msg and f"needs {end}" in msg
     assert place.snapshot() == before
 
 
