@@ -116,9 +116,9 @@ mutants: $(STAMP)
 	$(BIN)/python -m model_tests.mutants $(MUTANTS_ARGS)
 
 # The mutation run (issue 14; not part of make test or CI): mutmut, from PyPI, mutates
-# fastimpl/metadata.py, fastimpl/recovery.py and the functions of the catalog, the
-# coordinator, the TM and the engine that decide ownership, claims, zombie deferrals and
-# directory deletes (MUTATE_FUNCS), one
+# fastimpl/metadata.py, fastimpl/recovery.py, fastimpl/shared_registry.py and the functions
+# of the catalog, the coordinator, the TM, the engine and the working state that decide
+# ownership, claims, zombie deferrals and directory deletes (MUTATE_FUNCS), one
 # mutant at a time in a copy of the tree (mutants/), and runs on each the fast tests of
 # those areas that call the mutated function ([tool.mutmut] in pyproject.toml). Unlike the
 # mutant zoo above (hand-written seeded bugs), these are machine-made mutants. Results are
@@ -131,9 +131,17 @@ MUTATE_CATALOG := _protected _record_delete _waits_for _defer delete_file _pruna
 MUTATE_COORDINATOR := _take_over_files _register _delete_unused _subsume attempt_stopped \
                   referenced collect_dirs restore _claim end_job load_completed restart \
                   _check_claim _may_claim _paths_of _check_max_parallelism
+# Working state (issue 18): what a TM's databases may delete (R102) and what the
+# coordinator takes over, keeps or collects (R103, R104), gives the user (R91) or opens in
+# place (R105).
+MUTATE_DATABASES := track release drop drop_pins handed_over snapshot
+MUTATE_SHARED_WORKING := take referred in_use needed collect give_to_user open_databases
 MUTATE_FUNCS ?= fastimpl.metadata.* fastimpl.recovery.* fastimpl.shared_registry.* \
                 $(foreach f,$(MUTATE_CATALOG),fastimpl.catalog.xǁCatalogǁ$(f)__mutmut_*) \
                 $(foreach f,$(MUTATE_COORDINATOR),fastimpl.coordinator.xǁCheckpointCoordinatorǁ$(f)__mutmut_*) \
+                fastimpl.working.x_is_working_path__mutmut_* fastimpl.working.x_overlaps__mutmut_* \
+                $(foreach f,$(MUTATE_DATABASES),fastimpl.working.xǁDatabasesǁ$(f)__mutmut_*) \
+                $(foreach f,$(MUTATE_SHARED_WORKING),fastimpl.working.xǁSharedWorkingǁ$(f)__mutmut_*) \
                 fastimpl.taskmanager.xǁTaskManagerǁ_release_dirs__mutmut_* \
                 fastimpl.engine.xǁInProcessEngineǁwriter__mutmut_*
 mutate: $(STAMP)

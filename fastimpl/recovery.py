@@ -174,8 +174,19 @@ def recover(
         meta = reader.read_metadata(path, expected_job=job)
         if meta.checkpoint != cid or meta.savepoint:
             raise MetadataError(path, "checkpoint", f"names checkpoint {meta.checkpoint}")
+        # with its working list (R103): what ``_check_bytes`` checks, ``leave_working``
+        # takes and ``_user_held`` leaves to the restore
         completed.append(
-            Completed(cid, job, False, meta.entries, meta.directories, path, meta.max_parallelism)
+            Completed(
+                cid,
+                job,
+                False,
+                meta.entries,
+                meta.directories,
+                path,
+                meta.max_parallelism,
+                meta.working,
+            )
         )
     keep = completed[-config.num_retained :] if completed else []
     for done in keep:
@@ -189,7 +200,14 @@ def recover(
     for sid, path in sorted(sp_metas.items()):
         meta = reader.read_metadata(path)
         savepoints[sid] = Completed(
-            sid, meta.job, True, meta.entries, meta.directories, path, meta.max_parallelism
+            sid,
+            meta.job,
+            True,
+            meta.entries,
+            meta.directories,
+            path,
+            meta.max_parallelism,
+            meta.working,
         )
     sp_dirs = {m.group(1) for p in files if (m := re.match(rf"({SAVEPOINTS}/savepoint-\d+)/", p))}
     interrupted = sorted(d for d in sp_dirs if f"{d}/{METADATA}" not in files)

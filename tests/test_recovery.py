@@ -37,14 +37,16 @@ import fsspec  # type: ignore[import-untyped]
 import fsspec.implementations.memory  # type: ignore[import-untyped]
 import pytest
 
-from fastimpl import CheckpointStore, MetadataError, RecoveryError
+from conformance.fastimpl_commands import apply
+from fastimpl import CheckpointStore, CounterIds, InProcessEngine, MetadataError, RecoveryError
 from fastimpl.metadata import decode
 from fastimpl.recovery import RecoveryReport, recover
 from fastimpl.writer_state import WRITER_STATE, publish_state
 from pipeline.location import Location
 from pipeline.single import audit_single
+from spec.commands import Acknowledge, Complete, SnapshotWorking, Trigger, WriteWorking
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
-from spec.handles import StreamHandle, stream_of
+from spec.handles import SegmentHandle, StreamHandle, stream_of
 from spec.ids import SubtaskId
 from spec.layout import SAVEPOINTS, metadata_path
 from tests.faultyfs import FaultyFileSystem, Ledger, Place, SimulatedCrash, payload
@@ -709,6 +711,31 @@ def test_a_truncated_data_file_refuses_naming_the_sizes(place: Place) -> None:
     assert place.snapshot() == before
 
 
+def test_a_segment_past_the_end_of_its_truncated_file_refuses(place: Place) -> None:
+    """A segment needs its file to reach ``offset + length``: a file cut below that but
+    still longer than the segment's length is refused all the same, naming the sizes
+    (mutation run 10: the offset could be ignored and every test still passed)."""
+    config = Config.for_mode(MergingMode.ACROSS_CHECKPOINT, num_retained=1)
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    checkpoint(store, ledger, prog)
+    segments = [
+        s
+        for e in store.coordinator.retained()[-1].entries
+        if isinstance(s := stream_of(e.handle), SegmentHandle)
+    ]
+    s = max(segments, key=lambda h: h.offset)
+    assert s.offset > 0, "merging puts a later segment past the start of its file"
+    end = s.offset + s.length
+    place.write(s.path, place.read(s.path)[: end - 1])
+    before = place.snapshot()
+    with pytest.raises(RecoveryError) as info:
+        CheckpointStore.recover(place.url, config, JOB)
+    msg = str(info.value)
+    assert s.path in msg and f"holds {end - 1} bytes" in msg and f"needs {end}" in msg
+    assert place.snapshot() == before
+
+
 def test_an_interrupted_savepoint_is_left_to_the_user(place: Place) -> None:
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     store = _store(place, config)
@@ -984,3 +1011,77 @@ def test_an_unlistable_directory_is_named_in_the_refusal(tmp_path: Path) -> None
         recover(Config.for_mode(MergingMode.NONE), JOB, fs, "/base")
     msg = str(err.value)
     assert "/base/job-0/chk-3" in msg and "PermissionError" in msg, msg
+
+
+WORKING_JOB = JobSpec((VertexSpec("v", 2),), num_tms=2)
+
+
+def _working_store(place: Place, config: Config) -> tuple[InProcessEngine, int, str, list[str]]:
+    """A job whose databases (§11) wrote one working file each, a completed checkpoint
+    that refers to both in place (R103), and a private working file written after it:
+    the engine, the checkpoint, the private file and the in-place files."""
+    engine = InProcessEngine(config, WORKING_JOB, place.inner, place.root, CounterIds())
+    subtasks = (SubtaskId("v", 0, 2), SubtaskId("v", 1, 2))
+    for s, size in zip(subtasks, (500, 400), strict=True):
+        apply(engine, WriteWorking(s, size))
+    apply(engine, Trigger())
+    cp = engine.coord.next_checkpoint - 1
+    for s in subtasks:
+        apply(engine, SnapshotWorking(cp, s, 0))
+        apply(engine, Acknowledge(cp, s))
+    apply(engine, Complete(cp))
+    private = engine.working.write(subtasks[0], b"p" * 30)  # after the checkpoint
+    assert private is not None
+    engine.storage.drain()
+    in_place = sorted(w.path for r in engine.coord.retained for _, w in r.working)
+    assert len(in_place) == 2
+    return engine, cp, private, in_place
+
+
+def test_recovery_keeps_the_working_files_a_kept_checkpoint_refers_to_in_place(
+    place: Place,
+) -> None:
+    """R103, R105 after a crash of the whole process: the working files the kept
+    checkpoint refers to in place (§11) are not in the ``_metadata``'s entries but in its
+    working list; recovery must keep them, byte for byte, as the coordinator's, and delete
+    as garbage only the private working file no checkpoint refers to."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    engine, cp, private, in_place = _working_store(place, config)
+    before = place.snapshot()
+    new, report = recover(config, WORKING_JOB, place.inner, place.root, background_deletes=False)
+    new.storage.drain()
+    assert report.checkpoints == (cp,)
+    assert report.garbage == (private,)
+    after = place.snapshot()
+    assert {p: after.get(p) for p in in_place} == {p: before[p] for p in in_place}
+    assert private not in after
+    owners = new.observe().owners
+    assert {owners.get(p) for p in in_place} == {"coordinator"}
+    new.storage.close_all()
+    engine.storage.close_all()
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_missing_or_truncated_working_file_refuses_and_changes_nothing(
+    place: Place, damage: str
+) -> None:
+    """R103: a working file the kept checkpoint refers to in place is checked like the
+    files its entries name: missing or shorter than the checkpoint says, recovery is
+    refused naming it, and nothing is deleted (not even the garbage private file). Until
+    run 10 of the mutation run, recovery read the ``_metadata`` without its working list,
+    so it restored a checkpoint whose working file was gone and deleted garbage first."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    engine, _, private, in_place = _working_store(place, config)
+    victim = in_place[0]
+    if damage == "missing":
+        place.inner.rm_file(f"{place.root}/{victim}")
+    else:
+        place.write(victim, b"x" * 10)
+    before = place.snapshot()
+    with pytest.raises(RecoveryError) as info:
+        recover(config, WORKING_JOB, place.inner, place.root, background_deletes=False)
+    msg = str(info.value)
+    assert victim in msg and "working file" in msg
+    assert ("is missing" in msg) if damage == "missing" else ("holds 10 bytes" in msg)
+    assert place.snapshot() == before and private in before
+    engine.storage.close_all()

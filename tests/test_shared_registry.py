@@ -102,3 +102,23 @@ def test_a_key_registered_for_another_path_is_a_conflict_and_directories_are_key
         "job-0/chk-2/_metadata",
     )
     assert shared_keys(done) == ["s", DIR_PREFIX + "job-0/shared/win-0-1"]
+
+
+def test_a_withdrawn_acknowledgement_releases_only_its_own_pins() -> None:
+    """R66: ``unpin_keys`` drops pending checkpoint 3's pins on the keys named and no
+    other: an entry another pending checkpoint pins stays, an entry checkpoint 3 does not
+    pin is neither touched nor released (though unused), a key nothing registered is
+    skipped and the keys after it are still released, and a pin on a key not named
+    stays."""
+    reg = SharedStateRegistry()
+    _register(reg, _done(1, "a", "b", "c", "d"))
+    _register(reg, _done(2, "x"))  # retention keeps 2: a-d are unused unless pinned
+    for key in ("a", "b", "c"):
+        assert reg.pin(key, 3)
+    assert reg.pin("a", 4)
+    released = reg.unpin_keys({"_unknown", "a", "b", "d"}, 3, 2)
+    assert [e.key for e in released] == ["b"]
+    assert set(reg) == {"a", "c", "d", "x"}
+    a, c = reg.get("a"), reg.get("c")
+    assert a is not None and a.pinned_by == {4}
+    assert c is not None and c.pinned_by == {3}

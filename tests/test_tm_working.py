@@ -11,12 +11,23 @@ from typing import Any
 import fsspec  # type: ignore[import-untyped]
 import pytest
 
+from fastimpl.storage import StorageFault
 from fastimpl.taskmanager import TaskManager
+from fastimpl.working import is_working_path, overlaps
+from spec.commands import StorageOp
 from spec.config import Config, MergingMode
+from spec.errors import CommandError, Reason
 from spec.handles import InPlaceFile
 from spec.ids import SubtaskId
 from spec.layout import working_dir
-from spec.messages import DatabaseFiles, DatabasesOpened, InUse, OpenDatabase
+from spec.messages import (
+    DatabaseFiles,
+    DatabasesOpened,
+    EndJob,
+    InUse,
+    KeptFile,
+    OpenDatabase,
+)
 
 SUB = SubtaskId("v", 0, 1)
 OLD = SubtaskId("v", 0, 1)
@@ -96,3 +107,173 @@ def test_a_database_that_writes_its_own_files_is_tracked_by_its_manifest() -> No
     assert foreign not in tm.catalog.files and set(tm.working.in_use()) == {b}
     with pytest.raises(ValueError, match="is not a database directory of"):
         tm.working.track(SUB, {}, working_dir("job-1", SubtaskId("v", 1, 2)) + "/x")
+
+
+def _big(tm: TaskManager, n: int, fill: bytes) -> str:
+    """A working file of ``n`` bytes the database of ``SUB`` writes (R101)."""
+    return tm.working.write(SUB, fill * n)
+
+
+def test_a_snapshot_refers_in_place_to_every_file_of_at_least_the_inline_size() -> None:
+    """R103: only a file smaller than ``inline_below`` is written inline; each other file
+    is pinned, whatever the order of the files (an inline one first stops nothing)."""
+    tm, _ = _tm("/tm-working-inline")
+    tm.host([SUB])
+    small = _big(tm, 10, b"s")
+    exact = _big(tm, 50, b"e")
+    large = _big(tm, 80, b"l")
+    assert small < exact < large  # names in writing order: the inline one sorts first
+    written: list[str] = []
+    tm.working.snapshot(SUB, 1, 50, False, lambda name, data: written.append(name))
+    assert written == [f"db:{small.rsplit('/', 1)[1]}"]
+    assert tm.working.pins[(SUB, 1)] == (exact, large)
+
+
+def test_a_second_snapshot_for_one_checkpoint_keeps_the_first_ones_pins() -> None:
+    """R103: what an earlier snapshot of the same checkpoint refers to stays pinned
+    (and is acknowledged) with what the later one adds; a pinned file the database stops
+    using is not deleted."""
+    tm, fs = _tm("/tm-working-twice")
+    tm.host([SUB])
+    a = _big(tm, 60, b"a")
+    tm.working.snapshot(SUB, 1, 1, False, lambda name, data: None)
+    b = _big(tm, 60, b"b")
+    tm.working.drop(SUB, a)  # pinned by the first snapshot: kept
+    tm.working.snapshot(SUB, 1, 1, False, lambda name, data: None)
+    scratch = _big(tm, 5, b"x")
+    tm.working.drop(SUB, scratch)  # a release: only the unpinned scratch file goes
+    tm.catalog.storage.drain()
+    assert fs.exists(f"/tm-working-twice/{a}") and not fs.exists(f"/tm-working-twice/{scratch}")
+    assert [f.path for f in tm.working.unpin(SUB, 1)] == [a, b]
+
+
+def test_every_file_of_the_users_is_copied_and_the_copy_arms_no_fault() -> None:
+    """R105 (NO_CLAIM): each of the user's files a database was opened on is copied
+    before a snapshot refers to it, not only the first; the copy is the restore's and
+    leaves a fault armed for the database's next write (the model's ``unfaulted``)."""
+    root = "/tm-working-users"
+    tm, fs = _tm(root)
+    users = [f"{working_dir('job-0', OLD)}/f00000{i}" for i in (1, 2)]
+    for u in users:
+        fs.pipe(f"{root}/{u}", b"u" * 70)
+    tm.host([SUB])
+    files = tuple(InPlaceFile(u, 70, (0, 127)) for u in users)
+    assert tm.on_duty(OpenDatabase("job-1", "tm-3", 0, SUB, files, (), True)) is None
+    storage = tm.catalog.storage
+    storage.arm(StorageOp.CREATE)
+    tm.working.snapshot(SUB, 2, 1, False, lambda name, data: None)
+    pins = tm.working.pins[(SUB, 2)]
+    assert len(pins) == 2 and not set(pins) & set(users)
+    assert all(p.startswith(working_dir("job-1", SUB) + "/") for p in pins)
+    assert storage.armed == [StorageOp.CREATE]  # still armed for the next write
+    with pytest.raises(StorageFault):
+        tm.working.write(SUB, b"w" * 3)
+
+
+def test_a_database_directory_and_its_files_are_checked_before_anything_is_recorded() -> None:
+    """``Databases.track``: the subtask's working directory itself is no database
+    directory, a file of no bytes is refused, one of a single byte is accepted; a refusal
+    records nothing. ``drop`` of a subtask with no database is ``NO_SUCH_STATE``."""
+    tm, _ = _tm("/tm-working-checks")
+    tm.host([SUB])
+    with pytest.raises(ValueError, match="is not a database directory of"):
+        tm.working.track(SUB, {}, working_dir("job-1", SUB))
+    lineage = f"{working_dir('job-1', SUB)}/0123456789ab"
+    empty, one = f"{lineage}/e.sst", f"{lineage}/o.sst"
+    with pytest.raises(ValueError, match="working files of no bytes"):
+        tm.working.track(SUB, {empty: 0}, lineage)
+    assert empty not in tm.catalog.files and tm.working.in_use() == ()
+    tm.working.track(SUB, {one: 1}, lineage)
+    assert tm.working.in_use() == (one,) and tm.catalog.files[one].owner == "tm:tm-3"
+    other = SubtaskId("v", 1, 2)
+    with pytest.raises(CommandError) as err:
+        tm.working.drop(other, one)
+    assert err.value.reason is Reason.NO_SUCH_STATE
+
+
+def test_a_file_whose_key_groups_touch_a_subtasks_range_at_one_end_is_opened_by_it() -> None:
+    """R105 on a rescale: key-group ranges are inclusive, so a file whose range ends
+    where a subtask's begins (or begins where it ends) holds state of that subtask."""
+    assert overlaps((0, 5), (5, 9)) and overlaps((5, 9), (0, 5))
+    assert overlaps((3, 3), (3, 3))
+    assert not overlaps((0, 4), (5, 9)) and not overlaps((5, 9), (0, 4))
+
+
+def test_a_file_handed_over_is_no_longer_the_tms_at_the_jobs_end() -> None:
+    """R103, R90: once an acknowledgement handed a working file to the coordinator, a TM
+    with records of its own forgets it: its answer to ``EndJob`` does not hand it back
+    as its own, and its end deletes only the private file nothing refers to."""
+    root = "/tm-working-end"
+    tm, fs = _tm(root)
+    tm.host([SUB])
+    shared = _big(tm, 60, b"a")
+    tm.working.snapshot(SUB, 1, 1, False, lambda name, data: None)
+    _, ack = tm.acknowledge(SUB, 1)
+    assert [f.path for f in ack.in_place] == [shared]
+    private = _big(tm, 60, b"p")
+    ended = tm.end(EndJob("job-1", "tm-3", frozenset()))
+    tm.catalog.storage.drain()
+    assert shared not in {k.path for k in ended.files}
+    assert fs.exists(f"{root}/{shared}") and not fs.exists(f"{root}/{private}")
+
+
+def test_a_restored_file_referred_to_in_place_is_handed_over_without_a_record() -> None:
+    """R105 CLAIM, R103: a database opened on a restored file holds no record of it (the
+    file is the coordinator's); a snapshot refers to it in place and the acknowledgement
+    hands it over all the same, and the TM never deletes it."""
+    root = "/tm-working-claim"
+    tm, fs = _tm(root)
+    restored = f"{working_dir('job-0', OLD)}/f000009"
+    fs.pipe(f"{root}/{restored}", b"r" * 90)
+    tm.host([SUB])
+    msg = OpenDatabase("job-1", "tm-3", 0, SUB, (InPlaceFile(restored, 90, (0, 127)),), (), False)
+    assert tm.on_duty(msg) is None
+    assert restored not in tm.catalog.files
+    tm.working.snapshot(SUB, 1, 1, False, lambda name, data: None)
+    assert tm.working.pins[(SUB, 1)] == (restored,)  # not copied: not the user's
+    _, ack = tm.acknowledge(SUB, 1)
+    assert [f.path for f in ack.in_place] == [restored]
+    tm.working.drop(SUB, restored)
+    tm.catalog.storage.drain()
+    assert fs.exists(f"{root}/{restored}")
+
+
+def test_a_tracked_file_the_tm_could_not_delete_is_handed_over_with_its_record() -> None:
+    """R90, R102: at the job's end a database's private file goes; if its delete fails
+    the TM hands it to the coordinator in its ``TmEnded`` answer with the size and the
+    creator its manifest gave, so that the coordinator can delete it (waiting for that
+    attempt if it is lost, R64)."""
+    root = "/tm-working-undeleted"
+    tm, fs = _tm(root)
+    tm.host([SUB])
+    lineage = f"{working_dir('job-1', SUB)}/0123456789ab"
+    sst = f"{lineage}/compacted/A.sst"
+    fs.pipe(f"{root}/{sst}", b"s" * 50)
+    tm.working.track(SUB, {sst: 50}, lineage)
+    tm.catalog.storage.arm(StorageOp.DELETE)
+    ended = tm.end(EndJob("job-1", "tm-3", frozenset()))
+    tm.catalog.storage.drain()
+    assert ended.files == (KeptFile(sst, 50, "tm-3"),)
+    assert fs.exists(f"{root}/{sst}")
+
+
+@pytest.mark.parametrize(
+    ("path", "working"),
+    [
+        ("job-0/taskowned/working/v-0-1/db/f000001", True),
+        ("job-0/taskowned/working/v-0-1/db/0123456789ab/compacted/A.sst", True),
+        ("job-0/taskowned/tm-1/x/db/f000001", False),  # a TM's own directory
+        ("job-0/shared/working/v-0-1/db/f000001", False),
+        ("job-0/shared/v-0-1/x/db/f000001", False),
+        ("job-0/shared/v-0-1/a/b/c", False),
+        ("job-0/taskowned/working/v-0-1/dbx/f000001", False),
+        ("job-0/taskowned/working/v-0-1/f000001", False),
+    ],
+)
+def test_only_files_below_a_subtasks_db_directory_are_working_files(
+    path: str, working: bool
+) -> None:
+    """R1, §11: what the coordinator takes over from an acknowledgement, keeps while
+    referred to, and what recovery leaves to an outside store (``leave_working``) is only
+    ``<base>/taskowned/working/<subtask>/db/...``."""
+    assert is_working_path(path) is working
