@@ -551,13 +551,12 @@ def test_r64_coordinator_takes_and_deletes_what_a_stopped_attempt_owned(mode: Me
     assert gone or mode is MergingMode.ACROSS_CHECKPOINT  # ACROSS: only pooled, live files
 
 
-@pytest.mark.parametrize("mode", MERGING)
-def test_r64_a_waiting_directory_delete_is_decided_again_when_it_runs(mode: MergingMode) -> None:
-    """R64, R42, R45: the replacement ``tm-3`` creates a subtask's shared directory, the
-    zombie ``tm-2`` writes into it, ``tm-3`` is lost and stops: the coordinator would
-    collect the directory, but the delete waits for the zombie. The next attempt ``tm-4``
-    writes there and a retained checkpoint refers to the directory; when the zombie
-    stops, R42 is asked again and keeps it (long soak seed 1028-across-local)."""
+def _a_collected_directory_waiting_for_a_zombie(
+    mode: MergingMode,
+) -> tuple[Harness, SubtaskId, str]:
+    """``tm-3`` creates a subtask's shared directory and acknowledges, the zombie ``tm-2``
+    writes there too; ``tm-3`` is lost and stops, and the coordinator's delete of the
+    directory waits for ``tm-2``; a failover starts ``tm-4`` on the subtask."""
     h = Harness(Config.for_mode(mode, max_file_size=100))
     h.checkpoint(shared=())
     h.run(c.CrashTm("tm-2"))
@@ -574,6 +573,17 @@ def test_r64_a_waiting_directory_delete_is_decided_again_when_it_runs(mode: Merg
     assert directory in h.observe().pending_deletes  # it waits for tm-2
     h.run(c.Failover())
     assert h.tm_of(s) == "tm-4"
+    return h, s, directory
+
+
+@pytest.mark.parametrize("mode", MERGING)
+def test_r64_a_waiting_directory_delete_is_decided_again_when_it_runs(mode: MergingMode) -> None:
+    """R64, R42, R45: the replacement ``tm-3`` creates a subtask's shared directory, the
+    zombie ``tm-2`` writes into it, ``tm-3`` is lost and stops: the coordinator would
+    collect the directory, but the delete waits for the zombie. The next attempt ``tm-4``
+    writes there and a retained checkpoint refers to the directory; when the zombie
+    stops, R42 is asked again and keeps it (long soak seed 1028-across-local)."""
+    h, _s, directory = _a_collected_directory_waiting_for_a_zombie(mode)
     h.checkpoint()
     assert any(directory in r.directories for r in h.state.retained)
     effects = h.run(c.AttemptStopped("tm-2"))
@@ -628,21 +638,7 @@ def test_r42_a_live_attempt_works_in_the_directories_it_manages_before_it_writes
     starts ``tm-4`` on the subtask; ``tm-2`` stops before ``tm-4`` writes. The model
     deleted the directory (no live TM held a file there) where fastimpl kept it (``tm-4``
     was handed it at the failover)."""
-    h = Harness(Config.for_mode(mode, max_file_size=100))
-    h.checkpoint(shared=())
-    h.run(c.CrashTm("tm-2"))
-    h.run(c.Failover())
-    h.run(c.Trigger())
-    s = on_tm(h, "tm-3")[0]
-    h.run(c.WriteState(h.last_checkpoint, s, KS, "live", 10))
-    h.run(c.WriteState(h.last_checkpoint, s, KS, "zombie", 10, attempt="tm-2"))
-    h.run(c.Acknowledge(h.last_checkpoint, s))
-    directory = shared_dir(JOB, s)
-    h.run(c.CrashTm("tm-3"))
-    h.run(c.AttemptStopped("tm-3"))
-    assert directory in h.observe().pending_deletes  # it waits for tm-2
-    h.run(c.Failover())
-    assert h.tm_of(s) == "tm-4"
+    h, s, directory = _a_collected_directory_waiting_for_a_zombie(mode)
     effects = h.run(c.AttemptStopped("tm-2"))
     obs = h.observe()
     assert directory not in [d for d, _ in dir_deletes(effects)]
