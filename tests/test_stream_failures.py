@@ -42,7 +42,12 @@ PARALLELISM = 2
 RESCALE = (10, 3)
 KILL_PROB = 0.04
 STALLS = ((4, 0, "mid-upload"), (15, 1, "mid-upload"))
-"""Stragglers: the first attempt stalls 4 s mid-upload, its copy runs on the other host."""
+"""Stragglers: the first attempt stalls ``STALL_S`` mid-upload, its copy runs on the other
+host."""
+STALL_S = 8.0
+"""Spark copies a task once it has run 1.5 times the median of the stage's finished ones
+(``spark.speculation.multiplier``): 4 s was too short on a loaded machine, where batch
+15's other tasks took nearly 3 s and CI saw no copy of its straggler (twice)."""
 ROWS, VOCABULARY, WINDOW_MS = 200, 200, 2000
 
 
@@ -92,6 +97,7 @@ def test_issue17_kills_speculation_and_a_rescale_count_every_window_once_and_lea
     run_dir = tmp_path / "run"
     figures = tmp_path / "figures.json"
     stalls = [a for b, i, p in STALLS for a in ("--stall-at", f"{b}:{i}:{p}")]
+    stalls += ["--stall-seconds", str(STALL_S)]
     done, seconds = loopback_cluster.stream(
         run_dir,
         "--speculation", "--kill-worker-prob", str(KILL_PROB), "--failure-seed", str(seed),
