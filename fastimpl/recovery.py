@@ -287,8 +287,10 @@ def recover(
     cl.coord = co
     cl.catalog = co.catalog
     co.bases |= set(gone)  # the caller's own, as the crashed job's base is (I5)
+    databases: set[str] = set()
     for path in sorted(dropped):
         if leave_working and is_working_path(path):
+            databases.add(base_of(path))
             continue  # the caller's collector decides, as for the crashed job's own
         co.catalog.files[path] = StoredFile(files[path], False, COORDINATOR, None)
         co.catalog.delete_file(path, COORDINATOR)
@@ -318,6 +320,9 @@ def recover(
         tms = [cl.start_tm(co.job, co.next_checkpoint, None) for _ in range(job_spec.num_tms)]
         co.running = True
         co.deploy(cl.place(subtasks_of(co.vertices), tms))
+    # Their databases are the caller's collector's to drop, which works in the lineage's
+    # bases (``leave_working``): no checkpoint names them, so it deletes them whole.
+    co.lineage |= databases
     co.collect_dirs()
     report = RecoveryReport(
         crashed_job=job,
