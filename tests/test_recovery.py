@@ -1172,3 +1172,24 @@ def test_r96_abandoned_names_the_crashed_job_twice_or_no_job_refused(
     with pytest.raises(RecoveryError, match="abandoned job"):
         CheckpointStore.recover(place.url, config, JOB, abandoned=abandoned)
     assert place.snapshot() == before
+
+
+def test_r96_an_abandoned_base_a_kept_checkpoint_refers_to_is_refused_and_nothing_deleted(
+    place: Place,
+) -> None:
+    """job-1 claimed job-0's checkpoint and completed one that reuses its shared state,
+    then subsumed job-0's (its ``_metadata`` went). Named abandoned, job-0 holds no
+    ``_metadata``, yet job-1's kept checkpoint reads files there: not garbage."""
+    config = Config.for_mode(MergingMode.NONE, num_retained=1)
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    c1 = checkpoint(store, ledger, prog)
+    new, _ = CheckpointStore.recover(place.url, config, JOB)
+    checkpoint(new, ledger, Progress(), reuse=(c1,))
+    new.flush()
+    left = place.snapshot()
+    assert not any(p.endswith("/_metadata") for p in left if p.startswith("job-0/"))
+    assert any(p.startswith("job-0/") for p in left)
+    with pytest.raises(RecoveryError, match="in an abandoned job's base: not garbage"):
+        CheckpointStore.recover(place.url, config, JOB, crashed_job="job-1", abandoned=["job-0"])
+    assert place.snapshot() == left
