@@ -15,12 +15,12 @@ straggler, on the two-host loopback cluster of ``tests.spark_cluster``) and a re
 Each restart recovers the store from the persisted ``_metadata`` (a new job that claims
 the latest completed checkpoint) and Spark from its own offsets. The last one recovers
 job-2, not job-3, which completed no checkpoint: job-3 is abandoned and its base deleted
-(R96; recovering it started from nothing, and every count before batch 11 was lost). At the end: 22 batches,
-every closed window equal to the batch computation, the invariants I1-I6 on the real
-files (the last run's), the storage audit of every job base clean, and the command trace
-of the whole run (each restarted driver writes on the crashed one's) replayed through the
-model and agreeing. ACROSS merging
-(the test of the worker failures alone runs WITHIN). The driver runs in a subprocess;
+(R96; recovering it started from nothing, and every count before batch 11 was lost).
+At the end: 22 batches, every closed window equal to the batch computation, the
+invariants I1-I6 on the real files (the last run's), the storage audit of every job base
+clean, and the command trace of the whole run (each restarted driver writes on the
+crashed one's) replayed through the model and agreeing. ACROSS merging (the test of the
+worker failures alone runs WITHIN). The driver runs in a subprocess;
 the test shares the ``spark`` xdist group."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_r96_the_driver_killed_three_times_with_worker_failures_counts_every_rec
         assert f"batch {batch:>4}  " not in out, out[-4000:]
         if batch - 1 > last:
             assert f"batch {batch - 1:>4}  " in out, out[-4000:]
-        if 0 <= last and last + 1 < batch:
+        if last >= 0 and last + 1 < batch:
             assert f"batch {last + 1:>4}  " in out, out[-4000:]
         if n and DEATHS[n - 1][1] == "completed":
             # Spark ran again the batch the state held (its checkpoint had completed).
