@@ -19,7 +19,7 @@ from fastimpl.api import (
 from fastimpl.engine import InProcessEngine
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.metadata import MetadataError
-from fastimpl.recovery import RecoveryError, RecoveryReport, recover
+from fastimpl.recovery import RecoveryError, RecoveryReport, incarnation_to_recover, recover
 from fastimpl.storage import (
     CachedLocalDiskError,
     DeleteFailure,
@@ -53,5 +53,6 @@ __all__ = [
     "StorageFault",
     "UnknownWrapperError",
     "UnsafePathError",
+    "incarnation_to_recover",
     "recover",
 ]

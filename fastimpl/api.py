@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal
@@ -125,15 +125,27 @@ class CheckpointStore:
         ids: IdSource | None = None,
         storage_options: Mapping[str, Any] | None = None,
         deletion_log: bool = False,
+        abandoned: Sequence[str] = (),
+        mode: RestoreMode = RestoreMode.CLAIM,
     ) -> tuple[CheckpointStore, RecoveryReport]:
-        """Continue a job whose process died, from what storage holds (see ``recovery``)."""
+        """Continue a job whose process died, from what storage holds (see ``recovery``;
+        ``incarnation_to_recover`` says which job of a lineage, and which are
+        ``abandoned``)."""
         check_parallelism(config, job.vertices)  # R78: before any I/O
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         _refuse_unreadable_open_files(fs, config)
         # The recovery takes the base over (``lease``) before its first delete: a writer
         # still running there (a zombie of the crashed job) is fenced from then on.
         cluster, report = recover(
-            config, job, fs, root, job=crashed_job, ids=ids or RandomIds(), lease=_lease_token()
+            config,
+            job,
+            fs,
+            root,
+            job=crashed_job,
+            ids=ids or RandomIds(),
+            lease=_lease_token(),
+            abandoned=abandoned,
+            mode=mode,
         )
         store = cls(
             url,

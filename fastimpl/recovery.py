@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from attrs import frozen
@@ -54,12 +55,13 @@ from fastimpl.coordinator import subtasks_of
 from fastimpl.engine import InProcessEngine
 from fastimpl.ids import IdSource
 from fastimpl.metadata import MetadataError, base_of, check_job
-from fastimpl.records import Completed
+from fastimpl.records import Completed, StoredFile
 from fastimpl.resume import HaState, rebuild
 from fastimpl.storage import Storage
 from fastimpl.working import is_working_path
 from fastimpl.writer_state import WRITER_STATE
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec, check_parallelism
+from spec.effects import COORDINATOR
 from spec.handles import stream_of
 from spec.keygroups import max_parallelism_refusal
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
@@ -140,8 +142,21 @@ def recover(
     background_deletes: bool = True,
     lease: bytes | None = None,
     leave_working: bool = False,
+    abandoned: Sequence[str] = (),
+    mode: RestoreMode = RestoreMode.CLAIM,
 ) -> tuple[InProcessEngine, RecoveryReport]:
     """A running store that continues the crashed ``job`` from what storage holds.
+
+    ``abandoned``: incarnations the caller started after ``job`` (a recovery's, a
+    rescale's new job) whose process died before they completed a checkpoint; the job
+    goes on from ``job``'s latest, as it would have had they never started (R96). The
+    caller vouches that they are its own and dead, as it does for ``job``; the recovery
+    checks that none holds a ``chk-N/_metadata`` (then it, not ``job``, is the one to
+    recover) and that no kept checkpoint or savepoint names a file of theirs, refuses
+    otherwise before anything changes, and deletes their bases as garbage.
+    ``mode``: how the new job restores the latest kept checkpoint: CLAIM (R72), or
+    NO_CLAIM when the first abandoned incarnation was a NO_CLAIM restore of it (R73:
+    that checkpoint is the user's since, and stays so).
 
     ``lease``: take the base over with this token (issue 14) once everything is read and
     validated and before the first delete, so that a writer still running there is fenced
@@ -159,6 +174,7 @@ def recover(
     except MetadataError as err:
         raise RecoveryError(f"crashed_job {job!r}: {err.problem}") from None
     own = job_base(job)
+    gone = _check_abandoned(job, abandoned)
     reader = Storage(fs, root, background_deletes=False)
     try:
         files = reader.list_files()
@@ -209,17 +225,23 @@ def recover(
             meta.max_parallelism,
             meta.working,
         )
+    dropped = _abandoned_files(gone, files, keep, savepoints)
     sp_dirs = {m.group(1) for p in files if (m := re.match(rf"({SAVEPOINTS}/savepoint-\d+)/", p))}
     interrupted = sorted(d for d in sp_dirs if f"{d}/{METADATA}" not in files)
 
     # Numbers already used under the root: new ids must not collide with any of them.
     tops = {p.split("/", 1)[0] for p in files}
-    seqs = [int(m.group(2)) for t in tops | {job} if (m := _JOB.match(t)) and t != SAVEPOINTS]
+    seqs = [
+        int(m.group(2))
+        for t in tops | {job, *abandoned}
+        if (m := _JOB.match(t)) and t != SAVEPOINTS
+    ]
     tm_nums = [int(m.group(1)) for p in files if (m := re.match(r"[^/]+/taskowned/tm-(\d+)/", p))]
     cids = [int(m.group(1)) for p in files if (m := re.match(r"[^/]+/chk-(\d+)/", p))] + [
         int(m.group(1)) for p in files if (m := re.match(rf"{SAVEPOINTS}/savepoint-(\d+)/", p))
     ]
-    cids += _published_pending(reader, own, files)
+    for base in (own, *gone):  # an abandoned incarnation's triggers used ids too (R50)
+        cids += _published_pending(reader, base, files)
 
     cl = InProcessEngine(
         config, job_spec, fs, root, ids, job_id=job, background_deletes=background_deletes
@@ -246,10 +268,10 @@ def recover(
     ha = HaState(
         job, max(seqs, default=0), max(cids, default=0) + 1, 0, 0, tuple(d.metadata for d in keep)
     )
-    listing = files
+    listing = {p: n for p, n in files.items() if p not in dropped}
     if leave_working:
         in_place = {w.path for d in keep for _, w in d.working}
-        listing = {p: n for p, n in files.items() if not is_working_path(p) or p in in_place}
+        listing = {p: n for p, n in listing.items() if not is_working_path(p) or p in in_place}
     co, garbage = rebuild(
         config,
         vertices,
@@ -264,17 +286,32 @@ def recover(
     )
     cl.coord = co
     cl.catalog = co.catalog
+    co.bases |= set(gone)  # the caller's own, as the crashed job's base is (I5)
+    databases: set[str] = set()
+    for path in sorted(dropped):
+        if leave_working and is_working_path(path):
+            databases.add(base_of(path))
+            continue  # the caller's collector decides, as for the crashed job's own
+        co.catalog.files[path] = StoredFile(files[path], False, COORDINATOR, None)
+        co.catalog.delete_file(path, COORDINATOR)
+        garbage.append(path)
     co.working.opens = not leave_working
     co.running = False  # the crashed job's end: nothing of it runs to be ended
     if keep:
         latest = keep[-1]
         want = tuple((v.name, v.parallelism) for v in job_spec.vertices)
-        cl.restore(latest.id, want, RestoreMode.CLAIM)
-        # The restore claimed the latest; the older retained ones stay retained too.
-        for done in keep[:-1]:
-            co._register(done)
-        co.retained = list(keep)
-        co.latest_completed = latest.id
+        if mode is RestoreMode.NO_CLAIM:
+            # R73 with R91: the kept checkpoints are the user's since the first abandoned
+            # incarnation's NO_CLAIM restore; the rebuilt job ends retaining them (no TM
+            # of it runs) before the same restore, which claims nothing
+            co.end_job(retain=True)
+        cl.restore(latest.id, want, mode)
+        if mode is RestoreMode.CLAIM:
+            # The restore claimed the latest; the older retained ones stay retained too.
+            for done in keep[:-1]:
+                co._register(done)
+            co.retained = list(keep)
+            co.latest_completed = latest.id
     else:
         co.job_seq += 1
         co.job = f"job-{co.job_seq}"
@@ -283,6 +320,9 @@ def recover(
         tms = [cl.start_tm(co.job, co.next_checkpoint, None) for _ in range(job_spec.num_tms)]
         co.running = True
         co.deploy(cl.place(subtasks_of(co.vertices), tms))
+    # Their databases are the caller's collector's to drop, which works in the lineage's
+    # bases (``leave_working``): no checkpoint names them, so it deletes them whole.
+    co.lineage |= databases
     co.collect_dirs()
     report = RecoveryReport(
         crashed_job=job,
@@ -291,9 +331,73 @@ def recover(
         savepoints=tuple(sorted(savepoints)),
         garbage=tuple(garbage),
         left_to_user=tuple(interrupted),
-        left_alone=tuple(sorted(t for t in tops if t not in (own, SAVEPOINTS))),
+        left_alone=tuple(sorted(t for t in tops if t not in (own, SAVEPOINTS, *gone))),
     )
     return cl, report
+
+
+def incarnation_to_recover(fs: Any, root: str, jobs: Sequence[str]) -> tuple[str, tuple[str, ...]]:
+    """Of ``jobs``, one application's incarnations oldest first (each a recovery or a
+    restore of the one before), the one to ``recover`` and those to pass as
+    ``abandoned``: the newest that completed a checkpoint (a ``chk-N/_metadata`` in its
+    base) and every one after it. A new job whose process died before its first complete
+    holds no state of its own; its predecessor's latest checkpoint is the job's state
+    still (R96). None completed one: the first, and all the others abandoned."""
+    if not jobs:
+        raise RecoveryError("no job to recover")
+    listed = Storage(fs, root, background_deletes=False).list_files()
+    done = {
+        m.group(1)
+        for p in listed
+        if (m := re.fullmatch(r"([^/]+)/chk-\d+/" + re.escape(METADATA), p)) is not None
+    }
+    at = max((i for i, j in enumerate(jobs) if job_base(j) in done), default=0)
+    return jobs[at], tuple(jobs[at + 1 :])
+
+
+def _check_abandoned(job: str, abandoned: Sequence[str]) -> tuple[str, ...]:
+    """The bases of ``abandoned``, each a job id other than ``job`` and named once."""
+    out: list[str] = []
+    for a in abandoned:
+        try:
+            check_job(a, "<recover>", "abandoned")
+        except MetadataError as err:
+            raise RecoveryError(f"abandoned job {a!r}: {err.problem}") from None
+        if a == job or job_base(a) in out:
+            raise RecoveryError(f"abandoned job {a!r}: named twice, or as the crashed job")
+        out.append(job_base(a))
+    return tuple(out)
+
+
+def _abandoned_files(
+    bases: tuple[str, ...],
+    files: dict[str, int],
+    keep: list[Completed],
+    savepoints: dict[int, Completed],
+) -> set[str]:
+    """The files of the abandoned ``bases``, once it is certain that they are garbage: no
+    completed checkpoint there, and nothing a kept checkpoint or a savepoint names."""
+    if not bases:
+        return set()
+    ours = {p for p in files if base_of(p) in bases}
+    for path in sorted(ours):
+        m = re.fullmatch(r"[^/]+/chk-(\d+)/" + re.escape(METADATA), path)
+        if m is not None:
+            raise RecoveryError(
+                f"abandoned job {base_of(path)!r} completed checkpoint {m.group(1)} ({path}):"
+                " it, not the crashed job, is the one to recover; nothing was deleted"
+            )
+    for done in [*keep, *savepoints.values()]:
+        named = {s.path for e in done.entries if (s := stream_of(e.handle)) is not None}
+        named |= {w.path for _, w in done.working}
+        named |= {d for d in done.directories}
+        hit = sorted(p for p in named if base_of(p) in bases)
+        if hit:
+            raise RecoveryError(
+                f"{done.metadata} refers to {hit[0]!r} in an abandoned job's base: not"
+                " garbage; nothing was deleted"
+            )
+    return ours
 
 
 def _published_pending(reader: Storage, own: str, files: dict[str, int]) -> list[int]:

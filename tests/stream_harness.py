@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 from pipeline.stream.check import Comparison, batch_counts, compare
 from pipeline.stream.checkpointing import VERTEX
-from pipeline.stream.coordination import open_coordinator
+from pipeline.stream.coordination import open_coordinator, to_recover
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.source import RateSource
 from pipeline.stream.subtask import (
@@ -77,6 +77,8 @@ class LocalJob:
             gc_min_age_s=gc_min_age_s,
             trace=trace,
         )
+        self.lineage: list[tuple[str, RestoreMode | None]] = [(self.coordinator.job_id, None)]
+        """Every job started, with the mode it restored the one before in (``driver.json``)."""
         self.work = str(tmp / "work")
         self.driver = BatchDriver(
             self.coordinator,
@@ -158,16 +160,20 @@ class LocalJob:
         old = self.coordinator
         if old.trace is not None:
             old.trace.close()  # its lines are on disk: the driver died after writing them
+        back = to_recover(self.url, self.storage_options, self.lineage)
         self.coordinator = open_coordinator(
             self.url,
             self.config,
             self.parallelism,
             storage_options=self.storage_options,
-            crashed_job=old.job_id,
+            crashed_job=back.crashed_job,
+            abandoned=back.abandoned,
+            restore_mode=back.restore_mode,
             backend=self.driver.backend,
             gc_min_age_s=self.gc_min_age_s,
             trace=self.trace,
         )
+        self.lineage.append((self.coordinator.job_id, back.restore_mode))
         old_driver = self.driver
         self.driver = BatchDriver(
             self.coordinator,
@@ -178,6 +184,7 @@ class LocalJob:
             auto_compactions=old_driver.auto_compactions,
             failures=old_driver.failures,
             backend=old_driver.backend,
+            no_claim=back.restore_mode is RestoreMode.NO_CLAIM,
         )
         self.driver.recover_progress()
         self.driver.reports = list(old_driver.reports)
@@ -198,6 +205,7 @@ class LocalJob:
         """Restore the latest completed checkpoint with ``parallelism`` subtasks (the
         configured restore mode), as ``--rescale-at`` does between two queries."""
         self.coordinator.rescale(parallelism)
+        self.lineage.append((self.coordinator.job_id, self.config.restore_mode))
         old = self.driver
         self.parallelism = parallelism
         self.driver = BatchDriver(

@@ -40,7 +40,7 @@ import pytest
 from conformance.fastimpl_commands import apply
 from fastimpl import CheckpointStore, CounterIds, InProcessEngine, MetadataError, RecoveryError
 from fastimpl.metadata import decode
-from fastimpl.recovery import RecoveryReport, recover
+from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover
 from fastimpl.writer_state import WRITER_STATE, publish_state
 from pipeline.location import Location
 from pipeline.single import audit_single
@@ -1085,3 +1085,111 @@ def test_a_missing_or_truncated_working_file_refuses_and_changes_nothing(
     assert ("is missing" in msg) if damage == "missing" else ("holds 10 bytes" in msg)
     assert place.snapshot() == before and private in before
     engine.storage.close_all()
+
+
+# --------------------------------------------------------- an incarnation abandoned (R96)
+
+
+def _recovered_then_dead(
+    place: Place, config: Config, *, complete: bool
+) -> tuple[Ledger, Progress, int, dict[str, tuple[int, str]]]:
+    """job-0 completes a checkpoint and dies; its recovery, job-1, publishes its writer
+    state, triggers one checkpoint whose tasks write (completing it when ``complete``),
+    and dies too. Returns the ledger, job-0's progress, job-1's checkpoint id and what
+    storage held before job-1 started."""
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    checkpoint(store, ledger, prog)
+    before = place.snapshot()
+    new, _ = CheckpointStore.recover(place.url, config, JOB)
+    assert new.job_id == "job-1"
+    publish_state(new)
+    if complete:
+        cid = checkpoint(new, ledger, Progress())
+    else:
+        cid = new.coordinator.trigger()
+        publish_state(new)
+        for sub, tm in sorted(new.placement().items()):
+            new.task_manager(tm).write(cid, sub, KS, "s", payload(sub, "s"))
+    new.flush()
+    return ledger, prog, cid, before
+
+
+@pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
+def test_r96_an_incarnation_dead_before_its_first_checkpoint_is_abandoned(
+    place: Place, mode: MergingMode
+) -> None:
+    """Recovering the newest incarnation would start from nothing (it holds no checkpoint
+    of its own); the one before it still holds the job's latest checkpoint, and the dead
+    one's base is garbage of a process that can no longer write."""
+    config = Config.for_mode(mode, num_retained=1)
+    ledger, prog, pending, before = _recovered_then_dead(place, config, complete=False)
+    died = {p for p in place.snapshot() if p.startswith("job-1/")}
+    assert died
+    assert incarnation_to_recover(place.inner, place.root, ["job-0", "job-1"]) == (
+        "job-0", ("job-1",)
+    )  # fmt: skip
+    new, report = CheckpointStore.recover(place.url, config, JOB, abandoned=["job-1"])
+    assert report.checkpoints == tuple(prog.done) and new.job_id == report.new_job == "job-2"
+    assert died <= set(report.garbage) and "job-1" not in report.left_alone
+    new.flush()
+    after = place.snapshot()
+    assert not any(p.startswith("job-1/") for p in after)
+    # job-0's checkpoint is whole, as it was before job-1 started
+    assert {p: v for p, v in after.items() if p.startswith("job-0/")} == {
+        p: v for p, v in before.items() if p.startswith("job-0/")
+    }
+    first = new.coordinator.trigger()
+    assert first > pending  # R50: past job-1's published pending id
+    new.coordinator.abort(first)
+    assert new.check_invariants() == []
+    assert more_checkpoints(new, ledger, 2, [("job-0", prog.done[-1])]) == []
+    new.flush()
+    assert new.check_invariants(quiet=True) == []
+
+
+def test_r96_an_abandoned_incarnation_with_a_checkpoint_is_refused_and_nothing_deleted(
+    place: Place,
+) -> None:
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    _, _, done, _ = _recovered_then_dead(place, config, complete=True)
+    assert incarnation_to_recover(place.inner, place.root, ["job-0", "job-1"]) == ("job-1", ())
+    before = place.snapshot()
+    with pytest.raises(RecoveryError, match=rf"'job-1' completed checkpoint {done}"):
+        CheckpointStore.recover(place.url, config, JOB, abandoned=["job-1"])
+    assert place.snapshot() == before
+
+
+@pytest.mark.parametrize(
+    "abandoned", [["job-0"], ["job-1", "job-1"], ["savepoints"]], ids=str
+)
+def test_r96_abandoned_names_the_crashed_job_twice_or_no_job_refused(
+    place: Place, abandoned: list[str]
+) -> None:
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    _recovered_then_dead(place, config, complete=False)
+    before = place.snapshot()
+    with pytest.raises(RecoveryError, match="abandoned job"):
+        CheckpointStore.recover(place.url, config, JOB, abandoned=abandoned)
+    assert place.snapshot() == before
+
+
+def test_r96_an_abandoned_base_a_kept_checkpoint_refers_to_is_refused_and_nothing_deleted(
+    place: Place,
+) -> None:
+    """job-1 claimed job-0's checkpoint and completed one that reuses its shared state,
+    then subsumed job-0's (its ``_metadata`` went). Named abandoned, job-0 holds no
+    ``_metadata``, yet job-1's kept checkpoint reads files there: not garbage."""
+    config = Config.for_mode(MergingMode.NONE, num_retained=1)
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    c1 = checkpoint(store, ledger, prog)
+    new, _ = CheckpointStore.recover(place.url, config, JOB)
+    checkpoint(new, ledger, Progress(), reuse=(c1,))
+    new.flush()
+    left = place.snapshot()
+    assert not any(p.endswith("/_metadata") for p in left if p.startswith("job-0/"))
+    assert any(p.startswith("job-0/") for p in left)
+    with pytest.raises(RecoveryError, match="in an abandoned job's base: not garbage"):
+        CheckpointStore.recover(place.url, config, JOB, crashed_job="job-1", abandoned=["job-0"])
+    assert place.snapshot() == left

@@ -689,6 +689,23 @@ def test_r65_crash_in_pooled_file_leaves_dead_bytes() -> None:
     assert h.quiesce() == []
 
 
+def _zombie_writes_after_failover(
+    *, open_files_readable: bool
+) -> tuple[Harness, SubtaskId, list[str]]:
+    """WITHIN: ``tm-2`` crashes after a checkpoint, a failover replaces it, and its zombie
+    attempt writes shared state for the next checkpoint: the harness, the subtask and the
+    files it created."""
+    cfg = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, open_files_readable=open_files_readable)
+    h = Harness(cfg)
+    h.checkpoint()
+    s = on_tm(h, "tm-2")[0]
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Failover())
+    h.run(c.Trigger())
+    left = created(h.run(c.WriteState(h.last_checkpoint, s, KS, "z", 10, attempt="tm-2")))
+    return h, s, left
+
+
 @pytest.mark.parametrize("claim", [False, True], ids=["stop", "claim-then-stop"])
 def test_r65_an_object_store_never_has_a_file_its_stopped_writer_left_open(claim: bool) -> None:
     """R65, R12, R64, R72: on an object store an object is written when its file is
@@ -698,13 +715,7 @@ def test_r65_an_object_store_never_has_a_file_its_stopped_writer_left_open(claim
     gives the claimed directories, with everything in them, to the coordinator; when
     ``tm-2`` stops, the model kept the never written file as the coordinator's until the
     directory went, where storage had nothing. Without the restore it deleted it."""
-    h = Harness(Config.for_mode(MergingMode.WITHIN_CHECKPOINT, open_files_readable=False))
-    h.checkpoint()
-    s = on_tm(h, "tm-2")[0]
-    h.run(c.CrashTm("tm-2"))
-    h.run(c.Failover())
-    h.run(c.Trigger())
-    left = created(h.run(c.WriteState(h.last_checkpoint, s, KS, "z", 10, attempt="tm-2")))
+    h, s, left = _zombie_writes_after_failover(open_files_readable=False)
     assert left and left[0] in h.observe().open_files and is_under(left[0], shared_dir(JOB, s))
     if claim:
         h.run(c.Restore(1, (), RestoreMode.CLAIM))
@@ -718,13 +729,7 @@ def test_r65_an_object_store_never_has_a_file_its_stopped_writer_left_open(claim
 def test_r65_a_readable_store_keeps_a_file_its_stopped_writer_left_open() -> None:
     """R65: where flushed bytes are durable (a local disk) the same file exists, closed,
     once its writer stopped, and the coordinator deletes it (R64)."""
-    h = Harness(Config.for_mode(MergingMode.WITHIN_CHECKPOINT))
-    h.checkpoint()
-    s = on_tm(h, "tm-2")[0]
-    h.run(c.CrashTm("tm-2"))
-    h.run(c.Failover())
-    h.run(c.Trigger())
-    left = created(h.run(c.WriteState(h.last_checkpoint, s, KS, "z", 10, attempt="tm-2")))
+    h, _, left = _zombie_writes_after_failover(open_files_readable=True)
     assert deleted(h.run(c.AttemptStopped("tm-2")), COORDINATOR) == left
 
 

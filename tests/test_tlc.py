@@ -44,6 +44,8 @@ def test_the_tests_cover_every_small_and_must_fail_model() -> None:
         "MCFlink25395",
         "MCFailoverNewestOnly",
         "MCReplaceKeepsAcks",
+        "MCWorkingDeletesShared",
+        "MCWorkingRescaleDropsOldDir",
         "MCTrace",
     } <= names
 

@@ -31,6 +31,7 @@ BugNext ==
     \/ \E s \in Subs : CrashTm(s)
     \/ Failover
     \/ \E t \in Tms : AttemptStopped(t)
+    \/ \E c \in Cks, p \in RescalePars, m \in Modes : Restore(c, p, m)
 
 BugSpec == Init /\ [][Bounded(BugNext)]_vars
 ===================================================================================

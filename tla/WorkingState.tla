@@ -4,7 +4,7 @@
 (* R100-R106 and I7 of spec/SPEC.md (section 11), the TLA+ twin of the     *)
 (* working-state part of refimpl/machine.py (write_working, drop_working,  *)
 (* _db_release, snapshot_working, acknowledge, collect_working,            *)
-(* _open_databases).                                                       *)
+(* _open_databases, restore, _claim, end_job).                             *)
 (*                                                                         *)
 (* What the abstraction drops (the rest of the store is                    *)
 (* CheckpointOwnership.tla's):                                             *)
@@ -14,36 +14,61 @@
 (*    uploads as merged segments are CheckpointOwnership's segments;      *)
 (*  - notifications are immediate: completing or aborting a checkpoint     *)
 (*    drops every attempt's unacknowledged snapshot of it at once;         *)
-(*  - no restore to a new job: failover opens the files in place (R105)    *)
-(*    as CLAIM does, and NO_CLAIM and rescale are in refimpl and its       *)
-(*    tests only; no storage faults, no savepoints;                        *)
+(*  - restore: one job runs at a time; Restore ends it and starts the next *)
+(*    from one of its retained checkpoints, CLAIM or NO_CLAIM, at a        *)
+(*    parallelism in RescalePars (never from a savepoint; no max           *)
+(*    parallelism check; no small files copied out of segments, since      *)
+(*    every file is referred to in place); key groups are 0..MaxPar-1, a   *)
+(*    file carries those of the subtask that wrote it, and a working       *)
+(*    directory is the files one subtask of one job wrote, so "an old      *)
+(*    directory goes only once no retained checkpoint refers to it" is I1  *)
+(*    on its files; the ended job's retained checkpoints are the user's    *)
+(*    (R91) and no restore reads them but the chosen one;                  *)
+(*  - no cancel, no coordinator restart, no storage faults, no savepoints; *)
 (*  - files are ids 1..MaxFile, written whole (R101).                      *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets
 
 (***************************************************************************)
-(* NumSub: subtasks 1..NumSub.  MaxTm: attempt ids 1..MaxTm (the first     *)
-(* NumSub start alive).  MaxFile: working file ids 1..MaxFile.             *)
-(* MaxCheckpoint: checkpoint ids 1..MaxCheckpoint.  NumRetained:           *)
-(* execution.checkpointing.num-retained.  Coord: the coordinator, a model  *)
-(* value.                                                                  *)
+(* NumSub: the first job's parallelism (subtasks 1..NumSub).  MaxTm:       *)
+(* attempt ids 1..MaxTm (the first NumSub start alive).  MaxFile: working  *)
+(* file ids 1..MaxFile.  MaxCheckpoint: checkpoint ids 1..MaxCheckpoint.   *)
+(* NumRetained: execution.checkpointing.num-retained.  Coord, User: the    *)
+(* coordinator and the user, model values.  MaxJob: job ids 1..MaxJob      *)
+(* (MaxJob - 1 restores).  RescalePars: the parallelisms a restore may     *)
+(* choose.  MaxPar: the max parallelism, so the key groups are             *)
+(* 0..MaxPar-1.                                                            *)
 (***************************************************************************)
-CONSTANTS NumSub, MaxTm, MaxFile, MaxCheckpoint, NumRetained, Coord
+CONSTANTS NumSub, MaxTm, MaxFile, MaxCheckpoint, NumRetained, Coord, User
+CONSTANTS MaxJob, RescalePars, MaxPar
 
-Subs == 1..NumSub
+ASSUME NumSub \in 1..MaxPar /\ RescalePars \subseteq 1..MaxPar
+
+(***************************************************************************)
+(* Helpers.                                                                *)
+(***************************************************************************)
+Max(S) == CHOOSE x \in S : \A y \in S : y <= x
+Min(S) == CHOOSE x \in S : \A y \in S : x <= y
+
+Subs == 1..Max(RescalePars \cup {NumSub})
 Tms == 1..MaxTm
 Fids == 1..MaxFile
 Cks == 1..MaxCheckpoint
+Jobs == 1..MaxJob
+KGs == 0..(MaxPar - 1)
+Modes == {"CLAIM", "NO_CLAIM"}
 
 VARIABLES
     status,     \* [Tms -> {"none", "alive", "lost", "stopped"}]
-    host,       \* [Subs -> Tms]: the subtask's current attempt
+    host,       \* [Subs -> Tms \cup {0}]: the subtask's current attempt, 0 beyond par
     hosted,     \* [Tms -> SUBSET Subs]: what a lost attempt hosted (R64, R106)
     uses,       \* [Tms -> SUBSET Fids]: the files each attempt's database uses
     exists,     \* the working files on storage
-    owner,      \* [Fids -> Tms \cup {Coord}]
+    owner,      \* [Fids -> Tms \cup {Coord, User}]
     creator,    \* [Fids -> Tms]
     origin,     \* [Fids -> Subs]: the subtask whose database wrote it
+    kgs,        \* [Fids -> SUBSET KGs]: that subtask's key groups
+    fjob,       \* [Fids -> Jobs]: the job that wrote it (its working directory: fjob, origin)
     shared,     \* files an acknowledgement referred to (R100, R103)
     pins,       \* [Tms -> [Cks -> SUBSET Fids]]: unacknowledged snapshots (R103)
     pending,    \* pending checkpoint ids
@@ -54,11 +79,25 @@ VARIABLES
     deferred,   \* coordinator deletes waiting for a lost creator to stop (R64)
     deleted,    \* ghost: every deleted file id
     badDeletes, \* ghost: deletes that broke I2 or I5
-    clean       \* ghost: the last step was a collection in a quiet state (I6)
+    clean,      \* ghost: the last step was a collection in a quiet state (I6)
+    job,        \* the running job
+    par,        \* its parallelism: subtasks 1..par
+    mode,       \* how it was restored: "none" (the first job), "CLAIM", "NO_CLAIM"
+    userFiles   \* ghost: the files a job end or a NO_CLAIM restore gave the user
 
-vars == <<status, host, hosted, uses, exists, owner, creator, origin, shared, pins,
-          pending, acks, refs, retained, nextCk, nextFile, nextTm, deferred, deleted,
-          badDeletes, clean>>
+jobVars == <<job, par, mode, userFiles>>
+
+vars == <<status, host, hosted, uses, exists, owner, creator, origin, kgs, fjob, shared,
+          pins, pending, acks, refs, retained, nextCk, nextFile, nextTm, deferred, deleted,
+          badDeletes, clean, job, par, mode, userFiles>>
+
+Active == 1..par
+
+(***************************************************************************)
+(* R75: key group g belongs to subtask s of parallelism p when             *)
+(* g * p \div MaxPar = s - 1 (subtasks counted from 1 here).               *)
+(***************************************************************************)
+KeyGroups(p, s) == {g \in KGs : (g * p) \div MaxPar = s - 1}
 
 (***************************************************************************)
 (* R100: a database is live while its attempt is alive and hosts its       *)
@@ -66,7 +105,7 @@ vars == <<status, host, hosted, uses, exists, owner, creator, origin, shared, pi
 (* (owner its attempt, not shared, pinned by no snapshot), pinned, or      *)
 (* shared (the coordinator's for good).                                    *)
 (***************************************************************************)
-Live(t) == status[t] = "alive" /\ \E s \in Subs : host[s] = t
+Live(t) == status[t] = "alive" /\ \E s \in Active : host[s] = t
 
 (***************************************************************************)
 (* R104: what keeps a shared file: a live database's use, a retained       *)
@@ -84,18 +123,13 @@ PendingRefs == UNION {refs[c] : c \in pending}
 Pinned(t) == UNION {pins[t][c] : c \in Cks}
 
 (***************************************************************************)
-(* Helpers.                                                                *)
-(***************************************************************************)
-Max(S) == CHOOSE x \in S : \A y \in S : y <= x
-Min(S) == CHOOSE x \in S : \A y \in S : x <= y
-
-(***************************************************************************)
 (* A delete: recorded in the ghosts; breaks I2 (gone already) or I5 (the   *)
 (* actor is not the owner) in badDeletes.                                  *)
 (***************************************************************************)
+BadOf(F, actor) == {<<f, actor>> : f \in {g \in F : g \notin exists \/ owner[g] # actor}}
+
 Delete(F, actor) ==
-    /\ badDeletes' = badDeletes \cup
-         {<<f, actor>> : f \in {g \in F : g \notin exists \/ owner[g] # actor}}
+    /\ badDeletes' = badDeletes \cup BadOf(F, actor)
     /\ exists' = exists \ F
     /\ deleted' = deleted \cup F
 
@@ -109,26 +143,32 @@ Garbage(t, u, p) ==
 
 (***************************************************************************)
 (* The types of the variables, and the initial state: the first NumSub     *)
-(* attempts alive, one per subtask, no file, no checkpoint.                *)
+(* attempts alive, one per subtask, no file, no checkpoint, job 1.         *)
 (***************************************************************************)
 TypeOK ==
     /\ status \in [Tms -> {"none", "alive", "lost", "stopped"}]
-    /\ host \in [Subs -> Tms]
+    /\ host \in [Subs -> Tms \cup {0}]
+    /\ \A s \in Subs : (host[s] = 0) <=> (s \notin Active)
     /\ uses \in [Tms -> SUBSET Fids]
     /\ exists \subseteq Fids /\ shared \subseteq Fids
-    /\ owner \in [Fids -> Tms \cup {Coord}]
+    /\ owner \in [Fids -> Tms \cup {Coord, User}]
+    /\ kgs \in [Fids -> SUBSET KGs] /\ fjob \in [Fids -> Jobs]
     /\ pins \in [Tms -> [Cks -> SUBSET Fids]]
     /\ pending \subseteq Cks /\ retained \subseteq Cks
+    /\ job \in Jobs /\ par \in RescalePars \cup {NumSub}
+    /\ mode \in Modes \cup {"none"} /\ userFiles \subseteq Fids
 
 Init ==
     /\ status = [t \in Tms |-> IF t <= NumSub THEN "alive" ELSE "none"]
-    /\ host = [s \in Subs |-> s]
+    /\ host = [s \in Subs |-> IF s <= NumSub THEN s ELSE 0]
     /\ hosted = [t \in Tms |-> {}]
     /\ uses = [t \in Tms |-> {}]
     /\ exists = {} /\ shared = {}
     /\ owner = [f \in Fids |-> Coord]
     /\ creator = [f \in Fids |-> 1]
     /\ origin = [f \in Fids |-> 1]
+    /\ kgs = [f \in Fids |-> {}]
+    /\ fjob = [f \in Fids |-> 1]
     /\ pins = [t \in Tms |-> [c \in Cks |-> {}]]
     /\ pending = {} /\ retained = {}
     /\ acks = [c \in Cks |-> {}]
@@ -136,6 +176,7 @@ Init ==
     /\ nextCk = 1 /\ nextFile = 1 /\ nextTm = NumSub + 1
     /\ deferred = {} /\ deleted = {} /\ badDeletes = {}
     /\ clean = FALSE
+    /\ job = 1 /\ par = NumSub /\ mode = "none" /\ userFiles = {}
 
 (***************************************************************************)
 (* R101, R106: a database writes a whole file, private to its attempt: the *)
@@ -151,11 +192,14 @@ WriteWorking(t, s) ==
        /\ owner' = [owner EXCEPT ![f] = t]
        /\ creator' = [creator EXCEPT ![f] = t]
        /\ origin' = [origin EXCEPT ![f] = s]
+       /\ kgs' = [kgs EXCEPT ![f] = KeyGroups(par, s)]
+       /\ fjob' = [fjob EXCEPT ![f] = job]
        /\ uses' = [uses EXCEPT ![t] = @ \cup {f}]
     /\ nextFile' = nextFile + 1
     /\ clean' = FALSE
     /\ UNCHANGED <<status, host, hosted, shared, pins, pending, acks, refs, retained,
                    nextCk, nextTm, deferred, deleted, badDeletes>>
+    /\ UNCHANGED jobVars
 
 (***************************************************************************)
 (* R102: a database stops using a file; its attempt deletes what became    *)
@@ -169,8 +213,9 @@ DropWith(t, s, f, Dead) ==
     /\ uses' = [uses EXCEPT ![t] = @ \ {f}]
     /\ Delete(Dead, t)
     /\ clean' = FALSE
-    /\ UNCHANGED <<status, host, hosted, owner, creator, origin, shared, pins, pending,
-                   acks, refs, retained, nextCk, nextFile, nextTm, deferred>>
+    /\ UNCHANGED <<status, host, hosted, owner, creator, origin, kgs, fjob, shared, pins,
+                   pending, acks, refs, retained, nextCk, nextFile, nextTm, deferred>>
+    /\ UNCHANGED jobVars
 
 DropWorking(t, s, f) == DropWith(t, s, f, DropDelete(t, f))
 
@@ -182,24 +227,40 @@ Trigger ==
     /\ pending' = pending \cup {nextCk}
     /\ nextCk' = nextCk + 1
     /\ clean' = FALSE
-    /\ UNCHANGED <<status, host, hosted, uses, exists, owner, creator, origin, shared,
-                   pins, acks, refs, retained, nextFile, nextTm, deferred, deleted,
+    /\ UNCHANGED <<status, host, hosted, uses, exists, owner, creator, origin, kgs, fjob,
+                   shared, pins, acks, refs, retained, nextFile, nextTm, deferred, deleted,
                    badDeletes>>
+    /\ UNCHANGED jobVars
 
 (***************************************************************************)
 (* R103: a snapshot refers to every file the database uses, in place: a    *)
 (* pin of its attempt until the acknowledgement.  A zombie may snapshot    *)
-(* too (its acknowledgement is ignored, R56).                              *)
+(* too (its acknowledgement is ignored, R56).  R105, NO_CLAIM: a file of   *)
+(* the user's it still uses is first copied into a new private file, which *)
+(* it uses instead, so the new job's checkpoints refer only to its own.    *)
 (***************************************************************************)
 SnapshotWorking(t, s, c) ==
+    LET theirs == {f \in uses[t] : owner[f] = User}
+        copies == {f \in Fids : nextFile <= f /\ f < nextFile + Cardinality(theirs)}
+        u2 == (uses[t] \ theirs) \cup copies
+    IN
     /\ Acting(t, s)
     /\ c \in pending
     /\ s \notin acks[c]
-    /\ pins' = [pins EXCEPT ![t][c] = @ \cup uses[t]]
+    /\ nextFile + Cardinality(theirs) <= MaxFile + 1
+    /\ exists' = exists \cup copies
+    /\ owner' = [f \in Fids |-> IF f \in copies THEN t ELSE owner[f]]
+    /\ creator' = [f \in Fids |-> IF f \in copies THEN t ELSE creator[f]]
+    /\ origin' = [f \in Fids |-> IF f \in copies THEN s ELSE origin[f]]
+    /\ kgs' = [f \in Fids |-> IF f \in copies THEN KeyGroups(par, s) ELSE kgs[f]]
+    /\ fjob' = [f \in Fids |-> IF f \in copies THEN job ELSE fjob[f]]
+    /\ uses' = [uses EXCEPT ![t] = u2]
+    /\ pins' = [pins EXCEPT ![t][c] = @ \cup u2]
+    /\ nextFile' = nextFile + Cardinality(theirs)
     /\ clean' = FALSE
-    /\ UNCHANGED <<status, host, hosted, uses, exists, owner, creator, origin, shared,
-                   pending, acks, refs, retained, nextCk, nextFile, nextTm, deferred,
-                   deleted, badDeletes>>
+    /\ UNCHANGED <<status, host, hosted, shared, pending, acks, refs, retained, nextCk,
+                   nextTm, deferred, deleted, badDeletes>>
+    /\ UNCHANGED jobVars
 
 (***************************************************************************)
 (* R103: the live attempt's acknowledgement hands what it refers to in     *)
@@ -210,6 +271,7 @@ Acknowledge(s, c) ==
         F == pins[t][c] \cap exists
         p2 == [pins EXCEPT ![t][c] = {}]
     IN
+    /\ s \in Active
     /\ status[t] = "alive"
     /\ c \in pending
     /\ s \notin acks[c]
@@ -219,8 +281,9 @@ Acknowledge(s, c) ==
     /\ acks' = [acks EXCEPT ![c] = @ \cup {s}]
     /\ pins' = p2
     /\ clean' = FALSE
-    /\ UNCHANGED <<status, host, hosted, uses, exists, creator, origin, pending, retained,
-                   nextCk, nextFile, nextTm, deferred, deleted, badDeletes>>
+    /\ UNCHANGED <<status, host, hosted, uses, exists, creator, origin, kgs, fjob, pending,
+                   retained, nextCk, nextFile, nextTm, deferred, deleted, badDeletes>>
+    /\ UNCHANGED jobVars
 
 (***************************************************************************)
 (* Pins of checkpoints that finished go (immediate notifications), and     *)
@@ -240,7 +303,7 @@ FinishGarbage(C) ==
 (***************************************************************************)
 Complete(c) ==
     /\ c \in pending
-    /\ acks[c] = Subs
+    /\ acks[c] = Active
     /\ LET kept == retained \cup {c}
            r2 == IF Cardinality(kept) > NumRetained THEN kept \ {Min(kept)} ELSE kept
            done == {x \in pending : x <= c}
@@ -250,8 +313,9 @@ Complete(c) ==
           /\ exists' = exists \ FinishGarbage(done)
           /\ deleted' = deleted \cup FinishGarbage(done)
     /\ clean' = FALSE
-    /\ UNCHANGED <<status, host, hosted, uses, owner, creator, origin, shared, acks, refs,
-                   nextCk, nextFile, nextTm, deferred, badDeletes>>
+    /\ UNCHANGED <<status, host, hosted, uses, owner, creator, origin, kgs, fjob, shared,
+                   acks, refs, nextCk, nextFile, nextTm, deferred, badDeletes>>
+    /\ UNCHANGED jobVars
 
 Abort(c) ==
     /\ c \in pending
@@ -260,12 +324,14 @@ Abort(c) ==
     /\ exists' = exists \ FinishGarbage({c})
     /\ deleted' = deleted \cup FinishGarbage({c})
     /\ clean' = FALSE
-    /\ UNCHANGED <<status, host, hosted, uses, owner, creator, origin, shared, acks, refs,
-                   retained, nextCk, nextFile, nextTm, deferred, badDeletes>>
+    /\ UNCHANGED <<status, host, hosted, uses, owner, creator, origin, kgs, fjob, shared,
+                   acks, refs, retained, nextCk, nextFile, nextTm, deferred, badDeletes>>
+    /\ UNCHANGED jobVars
 
 (***************************************************************************)
 (* R104: the coordinator's collection.  A file a lost attempt wrote waits  *)
 (* for it to stop (R64).  I6's ghost: a collection in a quiet state.       *)
+(* CollectWith(C) deletes C the same way (a must-fail model widens it).    *)
 (***************************************************************************)
 Collectable ==
     {f \in exists : f \in shared /\ owner[f] = Coord /\ f \notin RetainedRefs
@@ -273,14 +339,17 @@ Collectable ==
 
 Quiet == pending = {} /\ \A t \in Tms : status[t] # "lost"
 
-CollectWorking ==
-    LET waits == {f \in Collectable : status[creator[f]] = "lost"}
-        now == Collectable \ waits
+CollectWith(C) ==
+    LET waits == {f \in C : status[creator[f]] = "lost"}
+        now == C \ waits
     IN /\ Delete(now, Coord)
        /\ deferred' = deferred \cup waits
        /\ clean' = Quiet
-       /\ UNCHANGED <<status, host, hosted, uses, owner, creator, origin, shared, pins,
-                      pending, acks, refs, retained, nextCk, nextFile, nextTm>>
+       /\ UNCHANGED <<status, host, hosted, uses, owner, creator, origin, kgs, fjob, shared,
+                      pins, pending, acks, refs, retained, nextCk, nextFile, nextTm>>
+       /\ UNCHANGED jobVars
+
+CollectWorking == CollectWith(Collectable)
 
 (***************************************************************************)
 (* R57: a lost attempt aborts every pending checkpoint; it may go on as a  *)
@@ -288,6 +357,7 @@ CollectWorking ==
 (***************************************************************************)
 CrashTm(s) ==
     LET t == host[s] IN
+    /\ s \in Active
     /\ status[t] = "alive"
     /\ status' = [status EXCEPT ![t] = "lost"]
     /\ hosted' = [hosted EXCEPT ![t] = {s}]
@@ -298,27 +368,31 @@ CrashTm(s) ==
           /\ exists' = exists \ g
           /\ deleted' = deleted \cup g
     /\ clean' = FALSE
-    /\ UNCHANGED <<host, uses, owner, creator, origin, shared, acks, refs, retained,
-                   nextCk, nextFile, nextTm, deferred, badDeletes>>
+    /\ UNCHANGED <<host, uses, owner, creator, origin, kgs, fjob, shared, acks, refs,
+                   retained, nextCk, nextFile, nextTm, deferred, badDeletes>>
+    /\ UNCHANGED jobVars
 
 (***************************************************************************)
 (* R60, R62, R105: failover replaces each lost attempt by a new one and    *)
 (* every database reopens, in place, on the files the latest retained      *)
-(* checkpoint refers to for its subtask; a survivor deletes its private    *)
-(* files the checkpoint lacks (R62); a lost attempt's wait for it (R64).   *)
+(* checkpoint refers to for its subtask's key groups (Opened); a survivor  *)
+(* deletes its private files the checkpoint lacks (R62); a lost attempt's  *)
+(* wait for it (R64).                                                      *)
 (***************************************************************************)
 Latest == IF retained = {} THEN {} ELSE refs[Max(retained)]
 
+Opened(F, p, s) == {f \in F : kgs[f] \cap KeyGroups(p, s) # {}}
+
 Failover ==
-    LET lost == {s \in Subs : status[host[s]] # "alive"}
+    LET lost == {s \in Active : status[host[s]] # "alive"}
         newTm == [s \in Subs |-> IF s \in lost
                                  THEN nextTm + Cardinality({x \in lost : x < s})
                                  ELSE host[s]]
-        opened == [s \in Subs |-> {f \in Latest : origin[f] = s}]
-        u2 == [t \in Tms |-> IF \E s \in Subs : newTm[s] = t
-                             THEN opened[CHOOSE s \in Subs : newTm[s] = t]
+        opened == [s \in Subs |-> Opened(Latest, par, s)]
+        u2 == [t \in Tms |-> IF \E s \in Active : newTm[s] = t
+                             THEN opened[CHOOSE s \in Active : newTm[s] = t]
                              ELSE IF status[t] = "alive" THEN {} ELSE uses[t]]
-        survivors == {host[s] : s \in Subs \ lost}
+        survivors == {host[s] : s \in Active \ lost}
         g == {f \in exists : owner[f] \in survivors /\ f \notin shared
                              /\ f \notin u2[owner[f]]}
     IN
@@ -332,19 +406,22 @@ Failover ==
     /\ exists' = exists \ g \* R62: each survivor deletes the files it owns in g
     /\ deleted' = deleted \cup g
     /\ clean' = FALSE
-    /\ UNCHANGED <<hosted, owner, creator, origin, shared, acks, refs, retained, nextCk,
-                   nextFile, deferred, badDeletes>>
+    /\ UNCHANGED <<hosted, owner, creator, origin, kgs, fjob, shared, acks, refs, retained,
+                   nextCk, nextFile, deferred, badDeletes>>
+    /\ UNCHANGED jobVars
 
 (***************************************************************************)
 (* R64, R106: once a lost attempt stopped, the coordinator takes what it   *)
-(* owned and deletes what nothing needs; the deletes that waited run.      *)
+(* owned and deletes what nothing needs; the deletes that waited run,      *)
+(* except on what became the user's meanwhile.                             *)
 (***************************************************************************)
 AttemptStopped(t) ==
     LET formerly == {f \in exists : owner[f] = t}
         o2 == [f \in Fids |-> IF f \in formerly THEN Coord ELSE owner[f]]
         needed == RetainedRefs \cup PendingRefs \cup LiveUses
         waited == {f \in deferred : creator[f] = t}
-        gone == ((formerly \ needed) \cup (waited \ needed)) \cap exists
+        gone == ((formerly \ needed) \cup {f \in waited \ needed : owner[f] # User})
+                \cap exists
     IN
     /\ status[t] = "lost"
     /\ status' = [status EXCEPT ![t] = "stopped"]
@@ -357,8 +434,59 @@ AttemptStopped(t) ==
     /\ deleted' = deleted \cup gone
     /\ deferred' = deferred \ waited
     /\ clean' = FALSE
-    /\ UNCHANGED <<host, creator, origin, shared, pending, acks, refs, retained, nextCk,
-                   nextFile, nextTm>>
+    /\ UNCHANGED <<host, creator, origin, kgs, fjob, shared, pending, acks, refs, retained,
+                   nextCk, nextFile, nextTm>>
+    /\ UNCHANGED jobVars
+
+(***************************************************************************)
+(* R70, R90, R91: a restore from a retained checkpoint c ends the running  *)
+(* job and starts job + 1 at parallelism p on p new attempts.  The ending  *)
+(* job's pending checkpoints abort; its databases close and each live      *)
+(* attempt deletes its private files (R102: nothing uses or pins them any  *)
+(* more); its retained checkpoints and the files they refer to become the  *)
+(* user's; the coordinator deletes what it owns and nothing refers to, a   *)
+(* lost attempt's files waiting for it (R64).  A zombie stays in its job   *)
+(* (R106).  R72 CLAIM: the coordinator takes c's files back and retains c  *)
+(* until subsumed, so the old working directories go file by file under    *)
+(* R104.  R73 NO_CLAIM: c's files stay the user's, nothing is retained.    *)
+(* R75, R105: each new subtask's database opens, in place and with no      *)
+(* copy, the files of c whose key groups overlap its own (a projection;    *)
+(* a file may be opened by several databases).                             *)
+(***************************************************************************)
+Restore(c, p, m) ==
+    LET IsNew(t) == nextTm <= t /\ t < nextTm + p
+        cur == {t \in Tms : status[t] = "alive"}
+        closed == {f \in exists : owner[f] \in cur /\ f \notin shared} \* each by its owner
+        given == RetainedRefs
+        claimed == IF m = "CLAIM" THEN refs[c] ELSE {}
+        unref == {f \in exists \ closed : owner[f] = Coord /\ f \notin given}
+        waits == {f \in unref : status[creator[f]] = "lost"}
+        now == unref \ waits
+    IN
+    /\ c \in retained
+    /\ job < MaxJob
+    /\ nextTm + p <= MaxTm + 1
+    /\ job' = job + 1 /\ par' = p /\ mode' = m
+    /\ status' = [t \in Tms |-> IF t \in cur THEN "stopped"
+                               ELSE IF IsNew(t) THEN "alive" ELSE status[t]]
+    /\ hosted' = [t \in Tms |-> IF status[t] = "lost" THEN {} ELSE hosted[t]]
+    /\ host' = [s \in Subs |-> IF s <= p THEN nextTm + s - 1 ELSE 0]
+    /\ uses' = [t \in Tms |-> IF t \in cur THEN {}
+                             ELSE IF IsNew(t) THEN Opened(refs[c], p, t - nextTm + 1)
+                             ELSE uses[t]]
+    /\ pins' = [t \in Tms |-> IF t \in cur THEN [x \in Cks |-> {}] ELSE pins[t]]
+    /\ owner' = [f \in Fids |-> IF f \in claimed THEN Coord
+                                ELSE IF f \in given THEN User ELSE owner[f]]
+    /\ badDeletes' = badDeletes \cup BadOf(now, Coord)
+    /\ exists' = exists \ (closed \cup now)
+    /\ deleted' = deleted \cup closed \cup now
+    /\ deferred' = deferred \cup waits
+    /\ pending' = {}
+    /\ retained' = IF m = "CLAIM" THEN {c} ELSE {}
+    /\ nextTm' = nextTm + p
+    /\ userFiles' = userFiles \cup (given \ claimed)
+    /\ clean' = FALSE
+    /\ UNCHANGED <<creator, origin, kgs, fjob, shared, acks, refs, nextCk, nextFile>>
 
 (***************************************************************************)
 (* Every action, and the specification.                                    *)
@@ -374,6 +502,7 @@ Next ==
     \/ \E s \in Subs : CrashTm(s)
     \/ Failover
     \/ \E t \in Tms : AttemptStopped(t)
+    \/ \E c \in Cks, p \in RescalePars, m \in Modes : Restore(c, p, m)
 
 Spec == Init /\ [][Next]_vars
 
@@ -389,22 +518,40 @@ NoDanglingWorkingInv == RetainedRefs \subseteq exists
 NoForeignDeleteWorkingInv == badDeletes = {}
 
 (***************************************************************************)
-(* I7: a live database's files exist and are its own or the coordinator's; *)
-(* a file a checkpoint refers to is the coordinator's.                     *)
+(* I7: a live database's files exist and are its own, the coordinator's    *)
+(* or the user's; a file a checkpoint of the running job refers to is the  *)
+(* coordinator's (the user's only once R91 ends the job, which this        *)
+(* stricter form leaves out: CLAIM takes c's files back, NO_CLAIM refers   *)
+(* to copies).                                                             *)
 (***************************************************************************)
 WorkingKeptInv ==
     /\ \A t \in Tms : Live(t) => uses[t] \subseteq exists
-    /\ \A t \in Tms : Live(t) => \A f \in uses[t] : owner[f] \in {t, Coord}
+    /\ \A t \in Tms : Live(t) => \A f \in uses[t] : owner[f] \in {t, Coord, User}
     /\ \A f \in (RetainedRefs \cup PendingRefs) \cap exists : owner[f] = Coord
 
 (***************************************************************************)
 (* I3: every existing file has exactly one owner, a party that exists.     *)
 (***************************************************************************)
-OneOwnerWorkingInv == \A f \in exists : owner[f] = Coord \/ status[owner[f]] # "none"
+OneOwnerWorkingInv == \A f \in exists : owner[f] \in {Coord, User} \/ status[owner[f]] # "none"
 
 (***************************************************************************)
 (* I6: after a collection in a quiet state, every working file is referred *)
-(* to by a retained checkpoint or used by a live database.                 *)
+(* to by a retained checkpoint, used by a live database, or the user's.    *)
 (***************************************************************************)
-NoWorkingLeakWhenQuietInv == clean => exists \subseteq RetainedRefs \cup LiveUses
+NoWorkingLeakWhenQuietInv ==
+    clean => exists \subseteq RetainedRefs \cup LiveUses \cup {f \in Fids : owner[f] = User}
+
+(***************************************************************************)
+(* I5 for the user's files (R73, R91, R105): every file a job's end or a   *)
+(* NO_CLAIM restore gave the user still exists and is still the user's: no *)
+(* database and no collection of a later job deleted or took it.           *)
+(***************************************************************************)
+UserFilesKeptInv == \A f \in userFiles : f \in exists /\ owner[f] = User
+
+(***************************************************************************)
+(* R105 NO_CLAIM: every checkpoint of a job restored NO_CLAIM, from its    *)
+(* first acknowledgement on, refers in place only to files that job wrote. *)
+(***************************************************************************)
+NoClaimOwnFilesInv ==
+    mode = "NO_CLAIM" => \A c \in pending \cup retained : \A f \in refs[c] : fjob[f] = job
 ===================================================================================

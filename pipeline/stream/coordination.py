@@ -44,7 +44,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -53,7 +53,7 @@ import fsspec  # type: ignore[import-untyped]
 from fastimpl.coordinator import CheckpointCoordinator, Notice, subtasks_of
 from fastimpl.ids import RandomIds
 from fastimpl.records import Status, Tm
-from fastimpl.recovery import recover
+from fastimpl.recovery import incarnation_to_recover, recover
 from fastimpl.storage import Storage
 from fastimpl.working import is_working_path
 from fastimpl.writer_state import WRITER_STATE
@@ -208,6 +208,35 @@ def _lease_token() -> bytes:
     ).encode()
 
 
+@attrs.frozen
+class Recovery:
+    """What a restarted driver recovers (``open_coordinator``'s ``crashed_job``,
+    ``abandoned``, ``restore_mode``)."""
+
+    crashed_job: str
+    abandoned: tuple[str, ...]
+    restore_mode: RestoreMode
+
+
+def to_recover(
+    url: str,
+    storage_options: Mapping[str, Any] | None,
+    lineage: Sequence[tuple[str, RestoreMode | None]],
+) -> Recovery:
+    """``lineage``: the application's jobs oldest first, each with the mode it restored
+    its predecessor's latest checkpoint in (None for the first). The newest that
+    completed a checkpoint is recovered; a newer one died before its first, so its
+    predecessor's checkpoint is the state still, in the mode that one restored it (a
+    NO_CLAIM restore left it the user's, R73)."""
+    fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    job, abandoned = incarnation_to_recover(fs, root, [j for j, _ in lineage])
+    mode = RestoreMode.CLAIM
+    if abandoned:
+        first = next(m for j, m in lineage if j == abandoned[0])
+        mode = first or RestoreMode.CLAIM
+    return Recovery(job, abandoned, mode)
+
+
 def open_coordinator(
     url: str,
     config: Config,
@@ -215,6 +244,8 @@ def open_coordinator(
     *,
     storage_options: Mapping[str, Any] | None = None,
     crashed_job: str | None = None,
+    abandoned: Sequence[str] = (),
+    restore_mode: RestoreMode = RestoreMode.CLAIM,
     backend: str = "rocksdb",
     gc_min_age_s: float = 10.0,
     trace: str | None = None,
@@ -224,9 +255,12 @@ def open_coordinator(
     the whole application died with it (every TM), so this is a recovery
     (``fastimpl.recovery``: a new job that claims the latest completed checkpoint and
     deletes what the crashed one left unfinished), not a coordinator restart under
-    running TMs (R95, ``fastimpl.resume``). ``backend`` ``working``: the subtasks' state
-    is SlateDB on ``url`` (``slate_collect`` runs its collection, ``gc_min_age_s`` the
-    minimum age of SlateDB's GC: at least the grace of R64)."""
+    running TMs (R95, ``fastimpl.resume``). ``abandoned``, ``restore_mode``: the newer
+    incarnations that died before their first checkpoint, and how the first of them
+    restored ``crashed_job``'s latest (``recover``; ``to_recover`` picks). ``backend``
+    ``working``: the subtasks' state is SlateDB on ``url`` (``slate_collect`` runs its
+    collection, ``gc_min_age_s`` the minimum age of SlateDB's GC: at least the grace of
+    R64)."""
     if backend not in BACKENDS:
         raise ValueError(f"--state-backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     opts = dict(storage_options or {})
@@ -243,6 +277,8 @@ def open_coordinator(
             ids=RandomIds(),
             lease=_lease_token(),
             leave_working=backend == "working",
+            abandoned=abandoned,
+            mode=restore_mode,
         )
         co = cluster.coord
         co.engine = engine  # the in-process TMs the recovery started are placeholders now
@@ -259,7 +295,11 @@ def open_coordinator(
                 out.trace_stopped = f"a driver restart: {err}"
             else:
                 engine.trace.restarted(
-                    co.vertices, report.checkpoints, co.placement, len(report.garbage)
+                    co.vertices,
+                    report.checkpoints,
+                    co.placement,
+                    len(report.garbage),
+                    restore_mode,
                 )
         out.publish()
         return out

@@ -41,7 +41,7 @@ from fastimpl.writer_state import WRITER_STATE
 from pipeline.stream.audit import JobAudit, audit_jobs
 from pipeline.stream.check import Comparison, batch_counts, compare
 from pipeline.stream.checkpointing import CoordinatorSide, decode_assignment
-from pipeline.stream.coordination import SparkCoordinator, open_coordinator
+from pipeline.stream.coordination import SparkCoordinator, open_coordinator, to_recover
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.sink import read_all, write_batch
 from pipeline.stream.source import RateSource
@@ -236,6 +236,9 @@ class StreamRun:
     again: their checkpoint had completed before the driver died)."""
     recovered: str | None = None
     """The job this run recovered from (a driver restart), if any."""
+    abandoned: tuple[str, ...] = ()
+    """Newer jobs of the application the restart found with no completed checkpoint:
+    their driver died before it; their bases were deleted as garbage."""
     jobs: tuple[str, ...] = ()
     """Every job id the run's checkpoints were written under, oldest first."""
     audits: list[JobAudit] = field(factory=list)
@@ -396,24 +399,48 @@ class _Files:
 
 
 def _read_state(work_dir: str) -> dict[str, Any] | None:
+    """The driver state: ``jobs``, the application's jobs oldest first, each with the mode
+    it restored its predecessor in (``null`` for the first), and the parallelism the
+    newest runs at. A file of the first format (one ``job``) is a lineage of one."""
+    path = Path(work_dir) / DRIVER_STATE
     try:
-        d = json.loads((Path(work_dir) / DRIVER_STATE).read_text())
+        d = json.loads(path.read_text())
     except FileNotFoundError:
         return None
+    except ValueError as err:
+        raise ValueError(f"{path}: not a driver state file ({err})") from None
+    if isinstance(d, dict) and "jobs" not in d and isinstance(d.get("job"), str):
+        d = {"jobs": [[d["job"], None]], "parallelism": d.get("parallelism")}
+    modes = {m.name for m in RestoreMode}
     if (
         not isinstance(d, dict)
-        or not isinstance(d.get("job"), str)
         or type(d.get("parallelism")) is not int
+        or not isinstance(d.get("jobs"), list)
+        or not d["jobs"]
+        or not all(
+            isinstance(e, list)
+            and len(e) == 2
+            and isinstance(e[0], str)
+            and (e[1] is None or e[1] in modes)
+            for e in d["jobs"]
+        )
     ):
-        raise ValueError(f"{Path(work_dir) / DRIVER_STATE}: not a driver state file")
+        raise ValueError(f"{path}: not a driver state file")
+    d["lineage"] = [(j, None if m is None else RestoreMode[m]) for j, m in d["jobs"]]
     return d
 
 
-def _write_state(work_dir: str, job: str, parallelism: int) -> None:
+def _write_state(
+    work_dir: str, lineage: list[tuple[str, RestoreMode | None]], parallelism: int
+) -> None:
+    """Every job the application started, not only the newest: a new job that dies before
+    its first checkpoint holds nothing, and the restart recovers the one before it
+    (``coordination.to_recover``)."""
     path = Path(work_dir) / DRIVER_STATE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"job": job, "parallelism": parallelism}))
+    jobs = [[j, None if m is None else m.name] for j, m in lineage]
+    tmp.write_text(json.dumps({"jobs": jobs, "parallelism": parallelism}))
     os.replace(tmp, path)
 
 
@@ -508,22 +535,30 @@ def run_stream(
     state = _read_state(settings.work_dir) if resume else None
     if resume and state is None:
         raise ValueError(f"nothing to resume in {settings.work_dir} (no {DRIVER_STATE})")
+    lineage: list[tuple[str, RestoreMode | None]] = []
+    back = None
     if state is not None:
         p = state["parallelism"]
+        lineage = list(state["lineage"])
+        back = to_recover(settings.base, settings.storage_options, lineage)
     coordinator = open_coordinator(
         settings.base,
         settings.config,
         p,
         storage_options=settings.storage_options,
-        crashed_job=None if state is None else state["job"],
+        crashed_job=None if back is None else back.crashed_job,
+        abandoned=() if back is None else back.abandoned,
+        restore_mode=RestoreMode.CLAIM if back is None else back.restore_mode,
         backend=settings.state_backend,
         gc_min_age_s=settings.gc_min_age_s,
         trace=str(Path(settings.work_dir) / TRACE) if settings.trace else None,
     )
     jobs = [coordinator.job_id]
-    _write_state(settings.work_dir, coordinator.job_id, p)
-    if state is not None:
-        say(f"driver restarted: job {state['job']} recovered as {coordinator.job_id}")
+    lineage.append((coordinator.job_id, None if back is None else back.restore_mode))
+    _write_state(settings.work_dir, lineage, p)
+    if back is not None:
+        gone = f" (abandoned, no checkpoint: {', '.join(back.abandoned)})" if back.abandoned else ""
+        say(f"driver restarted: job {back.crashed_job} recovered as {coordinator.job_id}{gone}")
     own_session = spark is None
     if spark is None:
         from pipeline.session import spark_session
@@ -558,11 +593,16 @@ def run_stream(
             d.recover_progress()
         return d
 
-    driver = new_driver(p)
+    driver = new_driver(p, no_claim=back is not None and back.restore_mode is RestoreMode.NO_CLAIM)
     reports: list[BatchReport] = []
     skipped: list[int] = []
     run = StreamRun(
-        settings, reports, 0.0, files.samples, recovered=None if state is None else state["job"]
+        settings,
+        reports,
+        0.0,
+        files.samples,
+        recovered=None if back is None else back.crashed_job,
+        abandoned=() if back is None else back.abandoned,
     )
     t0 = time.perf_counter()
     try:
@@ -573,7 +613,8 @@ def run_stream(
                 reports.extend(driver.reports)
             mode = settings.config.restore_mode
             coordinator.rescale(new_p, mode)
-            _write_state(settings.work_dir, coordinator.job_id, new_p)
+            lineage.append((coordinator.job_id, mode))
+            _write_state(settings.work_dir, lineage, new_p)
             jobs.append(coordinator.job_id)
             say(
                 f"rescaled after batch {driver.last_batch}: parallelism {p} -> {new_p}"

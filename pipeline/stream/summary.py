@@ -38,6 +38,7 @@ def run_figures(run: StreamRun) -> dict[str, Any]:
         "jobs": list(run.jobs),
         "rescaled": None if run.rescaled is None else list(run.rescaled),
         "recovered": run.recovered,
+        "abandoned": list(run.abandoned),
         "skipped": list(run.skipped),
         "seconds": run.seconds,
         "violations": list(run.violations),
@@ -139,7 +140,8 @@ def print_summary(console: Console, run: StreamRun) -> bool:
         after, new_p, mode = run.rescaled
         t.add_row("rescale", f"after batch {after}: parallelism -> {new_p} ({mode})")
     if run.recovered is not None:
-        t.add_row("driver restarted", f"recovered job {run.recovered}")
+        gone = f"; abandoned {', '.join(run.abandoned)} (no checkpoint)" if run.abandoned else ""
+        t.add_row("driver restarted", f"recovered job {run.recovered}{gone}")
         t.add_row(
             "batches Spark re-ran that the state held (not counted again)", str(len(run.skipped))
         )

@@ -151,10 +151,14 @@ class StreamTrace:
         kept: tuple[int, ...],
         placement: Mapping[SubtaskId, TmId],
         garbage: int = 0,
+        mode: RestoreMode = RestoreMode.CLAIM,
     ) -> None:
         """The driver died with its application and the restarted one recovered the
         crashed job into a new job that claims the latest of the ``kept`` checkpoints
-        (``fastimpl.recovery``), whose TMs are ``placement``'s placeholders. In the
+        (``fastimpl.recovery``), whose TMs are ``placement``'s placeholders. When the
+        model's job is a newer incarnation that died before its first checkpoint (the
+        recovery abandoned it), its restored checkpoint is the model's latest still, and
+        the same commands hold: its TMs crash, and the checkpoint is claimed again. In the
         model: each live TM of the crashed job crashes (``CrashTm``: the pending
         checkpoints abort, R57), every attempt of it is known stopped (``AttemptStopped``:
         nothing of the application runs, R64, and what they owned that no retained
@@ -165,6 +169,13 @@ class StreamTrace:
         if model is None or self.stopped is not None:
             return
         self.crashed = None
+        if mode is not RestoreMode.CLAIM:
+            self.stop(
+                "a driver restart after a NO_CLAIM restore that completed no checkpoint: the"
+                " recovery restores the same checkpoint again, NO_CLAIM, which the model"
+                " cannot (its NO_CLAIM restore left the checkpoint to the user, R73)"
+            )
+            return
         if not kept:
             self.stop(
                 "a driver restart with no completed checkpoint in the crashed job's base:"
