@@ -197,3 +197,31 @@ def test_a_restore_whose_manifest_in_place_changed_is_refused_and_deletes_nothin
         job.batch()
     gone = set(before) - set(_listing(tmp_path / "base"))
     assert not gone
+
+
+@pytest.mark.parametrize("rescale", [False, True], ids=["last-batch", "after-a-rescale"])
+def test_a_task_killed_after_it_put_its_state_back_leaves_no_tm_to_go_on_with(
+    tmp_path: Path, rescale: bool
+) -> None:
+    """A task killed after it put its TM's records back (``put-back``): its result never
+    reached the driver, and the retry must not go on with that TM, which acknowledged the
+    same checkpoint already. Going on, the TM wrote the checkpoint twice: in the last batch
+    of a run the first copy's segments stayed the live TM's, referred to by nothing (I6
+    once quiet; seed 4 of the kills and rescale test with the Spark test's settings);
+    after a restore the retry's clone was refused (the TM had opened its restored files at
+    that epoch already: "lists files it neither wrote nor was opened on", seed 8)."""
+    batch = 4  # the last batch, or the first after the rescale (its tasks restore)
+    job = _job(
+        tmp_path, parallelism=2 if rescale else 3,
+        failures=Failures(kill_at=(batch, 0, "put-back")),
+    )  # fmt: skip
+    for _ in range(4):
+        job.batch()
+    if rescale:
+        job.rescale(3)
+    for _ in range(2 if rescale else 1):
+        job.batch()
+    assert job.next_batch == (6 if rescale else 5)
+    assert job.kills == [(batch, 0, 0, "put-back")]
+    assert job.comparison().equal
+    assert _quiet_violations(job) == []

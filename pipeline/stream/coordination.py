@@ -399,13 +399,40 @@ class SparkCoordinator:
         return self.engine.trace
 
     def heard(self, reports: Iterable[bytes]) -> None:
-        """Reports of TMs a delivery reached (``worker_tm.deliver_mail``)."""
+        """Reports of TMs a delivery reached (``worker_tm.deliver_mail``): the delivery of
+        every TM's mail once no batch follows. A placed TM that did not report applying
+        its mail could not be reached (its local state is gone, or held by a delivery
+        attempt Spark gave up on, such as the first attempt of a task whose speculative
+        copy found nothing and won): it is given up as a replaced attempt is (R66), and
+        once no attempt may still run it is known stopped (R64, ``retire``), so its files
+        become the coordinator's, which deletes those no retained checkpoint refers to.
+        Left alive, it would keep the files its last notices subsume (I6)."""
         for r in reports:
             if r:
                 report = json.loads(r)
                 applied = self.engine.heard(report)
                 if self.trace is not None:
                     self.trace.applied(report["tm"], applied)
+        self.give_up_unreached()
+
+    def give_up_unreached(self) -> None:
+        """Give up each placed TM that still has mail after a delivery (see ``heard``)."""
+        co = self.co
+        if not co.running or co.pending:
+            return
+        for tm in sorted(set(co.placement.values())):
+            rec = co.tms.get(tm)
+            if (
+                tm in self.engine.placeholders
+                or rec is None
+                or rec.status is not Status.ALIVE
+                or not self.engine.outbox.get(tm)
+            ):
+                continue
+            new = co.replace(tm)  # its placeholder: the subtask's next task starts a TM
+            if self.trace is not None:
+                self.trace.given_up(tm, new)
+            self.replaced.add(tm)
 
     def _traced(self, command: cmd.Command, run: Callable[[], _T], traced: bool = True) -> _T:
         """``run`` as ``command``: its outcome goes to the trace, if one is written."""

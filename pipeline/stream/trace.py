@@ -282,6 +282,18 @@ class StreamTrace:
         self.model[new] = f"tm-{self._next_tm}"
         self._next_tm += 1
 
+    def given_up(self, old: TmId, new: TmId) -> None:
+        """The coordinator replaced ``old`` by a placeholder ``new`` that never runs
+        (``ReplaceTm``, R66): the subtask's next TM takes ``new``'s model name."""
+        name = self.model.get(old)
+        if name is None or new in self.model:
+            self.stop(f"{old} was given up, which the model does not know")
+            return
+        self.record(c.ReplaceTm(name))
+        self.model[new] = f"tm-{self._next_tm}"
+        self._next_tm += 1
+        self.placeholders.add(new)
+
     def failover(self, placed: Iterable[TmId]) -> None:
         """After a ``Failover`` with every placed TM alive: each was reset (R60)."""
         for tm in set(placed):

@@ -257,9 +257,16 @@ def run_working_subtask(
         mine.mkdir()
         taken = False
     marker = read_marker(mine) if taken else None
-    # The TM survives an aborted checkpoint (its records are here); a killed task's
-    # records were left in a directory the sweep removed: a new attempt.
-    party = recipe.open(mine if taken else None, subtask, order.checkpoint)
+    # The TM survives an aborted checkpoint (its records are here, and the abort's notice
+    # in the mail); a task killed before it put its records back left them in a directory
+    # the sweep removed: a new attempt. So is one killed after it put them back (the
+    # ``put-back`` kill): its TM acknowledged this very checkpoint in a result the driver
+    # never received, and going on with it would write the checkpoint twice under one TM,
+    # the first copy's files live for the TM and referred to by nothing (I6 once quiet),
+    # and after a restore open the restored files again at the same epoch, which the TM
+    # skips (refusing the clone's files as foreign).
+    written = marker is not None and marker[0] >= order.checkpoint
+    party = recipe.open(mine if taken and not written else None, subtask, order.checkpoint)
     loop = slate.Loop()
     db: slate.SlateCounts | None = None
     restored = False
