@@ -285,6 +285,17 @@ def test_foreign_job() -> None:
         (f"{BASE}//x", "not normalised"),
         ("s3://bucket/x", "absolute"),
     ],
+    # Plain ids: make mutate's ``-k "not s3 ..."`` matches any id holding "s3", and left
+    # the protocol case (id "s3://bucket/x-absolute") out of every mutation run (run 11).
+    ids=[
+        "absolute",
+        "inner-dotdot",
+        "leading-dotdot",
+        "other-job",
+        "base-prefix",
+        "empty-part",
+        "protocol",
+    ],
 )
 def test_path_outside_base(path: str, problem: str) -> None:
     def edit(d: dict[str, Any]) -> None:
@@ -513,10 +524,55 @@ def _working_tampered(edit: Any) -> bytes:
             ("working[0].path", "outside the job base"),
         ),
         (lambda w: w.update(subtask=["win", 5, 2]), ("working[0].subtask",)),
+        (
+            lambda w: w.update(path=f"{BASE}/taskowned/working/win-1-2/db"),
+            ("working[0].path", "not a working file"),
+        ),
+        (
+            lambda w: w.update(path=f"{BASE}/shared/win-1-2/x/db/f9"),
+            ("working[0].path", "not a working file"),
+        ),
+    ],
+    # Plain ids that say what is wrong: the ids pytest made ("<lambda>-words3") hold "s3",
+    # which make mutate's ``-k "not s3 ..."`` leaves out (run 11).
+    ids=[
+        "no-bytes",
+        "reversed-range",
+        "past-max-parallelism",
+        "no-range",
+        "no-path",
+        "unknown-field",
+        "dotdot",
+        "not-working",
+        "outside-base",
+        "subtask-index",
+        "the-db-directory",
+        "db-outside-working",
     ],
 )
 def test_a_bad_working_file_is_refused_naming_it(edit: Any, words: tuple[str, ...]) -> None:
     expect(_working_tampered(edit), *words)
+
+
+def test_a_working_file_of_one_key_group_is_accepted() -> None:
+    """A working file's key-group range is inclusive at both ends (as an entry's): a file
+    holding one key group, ``[k, k]``, is a valid range."""
+    one = InPlaceFile(f"{BASE}/taskowned/working/win-0-2/db/f1", 7, (5, 5))
+    meta = decode(working_sample((SubtaskId("win", 0, 2), one)), expected_job=JOB)
+    assert meta.working[1] == (SubtaskId("win", 0, 2), one)
+
+
+def test_a_savepoint_refers_to_no_working_file() -> None:
+    """R103: a savepoint is self-contained and refers to nothing in place, so a working
+    file under its own directory (``savepoints/savepoint-N/taskowned/working/...``) is
+    refused, though the path lies under one of the file's bases."""
+    doc = json.loads(working_sample())
+    doc["payload"]["savepoint"] = True
+    doc["payload"]["working"][0]["path"] = f"{savepoint_dir(3)}/taskowned/working/win-1-2/db/f9"
+    with pytest.raises(MetadataError) as info:
+        decode(reseal(doc), source="savepoints/savepoint-3/_metadata")
+    assert info.value.field == "working[0].path"
+    assert "not a working file" in info.value.problem
 
 
 def test_working_files_not_a_list_and_missing_in_version_3() -> None:
@@ -647,6 +703,28 @@ def test_every_field_of_the_wrong_type_is_named(name: str, keys: tuple[str | int
 
     err = expect(tampered(edit), name)
     assert err.field == name
+
+
+def _working_fields() -> list[tuple[str, tuple[str | int, ...]]]:
+    payload = json.loads(working_sample())["payload"]
+    return [(n, k) for n, k in _fields(payload, "payload") if k[0] == "working"]
+
+
+@pytest.mark.parametrize(("name", "keys"), _working_fields(), ids=[n for n, _ in _working_fields()])
+def test_every_field_of_a_working_file_missing_or_of_the_wrong_type_is_named(
+    name: str, keys: tuple[str | int, ...]
+) -> None:
+    """As for the entries: a working file's field left out, or holding an object, is
+    refused with its whole name (``payload.working[0].length``)."""
+    for edit in ("missing", "object"):
+        doc = json.loads(working_sample())
+        parent = _at(doc["payload"], keys[:-1])
+        if edit == "missing":
+            parent.pop(keys[-1])
+        else:
+            parent[keys[-1]] = {"x": 1}
+        err = expect(reseal(doc), name)
+        assert err.field == name, (edit, err)
 
 
 _OBJECTS = [
