@@ -727,6 +727,21 @@ def test_every_field_of_a_working_file_missing_or_of_the_wrong_type_is_named(
         assert err.field == name, (edit, err)
 
 
+@pytest.mark.parametrize("edit", ["missing", "object"])
+def test_the_entries_list_missing_or_no_list_is_named(edit: str) -> None:
+    """The list of entries itself (a list of objects, which the field walk above steps
+    into rather than tries) left out or holding an object is refused as ``payload.entries``."""
+
+    def change(d: dict[str, Any]) -> None:
+        if edit == "missing":
+            d["payload"].pop("entries")
+        else:
+            d["payload"]["entries"] = {"x": 1}
+
+    err = expect(tampered(change), "missing field" if edit == "missing" else "expected a list")
+    assert err.field == "payload.entries"
+
+
 _OBJECTS = [
     "payload",
     "payload.entries[0]",
