@@ -742,6 +742,14 @@ def test_the_entries_list_missing_or_no_list_is_named(edit: str) -> None:
     assert err.field == "payload.entries"
 
 
+@pytest.mark.parametrize("key", ["directories", "shared_bases"])
+def test_a_path_of_a_list_that_is_no_string_is_named(key: str) -> None:
+    """An item of ``directories`` or ``shared_bases`` that is no string is refused with its
+    place (``payload.directories[0]``), not only the list's name."""
+    err = expect(tampered(lambda d: d["payload"].update({key: [7]})), "expected a string")
+    assert err.field == f"payload.{key}[0]"
+
+
 _OBJECTS = [
     "payload",
     "payload.entries[0]",
