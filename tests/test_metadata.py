@@ -750,6 +750,35 @@ def test_a_path_of_a_list_that_is_no_string_is_named(key: str) -> None:
     assert err.field == f"payload.{key}[0]"
 
 
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (None, "missing field"),
+        ({"x": 1}, "expected an integer"),
+        (0, "expected an integer >= 1"),
+        (-3, "expected an integer >= 1"),
+        (32769, "exceeds 32768"),
+    ],
+    ids=["missing", "object", "zero", "negative", "over-the-limit"],
+)
+def test_a_bad_max_parallelism_is_named(value: object, problem: str) -> None:
+    """R77's record in a version-2 file (the sample above is version 1): left out, of the
+    wrong type, below 1 or over Flink's limit, it is refused as ``payload.max_parallelism``,
+    also in a file with no keyed entry, whose key groups would not catch a 0."""
+    doc = json.loads(encode(3, JOB, False, (), (), max_parallelism=128))
+    if value is None:
+        doc["payload"].pop("max_parallelism")
+    else:
+        doc["payload"]["max_parallelism"] = value
+    err = expect(reseal(doc), problem)
+    assert err.field == "payload.max_parallelism"
+
+
+@pytest.mark.parametrize("value", [1, 32768])
+def test_max_parallelism_is_accepted_from_one_to_the_limit(value: int) -> None:
+    assert decode(encode(3, JOB, False, (), (), max_parallelism=value)).max_parallelism == value
+
+
 _OBJECTS = [
     "payload",
     "payload.entries[0]",
