@@ -779,6 +779,26 @@ def test_max_parallelism_is_accepted_from_one_to_the_limit(value: int) -> None:
     assert decode(encode(3, JOB, False, (), (), max_parallelism=value)).max_parallelism == value
 
 
+@pytest.mark.parametrize(
+    ("key_groups", "ok"),
+    [((5, 5), True), ((0, 127), True), ((9, 3), False), ((-2, 5), False), ((0, 128), False)],
+    ids=["one-group", "all-groups", "reversed", "negative", "past-the-last"],
+)
+def test_an_entrys_key_groups_lie_within_the_max_parallelism(
+    key_groups: tuple[int, int], ok: bool
+) -> None:
+    """R77 in a version-2 file: an entry's key groups are an inclusive range [first, last]
+    with 0 <= first <= last < max parallelism; one group, [k, k], is a range."""
+    entries = (attrs.evolve(sample_entries(JOB)[0], key_groups=key_groups),)
+    doc = json.loads(encode(3, JOB, False, sample_entries(JOB)[:1], (), max_parallelism=128))
+    doc["payload"]["entries"][0]["key_groups"] = list(key_groups)
+    if ok:
+        assert decode(reseal(doc)).entries == entries
+    else:
+        err = expect(reseal(doc), "outside the key groups of max parallelism 128")
+        assert err.field == "payload.entries[0].key_groups"
+
+
 _OBJECTS = [
     "payload",
     "payload.entries[0]",
