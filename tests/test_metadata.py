@@ -575,6 +575,13 @@ def test_a_savepoint_refers_to_no_working_file() -> None:
     assert "not a working file" in info.value.problem
 
 
+def test_a_working_file_that_is_no_object_is_named() -> None:
+    doc = json.loads(working_sample())
+    doc["payload"]["working"] = [7]
+    err = expect(reseal(doc), "expected an object")
+    assert err.field == "payload.working[0]"
+
+
 def test_working_files_not_a_list_and_missing_in_version_3() -> None:
     doc = json.loads(working_sample())
     doc["payload"]["working"] = {"path": "x"}
