@@ -19,6 +19,7 @@ from fastimpl.metadata import (
     Metadata,
     MetadataError,
     _canonical,
+    base_of,
     decode,
     encode,
     metadata_bytes,
@@ -186,6 +187,40 @@ def test_format_header() -> None:
     assert doc["payload"]["checkpoint"] == 3
     for e in doc["payload"]["entries"]:
         assert not e["handle"]["path"].startswith("/")
+
+
+def test_the_file_is_canonical_and_its_checksum_ignores_the_key_order() -> None:
+    """The payload's digest is over its canonical form (keys sorted, no spaces), which
+    encode writes; a file whose keys come in another order (another writer, a JSON tool)
+    has the same digest and is read."""
+    data = sample()
+    doc = json.loads(data)
+    assert data == _canonical(doc) + b"\n"
+
+    def reversed_keys(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: reversed_keys(v[k]) for k in sorted(v, reverse=True)}
+        if isinstance(v, list):
+            return [reversed_keys(x) for x in v]
+        return v
+
+    shuffled = json.dumps(reversed_keys(doc)).encode()
+    assert shuffled != data
+    assert decode(shuffled) == decode(data)
+
+
+@pytest.mark.parametrize(
+    ("path", "base"),
+    [
+        ("savepoints/savepoint-3/_metadata", "savepoints/savepoint-3"),
+        ("savepoints/savepoint-3/shared/x/f", "savepoints/savepoint-3"),
+        ("savepoints", "savepoints"),
+        ("job-1/chk-3/_metadata", "job-1"),
+        ("job-1", "job-1"),
+    ],
+)
+def test_the_base_of_a_path_is_its_job_base_or_savepoint_directory(path: str, base: str) -> None:
+    assert base_of(path) == base
 
 
 # --------------------------------------------------------------------------- bad input
