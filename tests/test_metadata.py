@@ -385,6 +385,27 @@ def test_encode_refuses_bad_paths() -> None:
         encode(1, JOB, False, (e,), ())
 
 
+def test_encode_names_the_bad_path_it_refuses() -> None:
+    """The write side names itself and the place of the path among those it checks (the
+    entries' paths, then the directories, then the working files)."""
+    bad = StateEntry(SUB, StateKind.CHANNEL, "c", FileHandle("/abs/f", 1, "u", Scope.EXCLUSIVE))
+    with pytest.raises(MetadataError) as info:
+        encode(1, JOB, False, (*sample_entries(JOB), bad), ())
+    assert (info.value.source, info.value.field) == ("<encode>", "paths[2]")
+
+
+def test_encode_refuses_a_working_file_outside_a_database_directory() -> None:
+    """R103 on the write side: a working file outside a database directory is refused
+    before any byte is written, as the reader would refuse the file."""
+    stray = InPlaceFile(f"{BASE}/shared/win-1-2/f9", 400, (64, 127))
+    with pytest.raises(MetadataError) as info:
+        encode(
+            3, JOB, False, sample_entries(JOB), (), max_parallelism=128, working=((W_SUB, stray),)
+        )
+    assert (info.value.source, info.value.field) == ("<encode>", "working[0].path")
+    assert "not a working file" in info.value.problem
+
+
 def test_resolve_refuses_bad_records() -> None:
     meta = Metadata(JOB, 1, False, (), (f"{BASE}/../x",))
     with pytest.raises(MetadataError, match=r"directories\[0\].*'\.\.' component"):
