@@ -19,6 +19,7 @@ from fastimpl.metadata import (
     Metadata,
     MetadataError,
     _canonical,
+    base_of,
     decode,
     encode,
     metadata_bytes,
@@ -188,6 +189,40 @@ def test_format_header() -> None:
         assert not e["handle"]["path"].startswith("/")
 
 
+def test_the_file_is_canonical_and_its_checksum_ignores_the_key_order() -> None:
+    """The payload's digest is over its canonical form (keys sorted, no spaces), which
+    encode writes; a file whose keys come in another order (another writer, a JSON tool)
+    has the same digest and is read."""
+    data = sample()
+    doc = json.loads(data)
+    assert data == _canonical(doc) + b"\n"
+
+    def reversed_keys(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: reversed_keys(v[k]) for k in sorted(v, reverse=True)}
+        if isinstance(v, list):
+            return [reversed_keys(x) for x in v]
+        return v
+
+    shuffled = json.dumps(reversed_keys(doc)).encode()
+    assert shuffled != data
+    assert decode(shuffled) == decode(data)
+
+
+@pytest.mark.parametrize(
+    ("path", "base"),
+    [
+        ("savepoints/savepoint-3/_metadata", "savepoints/savepoint-3"),
+        ("savepoints/savepoint-3/shared/x/f", "savepoints/savepoint-3"),
+        ("savepoints", "savepoints"),
+        ("job-1/chk-3/_metadata", "job-1"),
+        ("job-1", "job-1"),
+    ],
+)
+def test_the_base_of_a_path_is_its_job_base_or_savepoint_directory(path: str, base: str) -> None:
+    assert base_of(path) == base
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -285,6 +320,17 @@ def test_foreign_job() -> None:
         (f"{BASE}//x", "not normalised"),
         ("s3://bucket/x", "absolute"),
     ],
+    # Plain ids: make mutate's ``-k "not s3 ..."`` matches any id holding "s3", and left
+    # the protocol case (id "s3://bucket/x-absolute") out of every mutation run (run 11).
+    ids=[
+        "absolute",
+        "inner-dotdot",
+        "leading-dotdot",
+        "other-job",
+        "base-prefix",
+        "empty-part",
+        "protocol",
+    ],
 )
 def test_path_outside_base(path: str, problem: str) -> None:
     def edit(d: dict[str, Any]) -> None:
@@ -337,6 +383,27 @@ def test_encode_refuses_bad_paths() -> None:
     e = StateEntry(SUB, StateKind.CHANNEL, "c", FileHandle("/abs/f", 1, "u", Scope.EXCLUSIVE))
     with pytest.raises(MetadataError, match="absolute path"):
         encode(1, JOB, False, (e,), ())
+
+
+def test_encode_names_the_bad_path_it_refuses() -> None:
+    """The write side names itself and the place of the path among those it checks (the
+    entries' paths, then the directories, then the working files)."""
+    bad = StateEntry(SUB, StateKind.CHANNEL, "c", FileHandle("/abs/f", 1, "u", Scope.EXCLUSIVE))
+    with pytest.raises(MetadataError) as info:
+        encode(1, JOB, False, (*sample_entries(JOB), bad), ())
+    assert (info.value.source, info.value.field) == ("<encode>", "paths[2]")
+
+
+def test_encode_refuses_a_working_file_outside_a_database_directory() -> None:
+    """R103 on the write side: a working file outside a database directory is refused
+    before any byte is written, as the reader would refuse the file."""
+    stray = InPlaceFile(f"{BASE}/shared/win-1-2/f9", 400, (64, 127))
+    with pytest.raises(MetadataError) as info:
+        encode(
+            3, JOB, False, sample_entries(JOB), (), max_parallelism=128, working=((W_SUB, stray),)
+        )
+    assert (info.value.source, info.value.field) == ("<encode>", "working[0].path")
+    assert "not a working file" in info.value.problem
 
 
 def test_resolve_refuses_bad_records() -> None:
@@ -513,10 +580,62 @@ def _working_tampered(edit: Any) -> bytes:
             ("working[0].path", "outside the job base"),
         ),
         (lambda w: w.update(subtask=["win", 5, 2]), ("working[0].subtask",)),
+        (
+            lambda w: w.update(path=f"{BASE}/taskowned/working/win-1-2/db"),
+            ("working[0].path", "not a working file"),
+        ),
+        (
+            lambda w: w.update(path=f"{BASE}/shared/win-1-2/x/db/f9"),
+            ("working[0].path", "not a working file"),
+        ),
+    ],
+    # Plain ids that say what is wrong: the ids pytest made ("<lambda>-words3") hold "s3",
+    # which make mutate's ``-k "not s3 ..."`` leaves out (run 11).
+    ids=[
+        "no-bytes",
+        "reversed-range",
+        "past-max-parallelism",
+        "no-range",
+        "no-path",
+        "unknown-field",
+        "dotdot",
+        "not-working",
+        "outside-base",
+        "subtask-index",
+        "the-db-directory",
+        "db-outside-working",
     ],
 )
 def test_a_bad_working_file_is_refused_naming_it(edit: Any, words: tuple[str, ...]) -> None:
     expect(_working_tampered(edit), *words)
+
+
+def test_a_working_file_of_one_key_group_is_accepted() -> None:
+    """A working file's key-group range is inclusive at both ends (as an entry's): a file
+    holding one key group, ``[k, k]``, is a valid range."""
+    one = InPlaceFile(f"{BASE}/taskowned/working/win-0-2/db/f1", 7, (5, 5))
+    meta = decode(working_sample((SubtaskId("win", 0, 2), one)), expected_job=JOB)
+    assert meta.working[1] == (SubtaskId("win", 0, 2), one)
+
+
+def test_a_savepoint_refers_to_no_working_file() -> None:
+    """R103: a savepoint is self-contained and refers to nothing in place, so a working
+    file under its own directory (``savepoints/savepoint-N/taskowned/working/...``) is
+    refused, though the path lies under one of the file's bases."""
+    doc = json.loads(working_sample())
+    doc["payload"]["savepoint"] = True
+    doc["payload"]["working"][0]["path"] = f"{savepoint_dir(3)}/taskowned/working/win-1-2/db/f9"
+    with pytest.raises(MetadataError) as info:
+        decode(reseal(doc), source="savepoints/savepoint-3/_metadata")
+    assert info.value.field == "working[0].path"
+    assert "not a working file" in info.value.problem
+
+
+def test_a_working_file_that_is_no_object_is_named() -> None:
+    doc = json.loads(working_sample())
+    doc["payload"]["working"] = [7]
+    err = expect(reseal(doc), "expected an object")
+    assert err.field == "payload.working[0]"
 
 
 def test_working_files_not_a_list_and_missing_in_version_3() -> None:
@@ -647,6 +766,100 @@ def test_every_field_of_the_wrong_type_is_named(name: str, keys: tuple[str | int
 
     err = expect(tampered(edit), name)
     assert err.field == name
+
+
+def _working_fields() -> list[tuple[str, tuple[str | int, ...]]]:
+    payload = json.loads(working_sample())["payload"]
+    return [(n, k) for n, k in _fields(payload, "payload") if k[0] == "working"]
+
+
+@pytest.mark.parametrize(("name", "keys"), _working_fields(), ids=[n for n, _ in _working_fields()])
+def test_every_field_of_a_working_file_missing_or_of_the_wrong_type_is_named(
+    name: str, keys: tuple[str | int, ...]
+) -> None:
+    """As for the entries: a working file's field left out, or holding an object, is
+    refused with its whole name (``payload.working[0].length``)."""
+    for edit in ("missing", "object"):
+        doc = json.loads(working_sample())
+        parent = _at(doc["payload"], keys[:-1])
+        if edit == "missing":
+            parent.pop(keys[-1])
+        else:
+            parent[keys[-1]] = {"x": 1}
+        err = expect(reseal(doc), name)
+        assert err.field == name, (edit, err)
+
+
+@pytest.mark.parametrize("edit", ["missing", "object"])
+def test_the_entries_list_missing_or_no_list_is_named(edit: str) -> None:
+    """The list of entries itself (a list of objects, which the field walk above steps
+    into rather than tries) left out or holding an object is refused as ``payload.entries``."""
+
+    def change(d: dict[str, Any]) -> None:
+        if edit == "missing":
+            d["payload"].pop("entries")
+        else:
+            d["payload"]["entries"] = {"x": 1}
+
+    err = expect(tampered(change), "missing field" if edit == "missing" else "expected a list")
+    assert err.field == "payload.entries"
+
+
+@pytest.mark.parametrize("key", ["directories", "shared_bases"])
+def test_a_path_of_a_list_that_is_no_string_is_named(key: str) -> None:
+    """An item of ``directories`` or ``shared_bases`` that is no string is refused with its
+    place (``payload.directories[0]``), not only the list's name."""
+    err = expect(tampered(lambda d: d["payload"].update({key: [7]})), "expected a string")
+    assert err.field == f"payload.{key}[0]"
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (None, "missing field"),
+        ({"x": 1}, "expected an integer"),
+        (0, "expected an integer >= 1"),
+        (-3, "expected an integer >= 1"),
+        (32769, "exceeds 32768"),
+    ],
+    ids=["missing", "object", "zero", "negative", "over-the-limit"],
+)
+def test_a_bad_max_parallelism_is_named(value: object, problem: str) -> None:
+    """R77's record in a version-2 file (the sample above is version 1): left out, of the
+    wrong type, below 1 or over Flink's limit, it is refused as ``payload.max_parallelism``,
+    also in a file with no keyed entry, whose key groups would not catch a 0."""
+    doc = json.loads(encode(3, JOB, False, (), (), max_parallelism=128))
+    if value is None:
+        doc["payload"].pop("max_parallelism")
+    else:
+        doc["payload"]["max_parallelism"] = value
+    err = expect(reseal(doc), problem)
+    assert err.field == "payload.max_parallelism"
+
+
+@pytest.mark.parametrize("value", [1, 32768])
+def test_max_parallelism_is_accepted_from_one_to_the_limit(value: int) -> None:
+    assert decode(encode(3, JOB, False, (), (), max_parallelism=value)).max_parallelism == value
+
+
+@pytest.mark.parametrize(
+    ("key_groups", "ok"),
+    [((5, 5), True), ((0, 127), True), ((9, 3), False), ((-2, 5), False), ((0, 128), False)],
+    ids=["one-group", "all-groups", "reversed", "negative", "past-the-last"],
+)
+def test_an_entrys_key_groups_lie_within_the_max_parallelism(
+    key_groups: tuple[int, int], ok: bool
+) -> None:
+    """R77 in a version-2 file: an entry's key groups are an inclusive range [first, last]
+    with 0 <= first <= last < max parallelism; one group, [k, k], is a range."""
+    entries = (attrs.evolve(sample_entries(JOB)[0], key_groups=key_groups),)
+    doc = json.loads(encode(3, JOB, False, sample_entries(JOB)[:1], (), max_parallelism=128))
+    doc["payload"]["entries"][0]["key_groups"] = list(key_groups)
+    if ok:
+        assert decode(reseal(doc)).entries == entries
+    else:
+        err = expect(reseal(doc), "outside the key groups of max parallelism 128")
+        assert err.field == "payload.entries[0].key_groups"
 
 
 _OBJECTS = [
