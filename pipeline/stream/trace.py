@@ -274,25 +274,25 @@ class StreamTrace:
 
     def replaced(self, old: TmId, new: TmId) -> None:
         """``new`` replaced ``old`` within a pending checkpoint (R66): ``ReplaceTm``."""
-        name = self.model.get(old)
-        if name is None or new in self.model:
-            self.stop(f"{new} replaced {old}, which the model does not know")
-            return
-        self.record(c.ReplaceTm(name))
-        self.model[new] = f"tm-{self._next_tm}"
-        self._next_tm += 1
+        self._replace(old, new, f"{new} replaced {old}, which the model does not know")
 
     def given_up(self, old: TmId, new: TmId) -> None:
         """The coordinator replaced ``old`` by a placeholder ``new`` that never runs
         (``ReplaceTm``, R66): the subtask's next TM takes ``new``'s model name."""
+        if self._replace(old, new, f"{old} was given up, which the model does not know"):
+            self.placeholders.add(new)
+
+    def _replace(self, old: TmId, new: TmId, unknown: str) -> bool:
+        """``ReplaceTm`` of ``old``'s model TM, ``new`` named as the model's next TM; the
+        trace stops saying ``unknown`` when the model does not know ``old``."""
         name = self.model.get(old)
         if name is None or new in self.model:
-            self.stop(f"{old} was given up, which the model does not know")
-            return
+            self.stop(unknown)
+            return False
         self.record(c.ReplaceTm(name))
         self.model[new] = f"tm-{self._next_tm}"
         self._next_tm += 1
-        self.placeholders.add(new)
+        return True
 
     def failover(self, placed: Iterable[TmId]) -> None:
         """After a ``Failover`` with every placed TM alive: each was reset (R60)."""
