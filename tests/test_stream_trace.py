@@ -100,6 +100,20 @@ def test_kills_a_speculative_copy_a_lost_db_and_a_rescale_replay_whole(
     )
 
 
+def _within_retaining_two_after_three_batches(tmp_path: Path, trace: Path) -> LocalJob:
+    """A traced job of two subtasks, WITHIN merging, two retained checkpoints, three
+    batches done."""
+    job = LocalJob(
+        tmp_path,
+        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=2),
+        parallelism=2,
+        trace=str(trace),
+    )
+    for _ in range(3):
+        job.batch()
+    return job
+
+
 def test_files_a_failover_handed_over_by_mail_not_yet_applied_are_not_swept_as_strays(
     tmp_path: Path,
 ) -> None:
@@ -109,14 +123,7 @@ def test_files_a_failover_handed_over_by_mail_not_yet_applied_are_not_swept_as_s
     (at the end of a run, before a rescale): it must count them as the TM's, not sweep
     them as a stray attempt's."""
     trace = tmp_path / "trace.ndjson"
-    job = LocalJob(
-        tmp_path,
-        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=2),
-        parallelism=2,
-        trace=str(trace),
-    )
-    for _ in range(3):
-        job.batch()
+    job = _within_retaining_two_after_three_batches(tmp_path, trace)
     job.lose_local_state(0)  # the next task of subtask 0 starts a new TM (R66)
     job.batch()  # its completion stops the replaced TM, and a failover hands its files over
     co = job.coordinator
@@ -206,14 +213,7 @@ def test_a_restarted_driver_stops_the_trace_where_the_model_would_keep_other_fil
     the trace there, saying so, and what came before replays and agrees. A driver
     restarted after that does not write on a trace with a gap."""
     trace = tmp_path / "trace.ndjson"
-    job = LocalJob(
-        tmp_path,
-        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=2),
-        parallelism=2,
-        trace=str(trace),
-    )
-    for _ in range(3):
-        job.batch()
+    job = _within_retaining_two_after_three_batches(tmp_path, trace)
     with pytest.raises(DriverKilled):
         job.batch(die="completed")
     job.restart_driver()
