@@ -20,7 +20,10 @@ with it (I1, I5):
   deletes these three too. This is a bug in the product, found in mutation run 12 and
   not fixed here. The test is marked ``xfail(strict=True)`` until it is fixed; the
   restored case also breaks I5, since the acknowledgement made the user's file the
-  coordinator's (``_take_over_files`` takes any record it holds).
+  coordinator's (``_take_over_files`` takes any record it holds);
+- R43: an acknowledgement received again after its checkpoint completed (a retried
+  message) has its whole files deleted as a late one's, though they are the completed
+  checkpoint's own. The same bug, also ``xfail(strict=True)``.
 """
 
 from __future__ import annotations
@@ -109,6 +112,37 @@ def test_r43_an_abort_keeps_a_needed_file_a_pending_acknowledgement_named(
     try:
         store.coordinator.abort(pending)
         _still_there(store, path)
+    finally:
+        store.close()
+        place.cleanup()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: receive_ack() deletes the whole files of an acknowledgement that comes "
+    "after its checkpoint completed (R43), even those the completed checkpoint uses "
+    "(mutation run 12)",
+)
+@pytest.mark.parametrize("kind", KINDS)
+def test_r43_a_repeated_acknowledgement_keeps_the_files_its_completed_checkpoint_uses(
+    tmp_path: Path, kind: str
+) -> None:
+    """The acknowledgement that completed checkpoint 1, received once more (a retried
+    message) after the completion: a late acknowledgement's whole files are deleted
+    (R43), but these are the retained checkpoint's own."""
+    place = Place.make(kind, tmp_path)
+    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    try:
+        cid = _checkpoint(store)
+        assert cid is not None
+        co = store._engine.coord
+        (done,) = co.retained
+        entry = next(e for e in done.entries if isinstance(e.handle, FileHandle))
+        assert isinstance(entry.handle, FileHandle)
+        again = [e for e in done.entries if e.subtask == entry.subtask]
+        attempt = store.placement()[entry.subtask]
+        co.receive_ack(Acknowledgement(co.job, cid, entry.subtask, attempt, tuple(again)))
+        _still_there(store, entry.handle.path)
     finally:
         store.close()
         place.cleanup()
