@@ -285,9 +285,11 @@ class CheckpointCoordinator:
             in_place = self.working.take(ack, ack.checkpoint in self.pending)
         if not current or ack.checkpoint not in self.pending:
             if current:
-                # R43: a late ack still hands files over
-                self._take_over_files(entries, ack.attempt)
-                for e in entries:
+                # R43: a late ack still hands files over, but never one a checkpoint
+                # still uses or the user's (the same acknowledgement received again)
+                late = [e for e in entries if not self._kept_elsewhere(e)]
+                self._take_over_files(late, ack.attempt)
+                for e in late:
                     s = stream_of(e.handle)
                     if s is not None and isinstance(e.handle, FileHandle):
                         self.catalog.delete_file(s.path, COORDINATOR)
@@ -297,6 +299,17 @@ class CheckpointCoordinator:
                 self._note_given_up(entries, ack.attempt)
             return  # R56
         p = self.pending[ack.checkpoint]
+        if any(self._kept_elsewhere(e) for e in entries):
+            # R43: a TM of its own is not trusted to name only files it wrote; the
+            # checkpoint would share a whole file with one that deletes it
+            log.warning(
+                "checkpoint %d aborted: %s's acknowledgement names as its own a file a "
+                "checkpoint uses or the user holds",
+                ack.checkpoint,
+                ack.attempt,
+            )
+            self.abort(ack.checkpoint)
+            return
         if in_place:
             p.working[ack.subtask] = in_place
         p.received |= self._take_over_files(entries, ack.attempt)
@@ -313,6 +326,15 @@ class CheckpointCoordinator:
         for e in entries:
             if isinstance(e.handle, PlaceholderHandle):
                 self.registry.pin(e.handle.logical_id, ack.checkpoint)
+
+    def _kept_elsewhere(self, e: StateEntry) -> bool:
+        """R43: whether a whole file an acknowledgement names is one the coordinator may
+        not take over: a file a retained or restored checkpoint uses (its ``_metadata``
+        too), or one the user holds (R73, R91)."""
+        if not isinstance(e.handle, FileHandle):
+            return False
+        f = self.catalog.files.get(e.handle.path)
+        return self.referenced(e.handle.path) or (f is not None and f.owner == USER)
 
     def _forget_released_dirs(self, ack: Acknowledgement) -> None:
         """R40, R41: an acknowledgement reports each of the subtask's managed directories
@@ -403,7 +425,7 @@ class CheckpointCoordinator:
         self._delete_unused(self.registry.unpin(checkpoint, self._lowest_retained()))
         for path in sorted(p.received):  # R43
             f = self.catalog.files.get(path)
-            if f is not None and f.owner == COORDINATOR:
+            if f is not None and f.owner == COORDINATOR and not self.referenced(path):
                 self.catalog.delete_file(path, COORDINATOR)
         self._notify_abort(checkpoint, p.savepoint)
 
@@ -647,7 +669,7 @@ class CheckpointCoordinator:
             self._delete_unused(self.registry.unpin_keys(pinned, cid, self._lowest_retained()))
             for path in sorted(handed):
                 f = self.catalog.files.get(path)
-                if f is not None and f.owner == COORDINATOR:
+                if f is not None and f.owner == COORDINATOR and not self.referenced(path):
                     self.catalog.delete_file(path, COORDINATOR)
 
     def receive_stopped(self, msg: AttemptStopped) -> None:

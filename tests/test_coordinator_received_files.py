@@ -2,28 +2,21 @@
 needs, on local files and memory.
 
 The acknowledgement comes from the subtask's current attempt (``receive_ack``, as a TM in
-another process sends it) for a pending checkpoint. It names as a whole file
-(``FileHandle``) a file that something else needs:
-- a file of the retained checkpoint;
-- the retained checkpoint's ``_metadata``;
-- a file of the checkpoint a NO_CLAIM restore is starting from (the user's, R73).
+another process sends it). A TM that lost its registry's knowledge may send an unchanged
+file whole again; a message may arrive twice; a hostile or buggy TM can send anything. The
+end of a pending checkpoint must not take a file another checkpoint needs with it (I1,
+I5). Mutation run 12 found the coordinator did (a product bug, fixed with these tests):
 
-A TM that lost its registry's knowledge re-sends an unchanged file whole. A hostile or
-buggy TM can send anything. The end of the pending checkpoint must not take that file
-with it (I1, I5):
-
-- R95: a coordinator restart forgets the pending checkpoint and deletes what its
-  acknowledgements handed over, except what a retained or restored checkpoint needs
-  (``referenced``). Mutation run 12: without this test `restart` 16 and 17 and
-  `referenced` 4, 13 and 14 survived;
-- R43 with R57: an abort deletes every whole file the acknowledgements handed over. It
-  deletes these three too. This is a bug in the product, found in mutation run 12 and
-  not fixed here. The test is marked ``xfail(strict=True)`` until it is fixed; the
-  restored case also breaks I5, since the acknowledgement made the user's file the
-  coordinator's (``_take_over_files`` takes any record it holds);
-- R43: an acknowledgement received again after its checkpoint completed (a retried
-  message) has its whole files deleted as a late one's, though they are the completed
-  checkpoint's own. The same bug, also ``xfail(strict=True)``.
+- an acknowledgement of a pending checkpoint naming as its own whole file a file of the
+  retained checkpoint, its ``_metadata``, or a file of the checkpoint a NO_CLAIM restore
+  started from (the user's, R73, while the restore runs and after) was taken over, and
+  the abort of that checkpoint deleted it. Such an acknowledgement now aborts its
+  checkpoint and hands nothing over;
+- the acknowledgement that completed a checkpoint, received again, had its whole files
+  deleted as a late one's (R43): the completed checkpoint's own;
+- a whole file two pending checkpoints received (sent whole to both) was deleted by the
+  abort of the older one (R53) although the newer one had completed with it; a restart
+  (R95) keeps it (``restart`` 16 and 17 survived without this test).
 """
 
 from __future__ import annotations
@@ -34,27 +27,30 @@ import pytest
 
 from fastimpl import CheckpointStore
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
+from spec.effects import COORDINATOR, USER
 from spec.handles import FileHandle, StateEntry
 from spec.messages import Acknowledgement
-from tests.faultyfs import Place
-from tests.storage_settings import JOB, _checkpoint
+from tests.faultyfs import Place, payload
+from tests.storage_settings import JOB, KS, _checkpoint
 
 KINDS = ("local", "memory")
-NAMED = ("retained-file", "retained-metadata", "restored-file")
+NAMED = ("retained-file", "retained-metadata", "restored-file", "users-file")
 
 
 def _ack_naming(place: Place, named: str) -> tuple[CheckpointStore, str, int]:
     """NONE mode (whole files): checkpoint 1 retained (or restored from in NO_CLAIM
-    mode); a later checkpoint pending, with an acknowledgement that names the ``named``
-    file as its own. The store, that file's path and the pending checkpoint."""
+    mode); a later checkpoint triggered, and an acknowledgement that names the ``named``
+    file as its own sent for it. The store, that file's path and the checkpoint."""
     store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
     cid = _checkpoint(store)
     assert cid is not None
-    if named == "restored-file":
-        store.coordinator.restore(cid, mode=RestoreMode.NO_CLAIM)
     co = store._engine.coord
-    if named == "restored-file":
+    if named in ("restored-file", "users-file"):
+        store.coordinator.restore(cid, mode=RestoreMode.NO_CLAIM)
         entry = next(e for e in co.restoring if isinstance(e.handle, FileHandle))
+        if named == "users-file":  # no checkpoint uses it once the new job completed one
+            assert _checkpoint(store) is not None
+            assert not co.restoring
     else:
         (done,) = co.retained
         entry = next(e for e in done.entries if isinstance(e.handle, FileHandle))
@@ -66,7 +62,6 @@ def _ack_naming(place: Place, named: str) -> tuple[CheckpointStore, str, int]:
     pending = store.coordinator.trigger()
     attempt = store.placement()[entry.subtask]
     co.receive_ack(Acknowledgement(co.job, pending, entry.subtask, attempt, (entry,)))
-    assert pending in co.pending  # the acknowledgement was taken
     return store, entry.handle.path, pending
 
 
@@ -83,46 +78,84 @@ def _still_there(store: CheckpointStore, path: str) -> None:
 
 @pytest.mark.parametrize("named", NAMED)
 @pytest.mark.parametrize("kind", KINDS)
-def test_r95_a_restart_keeps_a_needed_file_a_pending_acknowledgement_named(
-    tmp_path: Path, kind: str, named: str
-) -> None:
-    place = Place.make(kind, tmp_path)
-    store, path, _ = _ack_naming(place, named)
-    try:
-        store.coordinator.restart()
-        _still_there(store, path)
-    finally:
-        store.close()
-        place.cleanup()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: abort() deletes every whole file the pending acknowledgements handed over "
-    "(R43), even one a retained or restored checkpoint needs; restart() checks "
-    "referenced(), abort() does not (mutation run 12)",
-)
-@pytest.mark.parametrize("named", NAMED)
-@pytest.mark.parametrize("kind", KINDS)
-def test_r43_an_abort_keeps_a_needed_file_a_pending_acknowledgement_named(
+def test_r43_an_acknowledgement_naming_a_needed_file_aborts_its_checkpoint_and_takes_nothing(
     tmp_path: Path, kind: str, named: str
 ) -> None:
     place = Place.make(kind, tmp_path)
     store, path, pending = _ack_naming(place, named)
     try:
-        store.coordinator.abort(pending)
+        co = store._engine.coord
+        assert pending not in co.pending, "the acknowledgement was taken"
+        owner = co.catalog.files[path].owner
+        assert owner == (USER if named in ("restored-file", "users-file") else COORDINATOR)
         _still_there(store, path)
+        assert _checkpoint(store) is not None  # the job checkpoints on
     finally:
         store.close()
         place.cleanup()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: receive_ack() deletes the whole files of an acknowledgement that comes "
-    "after its checkpoint completed (R43), even those the completed checkpoint uses "
-    "(mutation run 12)",
-)
+def _sent_whole_three_times(place: Place) -> tuple[CheckpointStore, int, int]:
+    """NONE mode: every subtask writes and acknowledges checkpoint ``first``, then
+    acknowledges the next two with the same whole files; the middle one completes, so
+    ``first`` is aborted (R53) and ``last`` stays pending. The store, ``first``, ``last``."""
+    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    coord = store.coordinator
+    first = coord.trigger()
+    for sub, tm in sorted(store.placement().items()):
+        mgr = store.task_manager(tm)
+        mgr.write(first, sub, KS, "sst", payload(sub, "sst"))
+        mgr.acknowledge(first, sub)
+    co = store._engine.coord
+    acks = dict(co.pending[first].acks)
+    middle, last = coord.trigger(), coord.trigger()
+    for cid in (middle, last):
+        for sub, tm in sorted(store.placement().items()):
+            co.receive_ack(Acknowledgement(co.job, cid, sub, tm, acks[sub]))
+    assert coord.complete(middle) is not None
+    store.deliver_notifications()
+    return store, first, last
+
+
+def _all_files_kept(store: CheckpointStore) -> None:
+    (done,) = store._engine.coord.retained
+    for e in done.entries:
+        assert isinstance(e.handle, FileHandle)
+        _still_there(store, e.handle.path)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r53_the_abort_of_an_older_checkpoint_keeps_the_files_a_newer_one_completed_with(
+    tmp_path: Path, kind: str
+) -> None:
+    place = Place.make(kind, tmp_path)
+    store, first, last = _sent_whole_three_times(place)
+    try:
+        assert first not in store._engine.coord.pending  # R53 aborted it
+        _all_files_kept(store)
+        store.coordinator.abort(last)
+        _all_files_kept(store)
+    finally:
+        store.close()
+        place.cleanup()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r95_a_restart_keeps_the_files_a_pending_and_a_completed_checkpoint_share(
+    tmp_path: Path, kind: str
+) -> None:
+    place = Place.make(kind, tmp_path)
+    store, _, last = _sent_whole_three_times(place)
+    try:
+        assert last in store._engine.coord.pending
+        store.coordinator.restart()
+        _all_files_kept(store)
+        assert _checkpoint(store) is not None  # and the job checkpoints on
+    finally:
+        store.close()
+        place.cleanup()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_r43_a_repeated_acknowledgement_keeps_the_files_its_completed_checkpoint_uses(
     tmp_path: Path, kind: str
@@ -143,6 +176,28 @@ def test_r43_a_repeated_acknowledgement_keeps_the_files_its_completed_checkpoint
         attempt = store.placement()[entry.subtask]
         co.receive_ack(Acknowledgement(co.job, cid, entry.subtask, attempt, tuple(again)))
         _still_there(store, entry.handle.path)
+    finally:
+        store.close()
+        place.cleanup()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r66_a_replaced_attempts_withdrawn_files_stay_while_a_completed_checkpoint_uses_them(
+    tmp_path: Path, kind: str
+) -> None:
+    """R66: replacing a TM withdraws its acknowledgements of pending checkpoints with the
+    whole files they handed over, deleted once the attempt stopped (R64); these are also
+    the completed checkpoint's."""
+    place = Place.make(kind, tmp_path)
+    store, _, last = _sent_whole_three_times(place)
+    try:
+        co = store._engine.coord
+        tm = sorted(set(store.placement().values()))[0]
+        co.replace(tm)
+        assert not any(co.placement.get(s) == tm for s in co.pending[last].acks)
+        _all_files_kept(store)
+        co.attempt_stopped(tm)
+        _all_files_kept(store)
     finally:
         store.close()
         place.cleanup()
