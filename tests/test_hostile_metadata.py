@@ -509,6 +509,50 @@ def test_every_deleting_path_keeps_every_sentinel(world: World) -> None:
     assert w.problems() == []
 
 
+WITHIN_SETTINGS = [s for s in FILE_SETTINGS if s[1] is MergingMode.WITHIN_CHECKPOINT]
+"""Checkpoints that name directories (R42) and each write files of their own there (ACROSS
+shares its pool files between them; NONE names no directory)."""
+
+
+def _stored_files(place: Place) -> set[str]:
+    return {p for p, (kind, _, _) in _listing(place).items() if kind == "file"}
+
+
+@pytest.mark.parametrize("setting", WITHIN_SETTINGS, ids=_setting_id)
+def test_a_claim_naming_a_foreign_directory_first_still_takes_its_own(world: World) -> None:
+    """R72, I5: a forged ``_metadata`` (read back by a restart) whose first directory is
+    the NO_CLAIM source's, outside the lineage, is claimed: that directory stays the
+    user's, and each directory of the job's own that follows it is still the
+    coordinator's with everything in it, the older retained checkpoint's files there
+    included (the user's since the ended job retained it, R91). Once the claimed
+    checkpoint is subsumed, nothing is left in those directories and no sentinel is lost."""
+    w = world
+    coord = w.store.coordinator
+    meta = w.retained_meta()
+    payload_doc = json.loads(w.place.read(meta))["payload"]
+    own = list(payload_doc["directories"])
+    assert own and all(d.startswith("job-1/") for d in own), own
+    named = {e["handle"]["path"] for e in payload_doc["entries"] if "path" in e["handle"]}
+    in_own = {p for p in _stored_files(w.place) if any(p.startswith(d + "/") for d in own)}
+    assert in_own - named, "the older retained checkpoint wrote nothing in these directories"
+    foreign = "/".join(w.a_job0_file().split("/")[:3])
+
+    def edit(d: dict[str, Any]) -> None:
+        d["directories"] = [foreign, *d["directories"]]
+        d["shared_bases"] = sorted({*d["shared_bases"], "job-0"})
+
+    w.forge(meta, edit)
+    coord.restart()
+    claimed = coord.retained()[-1].checkpoint
+    assert coord.restore(claimed, mode=RestoreMode.CLAIM) == "job-2"
+    _more(w, 3)  # the claimed checkpoint is subsumed
+    w.store.flush()
+    left = sorted(p for p in _stored_files(w.place) if any(p.startswith(d + "/") for d in own))
+    assert left == [], left
+    assert w.lost() == [], w.lost()
+    assert w.problems() == []
+
+
 @pytest.mark.parametrize("setting", SETTINGS, ids=_setting_id)
 def test_recovery_keeps_every_sentinel(world: World) -> None:
     """``recover(crashed_job='job-1')`` with the forged ``_metadata``: only job-1's own
