@@ -15,7 +15,16 @@ from fastimpl import CheckpointStore, CheckpointStream, CommandTrace, CounterIds
 from fastimpl.api import FileMergingManager, ManagerClosedError
 from fastimpl.storage import WRITER_LEASE
 from model_tests.replay import replay
-from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
+from spec.config import (
+    MAX_TMS,
+    Config,
+    JobSpec,
+    MergingMode,
+    RestoreMode,
+    StateKind,
+    VertexSpec,
+)
+from spec.errors import CommandError, Reason
 from spec.handles import PlaceholderHandle, SegmentHandle, StateEntry
 from spec.ids import SubtaskId
 
@@ -159,6 +168,23 @@ def test_rescale_restores_every_key_group_once(tmp_path: Path) -> None:
                 assert data == f"state of {lo * 4 // 128}".encode()
                 covered += [g for g in range(lo, hi + 1) if g * 3 // 128 == sub.index]
         assert sorted(covered) == list(range(128))
+
+
+def test_a_restore_may_ask_for_max_tms_tms_and_no_more(tmp_path: Path) -> None:
+    """R70: a restore may ask for one TM per slot of the largest parallelism (``MAX_TMS``,
+    Spark runs one per subtask), not one more: that is refused as a bad argument naming
+    the bound, and the job runs on; the largest count is accepted and the new job
+    checkpoints."""
+    with _store(tmp_path, MergingMode.NONE) as store:
+        cid = _checkpoint(store, {s: bytes([s.index]) for s in store.placement()})
+        with pytest.raises(CommandError) as err:
+            store._engine.restore(cid, num_tms=MAX_TMS + 1)
+        assert err.value.reason is Reason.BAD_ARGUMENT and str(MAX_TMS) in str(err.value)
+        assert store.job_id == "job-0"
+        assert store._engine.restore(cid, num_tms=MAX_TMS) == "job-1"
+        _checkpoint(store, {s: bytes([s.index]) for s in store.placement()})
+        assert [r.job for r in store.coordinator.retained()] == ["job-1"]
+        assert store.check_invariants() == []
 
 
 def test_failover_restores_the_latest_checkpoint(tmp_path: Path) -> None:
