@@ -279,6 +279,39 @@ def test_r64_a_claim_takes_a_zombies_late_file_in_a_claimed_directory_only(
     run(soak(tmp_path, request, where, "claim-fence"), body)
 
 
+@pytest.mark.parametrize("where", WHERE)
+def test_r64_a_zombies_late_file_is_swept_at_its_stop_after_two_restores(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """R64 across restores: the zombie writes a late file into the shared directory of the
+    subtask it ran, which no record of the coordinator's holds; two NO_CLAIM restores
+    follow while it still runs. When it stops, the sweep of where it could write (its
+    subtasks' directories in the job it ran for) takes the file and deletes it."""
+
+    def body(s: Soak) -> None:
+        first = checkpoint(s, {MAP1})
+        deliver_to(s, {"tm-1", "tm-2"})
+        shared = shared_dir(JOB, MAP1)
+        zombie(s, "tm-2")
+        cid = s.run_trigger()
+        before = files_of(s, "tm-2", shared)
+        put(s, cid, MAP1, StateKind.KEYED_SHARED, "late", attempt="tm-2")
+        s.ack(cid, MAP1, attempt="tm-2")  # ignored (R56); the file closes (on S3: exists)
+        (late,) = files_of(s, "tm-2", shared) - before
+        deliver_to(s, {"tm-1", "tm-3"})
+        s.restore(first, RestoreMode.NO_CLAIM)
+        s.check()
+        s.restore(checkpoint(s, set()), RestoreMode.NO_CLAIM)
+        s.check()
+        assert s.coord.job == "job-2"
+        assert late in s.coord.storage.files_under(shared)  # R64: the zombie may run
+        s.zombie_stops()
+        s.check()
+        assert late not in s.coord.storage.files_under(shared)
+
+    run(soak(tmp_path, request, where, "restores-fence"), body)
+
+
 class _Host:
     """The guards' questions (``fastimpl.catalog.CatalogHost``), answered by a test."""
 
