@@ -48,7 +48,7 @@ from fastimpl.metadata import (
 from fastimpl.recovery import recover
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
 from spec.effects import COORDINATOR
-from spec.handles import PlaceholderHandle, SegmentHandle, StateEntry
+from spec.handles import PlaceholderHandle, SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
 from spec.layout import metadata_path, savepoint_dir, shared_dir
 from tests.faultyfs import FaultyFileSystem, Ledger, Place, payload
@@ -551,6 +551,35 @@ def test_a_claim_naming_a_foreign_directory_first_still_takes_its_own(world: Wor
     assert left == [], left
     assert w.lost() == [], w.lost()
     assert w.problems() == []
+
+
+@pytest.mark.parametrize("setting", FILE_SETTINGS, ids=_setting_id)
+def test_a_claim_of_a_metadata_naming_less_registers_only_what_it_names(world: World) -> None:
+    """R72, R54, I4: a ``_metadata`` changed since the checkpoint completed to name less
+    than the store recorded (one shared handle dropped) is claimed as it now reads: the
+    registry holds what the claimed checkpoint uses, and once it is subsumed nothing that
+    no retained checkpoint uses; no sentinel is lost."""
+    w = world
+    coord = w.store.coordinator
+    meta = w.retained_meta()
+    dropped: list[str] = []
+
+    def edit(d: dict[str, Any]) -> None:
+        shared = [e for e in d["entries"] if e["handle"].get("scope") == "shared"]
+        dropped.append(shared[-1]["handle"]["id"])
+        d["entries"].remove(shared[-1])
+
+    w.forge(meta, edit)
+    claimed = coord.retained()[-1].checkpoint
+    assert coord.restore(claimed, mode=RestoreMode.CLAIM) == "job-2"
+    [kept] = coord.retained()
+    assert dropped[0] not in {s.logical_id for e in kept.entries if (s := stream_of(e.handle))}
+    assert w.problems() == []
+    _more(w, 3)  # the claimed checkpoint is subsumed
+    assert w.problems() == []
+    unused = [k for k, v in w.store.observe().registry.items() if not v.refs]
+    assert unused == [], f"registered, yet no retained checkpoint uses them: {unused}"
+    assert w.lost() == [], w.lost()
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=_setting_id)
