@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import threading
@@ -14,6 +15,7 @@ import pytest
 from fastimpl import CheckpointStore, CheckpointStream, CommandTrace, CounterIds
 from fastimpl.api import FileMergingManager, ManagerClosedError
 from fastimpl.storage import WRITER_LEASE
+from fastimpl.writer_state import WRITER_STATE, publish_state
 from model_tests.replay import replay
 from spec.config import (
     MAX_TMS,
@@ -185,6 +187,25 @@ def test_a_restore_may_ask_for_max_tms_tms_and_no_more(tmp_path: Path) -> None:
         _checkpoint(store, {s: bytes([s.index]) for s in store.placement()})
         assert [r.job for r in store.coordinator.retained()] == ["job-1"]
         assert store.check_invariants() == []
+
+
+@pytest.mark.parametrize("mode", list(RestoreMode), ids=lambda m: m.name)
+def test_the_published_state_after_a_restore_names_only_what_the_new_job_holds(
+    tmp_path: Path, mode: RestoreMode
+) -> None:
+    """R72, R73: the writer state the new job publishes at its restore names as its
+    latest completed and retained checkpoint the claimed one after a CLAIM, and none
+    after a NO_CLAIM: that source is the user's, never the new job's (its abort notices
+    carry the same latest completed checkpoint, R30)."""
+    with _store(tmp_path, MergingMode.NONE) as store:
+        first = _checkpoint(store, {s: bytes([s.index]) for s in store.placement()})
+        publish_state(store)
+        assert store.coordinator.restore(first, mode=mode) == "job-1"
+        doc = json.loads((tmp_path / "ckpt" / "job-1" / WRITER_STATE).read_bytes())
+        claimed = mode is RestoreMode.CLAIM
+        assert (doc["latest_completed"], doc["retained"]) == (
+            (first, [first]) if claimed else (0, [])
+        ), doc
 
 
 def test_failover_restores_the_latest_checkpoint(tmp_path: Path) -> None:
