@@ -125,6 +125,38 @@ def test_reuse_gives_the_old_handle_or_a_placeholder(tmp_path: Path) -> None:
                 assert isinstance(again.handle, SegmentHandle)
 
 
+def test_a_claim_without_merging_lets_only_keyed_shared_files_be_reused(tmp_path: Path) -> None:
+    """R72: after a CLAIM restore without merging and at the same parallelism, each
+    subtask may reuse its keyed shared files of the claimed checkpoint (a placeholder, no
+    upload); its operator state is no shared state (exclusive, deleted with the claimed
+    checkpoint, R52), so reusing it is refused and it is written again."""
+    with _store(tmp_path, MergingMode.NONE) as store:
+        coord = store.coordinator
+        cid = coord.trigger()
+        for sub, tm in store.placement().items():
+            mgr = store.task_manager(tm)
+            mgr.write(cid, sub, KS, "sst-1", b"k" * 10)
+            mgr.write(cid, sub, OP, "offsets", b"o" * 10)
+            mgr.acknowledge(cid, sub)
+        assert coord.complete(cid) is not None
+        store.deliver_notifications()
+        assert coord.restore(cid, mode=RestoreMode.CLAIM) == "job-1"
+        cid = coord.trigger()
+        for sub, tm in store.placement().items():
+            mgr = store.task_manager(tm)
+            again = mgr.reuse_shared(cid, sub, "sst-1")
+            assert again is not None and isinstance(again.handle, PlaceholderHandle)
+            with pytest.raises(CommandError) as err:
+                mgr.reuse_shared(cid, sub, "offsets")
+            assert err.value.reason is Reason.NO_SUCH_STATE
+            mgr.write(cid, sub, OP, "offsets", b"p" * 10)
+            mgr.acknowledge(cid, sub)
+        assert coord.complete(cid) is not None
+        store.deliver_notifications()
+        _checkpoint(store, {s: b"v2" for s in store.placement()})  # subsumes the rest
+        assert store.check_invariants() == []
+
+
 def test_threads_write_for_different_subtasks_at_once(tmp_path: Path) -> None:
     job = JobSpec((VertexSpec("w", 8),), num_tms=2)
     config = Config.for_mode(MergingMode.ACROSS_CHECKPOINT, max_file_size=4096)
