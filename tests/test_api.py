@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import threading
@@ -14,8 +15,18 @@ import pytest
 from fastimpl import CheckpointStore, CheckpointStream, CommandTrace, CounterIds
 from fastimpl.api import FileMergingManager, ManagerClosedError
 from fastimpl.storage import WRITER_LEASE
+from fastimpl.writer_state import WRITER_STATE, publish_state
 from model_tests.replay import replay
-from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
+from spec.config import (
+    MAX_TMS,
+    Config,
+    JobSpec,
+    MergingMode,
+    RestoreMode,
+    StateKind,
+    VertexSpec,
+)
+from spec.errors import CommandError, Reason
 from spec.handles import PlaceholderHandle, SegmentHandle, StateEntry
 from spec.ids import SubtaskId
 
@@ -114,6 +125,38 @@ def test_reuse_gives_the_old_handle_or_a_placeholder(tmp_path: Path) -> None:
                 assert isinstance(again.handle, SegmentHandle)
 
 
+def test_a_claim_without_merging_lets_only_keyed_shared_files_be_reused(tmp_path: Path) -> None:
+    """R72: after a CLAIM restore without merging and at the same parallelism, each
+    subtask may reuse its keyed shared files of the claimed checkpoint (a placeholder, no
+    upload); its operator state is no shared state (exclusive, deleted with the claimed
+    checkpoint, R52), so reusing it is refused and it is written again."""
+    with _store(tmp_path, MergingMode.NONE) as store:
+        coord = store.coordinator
+        cid = coord.trigger()
+        for sub, tm in store.placement().items():
+            mgr = store.task_manager(tm)
+            mgr.write(cid, sub, KS, "sst-1", b"k" * 10)
+            mgr.write(cid, sub, OP, "offsets", b"o" * 10)
+            mgr.acknowledge(cid, sub)
+        assert coord.complete(cid) is not None
+        store.deliver_notifications()
+        assert coord.restore(cid, mode=RestoreMode.CLAIM) == "job-1"
+        cid = coord.trigger()
+        for sub, tm in store.placement().items():
+            mgr = store.task_manager(tm)
+            again = mgr.reuse_shared(cid, sub, "sst-1")
+            assert again is not None and isinstance(again.handle, PlaceholderHandle)
+            with pytest.raises(CommandError) as err:
+                mgr.reuse_shared(cid, sub, "offsets")
+            assert err.value.reason is Reason.NO_SUCH_STATE
+            mgr.write(cid, sub, OP, "offsets", b"p" * 10)
+            mgr.acknowledge(cid, sub)
+        assert coord.complete(cid) is not None
+        store.deliver_notifications()
+        _checkpoint(store, {s: b"v2" for s in store.placement()})  # subsumes the rest
+        assert store.check_invariants() == []
+
+
 def test_threads_write_for_different_subtasks_at_once(tmp_path: Path) -> None:
     job = JobSpec((VertexSpec("w", 8),), num_tms=2)
     config = Config.for_mode(MergingMode.ACROSS_CHECKPOINT, max_file_size=4096)
@@ -159,6 +202,42 @@ def test_rescale_restores_every_key_group_once(tmp_path: Path) -> None:
                 assert data == f"state of {lo * 4 // 128}".encode()
                 covered += [g for g in range(lo, hi + 1) if g * 3 // 128 == sub.index]
         assert sorted(covered) == list(range(128))
+
+
+def test_a_restore_may_ask_for_max_tms_tms_and_no_more(tmp_path: Path) -> None:
+    """R70: a restore may ask for one TM per slot of the largest parallelism (``MAX_TMS``,
+    Spark runs one per subtask), not one more: that is refused as a bad argument naming
+    the bound, and the job runs on; the largest count is accepted and the new job
+    checkpoints."""
+    with _store(tmp_path, MergingMode.NONE) as store:
+        cid = _checkpoint(store, {s: bytes([s.index]) for s in store.placement()})
+        with pytest.raises(CommandError) as err:
+            store._engine.restore(cid, num_tms=MAX_TMS + 1)
+        assert err.value.reason is Reason.BAD_ARGUMENT and str(MAX_TMS) in str(err.value)
+        assert store.job_id == "job-0"
+        assert store._engine.restore(cid, num_tms=MAX_TMS) == "job-1"
+        _checkpoint(store, {s: bytes([s.index]) for s in store.placement()})
+        assert [r.job for r in store.coordinator.retained()] == ["job-1"]
+        assert store.check_invariants() == []
+
+
+@pytest.mark.parametrize("mode", list(RestoreMode), ids=lambda m: m.name)
+def test_the_published_state_after_a_restore_names_only_what_the_new_job_holds(
+    tmp_path: Path, mode: RestoreMode
+) -> None:
+    """R72, R73: the writer state the new job publishes at its restore names as its
+    latest completed and retained checkpoint the claimed one after a CLAIM, and none
+    after a NO_CLAIM: that source is the user's, never the new job's (its abort notices
+    carry the same latest completed checkpoint, R30)."""
+    with _store(tmp_path, MergingMode.NONE) as store:
+        first = _checkpoint(store, {s: bytes([s.index]) for s in store.placement()})
+        publish_state(store)
+        assert store.coordinator.restore(first, mode=mode) == "job-1"
+        doc = json.loads((tmp_path / "ckpt" / "job-1" / WRITER_STATE).read_bytes())
+        claimed = mode is RestoreMode.CLAIM
+        assert (doc["latest_completed"], doc["retained"]) == (
+            (first, [first]) if claimed else (0, [])
+        ), doc
 
 
 def test_failover_restores_the_latest_checkpoint(tmp_path: Path) -> None:

@@ -26,11 +26,14 @@ import os
 import pytest
 
 from fastimpl import CheckpointStore
+from fastimpl.ids import marked
 from spec.config import Config, MergingMode, RestoreMode
 from spec.effects import COORDINATOR
-from tests.faultyfs import Place
+from spec.layout import shared_dir, taskowned_dir
+from tests.faultyfs import Place, payload
 from tests.storage_settings import (
     JOB,
+    OP,
     _checkpoint,
     _options,
     mode,  # noqa: F401
@@ -103,5 +106,69 @@ def test_the_folders_of_an_earlier_job_go_with_its_last_directory(
     left = [os.path.relpath(d, place.root) for d, _, _ in os.walk(base)]
     # the job's base itself stays (a base is never deleted, only what is below it)
     assert left == ["job-0"], left
+    assert store.check_invariants() == []
+    store.close()
+
+
+def _operator_checkpoint(store: CheckpointStore) -> int:
+    """A checkpoint of operator state only: it names the TMs' task-owned directories and
+    no subtask's shared directory."""
+    coord = store.coordinator
+    cid = coord.trigger()
+    for sub, tm in sorted(store.placement().items()):
+        mgr = store.task_manager(tm)
+        mgr.write(cid, sub, OP, "offsets", payload(sub, "offsets", cid))
+        mgr.acknowledge(cid, sub)
+    assert coord.complete(cid) is not None
+    store.deliver_notifications()
+    store.flush()
+    return cid
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [(k, m) for k in ("local", "memory") for m in MergingMode if m is not MergingMode.NONE],
+    ids=lambda s: f"{s[0]}-{s[1].name}",
+)
+def test_a_claim_takes_a_zombies_file_in_its_directories_and_the_zombies_stop_the_rest(
+    place: Place, mode: MergingMode
+) -> None:
+    """R72 with R64, for a lost TM that still runs in a process of its own: its files are
+    planted here as it names them (``fastimpl.ids.marked``), and no record of this process
+    holds them. It wrote one into its task-owned directory, which the claimed checkpoint
+    names, and one into its subtask's shared directory, which that checkpoint does not.
+    The CLAIM restore takes the first (the coordinator's, deleted once the checkpoint is
+    subsumed and the zombie stopped) and not the second; a second restore follows while
+    the zombie runs; when it stops, the sweep of where it could write (the directories of
+    the subtask it ran, in the job it ran for) takes the second."""
+    store = CheckpointStore(
+        place.url,
+        Config.for_mode(mode, num_retained=1),
+        JOB,
+        storage_options=_options(place),
+        deletion_log=True,
+    )
+    cid = _operator_checkpoint(store)
+    sub, zombie = sorted(store.placement().items())[0]
+    named = store.coordinator.retained()[-1].directories
+    assert taskowned_dir("job-0", zombie) in named and shared_dir("job-0", sub) not in named
+    store.task_manager(zombie).crash()
+    store.coordinator.failover()
+    claimed = f"{taskowned_dir('job-0', zombie)}/{marked('fzombie1', zombie)}"
+    swept = f"{shared_dir('job-0', sub)}/{marked('fzombie2', zombie)}"
+    for p in (claimed, swept):
+        place.inner.makedirs(f"{place.root}/{p.rsplit('/', 1)[0]}", exist_ok=True)
+        place.write(p, b"written by the zombie")
+    assert store.coordinator.restore(cid, mode=RestoreMode.CLAIM) == "job-1"
+    owners = store.observe().owners
+    assert owners.get(claimed) == COORDINATOR and swept not in owners, owners
+    for _ in range(2):  # num_retained 1: the claimed checkpoint is subsumed
+        latest = _operator_checkpoint(store)
+    assert {claimed, swept} <= set(store.observe().files)  # R64: the zombie may run
+    assert store.coordinator.restore(latest, mode=RestoreMode.NO_CLAIM) == "job-2"
+    store.task_manager(zombie).stopped()
+    store.flush()
+    left = set(store.observe().files)
+    assert claimed not in left and swept not in left
     assert store.check_invariants() == []
     store.close()

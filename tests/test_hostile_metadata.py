@@ -48,7 +48,7 @@ from fastimpl.metadata import (
 from fastimpl.recovery import recover
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
 from spec.effects import COORDINATOR
-from spec.handles import PlaceholderHandle, SegmentHandle, StateEntry
+from spec.handles import PlaceholderHandle, SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
 from spec.layout import metadata_path, savepoint_dir, shared_dir
 from tests.faultyfs import FaultyFileSystem, Ledger, Place, payload
@@ -507,6 +507,79 @@ def test_every_deleting_path_keeps_every_sentinel(world: World) -> None:
     coord.cancel(retain=False)
     assert w.lost() == [], w.lost()
     assert w.problems() == []
+
+
+WITHIN_SETTINGS = [s for s in FILE_SETTINGS if s[1] is MergingMode.WITHIN_CHECKPOINT]
+"""Checkpoints that name directories (R42) and each write files of their own there (ACROSS
+shares its pool files between them; NONE names no directory)."""
+
+
+def _stored_files(place: Place) -> set[str]:
+    return {p for p, (kind, _, _) in _listing(place).items() if kind == "file"}
+
+
+@pytest.mark.parametrize("setting", WITHIN_SETTINGS, ids=_setting_id)
+def test_a_claim_naming_a_foreign_directory_first_still_takes_its_own(world: World) -> None:
+    """R72, I5: a forged ``_metadata`` (read back by a restart) whose first directory is
+    the NO_CLAIM source's, outside the lineage, is claimed: that directory stays the
+    user's, and each directory of the job's own that follows it is still the
+    coordinator's with everything in it, the older retained checkpoint's files there
+    included (the user's since the ended job retained it, R91). Once the claimed
+    checkpoint is subsumed, nothing is left in those directories and no sentinel is lost."""
+    w = world
+    coord = w.store.coordinator
+    meta = w.retained_meta()
+    payload_doc = json.loads(w.place.read(meta))["payload"]
+    own = list(payload_doc["directories"])
+    assert own and all(d.startswith("job-1/") for d in own), own
+    named = {e["handle"]["path"] for e in payload_doc["entries"] if "path" in e["handle"]}
+    in_own = {p for p in _stored_files(w.place) if any(p.startswith(d + "/") for d in own)}
+    assert in_own - named, "the older retained checkpoint wrote nothing in these directories"
+    foreign = "/".join(w.a_job0_file().split("/")[:3])
+
+    def edit(d: dict[str, Any]) -> None:
+        d["directories"] = [foreign, *d["directories"]]
+        d["shared_bases"] = sorted({*d["shared_bases"], "job-0"})
+
+    w.forge(meta, edit)
+    coord.restart()
+    claimed = coord.retained()[-1].checkpoint
+    assert coord.restore(claimed, mode=RestoreMode.CLAIM) == "job-2"
+    _more(w, 3)  # the claimed checkpoint is subsumed
+    w.store.flush()
+    left = sorted(p for p in _stored_files(w.place) if any(p.startswith(d + "/") for d in own))
+    assert left == [], left
+    assert w.lost() == [], w.lost()
+    assert w.problems() == []
+
+
+@pytest.mark.parametrize("setting", FILE_SETTINGS, ids=_setting_id)
+def test_a_claim_of_a_metadata_naming_less_registers_only_what_it_names(world: World) -> None:
+    """R72, R54, I4: a ``_metadata`` changed since the checkpoint completed to name less
+    than the store recorded (one shared handle dropped) is claimed as it now reads: the
+    registry holds what the claimed checkpoint uses, and once it is subsumed nothing that
+    no retained checkpoint uses; no sentinel is lost."""
+    w = world
+    coord = w.store.coordinator
+    meta = w.retained_meta()
+    dropped: list[str] = []
+
+    def edit(d: dict[str, Any]) -> None:
+        shared = [e for e in d["entries"] if e["handle"].get("scope") == "shared"]
+        dropped.append(shared[-1]["handle"]["id"])
+        d["entries"].remove(shared[-1])
+
+    w.forge(meta, edit)
+    claimed = coord.retained()[-1].checkpoint
+    assert coord.restore(claimed, mode=RestoreMode.CLAIM) == "job-2"
+    [kept] = coord.retained()
+    assert dropped[0] not in {s.logical_id for e in kept.entries if (s := stream_of(e.handle))}
+    assert w.problems() == []
+    _more(w, 3)  # the claimed checkpoint is subsumed
+    assert w.problems() == []
+    unused = [k for k, v in w.store.observe().registry.items() if not v.refs]
+    assert unused == [], f"registered, yet no retained checkpoint uses them: {unused}"
+    assert w.lost() == [], w.lost()
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=_setting_id)

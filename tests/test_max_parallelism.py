@@ -41,12 +41,18 @@ def _config(mode: MergingMode, max_parallelism: int = TAKEN) -> Config:
     return Config.for_mode(mode, num_retained=2, max_parallelism=max_parallelism)
 
 
-def _store(place: Place, mode: MergingMode) -> tuple[CheckpointStore, Ledger]:
-    store = CheckpointStore(place.url, _config(mode), JOB, storage_options=_options(place))
+def _store(
+    place: Place, mode: MergingMode, max_parallelism: int = TAKEN, *, savepoint: bool = False
+) -> tuple[CheckpointStore, Ledger]:
+    """Three checkpoints (four and a savepoint, ``savepoint``) of a job that runs with
+    ``max_parallelism``."""
+    config = _config(mode, max_parallelism)
+    store = CheckpointStore(place.url, config, JOB, storage_options=_options(place))
     ledger = Ledger()
     coord = store.coordinator
-    for _ in range(3):
-        cid = coord.trigger()
+    kinds = [False] * 4 + [True] if savepoint else [False] * 3
+    for is_savepoint in kinds:
+        cid = coord.trigger(savepoint=is_savepoint)
         for sub, tm in sorted(store.placement().items()):
             data = payload(sub, f"sst-{cid}")
             ledger.record(store.job_id, cid, sub, f"sst-{cid}", data)
@@ -101,6 +107,47 @@ def test_restore_and_rescale_refuse_a_changed_max_parallelism(
     coord.rescale(3, {"win": 3}, max_parallelism=TAKEN)
     assert store.job_id == "job-1"
     store.close()
+
+
+def _beside(place: Place) -> Place:
+    """Another storage root of the same kind, next to ``place``'s."""
+    root = f"{place.root}-elsewhere"
+    url = {"local": root, "memory": f"memory://{root}", "s3": f"s3://{root}"}[place.kind]
+    return Place(place.kind, root, url, place.inner)
+
+
+def test_a_savepoint_taken_with_another_max_parallelism_is_refused(
+    place: Place, mode: MergingMode
+) -> None:
+    """R77 for a savepoint the user brings from a deployment that ran with max
+    parallelism 64 into the savepoints of a job that runs with 128 (the one value a job
+    has): restored with the job's value (the default) or with the savepoint's own, it is
+    refused naming both values, before anything changes; the job goes on."""
+    elsewhere = _beside(place)
+    other, _ = _store(elsewhere, mode, 64, savepoint=True)
+    sp = "savepoints/savepoint-5"
+    brought = sorted(p for p in other.observe().files if p.startswith(sp + "/"))
+    assert f"{sp}/_metadata" in brought and decode(elsewhere.read(f"{sp}/_metadata")).savepoint
+    other.close()
+    store, _ = _store(place, mode)
+    for rel in brought:
+        place.inner.makedirs(f"{place.root}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
+        place.write(rel, elsewhere.read(rel))
+    before = _listing(place)
+    coord = store.coordinator
+    for asked, why in [
+        (None, "the checkpoint was taken with max parallelism 64, the restore asks for 128"),
+        (64, "the restore asks for max parallelism 64, the job runs with 128"),
+    ]:
+        with pytest.raises(CommandError) as err:
+            coord.restore(5, max_parallelism=asked)
+        assert err.value.reason is Reason.MAX_PARALLELISM_CHANGED
+        assert f"{sp}/_metadata" in str(err.value) and why in str(err.value), str(err.value)
+    _unchanged(place, store, before)
+    assert store.job_id == "job-0" and [r.checkpoint for r in coord.retained()] == [2, 3]
+    store.close()
+    if place.kind == "memory":
+        elsewhere.cleanup()
 
 
 @pytest.mark.parametrize("setting", [("local", m) for m in MergingMode], ids=lambda s: s[1].name)

@@ -11,11 +11,13 @@ from typing import Any
 import fsspec  # type: ignore[import-untyped]
 import pytest
 
+from conformance.fastimpl_commands import apply
+from fastimpl import CounterIds, InProcessEngine
 from fastimpl.storage import StorageFault
 from fastimpl.taskmanager import TaskManager
 from fastimpl.working import is_working_path, overlaps
-from spec.commands import StorageOp
-from spec.config import Config, MergingMode
+from spec.commands import Acknowledge, Complete, SnapshotWorking, StorageOp, Trigger, WriteWorking
+from spec.config import Config, JobSpec, MergingMode, RestoreMode, VertexSpec
 from spec.errors import CommandError, Reason
 from spec.handles import InPlaceFile
 from spec.ids import SubtaskId
@@ -23,6 +25,7 @@ from spec.layout import working_dir
 from spec.messages import (
     DatabaseFiles,
     DatabasesOpened,
+    Duty,
     EndJob,
     InUse,
     KeptFile,
@@ -72,6 +75,55 @@ def test_a_tm_of_its_own_copies_the_users_files_and_deletes_only_its_own() -> No
     tm.catalog.storage.drain()
     assert not fs.exists(f"{root}/{private}")
     assert fs.exists(f"{root}/{user}")  # the user's: copied, never deleted (R105)
+
+
+@pytest.mark.parametrize("mode", list(RestoreMode), ids=lambda m: m.name)
+def test_what_a_restore_opens_tells_a_tm_of_its_own_whose_the_files_are(
+    mode: RestoreMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R105, R73: the databases of a restored job open on the checkpoint's working files in
+    place. A TM in a process of its own records none of them, so the coordinator's
+    ``OpenDatabase`` is all it has to tell a NO_CLAIM source's file (the user's: its
+    snapshot copies it first) from a claimed one (the coordinator's: referred to in place
+    again). Here a job's databases are checkpointed on the in-process engine, it is
+    restored, and what the coordinator sends is applied by TMs of their own."""
+    root = f"/tm-working-restore-{mode.value}"
+    fs = fsspec.filesystem("memory")
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    engine = InProcessEngine(config, JobSpec((VertexSpec("v", 2),), 2), fs, root, CounterIds())
+    subtasks = (SubtaskId("v", 0, 2), SubtaskId("v", 1, 2))
+    for s in subtasks:
+        apply(engine, WriteWorking(s, 500))
+    apply(engine, Trigger())
+    cp = engine.coord.next_checkpoint - 1
+    for s in subtasks:
+        apply(engine, SnapshotWorking(cp, s, 0))
+        apply(engine, Acknowledge(cp, s))
+    apply(engine, Complete(cp))
+    restored = {w.path for r in engine.coord.retained for _, w in r.working}
+    assert len(restored) == 2
+    sent: list[Duty] = []
+    duty = engine.duty
+
+    def spy(tm: str, msg: Duty) -> object:
+        sent.append(msg)
+        return duty(tm, msg)
+
+    monkeypatch.setattr(engine, "duty", spy)
+    engine.restore(cp, mode=mode)
+    opens = [m for m in sent if isinstance(m, OpenDatabase)]
+    assert {f.path for m in opens for f in m.in_place} == restored
+    for msg in opens:
+        tm = TaskManager.alone(fs, root, config, msg.job, msg.tm)
+        tm.host([msg.subtask])
+        tm.on_duty(msg)
+        tm.working.snapshot(msg.subtask, cp + 1, 0, False, lambda name, data: None)
+        pinned = set(tm.working.pins[(msg.subtask, cp + 1)])
+        if mode is RestoreMode.NO_CLAIM:  # copies of the user's files, in the new job
+            assert not pinned & restored and all(p.startswith(f"{msg.job}/") for p in pinned)
+        else:
+            assert pinned == {f.path for f in msg.in_place}
+    engine.storage.close_all()
 
 
 def test_a_database_that_writes_its_own_files_is_tracked_by_its_manifest() -> None:

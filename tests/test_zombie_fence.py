@@ -35,12 +35,13 @@ from fastimpl.records import Status, Tm
 from fastimpl.storage import Storage
 from model_tests.replay import replay
 from spec import commands as c
-from spec.config import MergingMode, StateKind
+from spec.config import MergingMode, RestoreMode, StateKind
 from spec.effects import COORDINATOR, tm_actor
 from spec.ids import SubtaskId, TmId
-from spec.layout import shared_dir
+from spec.layout import shared_dir, taskowned_dir
 from tests.file_compare import compare_with_model
 from tests.process_soak import JOB, Soak, make_setting
+from tests.tm_cluster import checked
 
 MAP1 = SubtaskId("map", 1, 2)
 """Placed on ``tm-2`` (round-robin over ``tm-1``, ``tm-2``): the zombie's subtask."""
@@ -230,6 +231,85 @@ def test_r64_ending_the_job_leaves_a_zombies_late_file_until_it_stopped(
         stop_only(s)
     finally:
         s.engine.stop_all()
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_r64_a_claim_takes_a_zombies_late_file_in_a_claimed_directory_only(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """R72 with R64: the zombie writes for a checkpoint triggered after it was lost, into
+    the shared directory of a retained checkpoint and into its own task-owned directory,
+    which that checkpoint does not name; no record of the coordinator's holds either file.
+    A CLAIM restore of the checkpoint takes its directories with everything in them, the
+    zombie's file there too (found on storage, whose by its name), and nothing else: the
+    other file stays the zombie's until it stops (then the sweep of what it left takes
+    it). Once the claimed checkpoint is subsumed its directory goes, the zombie's file
+    with it, but only after the zombie stopped."""
+
+    def body(s: Soak) -> None:
+        claimed = checkpoint(s, {MAP1})
+        deliver_to(s, {"tm-1", "tm-2"})
+        shared, own = shared_dir(JOB, MAP1), taskowned_dir(JOB, "tm-2")
+        zombie(s, "tm-2")
+        cid = s.run_trigger()
+        before = files_of(s, "tm-2", shared) | files_of(s, "tm-2", own)
+        put(s, cid, MAP1, StateKind.KEYED_SHARED, "late", attempt="tm-2")
+        put(s, cid, MAP1, StateKind.OPERATOR_LIST, "ops", attempt="tm-2")
+        s.ack(cid, MAP1, attempt="tm-2")  # ignored (R56); the files close (on S3: exist)
+        (late,) = files_of(s, "tm-2", shared) - before
+        (outside,) = files_of(s, "tm-2", own) - before
+        deliver_to(s, {"tm-1", "tm-3"})
+        s.restore(claimed, RestoreMode.CLAIM)
+        assert set(s.coord.retained[0].directories) == {shared, taskowned_dir(JOB, "tm-1")}
+        s.check()
+        _, obs = checked(s.coord, s.engine, quiet=False)
+        assert obs.owners.get(late) == COORDINATOR, obs.owners.get(late)
+        assert obs.owners.get(outside) == tm_actor("tm-2"), obs.owners.get(outside)
+        for _ in range(2):  # num_retained 1: the claimed checkpoint is subsumed
+            checkpoint(s, set())
+            s.drain_notices()
+        assert claimed not in {r.id for r in s.coord.retained}
+        here = s.coord.storage.list_files()
+        assert late in here and outside in here  # R64: the zombie may still run
+        s.zombie_stops()
+        s.check()
+        here = s.coord.storage.list_files()
+        assert late not in here and outside not in here
+
+    run(soak(tmp_path, request, where, "claim-fence"), body)
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_r64_a_zombies_late_file_is_swept_at_its_stop_after_two_restores(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """R64 across restores: the zombie writes a late file into the shared directory of the
+    subtask it ran, which no record of the coordinator's holds; two NO_CLAIM restores
+    follow while it still runs. When it stops, the sweep of where it could write (its
+    subtasks' directories in the job it ran for) takes the file and deletes it."""
+
+    def body(s: Soak) -> None:
+        first = checkpoint(s, {MAP1})
+        deliver_to(s, {"tm-1", "tm-2"})
+        shared = shared_dir(JOB, MAP1)
+        zombie(s, "tm-2")
+        cid = s.run_trigger()
+        before = files_of(s, "tm-2", shared)
+        put(s, cid, MAP1, StateKind.KEYED_SHARED, "late", attempt="tm-2")
+        s.ack(cid, MAP1, attempt="tm-2")  # ignored (R56); the file closes (on S3: exists)
+        (late,) = files_of(s, "tm-2", shared) - before
+        deliver_to(s, {"tm-1", "tm-3"})
+        s.restore(first, RestoreMode.NO_CLAIM)
+        s.check()
+        s.restore(checkpoint(s, set()), RestoreMode.NO_CLAIM)
+        s.check()
+        assert s.coord.job == "job-2"
+        assert late in s.coord.storage.files_under(shared)  # R64: the zombie may run
+        s.zombie_stops()
+        s.check()
+        assert late not in s.coord.storage.files_under(shared)
+
+    run(soak(tmp_path, request, where, "restores-fence"), body)
 
 
 class _Host:
