@@ -464,6 +464,13 @@ class CheckpointCoordinator:
                     )
                 else:
                     entries.append(e)
+        clash = self._id_clash(entries)
+        if clash is not None:
+            # R54: TMs in other processes are not trusted to keep logical ids unique; a
+            # checkpoint that cannot be registered is not written (nor raised from here)
+            log.warning("checkpoint %d aborted: %s", checkpoint, clash)
+            self.abort(checkpoint)
+            return None
         meta = (
             f"{savepoint_dir(checkpoint)}/{METADATA}"
             if p.savepoint
@@ -519,6 +526,20 @@ class CheckpointCoordinator:
             self.abort(older)  # R53
         self.collect_dirs()
         return done
+
+    def _id_clash(self, entries: Iterable[StateEntry]) -> str | None:
+        """R54: a logical id of shared state the acknowledgements name for another path
+        than the registry or another of these entries does, said in words; else None."""
+        seen: dict[str, str] = {}
+        for e in entries:
+            h = e.handle
+            if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
+                continue
+            other = self.registry.conflict(h.logical_id, h.path) or seen.get(h.logical_id)
+            if other is not None and other != h.path:
+                return f"logical id {h.logical_id!r} names {h.path!r} and {other!r}"
+            seen[h.logical_id] = h.path
+        return None
 
     def _lowest_retained(self) -> int | None:
         return self.retained[0].id if self.retained else None

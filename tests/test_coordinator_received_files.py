@@ -21,14 +21,16 @@ I5). Mutation run 12 found the coordinator did (a product bug, fixed with these 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
+import attrs
 import pytest
 
 from fastimpl import CheckpointStore
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
 from spec.effects import COORDINATOR, USER
-from spec.handles import FileHandle, StateEntry
+from spec.handles import FileHandle, SegmentHandle, StateEntry
 from spec.messages import Acknowledgement
 from tests.faultyfs import Place, payload
 from tests.storage_settings import JOB, KS, _checkpoint
@@ -198,6 +200,68 @@ def test_r66_a_replaced_attempts_withdrawn_files_stay_while_a_completed_checkpoi
         _all_files_kept(store)
         co.attempt_stopped(tm)
         _all_files_kept(store)
+    finally:
+        store.close()
+        place.cleanup()
+
+
+def _shared(entries: Iterable[StateEntry]) -> list[StateEntry]:
+    return [
+        e
+        for e in entries
+        if isinstance(e.handle, FileHandle | SegmentHandle) and e.handle.scope is Scope.SHARED
+    ]
+
+
+@pytest.mark.parametrize("clash", ("registered", "within-the-checkpoint"))
+@pytest.mark.parametrize("mode", (MergingMode.NONE, MergingMode.WITHIN_CHECKPOINT))
+@pytest.mark.parametrize("kind", KINDS)
+def test_r54_acknowledgements_giving_one_logical_id_two_paths_abort_the_checkpoint(
+    tmp_path: Path, kind: str, mode: MergingMode, clash: str
+) -> None:
+    """R54: every subtask acknowledges the next checkpoint, one of them (a TM of its own,
+    not trusted) with a shared file under a logical id the registry holds for another
+    path, or that another entry of the checkpoint uses for another path. The checkpoint
+    cannot be registered: it is aborted before its ``_metadata`` is written, ``complete``
+    says it did not complete (it raised ``MetadataError`` after writing the file), and
+    the retained checkpoint and its files stay."""
+    place = Place.make(kind, tmp_path)
+    store, _ = place.store(Config.for_mode(mode, num_retained=2), JOB)
+    try:
+        assert _checkpoint(store) is not None
+        co = store._engine.coord
+        (done,) = co.retained
+        coord = store.coordinator
+        nxt = coord.trigger()
+        subs = sorted(store.placement().items())
+        for sub, tm in subs:
+            mgr = store.task_manager(tm)
+            mgr.write(nxt, sub, KS, "sst-x", payload(sub, "sst-x"))
+            mgr.acknowledge(nxt, sub)
+        first, second = subs[0][0], subs[1][0]
+        mine = _shared(co.pending[nxt].acks[first])[0]
+        assert isinstance(mine.handle, FileHandle | SegmentHandle)
+        if clash == "registered":
+            taken = next(e for e in _shared(done.entries) if e.handle.path != mine.handle.path)
+        else:
+            taken = _shared(co.pending[nxt].acks[second])[0]
+        assert isinstance(taken.handle, FileHandle | SegmentHandle)
+        assert taken.handle.path != mine.handle.path
+        forged = attrs.evolve(
+            mine, handle=attrs.evolve(mine.handle, logical_id=taken.handle.logical_id)
+        )
+        p = co.pending[nxt]
+        p.acks[first] = tuple(forged if e is mine else e for e in p.acks[first])
+        assert coord.complete(nxt) is None
+        assert nxt not in co.pending
+        store.deliver_notifications()  # the TMs drop what they wrote for it
+        store.flush()
+        obs = store.observe()
+        assert f"job-0/chk-{nxt}/_metadata" not in obs.files
+        assert [r.checkpoint for r in coord.retained()] == [done.id]
+        assert store.check_invariants(quiet=True) == []
+        assert all(store.read(e) for e in done.entries)
+        assert _checkpoint(store) is not None  # the job checkpoints on
     finally:
         store.close()
         place.cleanup()
