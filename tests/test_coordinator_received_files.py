@@ -242,7 +242,8 @@ def test_r54_acknowledgements_giving_one_logical_id_two_paths_abort_the_checkpoi
         mine = _shared(co.pending[nxt].acks[first])[0]
         assert isinstance(mine.handle, FileHandle | SegmentHandle)
         if clash == "registered":
-            taken = next(e for e in _shared(done.entries) if e.handle.path != mine.handle.path)
+            here = mine.handle.path
+            taken = next(e for e in _shared(done.entries) if getattr(e.handle, "path", "") != here)
         else:
             taken = _shared(co.pending[nxt].acks[second])[0]
         assert isinstance(taken.handle, FileHandle | SegmentHandle)

@@ -418,7 +418,8 @@ def _plant(place: Place, rel: str, data: bytes) -> None:
 def _naming_foreign_files(w: World, cid_meta: str) -> None:
     """Forge the latest retained ``_metadata`` (valid checksum, every path inside a base
     it declares) to name a NO_CLAIM source's file, a sibling's file and an unrelated
-    job's file as its own shared state, and their folders as managed directories."""
+    job's file as its own state (the sibling's as exclusive state, which a subsumption
+    deletes without asking the registry), and their folders as managed directories."""
     job0 = w.a_job0_file()
 
     def edit(d: dict[str, Any]) -> None:
@@ -434,7 +435,7 @@ def _naming_foreign_files(w: World, cid_meta: str) -> None:
                         "path": path,
                         "length": size,
                         "id": f"forged-{n}",
-                        "scope": "shared",
+                        "scope": "exclusive" if path.startswith("other-app/") else "shared",
                     },
                 }
             )
