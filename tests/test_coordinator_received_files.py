@@ -266,3 +266,43 @@ def test_r54_acknowledgements_giving_one_logical_id_two_paths_abort_the_checkpoi
     finally:
         store.close()
         place.cleanup()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r64_a_file_another_attempt_acknowledges_keeps_its_creator_and_waits_for_it(
+    tmp_path: Path, kind: str
+) -> None:
+    """The coordinator's record of a file says who created it, whatever a later
+    acknowledgement says: a second attempt naming another attempt's whole file as its own
+    takes nothing from that record. Once the creator is lost (a zombie that may still
+    write), the abort's delete of the file waits until it stopped (R64)."""
+    place = Place.make(kind, tmp_path)
+    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    try:
+        coord = store.coordinator
+        co = store._engine.coord
+        cid = coord.trigger()
+        placed = sorted(store.placement().items())
+        s1, t1 = placed[0]
+        s2, t2 = next((s, t) for s, t in placed if t != t1)
+        mgr = store.task_manager(t1)
+        mgr.write(cid, s1, KS, "sst", payload(s1, "sst"))
+        mgr.acknowledge(cid, s1)
+        (theirs,) = co.pending[cid].acks[s1]
+        assert isinstance(theirs.handle, FileHandle)
+        path = theirs.handle.path
+        assert co.catalog.files[path].creator == t1
+        co.receive_ack(Acknowledgement(co.job, cid, s2, t2, (attrs.evolve(theirs, subtask=s2),)))
+        assert co.catalog.files[path].creator == t1
+        co.replace(t1)  # t1 is a zombie now: it may still run
+        if cid in co.pending:
+            coord.abort(cid)
+        store.flush()
+        assert path in store.observe().files, "deleted while its creator may still run"
+        co.attempt_stopped(t1)
+        store.flush()
+        assert path not in store.observe().files
+        assert store.check_invariants() == []
+    finally:
+        store.close()
+        place.cleanup()
