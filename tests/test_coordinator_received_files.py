@@ -306,3 +306,42 @@ def test_r64_a_file_another_attempt_acknowledges_keeps_its_creator_and_waits_for
     finally:
         store.close()
         place.cleanup()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r43_a_whole_file_the_coordinator_has_no_record_of_becomes_its_own(
+    tmp_path: Path, kind: str
+) -> None:
+    """A TM in a process of its own writes its files where the coordinator keeps no
+    record of them: the acknowledgement is all it learns. Here every subtask's file is
+    written on storage behind the coordinator's back and acknowledged. Each becomes the
+    coordinator's, created by the acknowledging attempt (I3), and goes when its
+    checkpoint is subsumed (no leak, I6)."""
+    place = Place.make(kind, tmp_path)
+    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    try:
+        coord = store.coordinator
+        co = store._engine.coord
+        cid = coord.trigger()
+        written = []
+        for n, (sub, tm) in enumerate(sorted(store.placement().items())):
+            rel = f"job-0/shared/{sub.vertex}-{sub.index}-{sub.parallelism}/remote-{n}"
+            data = payload(sub, f"remote-{n}")
+            place.inner.makedirs(f"{place.root}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
+            place.write(rel, data)
+            handle = FileHandle(rel, len(data), f"remote-{n}", Scope.EXCLUSIVE)
+            entry = StateEntry(sub, StateKind.OPERATOR_LIST, "offsets", handle, 1)
+            co.receive_ack(Acknowledgement(co.job, cid, sub, tm, (entry,)))
+            written.append((rel, tm))
+        for rel, tm in written:
+            f = co.catalog.files[rel]
+            assert (f.owner, f.creator) == (COORDINATOR, tm)
+        assert coord.complete(cid) is not None
+        assert _checkpoint(store) is not None  # subsumes it
+        store.flush()
+        files = store.observe().files
+        assert not any(rel in files for rel, _ in written), "left behind"
+        assert store.check_invariants(quiet=True) == []
+    finally:
+        store.close()
+        place.cleanup()
