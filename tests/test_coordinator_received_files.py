@@ -308,17 +308,21 @@ def test_r64_a_file_another_attempt_acknowledges_keeps_its_creator_and_waits_for
         place.cleanup()
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", (*KINDS, "memory-unreadable"))
 def test_r43_a_whole_file_the_coordinator_has_no_record_of_becomes_its_own(
     tmp_path: Path, kind: str
 ) -> None:
     """A TM in a process of its own writes its files where the coordinator keeps no
     record of them: the acknowledgement is all it learns. Here every subtask's file is
     written on storage behind the coordinator's back and acknowledged. Each becomes the
-    coordinator's, created by the acknowledging attempt (I3), and goes when its
-    checkpoint is subsumed (no leak, I6)."""
-    place = Place.make(kind, tmp_path)
-    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    coordinator's, created by the acknowledging attempt (I3), closed (its attempt
+    stopping takes nothing of it, R65), and goes when its checkpoint is subsumed (no
+    leak, I6)."""
+    place = Place.make(kind.split("-")[0], tmp_path)
+    cfg = Config.for_mode(MergingMode.NONE, num_retained=1)
+    # object-store rules on memory (R65: a stopped writer's open files never appear)
+    cfg = attrs.evolve(cfg, open_files_readable=kind != "memory-unreadable")
+    store, _ = place.store(cfg, JOB)
     try:
         coord = store.coordinator
         co = store._engine.coord
@@ -337,10 +341,19 @@ def test_r43_a_whole_file_the_coordinator_has_no_record_of_becomes_its_own(
             f = co.catalog.files[rel]
             assert (f.owner, f.creator) == (COORDINATOR, tm)
         assert coord.complete(cid) is not None
+        first = written[0][1]
+        co.replace(first)  # its writer stops: what it wrote and closed stays (R64, R65)
+        co.attempt_stopped(first)
+        store.flush()
+        assert {rel for rel, _ in written} <= set(store.observe().files)
+        (done,) = coord.retained()
+        assert all(store.read(e) for e in done.entries)
         assert _checkpoint(store) is not None  # subsumes it
         store.flush()
         files = store.observe().files
         assert not any(rel in files for rel, _ in written), "left behind"
+        on_storage = [rel for rel, _ in written if place.inner.exists(f"{place.root}/{rel}")]
+        assert on_storage == [], "left behind on storage"
         assert store.check_invariants(quiet=True) == []
     finally:
         store.close()
