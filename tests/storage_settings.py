@@ -144,14 +144,18 @@ def _unchanged(place: Place, store: CheckpointStore | None, before: Listing) -> 
     assert not changes, changes
 
 
-def _checkpoint(store: CheckpointStore) -> int | None:
-    """One checkpoint of every subtask (keyed and operator state), completed, its
-    notices delivered and the deletes flushed; its id, or None if it did not complete."""
+def _checkpoint(
+    store: CheckpointStore, *, savepoint: bool = False, keyed: bool = True
+) -> int | None:
+    """One checkpoint (or savepoint) of every subtask (keyed and operator state, or
+    operator state only), completed, its notices delivered and the deletes flushed; its
+    id, or None if it did not complete."""
     coord = store.coordinator
-    cid = coord.trigger()
+    cid = coord.trigger(savepoint=savepoint)
     for sub, tm in sorted(store.placement().items()):
         mgr = store.task_manager(tm)
-        mgr.write(cid, sub, KS, f"sst-{cid}", payload(sub, f"sst-{cid}"))
+        if keyed:
+            mgr.write(cid, sub, KS, f"sst-{cid}", payload(sub, f"sst-{cid}"))
         mgr.write(cid, sub, OP, "offsets", payload(sub, "offsets", cid))
         mgr.acknowledge(cid, sub)
     done = coord.complete(cid)

@@ -126,33 +126,26 @@ def _all_files_kept(store: CheckpointStore) -> None:
         _still_there(store, e.handle.path)
 
 
+@pytest.mark.parametrize("then", ("abort", "restart"))
 @pytest.mark.parametrize("kind", KINDS)
-def test_r53_the_abort_of_an_older_checkpoint_keeps_the_files_a_newer_one_completed_with(
-    tmp_path: Path, kind: str
+def test_r53_r95_an_abort_or_restart_keeps_the_files_a_completed_checkpoint_shares(
+    tmp_path: Path, kind: str, then: str
 ) -> None:
+    """The older checkpoint's abort (R53, at the completion) keeps the shared whole
+    files; then the pending one's abort (R43), or a coordinator restart (R95), keeps
+    them too, and the job checkpoints on."""
     place = Place.make(kind, tmp_path)
     store, first, last = _sent_whole_three_times(place)
     try:
         assert first not in store._engine.coord.pending  # R53 aborted it
-        _all_files_kept(store)
-        store.coordinator.abort(last)
-        _all_files_kept(store)
-    finally:
-        store.close()
-        place.cleanup()
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_r95_a_restart_keeps_the_files_a_pending_and_a_completed_checkpoint_share(
-    tmp_path: Path, kind: str
-) -> None:
-    place = Place.make(kind, tmp_path)
-    store, _, last = _sent_whole_three_times(place)
-    try:
         assert last in store._engine.coord.pending
-        store.coordinator.restart()
         _all_files_kept(store)
-        assert _checkpoint(store) is not None  # and the job checkpoints on
+        if then == "abort":
+            store.coordinator.abort(last)
+        else:
+            store.coordinator.restart()
+        _all_files_kept(store)
+        assert _checkpoint(store) is not None
     finally:
         store.close()
         place.cleanup()

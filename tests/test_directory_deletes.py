@@ -30,10 +30,9 @@ from fastimpl.ids import marked
 from spec.config import Config, MergingMode, RestoreMode
 from spec.effects import COORDINATOR
 from spec.layout import shared_dir, taskowned_dir
-from tests.faultyfs import Place, payload
+from tests.faultyfs import Place
 from tests.storage_settings import (
     JOB,
-    OP,
     _checkpoint,
     _options,
     mode,  # noqa: F401
@@ -113,15 +112,8 @@ def test_the_folders_of_an_earlier_job_go_with_its_last_directory(
 def _operator_checkpoint(store: CheckpointStore) -> int:
     """A checkpoint of operator state only: it names the TMs' task-owned directories and
     no subtask's shared directory."""
-    coord = store.coordinator
-    cid = coord.trigger()
-    for sub, tm in sorted(store.placement().items()):
-        mgr = store.task_manager(tm)
-        mgr.write(cid, sub, OP, "offsets", payload(sub, "offsets", cid))
-        mgr.acknowledge(cid, sub)
-    assert coord.complete(cid) is not None
-    store.deliver_notifications()
-    store.flush()
+    cid = _checkpoint(store, keyed=False)
+    assert cid is not None
     return cid
 
 

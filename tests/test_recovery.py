@@ -37,19 +37,18 @@ import fsspec  # type: ignore[import-untyped]
 import fsspec.implementations.memory  # type: ignore[import-untyped]
 import pytest
 
-from conformance.fastimpl_commands import apply
-from fastimpl import CheckpointStore, CounterIds, InProcessEngine, MetadataError, RecoveryError
+from fastimpl import CheckpointStore, MetadataError, RecoveryError
 from fastimpl.metadata import decode
 from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover
 from fastimpl.writer_state import WRITER_STATE, publish_state
 from pipeline.location import Location
 from pipeline.single import audit_single
-from spec.commands import Acknowledge, Complete, SnapshotWorking, Trigger, WriteWorking
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.handles import SegmentHandle, StreamHandle, stream_of
 from spec.ids import SubtaskId
 from spec.layout import SAVEPOINTS, metadata_path
 from tests.faultyfs import FaultyFileSystem, Ledger, Place, SimulatedCrash, payload
+from tests.working_jobs import WORKING_JOB, working_store
 
 KS = StateKind.KEYED_SHARED
 OP = StateKind.OPERATOR_LIST
@@ -1013,31 +1012,6 @@ def test_an_unlistable_directory_is_named_in_the_refusal(tmp_path: Path) -> None
     assert "/base/job-0/chk-3" in msg and "PermissionError" in msg, msg
 
 
-WORKING_JOB = JobSpec((VertexSpec("v", 2),), num_tms=2)
-
-
-def _working_store(place: Place, config: Config) -> tuple[InProcessEngine, int, str, list[str]]:
-    """A job whose databases (§11) wrote one working file each, a completed checkpoint
-    that refers to both in place (R103), and a private working file written after it:
-    the engine, the checkpoint, the private file and the in-place files."""
-    engine = InProcessEngine(config, WORKING_JOB, place.inner, place.root, CounterIds())
-    subtasks = (SubtaskId("v", 0, 2), SubtaskId("v", 1, 2))
-    for s, size in zip(subtasks, (500, 400), strict=True):
-        apply(engine, WriteWorking(s, size))
-    apply(engine, Trigger())
-    cp = engine.coord.next_checkpoint - 1
-    for s in subtasks:
-        apply(engine, SnapshotWorking(cp, s, 0))
-        apply(engine, Acknowledge(cp, s))
-    apply(engine, Complete(cp))
-    private = engine.working.write(subtasks[0], b"p" * 30)  # after the checkpoint
-    assert private is not None
-    engine.storage.drain()
-    in_place = sorted(w.path for r in engine.coord.retained for _, w in r.working)
-    assert len(in_place) == 2
-    return engine, cp, private, in_place
-
-
 def test_recovery_keeps_the_working_files_a_kept_checkpoint_refers_to_in_place(
     place: Place,
 ) -> None:
@@ -1046,7 +1020,7 @@ def test_recovery_keeps_the_working_files_a_kept_checkpoint_refers_to_in_place(
     working list; recovery must keep them, byte for byte, as the coordinator's, and delete
     as garbage only the private working file no checkpoint refers to."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
-    engine, cp, private, in_place = _working_store(place, config)
+    engine, cp, private, in_place = working_store(place, config)
     before = place.snapshot()
     new, report = recover(config, WORKING_JOB, place.inner, place.root, background_deletes=False)
     new.storage.drain()
@@ -1071,7 +1045,7 @@ def test_a_missing_or_truncated_working_file_refuses_and_changes_nothing(
     run 10 of the mutation run, recovery read the ``_metadata`` without its working list,
     so it restored a checkpoint whose working file was gone and deleted garbage first."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
-    engine, _, private, in_place = _working_store(place, config)
+    engine, _, private, in_place = working_store(place, config)
     victim = in_place[0]
     if damage == "missing":
         place.inner.rm_file(f"{place.root}/{victim}")

@@ -24,9 +24,10 @@ from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, Ve
 from spec.effects import COORDINATOR, USER
 from spec.handles import stream_of
 from spec.layout import SAVEPOINTS, is_under, job_base, metadata_path
-from tests.faultyfs import Place, payload
+from tests.faultyfs import Place
 from tests.lockstep import S3_BUCKET, s3
 from tests.process_soak import SETTINGS, Soak, SoakFailure, make_setting
+from tests.storage_settings import _checkpoint as completed_checkpoint
 from tests.tm_cluster import TmDied
 
 IDS = [f"{m.value}-{w}" for m, w in SETTINGS]
@@ -206,16 +207,8 @@ JOB = JobSpec((VertexSpec("src", 2), VertexSpec("win", 2)), num_tms=2)
 
 
 def _checkpoint(store: CheckpointStore, *, savepoint: bool = False) -> int:
-    coord = store.coordinator
-    cid = coord.trigger(savepoint=savepoint)
-    for sub, tm in sorted(store.placement().items()):
-        mgr = store.task_manager(tm)
-        mgr.write(cid, sub, KS, f"sst-{cid}", payload(sub, f"sst-{cid}"))
-        mgr.write(cid, sub, OP, "offsets", payload(sub, "offsets", cid))
-        mgr.acknowledge(cid, sub)
-    assert coord.complete(cid) is not None
-    store.deliver_notifications()
-    store.flush()
+    cid = completed_checkpoint(store, savepoint=savepoint)
+    assert cid is not None
     return cid
 
 

@@ -6,18 +6,17 @@ deletes a file that is not its own (R102)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import fsspec  # type: ignore[import-untyped]
 import pytest
 
-from conformance.fastimpl_commands import apply
-from fastimpl import CounterIds, InProcessEngine
 from fastimpl.storage import StorageFault
 from fastimpl.taskmanager import TaskManager
 from fastimpl.working import is_working_path, overlaps
-from spec.commands import Acknowledge, Complete, SnapshotWorking, StorageOp, Trigger, WriteWorking
-from spec.config import Config, JobSpec, MergingMode, RestoreMode, VertexSpec
+from spec.commands import StorageOp
+from spec.config import Config, MergingMode, RestoreMode
 from spec.errors import CommandError, Reason
 from spec.handles import InPlaceFile
 from spec.ids import SubtaskId
@@ -31,6 +30,8 @@ from spec.messages import (
     KeptFile,
     OpenDatabase,
 )
+from tests.faultyfs import Place
+from tests.working_jobs import working_store
 
 SUB = SubtaskId("v", 0, 1)
 OLD = SubtaskId("v", 0, 1)
@@ -79,7 +80,7 @@ def test_a_tm_of_its_own_copies_the_users_files_and_deletes_only_its_own() -> No
 
 @pytest.mark.parametrize("mode", list(RestoreMode), ids=lambda m: m.name)
 def test_what_a_restore_opens_tells_a_tm_of_its_own_whose_the_files_are(
-    mode: RestoreMode, monkeypatch: pytest.MonkeyPatch
+    mode: RestoreMode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """R105, R73: the databases of a restored job open on the checkpoint's working files in
     place. A TM in a process of its own records none of them, so the coordinator's
@@ -87,21 +88,11 @@ def test_what_a_restore_opens_tells_a_tm_of_its_own_whose_the_files_are(
     snapshot copies it first) from a claimed one (the coordinator's: referred to in place
     again). Here a job's databases are checkpointed on the in-process engine, it is
     restored, and what the coordinator sends is applied by TMs of their own."""
-    root = f"/tm-working-restore-{mode.value}"
-    fs = fsspec.filesystem("memory")
+    place = Place.make("memory", tmp_path)
+    fs, root = place.inner, place.root
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
-    engine = InProcessEngine(config, JobSpec((VertexSpec("v", 2),), 2), fs, root, CounterIds())
-    subtasks = (SubtaskId("v", 0, 2), SubtaskId("v", 1, 2))
-    for s in subtasks:
-        apply(engine, WriteWorking(s, 500))
-    apply(engine, Trigger())
-    cp = engine.coord.next_checkpoint - 1
-    for s in subtasks:
-        apply(engine, SnapshotWorking(cp, s, 0))
-        apply(engine, Acknowledge(cp, s))
-    apply(engine, Complete(cp))
-    restored = {w.path for r in engine.coord.retained for _, w in r.working}
-    assert len(restored) == 2
+    engine, cp, _, in_place = working_store(place, config)
+    restored = set(in_place)
     sent: list[Duty] = []
     duty = engine.duty
 
@@ -124,6 +115,7 @@ def test_what_a_restore_opens_tells_a_tm_of_its_own_whose_the_files_are(
         else:
             assert pinned == {f.path for f in msg.in_place}
     engine.storage.close_all()
+    place.cleanup()
 
 
 def test_a_database_that_writes_its_own_files_is_tracked_by_its_manifest() -> None:
