@@ -130,7 +130,8 @@ MUTATE_CATALOG := _protected _record_delete _waits_for _defer delete_file _pruna
                   _holds_unknown_files
 MUTATE_COORDINATOR := _take_over_files _register _delete_unused _subsume attempt_stopped \
                   referenced collect_dirs restore _claim end_job load_completed restart \
-                  _check_claim _may_claim _paths_of _check_max_parallelism
+                  _check_claim _may_claim _paths_of _check_max_parallelism \
+                  receive_ack _kept_elsewhere abort _withdraw_acks complete _id_clash
 # Working state (issue 18): what a TM's databases may delete (R102) and what the
 # coordinator takes over, keeps or collects (R103, R104), gives the user (R91) or opens in
 # place (R105).

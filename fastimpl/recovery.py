@@ -282,7 +282,7 @@ def recover(
         ha,
         {},
         files=listing,
-        user_held=_user_held(reader, own, files, keep),
+        user_held=_user_held(reader, own, files),
     )
     cl.coord = co
     cl.catalog = co.catalog
@@ -439,11 +439,11 @@ def _check_ids(keep: list[Completed]) -> None:
                 )
 
 
-def _user_held(reader: Storage, own: str, files: dict[str, int], keep: list[Completed]) -> set[str]:
+def _user_held(reader: Storage, own: str, files: dict[str, int]) -> set[str]:
     """The files of the crashed job's ``own`` base that a ``_metadata`` outside it names
     (a newer incarnation's checkpoint that claimed them, R72): never garbage. If one
     cannot be read, every file of ``own`` is kept. A kept checkpoint's ``_metadata`` and
-    the files it refers to are claimed (R72) all the same."""
+    the files it refers to are claimed (R72) all the same: ``rebuild`` takes them out."""
     held: set[str] = set()
     mine = {p for p in files if base_of(p) == own}
     for path in sorted(p for p in files if base_of(p) != own and p.endswith(_META)):
@@ -455,11 +455,4 @@ def _user_held(reader: Storage, own: str, files: dict[str, int], keep: list[Comp
         held |= {s.path for e in meta.entries if (s := stream_of(e.handle)) is not None}
         held |= {w.path for _, w in meta.working}
         held |= {p for d in meta.directories for p in mine if is_under(p, d)}
-    held &= mine
-    for done in keep:
-        # its ``_metadata`` too: an older kept checkpoint is not re-claimed by the restore
-        # of the latest, and a held one would stay on storage after it is subsumed
-        held -= {done.metadata}
-        held -= {s.path for e in done.entries if (s := stream_of(e.handle)) is not None}
-        held -= {w.path for _, w in done.working}
-    return held
+    return held & mine

@@ -237,7 +237,14 @@ def _load(co: CheckpointCoordinator, path: str) -> Completed:
 
 
 def _paths_of(done: Completed) -> set[str]:
-    return {done.metadata} | {s.path for e in done.entries if (s := stream_of(e.handle))}
+    """What a kept checkpoint refers to: never the user's, whatever a ``_metadata``
+    elsewhere names (an older kept one is not re-claimed by the restore of the latest,
+    and a user's file would stay on storage after it is subsumed)."""
+    return (
+        {done.metadata}
+        | {s.path for e in done.entries if (s := stream_of(e.handle))}
+        | {w.path for _, w in done.working}  # working state (§11): R105, in place
+    )
 
 
 def _taken(done: Completed, own: str) -> set[str]:

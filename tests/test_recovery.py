@@ -1056,7 +1056,8 @@ def test_a_missing_or_truncated_working_file_refuses_and_changes_nothing(
         recover(config, WORKING_JOB, place.inner, place.root, background_deletes=False)
     msg = str(info.value)
     assert victim in msg and "working file" in msg
-    assert ("is missing" in msg) if damage == "missing" else ("holds 10 bytes" in msg)
+    held = "is missing" if damage == "missing" else "holds 10 bytes"
+    assert f"{victim} {held}, the working file" in msg
     assert place.snapshot() == before and private in before
     engine.storage.close_all()
 
@@ -1120,6 +1121,36 @@ def test_r96_an_incarnation_dead_before_its_first_checkpoint_is_abandoned(
     assert more_checkpoints(new, ledger, 2, [("job-0", prog.done[-1])]) == []
     new.flush()
     assert new.check_invariants(quiet=True) == []
+
+
+def test_r96_no_incarnation_completed_a_checkpoint_the_first_is_recovered(place: Place) -> None:
+    """Neither job-0 nor its recovery job-1 completed a checkpoint before dying: the job
+    has no state yet, so it goes on from the first incarnation and every later one is
+    abandoned (run 13: ``incarnation_to_recover`` 24, 26 and 30 raised or chose job-1)."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    store = _store(place, config)
+    cid = store.coordinator.trigger()
+    for sub, tm in sorted(store.placement().items()):
+        store.task_manager(tm).write(cid, sub, KS, "s", payload(sub, "s"))
+    store.flush()
+    new, report = CheckpointStore.recover(place.url, config, JOB)
+    assert (new.job_id, report.checkpoints) == ("job-1", ())
+    publish_state(new)
+    later = new.coordinator.trigger()
+    publish_state(new)
+    for sub, tm in sorted(new.placement().items()):
+        new.task_manager(tm).write(later, sub, KS, "s", payload(sub, "s"))
+    new.flush()
+    assert any(p.startswith("job-1/") for p in place.snapshot())
+    assert incarnation_to_recover(place.inner, place.root, ["job-0", "job-1"]) == (
+        "job-0", ("job-1",)
+    )  # fmt: skip
+    assert incarnation_to_recover(place.inner, place.root, ["job-1"]) == ("job-1", ())
+    last, report = CheckpointStore.recover(place.url, config, JOB, abandoned=["job-1"])
+    assert (last.job_id, report.checkpoints) == ("job-2", ())
+    last.flush()
+    assert not any(p.startswith(("job-0/", "job-1/")) for p in place.snapshot())
+    assert last.coordinator.trigger() > later  # R50: past job-1's published pending id
 
 
 def test_r96_an_abandoned_incarnation_with_a_checkpoint_is_refused_and_nothing_deleted(
