@@ -187,9 +187,7 @@ def recover(
     # Read and validate everything before changing anything.
     completed: list[Completed] = []
     for cid, path in sorted(metas.items()):
-        meta = reader.read_metadata(path, expected_job=job)
-        if meta.checkpoint != cid or meta.savepoint:
-            raise MetadataError(path, "checkpoint", f"names checkpoint {meta.checkpoint}")
+        meta = reader.read_metadata(path, expected_job=job)  # chk-N's names N (check_named)
         # with its working list (R103): what ``_check_bytes`` checks, ``leave_working``
         # takes and ``_user_held`` leaves to the restore
         completed.append(

@@ -333,6 +333,9 @@ def test_r43_a_whole_file_the_coordinator_has_no_record_of_becomes_its_own(
         for rel, tm in written:
             f = co.catalog.files[rel]
             assert (f.owner, f.creator) == (COORDINATOR, tm)
+        # closed: its writer closed it before acknowledging (run 12: ``_take_over_files``
+        # 20 recorded it open; the stopped attempt's sweep found it again and hid that)
+        assert not {rel for rel, _ in written} & store.observe().open_files
         assert coord.complete(cid) is not None
         first = written[0][1]
         co.replace(first)  # its writer stops: what it wrote and closed stays (R64, R65)

@@ -886,25 +886,63 @@ def test_an_unreadable_directory_is_a_recovery_error(tmp_path: Path) -> None:
     _unchanged(p, None, before)
 
 
+@pytest.mark.parametrize("named", [True, False], ids=["names-the-directory", "names-nothing"])
 @pytest.mark.parametrize("kind", ["local", "memory"])
-def test_a_directory_the_os_refuses_to_list_is_a_recovery_error(tmp_path: Path, kind: str) -> None:
+def test_a_directory_the_os_refuses_to_list_is_a_recovery_error(
+    tmp_path: Path, kind: str, named: bool
+) -> None:
     """What chmod 000 does, for any user (root reads such a directory): the listing's
     call fails with ``PermissionError`` (through the fault wrapper, on the local-disk path
-    and on fsspec's); recovery refuses naming it, and nothing changes."""
+    and on fsspec's); recovery refuses naming it, and nothing changes. An error that
+    names no file (a file system's own exception) names the root instead."""
     p = Place.make(kind, tmp_path)
     store = _store2(p, MergingMode.WITHIN_CHECKPOINT)
     store.close()
     before = _listing(p)
     locked = f"{p.root}/job-0/shared"
     fs = FaultyFileSystem(p.inner, local_root=p.root if kind == "local" else None)
-    denied = PermissionError(errno.EACCES, "Permission denied", locked)
+    denied: Exception = PermissionError(errno.EACCES, "Permission denied", locked)
+    if not named:
+        denied = RuntimeError("Permission denied by the service")
     fs.fail("scandir" if kind == "local" else "find", exc=denied, times=100)
     with pytest.raises(RecoveryError) as info:
         recover(_config(MergingMode.WITHIN_CHECKPOINT), JOB, fs, p.root)
     msg = str(info.value)
-    assert "PermissionError" in msg and "Permission denied" in msg, msg
+    where = f"{locked}: PermissionError" if named else f"{p.root}: RuntimeError"
+    assert where in msg and "Permission denied" in msg, msg
     _unchanged(p, None, before)
     p.cleanup()
+
+
+@pytest.mark.parametrize("lie", ["another-checkpoint", "a-savepoint"])
+def test_a_checkpoint_metadata_naming_another_checkpoint_or_a_savepoint_is_refused(
+    place: Place,
+    setting: tuple[str, MergingMode],  # noqa: F811
+    lie: str,
+) -> None:
+    """``chk-3/_metadata`` resealed to say it is checkpoint 4, or a savepoint: recovery
+    refuses naming the file and the field, and deletes nothing. The reader refuses both
+    (``check_named``; run 13's ``recover`` 57 survived in a second check of recovery's
+    own, which could never fire and is gone)."""
+    mode = setting[1]
+    store = _store2(place, mode)
+    store.close()
+    meta = metadata_path("job-0", 3)
+    doc = json.loads(place.read(meta))
+    if lie == "another-checkpoint":
+        doc["payload"]["checkpoint"] = 4
+    else:
+        doc["payload"]["savepoint"] = True
+    place.write(meta, _reseal_doc(doc))
+    before = _listing(place)
+    field, why = {
+        "another-checkpoint": ("payload.checkpoint", "names checkpoint 4, not checkpoint 3"),
+        "a-savepoint": ("payload.savepoint", "is true in a checkpoint's file"),
+    }[lie]
+    with pytest.raises(MetadataError, match=why) as info:
+        _recover(place, mode)
+    assert (info.value.source, info.value.field) == (meta, field)
+    _unchanged(place, None, before)
 
 
 def test_a_tree_past_path_max_is_walked_and_left_alone(tmp_path: Path) -> None:

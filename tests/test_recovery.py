@@ -38,13 +38,13 @@ import fsspec.implementations.memory  # type: ignore[import-untyped]
 import pytest
 
 from fastimpl import CheckpointStore, MetadataError, RecoveryError
-from fastimpl.metadata import decode
+from fastimpl.metadata import decode, encode
 from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover
 from fastimpl.writer_state import WRITER_STATE, publish_state
 from pipeline.location import Location
 from pipeline.single import audit_single
-from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
-from spec.handles import SegmentHandle, StreamHandle, stream_of
+from spec.config import Config, JobSpec, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
+from spec.handles import FileHandle, SegmentHandle, StateEntry, StreamHandle, stream_of
 from spec.ids import SubtaskId
 from spec.layout import SAVEPOINTS, metadata_path
 from tests.faultyfs import FaultyFileSystem, Ledger, Place, SimulatedCrash, payload
@@ -1165,6 +1165,30 @@ def test_r96_an_abandoned_incarnation_with_a_checkpoint_is_refused_and_nothing_d
     assert place.snapshot() == before
 
 
+def test_r96_an_abandoned_base_a_savepoint_names_is_refused_and_nothing_deleted(
+    place: Place,
+) -> None:
+    """A savepoint is the user's (R55), whatever wrote it: one whose ``_metadata`` names a
+    file of an incarnation named abandoned makes that file the user's, not garbage, so
+    the recovery is refused before anything changes (run 13: ``recover`` 103 left the
+    savepoints out of the check and crashed)."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    _recovered_then_dead(place, config, complete=False)
+    snap = place.snapshot()
+    named = sorted(p for p in snap if p.startswith("job-1/") and not p.endswith(WRITER_STATE))
+    assert named
+    sub = SubtaskId("src", 0, 2)
+    entry = StateEntry(
+        sub, StateKind.OPERATOR_LIST, "kept", FileHandle(named[0], 1, "kept", Scope.EXCLUSIVE)
+    )
+    place.inner.makedirs(f"{place.root}/{SAVEPOINTS}/savepoint-50", exist_ok=True)
+    place.write(f"{SAVEPOINTS}/savepoint-50/_metadata", encode(50, "job-1", True, (entry,), ()))
+    before = place.snapshot()
+    with pytest.raises(RecoveryError, match=rf"savepoint-50/_metadata refers to '{named[0]}'"):
+        CheckpointStore.recover(place.url, config, JOB, abandoned=["job-1"])
+    assert place.snapshot() == before
+
+
 @pytest.mark.parametrize(
     "abandoned", [["job-0"], ["job-1", "job-1"], ["savepoints"]], ids=str
 )
@@ -1174,7 +1198,8 @@ def test_r96_abandoned_names_the_crashed_job_twice_or_no_job_refused(
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     _recovered_then_dead(place, config, complete=False)
     before = place.snapshot()
-    with pytest.raises(RecoveryError, match="abandoned job"):
+    why = "job id 'savepoints' names" if abandoned == ["savepoints"] else "named twice, or as the"
+    with pytest.raises(RecoveryError, match=f"abandoned job '{abandoned[-1]}': {why}"):
         CheckpointStore.recover(place.url, config, JOB, abandoned=abandoned)
     assert place.snapshot() == before
 
