@@ -44,7 +44,14 @@ from fastimpl.writer_state import WRITER_STATE, publish_state
 from pipeline.location import Location
 from pipeline.single import audit_single
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
-from spec.handles import FileHandle, SegmentHandle, StateEntry, StreamHandle, stream_of
+from spec.handles import (
+    FileHandle,
+    InPlaceFile,
+    SegmentHandle,
+    StateEntry,
+    StreamHandle,
+    stream_of,
+)
 from spec.ids import SubtaskId
 from spec.layout import SAVEPOINTS, metadata_path
 from tests.faultyfs import FaultyFileSystem, Ledger, Place, SimulatedCrash, payload
@@ -1165,26 +1172,36 @@ def test_r96_an_abandoned_incarnation_with_a_checkpoint_is_refused_and_nothing_d
     assert place.snapshot() == before
 
 
+@pytest.mark.parametrize("via", ["entries", "working", "directories"])
 def test_r96_an_abandoned_base_a_savepoint_names_is_refused_and_nothing_deleted(
-    place: Place,
+    place: Place, via: str
 ) -> None:
     """A savepoint is the user's (R55), whatever wrote it: one whose ``_metadata`` names a
-    file of an incarnation named abandoned makes that file the user's, not garbage, so
-    the recovery is refused before anything changes (run 13: ``recover`` 103 left the
-    savepoints out of the check and crashed)."""
+    file or directory of an incarnation named abandoned, as state, as a working file in
+    place or as a managed directory, makes it the user's, not garbage, so the recovery
+    is refused before anything changes (run 13: ``recover`` 103 and 119 left the
+    savepoint, or its working list, out of the check)."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     _recovered_then_dead(place, config, complete=False)
-    snap = place.snapshot()
-    named = sorted(p for p in snap if p.startswith("job-1/") and not p.endswith(WRITER_STATE))
-    assert named
     sub = SubtaskId("src", 0, 2)
-    entry = StateEntry(
-        sub, StateKind.OPERATOR_LIST, "kept", FileHandle(named[0], 1, "kept", Scope.EXCLUSIVE)
-    )
+    entries: tuple[StateEntry, ...] = ()
+    working: tuple[tuple[SubtaskId, InPlaceFile], ...] = ()
+    directories: tuple[str, ...] = ()
+    if via == "entries":
+        named = min(p for p in place.snapshot() if p.startswith("job-1/shared/"))
+        handle = FileHandle(named, 1, "kept", Scope.EXCLUSIVE)
+        entries = (StateEntry(sub, StateKind.OPERATOR_LIST, "kept", handle),)
+    elif via == "working":
+        named = f"job-1/taskowned/working/{sub.dir_name()}/db/000001.sst"
+        working = ((sub, InPlaceFile(named, 1, (0, 63))),)
+    else:
+        named = f"job-1/shared/{sub.dir_name()}"
+        directories = (named,)
+    doc = encode(50, "job-1", True, entries, directories, max_parallelism=128, working=working)
     place.inner.makedirs(f"{place.root}/{SAVEPOINTS}/savepoint-50", exist_ok=True)
-    place.write(f"{SAVEPOINTS}/savepoint-50/_metadata", encode(50, "job-1", True, (entry,), ()))
+    place.write(f"{SAVEPOINTS}/savepoint-50/_metadata", doc)
     before = place.snapshot()
-    with pytest.raises(RecoveryError, match=rf"savepoint-50/_metadata refers to '{named[0]}'"):
+    with pytest.raises(RecoveryError, match=rf"savepoint-50/_metadata refers to '{named}'"):
         CheckpointStore.recover(place.url, config, JOB, abandoned=["job-1"])
     assert place.snapshot() == before
 
