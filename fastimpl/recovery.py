@@ -53,7 +53,7 @@ from attrs import frozen
 
 from fastimpl.coordinator import subtasks_of
 from fastimpl.engine import InProcessEngine
-from fastimpl.ids import IdSource
+from fastimpl.ids import IdSource, creator_of
 from fastimpl.metadata import MetadataError, base_of, check_job
 from fastimpl.records import Completed, StoredFile
 from fastimpl.resume import HaState, rebuild
@@ -235,6 +235,13 @@ def recover(
         if (m := _JOB.match(t)) and t != SAVEPOINTS
     ]
     tm_nums = [int(m.group(1)) for p in files if (m := re.match(r"[^/]+/taskowned/tm-(\d+)/", p))]
+    # a TM in a process of its own marks its files' names (R64), also where it owns no
+    # directory (NONE mode): a new attempt by that id would be taken for their creator
+    tm_nums += [
+        int(m.group(1))
+        for p in files
+        if (made := creator_of(p)) is not None and (m := re.fullmatch(r"tm-(\d+)", made))
+    ]
     cids = [int(m.group(1)) for p in files if (m := re.match(r"[^/]+/chk-(\d+)/", p))] + [
         int(m.group(1)) for p in files if (m := re.match(rf"{SAVEPOINTS}/savepoint-(\d+)/", p))
     ]

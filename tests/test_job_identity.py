@@ -130,6 +130,30 @@ def test_a_store_whose_base_was_taken_over_changes_nothing(place: Place, mode: M
     b.close()
 
 
+def test_a_recovered_store_is_fenced_when_another_takes_the_base(
+    place: Place, mode: MergingMode
+) -> None:
+    """The store a recovery returns holds the lease the recovery took: once another
+    store takes the base, its metadata writes and deletes are fenced and what it had is
+    kept (run 13: ``recover`` 222 left the lease out, and the recovered store went on
+    deleting)."""
+    a, _ = _first_run(place, mode)
+    a.close()
+    b, _ = CheckpointStore.recover(place.url, _config(mode), JOB, storage_options=_options(place))
+    assert _checkpoint(b) is not None
+    c = _open(place, mode, on_existing="fresh-id")
+    before = _under(_listing(place), job_base(b.job_id))
+    assert _checkpoint(b) is None
+    b.flush()
+    _kept(before, _listing(place))
+    # ACROSS keeps the aborted checkpoint's pooled files: nothing to delete there
+    assert b.delete_failures() or mode is MergingMode.ACROSS_CHECKPOINT
+    assert all(isinstance(f.error, FencedError) for f in b.delete_failures())
+    assert _checkpoint(c) is not None
+    b.close()
+    c.close()
+
+
 def test_recover_fences_a_writer_still_running(place: Place, mode: MergingMode) -> None:
     a, _ = _first_run(place, mode)
     b, report = CheckpointStore.recover(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,13 +38,15 @@ import fsspec  # type: ignore[import-untyped]
 import fsspec.implementations.memory  # type: ignore[import-untyped]
 import pytest
 
-from fastimpl import CheckpointStore, MetadataError, RecoveryError
+from fastimpl import CheckpointStore, CounterIds, MetadataError, RecoveryError
+from fastimpl.ids import marked
 from fastimpl.metadata import decode, encode
 from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover
 from fastimpl.writer_state import WRITER_STATE, publish_state
 from pipeline.location import Location
 from pipeline.single import audit_single
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
+from spec.errors import CommandError
 from spec.handles import (
     FileHandle,
     InPlaceFile,
@@ -1067,6 +1070,113 @@ def test_a_missing_or_truncated_working_file_refuses_and_changes_nothing(
     assert f"{victim} {held}, the working file" in msg
     assert place.snapshot() == before and private in before
     engine.storage.close_all()
+
+
+@pytest.mark.parametrize("mode", [MergingMode.WITHIN_CHECKPOINT, MergingMode.NONE], ids=str)
+def test_the_recovered_job_takes_ids_past_every_job_and_attempt_under_the_root(
+    place: Place, mode: MergingMode
+) -> None:
+    """R50's rule, for jobs and attempts: an unrelated ``job-5/`` under the root, the task-owned
+    directory of an attempt a failover started (``tm-3``, merging modes), and a file
+    whose name marks it as ``tm-7``'s (a TM in a process of its own, R64; NONE mode owns
+    no directory) hold ids the new job and its TMs must not take again: its base, their
+    directories and the files their names mark are their own (run 13: ``recover`` 153,
+    165, 166 and 211 gave out used ids; a marked name was not counted before)."""
+    config = Config.for_mode(mode, num_retained=1)
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    store._engine.replace_tm(min(store.placement().values()))
+    checkpoint(store, ledger, prog)
+    store.flush()
+    place.inner.makedirs(f"{place.root}/job-5", exist_ok=True)
+    place.write("job-5/unrelated", b"not the store's")
+    sub = min(store.placement())
+    leftover = f"job-0/shared/{sub.dir_name()}/{marked('left', 'tm-7')}"
+    place.inner.makedirs(f"{place.root}/{leftover.rsplit('/', 1)[0]}", exist_ok=True)
+    place.write(leftover, b"a killed TM's")
+    rx = re.compile(r"[^/]+/taskowned/tm-(\d+)/")
+    used = {int(m.group(1)) for p in place.snapshot() if (m := rx.match(p))} | {7}
+    if mode is not MergingMode.NONE:
+        assert 3 in used  # the replacement's directory
+    new, report = CheckpointStore.recover(place.url, config, JOB)
+    assert new.job_id == "job-6" and "job-5" in report.left_alone
+    assert leftover in report.garbage
+    fresh = {int(t.split("-")[1]) for t in new.placement().values()}
+    assert min(fresh) > max(used), (fresh, used)
+    assert more_checkpoints(new, ledger, 2, [("job-0", prog.done[-1])]) == []
+    new.flush()
+    assert place.read("job-5/unrelated") == b"not the store's"
+
+
+@pytest.mark.parametrize("mode", [MergingMode.WITHIN_CHECKPOINT, MergingMode.NONE], ids=str)
+def test_a_job_rescaled_before_it_crashed_is_recovered_at_the_asked_parallelism(
+    place: Place, mode: MergingMode
+) -> None:
+    """R75, R76: the crashed job ran ``src`` at 3 (a rescale of its predecessor) while
+    the job spec asks for 2. The kept checkpoint's own subtasks say what it was taken
+    at, so the recovery rescales 3 -> 2: every key group of ``src`` is restored from the
+    bytes written for it (run 13: ``recover`` 233 took the spec's parallelism for the
+    checkpoint's, and the restore found no state for the new subtasks)."""
+    config = Config.for_mode(mode, num_retained=1)
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    c1 = checkpoint(store, ledger, prog)
+    store.coordinator.restore(c1, parallelism={"src": 3})
+    assert {s.parallelism for s in store.placement() if s.vertex == "src"} == {3}
+    c2 = checkpoint(store, ledger, prog)
+    store.flush()
+    job = store.job_id
+    store.close()
+    new, report = CheckpointStore.recover(place.url, config, JOB, crashed_job=job)
+    assert report.checkpoints == (c2,)
+    src = sorted(s for s in new.placement() if s.vertex == "src")
+    assert [s.parallelism for s in src] == [2, 2]
+    written = {
+        data for (sub, name), data in ledger.expected(job, c2).items()
+        if sub.vertex == "src" and name == f"sst-{c2}"
+    }  # fmt: skip
+    assert len(written) == 3
+    covered: set[int] = set()
+    restored: set[bytes] = set()
+    for sub in src:
+        tm = new.placement()[sub]
+        for e, got in new.task_manager(tm).restore(sub):
+            if e.name == f"sst-{c2}":
+                assert got in written
+                restored.add(got)
+                assert e.key_groups is not None
+                covered |= set(range(e.key_groups[0], e.key_groups[1] + 1))
+    assert restored == written
+    assert covered == set(range(config.max_parallelism))
+    if mode is MergingMode.NONE:
+        # R72 offers the claimed files for reuse only when nothing was rescaled: a new
+        # subtask's state is several old ones' (under the mutant it reused one's)
+        cid = new.coordinator.trigger()
+        with pytest.raises(CommandError, match=f"no shared state 'sst-{c2}'"):
+            new.task_manager(new.placement()[src[0]]).reuse_shared(cid, src[0], f"sst-{c2}")
+        new.coordinator.abort(cid)
+    for _ in range(3):  # past the kept checkpoint's subsumption
+        checkpoint(new, ledger, Progress(), reuse=())
+    new.flush()
+    assert new.check_invariants(quiet=True) == []
+    new.close()
+
+
+def test_the_recovered_store_draws_names_from_the_callers_id_source(place: Place) -> None:
+    """``ids``: the recovered store's files are named by the source the caller passes
+    (deterministic names, as the model's counters give), not by one of its own (run
+    13: ``recover`` 198 and 205 dropped it)."""
+    config = Config.for_mode(MergingMode.NONE, num_retained=1)
+    store = _store(place, config)
+    checkpoint(store, Ledger(), Progress())
+    store.close()
+    new, _ = CheckpointStore.recover(place.url, config, JOB, ids=CounterIds(900_001, 900_001))
+    checkpoint(new, Ledger(), Progress())
+    new.flush()
+    names = {p.rsplit("/", 1)[1] for p in place.snapshot() if p.startswith(f"{new.job_id}/")}
+    drawn = sorted(n for n in names if re.fullmatch(r"f9\d{5}", n))
+    assert drawn and drawn[0] == "f900001", sorted(names)
+    new.close()
 
 
 # --------------------------------------------------------- an incarnation abandoned (R96)
