@@ -38,13 +38,16 @@ import fsspec  # type: ignore[import-untyped]
 import fsspec.implementations.memory  # type: ignore[import-untyped]
 import pytest
 
+from conformance.fastimpl_commands import apply
 from fastimpl import CheckpointStore, CounterIds, MetadataError, RecoveryError
 from fastimpl.ids import marked
 from fastimpl.metadata import decode, encode
 from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover
+from fastimpl.working import is_working_path
 from fastimpl.writer_state import WRITER_STATE, publish_state
 from pipeline.location import Location
 from pipeline.single import audit_single
+from spec.commands import Trigger, WriteState, WriteWorking
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
 from spec.errors import CommandError
 from spec.handles import (
@@ -1045,6 +1048,79 @@ def test_recovery_keeps_the_working_files_a_kept_checkpoint_refers_to_in_place(
     engine.storage.close_all()
 
 
+def test_recovery_leaving_the_working_files_takes_only_those_a_kept_checkpoint_uses(
+    place: Place,
+) -> None:
+    """``leave_working`` (the streaming job's SlateDB databases keep files no checkpoint
+    names, which their own collector decides about): recovery takes the working files
+    the kept checkpoint refers to in place as the coordinator's, and neither records nor
+    deletes the private one (run 13: ``recover`` 265-272, 282 and 292 listed every file
+    for the rebuild, or none, and the private file was deleted as garbage)."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    engine, cp, private, in_place = working_store(place, config)
+    before = place.snapshot()
+    new, report = recover(
+        config, WORKING_JOB, place.inner, place.root, background_deletes=False, leave_working=True
+    )
+    new.storage.drain()
+    assert report.checkpoints == (cp,)
+    assert private not in report.garbage
+    after = place.snapshot()
+    assert {p: after.get(p) for p in [*in_place, private]} == {
+        p: before[p] for p in [*in_place, private]
+    }
+    obs = new.observe()
+    assert {obs.owners.get(p) for p in in_place} == {"coordinator"}
+    assert private not in obs.owners
+    assert not new.coord.working.opens  # no database of the model opens there
+    new.storage.close_all()
+    engine.storage.close_all()
+
+
+@pytest.mark.parametrize("leave", [False, True], ids=["model-databases", "leave-working"])
+def test_an_abandoned_incarnations_files_are_garbage_whether_or_not_working_is_left(
+    place: Place, leave: bool
+) -> None:
+    """R96 with working state: job-1, a recovery of job-0, triggers a checkpoint, writes
+    state and a working file, and dies before completing it. Recovering job-0 with job-1
+    abandoned deletes job-1's state files as garbage in either case; its working file
+    too, unless ``leave_working`` leaves the databases to their own collector (run 13:
+    ``recover`` 309 left the state files alone)."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    engine, cp, _, in_place = working_store(place, config)
+    engine.storage.close_all()
+    one, _ = recover(config, WORKING_JOB, place.inner, place.root, background_deletes=False)
+    assert one.job == "job-1"
+    apply(one, Trigger())
+    pending = one.coord.next_checkpoint - 1
+    subs = sorted(one.coord.placement)
+    apply(one, WriteState(pending, subs[0], KS, "s", 40))
+    apply(one, WriteWorking(subs[1], 30))
+    one.storage.drain()
+    one.storage.close_all()
+    left = {p for p in place.snapshot() if p.startswith("job-1/")}
+    working = {p for p in left if is_working_path(p)}
+    state = left - working
+    assert working and state
+    two, report = recover(
+        config,
+        WORKING_JOB,
+        place.inner,
+        place.root,
+        background_deletes=False,
+        abandoned=["job-1"],
+        leave_working=leave,
+    )
+    two.storage.drain()
+    assert report.checkpoints == (cp,)
+    after = set(place.snapshot())
+    assert not state & after and state <= set(report.garbage)
+    if not leave:
+        assert not working & after
+    assert set(in_place) <= after
+    two.storage.close_all()
+
+
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
 def test_a_missing_or_truncated_working_file_refuses_and_changes_nothing(
     place: Place, damage: str
@@ -1176,6 +1252,51 @@ def test_the_recovered_store_draws_names_from_the_callers_id_source(place: Place
     names = {p.rsplit("/", 1)[1] for p in place.snapshot() if p.startswith(f"{new.job_id}/")}
     drawn = sorted(n for n in names if re.fullmatch(r"f9\d{5}", n))
     assert drawn and drawn[0] == "f900001", sorted(names)
+    new.close()
+
+
+@pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
+def test_a_recovery_with_nothing_to_recover_starts_the_job_afresh(
+    place: Place, mode: MergingMode
+) -> None:
+    """Nothing under the root, and a crashed job whose id is not ``job-N``: the job
+    starts as a new one would, as ``job-1`` with checkpoint 1, and its second and third
+    checkpoints reuse the first's shared state (run 13: ``recover`` 251, 253 and 254
+    took the job number from nowhere, 260 started at checkpoint 2, and 263 told the TMs
+    checkpoint 1 was subsumed before it completed, so they dropped its state)."""
+    config = Config.for_mode(mode, num_retained=2)
+    new, report = CheckpointStore.recover(place.url, config, JOB, crashed_job="etl")
+    assert (new.job_id, report.checkpoints, report.garbage) == ("job-1", (), ())
+    ledger, prog = Ledger(), Progress()
+    assert checkpoint(new, ledger, prog) == 1
+    # the TMs still know checkpoint 1's shared state (a reuse of dropped state raises)
+    assert checkpoint(new, ledger, prog, reuse=(1,)) == 2
+    assert checkpoint(new, ledger, prog, reuse=(1,)) == 3
+    new.flush()
+    assert more_checkpoints(new, ledger, 1, [("job-1", 3)]) == []
+    assert new.check_invariants(quiet=True) == []
+    new.close()
+
+
+@pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
+def test_the_recovered_job_deletes_what_an_aborted_savepoint_of_its_own_wrote(
+    place: Place, mode: MergingMode
+) -> None:
+    """The bases the recovered coordinator may delete in stay those a new one has (its
+    job's, the savepoints it triggers) with the crashed job's added: a savepoint it
+    triggers and aborts leaves nothing behind (run 13: ``recover`` 304 replaced them by
+    the abandoned ones, and the aborted savepoint's files were protected forever)."""
+    config = Config.for_mode(mode, num_retained=1)
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    checkpoint(store, ledger, prog)
+    store.close()
+    new, _ = CheckpointStore.recover(place.url, config, JOB)
+    sp = checkpoint(new, ledger, Progress(), savepoint=True, abort=True)
+    new.flush()
+    left = [p for p in place.snapshot() if p.startswith(f"{SAVEPOINTS}/savepoint-{sp}/")]
+    assert left == []
+    assert new.check_invariants(quiet=True) == []
     new.close()
 
 
