@@ -292,11 +292,10 @@ def recover(
     cl.coord = co
     cl.catalog = co.catalog
     co.bases |= set(gone)  # the caller's own, as the crashed job's base is (I5)
-    databases: set[str] = set()
-    for path in sorted(dropped):
-        if leave_working and is_working_path(path):
-            databases.add(base_of(path))
-            continue  # the caller's collector decides, as for the crashed job's own
+    # the caller's collector decides about their databases, as for the crashed job's own
+    left = {p for p in dropped if leave_working and is_working_path(p)}
+    databases = {base_of(p) for p in left}
+    for path in sorted(dropped - left):
         co.catalog.files[path] = StoredFile(files[path], False, COORDINATOR, None)
         co.catalog.delete_file(path, COORDINATOR)
         garbage.append(path)

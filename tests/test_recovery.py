@@ -1084,8 +1084,9 @@ def test_an_abandoned_incarnations_files_are_garbage_whether_or_not_working_is_l
     """R96 with working state: job-1, a recovery of job-0, triggers a checkpoint, writes
     state and a working file, and dies before completing it. Recovering job-0 with job-1
     abandoned deletes job-1's state files as garbage in either case; its working file
-    too, unless ``leave_working`` leaves the databases to their own collector (run 13:
-    ``recover`` 309 left the state files alone)."""
+    too, unless ``leave_working`` leaves the databases to their own collector, which
+    then works in job-1's base (run 13: ``recover`` 309 left the state files alone, 311
+    kept job-1 out of the lineage)."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     engine, cp, _, in_place = working_store(place, config)
     engine.storage.close_all()
@@ -1115,7 +1116,9 @@ def test_an_abandoned_incarnations_files_are_garbage_whether_or_not_working_is_l
     assert report.checkpoints == (cp,)
     after = set(place.snapshot())
     assert not state & after and state <= set(report.garbage)
-    if not leave:
+    if leave:  # the databases' collector works in the lineage's bases
+        assert working <= after and "job-1" in two.coord.lineage
+    else:
         assert not working & after
     assert set(in_place) <= after
     two.storage.close_all()
