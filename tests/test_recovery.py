@@ -47,7 +47,14 @@ from fastimpl.working import is_working_path
 from fastimpl.writer_state import WRITER_STATE, publish_state
 from pipeline.location import Location
 from pipeline.single import audit_single
-from spec.commands import Trigger, WriteState, WriteWorking
+from spec.commands import (
+    Acknowledge,
+    Complete,
+    SnapshotWorking,
+    Trigger,
+    WriteState,
+    WriteWorking,
+)
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, Scope, StateKind, VertexSpec
 from spec.errors import CommandError
 from spec.handles import (
@@ -1044,6 +1051,15 @@ def test_recovery_keeps_the_working_files_a_kept_checkpoint_refers_to_in_place(
     assert private not in after
     owners = new.observe().owners
     assert {owners.get(p) for p in in_place} == {"coordinator"}
+    # R105: the restore opened each subtask's database on them, so the next checkpoint
+    # refers to them in place again (run 13: ``recover`` 328 and 329 opened none)
+    apply(new, Trigger())
+    nxt = new.coord.next_checkpoint - 1
+    for s in sorted(new.coord.placement):
+        apply(new, SnapshotWorking(nxt, s, 0))
+        apply(new, Acknowledge(nxt, s))
+    apply(new, Complete(nxt))
+    assert sorted(w.path for _, w in new.coord.retained[-1].working) == in_place
     new.storage.close_all()
     engine.storage.close_all()
 
@@ -1262,21 +1278,25 @@ def test_the_recovered_store_draws_names_from_the_callers_id_source(place: Place
 def test_a_recovery_with_nothing_to_recover_starts_the_job_afresh(
     place: Place, mode: MergingMode
 ) -> None:
-    """Nothing under the root, and a crashed job whose id is not ``job-N``: the job
-    starts as a new one would, as ``job-1`` with checkpoint 1, and its second and third
-    checkpoints reuse the first's shared state (run 13: ``recover`` 251, 253 and 254
-    took the job number from nowhere, 260 started at checkpoint 2, and 263 told the TMs
-    checkpoint 1 was subsumed before it completed, so they dropped its state)."""
+    """No checkpoint under the root (an unrelated ``job-4/``), and a crashed job whose
+    id is not ``job-N``: the job starts as a new one would, as ``job-5`` with checkpoint
+    1, and its second and third checkpoints reuse the first's shared state (run 13:
+    ``recover`` 251, 253, 254 and 353 took the job number from nowhere, 260 started at
+    checkpoint 2, and 263 told the TMs checkpoint 1 was subsumed before it completed,
+    so they dropped its state)."""
     config = Config.for_mode(mode, num_retained=2)
+    place.inner.makedirs(f"{place.root}/job-4", exist_ok=True)
+    place.write("job-4/unrelated", b"another job's")
     new, report = CheckpointStore.recover(place.url, config, JOB, crashed_job="etl")
-    assert (new.job_id, report.checkpoints, report.garbage) == ("job-1", (), ())
+    assert (new.job_id, report.checkpoints, report.garbage) == ("job-5", (), ())
+    assert report.left_alone == ("job-4",)
     ledger, prog = Ledger(), Progress()
     assert checkpoint(new, ledger, prog) == 1
     # the TMs still know checkpoint 1's shared state (a reuse of dropped state raises)
     assert checkpoint(new, ledger, prog, reuse=(1,)) == 2
     assert checkpoint(new, ledger, prog, reuse=(1,)) == 3
     new.flush()
-    assert more_checkpoints(new, ledger, 1, [("job-1", 3)]) == []
+    assert more_checkpoints(new, ledger, 1, [("job-5", 3)]) == []
     assert new.check_invariants(quiet=True) == []
     new.close()
 
@@ -1392,6 +1412,87 @@ def test_r96_no_incarnation_completed_a_checkpoint_the_first_is_recovered(place:
     last.flush()
     assert not any(p.startswith(("job-0/", "job-1/")) for p in place.snapshot())
     assert last.coordinator.trigger() > later  # R50: past job-1's published pending id
+
+
+def test_r96_an_abandoned_file_whose_delete_fails_is_recorded_closed_and_retried(
+    place: Place,
+) -> None:
+    """A delete of an abandoned incarnation's garbage that fails leaves its record
+    behind until the retry: the file is closed (its writer is dead; nothing abandons or
+    discards it again) and goes at the retry (run 13: ``recover`` 322 recorded it open)."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    _recovered_then_dead(place, config, complete=False)
+    died = {p for p in place.snapshot() if p.startswith("job-1/")}
+    fs = FaultyFileSystem(place.inner, local_root=place.root if place.kind == "local" else None)
+    fs.fail("rm_file", times=10_000, path_contains="job-1/")
+    new, report = recover(
+        config, JOB, fs, place.root, background_deletes=False, abandoned=["job-1"]
+    )
+    assert died <= set(report.garbage)
+    assert died <= set(place.snapshot())  # the deletes failed
+    obs = new.observe()
+    assert not died & obs.open_files
+    fs.heal()
+    new.retry_deletes()
+    new.storage.drain()
+    assert not died & set(place.snapshot())
+    new.storage.close_all()
+
+
+def test_r96_r73_an_abandoned_no_claim_restore_leaves_the_checkpoint_the_users(
+    place: Place,
+) -> None:
+    """job-1 was a NO_CLAIM restore of job-0's checkpoint and died before its first
+    checkpoint: recovering job-0 in NO_CLAIM mode goes on from that checkpoint, which
+    stays the user's (R73) through the new job's checkpoints: nothing of it is deleted
+    (run 13: ``recover`` 338 and 339 ended the rebuilt job without retaining it, which
+    deleted the user's checkpoint)."""
+    config = Config.for_mode(MergingMode.NONE, num_retained=1)
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    c1 = checkpoint(store, ledger, prog)
+    store.coordinator.restore(c1, mode=RestoreMode.NO_CLAIM)
+    assert store.job_id == "job-1"
+    cid = store.coordinator.trigger()
+    for sub, tm in sorted(store.placement().items()):
+        store.task_manager(tm).write(cid, sub, KS, "s", payload(sub, "s"))
+    store.flush()
+    store.close()
+    users = {p: v for p, v in place.snapshot().items() if p.startswith("job-0/")}
+    assert metadata_path("job-0", c1) in users
+    new, report = CheckpointStore.recover(
+        place.url, config, JOB, abandoned=["job-1"], mode=RestoreMode.NO_CLAIM
+    )
+    assert report.checkpoints == (c1,) and new.job_id == "job-2"
+    assert more_checkpoints(new, ledger, 3, [("job-0", c1)]) == []
+    new.flush()
+    after = place.snapshot()
+    assert {p: after.get(p) for p in users} == users
+    assert new.check_invariants(quiet=True) == []
+    new.close()
+
+
+def test_recovery_registers_every_kept_checkpoints_shared_state(place: Place) -> None:
+    """Three kept checkpoints: the second reuses the first's shared state, the third only
+    the second's. The recovery registers the older two as the restore claims the latest,
+    so subsuming the first keeps what the second still uses (run 13: ``recover`` 347
+    registered the first only, and the second's reused file went with the first)."""
+    config = Config.for_mode(MergingMode.NONE, num_retained=3)
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    c1 = checkpoint(store, ledger, prog)
+    c2 = checkpoint(store, ledger, prog, reuse=(c1,))
+    c3 = checkpoint(store, ledger, prog, reuse=(c2,))
+    store.flush()
+    store.close()
+    new, report = CheckpointStore.recover(place.url, config, JOB)
+    assert report.checkpoints == (c1, c2, c3)
+    checkpoint(new, ledger, Progress())  # subsumes c1
+    new.flush()
+    assert new.check_invariants() == []
+    retained = new.coordinator.retained()
+    assert all(new.read(e) for v in retained for e in v.entries if stream_of(e.handle))
+    new.close()
 
 
 def test_r96_an_abandoned_incarnation_with_a_checkpoint_is_refused_and_nothing_deleted(
