@@ -43,6 +43,7 @@ from fastimpl import CheckpointStore, CounterIds, MetadataError, RecoveryError
 from fastimpl.ids import marked
 from fastimpl.metadata import decode, encode
 from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover
+from fastimpl.resume import ha_state
 from fastimpl.working import is_working_path
 from fastimpl.writer_state import WRITER_STATE, publish_state
 from pipeline.location import Location
@@ -1320,6 +1321,22 @@ def test_the_recovered_job_deletes_what_an_aborted_savepoint_of_its_own_wrote(
     left = [p for p in place.snapshot() if p.startswith(f"{SAVEPOINTS}/savepoint-{sp}/")]
     assert left == []
     assert new.check_invariants(quiet=True) == []
+    new.close()
+
+
+def test_the_recovered_jobs_ha_state_names_the_crashed_base_as_its_lineage(
+    place: Place,
+) -> None:
+    """What a later restart from storage reads (``ha_state``, the HA services' record):
+    the crashed job's base is the recovered job's lineage (R72: the restore claimed it),
+    so a restarted coordinator still owns its files instead of leaving them to the user
+    for good (run 13: ``recover`` 376 and 377 replaced the lineage)."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    store = _store(place, config)
+    checkpoint(store, Ledger(), Progress())
+    store.close()
+    new, _ = CheckpointStore.recover(place.url, config, JOB)
+    assert ha_state(new._engine.coord).lineage == ("job-0",)
     new.close()
 
 
