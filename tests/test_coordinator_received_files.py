@@ -27,13 +27,26 @@ from pathlib import Path
 import attrs
 import pytest
 
-from fastimpl import CheckpointStore
+from conformance.fastimpl_commands import apply
+from fastimpl import CheckpointStore, CounterIds, InProcessEngine
+from spec.commands import (
+    Acknowledge,
+    Complete,
+    ReplaceTm,
+    SnapshotWorking,
+    Trigger,
+    WriteState,
+    WriteWorking,
+)
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
 from spec.effects import COORDINATOR, USER
+from spec.errors import CommandError
 from spec.handles import FileHandle, SegmentHandle, StateEntry
+from spec.ids import SubtaskId
 from spec.messages import Acknowledgement
 from tests.faultyfs import Place, payload
 from tests.storage_settings import JOB, KS, _checkpoint
+from tests.working_jobs import WORKING_JOB
 
 KINDS = ("local", "memory")
 NAMED = ("retained-file", "retained-metadata", "restored-file", "users-file")
@@ -204,6 +217,95 @@ def _shared(entries: Iterable[StateEntry]) -> list[StateEntry]:
         for e in entries
         if isinstance(e.handle, FileHandle | SegmentHandle) and e.handle.scope is Scope.SHARED
     ]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r66_a_withdrawn_placeholder_pins_nothing_and_its_acknowledgement_is_gone(
+    tmp_path: Path, kind: str
+) -> None:
+    """Checkpoints 2 and 3 pending; a subtask acknowledged only 3, reusing checkpoint
+    1's shared file (a placeholder pinning it, R22), and its TM is replaced (R66): the
+    acknowledgement is withdrawn with its pin. Checkpoint 2 then completes without that
+    file and subsumes checkpoint 1: the file goes at once (nothing pins it), and 3 waits
+    for the new attempt's acknowledgement (run 13: ``_withdraw_acks`` 6 stopped at
+    checkpoint 2, which the subtask had not acknowledged; 20 and 23 kept the pin)."""
+    place = Place.make(kind, tmp_path)
+    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    try:
+        coord = store.coordinator
+        c1 = _checkpoint(store)
+        assert c1 is not None
+        (done,) = coord.retained()
+        sub = min(store.placement())
+        (old,) = [
+            e.handle.path
+            for e in done.entries
+            if e.subtask == sub and e.name == f"sst-{c1}" and isinstance(e.handle, FileHandle)
+        ]
+        c2, c3 = coord.trigger(), coord.trigger()
+        tm = store.placement()[sub]
+        mgr = store.task_manager(tm)
+        mgr.write(c3, sub, KS, "new", payload(sub, "new"))
+        assert mgr.reuse_shared(c3, sub, f"sst-{c1}") is not None
+        mgr.acknowledge(c3, sub)
+        new = store._engine.replace_tm(tm)
+        assert store.placement()[sub] == new
+        for s, t in sorted(store.placement().items()):
+            store.task_manager(t).write(c2, s, KS, "fresh", payload(s, "fresh"))
+            store.task_manager(t).acknowledge(c2, s)
+        assert coord.complete(c2) is not None  # subsumes checkpoint 1
+        store.deliver_notifications()
+        store._engine.attempt_stopped(tm)  # its files' deletes wait for it (R64)
+        store.flush()
+        assert old not in store.observe().files, "still pinned by the withdrawn placeholder"
+        for s, t in sorted(store.placement().items()):
+            if s != sub:
+                store.task_manager(t).acknowledge(c3, s)
+        with pytest.raises(CommandError):
+            coord.complete(c3)  # the replaced attempt's acknowledgement is gone
+        assert store.check_invariants() == []
+    finally:
+        store.close()
+        place.cleanup()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r66_r103_a_withdrawn_acknowledgement_takes_its_in_place_references_with_it(
+    tmp_path: Path, kind: str
+) -> None:
+    """A subtask's database snapshot refers to its working file in place (R103) and is
+    acknowledged; its TM is replaced before the checkpoint completes (R66). The new
+    attempt acknowledges without a snapshot: the checkpoint completes without the
+    replaced attempt's working file, which its database, gone with it, no longer keeps
+    (run 13: ``_withdraw_acks`` 9 kept the withdrawn reference)."""
+    place = Place.make(kind, tmp_path)
+    engine = InProcessEngine(
+        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1),
+        WORKING_JOB,
+        place.inner,
+        place.root,
+        CounterIds(),
+    )
+    try:
+        first, second = SubtaskId("v", 0, 2), SubtaskId("v", 1, 2)
+        for s in (first, second):
+            apply(engine, WriteWorking(s, 300))
+        apply(engine, Trigger())
+        cp = engine.coord.next_checkpoint - 1
+        apply(engine, SnapshotWorking(cp, first, 0))
+        apply(engine, Acknowledge(cp, first))
+        assert first in engine.coord.pending[cp].working
+        apply(engine, ReplaceTm(engine.coord.placement[first]))
+        apply(engine, WriteState(cp, first, KS, "s", 20))
+        apply(engine, Acknowledge(cp, first))
+        apply(engine, SnapshotWorking(cp, second, 0))
+        apply(engine, Acknowledge(cp, second))
+        apply(engine, Complete(cp))
+        (done,) = engine.coord.retained
+        assert [sub for sub, _ in done.working] == [second]
+    finally:
+        engine.storage.close_all()
+        place.cleanup()
 
 
 @pytest.mark.parametrize("clash", ("registered", "within-the-checkpoint"))
