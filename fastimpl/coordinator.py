@@ -98,6 +98,11 @@ Notice = CheckpointComplete | CheckpointAborted
 log = logging.getLogger("fastimpl.coordinator")
 
 
+def _extent(h: SegmentHandle | FileHandle) -> tuple[str, int, int]:
+    """The bytes a stream handle names, as the reader compares them (R54)."""
+    return (h.path, h.offset if isinstance(h, SegmentHandle) else 0, h.length)
+
+
 def subtasks_of(vertices: tuple[VertexSpec, ...]) -> list[SubtaskId]:
     return [SubtaskId(v.name, i, v.parallelism) for v in vertices for i in range(v.parallelism)]
 
@@ -528,17 +533,27 @@ class CheckpointCoordinator:
         return done
 
     def _id_clash(self, entries: Iterable[StateEntry]) -> str | None:
-        """R54: a logical id of shared state the acknowledgements name for another path
-        than the registry or another of these entries does, said in words; else None."""
-        seen: dict[str, str] = {}
+        """R54: a logical id the acknowledgements name for another extent than another of
+        these entries or a retained checkpoint does (path, offset, length: a whole file
+        starts at 0), or of shared state for another path than the registry holds, said
+        in words; else None. Exclusive state counts too: the reader refuses such a
+        ``_metadata`` (``metadata.check_ids``), and recovery such kept checkpoints."""
+        seen: dict[str, tuple[str, int, int]] = {}
+        for r in self.retained:
+            for old in r.entries:
+                if (s := stream_of(old.handle)) is not None:
+                    seen.setdefault(s.logical_id, _extent(s))
         for e in entries:
             h = e.handle
-            if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
+            if not isinstance(h, SegmentHandle | FileHandle):
                 continue
-            other = self.registry.conflict(h.logical_id, h.path) or seen.get(h.logical_id)
-            if other is not None and other != h.path:
-                return f"logical id {h.logical_id!r} names {h.path!r} and {other!r}"
-            seen[h.logical_id] = h.path
+            if h.scope is Scope.SHARED:
+                other = self.registry.conflict(h.logical_id, h.path)
+                if other is not None:
+                    return f"logical id {h.logical_id!r} names {h.path!r} and {other!r}"
+            prev = seen.setdefault(h.logical_id, _extent(h))
+            if prev != _extent(h):
+                return f"logical id {h.logical_id!r} names {_extent(h)} and {prev}"
         return None
 
     def _lowest_retained(self) -> int | None:

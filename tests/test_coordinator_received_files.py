@@ -45,7 +45,7 @@ from spec.handles import FileHandle, SegmentHandle, StateEntry
 from spec.ids import SubtaskId
 from spec.messages import Acknowledgement
 from tests.faultyfs import Place, payload
-from tests.storage_settings import JOB, KS, _checkpoint
+from tests.storage_settings import JOB, KS, OP, _checkpoint
 from tests.working_jobs import WORKING_JOB
 
 KINDS = ("local", "memory")
@@ -308,18 +308,25 @@ def test_r66_r103_a_withdrawn_acknowledgement_takes_its_in_place_references_with
         place.cleanup()
 
 
-@pytest.mark.parametrize("clash", ("registered", "within-the-checkpoint"))
+CLASHES = ("registered", "within-the-checkpoint", "exclusive-within", "exclusive-retained")
+
+
+@pytest.mark.parametrize("clash", CLASHES)
 @pytest.mark.parametrize("mode", (MergingMode.NONE, MergingMode.WITHIN_CHECKPOINT))
 @pytest.mark.parametrize("kind", KINDS)
 def test_r54_acknowledgements_giving_one_logical_id_two_paths_abort_the_checkpoint(
     tmp_path: Path, kind: str, mode: MergingMode, clash: str
 ) -> None:
     """R54: every subtask acknowledges the next checkpoint, one of them (a TM of its own,
-    not trusted) with a shared file under a logical id the registry holds for another
-    path, or that another entry of the checkpoint uses for another path. The checkpoint
-    cannot be registered: it is aborted before its ``_metadata`` is written, ``complete``
-    says it did not complete (it raised ``MetadataError`` after writing the file), and
-    the retained checkpoint and its files stay."""
+    not trusted) with a file under a logical id that names another extent: shared state
+    the registry holds for another path, or another entry of the checkpoint, or (its
+    operator state) another subtask's operator state or the retained checkpoint's. The
+    checkpoint cannot be registered, and its ``_metadata`` would be refused by the reader
+    (``check_ids`` counts every handle), so recovery could not read it back: it is
+    aborted before its ``_metadata`` is written, ``complete`` says it did not complete,
+    and the retained checkpoint and its files stay. Each subtask writes operator state
+    before its keyed state, so an exclusive entry comes first (run 13: ``_id_clash`` 6
+    stopped at it; the exclusive clashes were written, found by 3)."""
     place = Place.make(kind, tmp_path)
     store, _ = place.store(Config.for_mode(mode, num_retained=2), JOB)
     try:
@@ -331,16 +338,25 @@ def test_r54_acknowledgements_giving_one_logical_id_two_paths_abort_the_checkpoi
         subs = sorted(store.placement().items())
         for sub, tm in subs:
             mgr = store.task_manager(tm)
+            mgr.write(nxt, sub, OP, "offsets", payload(sub, "offsets", nxt))
             mgr.write(nxt, sub, KS, "sst-x", payload(sub, "sst-x"))
             mgr.acknowledge(nxt, sub)
         first, second = subs[0][0], subs[1][0]
-        mine = _shared(co.pending[nxt].acks[first])[0]
-        assert isinstance(mine.handle, FileHandle | SegmentHandle)
-        if clash == "registered":
-            here = mine.handle.path
-            taken = next(e for e in _shared(done.entries) if getattr(e.handle, "path", "") != here)
+        if clash.startswith("exclusive"):
+            mine = _exclusive(co.pending[nxt].acks[first])[0]
+            if clash == "exclusive-within":
+                taken = _exclusive(co.pending[nxt].acks[second])[0]
+            else:
+                taken = _exclusive(done.entries)[0]
         else:
-            taken = _shared(co.pending[nxt].acks[second])[0]
+            mine = _shared(co.pending[nxt].acks[first])[0]
+            if clash == "registered":
+                here = getattr(mine.handle, "path", "")
+                old = _shared(done.entries)
+                taken = next(e for e in old if getattr(e.handle, "path", "") != here)
+            else:
+                taken = _shared(co.pending[nxt].acks[second])[0]
+        assert isinstance(mine.handle, FileHandle | SegmentHandle)
         assert isinstance(taken.handle, FileHandle | SegmentHandle)
         assert taken.handle.path != mine.handle.path
         forged = attrs.evolve(
@@ -361,6 +377,14 @@ def test_r54_acknowledgements_giving_one_logical_id_two_paths_abort_the_checkpoi
     finally:
         store.close()
         place.cleanup()
+
+
+def _exclusive(entries: Iterable[StateEntry]) -> list[StateEntry]:
+    return [
+        e
+        for e in entries
+        if isinstance(e.handle, FileHandle | SegmentHandle) and e.handle.scope is Scope.EXCLUSIVE
+    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
