@@ -491,23 +491,21 @@ class CheckpointCoordinator:
             self.cfg.max_parallelism,
             tuple((s, w) for s in sorted(p.working) for w in p.working[s]),  # R103
         )
+        data = metadata_bytes(
+            done.id,
+            done.job,
+            done.savepoint,
+            done.entries,
+            done.directories,
+            max_parallelism=done.max_parallelism,  # R77
+            working=done.working,
+        )
         try:
-            self.storage.write_metadata(
-                meta,
-                metadata_bytes(
-                    done.id,
-                    done.job,
-                    done.savepoint,
-                    done.entries,
-                    done.directories,
-                    max_parallelism=done.max_parallelism,  # R77
-                    working=done.working,
-                ),
-            )
+            self.storage.write_metadata(meta, data)
         except StorageFault:
             self.abort(checkpoint)  # R51
             return None
-        self.catalog.files[meta] = StoredFile(len(entries), False, COORDINATOR, None)
+        self.catalog.files[meta] = StoredFile(len(data), False, COORDINATOR, None)
         del self.pending[checkpoint]
         if p.savepoint:
             # R55: a completed savepoint belongs to the user
