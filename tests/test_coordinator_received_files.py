@@ -308,6 +308,48 @@ def test_r66_r103_a_withdrawn_acknowledgement_takes_its_in_place_references_with
         place.cleanup()
 
 
+@pytest.mark.parametrize("sender", ["lost-host", "alive-non-host"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_r56_an_acknowledgement_from_an_attempt_given_up_or_not_hosting_is_ignored(
+    tmp_path: Path, kind: str, sender: str
+) -> None:
+    """R56: only the subtask's current attempt, alive, acknowledges for it. The attempt
+    that hosts it but is lost (it may still run), and a live TM that does not host it
+    (a TM of its own sending what it should not), are both ignored: the checkpoint
+    still lacks the subtask (run 13: ``receive_ack`` 4 took either for the current
+    attempt)."""
+    place = Place.make(kind, tmp_path)
+    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    try:
+        coord = store.coordinator
+        co = store._engine.coord
+        placement = sorted(store.placement().items())
+        sub, host = placement[0]
+        other = next(t for _, t in placement if t != host)
+        if sender == "lost-host":
+            co.lose(host)  # it may still run; its subtasks wait for a failover
+        cid = coord.trigger()
+        for s, t in placement[1:]:
+            if t == host:
+                continue
+            store.task_manager(t).write(cid, s, OP, "offsets", payload(s, "offsets", cid))
+            store.task_manager(t).acknowledge(cid, s)
+        rel = f"job-0/shared/{sub.dir_name()}/forged"
+        data = payload(sub, "forged")
+        place.inner.makedirs(f"{place.root}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
+        place.write(rel, data)
+        handle = FileHandle(rel, len(data), "x", Scope.EXCLUSIVE)
+        entry = StateEntry(sub, StateKind.OPERATOR_LIST, "offsets", handle)
+        attempt = host if sender == "lost-host" else other
+        co.receive_ack(Acknowledgement(co.job, cid, sub, attempt, (entry,)))
+        assert sub not in co.pending[cid].acks
+        with pytest.raises(CommandError, match="lacks acks"):
+            coord.complete(cid)
+    finally:
+        store.close()
+        place.cleanup()
+
+
 CLASHES = ("registered", "within-the-checkpoint", "exclusive-within", "exclusive-retained")
 
 
