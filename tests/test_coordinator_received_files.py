@@ -308,16 +308,16 @@ def test_r66_r103_a_withdrawn_acknowledgement_takes_its_in_place_references_with
         place.cleanup()
 
 
-@pytest.mark.parametrize("sender", ["lost-host", "alive-non-host"])
+@pytest.mark.parametrize("sender", ["lost-host", "alive-non-host", "unknown"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_r56_an_acknowledgement_from_an_attempt_given_up_or_not_hosting_is_ignored(
     tmp_path: Path, kind: str, sender: str
 ) -> None:
     """R56: only the subtask's current attempt, alive, acknowledges for it. The attempt
-    that hosts it but is lost (it may still run), and a live TM that does not host it
-    (a TM of its own sending what it should not), are both ignored: the checkpoint
-    still lacks the subtask (run 13: ``receive_ack`` 4 took either for the current
-    attempt)."""
+    that hosts it but is lost (it may still run), a live TM that does not host it (a
+    TM of its own sending what it should not), and an attempt the coordinator never
+    started are ignored: the checkpoint still lacks the subtask (run 13: ``receive_ack``
+    4 took the first two for the current attempt, 36 raised on the third)."""
     place = Place.make(kind, tmp_path)
     store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
     try:
@@ -340,11 +340,45 @@ def test_r56_an_acknowledgement_from_an_attempt_given_up_or_not_hosting_is_ignor
         place.write(rel, data)
         handle = FileHandle(rel, len(data), "x", Scope.EXCLUSIVE)
         entry = StateEntry(sub, StateKind.OPERATOR_LIST, "offsets", handle)
-        attempt = host if sender == "lost-host" else other
+        attempt = {"lost-host": host, "alive-non-host": other, "unknown": "tm-99"}[sender]
         co.receive_ack(Acknowledgement(co.job, cid, sub, attempt, (entry,)))
         assert sub not in co.pending[cid].acks
         with pytest.raises(CommandError, match="lacks acks"):
             coord.complete(cid)
+    finally:
+        store.close()
+        place.cleanup()
+
+
+@pytest.mark.parametrize("kind", (*KINDS, "memory-unreadable"))
+def test_r43_a_late_acknowledgements_file_the_coordinator_has_no_record_of_is_deleted(
+    tmp_path: Path, kind: str
+) -> None:
+    """A TM in a process of its own wrote a whole file and acknowledges after its
+    checkpoint was aborted: the coordinator, with no record of the file, takes it over
+    as created by that attempt and deletes it (R43, no leak), waiting for nothing (run
+    13: ``receive_ack`` 25 took it for nobody's)."""
+    place = Place.make(kind.split("-")[0], tmp_path)
+    cfg = Config.for_mode(MergingMode.NONE, num_retained=1)
+    cfg = attrs.evolve(cfg, open_files_readable=kind != "memory-unreadable")
+    store, _ = place.store(cfg, JOB)
+    try:
+        coord = store.coordinator
+        co = store._engine.coord
+        cid = coord.trigger()
+        sub, tm = min(store.placement().items())
+        rel = f"job-0/shared/{sub.dir_name()}/late"
+        data = payload(sub, "late")
+        place.inner.makedirs(f"{place.root}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
+        place.write(rel, data)
+        coord.abort(cid)
+        handle = FileHandle(rel, len(data), "late", Scope.EXCLUSIVE)
+        entry = StateEntry(sub, StateKind.OPERATOR_LIST, "offsets", handle)
+        co.receive_ack(Acknowledgement(co.job, cid, sub, tm, (entry,)))
+        store.flush()
+        assert not place.inner.exists(f"{place.root}/{rel}"), "left behind"
+        assert [d.path for d in store.observe().deletions if d.path == rel] == [rel]
+        assert store.check_invariants(quiet=True) == []
     finally:
         store.close()
         place.cleanup()
