@@ -384,6 +384,46 @@ def test_r43_a_late_acknowledgements_file_the_coordinator_has_no_record_of_is_de
         place.cleanup()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_r64_a_lost_attempts_late_file_is_its_own_until_it_stops_then_deleted(
+    tmp_path: Path, kind: str
+) -> None:
+    """A lost attempt (R57; it may still run) of a TM in a process of its own
+    acknowledges a whole file it wrote, after its loss aborted the checkpoint. The
+    coordinator, with no record of it, records it as that attempt's (R56, R64): it is
+    not deleted while the attempt may run, and is taken and deleted when the attempt is
+    known stopped, even where the stop's sweep does not look (another subtask's
+    directory; run 13: ``receive_ack`` 38 and 40 recorded nothing, and it stayed for
+    good)."""
+    place = Place.make(kind, tmp_path)
+    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    try:
+        coord = store.coordinator
+        co = store._engine.coord
+        cid = coord.trigger()
+        placement = sorted(store.placement().items())
+        sub, host = placement[0]
+        elsewhere = next(s for s, t in placement if t != host)
+        rel = f"job-0/shared/{elsewhere.dir_name()}/late"
+        data = payload(sub, "late")
+        place.inner.makedirs(f"{place.root}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
+        place.write(rel, data)
+        co.lose(host)  # aborts the checkpoint (R57)
+        assert cid not in co.pending
+        handle = FileHandle(rel, len(data), "late", Scope.EXCLUSIVE)
+        entry = StateEntry(sub, StateKind.OPERATOR_LIST, "offsets", handle)
+        co.receive_ack(Acknowledgement(co.job, cid, sub, host, (entry,)))
+        store.flush()
+        assert place.inner.exists(f"{place.root}/{rel}")  # it may still run
+        assert store.observe().owners.get(rel) == f"tm:{host}"
+        co.attempt_stopped(host)
+        store.flush()
+        assert not place.inner.exists(f"{place.root}/{rel}"), "left behind"
+    finally:
+        store.close()
+        place.cleanup()
+
+
 CLASHES = ("registered", "within-the-checkpoint", "exclusive-within", "exclusive-retained")
 
 
