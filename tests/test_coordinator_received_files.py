@@ -171,8 +171,7 @@ def test_r43_a_repeated_acknowledgement_keeps_the_files_its_completed_checkpoint
     """The acknowledgement that completed checkpoint 1, received once more (a retried
     message) after the completion: a late acknowledgement's whole files are deleted
     (R43), but these are the retained checkpoint's own."""
-    place = Place.make(kind, tmp_path)
-    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    place, store = _none_store(tmp_path, kind)
     try:
         cid = _checkpoint(store)
         assert cid is not None
@@ -229,8 +228,7 @@ def test_r66_a_withdrawn_placeholder_pins_nothing_and_its_acknowledgement_is_gon
     file and subsumes checkpoint 1: the file goes at once (nothing pins it), and 3 waits
     for the new attempt's acknowledgement (run 13: ``_withdraw_acks`` 6 stopped at
     checkpoint 2, which the subtask had not acknowledged; 20 and 23 kept the pin)."""
-    place = Place.make(kind, tmp_path)
-    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    place, store = _none_store(tmp_path, kind)
     try:
         coord = store.coordinator
         c1 = _checkpoint(store)
@@ -308,6 +306,30 @@ def test_r66_r103_a_withdrawn_acknowledgement_takes_its_in_place_references_with
         place.cleanup()
 
 
+def _written_behind(
+    place: Place, sub: SubtaskId, where: SubtaskId, name: str
+) -> tuple[StateEntry, str]:
+    """A whole file a TM in a process of its own wrote in ``where``'s shared directory,
+    behind the coordinator's back: the operator state its acknowledgement names, and
+    the file's path."""
+    rel = f"job-0/shared/{where.dir_name()}/{name}"
+    data = payload(sub, name)
+    place.inner.makedirs(f"{place.root}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
+    place.write(rel, data)
+    handle = FileHandle(rel, len(data), name, Scope.EXCLUSIVE)
+    return StateEntry(sub, StateKind.OPERATOR_LIST, "offsets", handle, 1), rel
+
+
+def _none_store(tmp_path: Path, kind: str) -> tuple[Place, CheckpointStore]:
+    """NONE mode on ``kind``; "memory-unreadable": memory with object-store rules (R65:
+    a stopped writer's open files never appear)."""
+    place = Place.make(kind.split("-")[0], tmp_path)
+    cfg = Config.for_mode(MergingMode.NONE, num_retained=1)
+    cfg = attrs.evolve(cfg, open_files_readable=kind != "memory-unreadable")
+    store, _ = place.store(cfg, JOB)
+    return place, store
+
+
 @pytest.mark.parametrize("sender", ["lost-host", "alive-non-host", "unknown"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_r56_an_acknowledgement_from_an_attempt_given_up_or_not_hosting_is_ignored(
@@ -318,8 +340,7 @@ def test_r56_an_acknowledgement_from_an_attempt_given_up_or_not_hosting_is_ignor
     TM of its own sending what it should not), and an attempt the coordinator never
     started are ignored: the checkpoint still lacks the subtask (run 13: ``receive_ack``
     4 took the first two for the current attempt, 36 raised on the third)."""
-    place = Place.make(kind, tmp_path)
-    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    place, store = _none_store(tmp_path, kind)
     try:
         coord = store.coordinator
         co = store._engine.coord
@@ -334,12 +355,7 @@ def test_r56_an_acknowledgement_from_an_attempt_given_up_or_not_hosting_is_ignor
                 continue
             store.task_manager(t).write(cid, s, OP, "offsets", payload(s, "offsets", cid))
             store.task_manager(t).acknowledge(cid, s)
-        rel = f"job-0/shared/{sub.dir_name()}/forged"
-        data = payload(sub, "forged")
-        place.inner.makedirs(f"{place.root}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
-        place.write(rel, data)
-        handle = FileHandle(rel, len(data), "x", Scope.EXCLUSIVE)
-        entry = StateEntry(sub, StateKind.OPERATOR_LIST, "offsets", handle)
+        entry, _ = _written_behind(place, sub, sub, "forged")
         attempt = {"lost-host": host, "alive-non-host": other, "unknown": "tm-99"}[sender]
         co.receive_ack(Acknowledgement(co.job, cid, sub, attempt, (entry,)))
         assert sub not in co.pending[cid].acks
@@ -358,22 +374,14 @@ def test_r43_a_late_acknowledgements_file_the_coordinator_has_no_record_of_is_de
     checkpoint was aborted: the coordinator, with no record of the file, takes it over
     as created by that attempt and deletes it (R43, no leak), waiting for nothing (run
     13: ``receive_ack`` 25 took it for nobody's)."""
-    place = Place.make(kind.split("-")[0], tmp_path)
-    cfg = Config.for_mode(MergingMode.NONE, num_retained=1)
-    cfg = attrs.evolve(cfg, open_files_readable=kind != "memory-unreadable")
-    store, _ = place.store(cfg, JOB)
+    place, store = _none_store(tmp_path, kind)
     try:
         coord = store.coordinator
         co = store._engine.coord
         cid = coord.trigger()
         sub, tm = min(store.placement().items())
-        rel = f"job-0/shared/{sub.dir_name()}/late"
-        data = payload(sub, "late")
-        place.inner.makedirs(f"{place.root}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
-        place.write(rel, data)
+        entry, rel = _written_behind(place, sub, sub, "late")
         coord.abort(cid)
-        handle = FileHandle(rel, len(data), "late", Scope.EXCLUSIVE)
-        entry = StateEntry(sub, StateKind.OPERATOR_LIST, "offsets", handle)
         co.receive_ack(Acknowledgement(co.job, cid, sub, tm, (entry,)))
         store.flush()
         assert not place.inner.exists(f"{place.root}/{rel}"), "left behind"
@@ -395,8 +403,7 @@ def test_r64_a_lost_attempts_late_file_is_its_own_until_it_stops_then_deleted(
     known stopped, even where the stop's sweep does not look (another subtask's
     directory; run 13: ``receive_ack`` 38 and 40 recorded nothing, and it stayed for
     good)."""
-    place = Place.make(kind, tmp_path)
-    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    place, store = _none_store(tmp_path, kind)
     try:
         coord = store.coordinator
         co = store._engine.coord
@@ -404,14 +411,9 @@ def test_r64_a_lost_attempts_late_file_is_its_own_until_it_stops_then_deleted(
         placement = sorted(store.placement().items())
         sub, host = placement[0]
         elsewhere = next(s for s, t in placement if t != host)
-        rel = f"job-0/shared/{elsewhere.dir_name()}/late"
-        data = payload(sub, "late")
-        place.inner.makedirs(f"{place.root}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
-        place.write(rel, data)
+        entry, rel = _written_behind(place, sub, elsewhere, "late")
         co.lose(host)  # aborts the checkpoint (R57)
         assert cid not in co.pending
-        handle = FileHandle(rel, len(data), "late", Scope.EXCLUSIVE)
-        entry = StateEntry(sub, StateKind.OPERATOR_LIST, "offsets", handle)
         co.receive_ack(Acknowledgement(co.job, cid, sub, host, (entry,)))
         store.flush()
         assert place.inner.exists(f"{place.root}/{rel}")  # it may still run
@@ -511,8 +513,7 @@ def test_r64_a_file_another_attempt_acknowledges_keeps_its_creator_and_waits_for
     acknowledgement says: a second attempt naming another attempt's whole file as its own
     takes nothing from that record. Once the creator is lost (a zombie that may still
     write), the abort's delete of the file waits until it stopped (R64)."""
-    place = Place.make(kind, tmp_path)
-    store, _ = place.store(Config.for_mode(MergingMode.NONE, num_retained=1), JOB)
+    place, store = _none_store(tmp_path, kind)
     try:
         coord = store.coordinator
         co = store._engine.coord
@@ -553,23 +554,14 @@ def test_r43_a_whole_file_the_coordinator_has_no_record_of_becomes_its_own(
     coordinator's, created by the acknowledging attempt (I3), closed (its attempt
     stopping takes nothing of it, R65), and goes when its checkpoint is subsumed (no
     leak, I6)."""
-    place = Place.make(kind.split("-")[0], tmp_path)
-    cfg = Config.for_mode(MergingMode.NONE, num_retained=1)
-    # object-store rules on memory (R65: a stopped writer's open files never appear)
-    cfg = attrs.evolve(cfg, open_files_readable=kind != "memory-unreadable")
-    store, _ = place.store(cfg, JOB)
+    place, store = _none_store(tmp_path, kind)
     try:
         coord = store.coordinator
         co = store._engine.coord
         cid = coord.trigger()
         written = []
         for n, (sub, tm) in enumerate(sorted(store.placement().items())):
-            rel = f"job-0/shared/{sub.vertex}-{sub.index}-{sub.parallelism}/remote-{n}"
-            data = payload(sub, f"remote-{n}")
-            place.inner.makedirs(f"{place.root}/{rel.rsplit('/', 1)[0]}", exist_ok=True)
-            place.write(rel, data)
-            handle = FileHandle(rel, len(data), f"remote-{n}", Scope.EXCLUSIVE)
-            entry = StateEntry(sub, StateKind.OPERATOR_LIST, "offsets", handle, 1)
+            entry, rel = _written_behind(place, sub, sub, f"remote-{n}")
             co.receive_ack(Acknowledgement(co.job, cid, sub, tm, (entry,)))
             written.append((rel, tm))
         for rel, tm in written:
