@@ -29,6 +29,7 @@ import pytest
 
 from conformance.fastimpl_commands import apply
 from fastimpl import CheckpointStore, CounterIds, InProcessEngine
+from fastimpl.records import ManagedDir
 from spec.commands import (
     Acknowledge,
     Complete,
@@ -39,10 +40,11 @@ from spec.commands import (
     WriteWorking,
 )
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
-from spec.effects import COORDINATOR, USER
+from spec.effects import COORDINATOR, USER, tm_actor
 from spec.errors import CommandError
-from spec.handles import FileHandle, SegmentHandle, StateEntry
+from spec.handles import DirectoryHandle, FileHandle, SegmentHandle, StateEntry
 from spec.ids import SubtaskId
+from spec.layout import taskowned_dir
 from spec.messages import Acknowledgement
 from tests.faultyfs import Place, payload
 from tests.storage_settings import JOB, KS, OP, _checkpoint
@@ -421,6 +423,45 @@ def test_r64_a_lost_attempts_late_file_is_its_own_until_it_stops_then_deleted(
         co.attempt_stopped(host)
         store.flush()
         assert not place.inner.exists(f"{place.root}/{rel}"), "left behind"
+    finally:
+        store.close()
+        place.cleanup()
+
+
+@pytest.mark.parametrize("mode", (MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT))
+@pytest.mark.parametrize("kind", KINDS)
+def test_r41_a_directory_the_acknowledgement_no_longer_reports_is_forgotten(
+    tmp_path: Path, kind: str, mode: MergingMode
+) -> None:
+    """R40, R41 with file merging: an acknowledgement reports each managed directory of
+    the subtask that exists. One the coordinator records as the attempt's and the
+    acknowledgement does not report, a TM in a process of its own deleted: the record
+    goes (in process the shared table lost it with the delete). Here the record is
+    planted for a task-owned directory the TM never made (run 13: ``receive_ack`` 65
+    forgot released directories in NONE mode only, where there are none)."""
+    place = Place.make(kind, tmp_path)
+    store, _ = place.store(Config.for_mode(mode, num_retained=1), JOB)
+    try:
+        coord = store.coordinator
+        co = store._engine.coord
+        cid = coord.trigger()
+        sub, tm = min(store.placement().items())
+        gone = taskowned_dir(co.job, tm)
+        assert gone not in co.catalog.dir_owner
+        co.catalog.dir_owner[gone] = tm_actor(tm)
+        co.catalog.dirs[gone] = ManagedDir(gone, tm)
+        store.task_manager(tm).write(cid, sub, KS, "sst", payload(sub, "sst"))
+        _, ack = store._engine.parties[tm].acknowledge(sub, cid, False)
+        # what a TM of its own sends: the directory it deleted is not reported
+        sent = tuple(
+            e
+            for e in ack.entries
+            if not (isinstance(e.handle, DirectoryHandle) and e.handle.path == gone)
+        )
+        co.receive_ack(attrs.evolve(ack, entries=sent))
+        assert sub in co.pending[cid].acks
+        assert gone not in co.catalog.dir_owner and gone not in co.catalog.dirs
+        assert gone not in store.observe().directories
     finally:
         store.close()
         place.cleanup()
