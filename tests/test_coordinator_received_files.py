@@ -467,6 +467,39 @@ def test_r41_a_directory_the_acknowledgement_no_longer_reports_is_forgotten(
         place.cleanup()
 
 
+@pytest.mark.parametrize("mode", (MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT))
+@pytest.mark.parametrize("kind", KINDS)
+def test_r40_a_directory_a_tm_of_its_own_reports_is_recorded_as_the_attempts(
+    tmp_path: Path, kind: str, mode: MergingMode
+) -> None:
+    """R40: a TM in a process of its own creates its managed directories where the
+    coordinator keeps no record of them; its acknowledgement reports them, and each is
+    recorded as that attempt's (run 13: ``_take_over_files`` 27 asked about no path and
+    recorded none). Here the shared table's records are taken out before the
+    acknowledgement arrives."""
+    place = Place.make(kind, tmp_path)
+    store, _ = place.store(Config.for_mode(mode, num_retained=1), JOB)
+    try:
+        coord = store.coordinator
+        co = store._engine.coord
+        cid = coord.trigger()
+        sub, tm = min(store.placement().items())
+        store.task_manager(tm).write(cid, sub, KS, "sst", payload(sub, "sst"))
+        _, ack = store._engine.parties[tm].acknowledge(sub, cid, False)
+        reported = [e.handle.path for e in ack.entries if isinstance(e.handle, DirectoryHandle)]
+        assert reported
+        for d in reported:
+            co.catalog.dir_owner.pop(d, None)
+            co.catalog.dirs.pop(d, None)
+        co.receive_ack(ack)
+        for d in reported:
+            assert co.catalog.dir_owner[d] == tm_actor(tm)
+            assert co.catalog.dirs[d].creator == tm
+    finally:
+        store.close()
+        place.cleanup()
+
+
 CLASHES = ("registered", "within-the-checkpoint", "exclusive-within", "exclusive-retained")
 
 
