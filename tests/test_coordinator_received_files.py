@@ -212,11 +212,11 @@ def test_r66_a_replaced_attempts_withdrawn_files_stay_while_a_completed_checkpoi
         place.cleanup()
 
 
-def _shared(entries: Iterable[StateEntry]) -> list[StateEntry]:
+def _scoped(entries: Iterable[StateEntry], scope: Scope) -> list[StateEntry]:
     return [
         e
         for e in entries
-        if isinstance(e.handle, FileHandle | SegmentHandle) and e.handle.scope is Scope.SHARED
+        if isinstance(e.handle, FileHandle | SegmentHandle) and e.handle.scope is scope
     ]
 
 
@@ -428,73 +428,53 @@ def test_r64_a_lost_attempts_late_file_is_its_own_until_it_stops_then_deleted(
         place.cleanup()
 
 
+@pytest.mark.parametrize("what", ["reported", "released"])
 @pytest.mark.parametrize("mode", (MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT))
 @pytest.mark.parametrize("kind", KINDS)
-def test_r41_a_directory_the_acknowledgement_no_longer_reports_is_forgotten(
-    tmp_path: Path, kind: str, mode: MergingMode
+def test_r40_r41_the_directories_a_tm_of_its_own_reports_are_recorded_the_others_forgotten(
+    tmp_path: Path, kind: str, mode: MergingMode, what: str
 ) -> None:
-    """R40, R41 with file merging: an acknowledgement reports each managed directory of
-    the subtask that exists. One the coordinator records as the attempt's and the
-    acknowledgement does not report, a TM in a process of its own deleted: the record
-    goes (in process the shared table lost it with the delete). Here the record is
-    planted for a task-owned directory the TM never made (run 13: ``receive_ack`` 65
+    """R40, R41 with file merging: a TM in a process of its own creates its managed
+    directories where the coordinator keeps no record of them, and its acknowledgement
+    reports each that exists. "reported": the shared table's records are taken out
+    before the acknowledgement arrives, and each reported directory is recorded as the
+    attempt's (run 13: ``_take_over_files`` 27-33 recorded none, or wrongly).
+    "released": a record of the attempt's planted for a task-owned directory the
+    acknowledgement does not report (the TM deleted it) goes (run 13: ``receive_ack`` 65
     forgot released directories in NONE mode only, where there are none)."""
     place = Place.make(kind, tmp_path)
     store, _ = place.store(Config.for_mode(mode, num_retained=1), JOB)
     try:
-        coord = store.coordinator
         co = store._engine.coord
-        cid = coord.trigger()
+        cid = store.coordinator.trigger()
         sub, tm = min(store.placement().items())
         gone = taskowned_dir(co.job, tm)
-        assert gone not in co.catalog.dir_owner
-        co.catalog.dir_owner[gone] = tm_actor(tm)
-        co.catalog.dirs[gone] = ManagedDir(gone, tm)
-        store.task_manager(tm).write(cid, sub, KS, "sst", payload(sub, "sst"))
-        _, ack = store._engine.parties[tm].acknowledge(sub, cid, False)
-        # what a TM of its own sends: the directory it deleted is not reported
-        sent = tuple(
-            e
-            for e in ack.entries
-            if not (isinstance(e.handle, DirectoryHandle) and e.handle.path == gone)
-        )
-        co.receive_ack(attrs.evolve(ack, entries=sent))
-        assert sub in co.pending[cid].acks
-        assert gone not in co.catalog.dir_owner and gone not in co.catalog.dirs
-        assert gone not in store.observe().directories
-    finally:
-        store.close()
-        place.cleanup()
-
-
-@pytest.mark.parametrize("mode", (MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT))
-@pytest.mark.parametrize("kind", KINDS)
-def test_r40_a_directory_a_tm_of_its_own_reports_is_recorded_as_the_attempts(
-    tmp_path: Path, kind: str, mode: MergingMode
-) -> None:
-    """R40: a TM in a process of its own creates its managed directories where the
-    coordinator keeps no record of them; its acknowledgement reports them, and each is
-    recorded as that attempt's (run 13: ``_take_over_files`` 27 asked about no path and
-    recorded none). Here the shared table's records are taken out before the
-    acknowledgement arrives."""
-    place = Place.make(kind, tmp_path)
-    store, _ = place.store(Config.for_mode(mode, num_retained=1), JOB)
-    try:
-        coord = store.coordinator
-        co = store._engine.coord
-        cid = coord.trigger()
-        sub, tm = min(store.placement().items())
+        if what == "released":
+            assert gone not in co.catalog.dir_owner
+            co.catalog.dir_owner[gone] = tm_actor(tm)
+            co.catalog.dirs[gone] = ManagedDir(gone, tm)
         store.task_manager(tm).write(cid, sub, KS, "sst", payload(sub, "sst"))
         _, ack = store._engine.parties[tm].acknowledge(sub, cid, False)
         reported = [e.handle.path for e in ack.entries if isinstance(e.handle, DirectoryHandle)]
-        assert reported
-        for d in reported:
-            co.catalog.dir_owner.pop(d, None)
-            co.catalog.dirs.pop(d, None)
-        co.receive_ack(ack)
-        for d in reported:
-            assert co.catalog.dir_owner[d] == tm_actor(tm)
-            assert co.catalog.dirs[d].creator == tm
+        if what == "reported":
+            assert reported
+            for d in reported:
+                co.catalog.dir_owner.pop(d, None)
+                co.catalog.dirs.pop(d, None)
+            co.receive_ack(ack)
+            for d in reported:
+                assert co.catalog.dir_owner[d] == tm_actor(tm)
+                assert co.catalog.dirs[d].creator == tm
+        else:
+            sent = tuple(
+                e
+                for e in ack.entries
+                if not (isinstance(e.handle, DirectoryHandle) and e.handle.path == gone)
+            )
+            co.receive_ack(attrs.evolve(ack, entries=sent))
+            assert sub in co.pending[cid].acks
+            assert gone not in co.catalog.dir_owner and gone not in co.catalog.dirs
+            assert gone not in store.observe().directories
     finally:
         store.close()
         place.cleanup()
@@ -535,19 +515,19 @@ def test_r54_acknowledgements_giving_one_logical_id_two_paths_abort_the_checkpoi
             mgr.acknowledge(nxt, sub)
         first, second = subs[0][0], subs[1][0]
         if clash.startswith("exclusive"):
-            mine = _exclusive(co.pending[nxt].acks[first])[0]
+            mine = _scoped(co.pending[nxt].acks[first], Scope.EXCLUSIVE)[0]
             if clash == "exclusive-within":
-                taken = _exclusive(co.pending[nxt].acks[second])[0]
+                taken = _scoped(co.pending[nxt].acks[second], Scope.EXCLUSIVE)[0]
             else:
-                taken = _exclusive(done.entries)[0]
+                taken = _scoped(done.entries, Scope.EXCLUSIVE)[0]
         else:
-            mine = _shared(co.pending[nxt].acks[first])[0]
+            mine = _scoped(co.pending[nxt].acks[first], Scope.SHARED)[0]
             if clash == "registered":
                 here = getattr(mine.handle, "path", "")
-                old = _shared(done.entries)
+                old = _scoped(done.entries, Scope.SHARED)
                 taken = next(e for e in old if getattr(e.handle, "path", "") != here)
             else:
-                taken = _shared(co.pending[nxt].acks[second])[0]
+                taken = _scoped(co.pending[nxt].acks[second], Scope.SHARED)[0]
         assert isinstance(mine.handle, FileHandle | SegmentHandle)
         assert isinstance(taken.handle, FileHandle | SegmentHandle)
         assert taken.handle.path != mine.handle.path
@@ -569,14 +549,6 @@ def test_r54_acknowledgements_giving_one_logical_id_two_paths_abort_the_checkpoi
     finally:
         store.close()
         place.cleanup()
-
-
-def _exclusive(entries: Iterable[StateEntry]) -> list[StateEntry]:
-    return [
-        e
-        for e in entries
-        if isinstance(e.handle, FileHandle | SegmentHandle) and e.handle.scope is Scope.EXCLUSIVE
-    ]
 
 
 @pytest.mark.parametrize("kind", KINDS)
