@@ -123,8 +123,11 @@ mutants: $(STAMP)
 # those areas that call the mutated function ([tool.mutmut] in pyproject.toml). Unlike the
 # mutant zoo above (hand-written seeded bugs), these are machine-made mutants. Results are
 # kept in mutants/ and a run resumes where it stopped; make mutate-results lists the
-# survivors (model_tests/mutation_survivors.md says what became of each). About 20
-# minutes on two idle cores. MUTATE_FUNCS="fastimpl.recovery.*" narrows a run.
+# survivors (model_tests/mutation_survivors.md says what became of each). The whole
+# selection takes hours on two cores: a killed mutant stops at its first failing test,
+# but a surviving one runs every test that reaches it (about a minute for recovery.py's,
+# up to four for the coordinator's, run 13). Narrow a run to what changed, e.g.
+# MUTATE_FUNCS="fastimpl.recovery.*" (recovery.py alone: about an hour).
 MUTATE_CATALOG := _protected _record_delete _waits_for _defer delete_file _prunable_parents \
                   delete_dir retry_deletes _run_deferred owners _refuse_delete _foreign \
                   _holds_unknown_files

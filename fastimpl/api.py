@@ -40,7 +40,7 @@ from fastimpl.storage import WRITER_LEASE, DeleteFailure, Storage, open_files_re
 from fastimpl.trace import CommandTrace
 from spec.config import Config, JobSpec, RestoreMode, StateKind, check_parallelism
 from spec.effects import USER
-from spec.handles import SegmentHandle, StateEntry, stream_of
+from spec.handles import StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.invariants import Violation, check_all
 from spec.observation import Observation, RetainedView
@@ -244,8 +244,7 @@ class CheckpointStore:
         s = stream_of(entry.handle)
         if s is None:
             raise ValueError(f"{entry.handle!r} names no bytes of its own")
-        offset = s.offset if isinstance(s, SegmentHandle) else 0
-        return self._engine.storage.read_range(s.path, offset, s.length)
+        return self._engine.storage.read_range(*extent_of(s))
 
     def close(self) -> None:
         """Finish queued deletes and close open files; checkpoints stay on storage."""

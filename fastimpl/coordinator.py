@@ -54,11 +54,13 @@ from spec.effects import COORDINATOR, USER, tm_actor
 from spec.errors import CommandError, Reason
 from spec.handles import (
     DirectoryHandle,
+    Extent,
     FileHandle,
     InPlaceFile,
     PlaceholderHandle,
     SegmentHandle,
     StateEntry,
+    extent_of,
     stream_of,
 )
 from spec.ids import SubtaskId, TmId
@@ -96,11 +98,6 @@ from spec.messages import (
 
 Notice = CheckpointComplete | CheckpointAborted
 log = logging.getLogger("fastimpl.coordinator")
-
-
-def _extent(h: SegmentHandle | FileHandle) -> tuple[str, int, int]:
-    """The bytes a stream handle names, as the reader compares them (R54)."""
-    return (h.path, h.offset if isinstance(h, SegmentHandle) else 0, h.length)
 
 
 def subtasks_of(vertices: tuple[VertexSpec, ...]) -> list[SubtaskId]:
@@ -536,22 +533,23 @@ class CheckpointCoordinator:
         starts at 0), or of shared state for another path than the registry holds, said
         in words; else None. Exclusive state counts too: the reader refuses such a
         ``_metadata`` (``metadata.check_ids``), and recovery such kept checkpoints."""
-        seen: dict[str, tuple[str, int, int]] = {}
+        seen: dict[str, Extent] = {}
         for r in self.retained:
             for old in r.entries:
                 if (s := stream_of(old.handle)) is not None:
-                    seen.setdefault(s.logical_id, _extent(s))
+                    seen.setdefault(s.logical_id, extent_of(s))
         for e in entries:
-            h = e.handle
-            if not isinstance(h, SegmentHandle | FileHandle):
+            h = stream_of(e.handle)
+            if h is None:
                 continue
             if h.scope is Scope.SHARED:
                 other = self.registry.conflict(h.logical_id, h.path)
                 if other is not None:
                     return f"logical id {h.logical_id!r} names {h.path!r} and {other!r}"
-            prev = seen.setdefault(h.logical_id, _extent(h))
-            if prev != _extent(h):
-                return f"logical id {h.logical_id!r} names {_extent(h)} and {prev}"
+            extent = extent_of(h)
+            prev = seen.setdefault(h.logical_id, extent)
+            if prev != extent:
+                return f"logical id {h.logical_id!r} names {extent} and {prev}"
         return None
 
     def _lowest_retained(self) -> int | None:

@@ -37,9 +37,9 @@ from spec.effects import COORDINATOR, tm_actor
 from spec.errors import CommandError, Reason
 from spec.handles import (
     FileHandle,
-    SegmentHandle,
     StateEntry,
     StreamHandle,
+    extent_of,
     stream_of,
 )
 from spec.ids import SubtaskId, TmId
@@ -318,8 +318,7 @@ class InProcessEngine:
             )
         # A file the store still tracks that cannot be read in full is damage, not a
         # choice: the subtask declines (R17), naming the path and sizes.
-        at = stream.offset if isinstance(stream, SegmentHandle) else 0
-        return self.storage.read_range(stream.path, at, stream.length)
+        return self.storage.read_range(*extent_of(stream))
 
     def _reuse_shared(
         self, cmd: c.ReuseShared, upload: Callable[[StreamHandle], bytes]

@@ -47,12 +47,15 @@ from attrs import evolve, frozen
 from spec.config import UPPER_BOUND_MAX_PARALLELISM, Scope, StateKind
 from spec.handles import (
     DirectoryHandle,
+    Extent,
     FileHandle,
     Handle,
     InPlaceFile,
     PlaceholderHandle,
     SegmentHandle,
     StateEntry,
+    extent_of,
+    stream_of,
 )
 from spec.ids import SubtaskId
 from spec.layout import METADATA, SAVEPOINTS, WORKING, is_under, job_base, savepoint_dir
@@ -216,19 +219,19 @@ def _handle_paths(h: Handle) -> list[str]:
 def check_ids(meta: Metadata, source: str) -> None:
     """R54: a logical id names one extent; two different extents under one id would
     make the registry's entries conflict (FLINK-29913)."""
-    seen: dict[str, tuple[int, tuple[str, int, int]]] = {}
+    seen: dict[str, tuple[int, Extent]] = {}
     for i, e in enumerate(meta.entries):
-        h = e.handle
-        if not isinstance(h, SegmentHandle | FileHandle):
+        h = stream_of(e.handle)
+        if h is None:
             continue
-        extent = (h.path, h.offset if isinstance(h, SegmentHandle) else 0, h.length)
+        extent = extent_of(h)
         prev = seen.setdefault(h.logical_id, (i, extent))
         if prev[1] != extent:
             raise MetadataError(
                 source,
                 f"entries[{i}].handle.id",
-                f"logical id {h.logical_id!r} names {extent[0]!r} here and "
-                f"{prev[1][0]!r} in entries[{prev[0]}] (duplicate id)",
+                f"logical id {h.logical_id!r} names {extent.path!r} here and "
+                f"{prev[1].path!r} in entries[{prev[0]}] (duplicate id)",
             )
 
 
@@ -652,7 +655,9 @@ def _decode(data: bytes, expected_job: str | None, source: str) -> Metadata:
     job = check_job(r.string(r.get(payload, "job", w), w + "job"), source, w + "job")
     if expected_job is not None and job != expected_job:
         raise r.fail(w + "job", f"foreign job id {job!r}, expected {expected_job!r}")
-    checkpoint = r.integer(r.get(payload, "checkpoint", w), w + "checkpoint")
+    # Checkpoint ids start at 1 (the coordinator's, Flink's and a message's): the
+    # registry's bookkeeping (a registered entry's ``last_used``) takes 0 for "none".
+    checkpoint = r.integer(r.get(payload, "checkpoint", w), w + "checkpoint", minimum=1)
     savepoint = r.boolean(r.get(payload, "savepoint", w), w + "savepoint")
     entries = tuple(
         r.entry(r.obj(e, f"{w}entries[{i}]"), f"{w}entries[{i}]")

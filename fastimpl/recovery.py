@@ -62,7 +62,7 @@ from fastimpl.working import is_working_path
 from fastimpl.writer_state import WRITER_STATE
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec, check_parallelism
 from spec.effects import COORDINATOR
-from spec.handles import stream_of
+from spec.handles import Extent, extent_of, stream_of
 from spec.keygroups import max_parallelism_refusal
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
 
@@ -117,7 +117,7 @@ def _check_bytes(done: Completed, files: dict[str, int]) -> None:
         s = stream_of(e.handle)
         if s is None:
             continue
-        end = getattr(s, "offset", 0) + s.length
+        end = extent_of(s).offset + s.length
         size = files.get(s.path)
         if size is None:
             raise RecoveryError(
@@ -426,13 +426,13 @@ def _check_ids(keep: list[Completed]) -> None:
     """R54: one logical id names one extent in every kept checkpoint; otherwise their
     registration would conflict. Checked before anything changes (``decode`` checks one
     file on its own)."""
-    seen: dict[str, tuple[tuple[str, int, int], str]] = {}
+    seen: dict[str, tuple[Extent, str]] = {}
     for done in keep:
         for e in done.entries:
             s = stream_of(e.handle)
             if s is None:
                 continue
-            extent = (s.path, getattr(s, "offset", 0), s.length)
+            extent = extent_of(s)
             prev = seen.setdefault(s.logical_id, (extent, done.metadata))
             if prev[0] != extent:
                 raise MetadataError(

@@ -42,6 +42,7 @@ from spec.handles import (
     PlaceholderHandle,
     SegmentHandle,
     StateEntry,
+    extent_of,
     stream_of,
 )
 from spec.ids import SubtaskId, TmId
@@ -255,8 +256,7 @@ class TaskManager:
         """The bytes of a restored handle (a small working file's segment, R105)."""
         s = stream_of(e.handle)
         assert s is not None
-        at = s.offset if isinstance(s, SegmentHandle) else 0
-        return self.catalog.storage.read_range(s.path, at, s.length)
+        return self.catalog.storage.read_range(*extent_of(s))
 
     def holdings(self, msg: Holdings) -> Held:
         """The files this TM records under the directories asked: R64's sweep of a

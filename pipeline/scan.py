@@ -17,7 +17,13 @@ from pipeline.location import Location
 from pipeline.names import is_utf8, shown
 from pipeline.safe_read import Refused, read_regular
 from spec.config import Scope, StateKind
-from spec.handles import DirectoryHandle, FileHandle, PlaceholderHandle, SegmentHandle
+from spec.handles import (
+    DirectoryHandle,
+    FileHandle,
+    PlaceholderHandle,
+    SegmentHandle,
+    extent_of,
+)
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
 
 FileRow = tuple[str, int, float, bool]
@@ -349,7 +355,7 @@ def _rows(
         head = (key, meta.job, meta.checkpoint, meta.savepoint, e.subtask.dir_name(),
                 e.kind.value, e.name)
         if isinstance(h, SegmentHandle | FileHandle):
-            offset = h.offset if isinstance(h, SegmentHandle) else 0
+            offset = extent_of(h).offset
             if offset + h.length > INT64_MAX:
                 # The audit's columns are 64-bit (Arrow, Spark): such a range would stop the
                 # Spark job (overflow) instead of being reported; no file is that large.

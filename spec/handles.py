@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from attrs import field, frozen
 
 from spec.config import Scope, StateKind
@@ -91,3 +93,17 @@ class StateEntry:
 
 def stream_of(handle: Handle) -> StreamHandle | None:
     return handle if isinstance(handle, SegmentHandle | FileHandle) else None
+
+
+class Extent(NamedTuple):
+    """The bytes a stream handle names. R54 compares these: one logical id, one extent."""
+
+    path: str
+    offset: int
+    length: int
+
+
+def extent_of(stream: StreamHandle) -> Extent:
+    """A whole file's bytes start at 0; a segment's at its offset in the merged file."""
+    at = stream.offset if isinstance(stream, SegmentHandle) else 0
+    return Extent(stream.path, at, stream.length)

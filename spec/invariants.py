@@ -10,7 +10,15 @@ from collections.abc import Callable, Collection, Iterable
 
 from attrs import frozen
 
-from spec.handles import DirectoryHandle, FileHandle, SegmentHandle, StateEntry
+from spec.handles import (
+    DirectoryHandle,
+    Extent,
+    FileHandle,
+    SegmentHandle,
+    StateEntry,
+    extent_of,
+    stream_of,
+)
 from spec.observation import Observation, WorkingObservation
 
 USER = "user"
@@ -25,13 +33,9 @@ class Violation:
         return f"{self.invariant}: {self.detail}"
 
 
-def _stream_extent(entry: StateEntry) -> tuple[str, int] | None:
-    h = entry.handle
-    if isinstance(h, SegmentHandle):
-        return h.path, h.offset + h.length
-    if isinstance(h, FileHandle):
-        return h.path, h.length
-    return None
+def _stream_extent(entry: StateEntry) -> Extent | None:
+    s = stream_of(entry.handle)
+    return None if s is None else extent_of(s)
 
 
 def no_dangling_reference(obs: Observation) -> list[Violation]:
@@ -49,7 +53,7 @@ def no_dangling_reference(obs: Observation) -> list[Violation]:
             if ext is None:
                 out.append(Violation("I1", f"{where}: unresolved handle {e.handle!r}"))
                 continue
-            path, end = ext
+            path, end = ext.path, ext.offset + ext.length
             size = obs.files.get(path)
             if size is None:
                 out.append(Violation("I1", f"{where}: {e.name} -> missing file {path}"))
@@ -142,11 +146,11 @@ def referenced_paths(obs: Observation) -> set[str]:
         for e in r.entries:
             ext = _stream_extent(e)
             if ext is not None:
-                refs.add(ext[0])
+                refs.add(ext.path)
     for e in obs.restoring:
         ext = _stream_extent(e)
         if ext is not None:
-            refs.add(ext[0])
+            refs.add(ext.path)
     return refs
 
 

@@ -25,7 +25,7 @@ from pipeline.result import BEYOND, MISSING, Row, Tables
 from pipeline.single import audit_single
 from spec.config import Scope, StateKind
 from spec.errors import CommandError
-from spec.handles import SegmentHandle, StateEntry, stream_of
+from spec.handles import SegmentHandle, StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId
 from spec.layout import job_base
 from spec.observation import Observation
@@ -52,8 +52,7 @@ class Built:
             for e in r.entries:
                 s = stream_of(e.handle)
                 if s is not None:
-                    off = s.offset if isinstance(s, SegmentHandle) else 0
-                    out.add((f"{job_base(r.job)}/chk-{r.checkpoint}", s.path, off, s.length))
+                    out.add((f"{job_base(r.job)}/chk-{r.checkpoint}", *extent_of(s)))
         return out
 
 

@@ -86,7 +86,7 @@ from fsspec.utils import stringify_path  # type: ignore[import-untyped]
 from fastimpl import CheckpointStore, CounterIds, IdSource, InProcessEngine
 from fastimpl.storage import WRITER_LEASE, Dir, LocalOS, path_of
 from spec.config import Config, JobSpec
-from spec.handles import SegmentHandle, StateEntry, stream_of
+from spec.handles import StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId
 from spec.observation import RetainedView
 
@@ -997,7 +997,7 @@ class Place:
         s = stream_of(entry.handle)
         if s is None:
             raise ValueError(f"{entry.handle!r} names no bytes")
-        offset = s.offset if isinstance(s, SegmentHandle) else 0
+        offset = extent_of(s).offset
         data = bytes(
             self.inner.cat_file(f"{self.root}/{s.path}", start=offset, end=offset + s.length)
         )

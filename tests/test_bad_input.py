@@ -33,7 +33,7 @@ import pytest
 from fastimpl import CheckpointStore, MetadataError, RecoveryError, RecoveryReport, StorageFault
 from fastimpl.metadata import _canonical, encode
 from spec.config import MergingMode
-from spec.handles import FileHandle, SegmentHandle, StateEntry, stream_of
+from spec.handles import Extent, StateEntry, extent_of, stream_of
 from tests.faultyfs import Ledger, Place, payload
 from tests.storage_settings import (
     JOB,
@@ -333,11 +333,10 @@ def _an_entry(store: CheckpointStore) -> StateEntry:
     return next(e for e in latest.entries if e.name == "sst-3")
 
 
-def _extent(entry: StateEntry) -> tuple[str, int, int]:
+def _extent(entry: StateEntry) -> Extent:
     s = stream_of(entry.handle)
-    assert isinstance(s, SegmentHandle | FileHandle)
-    offset = s.offset if isinstance(s, SegmentHandle) else 0
-    return s.path, offset, s.length
+    assert s is not None
+    return extent_of(s)
 
 
 def test_a_truncated_data_file(place: Place, mode: MergingMode) -> None:

@@ -19,7 +19,7 @@ from examples import scripted_job
 from examples.scripted_job.__main__ import main
 from fastimpl import Coordinator
 from spec.config import MergingMode
-from spec.handles import FileHandle, SegmentHandle, stream_of
+from spec.handles import FileHandle, SegmentHandle, extent_of, stream_of
 from spec.observation import RetainedView
 
 SHORT = scripted_job.MIN_CHECKPOINTS
@@ -207,9 +207,8 @@ def test_bytes_changed_behind_the_stores_back_fail_the_restore_check(
             entry = self.retained()[-1].entries[0]
             stream = stream_of(entry.handle)
             assert isinstance(stream, SegmentHandle | FileHandle)
-            offset = stream.offset if isinstance(stream, SegmentHandle) else 0
             with open(tmp_path / MergingMode.NONE.value / stream.path, "r+b") as f:
-                f.seek(offset)
+                f.seek(extent_of(stream).offset)
                 f.write(bytes(stream.length))
             done.append(entry.name)
         failover(self)

@@ -53,7 +53,14 @@ from spec.effects import (
     tm_actor,
 )
 from spec.errors import CommandError, Reason
-from spec.handles import FileHandle, PlaceholderHandle, SegmentHandle, StateEntry, stream_of
+from spec.handles import (
+    FileHandle,
+    PlaceholderHandle,
+    SegmentHandle,
+    StateEntry,
+    extent_of,
+    stream_of,
+)
 from spec.ids import SubtaskId, escape_name, unescape_name
 from spec.layout import is_under, shared_dir, taskowned_dir
 
@@ -119,7 +126,7 @@ def intact(h: Harness, entries: Iterable[StateEntry]) -> None:
         if s is None:
             continue
         assert s.path in files, f"{e.name} of {e.subtask}: {s.path} is gone"
-        end = s.offset + s.length if isinstance(s, SegmentHandle) else s.length
+        end = extent_of(s).offset + s.length
         assert files[s.path] >= end, f"{s.path} is shorter than the handle"
 
 

@@ -735,6 +735,12 @@ def _dup_ids(data: bytes) -> bytes:
     return _reseal_doc(doc)
 
 
+def _checkpoint_0(data: bytes) -> bytes:
+    doc = json.loads(data)
+    doc["payload"]["checkpoint"] = 0
+    return _reseal_doc(doc)
+
+
 def _wrong_type(data: bytes) -> bytes:
     doc = json.loads(data)
     doc["payload"]["entries"][0]["subtask"] = ["src", "0", 2]
@@ -748,6 +754,7 @@ HOSTILE: dict[str, tuple[Callable[[bytes], bytes], str]] = {
     "surrogate": (_surrogate, "cannot be encoded"),
     "duplicate ids": (_dup_ids, "duplicate id"),
     "wrong type": (_wrong_type, "expected an integer"),
+    "checkpoint 0": (_checkpoint_0, "expected an integer >= 1"),
 }
 
 

@@ -93,7 +93,7 @@ def entries_of(base: str) -> st.SearchStrategy[StateEntry]:
 @st.composite
 def metadatas(draw: st.DrawFn) -> Metadata:
     job = draw(names)
-    checkpoint = draw(st.integers(0, 10**9))
+    checkpoint = draw(st.integers(1, 10**9))
     savepoint = draw(st.booleans())
     base = savepoint_dir(checkpoint) if savepoint and draw(st.booleans()) else job_base(job)
     drawn = draw(st.lists(entries_of(base), max_size=5))

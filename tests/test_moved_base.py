@@ -52,7 +52,7 @@ import pytest
 from fastimpl import CheckpointStore
 from fastimpl.metadata import decode
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
-from spec.handles import SegmentHandle, stream_of
+from spec.handles import extent_of, stream_of
 from spec.layout import METADATA
 from spec.observation import RetainedView
 from tests.faultyfs import Ledger, Place, payload
@@ -153,7 +153,7 @@ def _intact(tree: dict[str, bytes]) -> dict[str, set[str]]:
         streams = [s for e in decode(tree[path], source=path).entries if (s := stream_of(e.handle))]
         if all(
             len(tree.get(s.path, b""))
-            >= (s.offset if isinstance(s, SegmentHandle) else 0) + s.length
+            >= extent_of(s).offset + s.length
             for s in streams
         ):
             out[path] = {path} | {s.path for s in streams}

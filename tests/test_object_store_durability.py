@@ -16,7 +16,7 @@ import pytest
 
 from fastimpl import CheckpointStore, CounterIds, StorageFault
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
-from spec.handles import SegmentHandle, StateEntry, stream_of
+from spec.handles import StateEntry, extent_of, stream_of
 from tests.lockstep import S3_BUCKET, s3
 
 JOB = JobSpec((VertexSpec("agg", 2),), num_tms=1)
@@ -44,7 +44,7 @@ def _stored(other: Any, prefix: str, entry: StateEntry | None) -> bytes:
     s = stream_of(entry.handle)
     assert s is not None
     full = f"{S3_BUCKET}/{prefix}/{s.path}"
-    offset = s.offset if isinstance(s, SegmentHandle) else 0
+    offset = extent_of(s).offset
     try:
         return bytes(other.cat_file(full, start=offset, end=offset + s.length))
     except FileNotFoundError:

@@ -33,7 +33,7 @@ from spec.effects import (
     WriteMetadata,
 )
 from spec.errors import Reason
-from spec.handles import FileHandle, SegmentHandle, stream_of
+from spec.handles import extent_of, stream_of
 from spec.ids import SAFE, SubtaskId, escape_name, unescape_name
 from spec.layout import savepoint_dir, shared_dir, taskowned_dir, working_dir
 
@@ -55,9 +55,9 @@ class ExtentTracker(Harness):
         out = super().run(cmd)
         for r in self.observe().retained:
             for e in r.entries:
-                h = e.handle
-                if isinstance(h, SegmentHandle | FileHandle):
-                    ext = (h.path, h.offset if isinstance(h, SegmentHandle) else 0, h.length)
+                h = stream_of(e.handle)
+                if h is not None:
+                    ext = extent_of(h)
                     assert self.logical.setdefault(h.logical_id, ext) == ext, h.logical_id
         return out
 

@@ -30,7 +30,7 @@ from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
 from fastimpl import CachedLocalDiskError, CheckpointStore, recover
 from fastimpl.storage import Storage, UnknownWrapperError, open_files_readable
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
-from spec.handles import FileHandle, SegmentHandle, stream_of
+from spec.handles import FileHandle, SegmentHandle, extent_of, stream_of
 from tests.faultyfs import FaultyFileSystem
 from tests.lockstep import S3_BUCKET, s3
 
@@ -105,7 +105,7 @@ def test_within_through_a_wrapper_leaves_every_named_byte_on_s3(
     for e in done.entries:
         s = stream_of(e.handle)
         assert isinstance(s, SegmentHandle | FileHandle)
-        end = (s.offset if isinstance(s, SegmentHandle) else 0) + s.length
+        end = extent_of(s).offset + s.length
         assert on_s3.get(s.path, -1) >= end, (s.path, on_s3)
     assert store.check_invariants() == []
     store.close()

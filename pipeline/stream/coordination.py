@@ -66,7 +66,7 @@ from spec import commands as cmd
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
 from spec.effects import COORDINATOR, USER, tm_actor
 from spec.errors import CommandError
-from spec.handles import SegmentHandle, StateEntry, stream_of
+from spec.handles import SegmentHandle, StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.invariants import (
     check_all,
@@ -779,8 +779,7 @@ class SparkCoordinator:
         s = stream_of(entry.handle)
         if s is None:
             raise ValueError(f"{entry.name!r}: {type(entry.handle).__name__} names no bytes")
-        at = s.offset if isinstance(s, SegmentHandle) else 0
-        return self.co.storage.read_range(s.path, at, s.length)
+        return self.co.storage.read_range(*extent_of(s))
 
     def settle(self) -> None:
         self.co.storage.drain()

@@ -57,7 +57,7 @@ from pipeline.stream.subtask import (
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
 from spec.config import Config, RestoreMode
-from spec.handles import stream_of
+from spec.handles import extent_of, stream_of
 
 
 @frozen
@@ -378,7 +378,7 @@ class _Files:
             if path.rsplit("/", 1)[-1] not in skip and path.startswith(mine)
         )
         ranges = {
-            (h.path, getattr(h, "offset", 0), h.length)
+            extent_of(h)
             for a in assignments
             for e in decode_assignment(a).entries
             if (h := stream_of(e.handle)) is not None
