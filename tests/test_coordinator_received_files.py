@@ -30,9 +30,13 @@ import pytest
 from conformance.fastimpl_commands import apply
 from fastimpl import CheckpointStore, CounterIds, InProcessEngine
 from fastimpl.records import ManagedDir
+from fastimpl.working import is_working_path
 from spec.commands import (
     Acknowledge,
+    AttemptStopped,
+    CollectWorking,
     Complete,
+    DropWorking,
     ReplaceTm,
     SnapshotWorking,
     Trigger,
@@ -42,8 +46,9 @@ from spec.commands import (
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
 from spec.effects import COORDINATOR, USER, tm_actor
 from spec.errors import CommandError
-from spec.handles import DirectoryHandle, FileHandle, SegmentHandle, StateEntry
+from spec.handles import DirectoryHandle, FileHandle, InPlaceFile, SegmentHandle, StateEntry
 from spec.ids import SubtaskId
+from spec.invariants import check_safety
 from spec.layout import taskowned_dir
 from spec.messages import Acknowledgement
 from tests.faultyfs import Place, payload
@@ -303,6 +308,102 @@ def test_r66_r103_a_withdrawn_acknowledgement_takes_its_in_place_references_with
         apply(engine, Complete(cp))
         (done,) = engine.coord.retained
         assert [sub for sub, _ in done.working] == [second]
+    finally:
+        engine.storage.close_all()
+        place.cleanup()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r103_an_in_place_reference_outside_every_working_directory_is_not_taken(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """I5, R103: a TM of its own is not trusted to refer in place only to working files.
+    An acknowledgement whose first in-place reference is a file outside every database's
+    working directory has that reference dropped, and the working file it names after it
+    is still taken (run 14: ``SharedWorking.take`` 5 stopped at the first such one)."""
+    place = Place.make(kind, tmp_path)
+    engine = InProcessEngine(
+        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1),
+        WORKING_JOB,
+        place.inner,
+        place.root,
+        CounterIds(),
+    )
+    try:
+        sub = SubtaskId("v", 0, 2)
+        apply(engine, WriteWorking(sub, 300))
+        apply(engine, Trigger())
+        cp = engine.coord.next_checkpoint - 1
+        apply(engine, SnapshotWorking(cp, sub, 0))
+        stray = InPlaceFile(f"{engine.job}/shared/{sub.dir_name()}/stray", 300, (0, 63))
+        receive = engine.coord.receive_ack
+
+        def forged(ack: Acknowledgement) -> None:
+            receive(attrs.evolve(ack, in_place=(stray, *ack.in_place)))
+
+        monkeypatch.setattr(engine.coord, "receive_ack", forged)
+        apply(engine, Acknowledge(cp, sub))
+        (taken,) = engine.coord.pending[cp].working[sub]
+        assert is_working_path(taken.path)
+        assert engine.coord.catalog.files[taken.path].owner == COORDINATOR
+        assert stray.path not in engine.coord.catalog.files
+    finally:
+        engine.storage.close_all()
+        place.cleanup()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_r64_r103_a_file_referred_to_in_place_again_keeps_its_creator(
+    tmp_path: Path, kind: str
+) -> None:
+    """R103, R64: a working file a checkpoint took over is referred to in place again by
+    the attempt that replaced its writer (R105 opened it there). Taking it again leaves
+    its record's creator alone: once no checkpoint uses it, its delete waits for the
+    lost writer to stop, which may still have it open (run 14: ``SharedWorking.take`` 8
+    wrote the record anew, with the new attempt as its creator, and deleted it at once)."""
+    place = Place.make(kind, tmp_path)
+    engine = InProcessEngine(
+        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1),
+        WORKING_JOB,
+        place.inner,
+        place.root,
+        CounterIds(),
+    )
+    subs = (SubtaskId("v", 0, 2), SubtaskId("v", 1, 2))
+
+    def checkpoint() -> int:
+        apply(engine, Trigger())
+        cp = engine.coord.next_checkpoint - 1
+        for s in subs:
+            apply(engine, SnapshotWorking(cp, s, 0))
+            apply(engine, Acknowledge(cp, s))
+        apply(engine, Complete(cp))
+        return cp
+
+    try:
+        for s in subs:
+            apply(engine, WriteWorking(s, 300))
+        checkpoint()
+        first = subs[0]
+        ((_, w),) = [(s, w) for s, w in engine.coord.retained[-1].working if s == first]
+        writer = engine.coord.placement[first]
+        assert engine.coord.catalog.files[w.path].creator == writer
+        apply(engine, ReplaceTm(writer))  # lost: a zombie until it stops
+        checkpoint()  # the new attempt refers to w in place again
+        assert engine.coord.catalog.files[w.path].creator == writer
+        apply(engine, DropWorking(first, w.path))  # a compaction replaced it
+        apply(engine, WriteWorking(first, 300))
+        checkpoint()  # the last checkpoint naming w is subsumed
+        apply(engine, CollectWorking())  # R104: unused now, and the coordinator's
+        engine.storage.drain()
+        assert place.inner.exists(f"{place.root}/{w.path}")  # waits for its writer
+        assert [d.waits_for for d in engine.coord.catalog.deferred if d.path == w.path] == [
+            writer
+        ]
+        apply(engine, AttemptStopped(writer))
+        engine.storage.drain()
+        assert not place.inner.exists(f"{place.root}/{w.path}")
+        assert check_safety(engine.observe()) == []
     finally:
         engine.storage.close_all()
         place.cleanup()

@@ -321,3 +321,42 @@ def test_only_files_below_a_subtasks_db_directory_are_working_files(
     referred to, and what recovery leaves to an outside store (``leave_working``) is only
     ``<base>/taskowned/working/<subtask>/db/...``."""
     assert is_working_path(path) is working
+
+
+def test_a_replaced_tm_alone_reopens_its_databases_on_the_coordinators_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """R105, R66: after a task-level failover only the new attempt opens databases: on
+    the latest checkpoint's working files of the subtasks it runs, in place and as the
+    coordinator's (not the user's, so its next snapshot refers to them again instead of
+    copying them), and only it is told its databases are open (R62: it deletes then the
+    private files none of them uses). The replaced TM runs the later subtask, so a walk
+    over the placement that stopped at another TM's subtask would open nothing."""
+    place = Place.make("memory", tmp_path)
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    engine, cp, _, _ = working_store(place, config)
+    last = max(engine.placement)
+    old = engine.placement[last]
+    assert sorted(engine.placement)[0] != last and engine.placement[min(engine.placement)] != old
+    files = {w.path: w for r in engine.coord.retained for s, w in r.working if s == last}
+    assert files
+    sent: list[tuple[str, Duty]] = []
+    duty = engine.duty
+
+    def spy(tm: str, msg: Duty) -> object:
+        sent.append((tm, msg))
+        return duty(tm, msg)
+
+    monkeypatch.setattr(engine, "duty", spy)
+    new = engine.replace_tm(old)
+    opens = [(tm, m) for tm, m in sent if isinstance(m, OpenDatabase)]
+    assert [(tm, m.subtask, m.users) for tm, m in opens] == [(new, last, False)]
+    assert set(opens[0][1].in_place) == set(files.values())
+    assert [tm for tm, m in sent if isinstance(m, DatabasesOpened)] == [new]
+    tm = TaskManager.alone(place.inner, place.root, config, engine.job, new)
+    tm.host([last])
+    tm.on_duty(opens[0][1])
+    tm.working.snapshot(last, cp + 1, 0, False, lambda name, data: None)
+    assert set(tm.working.pins[(last, cp + 1)]) == set(files)  # in place, not copied
+    engine.storage.close_all()
+    place.cleanup()
