@@ -30,7 +30,6 @@ import pytest
 from conformance.fastimpl_commands import apply
 from fastimpl import CheckpointStore, CounterIds, InProcessEngine
 from fastimpl.records import ManagedDir
-from fastimpl.working import is_working_path
 from spec.commands import (
     Acknowledge,
     AttemptStopped,
@@ -49,7 +48,7 @@ from spec.errors import CommandError
 from spec.handles import DirectoryHandle, FileHandle, InPlaceFile, SegmentHandle, StateEntry
 from spec.ids import SubtaskId
 from spec.invariants import check_safety
-from spec.layout import taskowned_dir
+from spec.layout import taskowned_dir, working_dir
 from spec.messages import Acknowledgement
 from tests.faultyfs import Place, payload
 from tests.storage_settings import JOB, KS, OP, _checkpoint
@@ -314,13 +313,16 @@ def test_r66_r103_a_withdrawn_acknowledgement_takes_its_in_place_references_with
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_r103_an_in_place_reference_outside_every_working_directory_is_not_taken(
+def test_r103_in_place_references_are_taken_only_where_the_store_writes(
     tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """I5, R103: a TM of its own is not trusted to refer in place only to working files.
-    An acknowledgement whose first in-place reference is a file outside every database's
-    working directory has that reference dropped, and the working file it names after it
-    is still taken (run 14: ``SharedWorking.take`` 5 stopped at the first such one)."""
+    """I5, R103: a TM of its own is not trusted to refer in place only to working files
+    of the running job, and the coordinator may hold no record of one it wrote (another
+    process). Of an acknowledgement's in-place references, one outside every working
+    directory and one into another job's are dropped; an unrecorded working file of the
+    running job becomes the coordinator's, written by the acknowledging attempt; and
+    the ones after a dropped reference are still taken (run 14: ``SharedWorking.take`` 5
+    stopped at the first dropped one, 9-13 never recorded an unrecorded file)."""
     place = Place.make(kind, tmp_path)
     engine = InProcessEngine(
         Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1),
@@ -335,18 +337,29 @@ def test_r103_an_in_place_reference_outside_every_working_directory_is_not_taken
         apply(engine, Trigger())
         cp = engine.coord.next_checkpoint - 1
         apply(engine, SnapshotWorking(cp, sub, 0))
+        db = f"{working_dir(engine.job, sub)}/db"
         stray = InPlaceFile(f"{engine.job}/shared/{sub.dir_name()}/stray", 300, (0, 63))
+        foreign = InPlaceFile(f"{working_dir('job-9', sub)}/db/f1", 300, (0, 63))
+        behind = InPlaceFile(f"{db}/behind", 200, (0, 63))
+        for f in (stray, foreign, behind):
+            place.inner.makedirs(f"{place.root}/{f.path.rsplit('/', 1)[0]}", exist_ok=True)
+            place.write(f.path, b"w" * f.length)
         receive = engine.coord.receive_ack
+        acks: list[Acknowledgement] = []
 
         def forged(ack: Acknowledgement) -> None:
-            receive(attrs.evolve(ack, in_place=(stray, *ack.in_place)))
+            acks.append(ack)
+            receive(attrs.evolve(ack, in_place=(stray, foreign, *ack.in_place, behind)))
 
         monkeypatch.setattr(engine.coord, "receive_ack", forged)
         apply(engine, Acknowledge(cp, sub))
-        (taken,) = engine.coord.pending[cp].working[sub]
-        assert is_working_path(taken.path)
-        assert engine.coord.catalog.files[taken.path].owner == COORDINATOR
-        assert stray.path not in engine.coord.catalog.files
+        (ack,) = acks
+        taken = engine.coord.pending[cp].working[sub]
+        assert list(taken) == [*ack.in_place, behind]
+        files = engine.coord.catalog.files
+        assert all(files[w.path].owner == COORDINATOR for w in taken)
+        assert (files[behind.path].creator, files[behind.path].size) == (ack.attempt, 200)
+        assert stray.path not in files and foreign.path not in files
     finally:
         engine.storage.close_all()
         place.cleanup()
