@@ -284,7 +284,7 @@ class CheckpointCoordinator:
         entries = ack.entries
         in_place: tuple[InPlaceFile, ...] = ()
         if current:  # working state (§11): R103 hands them over, pending or not
-            in_place = self.working.take(ack, ack.checkpoint in self.pending)
+            in_place = self.working.take(ack)
         if not current or ack.checkpoint not in self.pending:
             if current:
                 # R43: a late ack still hands files over, but never one a checkpoint

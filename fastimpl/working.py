@@ -309,11 +309,12 @@ class SharedWorking:
         databases are an outside store's that the tasks open themselves (a recovery with
         ``leave_working``, the streaming job's SlateDB)."""
 
-    def take(self, ack: Acknowledgement, pending: bool) -> tuple[InPlaceFile, ...]:
+    def take(self, ack: Acknowledgement) -> tuple[InPlaceFile, ...]:
         """R103: what a current attempt's acknowledgement refers to in place becomes the
         coordinator's (the user's stays the user's), whether its checkpoint is pending or
-        not. A file its records do not hold (a TM in another process) is recorded only
-        where this store writes (I5)."""
+        not; the references taken (the pending checkpoint's, if it still is). A file its
+        records do not hold (a TM in another process) is recorded only where this store
+        writes (I5)."""
         cat = self.coord.catalog
         taken: list[InPlaceFile] = []
         for w in ack.in_place:
@@ -329,7 +330,7 @@ class SharedWorking:
                 f.owner = COORDINATOR
             self.shared.add(w.path)
             taken.append(w)
-        return tuple(taken) if pending else ()
+        return tuple(taken)
 
     def referred(self) -> set[str]:
         """Working files a retained checkpoint or a pending one's acknowledgement refers

@@ -359,6 +359,7 @@ def test_r103_in_place_references_are_taken_only_where_the_store_writes(
         files = engine.coord.catalog.files
         assert all(files[w.path].owner == COORDINATOR for w in taken)
         assert (files[behind.path].creator, files[behind.path].size) == (ack.attempt, 200)
+        assert behind.path not in engine.observe().open_files  # a database's file is done
         assert stray.path not in files and foreign.path not in files
     finally:
         engine.storage.close_all()
