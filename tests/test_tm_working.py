@@ -12,14 +12,17 @@ from typing import Any
 import fsspec  # type: ignore[import-untyped]
 import pytest
 
+from conformance.fastimpl_commands import apply
 from fastimpl.storage import StorageFault
 from fastimpl.taskmanager import TaskManager
 from fastimpl.working import is_working_path, overlaps
-from spec.commands import StorageOp
+from spec.commands import DropWorking, FailNextCall, SnapshotWorking, StorageOp, Trigger
 from spec.config import Config, MergingMode, RestoreMode
+from spec.effects import COORDINATOR
 from spec.errors import CommandError, Reason
 from spec.handles import InPlaceFile
 from spec.ids import SubtaskId
+from spec.invariants import check_safety
 from spec.layout import working_dir
 from spec.messages import (
     DatabaseFiles,
@@ -358,5 +361,60 @@ def test_a_replaced_tm_alone_reopens_its_databases_on_the_coordinators_files(
     tm.on_duty(opens[0][1])
     tm.working.snapshot(last, cp + 1, 0, False, lambda name, data: None)
     assert set(tm.working.pins[(last, cp + 1)]) == set(files)  # in place, not copied
+    engine.storage.close_all()
+    place.cleanup()
+
+
+def test_a_release_frees_every_private_file_past_one_handed_over(tmp_path: Path) -> None:
+    """R102: one release can free several files. Here an aborted snapshot's pins go at
+    once on a file the coordinator took over at the checkpoint before (never deleted
+    by the TM, which forgets it) and on a private file the database no longer uses
+    (deleted at once). The handed-over file sorts first (run 14: ``Databases.release``
+    16 stopped at it, and the private file stayed until a later release)."""
+    place = Place.make("memory", tmp_path)
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    engine, _, _, _ = working_store(place, config)
+    sub = SubtaskId("v", 1, 2)  # its database wrote no private file after the checkpoint
+    taken = engine.coord.catalog.files
+    (handed,) = [w.path for s, w in engine.coord.retained[-1].working if s == sub]
+    assert taken[handed].owner == COORDINATOR
+    private = engine.working.write(sub, b"p" * 300)
+    assert private is not None and handed < private
+    apply(engine, Trigger())
+    nxt = engine.coord.next_checkpoint - 1
+    apply(engine, SnapshotWorking(nxt, sub, 0))  # pins both, in place
+    apply(engine, DropWorking(sub, handed))
+    apply(engine, DropWorking(sub, private))
+    engine.storage.drain()
+    assert place.inner.exists(f"{place.root}/{private}")  # pinned still
+    engine.parties[engine.coord.placement[sub]].drop_outputs(sub, nxt)  # never acknowledged
+    engine.storage.drain()
+    assert not place.inner.exists(f"{place.root}/{private}")
+    assert place.inner.exists(f"{place.root}/{handed}") and taken[handed].owner == COORDINATOR
+    engine.storage.close_all()
+    place.cleanup()
+
+
+def test_a_private_file_whose_delete_failed_is_deleted_again_at_the_next_release(
+    tmp_path: Path,
+) -> None:
+    """R102, R45: a TM's delete of a private file its database no longer uses fails; the
+    file stays its own, and the TM's next release deletes it (run 14: ``Databases.release``
+    21 forgot it, and it waited for the catalog's retry)."""
+    place = Place.make("memory", tmp_path)
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    engine, _, private, _ = working_store(place, config)
+    sub = SubtaskId("v", 0, 2)  # wrote ``private`` after the checkpoint
+    apply(engine, FailNextCall(StorageOp.DELETE))
+    apply(engine, DropWorking(sub, private))
+    engine.storage.drain()
+    assert place.inner.exists(f"{place.root}/{private}")  # the delete failed
+    later = engine.working.write(sub, b"q" * 40)
+    assert later is not None
+    apply(engine, DropWorking(sub, later))
+    engine.storage.drain()
+    assert not place.inner.exists(f"{place.root}/{private}")
+    assert not place.inner.exists(f"{place.root}/{later}")
+    assert check_safety(engine.observe()) == []
     engine.storage.close_all()
     place.cleanup()
