@@ -667,6 +667,66 @@ def test_r54_acknowledgements_giving_one_logical_id_two_paths_abort_the_checkpoi
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_r54_a_logical_id_only_a_pending_placeholder_keeps_registered_is_not_given_away(
+    tmp_path: Path, kind: str
+) -> None:
+    """R54, R22: checkpoints 2, 3 and 4 pending; a subtask's acknowledgement of 3 reuses
+    checkpoint 1's shared file (a placeholder pinning it). Checkpoint 2 completes and
+    subsumes 1: the file stays registered for 3 alone, in no retained checkpoint. An
+    acknowledgement of 4 (a TM of its own, not trusted) names another file under that
+    logical id: only the registry knows the id's path, and 4 is aborted before its
+    ``_metadata`` is written; 3 completes on the pinned file (run 14: ``_id_clash``
+    13-15 left out the registry, and 4 completed under an id the registry holds for
+    another path)."""
+    place, store = _none_store(tmp_path, kind)
+    try:
+        co = store._engine.coord
+        coord = store.coordinator
+        c1 = _checkpoint(store)
+        assert c1 is not None
+        (done,) = coord.retained()
+        sub = min(store.placement())
+        (pinned,) = [
+            e.handle
+            for e in done.entries
+            if e.subtask == sub and e.name == f"sst-{c1}" and isinstance(e.handle, FileHandle)
+        ]
+        c2, c3, c4 = coord.trigger(), coord.trigger(), coord.trigger()
+        mgr = store.task_manager(store.placement()[sub])
+        assert mgr.reuse_shared(c3, sub, f"sst-{c1}") is not None
+        mgr.acknowledge(c3, sub)
+        for cid in (c2, c4):
+            for s, t in sorted(store.placement().items()):
+                store.task_manager(t).write(cid, s, KS, "fresh", payload(s, "fresh", cid))
+                store.task_manager(t).acknowledge(cid, s)
+        assert coord.complete(c2) is not None  # subsumes checkpoint 1
+        assert [r.id for r in co.retained] == [c2]
+        assert all(pinned.logical_id not in {getattr(e.handle, "logical_id", None)
+                                             for e in r.entries} for r in co.retained)
+        other = max(store.placement())
+        mine = _scoped(co.pending[c4].acks[other], Scope.SHARED)[0]
+        assert isinstance(mine.handle, FileHandle) and mine.handle.path != pinned.path
+        forged = attrs.evolve(mine, handle=attrs.evolve(mine.handle, logical_id=pinned.logical_id))
+        p = co.pending[c4]
+        p.acks[other] = tuple(forged if e is mine else e for e in p.acks[other])
+        assert coord.complete(c4) is None
+        assert c4 not in co.pending and c3 in co.pending
+        store.deliver_notifications()
+        store.flush()
+        assert pinned.path in store.observe().files
+        for s, t in sorted(store.placement().items()):
+            if s != sub:
+                store.task_manager(t).acknowledge(c3, s)
+        assert coord.complete(c3) is not None
+        store.flush()
+        assert pinned.path in store.observe().files
+        assert store.check_invariants() == []
+    finally:
+        store.close()
+        place.cleanup()
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_r64_a_file_another_attempt_acknowledges_keeps_its_creator_and_waits_for_it(
     tmp_path: Path, kind: str
 ) -> None:
