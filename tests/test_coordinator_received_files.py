@@ -28,7 +28,7 @@ import attrs
 import pytest
 
 from conformance.fastimpl_commands import apply
-from fastimpl import CheckpointStore, CounterIds, InProcessEngine
+from fastimpl import CheckpointStore
 from fastimpl.records import ManagedDir
 from spec.commands import (
     Acknowledge,
@@ -52,7 +52,7 @@ from spec.layout import taskowned_dir, working_dir
 from spec.messages import Acknowledgement
 from tests.faultyfs import Place, payload
 from tests.storage_settings import JOB, KS, OP, _checkpoint
-from tests.working_jobs import WORKING_JOB
+from tests.working_jobs import working_engine
 
 KINDS = ("local", "memory")
 NAMED = ("retained-file", "retained-metadata", "restored-file", "users-file")
@@ -283,13 +283,7 @@ def test_r66_r103_a_withdrawn_acknowledgement_takes_its_in_place_references_with
     replaced attempt's working file, which its database, gone with it, no longer keeps
     (run 13: ``_withdraw_acks`` 9 kept the withdrawn reference)."""
     place = Place.make(kind, tmp_path)
-    engine = InProcessEngine(
-        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1),
-        WORKING_JOB,
-        place.inner,
-        place.root,
-        CounterIds(),
-    )
+    engine = working_engine(place)
     try:
         first, second = SubtaskId("v", 0, 2), SubtaskId("v", 1, 2)
         for s in (first, second):
@@ -324,13 +318,7 @@ def test_r103_in_place_references_are_taken_only_where_the_store_writes(
     the ones after a dropped reference are still taken (run 14: ``SharedWorking.take`` 5
     stopped at the first dropped one, 9-13 never recorded an unrecorded file)."""
     place = Place.make(kind, tmp_path)
-    engine = InProcessEngine(
-        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1),
-        WORKING_JOB,
-        place.inner,
-        place.root,
-        CounterIds(),
-    )
+    engine = working_engine(place)
     try:
         sub = SubtaskId("v", 0, 2)
         apply(engine, WriteWorking(sub, 300))
@@ -376,13 +364,7 @@ def test_r64_r103_a_file_referred_to_in_place_again_keeps_its_creator(
     lost writer to stop, which may still have it open (run 14: ``SharedWorking.take`` 8
     wrote the record anew, with the new attempt as its creator, and deleted it at once)."""
     place = Place.make(kind, tmp_path)
-    engine = InProcessEngine(
-        Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1),
-        WORKING_JOB,
-        place.inner,
-        place.root,
-        CounterIds(),
-    )
+    engine = working_engine(place)
     subs = (SubtaskId("v", 0, 2), SubtaskId("v", 1, 2))
 
     def checkpoint() -> int:

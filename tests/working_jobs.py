@@ -6,18 +6,26 @@ from __future__ import annotations
 from conformance.fastimpl_commands import apply
 from fastimpl import CounterIds, InProcessEngine
 from spec.commands import Acknowledge, Complete, SnapshotWorking, Trigger, WriteWorking
-from spec.config import Config, JobSpec, VertexSpec
+from spec.config import Config, JobSpec, MergingMode, VertexSpec
 from spec.ids import SubtaskId
 from tests.faultyfs import Place
 
 WORKING_JOB = JobSpec((VertexSpec("v", 2),), num_tms=2)
 
 
+def working_engine(place: Place, config: Config | None = None) -> InProcessEngine:
+    """The working job on ``place`` (by default: merging within a checkpoint, one
+    retained), nothing written yet."""
+    if config is None:
+        config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    return InProcessEngine(config, WORKING_JOB, place.inner, place.root, CounterIds())
+
+
 def working_store(place: Place, config: Config) -> tuple[InProcessEngine, int, str, list[str]]:
     """A job whose databases wrote one working file each, a completed checkpoint that
     refers to both in place (R103), and a private working file written after it: the
     engine, the checkpoint, the private file and the in-place files."""
-    engine = InProcessEngine(config, WORKING_JOB, place.inner, place.root, CounterIds())
+    engine = working_engine(place, config)
     subtasks = (SubtaskId("v", 0, 2), SubtaskId("v", 1, 2))
     for s, size in zip(subtasks, (500, 400), strict=True):
         apply(engine, WriteWorking(s, size))
