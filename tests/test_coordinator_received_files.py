@@ -52,7 +52,7 @@ from spec.layout import taskowned_dir, working_dir
 from spec.messages import Acknowledgement
 from tests.faultyfs import Place, payload
 from tests.storage_settings import JOB, KS, OP, _checkpoint
-from tests.working_jobs import working_engine
+from tests.working_jobs import working_checkpoint, working_engine
 
 KINDS = ("local", "memory")
 NAMED = ("retained-file", "retained-metadata", "restored-file", "users-file")
@@ -368,13 +368,7 @@ def test_r64_r103_a_file_referred_to_in_place_again_keeps_its_creator(
     subs = (SubtaskId("v", 0, 2), SubtaskId("v", 1, 2))
 
     def checkpoint() -> int:
-        apply(engine, Trigger())
-        cp = engine.coord.next_checkpoint - 1
-        for s in subs:
-            apply(engine, SnapshotWorking(cp, s, 0))
-            apply(engine, Acknowledge(cp, s))
-        apply(engine, Complete(cp))
-        return cp
+        return working_checkpoint(engine, subs)
 
     try:
         for s in subs:

@@ -21,6 +21,18 @@ def working_engine(place: Place, config: Config | None = None) -> InProcessEngin
     return InProcessEngine(config, WORKING_JOB, place.inner, place.root, CounterIds())
 
 
+def working_checkpoint(engine: InProcessEngine, subtasks: tuple[SubtaskId, ...]) -> int:
+    """A checkpoint for which each of ``subtasks`` snapshots its database (every file in
+    place, R103) and acknowledges; completed. Its id."""
+    apply(engine, Trigger())
+    cp = engine.coord.next_checkpoint - 1
+    for s in subtasks:
+        apply(engine, SnapshotWorking(cp, s, 0))
+        apply(engine, Acknowledge(cp, s))
+    apply(engine, Complete(cp))
+    return cp
+
+
 def working_store(place: Place, config: Config) -> tuple[InProcessEngine, int, str, list[str]]:
     """A job whose databases wrote one working file each, a completed checkpoint that
     refers to both in place (R103), and a private working file written after it: the
@@ -29,12 +41,7 @@ def working_store(place: Place, config: Config) -> tuple[InProcessEngine, int, s
     subtasks = (SubtaskId("v", 0, 2), SubtaskId("v", 1, 2))
     for s, size in zip(subtasks, (500, 400), strict=True):
         apply(engine, WriteWorking(s, size))
-    apply(engine, Trigger())
-    cp = engine.coord.next_checkpoint - 1
-    for s in subtasks:
-        apply(engine, SnapshotWorking(cp, s, 0))
-        apply(engine, Acknowledge(cp, s))
-    apply(engine, Complete(cp))
+    cp = working_checkpoint(engine, subtasks)
     private = engine.working.write(subtasks[0], b"p" * 30)  # after the checkpoint
     assert private is not None
     engine.storage.drain()
