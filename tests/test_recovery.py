@@ -1168,16 +1168,19 @@ def test_a_missing_or_truncated_working_file_refuses_and_changes_nothing(
     engine.storage.close_all()
 
 
+@pytest.mark.parametrize("mark", [7, 1], ids=["mark-above", "mark-below"])
 @pytest.mark.parametrize("mode", [MergingMode.WITHIN_CHECKPOINT, MergingMode.NONE], ids=str)
 def test_the_recovered_job_takes_ids_past_every_job_and_attempt_under_the_root(
-    place: Place, mode: MergingMode
+    place: Place, mode: MergingMode, mark: int
 ) -> None:
     """R50's rule, for jobs and attempts: an unrelated ``job-5/`` under the root, the task-owned
     directory of an attempt a failover started (``tm-3``, merging modes), and a file
     whose name marks it as ``tm-7``'s (a TM in a process of its own, R64; NONE mode owns
     no directory) hold ids the new job and its TMs must not take again: its base, their
     directories and the files their names mark are their own (run 13: ``recover`` 153,
-    165, 166 and 211 gave out used ids; a marked name was not counted before)."""
+    165, 166 and 211 gave out used ids; a marked name was not counted before). The mark
+    is above the directory's id, or below it (run 14: ``recover`` 163, 164 broke the
+    directories' pattern, and the mark above hid it)."""
     config = Config.for_mode(mode, num_retained=1)
     store = _store(place, config)
     ledger, prog = Ledger(), Progress()
@@ -1187,11 +1190,11 @@ def test_the_recovered_job_takes_ids_past_every_job_and_attempt_under_the_root(
     place.inner.makedirs(f"{place.root}/job-5", exist_ok=True)
     place.write("job-5/unrelated", b"not the store's")
     sub = min(store.placement())
-    leftover = f"job-0/shared/{sub.dir_name()}/{marked('left', 'tm-7')}"
+    leftover = f"job-0/shared/{sub.dir_name()}/{marked('left', f'tm-{mark}')}"
     place.inner.makedirs(f"{place.root}/{leftover.rsplit('/', 1)[0]}", exist_ok=True)
     place.write(leftover, b"a killed TM's")
     rx = re.compile(r"[^/]+/taskowned/tm-(\d+)/")
-    used = {int(m.group(1)) for p in place.snapshot() if (m := rx.match(p))} | {7}
+    used = {int(m.group(1)) for p in place.snapshot() if (m := rx.match(p))} | {mark}
     if mode is not MergingMode.NONE:
         assert 3 in used  # the replacement's directory
     new, report = CheckpointStore.recover(place.url, config, JOB)
