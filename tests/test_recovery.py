@@ -1278,29 +1278,34 @@ def test_the_recovered_store_draws_names_from_the_callers_id_source(place: Place
     new.close()
 
 
+@pytest.mark.parametrize("unrelated", [4, None], ids=["job-4", "empty"])
 @pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
 def test_a_recovery_with_nothing_to_recover_starts_the_job_afresh(
-    place: Place, mode: MergingMode
+    place: Place, mode: MergingMode, unrelated: int | None
 ) -> None:
-    """No checkpoint under the root (an unrelated ``job-4/``), and a crashed job whose
-    id is not ``job-N``: the job starts as a new one would, as ``job-5`` with checkpoint
-    1, and its second and third checkpoints reuse the first's shared state (run 13:
-    ``recover`` 251, 253, 254 and 353 took the job number from nowhere, 260 started at
-    checkpoint 2, and 263 told the TMs checkpoint 1 was subsumed before it completed,
-    so they dropped its state)."""
+    """No checkpoint under the root (an unrelated ``job-4/``, or nothing), and a crashed
+    job whose id is not ``job-N``: the job starts as a new one would, as the job after
+    every one under the root (``job-5``, or the first) with checkpoint 1, and its second
+    and third checkpoints reuse the first's shared state (run 13: ``recover`` 251, 253,
+    254 and 353 took the job number from nowhere, 260 started at checkpoint 2, and 263
+    told the TMs checkpoint 1 was subsumed before it completed, so they dropped its
+    state; run 14: with ``job-4`` always there, 263, 265 and 266, the empty root's job
+    number, survived)."""
     config = Config.for_mode(mode, num_retained=2)
-    place.inner.makedirs(f"{place.root}/job-4", exist_ok=True)
-    place.write("job-4/unrelated", b"another job's")
+    if unrelated is not None:
+        place.inner.makedirs(f"{place.root}/job-{unrelated}", exist_ok=True)
+        place.write(f"job-{unrelated}/unrelated", b"another job's")
     new, report = CheckpointStore.recover(place.url, config, JOB, crashed_job="etl")
-    assert (new.job_id, report.checkpoints, report.garbage) == ("job-5", (), ())
-    assert report.left_alone == ("job-4",)
+    job = f"job-{(unrelated or 0) + 1}"
+    assert (new.job_id, report.checkpoints, report.garbage) == (job, (), ())
+    assert report.left_alone == (() if unrelated is None else (f"job-{unrelated}",))
     ledger, prog = Ledger(), Progress()
     assert checkpoint(new, ledger, prog) == 1
     # the TMs still know checkpoint 1's shared state (a reuse of dropped state raises)
     assert checkpoint(new, ledger, prog, reuse=(1,)) == 2
     assert checkpoint(new, ledger, prog, reuse=(1,)) == 3
     new.flush()
-    assert more_checkpoints(new, ledger, 1, [("job-5", 3)]) == []
+    assert more_checkpoints(new, ledger, 1, [(job, 3)]) == []
     assert new.check_invariants(quiet=True) == []
     new.close()
 
