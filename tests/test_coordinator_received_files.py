@@ -46,7 +46,7 @@ from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
 from spec.effects import COORDINATOR, USER, tm_actor
 from spec.errors import CommandError
 from spec.handles import DirectoryHandle, FileHandle, InPlaceFile, SegmentHandle, StateEntry
-from spec.ids import SubtaskId
+from spec.ids import SubtaskId, TmId
 from spec.invariants import check_safety
 from spec.layout import taskowned_dir, working_dir
 from spec.messages import Acknowledgement
@@ -423,6 +423,15 @@ def _none_store(tmp_path: Path, kind: str) -> tuple[Place, CheckpointStore]:
     return place, store
 
 
+def _on_two_tms(
+    store: CheckpointStore,
+) -> tuple[list[tuple[SubtaskId, TmId]], tuple[SubtaskId, TmId], tuple[SubtaskId, TmId]]:
+    """The placement in order, its first subtask, and the first one on another TM."""
+    placed = sorted(store.placement().items())
+    first = placed[0]
+    return placed, first, next((s, t) for s, t in placed if t != first[1])
+
+
 @pytest.mark.parametrize("sender", ["lost-host", "alive-non-host", "unknown"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_r56_an_acknowledgement_from_an_attempt_given_up_or_not_hosting_is_ignored(
@@ -437,9 +446,7 @@ def test_r56_an_acknowledgement_from_an_attempt_given_up_or_not_hosting_is_ignor
     try:
         coord = store.coordinator
         co = store._engine.coord
-        placement = sorted(store.placement().items())
-        sub, host = placement[0]
-        other = next(t for _, t in placement if t != host)
+        placement, (sub, host), (_, other) = _on_two_tms(store)
         if sender == "lost-host":
             co.lose(host)  # it may still run; its subtasks wait for a failover
         cid = coord.trigger()
@@ -501,9 +508,7 @@ def test_r64_a_lost_attempts_late_file_is_its_own_until_it_stops_then_deleted(
         coord = store.coordinator
         co = store._engine.coord
         cid = coord.trigger()
-        placement = sorted(store.placement().items())
-        sub, host = placement[0]
-        elsewhere = next(s for s, t in placement if t != host)
+        _, (sub, host), (elsewhere, _) = _on_two_tms(store)
         entry, rel = _written_behind(place, sub, elsewhere, "late")
         co.lose(host)  # aborts the checkpoint (R57)
         assert cid not in co.pending
@@ -715,9 +720,7 @@ def test_r64_a_file_another_attempt_acknowledges_keeps_its_creator_and_waits_for
         coord = store.coordinator
         co = store._engine.coord
         cid = coord.trigger()
-        placed = sorted(store.placement().items())
-        s1, t1 = placed[0]
-        s2, t2 = next((s, t) for s, t in placed if t != t1)
+        _, (s1, t1), (s2, t2) = _on_two_tms(store)
         mgr = store.task_manager(t1)
         mgr.write(cid, s1, KS, "sst", payload(s1, "sst"))
         mgr.acknowledge(cid, s1)
