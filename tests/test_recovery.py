@@ -69,7 +69,7 @@ from spec.handles import (
 from spec.ids import SubtaskId
 from spec.layout import SAVEPOINTS, metadata_path
 from tests.faultyfs import FaultyFileSystem, Ledger, Place, SimulatedCrash, payload
-from tests.working_jobs import WORKING_JOB, working_store
+from tests.working_jobs import WORKING_JOB, working_checkpoint, working_store
 
 KS = StateKind.KEYED_SHARED
 OP = StateKind.OPERATOR_LIST
@@ -1061,6 +1061,44 @@ def test_recovery_keeps_the_working_files_a_kept_checkpoint_refers_to_in_place(
         apply(new, Acknowledge(nxt, s))
     apply(new, Complete(nxt))
     assert sorted(w.path for _, w in new.coord.retained[-1].working) == in_place
+    new.storage.close_all()
+    engine.storage.close_all()
+
+
+def test_a_claimed_predecessors_working_files_are_copied_after_a_recovery(place: Place) -> None:
+    """R105 with I5 after a crash: job-1, a CLAIM restore of job-0, opens job-0's working
+    files in place and its checkpoint refers to them there. Recovering job-1 takes only
+    job-1's base (I5): job-0's files are the user's, read where the kept checkpoint
+    refers to them. The new job's databases open them in place (CLAIM, so not as the
+    user's by the restore's mode), yet the next checkpoint must refer to copies of its
+    own, and job-0's files stay, byte for byte, once every checkpoint that used them is
+    subsumed (mutation run 15, ``Databases.snapshot`` 9 and 10: without the owner's
+    record the snapshot referred to the user's files in place)."""
+    config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
+    engine, cp, _, in_place = working_store(place, config)
+    assert all(p.startswith("job-0/") for p in in_place)
+    engine.restore(cp, mode=RestoreMode.CLAIM)
+    assert engine.job == "job-1"
+    subtasks = tuple(sorted(engine.coord.placement))
+    claimed = working_checkpoint(engine, subtasks)
+    assert sorted(w.path for _, w in engine.coord.retained[-1].working) == in_place
+    engine.storage.drain()
+    before = place.snapshot()
+    new, report = recover(
+        config, WORKING_JOB, place.inner, place.root, job="job-1", background_deletes=False
+    )
+    new.storage.drain()
+    assert report.checkpoints == (claimed,) and "job-0" in report.left_alone
+    assert {new.observe().owners.get(p) for p in in_place} == {"user"}
+    own = new.job + "/"
+    for _ in range(config.num_retained + 1):
+        working_checkpoint(new, tuple(sorted(new.coord.placement)))
+        refs = sorted(w.path for _, w in new.coord.retained[-1].working)
+        assert len(refs) == 2 and all(p.startswith(own) for p in refs), refs
+    new.storage.drain()
+    after = place.snapshot()
+    assert {p: after.get(p) for p in in_place} == {p: before[p] for p in in_place}
+    assert {new.observe().owners.get(p) for p in in_place} == {"user"}
     new.storage.close_all()
     engine.storage.close_all()
 
