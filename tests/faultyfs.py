@@ -1017,10 +1017,13 @@ class Place:
         ids: IdSource | None = None,
         object_store: bool = False,
         deletion_log: bool = True,
+        lease: bool = False,
     ) -> tuple[CheckpointStore, FaultyFileSystem]:
         """A store on this place, every storage call through a fresh wrapper: on a local
         directory ``Storage``'s local-disk path through ``FaultyOS`` (unless it is to be
-        an object store), elsewhere fsspec calls."""
+        an object store), elsewhere fsspec calls. ``lease``: the store takes the base's
+        writer lease, as one opened by URL does, so the checks made only where a store
+        keeps one (a directory deleted whole is listed first) run too."""
         local_root = self.root if self.kind == "local" and not object_store else None
         fs = FaultyFileSystem(self.inner, object_store=object_store, local_root=local_root)
         cluster = InProcessEngine(
@@ -1033,6 +1036,8 @@ class Place:
             deletion_log=deletion_log,
         )
         cluster.storage.retry_backoff = 1e-4
+        if lease and not cluster.storage.take_lease(b"faultyfs-test", exclusive=True):
+            raise ValueError(f"{self.root} holds another store's lease")
         return CheckpointStore(self.url, config, job, _engine=cluster), fs
 
 

@@ -21,6 +21,7 @@ import pytest
 from fastimpl.writer_state import WRITER_STATE, publish_state
 from pipeline import fence
 from pipeline.location import Location
+from spec.commands import StorageOp
 from spec.config import Config, MergingMode, StateKind
 from spec.layout import job_base
 from tests.faultyfs import Place, payload
@@ -84,5 +85,45 @@ def test_the_published_writer_state_says_the_job_ended(
     if kind == "local":  # what the audit reads before it deletes (it reads no memory://)
         state = fence.read_state(Location.parse(f"{place.root}/{base}"))
         assert state is not None and state.running is False
+    store.close()
+    place.cleanup()
+
+
+@pytest.mark.parametrize("mode", MANAGED_MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("kind", KINDS)
+def test_r90_files_whose_background_delete_keeps_failing_stay_their_deleters(
+    tmp_path: Path, kind: str, mode: MergingMode
+) -> None:
+    """R45 with R90: while a background delete keeps failing, what it was to delete is
+    still on storage and is reported as its deleter's (``observe().owners``), whether it
+    was a file deleted on its own or one inside a directory deleted whole; a retry that
+    succeeds removes both. The TM's first delete fails before it is queued, so that file
+    stays in the TM's records and goes with its directory (R90)."""
+    place = Place.make(kind, tmp_path)
+    store, fs = place.store(Config.for_mode(mode), JOB)
+    coord = store.coordinator
+    cid = coord.trigger()  # no checkpoint completes: no directory is handed over
+    for sub, tm in sorted(store.placement().items()):
+        store.task_manager(tm).write(cid, sub, KS, "sst", payload(sub, "sst"))
+    written = dict(store.observe().owners)
+    assert written and all(o.startswith("tm:") for o in written.values()), written
+    store._engine.storage.arm(StorageOp.DELETE)
+    removals = ("remove", "rmtree") if kind == "local" else ("rm_file", "rm")
+    for method in removals:
+        fs.fail(method, path_contains=job_base(store.job_id), times=10_000)
+    coord.cancel(retain=False)
+    store.flush()
+    seen = store.observe()
+    assert set(written) <= set(seen.files), sorted(set(written) - set(seen.files))
+    whole = [f for f in store.delete_failures() if f.is_dir and f.deleted_by]
+    assert whole, "no directory holding a file of the store failed to go whole"
+    for p, writer in sorted(written.items()):
+        assert seen.owners.get(p) == writer, (p, seen.owners.get(p), writer)
+    fs.heal()
+    assert store.retry_deletes() == []
+    store.flush()
+    seen = store.observe()
+    assert seen.files == {} and seen.owners == {}, (seen.files, seen.owners)
+    assert store.check_invariants() == []
     store.close()
     place.cleanup()

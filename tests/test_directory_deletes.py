@@ -28,11 +28,13 @@ import pytest
 from fastimpl import CheckpointStore
 from fastimpl.ids import marked
 from spec.config import Config, MergingMode, RestoreMode
-from spec.effects import COORDINATOR
+from spec.effects import COORDINATOR, USER, tm_actor
 from spec.layout import shared_dir, taskowned_dir
-from tests.faultyfs import Place
+from tests.faultyfs import Place, payload
 from tests.storage_settings import (
     JOB,
+    KS,
+    OP,
     _checkpoint,
     _options,
     mode,  # noqa: F401
@@ -162,5 +164,136 @@ def test_a_claim_takes_a_zombies_file_in_its_directories_and_the_zombies_stop_th
     store.flush()
     left = set(store.observe().files)
     assert claimed not in left and swept not in left
+    assert store.check_invariants() == []
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [(k, m) for k in ("local", "memory") for m in MergingMode if m is not MergingMode.NONE],
+    ids=lambda s: f"{s[0]}-{s[1].name}",
+)
+def test_a_directory_that_cannot_be_listed_is_kept_and_deleted_by_a_retry(
+    place: Place, mode: MergingMode
+) -> None:
+    """Before a recursive delete the store lists the directory (what it did not write
+    must stay). If that listing fails it cannot tell, so the directory is not deleted:
+    the delete waits (R45, ``pending_deletes``) and ``retry_deletes`` carries it out
+    later, as the directory's owner. The directory here is a TM's task-owned one, which
+    only its first checkpoint used: once that checkpoint aborts, the TM deletes the
+    checkpoint's files one by one, then the directory whole (R41)."""
+    store, fs = place.store(Config.for_mode(mode, num_retained=1), JOB, lease=True)
+    cid = store.coordinator.trigger()
+    for sub, tm in sorted(store.placement().items()):
+        mgr = store.task_manager(tm)
+        mgr.write(cid, sub, KS, "sst", payload(sub, "sst"))
+        mgr.write(cid, sub, OP, "offsets", payload(sub, "offsets"))
+        mgr.acknowledge(cid, sub)
+    tm = sorted(set(store.placement().values()))[0]
+    d = taskowned_dir("job-0", tm)
+    on_disk = os.path.join(place.root, d)
+    fs.fail("scandir" if place.kind == "local" else "find", path_contains=d)
+    store.coordinator.abort(cid)
+    store.deliver_notifications()
+    store.flush()
+    assert fs.armed() == 0, "the directory was never listed"
+    seen = store.observe()
+    assert seen.directories.get(d) == tm_actor(tm), seen.directories
+    assert seen.pending_deletes == (d,), seen.pending_deletes
+    assert place.kind != "local" or os.path.isdir(on_disk)
+    others = {p for p in seen.directories if p != d}
+    assert not others, f"only the unlisted directory stays: {sorted(others)}"
+    assert store.retry_deletes() == []
+    store.flush()
+    seen = store.observe()
+    assert seen.directories == {} and seen.pending_deletes == (), seen
+    assert not os.path.exists(on_disk)
+    assert not seen.files, sorted(seen.files)
+    assert store.check_invariants() == []
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [(k, m) for k in ("local", "memory") for m in MergingMode if m is not MergingMode.NONE],
+    ids=lambda s: f"{s[0]}-{s[1].name}",
+)
+def test_a_zombies_unrecorded_file_holds_back_only_the_directory_it_is_in(
+    place: Place, mode: MergingMode
+) -> None:
+    """R64 for a recursive delete, by the names of files no record holds: a lost TM that
+    still runs in a process of its own writes a file (named as it names them,
+    ``fastimpl.ids.marked``) into a claimed directory that a live TM made, after the
+    claim. Once the claimed checkpoint is subsumed, that directory's delete waits until
+    the zombie stops (its file stays); the claimed directories the live TM made that hold
+    nothing of the zombie's go at once. No lease here: a directory delete that runs
+    removes everything in it, the zombie's file too."""
+    store, _ = place.store(Config.for_mode(mode, num_retained=1), JOB)
+    cid = _checkpoint(store)
+    assert cid is not None
+    zombie, live = sorted(set(store.placement().values()))
+    goes = sorted(shared_dir("job-0", s) for s, t in store.placement().items() if t == live)
+    store.task_manager(zombie).crash()
+    store.coordinator.failover()
+    assert store.coordinator.restore(cid, mode=RestoreMode.CLAIM) == "job-1"
+    waits = taskowned_dir("job-0", live)
+    assert {waits, *goes} <= set(store.observe().directories), store.observe().directories
+    late = f"{waits}/{marked('fzombie1', zombie)}"
+    place.write(late, b"written by the zombie after the claim")
+    for _ in range(2):  # num_retained 1: the claimed checkpoint is subsumed
+        assert _checkpoint(store) is not None
+    store.flush()
+    seen = store.observe()
+    assert late in seen.files, "the zombie's file went while the zombie may run"
+    assert waits in seen.pending_deletes and waits in seen.directories, seen.pending_deletes
+    held = [d for d in goes if d in seen.directories or d in seen.pending_deletes]
+    assert not held, f"held back though nothing of the zombie's is there: {held}"
+    store.task_manager(zombie).stopped()
+    store.flush()
+    seen = store.observe()
+    assert late not in seen.files and waits not in seen.directories
+    assert seen.pending_deletes == (), seen.pending_deletes
+    assert store.check_invariants() == []
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [(k, m) for k in ("local", "memory") for m in MergingMode if m is not MergingMode.NONE],
+    ids=lambda s: f"{s[0]}-{s[1].name}",
+)
+def test_a_directory_whose_delete_waited_stays_once_the_user_holds_it(
+    place: Place, mode: MergingMode
+) -> None:
+    """R45, R42, R91: a TM's delete of its directory waits (its listing failed); the
+    TM's next checkpoint writes into the same directory and completes, so the directory
+    is the coordinator's and in use; the job is cancelled keeping its checkpoints, which
+    are the user's from then on, directory included. The retry of the delete that waited
+    leaves the directory and its files alone, and nothing even tries to delete them (a
+    refused delete is an I5 violation)."""
+    store, fs = place.store(Config.for_mode(mode, num_retained=1), JOB, lease=True)
+    cid = store.coordinator.trigger()
+    for sub, tm in sorted(store.placement().items()):
+        mgr = store.task_manager(tm)
+        mgr.write(cid, sub, OP, "offsets", payload(sub, "offsets"))
+        mgr.acknowledge(cid, sub)
+    tm = sorted(set(store.placement().values()))[0]
+    d = taskowned_dir("job-0", tm)
+    fs.fail("scandir" if place.kind == "local" else "find", path_contains=d)
+    store.coordinator.abort(cid)
+    store.deliver_notifications()
+    store.flush()
+    assert store.observe().pending_deletes == (d,)
+    assert _operator_checkpoint(store) is not None
+    assert d in store.coordinator.retained()[-1].directories
+    kept = {p for p in store.observe().files if p.startswith(d + "/")}
+    assert kept, "the next checkpoint wrote nothing into the directory"
+    store.coordinator.cancel(retain=True)
+    store.flush()
+    assert store.observe().directories.get(d) == USER
+    store.retry_deletes()
+    store.flush()
+    seen = store.observe()
+    assert seen.directories.get(d) == USER and kept <= set(seen.files)
     assert store.check_invariants() == []
     store.close()
