@@ -27,10 +27,11 @@ import pytest
 
 from fastimpl import CheckpointStore
 from fastimpl.ids import marked
-from spec.config import Config, MergingMode, RestoreMode
+from spec.config import Config, MergingMode, RestoreMode, StateKind
 from spec.effects import COORDINATOR, USER, tm_actor
+from spec.ids import TmId
 from spec.layout import shared_dir, taskowned_dir
-from tests.faultyfs import Place, payload
+from tests.faultyfs import FaultyFileSystem, Place, payload
 from tests.storage_settings import (
     JOB,
     KS,
@@ -40,6 +41,13 @@ from tests.storage_settings import (
     mode,  # noqa: F401
     place,  # noqa: F401
     setting,  # noqa: F401
+)
+
+# Local disk and memory, in each mode that keeps directories (WITHIN, ACROSS).
+_MERGING = pytest.mark.parametrize(
+    "setting",
+    [(k, m) for k in ("local", "memory") for m in MergingMode if m is not MergingMode.NONE],
+    ids=lambda s: f"{s[0]}-{s[1].name}",
 )
 
 
@@ -119,11 +127,7 @@ def _operator_checkpoint(store: CheckpointStore) -> int:
     return cid
 
 
-@pytest.mark.parametrize(
-    "setting",
-    [(k, m) for k in ("local", "memory") for m in MergingMode if m is not MergingMode.NONE],
-    ids=lambda s: f"{s[0]}-{s[1].name}",
-)
+@_MERGING
 def test_a_claim_takes_a_zombies_file_in_its_directories_and_the_zombies_stop_the_rest(
     place: Place, mode: MergingMode
 ) -> None:
@@ -168,11 +172,30 @@ def test_a_claim_takes_a_zombies_file_in_its_directories_and_the_zombies_stop_th
     store.close()
 
 
-@pytest.mark.parametrize(
-    "setting",
-    [(k, m) for k in ("local", "memory") for m in MergingMode if m is not MergingMode.NONE],
-    ids=lambda s: f"{s[0]}-{s[1].name}",
-)
+def _abort_with_an_unlisted_directory(
+    store: CheckpointStore, fs: FaultyFileSystem, place: Place, kinds: tuple[StateKind, ...]
+) -> tuple[str, TmId]:
+    """Every subtask writes ``kinds`` for a checkpoint and acknowledges; the listing of
+    the first TM's task-owned directory is armed to fail once, and the checkpoint is
+    aborted: that directory's delete is what meets the failed listing. Returns the
+    directory and its TM."""
+    cid = store.coordinator.trigger()
+    for sub, tm in sorted(store.placement().items()):
+        mgr = store.task_manager(tm)
+        for kind in kinds:
+            name = "sst" if kind is KS else "offsets"
+            mgr.write(cid, sub, kind, name, payload(sub, name))
+        mgr.acknowledge(cid, sub)
+    tm = sorted(set(store.placement().values()))[0]
+    d = taskowned_dir("job-0", tm)
+    fs.fail("scandir" if place.kind == "local" else "find", path_contains=d)
+    store.coordinator.abort(cid)
+    store.deliver_notifications()
+    store.flush()
+    return d, tm
+
+
+@_MERGING
 def test_a_directory_that_cannot_be_listed_is_kept_and_deleted_by_a_retry(
     place: Place, mode: MergingMode
 ) -> None:
@@ -183,19 +206,8 @@ def test_a_directory_that_cannot_be_listed_is_kept_and_deleted_by_a_retry(
     only its first checkpoint used: once that checkpoint aborts, the TM deletes the
     checkpoint's files one by one, then the directory whole (R41)."""
     store, fs = place.store(Config.for_mode(mode, num_retained=1), JOB, lease=True)
-    cid = store.coordinator.trigger()
-    for sub, tm in sorted(store.placement().items()):
-        mgr = store.task_manager(tm)
-        mgr.write(cid, sub, KS, "sst", payload(sub, "sst"))
-        mgr.write(cid, sub, OP, "offsets", payload(sub, "offsets"))
-        mgr.acknowledge(cid, sub)
-    tm = sorted(set(store.placement().values()))[0]
-    d = taskowned_dir("job-0", tm)
+    d, tm = _abort_with_an_unlisted_directory(store, fs, place, (KS, OP))
     on_disk = os.path.join(place.root, d)
-    fs.fail("scandir" if place.kind == "local" else "find", path_contains=d)
-    store.coordinator.abort(cid)
-    store.deliver_notifications()
-    store.flush()
     assert fs.armed() == 0, "the directory was never listed"
     seen = store.observe()
     assert seen.directories.get(d) == tm_actor(tm), seen.directories
@@ -213,11 +225,7 @@ def test_a_directory_that_cannot_be_listed_is_kept_and_deleted_by_a_retry(
     store.close()
 
 
-@pytest.mark.parametrize(
-    "setting",
-    [(k, m) for k in ("local", "memory") for m in MergingMode if m is not MergingMode.NONE],
-    ids=lambda s: f"{s[0]}-{s[1].name}",
-)
+@_MERGING
 def test_a_zombies_unrecorded_file_holds_back_only_the_directory_it_is_in(
     place: Place, mode: MergingMode
 ) -> None:
@@ -257,11 +265,7 @@ def test_a_zombies_unrecorded_file_holds_back_only_the_directory_it_is_in(
     store.close()
 
 
-@pytest.mark.parametrize(
-    "setting",
-    [(k, m) for k in ("local", "memory") for m in MergingMode if m is not MergingMode.NONE],
-    ids=lambda s: f"{s[0]}-{s[1].name}",
-)
+@_MERGING
 def test_a_directory_whose_delete_waited_stays_once_the_user_holds_it(
     place: Place, mode: MergingMode
 ) -> None:
@@ -272,17 +276,7 @@ def test_a_directory_whose_delete_waited_stays_once_the_user_holds_it(
     leaves the directory and its files alone, and nothing even tries to delete them (a
     refused delete is an I5 violation)."""
     store, fs = place.store(Config.for_mode(mode, num_retained=1), JOB, lease=True)
-    cid = store.coordinator.trigger()
-    for sub, tm in sorted(store.placement().items()):
-        mgr = store.task_manager(tm)
-        mgr.write(cid, sub, OP, "offsets", payload(sub, "offsets"))
-        mgr.acknowledge(cid, sub)
-    tm = sorted(set(store.placement().values()))[0]
-    d = taskowned_dir("job-0", tm)
-    fs.fail("scandir" if place.kind == "local" else "find", path_contains=d)
-    store.coordinator.abort(cid)
-    store.deliver_notifications()
-    store.flush()
+    d, _ = _abort_with_an_unlisted_directory(store, fs, place, (OP,))
     assert store.observe().pending_deletes == (d,)
     assert _operator_checkpoint(store) is not None
     assert d in store.coordinator.retained()[-1].directories
