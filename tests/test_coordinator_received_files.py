@@ -237,15 +237,8 @@ def test_r66_a_withdrawn_placeholder_pins_nothing_and_its_acknowledgement_is_gon
     place, store = _none_store(tmp_path, kind)
     try:
         coord = store.coordinator
-        c1 = _checkpoint(store)
-        assert c1 is not None
-        (done,) = coord.retained()
-        sub = min(store.placement())
-        (old,) = [
-            e.handle.path
-            for e in done.entries
-            if e.subtask == sub and e.name == f"sst-{c1}" and isinstance(e.handle, FileHandle)
-        ]
+        c1, sub, first = _first_sst(store)
+        old = first.path
         c2, c3 = coord.trigger(), coord.trigger()
         tm = store.placement()[sub]
         mgr = store.task_manager(tm)
@@ -421,6 +414,21 @@ def _none_store(tmp_path: Path, kind: str) -> tuple[Place, CheckpointStore]:
     cfg = attrs.evolve(cfg, open_files_readable=kind != "memory-unreadable")
     store, _ = place.store(cfg, JOB)
     return place, store
+
+
+def _first_sst(store: CheckpointStore) -> tuple[int, SubtaskId, FileHandle]:
+    """Checkpoint 1, the only one retained, its first subtask, and that subtask's keyed
+    file of checkpoint 1 (a whole file in NONE mode)."""
+    c1 = _checkpoint(store)
+    assert c1 is not None
+    (done,) = store.coordinator.retained()
+    sub = min(store.placement())
+    (handle,) = [
+        e.handle
+        for e in done.entries
+        if e.subtask == sub and e.name == f"sst-{c1}" and isinstance(e.handle, FileHandle)
+    ]
+    return c1, sub, handle
 
 
 def _on_two_tms(
@@ -663,15 +671,7 @@ def test_r54_a_logical_id_only_a_pending_placeholder_keeps_registered_is_not_giv
     try:
         co = store._engine.coord
         coord = store.coordinator
-        c1 = _checkpoint(store)
-        assert c1 is not None
-        (done,) = coord.retained()
-        sub = min(store.placement())
-        (pinned,) = [
-            e.handle
-            for e in done.entries
-            if e.subtask == sub and e.name == f"sst-{c1}" and isinstance(e.handle, FileHandle)
-        ]
+        c1, sub, pinned = _first_sst(store)
         c2, c3, c4 = coord.trigger(), coord.trigger(), coord.trigger()
         mgr = store.task_manager(store.placement()[sub])
         assert mgr.reuse_shared(c3, sub, f"sst-{c1}") is not None
