@@ -18,7 +18,7 @@ PKG_INITS := $(wildcard spec/__init__.py refimpl/__init__.py fastimpl/__init__.p
 # Passed through from the environment or the command line: make test HYPOTHESIS_PROFILE=long
 export HYPOTHESIS_PROFILE
 
-.PHONY: all test lint demo verify bench mutants mutate mutate-results wheel-check clean check-python check-java
+.PHONY: all test lint demo verify bench mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java
 .DEFAULT_GOAL := test
 
 all: test
@@ -122,8 +122,12 @@ mutants: $(STAMP)
 # mutant at a time in a copy of the tree (mutants/), and runs on each the fast tests of
 # those areas that call the mutated function ([tool.mutmut] in pyproject.toml). Unlike the
 # mutant zoo above (hand-written seeded bugs), these are machine-made mutants. Results are
-# kept in mutants/ and a run resumes where it stopped; make mutate-results lists the
-# survivors (model_tests/mutation_survivors.md says what became of each). The whole
+# kept in mutants/; make mutate-results lists the survivors
+# (model_tests/mutation_survivors.md says what became of each). make mutate runs every
+# mutant of MUTATE_FUNCS again, whatever verdict it has (mutmut re-runs each mutant it is
+# named; only a run with no names resumes): to go on with a stopped run, make mutate-resume
+# names only the mutants of MUTATE_FUNCS still without a verdict
+# (model_tests/mutmut_pending.py, which also lists each one's verdict). The whole
 # selection takes hours on two cores: a killed mutant stops at its first failing test,
 # but a surviving one runs every test that reaches it (about a minute for recovery.py's,
 # up to four for the coordinator's, run 13). Narrow a run to what changed, e.g.
@@ -178,6 +182,13 @@ mutate: $(STAMP)
 	$(if $(MUTATE_TESTS),mkdir -p mutants && echo $(MUTATE_TESTS) > mutants/NARROWED_TESTS)
 	HYPOTHESIS_PROFILE=ci $(if $(MUTATE_TESTS),PYTEST_ADDOPTS="$(foreach t,$(MUTATE_LEAVE_OUT),--deselect $(t))") \
 	  $(BIN)/mutmut run --max-children $(MUTATE_CHILDREN) $(foreach f,$(MUTATE_FUNCS),'$(f)')
+
+mutate-resume: $(STAMP)
+	@test -x $(BIN)/mutmut || { echo "error: mutmut is missing; install it with" \
+	  "$(BIN)/python -m pip install -e '.[test,spark,mutate]'" >&2; exit 1; }
+	@names="$$($(BIN)/python -m model_tests.mutmut_pending $(foreach f,$(MUTATE_FUNCS),'$(f)'))" || exit 1; \
+	if [ -z "$$names" ]; then echo "every mutant of MUTATE_FUNCS has a verdict: nothing to resume"; exit 0; fi; \
+	$(MAKE) --no-print-directory mutate MUTATE_FUNCS="$$names"
 
 mutate-results:
 	$(BIN)/mutmut results

@@ -90,6 +90,7 @@ from spec.effects import Effect
 from spec.errors import CommandError
 from spec.invariants import check_safety
 from spec.layout import is_under
+from tests import tm_process
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 SCALE = 10 if PROFILE == "long" else 1
@@ -341,6 +342,9 @@ class LockstepHarness(Harness):
             assert not missing, f"directories reported but not on storage: {missing}\n{repro}"
         broken = check_safety(impl)
         assert not broken, "\n".join([*(str(v) for v in broken), repro])
+        if isinstance(self.target, FastimplTarget):
+            unrecorded = tm_process.unrecorded_dirs(self.target.engine.catalog)
+            assert not unrecorded, f"directories owned with no record: {unrecorded}\n{repro}"
         if model_err is not None:
             raise model_err
         return effects

@@ -61,7 +61,7 @@ import pytest
 from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
 from fastimpl.ids import RandomIds
 from fastimpl.records import Completed, Status
-from fastimpl.resume import ha_state, resume
+from fastimpl.resume import HaState, ha_state, resume
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.trace import CommandTrace
 from model_tests.replay import replay
@@ -425,10 +425,13 @@ class Soak:
         self.rescales += 1
         self.counts["rescales"] += 1
 
-    def restart(self) -> None:
+    def restart(self, edit_ha: Callable[[HaState], HaState] | None = None) -> None:
         """The coordinator's process dies between two calls: the object is dropped as
-        it is, and a new one resumes from storage and the HA state."""
+        it is, and a new one resumes from storage and the HA state (``edit_ha``: what
+        HA services that lost or changed part of it hand over instead)."""
         ha = ha_state(self.coord)
+        if edit_ha is not None:
+            ha = edit_ha(ha)
         placement = dict(self.coord.placement)
         vertices = self.coord.vertices  # the job graph: the engine's
         if any(self.coord.tms[t].status is not Status.ALIVE for t in placement.values()):

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from fastimpl import CheckpointStore
@@ -128,6 +129,43 @@ def test_resumed_after_a_no_claim_restore_it_never_deletes_the_source(
     _story(soak, body)
     after = {p for p in soak.coord.storage.list_files() if is_under(p, "job-0")}
     assert after, "the NO_CLAIM source is the user's: it stays"
+
+
+@pytest.mark.parametrize(("mode", "where"), SETTINGS, ids=IDS)
+def test_resumed_with_a_kept_checkpoint_outside_its_lineage_it_only_reads_it(
+    mode: MergingMode, where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """R72, I5: job-1 claimed job-0's checkpoint and has completed nothing of its own when
+    its coordinator dies, and the HA state it resumes from names that checkpoint as kept
+    but has lost the lineage (job-0's base is not in it). The resumed coordinator restarts
+    the subtasks from it, reads it as the user's, and subsumes it without deleting or
+    trying to delete anything of it: no delete refused, every file of job-0 unchanged
+    (mutation run 15, ``_subsume`` 27: deleting the subsumed ``_metadata`` whatever its
+    owner tried to delete the user's, refused by I5). The model knows nothing of lost HA
+    state, so the story is checked here, not replayed."""
+    soak = _soak(mode, where, tmp_path, request)
+    try:
+        soak.full_checkpoint()
+        src = soak.full_checkpoint()
+        soak.restore(src.id, RestoreMode.CLAIM)
+        source = _on_storage(soak, job_base(src.job))
+        starts = {s: soak.coord.state_to_restore(s) for s in soak.coord.placement}
+        before = soak.counts["coordinator kills"]
+        soak.restart(edit_ha=lambda ha: attrs.evolve(ha, lineage=()))
+        assert soak.counts["coordinator kills"] == before + 1, soak.failure("did not restart")
+        co = soak.coord
+        assert [r.metadata for r in co.retained] == [src.metadata]
+        assert {s: co.state_to_restore(s) for s in co.placement} == starts
+        assert {co.catalog.files[p].owner for p in source} == {USER}
+        for _ in range(soak.cfg.num_retained + 1):
+            soak.full_checkpoint()
+        assert src.metadata not in [r.metadata for r in soak.coord.retained]
+        assert soak.coord.catalog.refused_deletes == []
+        assert _on_storage(soak, job_base(src.job)) == source
+        soak.check()
+    finally:
+        codes = soak.engine.stop_all()
+    assert all(code == 0 for code in codes), soak.failure(f"TM exit codes {codes}")
 
 
 @pytest.mark.parametrize(("mode", "where"), SETTINGS, ids=IDS)

@@ -211,6 +211,10 @@ def observe(
     disagree: list[str] = []
     owners: dict[str, str] = dict(coord.catalog.owners())
     directories: dict[str, str] = dict(coord.catalog.dir_owner)
+    disagree += [
+        f"dir {d}: the coordinator owns it with no record"
+        for d in tm_process.unrecorded_dirs(coord.catalog)
+    ]
     claims: dict[str, set[str]] = {}
     ref_counts: dict[str, int] = {}
     live: dict[str, list[tuple[int, int]]] = {}
@@ -237,6 +241,7 @@ def observe(
                 continue  # R42: handed over at the complete; the TM learns it from the notice
             if owner != theirs and tm not in lost:
                 disagree.append(f"dir {path}: coordinator says {theirs}, {tm} says {owner}")
+        disagree += [f"dir {d}: {tm} owns it with no record" for d in s["unrecorded_dirs"]]
         open_files |= set(s["open"])
         deletions += s["deletions"]
         pending += s["pending"]

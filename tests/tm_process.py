@@ -25,6 +25,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from fastimpl.catalog import Catalog
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.taskmanager import TaskManager
 from spec.commands import StorageOp
@@ -61,6 +62,7 @@ def records(tm: TaskManager) -> dict[str, Any]:
         "owners": cat.owners(),
         "open": sorted(p for p, f in cat.files.items() if f.open),
         "dirs": dict(cat.dir_owner),
+        "unrecorded_dirs": unrecorded_dirs(cat),
         "claims": claims,
         "ref_counts": {p: pf.ref_count for p, pf in tm.m.pfiles.items()},
         "live": live,
@@ -69,6 +71,14 @@ def records(tm: TaskManager) -> dict[str, Any]:
         "pending": [d.path for d in cat.deferred] + sorted(cat.storage.failed_deletes),
         "refused": [r.path for r in cat.refused_deletes],
     }
+
+
+def unrecorded_dirs(cat: Catalog) -> list[str]:
+    """The directories a party owns with no ``ManagedDir`` for them. Every writer of an
+    owner records the directory too (its creator, which R64 reads when it is deleted, and
+    whether it was handed over): ``Catalog.delete_dir`` and ``_holds_unknown_files`` read
+    the record of every owned directory they delete. None is ever expected."""
+    return sorted(d for d in cat.dir_owner if d not in cat.dirs)
 
 
 class KillPoint:
