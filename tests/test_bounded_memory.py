@@ -12,8 +12,9 @@ import pytest
 
 from fastimpl import CheckpointStore, CounterIds
 from fastimpl.attempts import TmTable
+from fastimpl.catalog import _BAD_DELETIONS_KEPT, _REFUSED_KEPT
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
-from spec.effects import COORDINATOR
+from spec.effects import COORDINATOR, tm_actor
 from spec.errors import CommandError, Reason
 from spec.layout import metadata_path
 from tests.faultyfs import Place
@@ -207,3 +208,40 @@ def test_the_coordinators_tables_are_bounded_by_what_is_live(
     assert unknown.value.reason is Reason.UNKNOWN_TM
     assert store.check_invariants() == []
     store.close()
+
+
+def test_the_refusals_and_broken_deletes_kept_are_bounded(tmp_path: Path) -> None:
+    """Issue 16: a refused delete (each logged) and a delete that broke I2 or took another
+    party's file (a bug, simulated here by calling the deletes directly) are kept for
+    ``check_invariants``, at most a fixed number of each however many there are. Each
+    broken delete keeps what it was, and the records are left as they were (mutation run
+    15: ``_refuse_delete`` 8 and ``_record_delete`` 28 kept one more, 29 kept ``None``,
+    24 dropped a delete of another party's file, ``delete_file`` 15 and ``_record_delete``
+    14 and 32 failed on a path with no record)."""
+    store = CheckpointStore(f"memory://{tmp_path}/b", Config.for_mode(MergingMode.NONE), JOB)
+    _checkpoints(store, 2)
+    cat = store._engine.catalog
+    for i in range(_REFUSED_KEPT + 1):
+        cat.delete_file(f"other-app/f-{i}", COORDINATOR)
+    assert len(cat.refused_deletes) == _REFUSED_KEPT
+    assert cat.refused_deletes[0].path == "other-app/f-0"
+    cid = store.coordinator.trigger()
+    sub, tm = sorted(store.placement().items())[0]
+    store.task_manager(tm).write(cid, sub, StateKind.KEYED_SHARED, "sst", b"k" * 50)
+    store.flush()
+    theirs = sorted(p for p, f in cat.files.items() if f.owner == tm_actor(tm))
+    assert theirs
+    cat.delete_file(theirs[0], COORDINATOR)
+    cat.delete_file("job-0/never-written", COORDINATOR)
+    files = dict(cat.files)
+    for i in range(_BAD_DELETIONS_KEPT):
+        cat._record_delete(f"job-0/never-written-{i}", COORDINATOR)
+    kept = store.observe().deletions
+    assert len(kept) == _BAD_DELETIONS_KEPT
+    assert (kept[0].path, kept[0].existed, kept[0].owner) == (theirs[0], True, tm_actor(tm))
+    assert (kept[1].path, kept[1].existed, kept[1].owner) == ("job-0/never-written", False, None)
+    assert all(not d.existed and d.owner is None for d in kept[1:])
+    assert cat.files == files
+    violations = store.check_invariants()
+    assert {v.invariant for v in violations} >= {"I2", "I5"}
+    assert len([v for v in violations if v.invariant == "I2"]) == _BAD_DELETIONS_KEPT - 1

@@ -47,7 +47,7 @@ from fastimpl.metadata import (
 )
 from fastimpl.recovery import recover
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
-from spec.effects import COORDINATOR
+from spec.effects import COORDINATOR, USER
 from spec.handles import PlaceholderHandle, SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
 from spec.layout import metadata_path, savepoint_dir, shared_dir
@@ -665,13 +665,20 @@ def test_the_guard_refuses_a_foreign_delete_before_it_happens(
         "job-0/shared",
     ]:
         cl.catalog.delete_dir(d, COORDINATOR)
+    # the NO_CLAIM source's directories (R73: the user's, as its files are; NONE names none)
+    users = sorted(d for d, o in cl.catalog.dir_owner.items() if o == USER)
+    assert bool(users) is (w.mode is not MergingMode.NONE)
+    for d in users:
+        cl.catalog.delete_dir(d, COORDINATOR)
     assert w.lost() == []
     refused = {r.path for r in cl.catalog.refused_deletes}
-    assert {sp_file, "other-app/f", "job-1/..", "savepoints", "job-1"} <= refused
+    assert {sp_file, "other-app/f", "job-1/..", "savepoints", "job-1", *users} <= refused
     assert {r.actor for r in cl.catalog.refused_deletes} == {COORDINATOR}, "each names who tried"
     violations = w.store.check_invariants()
     assert (
-        len([v for v in violations if v.invariant == "I5"]) == len(cl.catalog.refused_deletes) == 12
+        len([v for v in violations if v.invariant == "I5"])
+        == len(cl.catalog.refused_deletes)
+        == 12 + len(users)
     )
     details = [v.detail for v in violations if v.invariant == "I5"]
     for path, why in [
@@ -687,6 +694,10 @@ def test_the_guard_refuses_a_foreign_delete_before_it_happens(
     ]:
         said = [d for d in details if d.startswith(f"{COORDINATOR} tried to delete {path}: ")]
         assert said and all(why in d for d in said), (path, said)
+    for d in users:
+        # refused for being the user's, before what it holds is looked at (run 3b and run
+        # 15, ``_foreign`` 34: the directory's owner not read, refused for its files only)
+        assert f"{COORDINATOR} tried to delete {d}: refused, the user's" in details, d
     logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     for r in cl.catalog.refused_deletes:
         assert any(r.path in m and f"({r.actor})" in m and r.reason in m for m in logged), r
