@@ -610,3 +610,33 @@ def test_pool_blocking_writes_the_same_files_either_way(tmp_path: Path, mode: Me
         listings.append(sorted(files.items()))
         store.close()
     assert listings[0] == listings[1]
+
+
+@pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
+def test_a_savepoint_is_written_after_a_later_checkpoint_completed(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    """R53, R56, R66: completing a later checkpoint does not end a pending savepoint, and a
+    TM started by a task-level failover after that completion starts past it (its
+    finished mark is the later checkpoint) without being told of the pending savepoint.
+    Its write for the savepoint is not late: the engine tells it the checkpoint is a
+    savepoint with the barrier (mutation run 15, ``InProcessEngine.writer`` 13, 15, 16:
+    without the type the write was refused as late, and the savepoint never completed)."""
+    with _store(tmp_path, mode, num_retained=1) as store:
+        coord = store.coordinator
+        payload = {s: b"c" * (50 + s.index) for s in store.placement()}
+        sp = coord.trigger(savepoint=True)
+        assert _checkpoint(store, payload) > sp
+        lost = store.task_managers()[0]
+        new = store._engine.replace_tm(lost)
+        store.deliver_notifications()
+        assert new in store.placement().values()
+        for sub, tm in sorted(store.placement().items()):
+            mgr = store.task_manager(tm)
+            mgr.write(sp, sub, KS, f"sst-{sp}", b"s" * (60 + sub.index))
+            mgr.acknowledge(sp, sub)
+        assert coord.complete(sp) is not None
+        store.deliver_notifications()
+        assert sp in coord.savepoints()
+        store.task_manager(lost).stopped()
+        assert store.check_invariants() == []

@@ -6,6 +6,7 @@ deletes a file that is not its own (R102)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from spec.messages import (
     OpenDatabase,
 )
 from tests.faultyfs import Place
-from tests.working_jobs import working_store
+from tests.working_jobs import working_engine, working_store
 
 SUB = SubtaskId("v", 0, 1)
 OLD = SubtaskId("v", 0, 1)
@@ -418,3 +419,24 @@ def test_a_private_file_whose_delete_failed_is_deleted_again_at_the_next_release
     assert check_safety(engine.observe()) == []
     engine.storage.close_all()
     place.cleanup()
+
+
+def test_a_database_that_drops_every_file_leaves_no_empty_folder(tmp_path: Path) -> None:
+    """R102 on a local disk: a private working file the database drops is deleted at once,
+    and the folders it emptied go with it (its ``db`` directory, the subtask's, the
+    job's ``working`` folder), up to the running job's ``taskowned`` folder, which its TMs
+    write in (mutation run 15, ``_prunable_parents`` 22: stopping there pruned nothing)."""
+    place = Place.make("local", tmp_path)
+    engine = working_engine(place, Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1))
+    sub = SubtaskId("v", 0, 2)
+    private = engine.working.write(sub, b"p" * 30)
+    assert private is not None and private.startswith(working_dir("job-0", sub) + "/")
+    engine.storage.drain()
+    apply(engine, DropWorking(sub, private))
+    engine.storage.drain()
+    left = sorted(
+        str(Path(d).relative_to(place.root)) for d, _, _ in os.walk(place.root) if d != place.root
+    )
+    assert left == ["job-0", "job-0/taskowned"], left
+    assert check_safety(engine.observe()) == []
+    engine.storage.close_all()
