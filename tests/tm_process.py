@@ -30,7 +30,7 @@ from fastimpl.storage import Storage, StorageFault
 from fastimpl.taskmanager import TaskManager
 from spec.commands import StorageOp
 from spec.config import Config, StateKind
-from spec.effects import tm_actor
+from spec.effects import USER, tm_actor
 from spec.errors import Reason
 from spec.handles import FileHandle, stream_of
 from spec.ids import SubtaskId, TmId
@@ -74,11 +74,14 @@ def records(tm: TaskManager) -> dict[str, Any]:
 
 
 def unrecorded_dirs(cat: Catalog) -> list[str]:
-    """The directories a party owns with no ``ManagedDir`` for them. Every writer of an
-    owner records the directory too (its creator, which R64 reads when it is deleted, and
-    whether it was handed over): ``Catalog.delete_dir`` and ``_holds_unknown_files`` read
-    the record of every owned directory they delete. None is ever expected."""
-    return sorted(d for d in cat.dir_owner if d not in cat.dirs)
+    """The directories a party of the store owns with no ``ManagedDir`` for them. Every
+    writer of such an owner records the directory too (its creator, which R64 reads when
+    it is deleted, and whether it was handed over): ``Catalog.delete_dir`` and
+    ``_holds_unknown_files`` read the record of every owned directory they delete. None is
+    ever expected. The user's directories are left out: ``resume.rebuild`` marks one
+    outside the lineage as the user's with no record, and the guard refuses to delete it
+    (I5) before a record is read."""
+    return sorted(d for d, o in cat.dir_owner.items() if o != USER and d not in cat.dirs)
 
 
 class KillPoint:
