@@ -57,8 +57,16 @@ from spec.handles import (
     extent_of,
     stream_of,
 )
-from spec.ids import SubtaskId
-from spec.layout import METADATA, SAVEPOINTS, WORKING, is_under, job_base, savepoint_dir
+from spec.ids import SubtaskId, escape_name
+from spec.layout import (
+    METADATA,
+    SAVEPOINTS,
+    WORKING,
+    is_under,
+    job_base,
+    savepoint_dir,
+    working_operator,
+)
 
 MAGIC = "ckpt-ownership/metadata"
 VERSION = 2
@@ -254,8 +262,18 @@ def validate_paths(meta: Metadata, source: str = "<metadata>") -> None:
                 checked.add(p)
     for i, d in enumerate(meta.directories):
         check_directory(d, bases, source, f"directories[{i}]")
-    for i, (_, w) in enumerate(meta.working):
+    for i, (subtask, w) in enumerate(meta.working):
         check_working_path(w.path, bases, source, f"working[{i}].path")
+        if working_operator(w.path) != escape_name(subtask.vertex):
+            # R105: a restore opens it for the subtasks of the operator that referred to
+            # it, so a file of another operator's database would feed that one's data
+            # into this one and keep it alive (I7)
+            raise MetadataError(
+                source,
+                f"working[{i}].path",
+                f"{w.path!r} is not in a working directory of operator {subtask.vertex!r},"
+                f" whose subtask {subtask} refers to it",
+            )
     check_ids(meta, source)
 
 

@@ -384,22 +384,24 @@ class SharedWorking:
         only: TmId | None = None,
     ) -> None:
         """R105: each subtask of the running job (of TM ``only``, if given: R66) opens a
-        database on the working files ``source`` refers to for its key groups (in place:
-        a projection on a rescale) and on copies of its small files; then each TM deletes
-        the private files none of its databases uses any more (R62)."""
+        database on the working files ``source`` refers to for subtasks of its own
+        operator and its key groups (in place: a projection on a rescale) and on copies
+        of its small files; then each TM deletes the private files none of its databases
+        uses any more (R62)."""
         c = self.coord
         if not self.opens:
             return
         cat = c.catalog
         entries = () if source is None else source.entries
         assignment = assign(entries, c.vertices, c.cfg.max_parallelism)
-        files: dict[str, InPlaceFile] = {}
-        for _, w in () if source is None else source.working:
-            files.setdefault(w.path, w)
+        by_operator: dict[str, dict[str, InPlaceFile]] = {}
+        for referred_by, w in () if source is None else source.working:
+            by_operator.setdefault(referred_by.vertex, {}).setdefault(w.path, w)
         for sub, tm in sorted(c.placement.items()):
             if only is not None and tm != only:
                 continue
             kg = key_group_range(c.cfg.max_parallelism, sub.parallelism, sub.index)
+            files = by_operator.get(sub.vertex, {})
             in_place = tuple(
                 w
                 for path, w in sorted(files.items())

@@ -53,14 +53,17 @@ from fastimpl.coordinator import CheckpointCoordinator
 from fastimpl.engine import InProcessEngine
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, Completed, Deferred, PFile, Seg
+from fastimpl.redistribute import assign
 from fastimpl.taskmanager import TaskManager
-from fastimpl.working import Databases
+from fastimpl.working import DB_PREFIX, Databases, SharedWorking, overlaps
 from spec import commands as c
 from spec.config import Scope, StateKind
 from spec.effects import COORDINATOR, USER, tm_actor
 from spec.handles import FileHandle, SegmentHandle, stream_of
 from spec.ids import SubtaskId, TmId
+from spec.keygroups import key_group_range
 from spec.layout import is_under, taskowned_dir
+from spec.messages import DatabasesOpened, OpenDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = "CKPT_MUTANT"
@@ -423,6 +426,48 @@ def _deferred_dir_delete_unchecked(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Catalog, "_run_deferred", run_deferred)
 
 
+def _opens_by_key_groups(mp: pytest.MonkeyPatch) -> None:
+    """A restore or failover opens each database on every working file of the checkpoint
+    whose key groups overlap its own, whatever operator wrote it (R105): with two
+    operators keeping working state, one's database opens the other's files and keeps
+    them from the collection (R104)."""
+
+    def open_databases(
+        self: SharedWorking,
+        source: Completed | None,
+        epoch: int,
+        users: bool = False,
+        only: str | None = None,
+    ) -> None:
+        c = self.coord
+        if not self.opens:
+            return
+        entries = () if source is None else source.entries
+        assignment = assign(entries, c.vertices, c.cfg.max_parallelism)
+        files = {w.path: w for _, w in (() if source is None else source.working)}
+        for sub, tm in sorted(c.placement.items()):
+            if only is not None and tm != only:
+                continue
+            kg = key_group_range(c.cfg.max_parallelism, sub.parallelism, sub.index)
+            in_place = tuple(
+                w
+                for path, w in sorted(files.items())
+                if path in c.catalog.files and overlaps(w.key_groups, kg)
+            )
+            small = tuple(
+                e
+                for e in assignment.get(sub, ())
+                if e.name.startswith(DB_PREFIX) and stream_of(e.handle) is not None
+            )
+            if in_place or small:
+                c.engine.duty(tm, OpenDatabase(c.job, tm, epoch, sub, in_place, small, users))
+        for tm in sorted(set(c.placement.values())):
+            if only is None or tm == only:
+                c.engine.duty(tm, DatabasesOpened(c.job, tm, epoch))
+
+    mp.setattr(SharedWorking, "open_databases", open_databases)
+
+
 ZOO: list[Mutant] = [
     Mutant(
         "flink-38347",
@@ -525,6 +570,12 @@ ZOO: list[Mutant] = [
         "a database's attempt deletes a working file it wrote whoever owns it now",
         "ForSt: the DB deletes a file it no longer owns (R102)",
         _tm_deletes_shared_working,
+    ),
+    Mutant(
+        "opens-by-key-groups",
+        "a restored database opens every file on its key groups, of any operator",
+        "R105: matching working files by key groups alone (issue 38)",
+        _opens_by_key_groups,
     ),
     Mutant(
         "deferred-dir-delete-unchecked",

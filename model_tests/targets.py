@@ -5,14 +5,14 @@ interface: the lockstep machine (test_lockstep.py), the refusal checks
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from conformance.fastimpl_commands import apply
 from fastimpl import CounterIds, InProcessEngine
 from spec import commands as c
 from spec.config import Config, JobSpec
-from spec.observation import Observation
+from spec.observation import Observation, WorkingObservation
 
 
 class Target(Protocol):
@@ -51,6 +51,9 @@ class FastimplTarget:
 
     def observe(self) -> Observation:
         return self.engine.observe()
+
+    def observe_working(self, on_storage: Iterable[str] | None = None) -> WorkingObservation:
+        return self.engine.observe_working(on_storage)
 
     def exists_dir(self, path: str) -> bool:
         return bool(self.engine.storage.exists_dir(path))

@@ -1788,9 +1788,9 @@ class _Work:
 
     def _open_databases(self, source: Completed | None, only: TmId | None = None) -> None:
         """R105: each subtask of the running job (of TM ``only``, if given: R66) opens a
-        database on the working files the source refers to for its key groups (a
-        projection, in place, no copy) and on copies of its small files from their
-        segments; without a source it starts empty."""
+        database on the working files the source refers to for subtasks of its own
+        operator and its key groups (a projection, in place, no copy) and on copies of
+        its small files from their segments; without a source it starts empty."""
         if source is None:
             return
         assignment = redistribute(source.entries, self.vertices, self.cfg.max_parallelism)
@@ -1800,8 +1800,9 @@ class _Work:
             lo, hi = key_group_range(self.cfg.max_parallelism, sub.parallelism, sub.index)
             uses = {
                 path
-                for _, path in source.working
-                if path in self.wfiles
+                for referred_by, path in source.working
+                if referred_by.vertex == sub.vertex
+                and path in self.wfiles
                 and self.wfiles[path].key_groups[0] <= hi
                 and lo <= self.wfiles[path].key_groups[1]
             }

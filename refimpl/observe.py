@@ -112,4 +112,5 @@ def observe_working(s: ModelState) -> WorkingObservation:
         files=files,
         uses={_db_name(t, sub): uses for (t, sub), uses in live.items()},
         retained={r.id: frozenset(p for _, p in r.working) for r in s.retained},
+        operators={_db_name(t, sub): sub.vertex for (t, sub) in live},
     )

@@ -19,6 +19,8 @@ from spec.handles import (
     extent_of,
     stream_of,
 )
+from spec.ids import escape_name
+from spec.layout import working_operator
 from spec.observation import Observation, WorkingObservation
 
 USER = "user"
@@ -200,14 +202,21 @@ def working_files_kept(obs: Observation, w: WorkingObservation) -> list[Violatio
     retained checkpoint refers to in place; a working file a checkpoint's acknowledgement
     referred to is the coordinator's (or the user's), so no database can delete it (I5);
     a file a live database uses is its own attempt's, the coordinator's or the user's,
-    never another attempt's (a zombie's writes are never used)."""
+    never another attempt's (a zombie's writes are never used), and lies in a working
+    directory of the database's own operator (R105)."""
     out: list[Violation] = []
     for db, paths in w.uses.items():
+        operator = w.operators.get(db)
         for path in sorted(paths):
             if path not in obs.files:
                 out.append(Violation("I7", f"database {db} uses missing {path}"))
             elif obs.owners.get(path) not in (db.split("@", 1)[1], COORDINATOR, USER):
                 out.append(Violation("I7", f"database {db} uses {path} of {obs.owners.get(path)}"))
+            if operator is None or working_operator(path) != escape_name(operator):
+                out.append(
+                    Violation("I7", f"database {db} of operator {operator!r} uses {path}, "
+                                    "a file of another operator's working directory")
+                )  # fmt: skip
     for cid, paths in sorted(w.retained.items()):
         for path in sorted(paths):
             if path not in obs.files:

@@ -42,6 +42,22 @@ def working_dir(job: str, subtask: SubtaskId) -> str:
     return f"{job_base(job)}/taskowned/{WORKING}/{subtask.dir_name()}/db"
 
 
+def working_operator(path: str) -> str | None:
+    """The escaped name of the operator (vertex) whose working directory holds ``path``
+    (``<base>/taskowned/working/<vertex>-<index>-<parallelism>/db/...``, at any depth
+    below ``db``), or None for a path outside every working directory. R105 opens a file
+    only for subtasks of that operator, and I7 asks that every database use only files
+    of its own operator; compare with ``escape_name(vertex)``."""
+    parts = path.split("/")
+    for i in range(len(parts) - 4):
+        if parts[i : i + 2] == ["taskowned", WORKING] and parts[i + 3] == "db":
+            pieces = parts[i + 2].rsplit("-", 2)
+            if len(pieces) == 3 and pieces[0] and pieces[1].isdigit() and pieces[2].isdigit():
+                return pieces[0]
+            return None
+    return None
+
+
 def savepoint_dir(checkpoint: int) -> str:
     return f"{SAVEPOINTS}/savepoint-{checkpoint}"
 

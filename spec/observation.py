@@ -104,3 +104,6 @@ class WorkingObservation:
     """Every live database (``<subtask>@tm:<id>``) -> the files it uses."""
     retained: Mapping[int, frozenset[str]]
     """Every retained checkpoint -> the working files it refers to in place."""
+    operators: Mapping[str, str] = field(converter=_frozen_map)
+    """Every live database (as in ``uses``) -> the operator (vertex) of its subtask: I7
+    asks that it use files of that operator's working directories only (R105)."""

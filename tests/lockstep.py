@@ -88,8 +88,9 @@ from spec import commands as c
 from spec.config import Config, JobSpec, MergingMode
 from spec.effects import Effect
 from spec.errors import CommandError
-from spec.invariants import check_safety
+from spec.invariants import check_safety, working_files_kept
 from spec.layout import is_under
+from spec.observation import WorkingObservation
 from tests import tm_process
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
@@ -345,9 +346,34 @@ class LockstepHarness(Harness):
         if isinstance(self.target, FastimplTarget):
             unrecorded = tm_process.unrecorded_dirs(self.target.engine.catalog)
             assert not unrecorded, f"directories owned with no record: {unrecorded}\n{repro}"
+            # §11: the parties' working files, databases and their operators (R105) are
+            # the model's, and I7 holds on them
+            impl_w = _in_use(self.target.observe_working(impl.files))
+            model_w = _in_use(self.working())
+            assert impl_w == model_w, "\n".join(
+                ["working state differs:", *_working_diff(model_w, impl_w), repro]
+            )
+            broken = working_files_kept(impl, impl_w)
+            assert not broken, "\n".join([*(str(v) for v in broken), repro])
         if model_err is not None:
             raise model_err
         return effects
+
+
+def _in_use(w: WorkingObservation) -> WorkingObservation:
+    """Without the databases that use no file: one side may keep an empty table."""
+    uses = {db: paths for db, paths in w.uses.items() if paths}
+    return attrs.evolve(w, uses=uses, operators={db: w.operators[db] for db in uses})
+
+
+def _working_diff(model: WorkingObservation, impl: WorkingObservation) -> list[str]:
+    out = []
+    for field in attrs.fields(WorkingObservation):
+        a, b = getattr(model, field.name), getattr(impl, field.name)
+        for key in sorted(set(a) | set(b), key=str):
+            if a.get(key) != b.get(key):
+                out.append(f"  {field.name}[{key}]: model {a.get(key)} != impl {b.get(key)}")
+    return out
 
 
 class LockstepMachine(RefimplMachine):

@@ -588,6 +588,19 @@ def _working_tampered(edit: Any) -> bytes:
             lambda w: w.update(path=f"{BASE}/shared/win-1-2/x/db/f9"),
             ("working[0].path", "not a working file"),
         ),
+        # R105: a restore opens a file only for its referring subtask's operator
+        (
+            lambda w: w.update(path=f"{BASE}/taskowned/working/join-1-2/db/f9"),
+            ("working[0].path", "not in a working directory of operator 'win'"),
+        ),
+        (
+            lambda w: w.update(subtask=["join", 1, 2]),
+            ("working[0].path", "of operator 'join'", "join[1/2]"),
+        ),
+        (
+            lambda w: w.update(path=f"{BASE}/taskowned/working/win-1-1-2/db/f9"),
+            ("working[0].path", "operator 'win'"),
+        ),
     ],
     # Plain ids that say what is wrong: the ids pytest made ("<lambda>-words3") hold "s3",
     # which make mutate's ``-k "not s3 ..."`` leaves out (run 11).
@@ -604,6 +617,9 @@ def _working_tampered(edit: Any) -> bytes:
         "subtask-index",
         "the-db-directory",
         "db-outside-working",
+        "another-operators-file",
+        "another-operators-subtask",
+        "an-operator-named-like-a-prefix",
     ],
 )
 def test_a_bad_working_file_is_refused_naming_it(edit: Any, words: tuple[str, ...]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -403,6 +404,61 @@ def test_r105_rescale_projects_by_key_groups_and_old_files_go_only_when_unrefere
     assert h.quiet_working() == []
 
 
+# Two operators with working state on the same key groups: a window and a join.
+TWO_OPERATORS = JobSpec((VertexSpec("window", 2), VertexSpec("join", 2)), num_tms=2)
+
+
+def _operator_of(db: str) -> str:
+    return db.split("[", 1)[0]
+
+
+@pytest.mark.parametrize(
+    ("restart", "new_par"),
+    [("failover", 2), ("claim", 2), ("claim", 1), ("claim", 3), ("no_claim", 3)],
+)
+def test_r105_a_database_opens_only_its_own_operators_files(restart: str, new_par: int) -> None:
+    """R105, R75: after a failover or a restore (CLAIM or NO_CLAIM, rescaled or not), each
+    database opens only files its own operator's databases wrote, projected by key
+    groups; the other operator's files, on the same key groups, are not its own, so it
+    neither uses them nor keeps them alive (I7, R104)."""
+    h = WorkingHarness(Config.for_mode(MergingMode.WITHIN_CHECKPOINT), TWO_OPERATORS)
+    written = {s: h.write(s, 500) for s in h.subtasks}
+    of_operator = {v: {p for s, p in written.items() if s.vertex == v} for v in ("window", "join")}
+    cp = h.working_checkpoint()
+    if restart == "failover":
+        h.run(c.CrashTm("tm-1"))
+        h.run(c.Failover())
+    else:
+        mode = RestoreMode.CLAIM if restart == "claim" else RestoreMode.NO_CLAIM
+        h.run(c.Restore(cp, (("window", new_par), ("join", new_par)), mode))
+    w = h.working()
+    assert w.uses and set(w.operators) == set(w.uses)
+    for db, paths in w.uses.items():
+        operator = _operator_of(db)
+        assert w.operators[db] == operator
+        assert paths and paths <= of_operator[operator], (db, sorted(paths))
+    # every file of an operator is opened by some database of that operator
+    for v, files in of_operator.items():
+        opened = {p for db, ps in w.uses.items() if w.operators[db] == v for p in ps}
+        assert opened == files
+    if restart == "no_claim":
+        assert h.quiet_working() == []
+        return
+    # the join's databases compact their files away: once no checkpoint refers to them,
+    # they go, whatever the window's databases still use
+    for s in h.subtasks:
+        if s.vertex == "join":
+            for p in sorted(w.uses[f"{s}@tm:{h.tm_of(s)}"]):
+                h.run(c.DropWorking(s, p))
+    h.working_checkpoint()
+    h.run(c.CollectWorking())
+    if restart == "failover":
+        h.run(c.AttemptStopped("tm-1"))  # R64: what the lost attempt wrote waited for it
+    assert not of_operator["join"] & set(h.observe().files)
+    assert of_operator["window"] <= set(h.observe().files)
+    assert h.quiet_working() == []
+
+
 # ---------------------------------------------------------------- R106 zombies
 
 
@@ -471,6 +527,7 @@ def _w(
         files={W: WorkingFileView(owner, "shared" if refs else "private", frozenset(), refs)},
         uses={DB: frozenset({W})} if used else {},
         retained={1: frozenset({W})} if retained else {},
+        operators={DB: A.vertex} if used else {},
     )
 
 
@@ -486,7 +543,7 @@ def test_i7_a_file_a_live_database_uses_is_missing() -> None:
 
 
 def test_i7_a_retained_working_file_is_missing() -> None:
-    w = WorkingObservation(files={}, uses={}, retained={1: frozenset({W})})
+    w = WorkingObservation(files={}, uses={}, retained={1: frozenset({W})}, operators={})
     (v,) = working_files_kept(_obs({}, {}), w)
     assert "chk 1" in v.detail
 
@@ -500,6 +557,24 @@ def test_i7_a_file_a_checkpoint_refers_to_is_still_a_databases() -> None:
 def test_i7_a_live_database_uses_another_attempts_file() -> None:
     (v,) = working_files_kept(_obs({W: 1}, {W: "tm:tm-9"}), _w("tm:tm-9"))
     assert "of tm:tm-9" in v.detail
+
+
+def test_i7_a_live_database_uses_a_file_of_another_operator() -> None:
+    """R105: a database of operator ``join`` on the same attempt and key groups as the
+    file's writer still may not use a file of ``v``'s working directory."""
+    other = f"{SubtaskId('join', 0, 2)}@{TM1}"
+    w = WorkingObservation(
+        files={W: WorkingFileView(TM1, "private", frozenset({other}), frozenset())},
+        uses={other: frozenset({W})},
+        retained={},
+        operators={other: "join"},
+    )
+    (v,) = working_files_kept(_obs({W: 1}, {W: TM1}), w)
+    assert v.invariant == "I7" and "operator 'join'" in v.detail and W in v.detail
+    # an operator whose escaped name is another's prefix is still another operator
+    w = attrs.evolve(w, operators={other: "v-0"})
+    assert [x.invariant for x in working_files_kept(_obs({W: 1}, {W: TM1}), w)] == ["I7"]
+    assert working_files_kept(_obs({W: 1}, {W: TM1}), attrs.evolve(w, operators={other: "v"})) == []
 
 
 def test_i6_a_leaked_working_file() -> None:

@@ -180,6 +180,14 @@ def test_a_pointer_round_trips_and_an_exclusive_one_is_refused() -> None:
         pointers([_entry(name, StateKind.KEYED_FULL)])
 
 
+def test_a_pointer_to_another_operators_database_is_refused() -> None:
+    """R105: a subtask of ``count`` clones only databases of ``count``, whatever a
+    checkpoint's entry names."""
+    name = pointer_name("job-0/taskowned/working/join-0-2/db/0123456789ab", 7, "c" * 36)
+    with pytest.raises(PointerError, match="another operator than 'count'"):
+        pointers([_entry(name)])
+
+
 def test_a_restore_whose_manifest_in_place_changed_is_refused_and_deletes_nothing(
     tmp_path: Path,
 ) -> None:

@@ -8,8 +8,9 @@
 (*                                                                         *)
 (* What the abstraction drops (the rest of the store is                    *)
 (* CheckpointOwnership.tla's):                                             *)
-(*  - one vertex; each subtask runs on its own TM attempt, so a database   *)
-(*    is named by its attempt; attempt ids are 1..MaxTm;                   *)
+(*  - NumOps operators at one parallelism; each subtask runs on its own TM *)
+(*    attempt, so a database is named by its attempt; attempt ids are     *)
+(*    1..MaxTm;                                                            *)
 (*  - a snapshot refers to every file in place: the small files R103       *)
 (*    uploads as merged segments are CheckpointOwnership's segments;      *)
 (*  - notifications are immediate: completing or aborting a checkpoint     *)
@@ -37,12 +38,14 @@ EXTENDS Naturals, FiniteSets
 (* coordinator and the user, model values.  MaxJob: job ids 1..MaxJob      *)
 (* (MaxJob - 1 restores).  RescalePars: the parallelisms a restore may     *)
 (* choose.  MaxPar: the max parallelism, so the key groups are             *)
-(* 0..MaxPar-1.                                                            *)
+(* 0..MaxPar-1.  NumOps: the operators (vertices) with working state, all  *)
+(* at the job's parallelism par: subtask s of the running job (1..par *    *)
+(* NumOps) is index Idx(par, s) of operator Op(par, s).                    *)
 (***************************************************************************)
 CONSTANTS NumSub, MaxTm, MaxFile, MaxCheckpoint, NumRetained, Coord, User
-CONSTANTS MaxJob, RescalePars, MaxPar
+CONSTANTS MaxJob, RescalePars, MaxPar, NumOps
 
-ASSUME NumSub \in 1..MaxPar /\ RescalePars \subseteq 1..MaxPar
+ASSUME NumSub \in 1..MaxPar /\ RescalePars \subseteq 1..MaxPar /\ NumOps \in 1..2
 
 (***************************************************************************)
 (* Helpers.                                                                *)
@@ -50,7 +53,8 @@ ASSUME NumSub \in 1..MaxPar /\ RescalePars \subseteq 1..MaxPar
 Max(S) == CHOOSE x \in S : \A y \in S : y <= x
 Min(S) == CHOOSE x \in S : \A y \in S : x <= y
 
-Subs == 1..Max(RescalePars \cup {NumSub})
+Subs == 1..(Max(RescalePars \cup {NumSub}) * NumOps)
+Ops == 1..NumOps
 Tms == 1..MaxTm
 Fids == 1..MaxFile
 Cks == 1..MaxCheckpoint
@@ -68,6 +72,7 @@ VARIABLES
     creator,    \* [Fids -> Tms]
     origin,     \* [Fids -> Subs]: the subtask whose database wrote it
     kgs,        \* [Fids -> SUBSET KGs]: that subtask's key groups
+    fop,        \* [Fids -> Ops]: that subtask's operator (R105)
     fjob,       \* [Fids -> Jobs]: the job that wrote it (its working directory: fjob, origin)
     shared,     \* files an acknowledgement referred to (R100, R103)
     pins,       \* [Tms -> [Cks -> SUBSET Fids]]: unacknowledged snapshots (R103)
@@ -87,11 +92,18 @@ VARIABLES
 
 jobVars == <<job, par, mode, userFiles>>
 
-vars == <<status, host, hosted, uses, exists, owner, creator, origin, kgs, fjob, shared,
+vars == <<status, host, hosted, uses, exists, owner, creator, origin, kgs, fop, fjob, shared,
           pins, pending, acks, refs, retained, nextCk, nextFile, nextTm, deferred, deleted,
           badDeletes, clean, job, par, mode, userFiles>>
 
-Active == 1..par
+Active == 1..(par * NumOps)
+
+(***************************************************************************)
+(* Subtask s of a job at parallelism p: operator Op(p, s), index Idx(p, s) *)
+(* (both counted from 1).                                                  *)
+(***************************************************************************)
+Op(p, s) == ((s - 1) \div p) + 1
+Idx(p, s) == ((s - 1) % p) + 1
 
 (***************************************************************************)
 (* R75: key group g belongs to subtask s of parallelism p when             *)
@@ -152,15 +164,15 @@ TypeOK ==
     /\ uses \in [Tms -> SUBSET Fids]
     /\ exists \subseteq Fids /\ shared \subseteq Fids
     /\ owner \in [Fids -> Tms \cup {Coord, User}]
-    /\ kgs \in [Fids -> SUBSET KGs] /\ fjob \in [Fids -> Jobs]
+    /\ kgs \in [Fids -> SUBSET KGs] /\ fop \in [Fids -> Ops] /\ fjob \in [Fids -> Jobs]
     /\ pins \in [Tms -> [Cks -> SUBSET Fids]]
     /\ pending \subseteq Cks /\ retained \subseteq Cks
     /\ job \in Jobs /\ par \in RescalePars \cup {NumSub}
     /\ mode \in Modes \cup {"none"} /\ userFiles \subseteq Fids
 
 Init ==
-    /\ status = [t \in Tms |-> IF t <= NumSub THEN "alive" ELSE "none"]
-    /\ host = [s \in Subs |-> IF s <= NumSub THEN s ELSE 0]
+    /\ status = [t \in Tms |-> IF t <= NumSub * NumOps THEN "alive" ELSE "none"]
+    /\ host = [s \in Subs |-> IF s <= NumSub * NumOps THEN s ELSE 0]
     /\ hosted = [t \in Tms |-> {}]
     /\ uses = [t \in Tms |-> {}]
     /\ exists = {} /\ shared = {}
@@ -168,12 +180,13 @@ Init ==
     /\ creator = [f \in Fids |-> 1]
     /\ origin = [f \in Fids |-> 1]
     /\ kgs = [f \in Fids |-> {}]
+    /\ fop = [f \in Fids |-> 1]
     /\ fjob = [f \in Fids |-> 1]
     /\ pins = [t \in Tms |-> [c \in Cks |-> {}]]
     /\ pending = {} /\ retained = {}
     /\ acks = [c \in Cks |-> {}]
     /\ refs = [c \in Cks |-> {}]
-    /\ nextCk = 1 /\ nextFile = 1 /\ nextTm = NumSub + 1
+    /\ nextCk = 1 /\ nextFile = 1 /\ nextTm = NumSub * NumOps + 1
     /\ deferred = {} /\ deleted = {} /\ badDeletes = {}
     /\ clean = FALSE
     /\ job = 1 /\ par = NumSub /\ mode = "none" /\ userFiles = {}
@@ -192,7 +205,8 @@ WriteWorking(t, s) ==
        /\ owner' = [owner EXCEPT ![f] = t]
        /\ creator' = [creator EXCEPT ![f] = t]
        /\ origin' = [origin EXCEPT ![f] = s]
-       /\ kgs' = [kgs EXCEPT ![f] = KeyGroups(par, s)]
+       /\ kgs' = [kgs EXCEPT ![f] = KeyGroups(par, Idx(par, s))]
+       /\ fop' = [fop EXCEPT ![f] = Op(par, s)]
        /\ fjob' = [fjob EXCEPT ![f] = job]
        /\ uses' = [uses EXCEPT ![t] = @ \cup {f}]
     /\ nextFile' = nextFile + 1
@@ -213,7 +227,7 @@ DropWith(t, s, f, Dead) ==
     /\ uses' = [uses EXCEPT ![t] = @ \ {f}]
     /\ Delete(Dead, t)
     /\ clean' = FALSE
-    /\ UNCHANGED <<status, host, hosted, owner, creator, origin, kgs, fjob, shared, pins,
+    /\ UNCHANGED <<status, host, hosted, owner, creator, origin, kgs, fop, fjob, shared, pins,
                    pending, acks, refs, retained, nextCk, nextFile, nextTm, deferred>>
     /\ UNCHANGED jobVars
 
@@ -227,7 +241,7 @@ Trigger ==
     /\ pending' = pending \cup {nextCk}
     /\ nextCk' = nextCk + 1
     /\ clean' = FALSE
-    /\ UNCHANGED <<status, host, hosted, uses, exists, owner, creator, origin, kgs, fjob,
+    /\ UNCHANGED <<status, host, hosted, uses, exists, owner, creator, origin, kgs, fop, fjob,
                    shared, pins, acks, refs, retained, nextFile, nextTm, deferred, deleted,
                    badDeletes>>
     /\ UNCHANGED jobVars
@@ -252,7 +266,8 @@ SnapshotWorking(t, s, c) ==
     /\ owner' = [f \in Fids |-> IF f \in copies THEN t ELSE owner[f]]
     /\ creator' = [f \in Fids |-> IF f \in copies THEN t ELSE creator[f]]
     /\ origin' = [f \in Fids |-> IF f \in copies THEN s ELSE origin[f]]
-    /\ kgs' = [f \in Fids |-> IF f \in copies THEN KeyGroups(par, s) ELSE kgs[f]]
+    /\ kgs' = [f \in Fids |-> IF f \in copies THEN KeyGroups(par, Idx(par, s)) ELSE kgs[f]]
+    /\ fop' = [f \in Fids |-> IF f \in copies THEN Op(par, s) ELSE fop[f]]
     /\ fjob' = [f \in Fids |-> IF f \in copies THEN job ELSE fjob[f]]
     /\ uses' = [uses EXCEPT ![t] = u2]
     /\ pins' = [pins EXCEPT ![t][c] = @ \cup u2]
@@ -281,7 +296,7 @@ Acknowledge(s, c) ==
     /\ acks' = [acks EXCEPT ![c] = @ \cup {s}]
     /\ pins' = p2
     /\ clean' = FALSE
-    /\ UNCHANGED <<status, host, hosted, uses, exists, creator, origin, kgs, fjob, pending,
+    /\ UNCHANGED <<status, host, hosted, uses, exists, creator, origin, kgs, fop, fjob, pending,
                    retained, nextCk, nextFile, nextTm, deferred, deleted, badDeletes>>
     /\ UNCHANGED jobVars
 
@@ -313,7 +328,7 @@ Complete(c) ==
           /\ exists' = exists \ FinishGarbage(done)
           /\ deleted' = deleted \cup FinishGarbage(done)
     /\ clean' = FALSE
-    /\ UNCHANGED <<status, host, hosted, uses, owner, creator, origin, kgs, fjob, shared,
+    /\ UNCHANGED <<status, host, hosted, uses, owner, creator, origin, kgs, fop, fjob, shared,
                    acks, refs, nextCk, nextFile, nextTm, deferred, badDeletes>>
     /\ UNCHANGED jobVars
 
@@ -324,7 +339,7 @@ Abort(c) ==
     /\ exists' = exists \ FinishGarbage({c})
     /\ deleted' = deleted \cup FinishGarbage({c})
     /\ clean' = FALSE
-    /\ UNCHANGED <<status, host, hosted, uses, owner, creator, origin, kgs, fjob, shared,
+    /\ UNCHANGED <<status, host, hosted, uses, owner, creator, origin, kgs, fop, fjob, shared,
                    acks, refs, retained, nextCk, nextFile, nextTm, deferred, badDeletes>>
     /\ UNCHANGED jobVars
 
@@ -345,7 +360,7 @@ CollectWith(C) ==
     IN /\ Delete(now, Coord)
        /\ deferred' = deferred \cup waits
        /\ clean' = Quiet
-       /\ UNCHANGED <<status, host, hosted, uses, owner, creator, origin, kgs, fjob, shared,
+       /\ UNCHANGED <<status, host, hosted, uses, owner, creator, origin, kgs, fop, fjob, shared,
                       pins, pending, acks, refs, retained, nextCk, nextFile, nextTm>>
        /\ UNCHANGED jobVars
 
@@ -368,27 +383,34 @@ CrashTm(s) ==
           /\ exists' = exists \ g
           /\ deleted' = deleted \cup g
     /\ clean' = FALSE
-    /\ UNCHANGED <<host, uses, owner, creator, origin, kgs, fjob, shared, acks, refs,
+    /\ UNCHANGED <<host, uses, owner, creator, origin, kgs, fop, fjob, shared, acks, refs,
                    retained, nextCk, nextFile, nextTm, deferred, badDeletes>>
     /\ UNCHANGED jobVars
 
 (***************************************************************************)
 (* R60, R62, R105: failover replaces each lost attempt by a new one and    *)
 (* every database reopens, in place, on the files the latest retained      *)
-(* checkpoint refers to for its subtask's key groups (Opened); a survivor  *)
+(* checkpoint refers to for its operator and its subtask's key groups      *)
+(* (Opened: never another operator's, whatever its key groups); a survivor *)
 (* deletes its private files the checkpoint lacks (R62); a lost attempt's  *)
 (* wait for it (R64).                                                      *)
 (***************************************************************************)
 Latest == IF retained = {} THEN {} ELSE refs[Max(retained)]
 
-Opened(F, p, s) == {f \in F : kgs[f] \cap KeyGroups(p, s) # {}}
+OpenedByKeyGroups(F, p, s) == {f \in F : kgs[f] \cap KeyGroups(p, Idx(p, s)) # {}}
 
-Failover ==
+Opened(F, p, s) == {f \in OpenedByKeyGroups(F, p, s) : fop[f] = Op(p, s)}
+
+(***************************************************************************)
+(* FailoverWith(Open) and RestoreWith(..., Open) open the databases with   *)
+(* Open: Opened here, a wrong opening in a must-fail model.                *)
+(***************************************************************************)
+FailoverWith(Open(_, _, _)) ==
     LET lost == {s \in Active : status[host[s]] # "alive"}
         newTm == [s \in Subs |-> IF s \in lost
                                  THEN nextTm + Cardinality({x \in lost : x < s})
                                  ELSE host[s]]
-        opened == [s \in Subs |-> Opened(Latest, par, s)]
+        opened == [s \in Subs |-> Open(Latest, par, s)]
         u2 == [t \in Tms |-> IF \E s \in Active : newTm[s] = t
                              THEN opened[CHOOSE s \in Active : newTm[s] = t]
                              ELSE IF status[t] = "alive" THEN {} ELSE uses[t]]
@@ -406,9 +428,11 @@ Failover ==
     /\ exists' = exists \ g \* R62: each survivor deletes the files it owns in g
     /\ deleted' = deleted \cup g
     /\ clean' = FALSE
-    /\ UNCHANGED <<hosted, owner, creator, origin, kgs, fjob, shared, acks, refs, retained,
+    /\ UNCHANGED <<hosted, owner, creator, origin, kgs, fop, fjob, shared, acks, refs, retained,
                    nextCk, nextFile, deferred, badDeletes>>
     /\ UNCHANGED jobVars
+
+Failover == FailoverWith(Opened)
 
 (***************************************************************************)
 (* R64, R106: once a lost attempt stopped, the coordinator takes what it   *)
@@ -434,7 +458,7 @@ AttemptStopped(t) ==
     /\ deleted' = deleted \cup gone
     /\ deferred' = deferred \ waited
     /\ clean' = FALSE
-    /\ UNCHANGED <<host, creator, origin, kgs, fjob, shared, pending, acks, refs, retained,
+    /\ UNCHANGED <<host, creator, origin, kgs, fop, fjob, shared, pending, acks, refs, retained,
                    nextCk, nextFile, nextTm>>
     /\ UNCHANGED jobVars
 
@@ -450,11 +474,11 @@ AttemptStopped(t) ==
 (* until subsumed, so the old working directories go file by file under    *)
 (* R104.  R73 NO_CLAIM: c's files stay the user's, nothing is retained.    *)
 (* R75, R105: each new subtask's database opens, in place and with no      *)
-(* copy, the files of c whose key groups overlap its own (a projection;    *)
-(* a file may be opened by several databases).                             *)
+(* copy, the files of c of its own operator whose key groups overlap its   *)
+(* own (a projection; a file may be opened by several databases).          *)
 (***************************************************************************)
-Restore(c, p, m) ==
-    LET IsNew(t) == nextTm <= t /\ t < nextTm + p
+RestoreWith(c, p, m, Open(_, _, _)) ==
+    LET IsNew(t) == nextTm <= t /\ t < nextTm + p * NumOps
         cur == {t \in Tms : status[t] = "alive"}
         closed == {f \in exists : owner[f] \in cur /\ f \notin shared} \* each by its owner
         given == RetainedRefs
@@ -465,14 +489,14 @@ Restore(c, p, m) ==
     IN
     /\ c \in retained
     /\ job < MaxJob
-    /\ nextTm + p <= MaxTm + 1
+    /\ nextTm + p * NumOps <= MaxTm + 1
     /\ job' = job + 1 /\ par' = p /\ mode' = m
     /\ status' = [t \in Tms |-> IF t \in cur THEN "stopped"
                                ELSE IF IsNew(t) THEN "alive" ELSE status[t]]
     /\ hosted' = [t \in Tms |-> IF status[t] = "lost" THEN {} ELSE hosted[t]]
-    /\ host' = [s \in Subs |-> IF s <= p THEN nextTm + s - 1 ELSE 0]
+    /\ host' = [s \in Subs |-> IF s <= p * NumOps THEN nextTm + s - 1 ELSE 0]
     /\ uses' = [t \in Tms |-> IF t \in cur THEN {}
-                             ELSE IF IsNew(t) THEN Opened(refs[c], p, t - nextTm + 1)
+                             ELSE IF IsNew(t) THEN Open(refs[c], p, t - nextTm + 1)
                              ELSE uses[t]]
     /\ pins' = [t \in Tms |-> IF t \in cur THEN [x \in Cks |-> {}] ELSE pins[t]]
     /\ owner' = [f \in Fids |-> IF f \in claimed THEN Coord
@@ -483,10 +507,12 @@ Restore(c, p, m) ==
     /\ deferred' = deferred \cup waits
     /\ pending' = {}
     /\ retained' = IF m = "CLAIM" THEN {c} ELSE {}
-    /\ nextTm' = nextTm + p
+    /\ nextTm' = nextTm + p * NumOps
     /\ userFiles' = userFiles \cup (given \ claimed)
     /\ clean' = FALSE
-    /\ UNCHANGED <<creator, origin, kgs, fjob, shared, acks, refs, nextCk, nextFile>>
+    /\ UNCHANGED <<creator, origin, kgs, fop, fjob, shared, acks, refs, nextCk, nextFile>>
+
+Restore(c, p, m) == RestoreWith(c, p, m, Opened)
 
 (***************************************************************************)
 (* Every action, and the specification.                                    *)
@@ -547,6 +573,13 @@ NoWorkingLeakWhenQuietInv ==
 (* database and no collection of a later job deleted or took it.           *)
 (***************************************************************************)
 UserFilesKeptInv == \A f \in userFiles : f \in exists /\ owner[f] = User
+
+(***************************************************************************)
+(* I7, R105: a live database uses only files its own operator's databases  *)
+(* wrote (a window's database never opens a join's files).                 *)
+(***************************************************************************)
+OwnOperatorInv ==
+    \A s \in Active : Live(host[s]) => \A f \in uses[host[s]] : fop[f] = Op(par, s)
 
 (***************************************************************************)
 (* R105 NO_CLAIM: every checkpoint of a job restored NO_CLAIM, from its    *)

@@ -892,6 +892,9 @@ class SparkCoordinator:
         live = sorted(t for t, rec in co.tms.items() if rec.status is Status.ALIVE)
         reports = {t: self.engine.reports[t] for t in live if t in self.engine.reports}
         uses = {f"{t}@{tm_actor(t)}": frozenset(r.get("working", ())) for t, r in reports.items()}
+        # each worker TM hosts one subtask: its database's operator is that subtask's (R105)
+        vertex_of = {tm: sub.vertex for sub, tm in co.placement.items()}
+        operators = {f"{t}@{tm_actor(t)}": vertex_of[t] for t in reports if t in vertex_of}
         pinned = {p for r in reports.values() for p in r.get("pinned", ())}
         retained = {r.id: frozenset(w.path for _, w in r.working) for r in co.retained}
         refs: dict[str, set[int]] = {}
@@ -916,7 +919,7 @@ class SparkCoordinator:
             )  # fmt: skip
             users = frozenset(db for db, ps in uses.items() if path in ps)
             files[path] = WorkingFileView(owner, state, users, frozenset(refs.get(path, ())))
-        return WorkingObservation(files, uses, retained), other
+        return WorkingObservation(files, uses, retained, operators), other
 
     def kept_by_slatedb(self) -> tuple[int, int]:
         """Objects (and bytes) of the databases that no party records: SlateDB's own

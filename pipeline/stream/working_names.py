@@ -13,8 +13,8 @@ from attrs import frozen
 
 from spec.config import StateKind
 from spec.handles import StateEntry
-from spec.ids import SubtaskId
-from spec.layout import working_dir
+from spec.ids import SubtaskId, escape_name
+from spec.layout import working_dir, working_operator
 
 POINTER = re.compile(
     r"db:(?P<lineage>[^#]+/db/[0-9a-f]{12})/manifest/(?P<manifest>[0-9]{20})\.manifest"
@@ -82,6 +82,12 @@ def pointers(entries: Iterable[StateEntry]) -> list[Pointer]:
         lineage = m["lineage"]
         if db_dir_of(f"{lineage}/x") != lineage or ".." in lineage.split("/"):
             raise PointerError(f"{e.name!r}: {lineage} is not a database directory")
+        if working_operator(f"{lineage}/x") != escape_name(e.subtask.vertex):
+            # R105: a clone reads only its own operator's databases
+            raise PointerError(
+                f"{e.name!r}: {lineage} is a database of another operator than"
+                f" {e.subtask.vertex!r}"
+            )
         out.append(Pointer(lineage, int(m["manifest"]), m["checkpoint"], e.key_groups, e))
     return out
 
