@@ -42,7 +42,8 @@ def read_regular(loc: Location, rel: str, limit: int = LIMIT) -> bytes:
     return data
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """What a file that is not regular is, in words (for reports)."""
     for test, name in (
         (stat.S_ISDIR, "directory"),
         (stat.S_ISFIFO, "FIFO"),
@@ -59,7 +60,7 @@ def _kind(mode: int) -> str:
 def _read_local(full: str, limit: int) -> bytes:
     st = os.lstat(full)
     if not stat.S_ISREG(st.st_mode):
-        raise Refused(f"not a regular file (a {_kind(st.st_mode)})")
+        raise Refused(f"not a regular file (a {kind_of(st.st_mode)})")
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(full, flags)
@@ -70,7 +71,7 @@ def _read_local(full: str, limit: int) -> bytes:
     try:
         st = os.fstat(fd)  # what was opened, not what lstat saw a moment before
         if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"not a regular file (a {_kind(st.st_mode)})")
+            raise Refused(f"not a regular file (a {kind_of(st.st_mode)})")
         if st.st_size > limit:
             raise Refused(f"{st.st_size} bytes, more than the {limit} a _metadata may have")
         chunks: list[bytes] = []

@@ -15,7 +15,7 @@ from typing import Any
 from fastimpl.metadata import Metadata, MetadataError, check_named, decode
 from pipeline.location import Location
 from pipeline.names import is_utf8, shown
-from pipeline.safe_read import Refused, read_regular
+from pipeline.safe_read import Refused, kind_of, read_regular
 from spec.config import Scope, StateKind
 from spec.handles import (
     DirectoryHandle,
@@ -181,8 +181,13 @@ def top_level(
     units: list[str] = []
     files: list[FileRow] = []
     base = loc.job_dir
+    sink: list[Problem] = [] if problems is None else problems
     for name, is_dir, row in _entries(loc, base, problems):
-        if not is_dir:
+        if not is_dir and CHECKPOINT_DIR.match(name):
+            # A chk-N that is a link may hide a _metadata: unreadable, never a stray.
+            if not _report_linked(loc, row, sink):
+                files.append(row)
+        elif not is_dir:
             files.append(row)
         elif name in ("shared", "taskowned"):
             for _sub, sub_dir, sub_row in _entries(loc, f"{base}/{name}", problems):
@@ -268,18 +273,53 @@ def other_metadata(loc: Location, problems: list[Problem] | None = None) -> list
     savepoints. Read, never audited for orphans. A sibling that cannot be listed goes to
     ``problems``: it may hold a checkpoint that references this base."""
     out: list[str] = []
-    for name, is_dir, _row in _entries(loc, "", problems):
-        if not is_dir or name == loc.job_dir:
+    sink: list[Problem] = [] if problems is None else problems
+    for name, is_dir, row in _entries(loc, "", problems):
+        if name == loc.job_dir:
             continue
-        if name == SAVEPOINTS:
-            for sp, sp_dir, _ in _entries(loc, SAVEPOINTS, problems):
-                if sp_dir and SAVEPOINT_DIR.match(sp):
-                    out.append(f"{SAVEPOINTS}/{sp}/{METADATA}")
+        if not is_dir:
+            # A sibling job, an application folder or savepoints/ replaced by a link (or
+            # a FIFO, a socket...): its metadata may reference this base and cannot be
+            # read without following it, so it is unreadable, never skipped. A regular
+            # file is no place for a checkpoint and is left alone.
+            _report_linked(loc, row, sink)
             continue
-        for chk, chk_dir, _ in _entries(loc, name, problems):
-            if chk_dir and CHECKPOINT_DIR.match(chk):
-                out.append(f"{name}/{chk}/{METADATA}")
+        pattern = SAVEPOINT_DIR if name == SAVEPOINTS else CHECKPOINT_DIR
+        for sub, sub_dir, sub_row in _entries(loc, name, problems):
+            if not pattern.match(sub):
+                continue
+            if sub_dir:
+                out.append(f"{name}/{sub}/{METADATA}")
+            else:
+                _report_linked(loc, sub_row, sink)
     return sorted(out)
+
+
+_LINKED = ("a {kind} where a directory that may hold a _metadata belongs: not followed, "
+           "so what it holds is unknown")
+
+
+def _not_plain(loc: Location, row: FileRow) -> str | None:
+    """What a listed entry that is not a directory is, when it is not a regular file
+    either (a link, a FIFO, a socket, a device): ``None`` for a regular file. Object
+    stores hold neither links nor special files: always ``None`` there."""
+    if not loc.local:
+        return None
+    if row[3]:
+        return "symbolic link"
+    try:
+        mode = os.lstat(loc.full(row[0])).st_mode
+    except OSError:
+        return None  # gone since it was listed: nothing there to read
+    return None if stat.S_ISREG(mode) else kind_of(mode)
+
+
+def _report_linked(loc: Location, row: FileRow, sink: list[Problem]) -> bool:
+    """Report ``row`` as unreadable if it is not a plain file; says whether it was."""
+    kind = _not_plain(loc, row)
+    if kind is not None:
+        sink.append((shown(row[0]), _LINKED.format(kind=kind)))
+    return kind is not None
 
 
 # --------------------------------------------------------------------------- metadata

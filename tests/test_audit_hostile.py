@@ -60,8 +60,8 @@ def test_hostile_base_single_engine_and_cli(case: str, tmp_path: Path) -> None:
         )
     assert r.exception is None or isinstance(r.exception, SystemExit), r.output
     assert "Traceback" not in r.output
-    if h.corrupt:
-        assert r.exit_code == 3 and "refused" in r.output  # unknown references: nothing goes
+    if h.corrupt or h.refuses:
+        assert r.exit_code == 3 and "refused" in r.output, r.output  # unknown references
         assert tree(h.base.parent) == before
     else:
         assert r.exit_code == 0, r.output
