@@ -191,6 +191,8 @@ def audit(
 
     from pipeline.report import render, write_json
 
+    if summary.read_nothing:
+        _no_checkpoint(err, loc, summary, json_out, delete_orphans)
     render(console, summary, details, limit=limit)
     if json_out:
         _write_outputs(err, f"--json {json_out}", lambda: write_json(summary, json_out))
@@ -220,6 +222,40 @@ def audit(
             err.print(f"[red]deletion refused, nothing deleted:[/] {escape(str(e))}")
             code = max(code, EXIT_REFUSED)
     raise typer.Exit(code)
+
+
+def _no_checkpoint(
+    err: Console, loc: Location, summary: Summary, json_out: str | None, delete: bool
+) -> None:
+    """No checkpoint was read (``Summary.read_nothing``): nothing was checked, so no
+    table is shown (each file would be called an orphan) and no verdict; what was found
+    is said instead, a Flink or Spark checkpoint directory named as one. Exit 2, or 3
+    when a deletion was asked (refused: an empty reference set never means that nothing
+    is referenced)."""
+    from pipeline.formats import nothing_read, recognise
+
+    found = recognise(loc)
+    if found is None and summary.corrupt_metadata:
+        return  # a checkpoint of ours that does not read: the report pages (exit 1)
+    said = found or nothing_read(loc, summary.files, summary.corrupt_metadata)
+    err.print(f"[red]not audited:[/] {escape(said)}", soft_wrap=True)
+    if json_out:
+        from pipeline.report import write_json
+
+        _write_outputs(err, f"--json {json_out}",
+                       lambda: write_json(summary, json_out, {"not_audited": said}))
+    if not delete:
+        raise typer.Exit(EXIT_USAGE)
+    from pipeline.deletion import NotABase, check_base
+
+    try:
+        check_base(loc)
+        why = ("no checkpoint was read: the reference set is empty, and that never means "
+               "nothing is referenced")
+    except NotABase as e:
+        why = str(e)
+    err.print(f"[red]deletion refused, nothing deleted:[/] {escape(why)}", soft_wrap=True)
+    raise typer.Exit(EXIT_REFUSED)
 
 
 def _default_log() -> str:

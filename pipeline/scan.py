@@ -205,6 +205,12 @@ def base_entries(loc: Location, rel_dir: str | None = None) -> set[str]:
     return {name for name, _d, _r in _entries(loc, loc.job_dir if rel_dir is None else rel_dir)}
 
 
+def entries(loc: Location, rel_dir: str) -> Iterator[tuple[str, bool, FileRow]]:
+    """(name, is a directory, row) of each entry directly under ``rel_dir``; what cannot
+    be listed is left out (for looking around, not for auditing)."""
+    return _entries(loc, rel_dir)
+
+
 def _entries(
     loc: Location, rel_dir: str, problems: list[Problem] | None = None
 ) -> Iterator[tuple[str, bool, FileRow]]:
