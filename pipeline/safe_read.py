@@ -42,6 +42,18 @@ def read_regular(loc: Location, rel: str, limit: int = LIMIT) -> bytes:
     return data
 
 
+def open_error(full: str) -> OSError | None:
+    """Why a regular file cannot be opened for reading (``None``: it can). What a restore
+    must do with every referenced file; a mode that root ignores is not trusted, the
+    open is tried. ``O_NONBLOCK``: a FIFO swapped in meanwhile does not block it."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        os.close(os.open(full, flags))
+    except OSError as err:
+        return err
+    return None
+
+
 def kind_of(mode: int) -> str:
     """What a file that is not regular is, in words (for reports)."""
     for test, name in (

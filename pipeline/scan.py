@@ -15,7 +15,8 @@ from typing import Any
 from fastimpl.metadata import Metadata, MetadataError, check_named, decode
 from pipeline.location import Location
 from pipeline.names import is_utf8, shown
-from pipeline.safe_read import Refused, kind_of, read_regular
+from pipeline.result import MISSING
+from pipeline.safe_read import Refused, kind_of, open_error, read_regular
 from spec.config import Scope, StateKind
 from spec.handles import (
     DirectoryHandle,
@@ -132,7 +133,26 @@ def _walk_local(full: str, rel: str, problems: list[Problem]) -> Iterator[FileRo
             except OSError as err:
                 problems.append((shown(name), _cannot("examined", err)))
                 continue
+            why = _not_restorable(e.path, st.st_mode)
+            if why is not None:
+                problems.append((shown(name), why))
+                continue
             yield (name, st.st_size, st.st_mtime, e.is_symlink())
+
+
+def _not_restorable(full: str, mode: int) -> str | None:
+    """Why a listed entry is no file a restore could read, or ``None``. Such an entry is
+    an unreadable row, never a file of the listing: referenced, it dangles (a restore
+    cannot read it); unreferenced, it is never deleted. A link stays in the listing
+    (``symlink``, never followed, never deleted) and dangles where referenced."""
+    if stat.S_ISLNK(mode):
+        return None
+    if not stat.S_ISREG(mode):
+        return f"not a regular file (a {kind_of(mode)})"
+    err = open_error(full)
+    if err is None or isinstance(err, FileNotFoundError):
+        return None
+    return _cannot("read", err)
 
 
 def _mtime(info: dict[str, Any]) -> float:
@@ -158,8 +178,10 @@ def stat_files(loc: Location, paths: list[str]) -> list[FileRow]:
                 st = os.lstat(loc.full(p))
             except OSError:  # gone, or a name the OS refuses: missing for the audit
                 continue
-            if not stat.S_ISDIR(st.st_mode):
-                out.append((p, st.st_size, st.st_mtime, stat.S_ISLNK(st.st_mode)))
+            # Only a readable regular file holds what a restore needs; anything else is
+            # missing for the audit, and why_missing names what it is.
+            if stat.S_ISREG(st.st_mode) and open_error(loc.full(p)) is None:
+                out.append((p, st.st_size, st.st_mtime, False))
         return out
     fs = loc.fs()
     for p in paths:
@@ -170,6 +192,23 @@ def stat_files(loc: Location, paths: list[str]) -> list[FileRow]:
         if info.get("type") == "file":
             out.append((p, int(info.get("size") or 0), _mtime(info), False))
     return out
+
+
+def why_missing(loc: Location, path: str) -> str:
+    """What lies at a referenced path the audit found no readable regular file at: the
+    reason of its dangling row (a link, a directory, a FIFO, a file that cannot be read
+    dangle as surely as a missing file: a restore cannot read them)."""
+    if not loc.local:
+        return MISSING  # an object store has no links, directories or special objects
+    full = loc.full(path)
+    try:
+        mode = os.lstat(full).st_mode
+    except OSError:
+        return MISSING
+    if not stat.S_ISREG(mode):
+        return f"not a regular file (a {kind_of(mode)})"
+    err = open_error(full)
+    return MISSING if err is None else _cannot("read", err)
 
 
 def top_level(

@@ -41,6 +41,8 @@ class Hostile:
     """Paths (shown) the audit must report not listed or not examined."""
     orphans: set[str] = field(factory=set)
     """Unreferenced old files the audit must report (and may delete)."""
+    dangling: dict[str, str] = field(factory=dict)
+    """Referenced paths a restore cannot read -> what the dangling row's reason says."""
     refuses: bool = False
     """``--delete-orphans`` must refuse and delete nothing (a place where a ``_metadata``
     may lie could not be examined)."""
@@ -267,6 +269,34 @@ def fifo_in_place_of_a_sibling(tmp: Path) -> Hostile:
     return h
 
 
+def _referenced_replaced(tmp: Path, make: Callable[[Path], None], reason: str) -> Hostile:
+    """The file the checkpoint references replaced by something a restore cannot read."""
+    h = valid(tmp)
+    f = h.base / "shared/v-0-1/f"
+    f.unlink()
+    make(f)
+    h.dangling[f"{JOB}/shared/v-0-1/f"] = reason
+    return h
+
+
+def referenced_file_is_a_link(tmp: Path) -> Hostile:
+    """A link to a file of the right size outside the base: its size is no restorable byte
+    (the store refuses to read through a link)."""
+    outside = tmp / "outside/f"
+    _old(outside, b"x" * 64)
+    return _referenced_replaced(tmp, lambda f: f.symlink_to(outside), "symbolic link")
+
+
+def referenced_file_is_a_directory(tmp: Path) -> Hostile:
+    return _referenced_replaced(tmp, lambda f: f.mkdir(), "directory")
+
+
+def referenced_file_is_a_fifo(tmp: Path) -> Hostile:
+    h = _referenced_replaced(tmp, os.mkfifo, "FIFO")
+    h.unreadable.add(f"{JOB}/shared/v-0-1/f")  # listed as what it is, never opened
+    return h
+
+
 MARKUP_NAMES = (
     "[bold]innocent[/bold]",
     "[/]",
@@ -309,6 +339,9 @@ CASES: dict[str, Callable[[Path], Hostile]] = {
         savepoint_is_a_link,
         checkpoint_dir_is_a_link,
         fifo_in_place_of_a_sibling,
+        referenced_file_is_a_link,
+        referenced_file_is_a_directory,
+        referenced_file_is_a_fifo,
     )
 }
 
@@ -340,6 +373,9 @@ NOT_ON_OBJECT_STORES = {
     "savepoint_is_a_link": "an object store has no links",
     "checkpoint_dir_is_a_link": "an object store has no links",
     "fifo_in_place_of_a_sibling": "an object store has no links nor FIFOs",
+    "referenced_file_is_a_link": "an object store has no links",
+    "referenced_file_is_a_directory": "an S3 key is a file or a prefix, never both: no such key",
+    "referenced_file_is_a_fifo": "an object store has no FIFOs",
 }
 
 
@@ -398,4 +434,8 @@ def check(h: Hostile, t: Tables) -> None:
         assert got == set(), got
     orphans = {f["path"] for f in t["files"] if f["status"] == ORPHAN}
     assert h.orphans <= orphans
-    assert t.summary.checkpoints == 1 and t.summary.dangling == 0
+    assert t.summary.checkpoints == 1
+    reasons = {d["path"]: d["reason"] for d in t["dangling"]}
+    assert reasons.keys() == h.dangling.keys(), t["dangling"]
+    for path, why in h.dangling.items():
+        assert why in reasons[path], (path, reasons[path])
