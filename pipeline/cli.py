@@ -149,6 +149,10 @@ def audit(
     except LocationError as e:
         err.print(f"[red]error:[/] {escape(shown(str(e)))}")
         raise typer.Exit(EXIT_USAGE) from None
+    if delete_orphans and not dry_run and log is None:
+        log = _default_log()  # checked with the others, before anything is read
+    _check_outputs(err, loc, [("--log", log if delete_orphans else None),
+                              ("--json", json_out), ("--out", out)])
     fs = loc.fs()
     if not fs.exists(loc.full(loc.job_dir)):
         err.print(f"[red]error:[/] {escape(shown(loc.uri()))} does not exist")
@@ -181,17 +185,20 @@ def audit(
         if out:
             from pipeline.report import write_rows
 
-            write_rows(result.tables, out)
+            _write_outputs(err, f"--out {out}", lambda: write_rows(result.tables, out))
     else:
         summary, details = _spark(loc, master, grace_s, now, others, out, limit, quiet, err)
 
     from pipeline.report import render, write_json
 
+    if summary.read_nothing:
+        _no_checkpoint(err, loc, summary, json_out, delete_orphans)
     render(console, summary, details, limit=limit)
     if json_out:
-        write_json(summary, json_out)
+        _write_outputs(err, f"--json {json_out}", lambda: write_json(summary, json_out))
     if out:
-        write_json(summary, os.path.join(out, "summary.json"))
+        _write_outputs(err, f"--out {out}",
+                       lambda: write_json(summary, os.path.join(out, "summary.json")))
         console.print(f"details written to {shown(out)}", markup=False)
     code = EXIT_AT_RISK if summary.at_risk else 0
     unexamined = _unexamined_checkpoints(loc, details.get("unreadable", ()))
@@ -215,6 +222,70 @@ def audit(
             err.print(f"[red]deletion refused, nothing deleted:[/] {escape(str(e))}")
             code = max(code, EXIT_REFUSED)
     raise typer.Exit(code)
+
+
+def _no_checkpoint(
+    err: Console, loc: Location, summary: Summary, json_out: str | None, delete: bool
+) -> None:
+    """No checkpoint was read (``Summary.read_nothing``): nothing was checked, so no
+    table is shown (each file would be called an orphan) and no verdict; what was found
+    is said instead, a Flink or Spark checkpoint directory named as one. Exit 2, or 3
+    when a deletion was asked (refused: an empty reference set never means that nothing
+    is referenced)."""
+    from pipeline.formats import nothing_read, recognise
+
+    found = recognise(loc)
+    if found is None and summary.corrupt_metadata:
+        return  # a checkpoint of ours that does not read: the report pages (exit 1)
+    said = found or nothing_read(loc, summary.files, summary.corrupt_metadata)
+    err.print(f"[red]not audited:[/] {escape(said)}", soft_wrap=True)
+    if json_out:
+        from pipeline.report import write_json
+
+        _write_outputs(err, f"--json {json_out}",
+                       lambda: write_json(summary, json_out, {"not_audited": said}))
+    if not delete:
+        raise typer.Exit(EXIT_USAGE)
+    from pipeline.deletion import NotABase, check_base
+
+    try:
+        check_base(loc)
+        why = ("no checkpoint was read: the reference set is empty, and that never means "
+               "nothing is referenced")
+    except NotABase as e:
+        why = str(e)
+    err.print(f"[red]deletion refused, nothing deleted:[/] {escape(why)}", soft_wrap=True)
+    raise typer.Exit(EXIT_REFUSED)
+
+
+def _default_log() -> str:
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"ckpt-audit-deletions-{stamp}.jsonl"
+
+
+def _check_outputs(
+    err: Console, loc: Location, outputs: list[tuple[str, str | None]]
+) -> None:
+    """Refuse (exit 2, one line) an output inside a checkpoint tree or one that cannot be
+    written (``pipeline.outputs``), before anything is read."""
+    from pipeline.outputs import OutputError, check_outputs
+
+    try:
+        check_outputs(loc, outputs)
+    except OutputError as e:
+        err.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def _write_outputs(err: Console, what: str, write: Any) -> None:
+    """Run ``write``; an output that fails after the checks (a full disk, a folder removed
+    meanwhile) is a usage error naming it, never a traceback."""
+    try:
+        write()
+    except OSError as e:
+        err.print(f"[red]error:[/] {escape(shown(what, spaces=True))} cannot be written: "
+                  f"{escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE) from None
 
 
 def _unexamined_checkpoints(loc: Location, unreadable: Iterable[Row]) -> list[str]:
@@ -306,9 +377,13 @@ def _delete(
     if not plan.delete:
         console.print("no orphan to delete")
         return 0
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = log or f"ckpt-audit-deletions-{stamp}.jsonl"
-    done = execute(loc, plan, path, rate=rate)
+    path = log or _default_log()
+    try:
+        done = execute(loc, plan, path, rate=rate)
+    except OSError as e:  # checked before the audit; this is a change since (a full disk)
+        err.print(f"[red]error:[/] the deletion log {escape(shown(path))} cannot be written: "
+                  f"{escape(str(e))}")
+        raise typer.Exit(EXIT_USAGE) from None
     console.print(f"deleted {len(done.deleted)} file(s), {len(done.failed)} failed; "
                   f"log: {shown(done.log)}", markup=False)
     for p, why in done.failed:

@@ -7,9 +7,17 @@ these and from which the name comes back exactly (:func:`unshown`):
 
 * ``\\`` becomes ``\\\\``;
 * a byte that is not UTF-8 (surrogate U+DC80..U+DCFF) becomes ``\\xNN`` (the byte);
-* a space, a control character or any other non-printable character becomes ``\\xNN``
-  (below U+0080; ``\\x80``..``\\xff`` are only ever raw bytes), ``\\uNNNN`` or
-  ``\\UNNNNNNNN``.
+* a space, a control character and every character outside printable ASCII becomes
+  ``\\xNN`` (below U+0080; ``\\x80``..``\\xff`` are only ever raw bytes), ``\\uNNNN``
+  or ``\\UNNNNNNNN``.
+
+Outside ASCII nothing is printed as itself (issue 32, finding 8): ``café`` written NFC
+(``e`` with acute, U+00E9) and NFD (``e`` then a combining acute, U+0301) are two names
+that render alike, as are a Latin ``a`` and a Cyrillic ``а``, fullwidth letters, or a name
+with a zero-width joiner; only an alphabet with no two look-alike characters keeps two
+names that differ in bytes from printing the same, and printable ASCII is one. The names
+this store writes are escaped into a safe ASCII alphabet (R3), so only names it did not
+write show escapes.
 
 Rich markup is not interpreted where the audit prints a name (``markup=False`` or
 ``rich.markup.escape``). The deletion log (JSON) holds the exact name: the
@@ -31,7 +39,7 @@ def shown(name: str, *, spaces: bool = False) -> str:
             out.append("\\\\")
         elif 0xDC80 <= o <= 0xDCFF:
             out.append(f"\\x{o - 0xDC00:02x}")
-        elif ch.isprintable() and (spaces or ch != " "):
+        elif o < 0x80 and ch.isprintable() and (spaces or ch != " "):
             out.append(ch)
         elif o < 0x80:
             out.append(f"\\x{o:02x}")

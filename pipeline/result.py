@@ -104,8 +104,17 @@ class Summary:
         return self.dangling > 0 or self.corrupt_metadata > 0
 
     @property
+    def read_nothing(self) -> bool:
+        """No checkpoint of the job was read and none read beside it references the
+        base: no file was checked against anything, so the base is never called clean
+        and no file an orphan for it (issue 32, finding 10)."""
+        return self.checkpoints == 0 and self.references == 0
+
+    @property
     def verdict(self) -> str:
         problems = []
+        if self.read_nothing:
+            problems.append("no checkpoint read: nothing here was checked")
         if self.dangling:
             problems.append(f"{self.dangling} dangling reference(s): DATA LOSS")
         if self.corrupt_metadata:

@@ -42,7 +42,20 @@ def read_regular(loc: Location, rel: str, limit: int = LIMIT) -> bytes:
     return data
 
 
-def _kind(mode: int) -> str:
+def open_error(full: str) -> OSError | None:
+    """Why a regular file cannot be opened for reading (``None``: it can). What a restore
+    must do with every referenced file; a mode that root ignores is not trusted, the
+    open is tried. ``O_NONBLOCK``: a FIFO swapped in meanwhile does not block it."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        os.close(os.open(full, flags))
+    except OSError as err:
+        return err
+    return None
+
+
+def kind_of(mode: int) -> str:
+    """What a file that is not regular is, in words (for reports)."""
     for test, name in (
         (stat.S_ISDIR, "directory"),
         (stat.S_ISFIFO, "FIFO"),
@@ -59,7 +72,7 @@ def _kind(mode: int) -> str:
 def _read_local(full: str, limit: int) -> bytes:
     st = os.lstat(full)
     if not stat.S_ISREG(st.st_mode):
-        raise Refused(f"not a regular file (a {_kind(st.st_mode)})")
+        raise Refused(f"not a regular file (a {kind_of(st.st_mode)})")
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(full, flags)
@@ -70,7 +83,7 @@ def _read_local(full: str, limit: int) -> bytes:
     try:
         st = os.fstat(fd)  # what was opened, not what lstat saw a moment before
         if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"not a regular file (a {_kind(st.st_mode)})")
+            raise Refused(f"not a regular file (a {kind_of(st.st_mode)})")
         if st.st_size > limit:
             raise Refused(f"{st.st_size} bytes, more than the {limit} a _metadata may have")
         chunks: list[bytes] = []

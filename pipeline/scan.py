@@ -15,7 +15,8 @@ from typing import Any
 from fastimpl.metadata import Metadata, MetadataError, check_named, decode
 from pipeline.location import Location
 from pipeline.names import is_utf8, shown
-from pipeline.safe_read import Refused, read_regular
+from pipeline.result import MISSING
+from pipeline.safe_read import Refused, kind_of, open_error, read_regular
 from spec.config import Scope, StateKind
 from spec.handles import (
     DirectoryHandle,
@@ -132,7 +133,26 @@ def _walk_local(full: str, rel: str, problems: list[Problem]) -> Iterator[FileRo
             except OSError as err:
                 problems.append((shown(name), _cannot("examined", err)))
                 continue
+            why = _not_restorable(e.path, st.st_mode)
+            if why is not None:
+                problems.append((shown(name), why))
+                continue
             yield (name, st.st_size, st.st_mtime, e.is_symlink())
+
+
+def _not_restorable(full: str, mode: int) -> str | None:
+    """Why a listed entry is no file a restore could read, or ``None``. Such an entry is
+    an unreadable row, never a file of the listing: referenced, it dangles (a restore
+    cannot read it); unreferenced, it is never deleted. A link stays in the listing
+    (``symlink``, never followed, never deleted) and dangles where referenced."""
+    if stat.S_ISLNK(mode):
+        return None
+    if not stat.S_ISREG(mode):
+        return f"not a regular file (a {kind_of(mode)})"
+    err = open_error(full)
+    if err is None or isinstance(err, FileNotFoundError):
+        return None
+    return _cannot("read", err)
 
 
 def _mtime(info: dict[str, Any]) -> float:
@@ -158,8 +178,10 @@ def stat_files(loc: Location, paths: list[str]) -> list[FileRow]:
                 st = os.lstat(loc.full(p))
             except OSError:  # gone, or a name the OS refuses: missing for the audit
                 continue
-            if not stat.S_ISDIR(st.st_mode):
-                out.append((p, st.st_size, st.st_mtime, stat.S_ISLNK(st.st_mode)))
+            # Only a readable regular file holds what a restore needs; anything else is
+            # missing for the audit, and why_missing names what it is.
+            if stat.S_ISREG(st.st_mode) and open_error(loc.full(p)) is None:
+                out.append((p, st.st_size, st.st_mtime, False))
         return out
     fs = loc.fs()
     for p in paths:
@@ -172,6 +194,23 @@ def stat_files(loc: Location, paths: list[str]) -> list[FileRow]:
     return out
 
 
+def why_missing(loc: Location, path: str) -> str:
+    """What lies at a referenced path the audit found no readable regular file at: the
+    reason of its dangling row (a link, a directory, a FIFO, a file that cannot be read
+    dangle as surely as a missing file: a restore cannot read them)."""
+    if not loc.local:
+        return MISSING  # an object store has no links, directories or special objects
+    full = loc.full(path)
+    try:
+        mode = os.lstat(full).st_mode
+    except OSError:
+        return MISSING
+    if not stat.S_ISREG(mode):
+        return f"not a regular file (a {kind_of(mode)})"
+    err = open_error(full)
+    return MISSING if err is None else _cannot("read", err)
+
+
 def top_level(
     loc: Location, problems: list[Problem] | None = None
 ) -> tuple[list[str], list[FileRow]]:
@@ -181,8 +220,13 @@ def top_level(
     units: list[str] = []
     files: list[FileRow] = []
     base = loc.job_dir
+    sink: list[Problem] = [] if problems is None else problems
     for name, is_dir, row in _entries(loc, base, problems):
-        if not is_dir:
+        if not is_dir and CHECKPOINT_DIR.match(name):
+            # A chk-N that is a link may hide a _metadata: unreadable, never a stray.
+            if not _report_linked(loc, row, sink):
+                files.append(row)
+        elif not is_dir:
             files.append(row)
         elif name in ("shared", "taskowned"):
             for _sub, sub_dir, sub_row in _entries(loc, f"{base}/{name}", problems):
@@ -198,6 +242,12 @@ def top_level(
 def base_entries(loc: Location, rel_dir: str | None = None) -> set[str]:
     """The names directly under the job base (or ``rel_dir``)."""
     return {name for name, _d, _r in _entries(loc, loc.job_dir if rel_dir is None else rel_dir)}
+
+
+def entries(loc: Location, rel_dir: str) -> Iterator[tuple[str, bool, FileRow]]:
+    """(name, is a directory, row) of each entry directly under ``rel_dir``; what cannot
+    be listed is left out (for looking around, not for auditing)."""
+    return _entries(loc, rel_dir)
 
 
 def _entries(
@@ -268,18 +318,53 @@ def other_metadata(loc: Location, problems: list[Problem] | None = None) -> list
     savepoints. Read, never audited for orphans. A sibling that cannot be listed goes to
     ``problems``: it may hold a checkpoint that references this base."""
     out: list[str] = []
-    for name, is_dir, _row in _entries(loc, "", problems):
-        if not is_dir or name == loc.job_dir:
+    sink: list[Problem] = [] if problems is None else problems
+    for name, is_dir, row in _entries(loc, "", problems):
+        if name == loc.job_dir:
             continue
-        if name == SAVEPOINTS:
-            for sp, sp_dir, _ in _entries(loc, SAVEPOINTS, problems):
-                if sp_dir and SAVEPOINT_DIR.match(sp):
-                    out.append(f"{SAVEPOINTS}/{sp}/{METADATA}")
+        if not is_dir:
+            # A sibling job, an application folder or savepoints/ replaced by a link (or
+            # a FIFO, a socket...): its metadata may reference this base and cannot be
+            # read without following it, so it is unreadable, never skipped. A regular
+            # file is no place for a checkpoint and is left alone.
+            _report_linked(loc, row, sink)
             continue
-        for chk, chk_dir, _ in _entries(loc, name, problems):
-            if chk_dir and CHECKPOINT_DIR.match(chk):
-                out.append(f"{name}/{chk}/{METADATA}")
+        pattern = SAVEPOINT_DIR if name == SAVEPOINTS else CHECKPOINT_DIR
+        for sub, sub_dir, sub_row in _entries(loc, name, problems):
+            if not pattern.match(sub):
+                continue
+            if sub_dir:
+                out.append(f"{name}/{sub}/{METADATA}")
+            else:
+                _report_linked(loc, sub_row, sink)
     return sorted(out)
+
+
+_LINKED = ("a {kind} where a directory that may hold a _metadata belongs: not followed, "
+           "so what it holds is unknown")
+
+
+def _not_plain(loc: Location, row: FileRow) -> str | None:
+    """What a listed entry that is not a directory is, when it is not a regular file
+    either (a link, a FIFO, a socket, a device): ``None`` for a regular file. Object
+    stores hold neither links nor special files: always ``None`` there."""
+    if not loc.local:
+        return None
+    if row[3]:
+        return "symbolic link"
+    try:
+        mode = os.lstat(loc.full(row[0])).st_mode
+    except OSError:
+        return None  # gone since it was listed: nothing there to read
+    return None if stat.S_ISREG(mode) else kind_of(mode)
+
+
+def _report_linked(loc: Location, row: FileRow, sink: list[Problem]) -> bool:
+    """Report ``row`` as unreadable if it is not a plain file; says whether it was."""
+    kind = _not_plain(loc, row)
+    if kind is not None:
+        sink.append((shown(row[0]), _LINKED.format(kind=kind)))
+    return kind is not None
 
 
 # --------------------------------------------------------------------------- metadata

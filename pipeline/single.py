@@ -103,8 +103,11 @@ def analyse(
         return r[0] in in_base or (r[8] is not None and is_under(r[8], job))
 
     ref_rows = [r for r in refs if r[0] in own_keys and counted(r)]
-    size_of = {p: s for p, s, _m, _l in files}
+    # What a restore can read: a link is listed (never followed, never deleted) but holds
+    # no bytes of a checkpoint, so a reference to one dangles.
+    size_of = {p: s for p, s, _m, link in files if not link}
     all_size = {**size_of, **{p: s for p, s, _m, _l in outside}}
+    missing: dict[str, str] = {}
 
     ranges: dict[str, list[tuple[int, int]]] = defaultdict(list)
     ref_count: dict[str, int] = defaultdict(int)
@@ -123,7 +126,9 @@ def analyse(
         ref_ckpts[path].add(key)
         size = all_size.get(path)
         if size is None:
-            dangling.append(_dangling(r, None, MISSING))
+            if path not in missing:
+                missing[path] = scan.why_missing(loc, path)
+            dangling.append(_dangling(r, None, missing[path]))
         elif off + length > size:
             dangling.append(_dangling(r, size, BEYOND))
 

@@ -146,7 +146,8 @@ def audit_spark(
     outside = (
         read.where(F.col("row") == "outside").groupBy("path").agg(F.max("size").alias("size"))
     )
-    sizes = files.select("path", "size").unionByName(outside)
+    # A link is listed but holds no checkpoint bytes: a reference to it dangles.
+    sizes = files.where(~F.col("symlink")).select("path", "size").unionByName(outside)
 
     end = F.col("offset") + F.col("length")
     joined = streams.join(sizes, "path", "left")
@@ -159,7 +160,7 @@ def audit_spark(
         "checkpoint", "subtask", "name", "handle", "path", "offset", "length", "logical_id",
         F.lit(None).cast("long").alias("file_size"), F.lit(NO_PATH).alias("reason"),
     )
-    dangling = dangling.unionByName(placeholders).cache()
+    dangling = _name_missing(spark, loc, dangling.unionByName(placeholders)).cache()
 
     # One row per (checkpoint, file) with its ranges: the checkpoints table and the files
     # table both start from it, so the references are shuffled once for the two.
@@ -246,6 +247,20 @@ def audit_spark(
                        len(corrupt), n_refs)
     summary = attrs.evolve(summary, unreadable=len(set(problems)))
     return SparkAudit(summary, frames)
+
+
+def _name_missing(spark: SparkSession, loc: Location, dangling: DataFrame) -> DataFrame:
+    """The reason of each dangling reference to a missing file, as the single-process
+    audit gives it (``scan.why_missing``: a link, a directory, a FIFO, a file that cannot
+    be read). Asked on the driver, once per path: dangling paths are few."""
+    paths = [r.path for r in dangling.where(F.col("reason") == MISSING)
+             .select("path").distinct().collect()]
+    named = [(p, why) for p in paths if (why := scan.why_missing(loc, p)) != MISSING]
+    if not named:
+        return dangling
+    reasons = spark.createDataFrame(named, "path string, why string")
+    return (dangling.join(F.broadcast(reasons), "path", "left")
+            .withColumn("reason", F.coalesce("why", "reason")).drop("why"))
 
 
 def _re(text: str) -> str:

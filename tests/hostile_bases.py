@@ -41,6 +41,11 @@ class Hostile:
     """Paths (shown) the audit must report not listed or not examined."""
     orphans: set[str] = field(factory=set)
     """Unreferenced old files the audit must report (and may delete)."""
+    dangling: dict[str, str] = field(factory=dict)
+    """Referenced paths a restore cannot read -> what the dangling row's reason says."""
+    refuses: bool = False
+    """``--delete-orphans`` must refuse and delete nothing (a place where a ``_metadata``
+    may lie could not be examined)."""
 
 
 def _old(p: Path, data: bytes = b"s" * 10) -> None:
@@ -200,6 +205,98 @@ def names_that_are_not_utf8(tmp: Path) -> Hostile:
     return h
 
 
+def _linked_in(place: Path, away: Path) -> None:
+    """Move ``place`` to ``away`` and put a symbolic link to it where it was."""
+    away.parent.mkdir(parents=True, exist_ok=True)
+    place.rename(away)
+    place.symlink_to(away, target_is_directory=True)
+
+
+def sibling_job_is_a_link(tmp: Path) -> Hostile:
+    """A job restored from this one (its checkpoint names the stray), moved elsewhere and
+    linked back: the link is not followed, so what it holds is unknown; a row, and the
+    deletion refused (it would delete the file the restored job needs)."""
+    h = valid(tmp)
+    other = h.base.parent / "job-restored"
+    (other / "chk-1").mkdir(parents=True)
+    (other / "chk-1/_metadata").write_bytes(
+        _meta(1, f"{JOB}/shared/v-0-1/stray", job="job-restored"))
+    _linked_in(other, tmp / "moved/job-restored")
+    h.unreadable.add("job-restored")
+    h.refuses = True
+    return h
+
+
+def savepoints_is_a_link(tmp: Path) -> Hostile:
+    """``savepoints/`` linked to a folder holding a FIFO ``_metadata``."""
+    h = valid(tmp)
+    sp = h.base.parent / "savepoints"
+    (sp / "savepoint-3").mkdir(parents=True)
+    os.mkfifo(sp / "savepoint-3/_metadata")
+    _linked_in(sp, tmp / "moved/savepoints")
+    h.unreadable.add("savepoints")
+    h.refuses = True
+    return h
+
+
+def savepoint_is_a_link(tmp: Path) -> Hostile:
+    h = valid(tmp)
+    sp = h.base.parent / "savepoints/savepoint-4"
+    sp.mkdir(parents=True)
+    (sp / "_metadata").write_bytes(_meta(4, f"{JOB}/shared/v-0-1/stray"))
+    _linked_in(sp, tmp / "moved/savepoint-4")
+    h.unreadable.add("savepoints/savepoint-4")
+    h.refuses = True
+    return h
+
+
+def checkpoint_dir_is_a_link(tmp: Path) -> Hostile:
+    """The job's own ``chk-2`` linked to a directory whose ``_metadata`` names the stray."""
+    h = valid(tmp)
+    (h.base / "chk-2").mkdir()
+    (h.base / "chk-2/_metadata").write_bytes(_meta(2, f"{JOB}/shared/v-0-1/stray"))
+    _linked_in(h.base / "chk-2", tmp / "moved/chk-2")
+    h.unreadable.add(f"{JOB}/chk-2")
+    h.refuses = True
+    return h
+
+
+def fifo_in_place_of_a_sibling(tmp: Path) -> Hostile:
+    h = valid(tmp)
+    os.mkfifo(h.base.parent / "job-other")
+    h.unreadable.add("job-other")
+    h.refuses = True
+    return h
+
+
+def _referenced_replaced(tmp: Path, make: Callable[[Path], None], reason: str) -> Hostile:
+    """The file the checkpoint references replaced by something a restore cannot read."""
+    h = valid(tmp)
+    f = h.base / "shared/v-0-1/f"
+    f.unlink()
+    make(f)
+    h.dangling[f"{JOB}/shared/v-0-1/f"] = reason
+    return h
+
+
+def referenced_file_is_a_link(tmp: Path) -> Hostile:
+    """A link to a file of the right size outside the base: its size is no restorable byte
+    (the store refuses to read through a link)."""
+    outside = tmp / "outside/f"
+    _old(outside, b"x" * 64)
+    return _referenced_replaced(tmp, lambda f: f.symlink_to(outside), "symbolic link")
+
+
+def referenced_file_is_a_directory(tmp: Path) -> Hostile:
+    return _referenced_replaced(tmp, lambda f: f.mkdir(), "directory")
+
+
+def referenced_file_is_a_fifo(tmp: Path) -> Hostile:
+    h = _referenced_replaced(tmp, os.mkfifo, "FIFO")
+    h.unreadable.add(f"{JOB}/shared/v-0-1/f")  # listed as what it is, never opened
+    return h
+
+
 MARKUP_NAMES = (
     "[bold]innocent[/bold]",
     "[/]",
@@ -237,6 +334,14 @@ CASES: dict[str, Callable[[Path], Hostile]] = {
         symlink_loops_among_the_files,
         names_that_are_not_utf8,
         names_with_markup_and_control_characters,
+        sibling_job_is_a_link,
+        savepoints_is_a_link,
+        savepoint_is_a_link,
+        checkpoint_dir_is_a_link,
+        fifo_in_place_of_a_sibling,
+        referenced_file_is_a_link,
+        referenced_file_is_a_directory,
+        referenced_file_is_a_fifo,
     )
 }
 
@@ -263,6 +368,14 @@ NOT_ON_OBJECT_STORES = {
     "symlink_loops_among_the_files": "an object store has no links",
     "deeper_than_path_max": "an S3 key has at most 1024 bytes and no PATH_MAX: no such tree",
     "names_that_are_not_utf8": "an S3 key is UTF-8: no such name",
+    "sibling_job_is_a_link": "an object store has no links",
+    "savepoints_is_a_link": "an object store has no links",
+    "savepoint_is_a_link": "an object store has no links",
+    "checkpoint_dir_is_a_link": "an object store has no links",
+    "fifo_in_place_of_a_sibling": "an object store has no links nor FIFOs",
+    "referenced_file_is_a_link": "an object store has no links",
+    "referenced_file_is_a_directory": "an S3 key is a file or a prefix, never both: no such key",
+    "referenced_file_is_a_fifo": "an object store has no FIFOs",
 }
 
 
@@ -321,4 +434,8 @@ def check(h: Hostile, t: Tables) -> None:
         assert got == set(), got
     orphans = {f["path"] for f in t["files"] if f["status"] == ORPHAN}
     assert h.orphans <= orphans
-    assert t.summary.checkpoints == 1 and t.summary.dangling == 0
+    assert t.summary.checkpoints == 1
+    reasons = {d["path"]: d["reason"] for d in t["dangling"]}
+    assert reasons.keys() == h.dangling.keys(), t["dangling"]
+    for path, why in h.dangling.items():
+        assert why in reasons[path], (path, reasons[path])

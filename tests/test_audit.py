@@ -9,6 +9,8 @@ loadgroup``), started once for the run.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -16,9 +18,10 @@ from typing import Any
 import fsspec  # type: ignore[import-untyped]
 import pytest
 
+from pipeline.location import Location
 from pipeline.result import ORPHAN, PENDING, Tables
 from pipeline.single import audit_single, covered
-from tests.audit_fixtures import DAY, HOUR, Built, build, comparable, plant
+from tests.audit_fixtures import DAY, HOUR, Built, build, comparable, plant, run
 from tests.lockstep import S3_BUCKET, s3
 
 pytestmark = pytest.mark.xdist_group("spark")
@@ -299,3 +302,102 @@ def test_a_range_beyond_64_bits_is_reported_not_fatal(spark: Any, tmp_path: Path
         ("j/chk-2/_metadata", "payload.entries")]
     assert single.summary.checkpoints == 1 and single.summary.dangling == 0
     assert comparable(audit_spark(spark, loc, grace=HOUR, now=now).collect()) == comparable(single)
+
+
+# --------------------------------------------------------------------------- nothing read
+
+
+def _aged(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    t = time.time() - 3 * DAY
+    os.utime(path, (t, t))
+
+
+def flink_checkpoint_dir(root: Path) -> Path:
+    """What Flink 2.3 writes under ``execution.checkpointing.dir`` (FORMATS.md): a
+    ``<job-id>/`` folder holding ``chk-N/_metadata`` in Flink's binary format (magic,
+    version 6, checkpoint id, ...), per-subtask ``shared/`` state and ``taskowned/``."""
+    import struct
+
+    top = root / "flink-checkpoints"
+    job = top / "2b7f1c4e9a0d4e6f8a1b2c3d4e5f6a7b"
+    meta = struct.pack(">IIq", 0x4960672D, 6, 5) + struct.pack(">ii", 0, 1) + b"\x00" * 40
+    _aged(job / "chk-5" / "_metadata", meta)
+    _aged(job / "shared" / "job_2b7f_op_9a_0_2" / "f3c9-uuid", b"s" * 4096)
+    _aged(job / "taskowned" / "job_2b7f_tm_tm-1" / "a1-uuid", b"t" * 512)
+    return top
+
+
+def spark_checkpoint_location(root: Path) -> Path:
+    """A Spark 4.3 query's checkpointLocation (FORMATS.md): ``metadata``, ``offsets/``,
+    ``commits/``, ``sources/`` and a RocksDB state store under ``state/``."""
+    top = root / "query-checkpoint"
+    _aged(top / "metadata", b'{"id":"5f0e-query"}\n')
+    _aged(top / "offsets" / "0", b'v1\n{"batchWatermarkMs":0}\n0\n')
+    _aged(top / "commits" / "0", b'v1\n{"nextBatchWatermarkMs":0}\n')
+    _aged(top / "sources" / "0" / "0", b"v1\n")
+    _aged(top / "state" / "0" / "0" / "1.zip", b"PK" + b"z" * 200)
+    _aged(top / "state" / "0" / "0" / "SSTs" / "000008-uuid.sst", b"x" * 1000)
+    return top
+
+
+def flink_job_dir(root: Path) -> Path:
+    """One job's folder of it, given directly: its ``_metadata`` is read and refused."""
+    return next(flink_checkpoint_dir(root).iterdir())
+
+
+FOREIGN = {
+    "flink-configured-dir": (flink_checkpoint_dir, "Flink checkpoint directory"),
+    "flink-job-dir": (flink_job_dir, "Flink checkpoint directory"),
+    "spark-location": (spark_checkpoint_location, "Spark checkpoint location"),
+}
+
+
+def _files(top: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in top.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("engine", ["single", "spark"])
+@pytest.mark.parametrize("kind", sorted(FOREIGN))
+def test_a_flink_or_spark_checkpoint_directory_is_named_never_called_clean(
+    tmp_path: Path, kind: str, engine: str
+) -> None:
+    """Finding 10 of issue 32: the directory a Flink or Spark user configures was
+    "clean: every _metadata reads" having read none, exit 0, and at ``--grace 0s`` every
+    live file an orphan. Now: named as what it is, exit 2, no verdict; a deletion at
+    grace 0 refused (exit 3) with every file kept."""
+    make, name = FOREIGN[kind]
+    top = make(tmp_path / "root")
+    before = _files(tmp_path / "root")
+    eng = ["--engine", "single"] if engine == "single" else ["--master", "local[2]"]
+    summary = tmp_path / "summary.json"
+    r = run(str(top), *eng, "-q", "--json", str(summary))
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2, out
+    assert name in out and "issue 33" in out, out
+    assert "clean" not in out and "orphan" not in out.lower(), out
+    doc = json.loads(summary.read_text())
+    assert name in doc["not_audited"] and "clean" not in doc["verdict"], doc
+    r = run(str(top), *eng, "-q", "--delete-orphans", "--grace", "0s",
+                   "--allow-short-grace", "--no-live-writer")
+    out = " ".join(r.output.split())
+    assert r.exit_code == 3 and "deletion refused, nothing deleted" in out, out
+    assert name in out and "orphan" not in out.replace("--delete-orphans", "").lower(), out
+    assert _files(tmp_path / "root") == before
+
+
+def test_a_directory_with_no_checkpoint_it_reads_is_never_clean(tmp_path: Path) -> None:
+    """No ``_metadata`` of any format it reads, and none of Flink's or Spark's: what was
+    found and what was expected, exit 2; never "clean"."""
+    job = tmp_path / "root" / "job-0"
+    _aged(job / "shared" / "v-0-1" / "f", b"x" * 10)
+    (job / "chk-3").mkdir()  # a checkpoint in flight: no _metadata yet
+    r = run(str(job), "--engine", "single", "-q")
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2, out
+    assert "no checkpoint recognised" in out and "1 file(s)" in out, out
+    assert "expected a job base written by ckpt-ownership" in out, out
+    assert "clean" not in out, out
+    t = audit_single(Location.parse(str(job)), grace=HOUR)
+    assert "clean" not in t.summary.verdict and t.summary.read_nothing

@@ -9,6 +9,10 @@ audit knows about the references is incomplete:
   unreadable state never means "no writer");
 * a checkpoint that a pending one may reuse from (its ``retained_at_trigger``) is gone:
   the pending one may name that checkpoint's files, which no ``_metadata`` names now.
+
+And the guard on the audit's own outputs (issue 32, findings 3 and 9): ``--log``,
+``--json`` and ``--out`` never inside a checkpoint tree, and an output that cannot be
+written is a usage error naming it, before anything is read.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pipeline.deletion import DeletionRefused, plan_deletion
 from pipeline.location import Location
 from pipeline.single import audit_single
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
-from tests.audit_fixtures import DAY, base_with_strays, old, run, snapshot
+from tests.audit_fixtures import DAY, Built, base_with_strays, old, run, snapshot
 
 KS = StateKind.KEYED_SHARED
 
@@ -185,3 +189,96 @@ def test_a_lost_pin_of_a_pending_checkpoint_stops_the_collection(tmp_path: Path)
     assert after.summary.dangling == 0, after["dangling"]
     assert mgr.restore(sub)
     store.close()
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def _tree_bytes(top: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(top)): p.read_bytes() for p in sorted(top.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+def _inside(b: Built, tmp_path: Path, where: str) -> str:
+    """A path inside a checkpoint tree beside or in ``b``'s base."""
+    root = tmp_path / "root"
+    meta = sorted((root / b.job_dir).glob("chk-*/_metadata"))[0]
+    link = tmp_path / "link-to-base"
+    link.symlink_to(root / b.job_dir, target_is_directory=True)
+    return {
+        "retained-metadata": str(meta),
+        "an-orphan": str(root / b.job_dir / "shared" / "stray.sst"),
+        "new-file-in-base": str(root / b.job_dir / "report.json"),
+        "sibling-base": str(old(root / "job-sibling" / "chk-1" / "_metadata").parent / "x"),
+        "savepoints": str(root / "savepoints" / "savepoint-1" / "out"),
+        "through-a-link": str(link / meta.parent.name / "_metadata"),
+    }[where]
+
+
+@pytest.mark.parametrize("option", ["--log", "--json", "--out"])
+@pytest.mark.parametrize("where", ["retained-metadata", "an-orphan", "new-file-in-base",
+                                   "sibling-base", "savepoints", "through-a-link"])
+def test_an_output_inside_a_checkpoint_tree_is_refused_before_anything_is_read(
+    tmp_path: Path, option: str, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b, _strays = base_with_strays(tmp_path)
+    target = _inside(b, tmp_path, where)
+    before = _tree_bytes(tmp_path / "root")
+
+    def no_listing(*_a: object, **_k: object) -> None:
+        raise AssertionError("the base was read before the outputs were checked")
+
+    monkeypatch.setattr("pipeline.scan.top_level", no_listing)
+    r = run(str(tmp_path / "root" / b.job_dir), "--engine", "single", "-q",
+            "--delete-orphans", "--grace", "1h", option, target)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 2, out
+    assert f"{option} " in out and "inside" in out, out
+    assert _tree_bytes(tmp_path / "root") == before
+
+
+def test_an_output_beside_the_bases_or_elsewhere_is_written(tmp_path: Path) -> None:
+    """The guard is not a blanket refusal: a summary beside the job bases (a regular
+    file, in no tree) and outputs outside the container are written."""
+    b, strays = base_with_strays(tmp_path)
+    beside = tmp_path / "root" / "summary.json"
+    log = tmp_path / "logs" / "deletions.jsonl"
+    log.parent.mkdir()
+    r = run(str(tmp_path / "root" / b.job_dir), "--engine", "single", "-q",
+            "--delete-orphans", "--json", str(beside), "--log", str(log),
+            "--out", str(tmp_path / "details"))
+    assert r.exit_code == 0, r.output
+    assert json.loads(beside.read_text())["orphans"] == len(strays)
+    assert (tmp_path / "details" / "files.jsonl").exists()
+    assert any(json.loads(x)["event"] == "deleted" for x in log.read_text().splitlines())
+
+
+@pytest.mark.parametrize("option", ["--log", "--json", "--out"])
+@pytest.mark.parametrize("how", ["under-a-regular-file", "a-directory", "missing-folder"])
+def test_an_unwritable_output_is_a_usage_error_naming_it(
+    tmp_path: Path, option: str, how: str
+) -> None:
+    """Run as root, whom permissions do not stop: the outputs here fail for every user
+    (a path below a regular file, a directory where a file is written, a folder that
+    does not exist for the log). One line naming the option and path, exit 2, no
+    traceback (``run`` lets exceptions through), nothing deleted."""
+    if option == "--out" and how == "a-directory":
+        pytest.skip("--out names a directory: a directory there is what it wants")
+    if option != "--log" and how == "missing-folder":
+        pytest.skip("--json and --out make their folder")
+    b, _strays = base_with_strays(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    target = {
+        "under-a-regular-file": blocker / "out",
+        "a-directory": tmp_path,
+        "missing-folder": tmp_path / "no-such-folder" / "log.jsonl",
+    }[how]
+    before = snapshot(b)
+    r = run(str(tmp_path / "root" / b.job_dir), "--engine", "single", "-q",
+            "--delete-orphans", option, str(target))
+    assert r.exit_code == 2, r.output
+    line = " ".join(r.output.split())
+    assert f"{option} {target} cannot be written" in line, line
+    assert "Traceback" not in r.output
+    assert snapshot(b) == before

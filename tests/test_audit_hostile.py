@@ -60,8 +60,13 @@ def test_hostile_base_single_engine_and_cli(case: str, tmp_path: Path) -> None:
         )
     assert r.exception is None or isinstance(r.exception, SystemExit), r.output
     assert "Traceback" not in r.output
-    if h.corrupt:
-        assert r.exit_code == 3 and "refused" in r.output  # unknown references: nothing goes
+    if h.dangling:
+        # A checkpoint that cannot be restored: pages (exit 1), or the deletion is refused
+        # (exit 3), and what the reference names is never touched.
+        assert r.exit_code in (1, 3) and "DATA LOSS" in r.output, r.output
+        assert {p for p in h.dangling if os.path.lexists(h.base.parent / p)} == set(h.dangling)
+    elif h.corrupt or h.refuses:
+        assert r.exit_code == 3 and "refused" in r.output, r.output  # unknown references
         assert tree(h.base.parent) == before
     else:
         assert r.exit_code == 0, r.output
@@ -98,6 +103,50 @@ def test_names_are_printed_escaped_and_logged_exactly(tmp_path: Path) -> None:
         shown(p) for p in h.orphans
     }
     assert not any((h.base.parent / p).exists() for p in h.orphans)
+
+
+LOOK_ALIKES = (
+    ("caf\u00e9", "cafe\u0301"),  # NFC and NFD
+    ("data", "d\u0430ta"),  # Latin a, Cyrillic a
+    ("x.sst", "\uff58.sst"),  # fullwidth x
+    ("ab", "a\u200db"),  # zero-width joiner
+    ("abc", "\u202eabc"),  # right-to-left override
+)
+
+
+def test_names_that_differ_in_bytes_never_print_the_same(tmp_path: Path) -> None:
+    """Finding 8 of issue 32: every name of each look-alike pair is an orphan; the dry run
+    prints each in printable ASCII, the two of a pair differently, each back to its exact
+    name; the real run's log holds the exact names."""
+    for pair in LOOK_ALIKES:
+        a, b = (shown(n) for n in pair)
+        assert a != b and a.isascii() and b.isascii(), (a, b)
+    h = CASES["valid"](tmp_path)
+    names = {n for pair in LOOK_ALIKES for n in pair}
+    for n in names:
+        p = h.base / "shared/v-0-1" / n
+        p.write_bytes(b"s" * 10)
+        os.utime(p, (time.time() - 3 * 86400.0,) * 2)
+    expected = {f"{h.base.parent}/j/shared/v-0-1/{n}" for n in names}
+    dry = CliRunner().invoke(
+        app, ["audit", str(h.base), "--engine", "single", "-q", "--delete-orphans", "--dry-run"]
+    )
+    assert dry.exit_code == 0, dry.output
+    lines = [x for x in dry.output.splitlines() if x.startswith("would delete ")]
+    printed = [x.split(" ")[2] for x in lines]
+    assert all(p.isascii() for p in printed), printed
+    assert {unshown(p) for p in printed} >= expected
+    assert len(set(printed)) == len(printed)
+    log = tmp_path / "log.jsonl"
+    real = CliRunner().invoke(
+        app, ["audit", str(h.base), "--engine", "single", "-q", "--delete-orphans", "--log",
+              str(log)]
+    )
+    assert real.exit_code == 0, real.output
+    events = [json.loads(x) for x in log.read_text().splitlines()]
+    deleted = {e["path"] for e in events if e["event"] == "deleted"}
+    assert {f"j/shared/v-0-1/{n}" for n in names} <= deleted
+    assert not any((h.base / "shared/v-0-1" / n).exists() for n in names)
 
 
 def test_every_hostile_base_gives_the_same_tables_on_both_engines(tmp_path: Path) -> None:

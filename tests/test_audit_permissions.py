@@ -94,9 +94,20 @@ def data_dir(base: Path) -> tuple[Path, str]:
     return base / "shared/v-0-2", f"{JOB}/shared/v-0-2"
 
 
-CASES = {"sibling_app": sibling_app, "checkpoint_dir": checkpoint_dir, "data_dir": data_dir}
+def referenced_file(base: Path) -> tuple[Path, str]:
+    """The file the retained checkpoint references, mode 000 (issue 32, finding 6): a
+    restore cannot read it, so it dangles (exit 1); "clean" was printed."""
+    f = base / "shared/v-0-1/f"
+    return f, f"{JOB}/shared/v-0-1/f"
+
+
+CASES = {"sibling_app": sibling_app, "checkpoint_dir": checkpoint_dir, "data_dir": data_dir,
+         "referenced_file": referenced_file}
 REFUSES = {"sibling_app": "cannot be listed", "checkpoint_dir": "became unreadable"}
-AT_RISK = {"checkpoint_dir"}
+AT_RISK = {"checkpoint_dir", "referenced_file"}
+DANGLES = {"referenced_file"}
+"""Cases whose report has a dangling reference (DATA LOSS): a deletion run pages (exit 1)
+or is refused (exit 3); the referenced file is never deleted."""
 """A checkpoint directory that cannot be listed hides a _metadata: a report alone exits 1
 (restorability unknown), never 0 ("nothing lost")."""
 
@@ -142,7 +153,8 @@ def _run(prefix: list[str], probe: Path, runs: list[tuple[str, str, str, bool]])
 
 
 def _check(
-    run: dict[str, Any], unreadable: list[str], refused: str | None, at_risk: bool = False
+    run: dict[str, Any], unreadable: list[str], refused: str | None, at_risk: bool = False,
+    dangles: bool = False,
 ) -> None:
     out = " ".join(run["output"].split())  # messages wrap at the terminal's width
     assert run["exception"] is None and "Traceback" not in out, out
@@ -151,7 +163,10 @@ def _check(
     for s in unreadable:
         assert s in out, (s, out)
     assert out.count("PermissionError") >= len(unreadable), out
-    if run["log"] is None:
+    if dangles:
+        assert run["exit"] in ((1,) if run["log"] is None else (1, 3)), out
+        assert "DATA LOSS" in out and "cannot be read: PermissionError" in out, out
+    elif run["log"] is None:
         assert run["exit"] == (1 if at_risk else 0), out
         assert ("restorability unknown" in out) == at_risk, out
     elif refused is None:
@@ -181,10 +196,12 @@ def test_unreadable_directories_with_the_single_engine(
     result = _run(prefix, probe, runs)
     pairs = zip(result["runs"][::2], result["runs"][1::2], strict=True)
     for (name, base, shown), (report, run) in zip(cases, pairs, strict=True):
-        _check(report, [shown], None, at_risk=name in AT_RISK)
-        _check(run, [shown], REFUSES.get(name))
+        _check(report, [shown], None, at_risk=name in AT_RISK, dangles=name in DANGLES)
+        _check(run, [shown], REFUSES.get(name), dangles=name in DANGLES)
         stray = base.parent / STRAY
-        if name in REFUSES:
+        if name in DANGLES:
+            assert (base.parent / shown).exists(), name
+        elif name in REFUSES:
             assert stray.exists(), name
             assert not Path(f"{tmp_path}/{name}.jsonl").exists()
         else:
@@ -219,6 +236,8 @@ def test_unreadable_directories_on_spark_and_single_alike(
         _check(report, shown, None, at_risk=True)
     for run in (single, spark):
         _check(run, shown, "cannot be listed")
+    for run in (single_report, spark_report):  # the mode-000 referenced file dangles
+        assert "cannot be read: PermissionError" in " ".join(run["output"].split())
     keys = (
         "files",
         "orphans",
