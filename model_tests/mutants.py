@@ -32,6 +32,7 @@ the expectations as much as the implementation (``test_flink_bugs.py`` covers it
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import subprocess
 import sys
@@ -53,17 +54,14 @@ from fastimpl.coordinator import CheckpointCoordinator
 from fastimpl.engine import InProcessEngine
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, Completed, Deferred, PFile, Seg
-from fastimpl.redistribute import assign
 from fastimpl.taskmanager import TaskManager
-from fastimpl.working import DB_PREFIX, Databases, SharedWorking, overlaps
+from fastimpl.working import Databases, SharedWorking
 from spec import commands as c
 from spec.config import Scope, StateKind
 from spec.effects import COORDINATOR, USER, tm_actor
 from spec.handles import FileHandle, SegmentHandle, stream_of
 from spec.ids import SubtaskId, TmId
-from spec.keygroups import key_group_range
 from spec.layout import is_under, taskowned_dir
-from spec.messages import DatabasesOpened, OpenDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = "CKPT_MUTANT"
@@ -430,40 +428,26 @@ def _opens_by_key_groups(mp: pytest.MonkeyPatch) -> None:
     """A restore or failover opens each database on every working file of the checkpoint
     whose key groups overlap its own, whatever operator wrote it (R105): with two
     operators keeping working state, one's database opens the other's files and keeps
-    them from the collection (R104)."""
+    them from the collection (R104). Done by listing every in-place file under every
+    operator before the real opening runs, which then matches by key groups alone."""
+    orig = SharedWorking.open_databases
 
     def open_databases(
         self: SharedWorking,
         source: Completed | None,
         epoch: int,
         users: bool = False,
-        only: str | None = None,
+        only: TmId | None = None,
     ) -> None:
-        c = self.coord
-        if not self.opens:
-            return
-        entries = () if source is None else source.entries
-        assignment = assign(entries, c.vertices, c.cfg.max_parallelism)
-        files = {w.path: w for _, w in (() if source is None else source.working)}
-        for sub, tm in sorted(c.placement.items()):
-            if only is not None and tm != only:
-                continue
-            kg = key_group_range(c.cfg.max_parallelism, sub.parallelism, sub.index)
-            in_place = tuple(
-                w
-                for path, w in sorted(files.items())
-                if path in c.catalog.files and overlaps(w.key_groups, kg)
+        if source is not None:
+            blind = copy.copy(source)
+            blind.working = tuple(
+                (SubtaskId(v.name, s.index, s.parallelism), w)
+                for s, w in source.working
+                for v in self.coord.vertices
             )
-            small = tuple(
-                e
-                for e in assignment.get(sub, ())
-                if e.name.startswith(DB_PREFIX) and stream_of(e.handle) is not None
-            )
-            if in_place or small:
-                c.engine.duty(tm, OpenDatabase(c.job, tm, epoch, sub, in_place, small, users))
-        for tm in sorted(set(c.placement.values())):
-            if only is None or tm == only:
-                c.engine.duty(tm, DatabasesOpened(c.job, tm, epoch))
+            source = blind
+        orig(self, source, epoch, users, only)
 
     mp.setattr(SharedWorking, "open_databases", open_databases)
 
