@@ -210,7 +210,8 @@ def audit(
             code = max(code, _delete(
                 console, err, loc, summary, details["orphans"], grace_s,
                 allow_short_grace=allow_short_grace, no_live_writer=no_live_writer,
-                dry_run=dry_run, log=log, now=now, state=state, rate=max_deletes_per_second))
+                dry_run=dry_run, log=log, now=now, state=state, rate=max_deletes_per_second,
+                dangling=details.get("dangling", ())))
         except DeletionRefused as e:
             err.print(f"[red]deletion refused, nothing deleted:[/] {escape(str(e))}")
             code = max(code, EXIT_REFUSED)
@@ -281,18 +282,42 @@ def _spark(
 def _delete(
     console: Console, err: Console, loc: Location, summary: Summary, orphans: list[Row],
     grace: float, *, allow_short_grace: bool, no_live_writer: bool, dry_run: bool,
-    log: str | None, now: float, state: Any, rate: float,
+    log: str | None, now: float, state: Any, rate: float, dangling: Iterable[Row],
 ) -> int:
+    from pipeline.deletion import take_lock
+
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = log or f"ckpt-audit-deletions-{stamp}.jsonl"
+    if dry_run:
+        return _plan_and_delete(console, err, loc, summary, orphans, grace, None, path,
+                                allow_short_grace=allow_short_grace,
+                                no_live_writer=no_live_writer, now=now, state=state,
+                                rate=rate, dangling=dangling)
+    # One deletion run per base: the lock is held from before the plan to the last delete.
+    with take_lock(loc, path) as lock:
+        return _plan_and_delete(console, err, loc, summary, orphans, grace, lock, path,
+                                allow_short_grace=allow_short_grace,
+                                no_live_writer=no_live_writer, now=now, state=state,
+                                rate=rate, dangling=dangling)
+
+
+def _plan_and_delete(
+    console: Console, err: Console, loc: Location, summary: Summary, orphans: list[Row],
+    grace: float, lock: Any, log_path: str, *, allow_short_grace: bool, no_live_writer: bool,
+    now: float, state: Any, rate: float, dangling: Iterable[Row],
+) -> int:
+    """``lock`` None: a dry run (plan and print only)."""
     from pipeline.deletion import DELETE, OUTCOMES, execute, plan_deletion
 
     plan = plan_deletion(loc, summary, orphans, grace=grace,
                          allow_short_grace=allow_short_grace, no_live_writer=no_live_writer,
-                         now=now, state_before=state)
+                         now=now, state_before=state, dangling=dangling)
     # Names escaped and markup off: what is printed is what is deleted, one per line.
     for path, outcome, why in plan.outcomes:
         if outcome != DELETE:
             console.print(f"{outcome:<12} {shown(loc.uri(path))}: {why}", markup=False,
                           soft_wrap=True)
+    dry_run = lock is None
     verb = "would delete" if dry_run else "delete"
     for c in plan.delete:
         console.print(f"{verb} {shown(loc.uri(c.path))} ({c.size} bytes)", markup=False,
@@ -305,12 +330,19 @@ def _delete(
         return 0
     if not plan.delete:
         console.print("no orphan to delete")
-        return 0
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = log or f"ckpt-audit-deletions-{stamp}.jsonl"
-    done = execute(loc, plan, path, rate=rate)
-    console.print(f"deleted {len(done.deleted)} file(s), {len(done.failed)} failed; "
-                  f"log: {shown(done.log)}", markup=False)
+    # Logged even when nothing is deleted: every outcome, skip-unknown included.
+    done = execute(loc, plan, log_path, rate=rate, lock=lock)
+    for run, p, exists in done.previous:
+        console.print(f"run {run} was stopped while deleting {shown(loc.uri(p))}: "
+                      + ("it is gone (deleted)" if not exists else "it still exists "
+                         "(not deleted)"), markup=False, soft_wrap=True)
+    console.print(f"run {done.run}: deleted {len(done.deleted)} file(s), "
+                  f"{len(done.gone)} gone already, {len(done.failed)} failed, "
+                  f"{len(done.skipped)} refused; log: {shown(done.log)}", markup=False)
     for p, why in done.failed:
         err.print(f"failed {shown(p)}: {why}", markup=False, soft_wrap=True)
-    return EXIT_DELETE_FAILED if done.failed else 0
+    for p, why in done.skipped:
+        err.print(f"skip-unknown {shown(loc.uri(p))}: {why}", markup=False, soft_wrap=True)
+    if done.failed:
+        return EXIT_DELETE_FAILED
+    return EXIT_REFUSED if done.skipped else 0

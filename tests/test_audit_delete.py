@@ -88,7 +88,7 @@ def test_the_log_is_complete_before_the_first_delete(
     before = snapshot(b)
     log = tmp_path / "deletions.jsonl"
 
-    def crash(loc: Location, paths: list[str], rate: float = 0) -> Any:
+    def crash(loc: Location, plan: Any, wal: Any, rate: float = 0) -> Any:
         text = log.read_text()
         assert all(p in text for p in strays), "deleting before the log names every file"
         raise KeyboardInterrupt  # the process dies at the first delete
