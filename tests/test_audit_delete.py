@@ -265,6 +265,26 @@ def test_no_flag_deletes_in_a_base_without_checkpoints_or_layout(tmp_path: Path)
     assert precious.exists()
 
 
+def test_a_dangling_reference_refuses_the_deletion(tmp_path: Path) -> None:
+    """Issue 32, finding 7: a referenced file renamed to ``.bak`` is a dangling reference
+    and an old orphan; the ``.bak`` holds the very bytes a repair needs. The audit pages
+    and deletes nothing (exit 3), naming the reference. On Spark:
+    ``test_spark_command_end_to_end_with_parquet_and_deletion``."""
+    b, strays = base_with_strays(tmp_path)
+    moved = sorted(referenced(b))[0]
+    bak = Path(b.loc.full(moved + ".bak"))
+    os.rename(b.loc.full(moved), bak)
+    os.utime(bak, (time.time() - 3 * DAY,) * 2)
+    before = snapshot(b)
+    assert moved + ".bak" in {o["path"] for o in audit_single(b.loc, grace=HOUR)["orphans"]}
+    r = run(b.loc.full(b.job_dir), "--engine", "single", "-q", "--delete-orphans",
+            "--log", str(tmp_path / "log"))
+    assert r.exit_code == 3, r.output
+    assert "dangling reference(s)" in r.output and moved in r.output, r.output
+    assert snapshot(b) == before
+    assert bak.exists() and all(Path(b.loc.full(s)).exists() for s in strays)
+
+
 def test_bad_usage_exits_2(tmp_path: Path) -> None:
     assert run("memory://x/job", "--engine", "single").exit_code == 2
     assert run(str(tmp_path / "missing" / "job"), "--engine", "single").exit_code == 2
@@ -284,9 +304,12 @@ def test_spark_command_end_to_end_with_parquet_and_deletion(
     out = tmp_path / "report"
     r = run(str(tmp_path / "root" / b.job_dir), "--master", "local[2]", "-q",
             "--out", str(out), "--delete-orphans", "--log", str(tmp_path / "log"))
-    assert r.exit_code == 1, r.output  # the dangling reference pages
+    # The dangling reference pages, and refuses the deletion (issue 32, finding 7): the
+    # orphans may be what a repair needs.
+    assert r.exit_code == 3, r.output
     assert "DATA LOSS" in r.output
-    assert not any(Path(b.loc.full(s)).exists() for s in strays)
+    assert "1 dangling reference(s)" in r.output and gone in r.output, r.output
+    assert all(Path(b.loc.full(s)).exists() for s in strays)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["orphans"] == 3 and summary["dangling"] >= 1 and summary["at_risk"]
     dangling = spark.read.parquet(str(out / "dangling.parquet")).collect()
