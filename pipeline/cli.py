@@ -10,8 +10,9 @@
 Exit codes: 0 the base is readable and loses no data (orphans are reported, not failed);
 1 a dangling reference or an unreadable ``_metadata`` (a retained checkpoint cannot be
 restored: page someone); 2 bad usage or the audit could not run; 3 a guard refused the
-deletion, or the path is not a checkpoint base or lies inside one (nothing deleted);
-4 some deletes failed (see the log).
+deletion, or the path is not a checkpoint base or lies inside one (nothing deleted), or
+a guard refused some deletes when they came (a directory changed since the plan; another
+deletion run holds the base); 4 some deletes failed (see the log).
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def audit(
     ] = 100.0,
     log: Annotated[
         str | None,
-        typer.Option(help="Append-only deletion log (JSON lines, exact names), written and "
-                     "synced before the first delete. "
+        typer.Option(help="Append-only, write-ahead deletion log (JSON lines, exact names, "
+                     "a run id on every record): the plan synced before the first delete, "
+                     "each delete's intent synced before it and its result after. "
                      "Default: ./ckpt-audit-deletions-<UTC time>.jsonl"),
     ] = None,
     out: Annotated[
