@@ -463,7 +463,7 @@ def test_a_killed_run_leaves_the_exact_set_it_deleted(tmp_path: Path) -> None:
             "--max-deletes-per-second", "0")
     assert r.exit_code == 0, r.output
     (killed,) = runs
-    assert deletion_log.deleted_by(str(log))[killed] == gone
+    assert deletion_log.deleted_by(str(log))[str(killed)] == gone
     assert deletion_log.unfinished(str(log), b.loc.uri()) == []
     for p in open_intents:
         assert f"was stopped while deleting {b.loc.uri(p)}" in r.output

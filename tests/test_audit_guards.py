@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -199,7 +200,10 @@ def _own_checkpoints(b: Built) -> list[int]:
     return sorted(int(p.name[4:]) for p in base.glob("chk-*") if (p / "_metadata").exists())
 
 
-DISAGREE = {
+Fields = Callable[[str, list[int]], dict[str, object]]
+"""The state's job, retained and latest completed, from the base's job and its ids."""
+
+DISAGREE: dict[str, tuple[str, Fields]] = {
     "foreign job": ("job", lambda job, ids: {"job": "job-77", "retained": [],
                                              "latest_completed": 0}),
     "stale": ("latest_completed", lambda job, ids: {"job": job, "retained": ids[:-1],
