@@ -10,8 +10,9 @@
 Exit codes: 0 the base is readable and loses no data (orphans are reported, not failed);
 1 a dangling reference or an unreadable ``_metadata`` (a retained checkpoint cannot be
 restored: page someone); 2 bad usage or the audit could not run; 3 a guard refused the
-deletion, or the path is not a checkpoint base or lies inside one (nothing deleted);
-4 some deletes failed (see the log).
+deletion, or the path is not a checkpoint base or lies inside one (nothing deleted), or
+a guard refused some deletes when they came (a directory changed since the plan; another
+deletion run holds the base); 4 some deletes failed (see the log).
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def audit(
     ] = 100.0,
     log: Annotated[
         str | None,
-        typer.Option(help="Append-only deletion log (JSON lines, exact names), written and "
-                     "synced before the first delete. "
+        typer.Option(help="Append-only, write-ahead deletion log (JSON lines, exact names, "
+                     "a run id on every record): the plan synced before the first delete, "
+                     "each delete's intent synced before it and its result after. "
                      "Default: ./ckpt-audit-deletions-<UTC time>.jsonl"),
     ] = None,
     out: Annotated[
@@ -217,7 +219,8 @@ def audit(
             code = max(code, _delete(
                 console, err, loc, summary, details["orphans"], grace_s,
                 allow_short_grace=allow_short_grace, no_live_writer=no_live_writer,
-                dry_run=dry_run, log=log, now=now, state=state, rate=max_deletes_per_second))
+                dry_run=dry_run, log=log, now=now, state=state, rate=max_deletes_per_second,
+                dangling=details.get("dangling", ())))
         except DeletionRefused as e:
             err.print(f"[red]deletion refused, nothing deleted:[/] {escape(str(e))}")
             code = max(code, EXIT_REFUSED)
@@ -352,18 +355,41 @@ def _spark(
 def _delete(
     console: Console, err: Console, loc: Location, summary: Summary, orphans: list[Row],
     grace: float, *, allow_short_grace: bool, no_live_writer: bool, dry_run: bool,
-    log: str | None, now: float, state: Any, rate: float,
+    log: str | None, now: float, state: Any, rate: float, dangling: Iterable[Row],
 ) -> int:
+    from pipeline.deletion import take_lock
+
+    path = log or _default_log()
+    if dry_run:
+        return _plan_and_delete(console, err, loc, summary, orphans, grace, None, path,
+                                allow_short_grace=allow_short_grace,
+                                no_live_writer=no_live_writer, now=now, state=state,
+                                rate=rate, dangling=dangling)
+    # One deletion run per base: the lock is held from before the plan to the last delete.
+    with take_lock(loc, path) as lock:
+        return _plan_and_delete(console, err, loc, summary, orphans, grace, lock, path,
+                                allow_short_grace=allow_short_grace,
+                                no_live_writer=no_live_writer, now=now, state=state,
+                                rate=rate, dangling=dangling)
+
+
+def _plan_and_delete(
+    console: Console, err: Console, loc: Location, summary: Summary, orphans: list[Row],
+    grace: float, lock: Any, log_path: str, *, allow_short_grace: bool, no_live_writer: bool,
+    now: float, state: Any, rate: float, dangling: Iterable[Row],
+) -> int:
+    """``lock`` None: a dry run (plan and print only)."""
     from pipeline.deletion import DELETE, OUTCOMES, execute, plan_deletion
 
     plan = plan_deletion(loc, summary, orphans, grace=grace,
                          allow_short_grace=allow_short_grace, no_live_writer=no_live_writer,
-                         now=now, state_before=state)
+                         now=now, state_before=state, dangling=dangling)
     # Names escaped and markup off: what is printed is what is deleted, one per line.
     for path, outcome, why in plan.outcomes:
         if outcome != DELETE:
             console.print(f"{outcome:<12} {shown(loc.uri(path))}: {why}", markup=False,
                           soft_wrap=True)
+    dry_run = lock is None
     verb = "would delete" if dry_run else "delete"
     for c in plan.delete:
         console.print(f"{verb} {shown(loc.uri(c.path))} ({c.size} bytes)", markup=False,
@@ -376,16 +402,24 @@ def _delete(
         return 0
     if not plan.delete:
         console.print("no orphan to delete")
-        return 0
-    path = log or _default_log()
+    # Logged even when nothing is deleted: every outcome, skip-unknown included.
     try:
-        done = execute(loc, plan, path, rate=rate)
+        done = execute(loc, plan, log_path, rate=rate, lock=lock)
     except OSError as e:  # checked before the audit; this is a change since (a full disk)
-        err.print(f"[red]error:[/] the deletion log {escape(shown(path))} cannot be written: "
-                  f"{escape(str(e))}")
+        err.print(f"[red]error:[/] the deletion log {escape(shown(log_path))} cannot be "
+                  f"written: {escape(str(e))}")
         raise typer.Exit(EXIT_USAGE) from None
-    console.print(f"deleted {len(done.deleted)} file(s), {len(done.failed)} failed; "
-                  f"log: {shown(done.log)}", markup=False)
+    for run, p, exists in done.previous:
+        console.print(f"run {run} was stopped while deleting {shown(loc.uri(p))}: "
+                      + ("it is gone (deleted)" if not exists else "it still exists "
+                         "(not deleted)"), markup=False, soft_wrap=True)
+    console.print(f"run {done.run}: deleted {len(done.deleted)} file(s), "
+                  f"{len(done.gone)} gone already, {len(done.failed)} failed, "
+                  f"{len(done.skipped)} refused; log: {shown(done.log)}", markup=False)
     for p, why in done.failed:
         err.print(f"failed {shown(p)}: {why}", markup=False, soft_wrap=True)
-    return EXIT_DELETE_FAILED if done.failed else 0
+    for p, why in done.skipped:
+        err.print(f"skip-unknown {shown(loc.uri(p))}: {why}", markup=False, soft_wrap=True)
+    if done.failed:
+        return EXIT_DELETE_FAILED
+    return EXIT_REFUSED if done.skipped else 0

@@ -30,16 +30,23 @@ Order, so that a live writer loses nothing: the writer state is read before the 
 lists and again here; the candidates are stat-ed again, then every ``_metadata`` is listed
 and read again (list before reading the references), then the state once more.
 
-:func:`execute` writes the plan, every outcome and every file it will delete to an
-append-only JSON-lines log (exact names: ``pipeline.names``), synced, before the first
-delete; then deletes one file at a time (never recursively), at most ``rate`` a second,
-appending each result.
+:func:`execute` holds the base's deletion lock (one run per base at a time), writes the
+plan, every outcome and every file it will delete to an append-only JSON-lines log (exact
+names: ``pipeline.names``), synced, before the first delete; then deletes one file at a
+time (never recursively), at most ``rate`` a second, each preceded by its intent, synced,
+and followed by its result (``pipeline.deletion_log``: a killed run's deletes are known
+exactly). On a local disk each delete walks from the base down by descriptors through the
+directories the plan saw (``pipeline.dirwalk``); one that changed since refuses its files.
+
+Issue 32 adds two whole-run guards: a dangling reference refuses the deletion (the orphans
+may be the very bytes a repair needs), and the writer state must agree with the base
+(``fence.check_against``).
 """
 
 from __future__ import annotations
 
-import json
 import os
+import socket
 import stat
 import time
 from collections.abc import Iterable
@@ -48,9 +55,10 @@ from typing import Any
 from attrs import frozen
 
 from fastimpl.writer_state import WRITER_STATE
-from pipeline import fence, scan
+from pipeline import dirwalk, fence, scan
+from pipeline.deletion_log import BaseLock, LockHeld, Log, new_run_id, unfinished
 from pipeline.location import Location
-from pipeline.names import exact_fields
+from pipeline.names import exact_fields, shown
 from pipeline.result import Row, Summary
 from spec.layout import METADATA, SAVEPOINTS, is_under
 
@@ -83,6 +91,8 @@ class Candidate:
     path: str
     size: int
     mtime: float
+    file: dirwalk.Ident | None = None
+    """Local disks: the file's device and inode as the plan's walk saw it."""
 
 
 @frozen
@@ -95,6 +105,9 @@ class Plan:
     """Orphans of the audit that a per-file guard kept, with the reason."""
     outcomes: tuple[tuple[str, str, str], ...] = ()
     """(path, outcome, why) of every orphan of the audit, deleted ones too."""
+    dirs: tuple[tuple[str, dirwalk.Ident], ...] = ()
+    """Local disks: each directory on the way to a file to delete, with its device and
+    inode as the plan's walk saw it (``pipeline.dirwalk``)."""
 
     @property
     def bytes(self) -> int:
@@ -109,6 +122,14 @@ class Outcome:
     deleted: tuple[str, ...]
     failed: tuple[tuple[str, str], ...]
     log: str
+    run: str = ""
+    gone: tuple[str, ...] = ()
+    """Planned, but nothing by that name when its delete came."""
+    skipped: tuple[tuple[str, str], ...] = ()
+    """Refused at delete time (``skip-unknown``): a directory on the way changed since
+    the plan, or another file took the name."""
+    previous: tuple[tuple[str, str, bool], ...] = ()
+    """(run, path, exists now) of each earlier run's intent without a result."""
 
 
 # --------------------------------------------------------------------------- the base
@@ -179,10 +200,12 @@ def plan_deletion(
     no_live_writer: bool = False,
     now: float | None = None,
     state_before: fence.WriterState | None = None,
+    dangling: Iterable[Row] = (),
 ) -> Plan:
     """The outcome of every orphan of the audit; raises :class:`DeletionRefused` when a
     guard refuses the whole deletion. ``state_before``: the writer state read before the
-    audit listed the base (the CLI passes it)."""
+    audit listed the base (the CLI passes it); ``dangling``: the audit's dangling
+    references (some or all of ``summary.dangling``), named in the refusal."""
     now = time.time() if now is None else now
     if grace < MIN_GRACE and not allow_short_grace:
         raise DeletionRefused(
@@ -195,6 +218,7 @@ def plan_deletion(
             f"{summary.corrupt_metadata} _metadata file(s) cannot be read, so what they "
             "reference is unknown; repair or remove them first (see the audit's report)"
         )
+    _refuse_dangling(summary, dangling)
     if summary.restore_source_of:
         raise DeletionRefused(
             "this base is a restore source of "
@@ -204,7 +228,7 @@ def plan_deletion(
     states = [state_before, _state(loc)]
     candidates = sorted({str(o["path"]) for o in orphans})
     current = {p: _stat(loc, p) for p in candidates}  # listed before the references
-    referenced, own = _referenced_now(loc)
+    referenced, own, lineage = _referenced_now(loc)
     states.append(_state(loc))
     if not own or not referenced:
         raise DeletionRefused(
@@ -217,6 +241,12 @@ def plan_deletion(
             f"{len(own)} now: the reference set shrank; audit again"
         )
     known = [s for s in states if s is not None]
+    if known:
+        try:
+            fence.check_against(known, loc.job_dir, set(own.values()), lineage)
+        except fence.StateMismatch as err:
+            raise DeletionRefused(f"the writer state disagrees with the base: {err}; "
+                                  "it fences nothing, so nothing is deleted") from None
     if not known and grace < MIN_GRACE and not no_live_writer:
         raise DeletionRefused(
             "the base has no published writer state (fastimpl.writer_state), so only age "
@@ -242,17 +272,55 @@ def plan_deletion(
     delete: list[Candidate] = []
     kept: list[tuple[str, str]] = []
     outcomes: list[tuple[str, str, str]] = []
+    dirs: dict[str, dirwalk.Ident] = {}
     for path in candidates:
         outcome, why = _judge(loc, path, root_real, current[path], referenced, open_files,
                               now=now, grace=grace, cut=cut, stop=stop, working=working)
+        file: dirwalk.Ident | None = None
+        if outcome == DELETE and loc.local:
+            file, changed = _identify(loc, path, dirs)
+            if changed is not None:
+                outcome, why = SKIP_UNKNOWN, changed
         outcomes.append((path, outcome, why))
         if outcome == DELETE:
             st = current[path]
             assert st is not None
-            delete.append(Candidate(path, st[0], st[1]))
+            delete.append(Candidate(path, st[0], st[1], file))
         else:
             kept.append((path, why))
-    return Plan(loc.uri(), grace, now, tuple(delete), tuple(kept), tuple(outcomes))
+    return Plan(loc.uri(), grace, now, tuple(delete), tuple(kept), tuple(outcomes),
+                tuple(sorted(dirs.items())))
+
+
+def _identify(
+    loc: Location, path: str, dirs: dict[str, dirwalk.Ident]
+) -> tuple[dirwalk.Ident | None, str | None]:
+    """The plan's descriptor walk to a file it would delete: the identity its delete will
+    be bound to, or why it cannot be deleted (a link on the way, another directory than an
+    earlier file of the plan met there)."""
+    try:
+        return dirwalk.identify(loc.full(loc.job_dir), loc.job_dir, path, dirs), None
+    except dirwalk.Changed as err:
+        return None, f"{err.directory} is {err.why}"
+    except OSError as err:
+        return None, f"cannot be examined: {err.strerror or err}"
+
+
+def _refuse_dangling(summary: Summary, dangling: Iterable[Row]) -> None:
+    """Issue 32, finding 7: a base with a dangling reference deletes nothing. A file the
+    audit calls an orphan there may be the referenced one renamed (``x.bak``) or copied
+    aside: the bytes a repair needs."""
+    if not summary.dangling:
+        return
+    rows = list(dangling)[:3]
+    named = "; ".join(f"{r['checkpoint']} -> {shown(str(r['path']))} ({r['reason']})"
+                      for r in rows)
+    more = summary.dangling - len(rows)
+    raise DeletionRefused(
+        f"{summary.dangling} dangling reference(s)"
+        + (f": {named}" if named else "") + (f" and {more} more" if rows and more > 0 else "")
+        + ": the orphans may be what a repair needs; repair first (see the report)"
+    )
 
 
 def _judge(
@@ -321,9 +389,11 @@ def _stat(loc: Location, path: str) -> tuple[int, float, bool] | None:
     return (rows[0][1], rows[0][2], rows[0][3]) if rows else None
 
 
-def _referenced_now(loc: Location) -> tuple[set[str], dict[str, int]]:
-    """Every path a ``_metadata`` references, and the job's checkpoints read (key: id),
-    listed and read again just before deleting. Anything unreadable refuses the deletion."""
+def _referenced_now(loc: Location) -> tuple[set[str], dict[str, int], set[int]]:
+    """Every path a ``_metadata`` references, the job's checkpoints read (key: id) and the
+    ids of every job's checkpoints read (this one's and the jobs beside it: what the
+    writer state's lists are checked against), listed and read again just before
+    deleting. Anything unreadable refuses the deletion."""
     problems: list[scan.Problem] = []
     units, _ = scan.top_level(loc, problems)
     paths = [f"{u}/{METADATA}" for u in units if scan.CHECKPOINT_DIR.match(u.split("/")[-1])]
@@ -336,77 +406,154 @@ def _referenced_now(loc: Location) -> tuple[set[str], dict[str, int]]:
         )
     out: set[str] = set()
     own: dict[str, int] = {}
+    lineage: set[int] = set()
     for p in [*paths, *others]:
         row, refs, err, _stats = scan.read_metadata(loc, p)
         if err is not None:
             raise DeletionRefused(f"{p} became unreadable: {err[1]}: {err[2]}")
         if row is not None and row[5] == loc.job_dir:
             own[row[0]] = row[2]
+        if row is not None and not row[3]:
+            lineage.add(row[2])
         out.update(r[8] for r in refs if r[8] is not None)
-    return out, own
+    return out, own, lineage
 
 
 # --------------------------------------------------------------------------- execute
 
 
 def execute(
-    loc: Location, plan: Plan, log_path: str, *, rate: float = DEFAULT_RATE
+    loc: Location, plan: Plan, log_path: str, *, rate: float = DEFAULT_RATE,
+    lock: BaseLock | None = None,
 ) -> Outcome:
-    """Log the plan, every outcome and every file to delete (synced), then delete one
-    file at a time, at most ``rate`` a second, appending each result. The log is opened
-    for appending only: earlier runs' records stay."""
+    """Under the base's deletion lock (``lock``, held by the caller since before the
+    plan, or taken here): log the plan, every outcome and every file to delete (synced),
+    then delete one file at a time, at most ``rate`` a second, each between its intent
+    (synced) and its result. The log is opened for appending only: earlier runs'
+    records stay, and an earlier run's intent without a result is resolved first."""
     if os.path.lexists(log_path) and not os.path.isfile(log_path):
         raise DeletionRefused(f"the deletion log {log_path} is not a regular file")
-    with open(log_path, "a", encoding="utf-8") as log:
+    run = lock.run if lock is not None else new_run_id()
+    held = lock if lock is not None else take_lock(loc, log_path, run)
+    try:
+        previous = unfinished(log_path, plan.base)
+        log = Log(log_path, run)
+        try:
+            return _run(loc, plan, log, rate, previous)
+        finally:
+            log.close()
+    finally:
+        if lock is None:
+            held.release()
 
-        def write(doc: dict[str, Any]) -> None:
-            log.write(json.dumps(doc) + "\n")
 
-        write({"event": "plan", "base": plan.base, "grace_seconds": plan.grace,
+def take_lock(loc: Location, log_path: str, run: str | None = None) -> BaseLock:
+    """The base's deletion lock, or :class:`DeletionRefused` naming the run holding it."""
+    try:
+        return BaseLock(loc, log_path, run or new_run_id())
+    except LockHeld as err:
+        raise DeletionRefused(str(err)) from None
+
+
+def _run(
+    loc: Location, plan: Plan, log: Log, rate: float, previous: list[tuple[str, str]]
+) -> Outcome:
+    log.write({"event": "plan", "base": plan.base, "grace_seconds": plan.grace,
                "time": plan.now, "files": len(plan.delete), "bytes": plan.bytes,
-               "rate_per_second": rate,
+               "rate_per_second": rate, "host": socket.gethostname(), "pid": os.getpid(),
                "outcomes": {o: plan.count(o) for o in OUTCOMES}})
-        for p, outcome, why in plan.outcomes:
-            if outcome != DELETE:
-                write({"event": "outcome", "outcome": outcome, "why": why,
-                       **exact_fields(p)})
-        for c in plan.delete:
-            write({"event": "will-delete", "outcome": DELETE, "size": c.size,
+    found = []
+    for run, path in previous:
+        exists = _exists(loc, path)
+        found.append((run, path, exists))
+        log.write({"event": "previous-intent", "of_run": run, "exists": exists,
+                   **exact_fields(path)})
+    for p, outcome, why in plan.outcomes:
+        if outcome != DELETE:
+            log.write({"event": "outcome", "outcome": outcome, "why": why, **exact_fields(p)})
+    for c in plan.delete:
+        log.write({"event": "will-delete", "outcome": DELETE, "size": c.size,
                    "mtime": c.mtime, **exact_fields(c.path)})
-        log.flush()
-        os.fsync(log.fileno())
-        deleted, failed = _delete(loc, [c.path for c in plan.delete], rate)
-        for p in deleted:
-            write({"event": "deleted", **exact_fields(p)})
-        for p, err in failed:
-            write({"event": "failed", "error": err, **exact_fields(p)})
-        log.flush()
-        os.fsync(log.fileno())
-    return Outcome(tuple(deleted), tuple(failed), log_path)
+    log.sync()
+    results = _delete(loc, plan, log, rate)
+    done = {k: tuple(p for p, r, _w in results if r == k) for k in ("deleted", "gone")}
+    log.write({"event": "end", "deleted": len(done["deleted"]), "gone": len(done["gone"]),
+               "failed": sum(1 for _p, r, _w in results if r == "failed"),
+               "skip_unknown": sum(1 for _p, r, _w in results if r == SKIP_UNKNOWN)})
+    log.sync()
+    return Outcome(
+        done["deleted"],
+        tuple((p, w) for p, r, w in results if r == "failed"),
+        log.path,
+        log.run,
+        done["gone"],
+        tuple((p, w) for p, r, w in results if r == SKIP_UNKNOWN),
+        tuple(found),
+    )
+
+
+def _exists(loc: Location, path: str) -> bool:
+    """Whether an earlier run's last intended file is there now (a report: by path)."""
+    if loc.local:
+        return os.path.lexists(loc.full(path))
+    return bool(loc.fs().exists(loc.full(path)))
 
 
 def _delete(
-    loc: Location, paths: list[str], rate: float = DEFAULT_RATE
-) -> tuple[list[str], list[tuple[str, str]]]:
-    """One file at a time (``os.remove``, ``rm_file``: never a directory, never
-    recursive), paced to ``rate`` deletes a second."""
-    deleted: list[str] = []
-    failed: list[tuple[str, str]] = []
-    fs: Any = None if loc.local else loc.fs()
+    loc: Location, plan: Plan, log: Log, rate: float = DEFAULT_RATE
+) -> list[tuple[str, str, str]]:
+    """One file at a time (never a directory, never recursive), paced to ``rate`` deletes
+    a second; (path, result, why) of each. On a local disk through the directories the
+    plan saw (``pipeline.dirwalk``): once one has changed, every planned file below it is
+    refused (``skip-unknown``) unopened."""
+    out: list[tuple[str, str, str]] = []
+    changed: dict[str, str] = {}
+    dirs = dict(plan.dirs)
     start = time.monotonic()
-    for i, p in enumerate(paths):
+    for i, c in enumerate(plan.delete):
+        below = next((d for d in changed if c.path.startswith(d + "/")), None)
+        if below is not None:
+            why = f"{below} is {changed[below]}: refused with the rest of its directory"
+            log.write({"event": SKIP_UNKNOWN, "why": why, **exact_fields(c.path)})
+            out.append((c.path, SKIP_UNKNOWN, why))
+            continue
         if rate > 0:
             wait = start + i / rate - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
+        log.write({"event": "intent", **exact_fields(c.path)})
+        log.sync()  # the write-ahead: the intent is durable before the delete
         try:
-            if loc.local:
-                os.remove(loc.full(p))
-            else:
-                fs.rm_file(loc.full(p))
-            deleted.append(p)
-        except FileNotFoundError:
-            deleted.append(p)  # gone already: what the delete wanted
-        except Exception as err:
-            failed.append((p, f"{type(err).__name__}: {err}"))
-    return deleted, failed
+            result, why = _delete_one(loc, c, dirs)
+        except dirwalk.Changed as err:
+            changed[err.directory] = err.why
+            result, why = SKIP_UNKNOWN, f"{err.directory} is {err.why}: not what the plan saw"
+        doc: dict[str, Any] = {"event": result, **exact_fields(c.path)}
+        if why:
+            doc["error" if result == "failed" else "why"] = why
+        log.write(doc)  # synced with the next intent, or at the end
+        out.append((c.path, result, why))
+    return out
+
+
+def _delete_one(loc: Location, c: Candidate, dirs: dict[str, dirwalk.Ident]) -> tuple[str, str]:
+    """(result, why) of one delete; :class:`dirwalk.Changed` when a directory on the way
+    is not the plan's."""
+    try:
+        if not loc.local:
+            # Object stores have no links and no directories: the key names the object
+            # the plan saw listed, and no component on the way can be swapped to send
+            # the delete elsewhere. (A new object under the key is the one window, as a
+            # new file under the name is on a disk.) S3's DELETE succeeds on a missing key.
+            loc.fs().rm_file(loc.full(c.path))
+            return "deleted", ""
+        if c.file is None:
+            return SKIP_UNKNOWN, "the plan did not walk to it (no identity to bind to)"
+        got = dirwalk.unlink_planned(loc.full(loc.job_dir), loc.job_dir, c.path, dirs, c.file)
+    except dirwalk.Changed:
+        raise
+    except Exception as err:
+        return "failed", f"{type(err).__name__}: {err}"
+    if got == dirwalk.OTHER_FILE:
+        return SKIP_UNKNOWN, "another file has its name now: not the one the plan saw"
+    return got, ""

@@ -15,6 +15,13 @@ writer"). What it gives the deletion guards:
 * ``working_files``: the working files the live databases use or a snapshot pins (§11,
   R100); ``None`` when the writer publishes none, and then no working file is ever an
   orphan (a file written after the publication is newer than the fence).
+
+The state is checked against the base, too (issue 32, finding 5: :func:`check_against`):
+its ``job`` must be the base's, and its ``retained`` and ``latest_completed`` checkpoints
+must agree with the ``_metadata`` on storage. A state copied from another job, or a stale
+one (an old copy put back, a writer that stopped publishing), then refuses the deletion
+instead of fencing nothing. A forgery that gets these fields right is not detected: the
+file is the writer's word, and nothing on storage tells its pending checkpoints.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from attrs import frozen
 from fastimpl.writer_state import FORMAT, WRITER_STATE
 from pipeline.location import Location
 from pipeline.safe_read import Refused, read_regular
-from spec.layout import is_under
+from spec.layout import is_under, job_base
 
 LIMIT = 16 * 1024 * 1024
 MARGIN_LOCAL = 2.0
@@ -40,6 +47,14 @@ class StateError(Exception):
     """The writer state exists but cannot be read or is not what the writer publishes."""
 
 
+class StateMismatch(Exception):
+    """The writer state reads but disagrees with the base (``field`` names the field)."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"{WRITER_STATE} field {field!r}: {why}")
+        self.field = field
+
+
 @frozen
 class WriterState:
     published_at: float
@@ -48,6 +63,9 @@ class WriterState:
     pending: tuple[tuple[int, float, tuple[int, ...]], ...]
     open_files: frozenset[str]
     working_files: frozenset[str] | None = None
+    job: str = ""
+    latest_completed: int = 0
+    retained: tuple[int, ...] = ()
 
     @property
     def fence(self) -> float:
@@ -118,6 +136,12 @@ def _parse(doc: Any, job_dir: str) -> WriterState:
         for f in working:
             if not is_under(f, job_dir):
                 raise ValueError(f"working file {f!r} is outside the job base")
+    job = doc["job"]
+    if not isinstance(job, str):
+        raise TypeError("job is not a string")
+    retained = doc["retained"]
+    if not isinstance(retained, list):
+        raise TypeError("retained is not a list of checkpoint ids")
     return WriterState(
         _num(doc["published_at"]),
         _int(doc["seq"]),
@@ -125,6 +149,9 @@ def _parse(doc: Any, job_dir: str) -> WriterState:
         tuple(pending),
         frozenset(files),
         None if working is None else frozenset(working),
+        job,
+        _int(doc["latest_completed"]),
+        tuple(_int(x) for x in retained),
     )
 
 
@@ -143,3 +170,43 @@ def working_of(loc: Location) -> frozenset[str] | None:
         return live_working([read_state(loc)])
     except StateError:
         return None
+
+
+def check_against(
+    states: list[WriterState], job_dir: str, own: set[int], lineage: set[int]
+) -> None:
+    """Raise :class:`StateMismatch` unless the states read agree with the base: each
+    names its job (the store writes the job id, the streaming job the base's name), and
+    the last one read, after the ``_metadata`` were listed, agrees with them. ``own``: the
+    ids of this base's checkpoints read just now; ``lineage``: those and the checkpoints
+    of the jobs beside it (a restored job's coordinator retains a checkpoint of the base it
+    claimed, and publishes one list into each base of its lineage).
+
+    * ``latest_completed`` is never older than the newest checkpoint of the base: an older
+      one is a stale state (or another job's);
+    * each ``retained`` checkpoint, and ``latest_completed``, has a ``_metadata`` on
+      storage, unless the writer published again while the audit listed (the first and
+      last states differ) and it is newer than any listed: it completed since.
+    """
+    for s in states:
+        if s.job != job_dir and job_base(s.job) != job_dir:
+            raise StateMismatch("job", f"names job {s.job!r}, not this base's {job_dir!r}")
+    last = states[-1]
+    newest = max(own, default=0)
+    if last.latest_completed < newest:
+        raise StateMismatch(
+            "latest_completed",
+            f"says {last.latest_completed}, but this base holds checkpoint {newest}: a "
+            "stale or foreign state",
+        )
+    moved = states[0].seq != last.seq or states[0].published_at != last.published_at
+    named = [("retained", c) for c in last.retained]
+    if last.latest_completed:
+        named.append(("latest_completed", last.latest_completed))
+    for field, cid in named:
+        if cid in lineage or (moved and cid > newest):
+            continue
+        raise StateMismatch(
+            field, f"names checkpoint {cid}, which has no _metadata on storage in this "
+            "base or a job beside it"
+        )

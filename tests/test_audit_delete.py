@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -88,7 +90,7 @@ def test_the_log_is_complete_before_the_first_delete(
     before = snapshot(b)
     log = tmp_path / "deletions.jsonl"
 
-    def crash(loc: Location, paths: list[str], rate: float = 0) -> Any:
+    def crash(loc: Location, plan: Any, wal: Any, rate: float = 0) -> Any:
         text = log.read_text()
         assert all(p in text for p in strays), "deleting before the log names every file"
         raise KeyboardInterrupt  # the process dies at the first delete
@@ -263,6 +265,26 @@ def test_no_flag_deletes_in_a_base_without_checkpoints_or_layout(tmp_path: Path)
     assert precious.exists()
 
 
+def test_a_dangling_reference_refuses_the_deletion(tmp_path: Path) -> None:
+    """Issue 32, finding 7: a referenced file renamed to ``.bak`` is a dangling reference
+    and an old orphan; the ``.bak`` holds the very bytes a repair needs. The audit pages
+    and deletes nothing (exit 3), naming the reference. On Spark:
+    ``test_spark_command_end_to_end_with_parquet_and_deletion``."""
+    b, strays = base_with_strays(tmp_path)
+    moved = sorted(referenced(b))[0]
+    bak = Path(b.loc.full(moved + ".bak"))
+    os.rename(b.loc.full(moved), bak)
+    os.utime(bak, (time.time() - 3 * DAY,) * 2)
+    before = snapshot(b)
+    assert moved + ".bak" in {o["path"] for o in audit_single(b.loc, grace=HOUR)["orphans"]}
+    r = run(b.loc.full(b.job_dir), "--engine", "single", "-q", "--delete-orphans",
+            "--log", str(tmp_path / "log"))
+    assert r.exit_code == 3, r.output
+    assert "dangling reference(s)" in r.output and moved in r.output, r.output
+    assert snapshot(b) == before
+    assert bak.exists() and all(Path(b.loc.full(s)).exists() for s in strays)
+
+
 def test_bad_usage_exits_2(tmp_path: Path) -> None:
     assert run("memory://x/job", "--engine", "single").exit_code == 2
     assert run(str(tmp_path / "missing" / "job"), "--engine", "single").exit_code == 2
@@ -282,9 +304,12 @@ def test_spark_command_end_to_end_with_parquet_and_deletion(
     out = tmp_path / "report"
     r = run(str(tmp_path / "root" / b.job_dir), "--master", "local[2]", "-q",
             "--out", str(out), "--delete-orphans", "--log", str(tmp_path / "log"))
-    assert r.exit_code == 1, r.output  # the dangling reference pages
+    # The dangling reference pages, and refuses the deletion (issue 32, finding 7): the
+    # orphans may be what a repair needs.
+    assert r.exit_code == 3, r.output
     assert "DATA LOSS" in r.output
-    assert not any(Path(b.loc.full(s)).exists() for s in strays)
+    assert "1 dangling reference(s)" in r.output and gone in r.output, r.output
+    assert all(Path(b.loc.full(s)).exists() for s in strays)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["orphans"] == 3 and summary["dangling"] >= 1 and summary["at_risk"]
     dangling = spark.read.parquet(str(out / "dangling.parquet")).collect()
@@ -369,3 +394,123 @@ def test_a_path_inside_a_base_is_refused_on_s3(s3_endpoint: str) -> None:
         loc = Location.parse(b.loc.uri(f"{b.job_dir}/{sub}"), opts)
         with pytest.raises(deletion.NotABase, match="inside the checkpoint base"):
             deletion.check_base(loc, layout=False)
+
+
+# --------------------------------------------------------------------------- the log
+# Issue 32, finding 4: a write-ahead log. Each run has an id; each delete's intent is
+# synced before it and its result appended after it; every outcome is logged, even when
+# nothing is deleted; one deletion run per base at a time.
+
+
+def _many_strays(b: Built, n: int) -> set[str]:
+    root = Path(b.loc.container)
+    out = {f"{b.job_dir}/shared/src-9-9/o-{i:03d}" for i in range(n)}
+    for rel in out:
+        old(root / rel, b"o" * 10)
+    return out
+
+
+def _cli(base: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``ckpt audit --delete-orphans`` in a process of its own (to be killed)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "ckpt", "audit", base, "--engine", "single", "-q",
+         "--delete-orphans", "--log", str(log), *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+
+
+def _events(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+
+def _wait_for(cond: Any, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not cond():
+        assert proc.poll() is None, f"the run ended before {what}: {proc.stdout.read()!r}"  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, f"no {what} in 120 s"
+        time.sleep(0.02)
+
+
+def test_a_killed_run_leaves_the_exact_set_it_deleted(tmp_path: Path) -> None:
+    """SIGKILL mid-deletion: every ``deleted`` result was deleted, at most one intent has
+    no result, and the files gone are exactly those plus, perhaps, that one; the next
+    run says whether it exists, and the log then gives the killed run's set exactly."""
+    b, strays = base_with_strays(tmp_path)
+    many = _many_strays(b, 40) | strays
+    base = b.loc.full(b.job_dir)
+    log = tmp_path / "deletions.jsonl"
+    proc = _cli(base, log, "--max-deletes-per-second", "20")
+    _wait_for(lambda: sum(e["event"] == "plan" for e in _events(log)) == 1, proc, "plan")
+    time.sleep(0.7)  # about 14 deletes in
+    proc.kill()
+    proc.wait()
+    gone = {p for p in many if not Path(b.loc.full(p)).exists()}
+    assert 0 < len(gone) < len(many)
+    events = _events(log)
+    runs = {e.get("run") for e in events}
+    assert len(runs) == 1, runs
+    done = {e["path"] for e in events
+            if e["event"] in ("deleted", "gone", "failed", "skip-unknown")}
+    recorded = {e["path"] for e in events if e["event"] == "deleted"}
+    open_intents = {e["path"] for e in events if e["event"] == "intent"} - done
+    assert len(open_intents) <= 1
+    assert recorded <= gone <= recorded | open_intents
+    # The next run resolves the open intent and deletes the rest.
+    from pipeline import deletion_log
+
+    r = run(base, "--engine", "single", "-q", "--delete-orphans", "--log", str(log),
+            "--max-deletes-per-second", "0")
+    assert r.exit_code == 0, r.output
+    (killed,) = runs
+    assert deletion_log.deleted_by(str(log))[str(killed)] == gone
+    assert deletion_log.unfinished(str(log), b.loc.uri()) == []
+    for p in open_intents:
+        assert f"was stopped while deleting {b.loc.uri(p)}" in r.output
+    assert not any(Path(b.loc.full(p)).exists() for p in many)
+
+
+def test_every_outcome_is_logged_even_when_nothing_is_deleted(tmp_path: Path) -> None:
+    """A run whose orphans are all kept (within the hard floor, a link) still writes its
+    plan and every outcome, under its run id."""
+    b, strays = base_with_strays(tmp_path)
+    for s in strays:
+        os.utime(b.loc.full(s))  # orphans at grace 0, deferred by the 60 s floor
+    link = Path(b.loc.full(f"{b.job_dir}/shared/a-link"))
+    link.symlink_to(tmp_path / "nowhere")
+    os.utime(link, (time.time() - 3 * DAY,) * 2, follow_symlinks=False)
+    log = tmp_path / "deletions.jsonl"
+    r = run(b.loc.full(b.job_dir), "--engine", "single", "-q", "--delete-orphans",
+            "--log", str(log), "--grace", "0s", "--allow-short-grace", "--no-live-writer")
+    assert r.exit_code == 0, r.output
+    events = _events(log)
+    assert events and events[0]["event"] == "plan" and events[0]["files"] == 0
+    assert len({e["run"] for e in events}) == 1
+    logged = {e["path"]: e["outcome"] for e in events if e["event"] == "outcome"}
+    assert logged == {**{s: deletion.DEFER for s in strays},
+                      f"{b.job_dir}/shared/a-link": deletion.SKIP_UNKNOWN}
+    assert all(Path(b.loc.full(s)).exists() for s in strays)
+
+
+def test_one_deletion_run_per_base_at_a_time(tmp_path: Path) -> None:
+    """A second ``--delete-orphans`` on a base while one runs (another log, even) is
+    refused with exit 3, naming the holder; the first deletes every file once."""
+    b, strays = base_with_strays(tmp_path)
+    many = _many_strays(b, 30) | strays
+    base = b.loc.full(b.job_dir)
+    first_log = tmp_path / "first.jsonl"
+    proc = _cli(base, first_log, "--max-deletes-per-second", "10")
+    _wait_for(lambda: any(e["event"] == "plan" for e in _events(first_log)), proc, "plan")
+    before = snapshot(b)
+    second_log = tmp_path / "second.jsonl"
+    r = run(base, "--engine", "single", "-q", "--delete-orphans", "--log", str(second_log),
+            "--max-deletes-per-second", "0")
+    assert r.exit_code == 3, r.output
+    assert "another deletion run holds" in r.output and f"pid {proc.pid}" in r.output
+    assert not second_log.exists()
+    assert set(before) - set(snapshot(b)) <= many  # only the first run deleted
+    assert proc.wait(timeout=120) == 0
+    events = _events(first_log)
+    deleted = [e["path"] for e in events if e["event"] == "deleted"]
+    assert sorted(deleted) == sorted(many)
+    assert len({e["run"] for e in events}) == 1

@@ -8,7 +8,9 @@ audit knows about the references is incomplete:
   broken file, a wrong field, a FIFO, a link, a directory, over the size limit (an
   unreadable state never means "no writer");
 * a checkpoint that a pending one may reuse from (its ``retained_at_trigger``) is gone:
-  the pending one may name that checkpoint's files, which no ``_metadata`` names now.
+  the pending one may name that checkpoint's files, which no ``_metadata`` names now;
+* (issue 32) the writer state disagrees with the base: another job's, or its retained or
+  latest completed checkpoints are not those on storage.
 
 And the guard on the audit's own outputs (issue 32, findings 3 and 9): ``--log``,
 ``--json`` and ``--out`` never inside a checkpoint tree, and an output that cannot be
@@ -21,6 +23,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -282,3 +285,55 @@ def test_an_unwritable_output_is_a_usage_error_naming_it(
     assert f"{option} {target} cannot be written" in line, line
     assert "Traceback" not in r.output
     assert snapshot(b) == before
+
+
+# Issue 32, finding 5: the writer state is checked against the base. Its fields were
+# parsed and ignored: a state copied from another job, or a stale copy with a fresh
+# ``published_at`` and nothing pending, fenced nothing, and the deletion went ahead.
+
+
+def _own_checkpoints(b: Built) -> list[int]:
+    base = Path(b.loc.full(b.job_dir))
+    return sorted(int(p.name[4:]) for p in base.glob("chk-*") if (p / "_metadata").exists())
+
+
+Fields = Callable[[str, list[int]], dict[str, object]]
+"""The state's job, retained and latest completed, from the base's job and its ids."""
+
+DISAGREE: dict[str, tuple[str, Fields]] = {
+    "foreign job": ("job", lambda job, ids: {"job": "job-77", "retained": [],
+                                             "latest_completed": 0}),
+    "stale": ("latest_completed", lambda job, ids: {"job": job, "retained": ids[:-1],
+                                                    "latest_completed": ids[-2]}),
+    "retained not on storage": ("retained", lambda job, ids: {
+        "job": job, "retained": [*ids, 999_999], "latest_completed": ids[-1]}),
+    "latest not on storage": ("latest_completed", lambda job, ids: {
+        "job": job, "retained": ids, "latest_completed": 999_999}),
+}
+
+
+@pytest.mark.parametrize("case", list(DISAGREE))
+def test_a_writer_state_that_disagrees_with_the_base_refuses_the_deletion(
+    tmp_path: Path, case: str
+) -> None:
+    """A state saying nothing is pending, published just now, whose job, retained list or
+    latest completed checkpoint disagrees with the ``_metadata`` on storage: refused
+    (exit 3) naming the field, nothing deleted. The same state with the base's own
+    values (a forgery this check cannot see) lets the deletion go ahead."""
+    b, strays = base_with_strays(tmp_path)
+    job = b.obs.retained[-1].job
+    ids = _own_checkpoints(b)
+    assert len(ids) >= 2
+    field, fields = DISAGREE[case]
+    state = Path(b.loc.full(fence.state_path(b.loc)))
+    state.write_bytes(_state(**fields(job, ids)))
+    before = snapshot(b)
+    flags = ["--grace", "0s", "--allow-short-grace", "--log", str(tmp_path / "log")]
+    r = run(b.loc.full(b.job_dir), "--engine", "single", "-q", "--delete-orphans", *flags)
+    assert r.exit_code == 3, r.output
+    assert "disagrees with the base" in r.output and repr(field) in r.output, r.output
+    assert snapshot(b) == before
+    state.write_bytes(_state(job=job, retained=ids, latest_completed=ids[-1]))
+    r = run(b.loc.full(b.job_dir), "--engine", "single", "-q", "--delete-orphans", *flags)
+    assert r.exit_code == 0, r.output
+    assert not any(Path(b.loc.full(s)).exists() for s in strays)

@@ -19,6 +19,7 @@ on the store's own directory, which it holds open wherever that was moved.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -195,3 +196,150 @@ def test_a_link_swapped_in_between_check_and_use_is_never_followed(
     # being deleted that is the link itself loses the link only, the decoy untouched).
     if op != "delete dir" or component != "job-0/shared/sub":
         assert isinstance(outcomes[0], Exception), outcomes[0]
+
+
+# --------------------------------------------------------------------------- the audit
+# Issue 32, finding 1: the storage audit's ``--delete-orphans`` planned with lstat and
+# realpath, then deleted by full path: a directory renamed away after the plan and a link
+# (or another directory) put in its place redirected the deletes outside the base.
+
+AUDIT_JOB = "job-0"
+ORPHAN_DIR = f"{AUDIT_JOB}/shared/src-9-9"
+ORPHANS = [f"{ORPHAN_DIR}/o-{i}" for i in range(4)]
+OTHER_ORPHAN = f"{AUDIT_JOB}/taskowned/tm-gone/leftover"
+
+
+def _audit_base(case: Path) -> tuple[Path, Path]:
+    """A job base with one checkpoint referencing one live file, four old orphans in
+    ``shared/src-9-9`` and one in ``taskowned/tm-gone``; and where the decoy goes."""
+    from fastimpl.metadata import encode
+    from spec.config import Scope, StateKind
+    from spec.handles import SegmentHandle, StateEntry
+    from spec.ids import SubtaskId
+    from tests.audit_fixtures import old
+
+    root, outside = case / "root", case / "outside"
+    live = f"{AUDIT_JOB}/shared/v-0-1/live"
+    old(root / live, OURS)
+    entry = StateEntry(SubtaskId("v", 0, 1), StateKind.KEYED_SHARED, "s",
+                       SegmentHandle(live, 0, len(OURS), "u", Scope.SHARED), 1, (0, 127))
+    old(root / AUDIT_JOB / "chk-1" / "_metadata", encode(1, AUDIT_JOB, False, (entry,), ()))
+    for rel in [*ORPHANS, OTHER_ORPHAN]:
+        old(root / rel, OURS)
+    outside.mkdir()
+    return root, outside
+
+
+def _decoy(root: Path, outside: Path, component: str) -> dict[str, bytes | None]:
+    """A copy of ``component`` outside the base, the same names with other bytes; its
+    tree."""
+    decoy = outside / "decoy"
+    shutil.copytree(root / component, decoy)
+    for p in decoy.rglob("*"):
+        if p.is_file():
+            p.write_bytes(DECOY)
+    return _tree(decoy)
+
+
+def _swap(root: Path, outside: Path, component: str, kind: str) -> Callable[[], None]:
+    """Rename ``component`` aside and put in its place a link to the decoy (``link``) or
+    the decoy directory itself, moved in (``directory``: no link anywhere)."""
+
+    def swap() -> None:
+        victim = root / component
+        victim.rename(victim.with_name(victim.name + ".moved"))
+        if kind == "link":
+            victim.symlink_to(outside / "decoy", target_is_directory=True)
+        else:
+            (outside / "decoy").rename(victim)
+
+    return swap
+
+
+def _decoy_now(root: Path, outside: Path, component: str, kind: str) -> dict[str, bytes | None]:
+    return _tree(outside / "decoy" if kind == "link" else root / component)
+
+
+def _plan(root: Path) -> Any:
+    from pipeline.deletion import plan_deletion
+    from pipeline.location import Location
+    from pipeline.single import audit_single
+    from tests.audit_fixtures import HOUR
+
+    loc = Location.parse(str(root / AUDIT_JOB))
+    t = audit_single(loc, grace=HOUR)
+    plan = plan_deletion(loc, t.summary, t["orphans"], grace=HOUR)
+    assert {c.path for c in plan.delete} == {*ORPHANS, OTHER_ORPHAN}
+    return loc, plan
+
+
+SWAPPED = ["job-0/shared", ORPHAN_DIR]
+
+
+@pytest.mark.parametrize("kind", ["link", "directory"])
+@pytest.mark.parametrize("component", SWAPPED)
+def test_an_audit_delete_refuses_a_directory_swapped_after_the_plan(
+    tmp_path: Path, component: str, kind: str
+) -> None:
+    """The issue's reproduction, small: the plan is made, then the orphans' directory
+    (or ``shared`` above it) is swapped. Nothing outside changes, the swapped files are
+    ``skip-unknown`` naming the directory, logged; the file elsewhere still goes."""
+    from pipeline.deletion import execute
+
+    root, outside = _audit_base(tmp_path)
+    loc, plan = _plan(root)
+    before = _decoy(root, outside, component)
+    _swap(root, outside, component, kind)()
+    log = tmp_path / "log.jsonl"
+    out = execute(loc, plan, str(log), rate=0)
+    assert _decoy_now(root, outside, component, kind) == before, "a delete followed the swap"
+    assert set(out.deleted) == {OTHER_ORPHAN}
+    skipped = dict(out.skipped)
+    assert set(skipped) == set(ORPHANS)
+    assert all(component in why for why in skipped.values()), skipped
+    moved = root / (component + ".moved")
+    assert all((moved / p[len(component) + 1:]).exists() for p in ORPHANS)
+    events = [json.loads(x) for x in log.read_text().splitlines()]
+    assert {e["path"] for e in events if e["event"] == "skip-unknown"} == set(ORPHANS)
+
+
+@pytest.mark.parametrize("kind", ["link", "directory"])
+@pytest.mark.parametrize("component", SWAPPED)
+def test_an_audit_delete_swapped_at_any_call_never_leaves_the_plan(
+    tmp_path: Path, component: str, kind: str
+) -> None:
+    """The swap after every OS call of the deletion's descriptor walk
+    (``pipeline.dirwalk.CALLS``): nothing outside changes, and once a delete met the
+    changed directory, no later file of it is deleted (the rest of it is refused)."""
+    from pipeline import dirwalk
+    from pipeline.deletion import execute
+
+    real = dirwalk.CALLS
+    root, outside = _audit_base(tmp_path / "dry")
+    loc, plan = _plan(root)
+    seam = _SwapAfter(real, 0, lambda: None)  # type: ignore[arg-type]
+    dirwalk.CALLS = seam  # type: ignore[assignment]
+    try:
+        execute(loc, plan, str(tmp_path / "dry.jsonl"), rate=0)
+    finally:
+        dirwalk.CALLS = real
+    assert seam.calls > 0
+    for at in range(1, seam.calls + 1):
+        case = tmp_path / f"at-{at}"
+        root, outside = _audit_base(case)
+        loc, plan = _plan(root)
+        before = _decoy(root, outside, component)
+        seam = _SwapAfter(real, at, _swap(root, outside, component, kind))  # type: ignore[arg-type]
+        dirwalk.CALLS = seam  # type: ignore[assignment]
+        try:
+            out = execute(loc, plan, str(case / "log.jsonl"), rate=0)
+        finally:
+            dirwalk.CALLS = real
+        where = f"{component} swapped for a {kind} after call {at}"
+        assert seam.swapped, where
+        assert _decoy_now(root, outside, component, kind) == before, f"{where}: decoy changed"
+        order = [c.path for c in plan.delete if c.path.startswith(component + "/")]
+        refused = [p for p in order if p in dict(out.skipped)]
+        if refused:
+            first = order.index(refused[0])
+            assert set(order[first:]) == set(refused), f"{where}: deleted after a refusal"
