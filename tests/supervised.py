@@ -26,38 +26,38 @@ SUPERVISOR = r"""
 import ctypes, os, signal, subprocess, sys, time
 
 parent, grace = int(sys.argv[1]), float(sys.argv[2])
-child = None
+ends = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
+asked = []
 
-def end_group(sig):
+def end_group(child, sig):
     try:
         os.killpg(child.pid, sig)
     except ProcessLookupError:
         pass
 
-def end(*_):
-    if child is not None:
-        end_group(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        end_group(signal.SIGKILL)
-    os._exit(143)
-
-for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-    signal.signal(s, end)
+for s in ends:
+    signal.signal(s, lambda *_: asked.append(1))
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 if os.getppid() != parent:  # the test died before the request
     os._exit(143)
-ends = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
-signal.pthread_sigmask(signal.SIG_BLOCK, ends)  # no end before ``child`` is known
+signal.pthread_sigmask(signal.SIG_BLOCK, ends)  # no end before the child is known
 child = subprocess.Popen(
     sys.argv[3:],
     start_new_session=True,
     preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, ends),
 )
 signal.pthread_sigmask(signal.SIG_UNBLOCK, ends)
-rc = child.wait()
-end_group(signal.SIGKILL)  # what the command left running in its group
+while child.poll() is None and not asked:
+    time.sleep(0.05)
+if asked:
+    end_group(child, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    end_group(child, signal.SIGKILL)
+    os._exit(143)
+end_group(child, signal.SIGKILL)  # what the command left running in its group
+rc = child.returncode
 sys.exit(rc if rc >= 0 else 128 - rc)
 """
 
