@@ -8,6 +8,8 @@ window's count equals the batch computation, under task kills and a rescale."""
 from __future__ import annotations
 
 import os
+import random
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -230,14 +232,17 @@ def test_a_task_killed_after_it_put_its_state_back_leaves_no_tm_to_go_on_with(
 def _staged_upload(base: Path, lineage: str) -> str:
     """What a SIGKILL in the middle of an upload of SlateDB's object store leaves in the
     database directory ``lineage`` on a local disk: the object's staging file
-    (``<object>#<n>``, renamed to ``<object>`` only once whole), here half of one of the
-    database's SSTs under a newer SST's name. Its path relative to ``base``."""
-    ssts = sorted((base / lineage / "compacted").glob("*.sst"))
-    assert ssts, f"{lineage} holds no SST yet"
-    data = ssts[-1].read_bytes()
-    ulid = ssts[-1].stem[:-1] + ("Z" if ssts[-1].stem[-1] != "Z" else "Y")
+    (``<object>#<n>``, renamed to ``<object>`` only once whole), here the first bytes of
+    an SST named as SlateDB names one made now. Its path relative to ``base``."""
+    crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+    t, stamp = time.time_ns() // 1_000_000, ""
+    for _ in range(10):
+        t, r = divmod(t, 32)
+        stamp = crockford[r] + stamp
+    ulid = stamp + "".join(random.Random(lineage).choice(crockford) for _ in range(16))
     staged = base / lineage / "compacted" / f"{ulid}.sst#1"
-    staged.write_bytes(data[: len(data) // 2])
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    staged.write_bytes(b"\x00" * 512)
     return str(staged.relative_to(base))
 
 
