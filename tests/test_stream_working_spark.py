@@ -33,10 +33,10 @@ ARGS = [
     "--rescale-at", "4:3", "--restore-mode", "claim",
     "--kill-worker-prob", "0.06", "--failure-seed", "5", "--slatedb-gc-min-age", "0",
 ]  # fmt: skip
-TIMEOUT_S = 500
-"""Measured on two cores, Spark's start included: 100-116 s alone, 150 s beside another
-pytest run (``tests/test_stream_working.py``); the limit is over three times the slowest,
-so only a run that hangs reaches it."""
+TIMEOUT_S = 600
+"""Measured on two cores, Spark's start included: 100-116 s for the run alone; 75-277 s
+for this test in 20 runs beside other Spark jobs, TLC and pytest (load average 6-14, the
+slowest at 14). The limit is twice the slowest, so only a run that hangs reaches it."""
 
 
 def test_working_backend_on_spark_under_worker_kills_and_a_rescale(tmp_path: Path) -> None:
