@@ -11,8 +11,10 @@ speculative copy runs on the other one. Both executors share this machine's disk
 subtasks' local RocksDBs (``<work>/local``) are where either executor looks.
 
 The driver is a separate process (``ckpt stream --master spark://...``) with the
-environment of ``driver_env``. Started with ``start_new_session``, each daemon's process
-group holds what it starts (the worker's executors), and ``stop`` ends the groups.
+environment of ``driver_env``. Each daemon and each driver runs under the supervisor of
+``tests.supervised``, in a process group of its own that holds what it starts (the
+worker's executors, the driver's JVM): ``stop`` and the end of ``stream`` end the groups,
+and so does the death of the test process, which runs no ``finally`` when it is killed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.supervised import supervised, supervised_argv
+
+STOP_GRACE_S = 15.0
+"""How long a daemon has to stop on SIGTERM before its group is SIGKILLed."""
 WORKER_HOSTS = ("127.0.0.2", "127.0.0.3")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +88,9 @@ class LoopbackCluster:
         with log.open("wb") as out:
             self.procs.append(
                 subprocess.Popen(
-                    [str(spark_home() / "bin" / "spark-class"), *args],
+                    supervised_argv(
+                        [str(spark_home() / "bin" / "spark-class"), *args], STOP_GRACE_S
+                    ),
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     env=self._env(host),
@@ -153,7 +161,7 @@ class LoopbackCluster:
         process of its own group (one that ``--die-at`` SIGKILLs leaves nothing behind
         here; its executors the master stops); its output, and how long it ran."""
         t0 = time.monotonic()
-        proc = subprocess.Popen(
+        with supervised(
             [sys.executable, "-m", "ckpt", "stream", "--run-dir", str(run_dir),
              "--master", self.url, *args],
             cwd=ROOT,
@@ -162,34 +170,23 @@ class LoopbackCluster:
             text=True,
             start_new_session=True,
             env={**self.driver_env(), "COLUMNS": "200"},
-        )  # fmt: skip
-        try:
+        ) as proc:  # fmt: skip
             out, _ = proc.communicate(timeout=timeout_s)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         done = subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
         return done, time.monotonic() - t0
 
     def stop(self) -> None:
+        """Each supervisor SIGTERMs its daemon's group, SIGKILLs what is left of it after
+        ``STOP_GRACE_S`` (an executor), and exits."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
         for p in self.procs:
             try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 15
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
+                p.wait(STOP_GRACE_S + 10)
             except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # what a SIGTERM left (an executor)
-            except ProcessLookupError:
-                pass
-            p.wait()
+                p.kill()
+                p.wait()
 
 
 @pytest.fixture(scope="session")

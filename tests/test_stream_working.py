@@ -8,14 +8,16 @@ window's count equals the batch computation, under task kills and a rescale."""
 from __future__ import annotations
 
 import os
+import random
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
 from pipeline.stream import slate
 from pipeline.stream.subtask import Failures
-from pipeline.stream.working_names import PointerError, pointer_name, pointers
+from pipeline.stream.working_names import PointerError, is_staged, pointer_name, pointers
 from pipeline.stream.working_task import RestoreError
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
 from spec.handles import FileHandle, StateEntry
@@ -233,3 +235,83 @@ def test_a_task_killed_after_it_put_its_state_back_leaves_no_tm_to_go_on_with(
     assert job.kills == [(batch, 0, 0, "put-back")]
     assert job.comparison().equal
     assert _quiet_violations(job) == []
+
+
+def _staged_upload(base: Path, lineage: str) -> str:
+    """What a SIGKILL in the middle of an upload of SlateDB's object store leaves in the
+    database directory ``lineage`` on a local disk: the object's staging file
+    (``<object>#<n>``, renamed to ``<object>`` only once whole), here the first bytes of
+    an SST named as SlateDB names one made now. Its path relative to ``base``."""
+    crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+    t, stamp = time.time_ns() // 1_000_000, ""
+    for _ in range(10):
+        t, r = divmod(t, 32)
+        stamp = crockford[r] + stamp
+    ulid = stamp + "".join(random.Random(lineage).choice(crockford) for _ in range(16))
+    staged = base / lineage / "compacted" / f"{ulid}.sst#1"
+    staged.parent.mkdir(parents=True, exist_ok=True)
+    staged.write_bytes(b"\x00" * 512)
+    return str(staged.relative_to(base))
+
+
+@pytest.mark.parametrize("point", ["before-snapshot", "mid-upload"])
+def test_an_upload_cut_off_by_a_kill_goes_with_its_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """Issue 39 (the Spark test's leak, seed 5): the first task of a subtask after a
+    rescale 4 -> 3 (CLAIM) clones into a new database directory and opens it with its
+    compactor, which compacts the L0 the clone united; the worker is SIGKILLed (before
+    its snapshot, or after its flush) while the compactor, or the flush, uploads an SST.
+    On a local disk SlateDB's object store leaves the upload's staging file
+    (``working_names.STAGED``), which SlateDB never lists: the retry clones into another
+    directory, the coordinator drops the dead one with ``delete_db`` (R104, nothing needs
+    it), and without step 4 of ``slate_collect`` the staging file stayed, the directory
+    leaked (I6) and the audit found one orphan. The harness kills in-process; the kill
+    here leaves on storage what a SIGKILL mid-upload leaves."""
+    from pipeline.stream import working_task
+    from tests import stream_harness
+
+    base = tmp_path / "base"
+    planted: list[str] = []
+    die = stream_harness._die
+
+    def die_mid_upload(at: str) -> NoReturn:
+        (db,) = working_task._OPEN  # the killed task's database, its compactor running
+        planted.append(_staged_upload(base, db.lineage))
+        die(at)
+
+    monkeypatch.setattr(stream_harness, "_die", die_mid_upload)
+    job = _job(tmp_path, parallelism=4, failures=Failures(kill_at=(5, 2, point)))
+    for _ in range(5):
+        job.batch()
+    job.rescale(3)
+    for _ in range(3):
+        job.batch()
+    assert job.kills == [(5, 2, 0, point)]
+    (staged,) = planted
+    assert is_staged(staged) and staged.startswith("job-1/taskowned/working/count-2-3/db/")
+    assert job.comparison().equal
+    assert _quiet_violations(job) == []
+    assert staged in job.coordinator.slate.done.staged
+    left = [str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()]
+    assert not [p for p in left if "#" in p], left
+
+
+@pytest.mark.parametrize(
+    ("name", "staged"),
+    [
+        ("compacted/01M8T2SJTAKRHF7E749MWP5MJ1.sst#1", True),
+        ("manifest/00000000000000000009.manifest#17", True),
+        ("compacted/01M8T2SJTAKRHF7E749MWP5MJ1.sst", False),
+        ("compacted/01M8T2SJTAKRHF7E749MWP5MJ1.sst#", False),
+        ("compacted/notes.txt#1", False),
+        ("compacted/01M8T2SJTAKRHF7E749MWP5MJ1.sst#1#2", False),
+    ],
+)
+def test_only_an_unfinished_upload_of_a_databases_object_counts_as_staged(
+    name: str, staged: bool
+) -> None:
+    """Step 4 of ``slate_collect`` deletes only what SlateDB's object store was writing:
+    a staging name of one of a database's objects, nothing else a directory may hold."""
+    assert is_staged(f"job-1/taskowned/working/count-2-3/db/0123456789ab/{name}") is staged
+    assert not is_staged(f"job-1/taskowned/tm-0123456789ab/{name}")

@@ -30,6 +30,13 @@ compactor state, WAL fences and GC boundaries. Its SSTs, ``compacted/<ULID>.sst`
 the working files of §11."""
 SST = re.compile(r"compacted/(?P<ulid>[0-9A-HJKMNP-TV-Z]{26})\.sst")
 """An SST of a database (named by a ULID: time first, so names sort by creation)."""
+STAGED = re.compile(r"(?P<object>[^#]+)#[0-9]+")
+"""An upload SlateDB's object store had under way in a database directory on a local
+disk: ``object_store`` writes ``<object>#<n>`` and renames it to ``<object>`` once whole.
+A writer killed mid-upload (a SIGKILLed Python worker whose compactor or flush was
+writing an SST) leaves it behind, and SlateDB never sees it: its listings skip such
+names, so neither its GC nor ``delete_db`` removes it (``slate_collect`` does). On S3 a
+PUT is whole or absent: no such object exists there."""
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
@@ -95,6 +102,16 @@ def pointers(entries: Iterable[StateEntry]) -> list[Pointer]:
 def new_db_dir(job: str, subtask: SubtaskId) -> str:
     """A new database directory of ``subtask`` (its lineage: 12 hex digits)."""
     return f"{working_dir(job, subtask)}/{uuid.uuid4().hex[:12]}"
+
+
+def is_staged(path: str) -> bool:
+    """Whether ``path`` is an unfinished upload of a database's object (``STAGED``): the
+    part before ``#`` is an SST or one of SlateDB's own objects of a database directory."""
+    d = db_dir_of(path)
+    m = STAGED.fullmatch(path[len(d) + 1 :]) if d is not None else None
+    return m is not None and (
+        SST.fullmatch(m["object"]) is not None or BOOKKEEPING.fullmatch(m["object"]) is not None
+    )
 
 
 def db_dir_of(path: str) -> str | None:
