@@ -593,8 +593,10 @@ class InProcessEngine:
                 name = f"{sub}@{tm_actor(tm)}"
                 live[name] = set(dbs.uses.get(sub, ()))
                 operators[name] = sub.vertex
-            for tm in {t for t in self.placement.values() if self.tms[t].status is Status.ALIVE}:
-                pinned |= {p for paths in self.parties[tm].working.pins.values() for p in paths}
+        # Every attempt's unacknowledged snapshots pin (R103), a lost one's too until it
+        # stopped: its files stay its own and private only once it drops them (R106)
+        for party in self.parties.values():
+            pinned |= {p for paths in party.working.pins.values() for p in paths}
         refs: dict[str, set[int]] = {}
         for r in self.retained:
             for _, w in r.working:
