@@ -11,8 +11,9 @@ exists, which the next run using the log checks and records (``previous-intent``
 
 One deletion run per base at a time: a run holds an exclusive ``flock`` on a lock file
 for the whole plan and delete (:class:`BaseLock`). On a local disk the lock file lies in
-the base's parent (``.ckpt-audit-<job>.lock``), never inside the base, so every run on the
-base meets it whatever log it writes. An object store has no advisory lock: there the lock
+the machine's temporary directory, named by the base directory's device and inode, never
+in a checkpoint tree, so every run on this machine on the base meets it whatever log it
+writes or path it names the base by. An object store has no advisory lock: there the lock
 file lies beside the log, and only runs on this machine that write their log in the same
 directory are kept apart. A second run is refused, naming the holder (the lock file holds
 its run id, host, pid and start).
@@ -25,6 +26,7 @@ import hashlib
 import json
 import os
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -120,7 +122,14 @@ def deleted_by(path: str) -> dict[str, set[str]]:
 def lock_path(loc: Location, log_path: str) -> str:
     """Where the base's lock lies (see the module docstring)."""
     if loc.local:
-        return os.path.join(loc.container or "/", f".ckpt-audit-{loc.job_dir}.lock")
+        # Keyed by the base directory's identity, outside every checkpoint tree: the
+        # store counts every file under its root as its own or a stray (I3), so the lock
+        # is written there by no one; a run on this machine on the same base (by any path
+        # or link) finds the same lock. Runs on other machines are not kept apart.
+        st = os.stat(loc.full(loc.job_dir))
+        locks = os.path.join(tempfile.gettempdir(), "ckpt-audit-locks")
+        os.makedirs(locks, mode=0o700, exist_ok=True)
+        return os.path.join(locks, f"{st.st_dev}-{st.st_ino}.lock")
     key = hashlib.sha256(loc.uri().encode("utf-8", "surrogateescape")).hexdigest()[:16]
     return os.path.join(os.path.dirname(os.path.abspath(log_path)), f".ckpt-audit-{key}.lock")
 
