@@ -212,6 +212,15 @@ def _linked_in(place: Path, away: Path) -> None:
     place.symlink_to(away, target_is_directory=True)
 
 
+def _refused_link(h: Hostile, place: Path, away: Path, row: str) -> Hostile:
+    """``place`` moved to ``away`` and linked back: an unreadable row ``row``, and the
+    deletion refused (what the link holds is unknown)."""
+    _linked_in(place, away)
+    h.unreadable.add(row)
+    h.refuses = True
+    return h
+
+
 def sibling_job_is_a_link(tmp: Path) -> Hostile:
     """A job restored from this one (its checkpoint names the stray), moved elsewhere and
     linked back: the link is not followed, so what it holds is unknown; a row, and the
@@ -221,10 +230,7 @@ def sibling_job_is_a_link(tmp: Path) -> Hostile:
     (other / "chk-1").mkdir(parents=True)
     (other / "chk-1/_metadata").write_bytes(
         _meta(1, f"{JOB}/shared/v-0-1/stray", job="job-restored"))
-    _linked_in(other, tmp / "moved/job-restored")
-    h.unreadable.add("job-restored")
-    h.refuses = True
-    return h
+    return _refused_link(h, other, tmp / "moved/job-restored", "job-restored")
 
 
 def savepoints_is_a_link(tmp: Path) -> Hostile:
@@ -233,10 +239,7 @@ def savepoints_is_a_link(tmp: Path) -> Hostile:
     sp = h.base.parent / "savepoints"
     (sp / "savepoint-3").mkdir(parents=True)
     os.mkfifo(sp / "savepoint-3/_metadata")
-    _linked_in(sp, tmp / "moved/savepoints")
-    h.unreadable.add("savepoints")
-    h.refuses = True
-    return h
+    return _refused_link(h, sp, tmp / "moved/savepoints", "savepoints")
 
 
 def savepoint_is_a_link(tmp: Path) -> Hostile:
@@ -244,10 +247,7 @@ def savepoint_is_a_link(tmp: Path) -> Hostile:
     sp = h.base.parent / "savepoints/savepoint-4"
     sp.mkdir(parents=True)
     (sp / "_metadata").write_bytes(_meta(4, f"{JOB}/shared/v-0-1/stray"))
-    _linked_in(sp, tmp / "moved/savepoint-4")
-    h.unreadable.add("savepoints/savepoint-4")
-    h.refuses = True
-    return h
+    return _refused_link(h, sp, tmp / "moved/savepoint-4", "savepoints/savepoint-4")
 
 
 def checkpoint_dir_is_a_link(tmp: Path) -> Hostile:
@@ -255,10 +255,7 @@ def checkpoint_dir_is_a_link(tmp: Path) -> Hostile:
     h = valid(tmp)
     (h.base / "chk-2").mkdir()
     (h.base / "chk-2/_metadata").write_bytes(_meta(2, f"{JOB}/shared/v-0-1/stray"))
-    _linked_in(h.base / "chk-2", tmp / "moved/chk-2")
-    h.unreadable.add(f"{JOB}/chk-2")
-    h.refuses = True
-    return h
+    return _refused_link(h, h.base / "chk-2", tmp / "moved/chk-2", f"{JOB}/chk-2")
 
 
 def fifo_in_place_of_a_sibling(tmp: Path) -> Hostile:
