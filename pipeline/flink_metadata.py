@@ -54,7 +54,8 @@ MASTER_STATE_MAGIC = 0xC96B1696
 SUPPORTED_VERSIONS = range(2, 8)
 """2..7; 1 is refused as Flink refuses it."""
 MAX_NESTING = 16
-"""Nested handle levels allowed; Flink writes at most 3 (changelog > key groups > stream)."""
+"""Levels of nested handles read (the 17th is refused); Flink writes at most 3 (a changelog
+handle holding an incremental handle holding stream handles)."""
 
 _I8 = struct.Struct(">b")
 _U8 = struct.Struct(">B")
@@ -311,7 +312,7 @@ class _Reader(_Bytes):
                                         length, scope, logical_id))
 
     def nesting(self, depth: int, t: int, at: int) -> None:
-        if depth > MAX_NESTING:
+        if depth >= MAX_NESTING:
             self.fail(f"handle type byte {t} nested deeper than {MAX_NESTING} levels", at)
 
     # -- top level ---------------------------------------------------------------------------
@@ -516,8 +517,8 @@ class _Reader(_Bytes):
                 self.keyed_handle(slot, "", depth + 1)
             for _ in range(self.count("non-materialized handle count", 1)):
                 delta_at = self.pos
-                kind = self.keyed_handle(slot, "", depth + 1)
-                if kind not in (None, "changelog-delta"):
+                delta_kind = self.keyed_handle(slot, "", depth + 1)
+                if delta_kind not in (None, "changelog-delta"):
                     self.fail(f"changelog handle's non-materialized part is not a changelog "
                               f"state handle (type byte {self.data[delta_at]})", delta_at)
             self.i64("materialization id")
@@ -695,7 +696,7 @@ class _JavaStream:
     def content(self, depth: int) -> object:
         s = self.src
         at = s.pos
-        if depth > MAX_NESTING:
+        if depth >= MAX_NESTING:
             s.fail(f"checkpoint properties nested deeper than {MAX_NESTING} levels", at)
         tc = s.u8("serialization type code")
         if tc == _TC_NULL:
