@@ -621,9 +621,9 @@ class _Reader(_Bytes):
                       logical)
             return "SegmentFileStateHandle"
         if t == EMPTY_SEGMENT_FILE:
-            # EmptySegmentFileStateHandle.INSTANCE: Path "empty" (no file), 0, 0, EXCLUSIVE,
-            # logical id "DUMMY".
-            self.emit(slot, role, "EmptySegmentFileStateHandle", None, 0, 0, "exclusive", "DUMMY")
+            # EmptySegmentFileStateHandle.INSTANCE names no file: its Path "empty", scope
+            # EXCLUSIVE and logical id "DUMMY" are placeholders, so none is reported.
+            self.emit(slot, role, "EmptySegmentFileStateHandle", None, 0, 0)
             return "EmptySegmentFileStateHandle"
         self.fail(f"unknown stream handle type byte {t} in {slot}", at)
 
