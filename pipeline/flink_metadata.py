@@ -37,9 +37,10 @@ the subtask, the slot, the role, Flink's class simple name, the path as written,
 scope and logical id. A ``RelativeFileStateHandle``'s path stays relative as written;
 :func:`as_truth_dicts` resolves it as Flink's loader does (``new Path(exclusiveDirPath,
 relativePath)``). The coordinator state belongs to no subtask: it is reported with subtask
-``-1``. Master states and in-memory changelog changes (type 9) are bytes inside ``_metadata``,
-not stream handles, so they name no file: master states are listed in
-:attr:`FlinkMetadata.master_states`, type 9 yields no record.
+``-1``. Master states are bytes inside ``_metadata``, not handles: each is one record of type
+``MasterState`` (no operator, subtask ``-1``, slot ``master``, no path, its length, the hook's
+name as logical id) so that a reader can count them, as the fixtures' truth does. In-memory
+changelog changes (type 9) are bytes inside ``_metadata`` too, and yield no record.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class FlinkMetadataError(ValueError):
 class FlinkHandle:
     """One stream handle of a checkpoint: the contract's HANDLE record, path as written."""
 
-    operator: str
+    operator: str | None
     subtask: int
     slot: str
     role: str
@@ -348,6 +349,7 @@ class _Reader(_Bytes):
                              properties)
 
     def master_state(self) -> FlinkMasterState:
+        """One master hook's state; recorded as a ``MasterState`` handle of no operator."""
         at = self.pos
         magic = self.u32("master state magic number")
         if magic != MASTER_STATE_MAGIC:
@@ -366,6 +368,8 @@ class _Reader(_Bytes):
         if self.pos != end:
             self.fail(f"{end - self.pos} trailing bytes in master state {name!r}")
         self.end = outer_end
+        self.handles.append(FlinkHandle(None, -1, "master", "stream", "MasterState", None, 0,
+                                        length, None, name))
         return FlinkMasterState(name, version, length)
 
     def operator(self) -> FlinkOperator:
