@@ -57,6 +57,30 @@ CHECKPOINT_TRAILER = bytes.fromhex(
     "5244"
 )
 
+# The trailer of a savepoint Flink 2.3.0 wrote on stop-with-savepoint (CheckpointProperties{
+# forced=true, checkpointType=SavepointType{name='Suspend Savepoint', postCheckpointAction=
+# SUSPEND, formatType=CANONICAL}}): enum classes, and a back reference to java.lang.Enum.
+SAVEPOINT_TRAILER = bytes.fromhex(
+    "aced0005737200386f72672e6170616368652e666c696e6b2e72756e74696d652e636865636b706f696e742e"
+    "436865636b706f696e7450726f7065727469657300000000000000020200085a00106469736361726443616e"
+    "63656c6c65645a000d646973636172644661696c65645a000f6469736361726446696e69736865645a000f64"
+    "69736361726453756273756d65645a00106469736361726453757370656e6465645a0006666f726365645a00"
+    "09756e636c61696d65644c000e636865636b706f696e74547970657400324c6f72672f6170616368652f666c"
+    "696e6b2f72756e74696d652f636865636b706f696e742f536e617073686f74547970653b7870000000000001"
+    "00737200316f72672e6170616368652e666c696e6b2e72756e74696d652e636865636b706f696e742e536176"
+    "65706f696e7454797065a087d308a45814b80200034c000a666f726d6174547970657400354c6f72672f6170"
+    "616368652f666c696e6b2f636f72652f657865637574696f6e2f53617665706f696e74466f726d6174547970"
+    "653b4c00046e616d657400124c6a6176612f6c616e672f537472696e673b4c0014706f7374436865636b706f"
+    "696e74416374696f6e7400484c6f72672f6170616368652f666c696e6b2f72756e74696d652f636865636b70"
+    "6f696e742f53617665706f696e745479706524506f7374436865636b706f696e74416374696f6e3b78707e72"
+    "00336f72672e6170616368652e666c696e6b2e636f72652e657865637574696f6e2e53617665706f696e7446"
+    "6f726d61745479706500000000000000001200007872000e6a6176612e6c616e672e456e756d000000000000"
+    "0000120000787074000943414e4f4e4943414c74001153757370656e642053617665706f696e747e7200466f"
+    "72672e6170616368652e666c696e6b2e72756e74696d652e636865636b706f696e742e53617665706f696e74"
+    "5479706524506f7374436865636b706f696e74416374696f6e00000000000000001200007871007e00097400"
+    "0753555350454e44"
+)
+
 
 # ---------------------------------------------------------------------------------------------
 #  Real checkpoints against Flink's own loader
@@ -483,12 +507,11 @@ def test_version_7_reference_checkpoint_marker() -> None:
 
 def test_savepoint_trailer() -> None:
     """The trailer's checkpointType is a SavepointType object for a savepoint."""
-    trailer = CHECKPOINT_TRAILER.replace(
-        b"\x00\x32org.apache.flink.runtime.checkpoint.CheckpointType",
-        b"\x00\x31org.apache.flink.runtime.checkpoint.SavepointType")
-    assert trailer != CHECKPOINT_TRAILER
-    meta = read(metadata(6, [], trailer=trailer))
+    meta = read(metadata(6, [], trailer=SAVEPOINT_TRAILER))
     assert meta.savepoint is True
+    assert meta.properties is not None
+    assert meta.properties["forced"] is True
+    assert meta.properties["checkpointType"] == "SavepointType"
 
 
 def test_modified_utf8_strings() -> None:
@@ -511,11 +534,14 @@ def test_modified_utf8_strings() -> None:
 
 
 def test_relative_paths_resolve_as_flinks_path() -> None:
-    """new Path(exclusiveDirPath, relativePath).toString()."""
+    """new Path(exclusiveDirPath, relativePath).toString(); each expectation is what Flink
+    2.3.0's Path printed for the same arguments."""
     assert flink_path_join("file:/ck/job/chk-7", "x-uuid") == "file:/ck/job/chk-7/x-uuid"
     assert flink_path_join("file:///ck/job/chk-7/", "x") == "file:/ck/job/chk-7/x"
     assert flink_path_join("s3://bucket/ck/chk-1", "x") == "s3://bucket/ck/chk-1/x"
     assert flink_path_join("file:/ck/job/chk-7", "../shared/x") == "file:/ck/job/shared/x"
+    assert flink_path_join("hdfs://nn:8020/ck/chk-1", "./a/b") == "hdfs://nn:8020/ck/chk-1/a/b"
+    assert flink_path_join("file:/ck/chk-1", "/abs/x") == "file:/ck/chk-1/abs/x"
     assert flink_path("file:///tmp//a/") == "file:/tmp/a"
 
 
@@ -700,6 +726,7 @@ def _seeds() -> list[bytes]:
     real = sorted((p.read_bytes() for p in FIXTURES.glob("*/ckpt/**/_metadata")), key=len)
     built = [
         GOOD,
+        metadata(5, [operator(5, OP_A, [])], trailer=SAVEPOINT_TRAILER),
         metadata(6, [operator(6, OP_A, [(0, subtask(6, managed_op=operator_h(
             17, [("o", 2, [1, 2])], seg_h(0, 1, 1, "file:/p", "l"), ("file:/t", "file:/s", 0)),
             managed_keyed=key_groups(12, 0, 2, rel_h("r", 1), "id"),
