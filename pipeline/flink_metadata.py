@@ -19,9 +19,10 @@ layout; the rules below are the ones this module keeps.
   :data:`MAX_NESTING` levels, so a hostile file cannot exhaust the stack.
 * Stricter than Flink where Flink would accept what its own writer never writes: a negative
   count of channel-state handles (Flink reads it as zero), a presence flag other than 0 or 1
-  (Flink reads any non-zero int as "present"), bytes after the end (Flink stops reading), a
-  negative key-group count of an incremental handle (Flink makes an empty range). A file Flink
-  wrote is never refused for these; a file refused for them was not written by Flink.
+  (Flink reads any non-zero int as "present"), a type-17 empty flag or a V7 marker byte other
+  than 0 or 1, bytes after the end (Flink stops reading), a negative key-group count of an
+  incremental handle (Flink makes an empty range). A file Flink wrote is never refused for
+  these; a file refused for them was not written by Flink.
 * From version 4 on, the file ends with a ``java.io.ObjectOutputStream`` holding one
   ``CheckpointProperties``. It is parsed (``_JavaStream``: the serialization grammar, without
   instantiating anything) to find where it ends and whether the snapshot is a savepoint: the
@@ -41,6 +42,13 @@ relativePath)``). The coordinator state belongs to no subtask: it is reported wi
 ``MasterState`` (no operator, subtask ``-1``, slot ``master``, no path, its length, the hook's
 name as logical id) so that a reader can count them, as the fixtures' truth does. In-memory
 changelog changes (type 9) are bytes inside ``_metadata`` too, and yield no record.
+
+Roles: ``stream`` (the delegate of a key-groups, operator or channel-state handle, and the
+coordinator state), ``meta``, ``shared:<local name>`` and ``private:<local name>`` (an
+incremental handle's files), ``dir:taskowned`` and ``dir:shared`` (a type-17 handle's
+``DirectoryStreamStateHandle`` s, offset and length 0), ``changelog`` (a changelog file handle's
+streams, types 10/13). Paths are the strings as written; Flink wrote each with
+``Path.toString()``, so ``new Path(s).toString()`` gives the same string back.
 """
 
 from __future__ import annotations
