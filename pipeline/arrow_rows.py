@@ -96,6 +96,11 @@ def list_dirs(loc: Location) -> Any:
     return run
 
 
+def row_of(**values: Any) -> list[Any]:
+    """One row of ``READ_COLUMNS``, the columns not named null."""
+    return _row(**values)
+
+
 def _row(**values: Any) -> list[Any]:
     out: list[Any] = [None] * _WIDTH
     for k, v in values.items():

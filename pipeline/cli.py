@@ -21,7 +21,7 @@ import datetime as dt
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
 import typer
@@ -126,6 +126,27 @@ def audit(
         bool,
         typer.Option(help="Also read the _metadata of other jobs and savepoints beside the base."),
     ] = True,
+    format_: Annotated[
+        str,
+        typer.Option("--format", help="auto (recognise it and say what), ckpt (ours), flink "
+                     "(execution.checkpointing.dir or one job's folder) or spark (a query's "
+                     "checkpointLocation)."),
+    ] = "auto",
+    path_map: Annotated[
+        list[str] | None,
+        typer.Option("--path-map", help="OLD=NEW: read a path the engine wrote under OLD as "
+                     "under NEW (a checkpoint copied or moved; repeatable)."),
+    ] = None,
+    savepoints: Annotated[
+        list[str] | None,
+        typer.Option("--savepoints", help="Flink: a savepoint directory whose references "
+                     "count too (repeatable)."),
+    ] = None,
+    retain: Annotated[
+        int,
+        typer.Option(help="Spark: spark.sql.streaming.minBatchesToRetain of the query (the "
+                     "files do not record it; Spark's default 100)."),
+    ] = 100,
     limit: Annotated[int, typer.Option(help="Rows per table on the terminal.")] = 20,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
 ) -> None:
@@ -167,6 +188,19 @@ def audit(
     except NotABase as e:
         err.print(f"[red]refused:[/] {escape(str(e))}")
         raise typer.Exit(EXIT_REFUSED) from None
+    fmt = _format(err, loc, format_, quiet)
+    if fmt != "ckpt":
+        from pipeline.foreign_cli import ForeignRun, audit_foreign
+
+        run = ForeignRun(
+            fmt=fmt, engine=engine, master=master, grace=grace_s, path_map=path_map or [],
+            savepoints=savepoints or [], retain=retain, delete=delete_orphans,
+            dry_run=dry_run, log=log, json_out=json_out, out=out, limit=limit, quiet=quiet,
+            allow_short_grace=allow_short_grace, no_live_writer=no_live_writer,
+            rate=max_deletes_per_second)
+        raise typer.Exit(audit_foreign(console, err, loc, run))
+    if path_map or savepoints:
+        raise typer.BadParameter("--path-map and --savepoints read Flink and Spark formats only")
     state_error: str | None = None
     state = None
     try:
@@ -259,6 +293,25 @@ def _no_checkpoint(
         why = str(e)
     err.print(f"[red]deletion refused, nothing deleted:[/] {escape(why)}", soft_wrap=True)
     raise typer.Exit(EXIT_REFUSED)
+
+
+def _format(err: Console, loc: Location, given: str, quiet: bool) -> str:
+    """The format to read: the one given, or with ``auto`` the one recognised (said on
+    stderr); ``ckpt`` when neither Flink's nor Spark's is (our reader then says what it
+    found if it reads nothing)."""
+    from pipeline.foreign import FORMATS
+    from pipeline.formats import detect
+
+    if given not in FORMATS:
+        raise typer.BadParameter(f"--format is one of {', '.join(FORMATS)}, not {given!r}")
+    if given != "auto":
+        return given
+    found = detect(loc)
+    if found is None:
+        return "ckpt"
+    if not quiet:
+        err.print(f"recognised: {escape(found[1])}", soft_wrap=True)
+    return found[0]
 
 
 def _default_log() -> str:
@@ -357,33 +410,41 @@ def _delete(
     grace: float, *, allow_short_grace: bool, no_live_writer: bool, dry_run: bool,
     log: str | None, now: float, state: Any, rate: float, dangling: Iterable[Row],
 ) -> int:
+    from pipeline.deletion import plan_deletion
+
+    def make_plan() -> Any:
+        return plan_deletion(loc, summary, orphans, grace=grace,
+                             allow_short_grace=allow_short_grace,
+                             no_live_writer=no_live_writer, now=now, state_before=state,
+                             dangling=dangling)
+
+    return delete_planned(console, err, loc, make_plan, dry_run=dry_run, log=log, rate=rate)
+
+
+def delete_planned(
+    console: Console, err: Console, loc: Location, make_plan: Callable[[], Any], *,
+    dry_run: bool, log: str | None, rate: float,
+) -> int:
+    """Plan (``make_plan``: it raises ``DeletionRefused`` to refuse the whole run), print
+    every outcome, and unless ``dry_run`` delete under the base's lock, held from before
+    the plan to the last delete (one deletion run per base)."""
     from pipeline.deletion import take_lock
 
     path = log or _default_log()
     if dry_run:
-        return _plan_and_delete(console, err, loc, summary, orphans, grace, None, path,
-                                allow_short_grace=allow_short_grace,
-                                no_live_writer=no_live_writer, now=now, state=state,
-                                rate=rate, dangling=dangling)
-    # One deletion run per base: the lock is held from before the plan to the last delete.
+        return _plan_and_delete(console, err, loc, make_plan, None, path, rate)
     with take_lock(loc, path) as lock:
-        return _plan_and_delete(console, err, loc, summary, orphans, grace, lock, path,
-                                allow_short_grace=allow_short_grace,
-                                no_live_writer=no_live_writer, now=now, state=state,
-                                rate=rate, dangling=dangling)
+        return _plan_and_delete(console, err, loc, make_plan, lock, path, rate)
 
 
 def _plan_and_delete(
-    console: Console, err: Console, loc: Location, summary: Summary, orphans: list[Row],
-    grace: float, lock: Any, log_path: str, *, allow_short_grace: bool, no_live_writer: bool,
-    now: float, state: Any, rate: float, dangling: Iterable[Row],
+    console: Console, err: Console, loc: Location, make_plan: Callable[[], Any], lock: Any,
+    log_path: str, rate: float,
 ) -> int:
     """``lock`` None: a dry run (plan and print only)."""
-    from pipeline.deletion import DELETE, OUTCOMES, execute, plan_deletion
+    from pipeline.deletion import DELETE, OUTCOMES, execute
 
-    plan = plan_deletion(loc, summary, orphans, grace=grace,
-                         allow_short_grace=allow_short_grace, no_live_writer=no_live_writer,
-                         now=now, state_before=state, dangling=dangling)
+    plan = make_plan()
     # Names escaped and markup off: what is printed is what is deleted, one per line.
     for path, outcome, why in plan.outcomes:
         if outcome != DELETE:

@@ -1,18 +1,17 @@
-"""What a directory holds when the audit read no checkpoint in it (issue 32, finding 10).
+"""Which checkpoint format a directory holds (issue 32 finding 10, issue 33).
 
-The audit reads the ``chk-N/_metadata`` files ckpt-ownership writes. Pointed at a
-directory it reads none in, it has checked nothing: every file would look unreferenced
-(an orphan at ``--grace 0s``) and "clean" would be said of nothing. Such a run says what
-it found instead. Flink's and Spark's own checkpoint directories are named as such
+ckpt-ownership's own job base holds ``chk-N/_metadata`` in our format. Flink's and
+Spark's checkpoint directories are recognised by what those engines write
 (``/work/shared/FORMATS.md``): a Flink ``_metadata`` starts with the magic int
-``0x4960672D``; a Spark checkpoint location holds a ``metadata`` file beside ``offsets/``,
-``commits/`` or ``state/``. Looked for in the directory given and one level down (Flink's
-``execution.checkpointing.dir`` holds one ``<job-id>/`` folder per job; a folder of Spark
-queries holds one location per query). Reading them is the next issue's work (33).
+``0x4960672D``, and a Flink job folder is named by its 32-hex-digit job id; a Spark
+checkpoint location holds a ``metadata`` file beside ``offsets/``, ``commits/`` or
+``state/``. Looked for in the directory given and one level down (Flink's
+``execution.checkpointing.dir`` holds one ``<job-id>/`` folder per job).
 """
 
 from __future__ import annotations
 
+import re
 import struct
 
 from pipeline import scan
@@ -22,7 +21,8 @@ from pipeline.safe_read import Refused, read_regular
 
 FLINK_MAGIC = 0x4960672D
 SPARK_DIRS = frozenset({"offsets", "commits", "state"})
-NOT_YET = "this audit does not read that format yet (issue 33 adds it)"
+NOT_YET = "audit it with --format {fmt} (or --format auto, the default)"
+JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 MAX_LOOK = 200
 """Folders looked into one level down: enough to name the format, bounded on a huge tree."""
 
@@ -30,13 +30,33 @@ MAX_LOOK = 200
 def recognise(loc: Location) -> str | None:
     """A sentence naming the foreign checkpoint format found under the job base, or
     ``None`` when it is neither Flink's nor Spark's."""
+    found = detect(loc)
+    return None if found is None else f"{found[1]}: {NOT_YET.format(fmt=found[0])}"
+
+
+def detect(loc: Location) -> tuple[str, str] | None:
+    """(``flink`` or ``spark``, a sentence saying what was recognised where), or ``None``."""
     top = loc.job_dir
+    spark = _spark(loc, top)
+    if spark is not None:
+        return "spark", spark
     below = sorted(f"{top}/{n}" for n, is_dir, _r in scan.entries(loc, top) if is_dir)
     for place in [top, *below[:MAX_LOOK]]:
-        found = _flink(loc, place) or _spark(loc, place)
+        found = _flink(loc, place)
         if found is not None:
-            return found
+            return "flink", found
+    for place in [top, *below[:MAX_LOOK]]:
+        if JOB_ID.match(place.rsplit("/", 1)[-1]) and _flink_layout(loc, place):
+            return "flink", (f"{shown(loc.uri())} is a Flink checkpoint directory "
+                             f"({shown(loc.uri(place))} is a Flink job folder, named by its "
+                             f"job id, with no completed checkpoint)")
     return None
+
+
+def _flink_layout(loc: Location, place: str) -> bool:
+    names = {n for n, is_dir, _r in scan.entries(loc, place) if is_dir}
+    return bool(names & {"shared", "taskowned"}) or any(
+        scan.CHECKPOINT_DIR.match(n) for n in names)
 
 
 def _flink(loc: Location, place: str) -> str | None:
@@ -47,7 +67,7 @@ def _flink(loc: Location, place: str) -> str | None:
         if _starts_with_flink_magic(loc, rel):
             return (f"{shown(loc.uri())} is a Flink checkpoint directory "
                     f"({shown(loc.uri(rel))} is in Flink's binary format, magic "
-                    f"0x{FLINK_MAGIC:08X}): {NOT_YET}")
+                    f"0x{FLINK_MAGIC:08X})")
     return None
 
 
@@ -70,7 +90,7 @@ def _spark(loc: Location, place: str) -> str | None:
     if has_metadata and dirs & SPARK_DIRS:
         held = ", ".join(["metadata", *(f"{d}/" for d in sorted(dirs & SPARK_DIRS))])
         return (f"{shown(loc.uri())} is a Spark checkpoint location ({shown(loc.uri(place))} "
-                f"holds {held}): {NOT_YET}")
+                f"holds {held})")
     return None
 
 

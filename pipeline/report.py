@@ -44,7 +44,9 @@ def render(
     """The summary, then the rows that need attention (dangling, unreadable metadata,
     orphans), then the owners with the most dead bytes and the checkpoints."""
     s = summary
-    t = Table(title=f"Storage audit of {escape(shown(s.base))} ({s.engine})", show_header=False)
+    fmt = "" if s.format == "ckpt" else f"{s.format.capitalize()} checkpoints, "
+    t = Table(title=f"Storage audit of {escape(shown(s.base))} ({fmt}{s.engine})",
+              show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
     t.add_row("files", f"{s.files:,} ({_bytes(s.bytes)})")
@@ -66,6 +68,12 @@ def render(
               f"({_bytes(s.pending_bytes)})")
     if s.working:
         t.add_row("database working files", f"{s.working:,} ({_bytes(s.working_bytes)})")
+    if s.in_flight:
+        t.add_row("in flight", f"{s.in_flight:,} held by a checkpoint in flight "
+                  f"({_bytes(s.in_flight_bytes)})")
+    if s.stale:
+        t.add_row("stale", f"{s.stale:,} the engine's own cleanup deletes "
+                  f"({_bytes(s.stale_bytes)})")
     if s.restore_source_of:
         t.add_row("restore source of", escape(", ".join(shown(x) for x in s.restore_source_of)))
     if s.unreadable:
@@ -128,6 +136,14 @@ def _rows(
     for r in list(rows)[:limit]:
         t.add_row(*(_cell(c, r.get(c)) for c in cols))
     console.print(t)
+
+
+def render_rows(
+    console: Console, title: str, rows: Sequence[Row], cols: Sequence[str], limit: int,
+    *, style: str | None = None,
+) -> None:
+    """One detail table (the first ``limit`` rows)."""
+    _rows(console, title, rows, cols, limit, style=style)
 
 
 def write_json(summary: Summary, path: str, extra: dict[str, Any] | None = None) -> None:

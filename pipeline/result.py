@@ -45,9 +45,19 @@ WORKING = "working"
 """Unreferenced working file of a live database (FLIP-427): the database owns it."""
 METADATA = "metadata"
 CORRUPT = "corrupt_metadata"
+IN_FLIGHT = "in_flight"
+"""Unreferenced, written by a Flink checkpoint still in flight (a ``chk-N`` above the job's
+latest completed one, active within the grace period, and every file of the job since it
+started): the checkpoint that completes will reference it."""
+STALE = "stale"
+"""Unreferenced by what a restart needs, but the engine's own cleanup deletes it (Spark:
+a version below the retained window): not a leak, and not the audit's to delete."""
+HELD = (IN_FLIGHT, STALE)
+"""Statuses a format's reader decides for a file the references do not name."""
 
 MISSING = "missing file"
 BEYOND = "range beyond the file's size"
+OTHER_SIZE = "file of another size than recorded"
 NO_PATH = "placeholder without a path"
 
 
@@ -96,6 +106,15 @@ class Summary:
     """Paths that could not be listed or examined, or whose name is not UTF-8 (reported,
     skipped, never deleted; a deletion is refused while a directory where a ``_metadata``
     may lie cannot be listed: ``pipeline.deletion``)."""
+    format: str = "ckpt"
+    """Whose checkpoint format was read: ``ckpt`` (ours), ``flink`` or ``spark``."""
+    in_flight: int = 0
+    in_flight_bytes: int = 0
+    stale: int = 0
+    stale_bytes: int = 0
+    notes: tuple[str, ...] = ()
+    """What the reader of the format says of what it could not know (printed with the
+    report): e.g. that Flink publishes no writer state."""
 
     @property
     def at_risk(self) -> bool:
@@ -130,6 +149,7 @@ class Summary:
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["restore_source_of"] = list(self.restore_source_of)
+        doc["notes"] = list(self.notes)
         doc["at_risk"] = self.at_risk
         doc["verdict"] = self.verdict
         return doc

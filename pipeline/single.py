@@ -9,20 +9,24 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from fastimpl.writer_state import WRITER_STATE
 from pipeline import fence, scan
+from pipeline.foreign import Foreign
 from pipeline.location import Location
 from pipeline.result import (
     BEYOND,
     CORRUPT,
+    IN_FLIGHT,
     METADATA,
     MISSING,
     NO_PATH,
     ORPHAN,
+    OTHER_SIZE,
     PENDING,
     REFERENCED,
+    STALE,
     TABLES,
     WORKING,
     Row,
@@ -91,10 +95,15 @@ def analyse(
     engine: str,
     problems: list[scan.Problem] | None = None,
     working: frozenset[str] | None = None,
+    foreign: Foreign | None = None,
 ) -> Tables:
     """``working``: the files the live databases use, as the writer published them
-    (``None``: unknown, so every unreferenced working file is ``working``)."""
+    (``None``: unknown, so every unreferenced working file is ``working``).
+    ``foreign``: what the reader of a Flink or Spark checkpoint decided beyond the
+    references (``pipeline.foreign``)."""
     job = loc.job_dir
+    held: Mapping[str, str] = foreign.held if foreign is not None else {}
+    owner_of = foreign.owner if foreign is not None else scan.owner_dir
     in_base = {r[0] for r in ckpt_rows if r[5] == job}
     own_keys = {r[0] for r in ckpt_rows}
     # References that count: every one of the audited job's checkpoints, and those of the
@@ -125,6 +134,8 @@ def analyse(
         ref_count[path] += 1
         ref_ckpts[path].add(key)
         size = all_size.get(path)
+        if foreign is not None and foreign.dangling is not None:
+            continue  # the format's reader judged each reference (exact sizes, lineage)
         if size is None:
             if path not in missing:
                 missing[path] = scan.why_missing(loc, path)
@@ -132,7 +143,9 @@ def analyse(
         elif off + length > size:
             dangling.append(_dangling(r, size, BEYOND))
 
-    meta_paths = {r[4] for r in ckpt_rows}
+    if foreign is not None and foreign.dangling is not None:
+        dangling.extend(foreign.dangling)
+    meta_paths = {r[4] for r in ckpt_rows} | (foreign.metadata if foreign else set())
     corrupt_paths = {e[0] for e in corrupt}
     file_rows: list[Row] = []
     state_file = f"{job}/{WRITER_STATE}"
@@ -144,7 +157,9 @@ def analyse(
             status = CORRUPT
         elif path in ranges:
             status = REFERENCED
-        elif scan.in_live_database(path, job, working):
+        elif path in held:
+            status = held[path]
+        elif foreign is None and scan.in_live_database(path, job, working):
             status = WORKING
         elif mtime > now - grace:
             status = PENDING
@@ -154,7 +169,7 @@ def analyse(
         file_rows.append(
             {
                 "path": path,
-                "owner": scan.owner_dir(path),
+                "owner": owner_of(path),
                 "size": size,
                 "mtime": mtime,
                 "symlink": link,
@@ -202,7 +217,7 @@ def analyse(
         "unreadable": [dict(zip(TABLES["unreadable"], p, strict=True))
                        for p in sorted(set(problems or ()))],
     }
-    summary = summarise(loc, engine, grace, now, tables, ckpt_rows)
+    summary = summarise(loc, engine, grace, now, tables, ckpt_rows, foreign)
     return Tables(summary, tables)
 
 
@@ -287,6 +302,7 @@ def summarise(
     now: float,
     t: dict[str, list[Row]],
     ckpt_rows: list[scan.CheckpointRow],
+    foreign: Foreign | None = None,
 ) -> Summary:
     files = t["files"]
 
@@ -301,6 +317,8 @@ def summarise(
     orphans, orphan_bytes = total(ORPHAN)
     pending, pending_bytes = total(PENDING)
     working, working_bytes = total(WORKING)
+    in_flight, in_flight_bytes = total(IN_FLIGHT)
+    stale, stale_bytes = total(STALE)
     own = [c for c in t["checkpoints"] if c["in_base"]]
     shared = sum(c["shared_bytes"] for c in own)
     reused = sum(c["reused_shared_bytes"] for c in own)
@@ -331,7 +349,7 @@ def summarise(
         references=len(t["references"]),
         dangling=len(t["dangling"]),
         dangling_missing=sum(1 for d in t["dangling"] if d["reason"] == MISSING),
-        dangling_beyond=sum(1 for d in t["dangling"] if d["reason"] == BEYOND),
+        dangling_beyond=sum(1 for d in t["dangling"] if d["reason"] in (BEYOND, OTHER_SIZE)),
         space_amplification=ratio(ref_bytes, live),
         total_amplification=ratio(sum(f["size"] for f in data), live),
         shared_bytes=shared,
@@ -339,4 +357,10 @@ def summarise(
         reused_share=ratio(reused, shared),
         restore_source_of=sources,
         unreadable=len(t["unreadable"]),
+        format=foreign.format if foreign is not None else "ckpt",
+        in_flight=in_flight,
+        in_flight_bytes=in_flight_bytes,
+        stale=stale,
+        stale_bytes=stale_bytes,
+        notes=foreign.notes if foreign is not None else (),
     )

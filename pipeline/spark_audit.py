@@ -22,16 +22,20 @@ from pyspark.sql import functions as F
 
 from fastimpl.writer_state import WRITER_STATE
 from pipeline import arrow_rows, fence, scan
+from pipeline.foreign import Foreign, ForeignRead
 from pipeline.location import Location
 from pipeline.result import (
     BEYOND,
     CORRUPT,
+    IN_FLIGHT,
     METADATA,
     MISSING,
     NO_PATH,
     ORPHAN,
+    OTHER_SIZE,
     PENDING,
     REFERENCED,
+    STALE,
     TABLES,
     WORKING,
     Row,
@@ -130,6 +134,61 @@ def audit_spark(
     corrupt: list[scan.ErrorRow] = [
         (h.metadata, h.field, h.problem) for h in heads if h.row == "error"
     ]
+    return frames_of(spark, loc, files, read, ckpt_rows, corrupt, problems, grace=grace,
+                     now=now, working=working, say=say)
+
+
+def audit_foreign_spark(
+    spark: SparkSession,
+    loc: Location,
+    got: ForeignRead,
+    *,
+    grace: float,
+    now: float,
+    progress: Progress | None = None,
+) -> SparkAudit:
+    """The audit of a Flink or Spark checkpoint directory on Spark: the rows its reader
+    gave (``pipeline.foreign``) become the two frames the listing and the ``_metadata``
+    reading give for ours, and every table after them is computed by the same code."""
+    say = progress or (lambda _msg: None)
+    sc = spark.sparkContext
+    width = max(1, sc.defaultParallelism * 4)
+    say(f"{len(got.files)} files, {len(got.references)} references read by the "
+        f"{got.foreign.format} reader")
+    owner = got.foreign.owner
+    files = spark.createDataFrame(
+        sc.parallelize([(*f, owner(f[0])) for f in got.files], width), arrow_rows.FILES_DDL
+    ).cache()
+    read_rows = [["ref", *r, None, None, None, None, None, None, None] for r in got.references]
+    read_rows += [arrow_rows.row_of(row="outside", path=p, size=size)
+                  for p, size, _m, _l in got.outside]
+    read = spark.createDataFrame(
+        sc.parallelize(read_rows, width), arrow_rows.READ_DDL
+    ).cache()
+    return frames_of(spark, loc, files, read, list(got.checkpoints), list(got.corrupt),
+                     list(got.problems), grace=grace, now=now, working=None, say=say,
+                     foreign=got.foreign)
+
+
+def frames_of(
+    spark: SparkSession,
+    loc: Location,
+    files: DataFrame,
+    read: DataFrame,
+    ckpt_rows: list[scan.CheckpointRow],
+    corrupt: list[scan.ErrorRow],
+    problems: list[scan.Problem],
+    *,
+    grace: float,
+    now: float,
+    working: frozenset[str] | None,
+    say: Progress,
+    foreign: Foreign | None = None,
+) -> SparkAudit:
+    """Every table from the files listed (``arrow_rows.FILES_DDL``) and the rows read from
+    the checkpoints (``arrow_rows.READ_DDL``): the definitions of ``pipeline.single``."""
+    sc = spark.sparkContext
+    job = loc.job_dir
     refs_all = read.where(F.col("row") == "ref").select(*TABLES["references"])
 
     own_keys = sorted(r[0] for r in ckpt_rows if r[5] == job)
@@ -160,7 +219,13 @@ def audit_spark(
         "checkpoint", "subtask", "name", "handle", "path", "offset", "length", "logical_id",
         F.lit(None).cast("long").alias("file_size"), F.lit(NO_PATH).alias("reason"),
     )
-    dangling = _name_missing(spark, loc, dangling.unionByName(placeholders)).cache()
+    dangling = _name_missing(spark, loc, dangling.unionByName(placeholders))
+    if foreign is not None and foreign.dangling is not None:
+        dangling = spark.createDataFrame(
+            [tuple(d[c] for c in TABLES["dangling"]) for d in foreign.dangling],
+            DANGLING_DDL,
+        )
+    dangling = dangling.cache()
 
     # One row per (checkpoint, file) with its ranges: the checkpoints table and the files
     # table both start from it, so the references are shuffled once for the two.
@@ -177,20 +242,29 @@ def audit_spark(
     )
     meta_paths = [r[4] for r in ckpt_rows]
     corrupt_paths = [e[0] for e in corrupt]
+    held = spark.createDataFrame(
+        sorted((foreign.held if foreign is not None else {}).items()),
+        "path string, held string",
+    )
+    special = [*meta_paths, *(foreign.metadata if foreign is not None else ()),
+               f"{job}/{WRITER_STATE}"]
+    in_working = (
+        F.lit(False) if foreign is not None
+        else F.col("path").startswith(f"{job}/{scan.WORKING}")
+        & (F.lit(True) if working is None else F.col("path").isin(sorted(working)))
+    )
     status = (
-        F.when(F.col("path").isin([*meta_paths, f"{job}/{WRITER_STATE}"]), F.lit(METADATA))
+        F.when(F.col("path").isin(special), F.lit(METADATA))
         .when(F.col("path").isin(corrupt_paths), F.lit(CORRUPT))
         .when(F.col("refs").isNotNull(), F.lit(REFERENCED))
-        .when(
-            F.col("path").startswith(f"{job}/{scan.WORKING}")
-            & (F.lit(True) if working is None else F.col("path").isin(sorted(working))),
-            F.lit(WORKING),
-        )
+        .when(F.col("held").isNotNull(), F.col("held"))
+        .when(in_working, F.lit(WORKING))
         .when(F.col("mtime") > F.lit(now - grace), F.lit(PENDING))
         .otherwise(F.lit(ORPHAN))
     )
     file_table = (
         files.join(per_file, "path", "left")
+        .join(F.broadcast(held), "path", "left")
         .withColumn("live_bytes", _covered("rs", "size"))
         .withColumn("status", status)
         .withColumn("refs", F.coalesce("refs", F.lit(0)))
@@ -245,8 +319,28 @@ def audit_spark(
     sc.setJobDescription("audit: summary")
     summary = _summary(loc, grace, now, file_table, dangling, checkpoints, ckpt_rows,
                        len(corrupt), n_refs)
-    summary = attrs.evolve(summary, unreadable=len(set(problems)))
+    summary = attrs.evolve(
+        summary, unreadable=len(set(problems)),
+        format=foreign.format if foreign is not None else "ckpt",
+        in_flight=int(_status_sum(file_table, IN_FLIGHT)[0]),
+        in_flight_bytes=int(_status_sum(file_table, IN_FLIGHT)[1]),
+        stale=int(_status_sum(file_table, STALE)[0]),
+        stale_bytes=int(_status_sum(file_table, STALE)[1]),
+        notes=foreign.notes if foreign is not None else (),
+    )
     return SparkAudit(summary, frames)
+
+
+def _status_sum(files: DataFrame, status: str) -> tuple[int, int]:
+    got = files.where(F.col("status") == status).agg(
+        F.count(F.lit(1)).alias("n"), F.sum("size").alias("b")).collect()[0]
+    return int(got["n"] or 0), int(got["b"] or 0)
+
+
+DANGLING_DDL = (
+    "checkpoint string, subtask string, name string, handle string, path string, "
+    "offset long, length long, logical_id string, file_size long, reason string"
+)
 
 
 def _name_missing(spark: SparkSession, loc: Location, dangling: DataFrame) -> DataFrame:
@@ -411,7 +505,7 @@ def _summary(
         references=n_refs,
         dangling=sum(int(v) for v in reasons.values()),
         dangling_missing=int(reasons.get(MISSING, 0)),
-        dangling_beyond=int(reasons.get(BEYOND, 0)),
+        dangling_beyond=int(reasons.get(BEYOND, 0)) + int(reasons.get(OTHER_SIZE, 0)),
         space_amplification=ratio(ref_bytes, live),
         total_amplification=ratio(data_bytes, live),
         shared_bytes=shared,

@@ -365,25 +365,32 @@ def test_a_flink_or_spark_checkpoint_directory_is_named_never_called_clean(
 ) -> None:
     """Finding 10 of issue 32: the directory a Flink or Spark user configures was
     "clean: every _metadata reads" having read none, exit 0, and at ``--grace 0s`` every
-    live file an orphan. Now: named as what it is, exit 2, no verdict; a deletion at
-    grace 0 refused (exit 3) with every file kept."""
+    live file an orphan. Read as ours (``--format ckpt``) it is named as what it is, with
+    the format that reads it, exit 2, no verdict. Recognised (``--format auto``) its
+    metadata, malformed here, is unreadable: exit 1, never clean, no orphan. A deletion at
+    grace 0 is refused (exit 3) either way, every file kept."""
     make, name = FOREIGN[kind]
     top = make(tmp_path / "root")
     before = _files(tmp_path / "root")
     eng = ["--engine", "single"] if engine == "single" else ["--master", "local[2]"]
     summary = tmp_path / "summary.json"
-    r = run(str(top), *eng, "-q", "--json", str(summary))
+    r = run(str(top), *eng, "-q", "--format", "ckpt", "--json", str(summary))
     out = " ".join(r.output.split())
     assert r.exit_code == 2, out
-    assert name in out and "issue 33" in out, out
+    assert name in out and "--format " + kind.split("-")[0] in out, out
     assert "clean" not in out and "orphan" not in out.lower(), out
     doc = json.loads(summary.read_text())
     assert name in doc["not_audited"] and "clean" not in doc["verdict"], doc
-    r = run(str(top), *eng, "-q", "--delete-orphans", "--grace", "0s",
-                   "--allow-short-grace", "--no-live-writer")
+    r = run(str(top), *eng, "-q")
     out = " ".join(r.output.split())
-    assert r.exit_code == 3 and "deletion refused, nothing deleted" in out, out
-    assert name in out and "orphan" not in out.replace("--delete-orphans", "").lower(), out
+    assert r.exit_code == 1, out
+    assert "clean" not in out and "orphan" not in out.lower(), out
+    for fmt in ("ckpt", "auto"):
+        r = run(str(top), *eng, "-q", "--format", fmt, "--delete-orphans", "--grace", "0s",
+                "--allow-short-grace", "--no-live-writer")
+        out = " ".join(r.output.split())
+        assert r.exit_code == 3 and "deletion refused, nothing deleted" in out, out
+        assert "orphan" not in out.replace("--delete-orphans", "").lower(), out
     assert _files(tmp_path / "root") == before
 
 
