@@ -582,7 +582,7 @@ def read_spark_checkpoint(loc: Location, root: str, *,
             if main is not None and main in files:
                 ms, _mw = classify(main)
                 got = (METADATA, "checksum of a file in use") if ms in (NEEDED, METADATA) \
-                    else (ms, f"checksum of a {ms} file")
+                    else (ms, f"checksum of {main.rsplit('/', 1)[1]}, itself {ms}")
             elif main is not None:
                 got = (ORPHAN, "checksum of a file that is gone")
             else:
@@ -601,13 +601,20 @@ def read_spark_checkpoint(loc: Location, root: str, *,
 
 
 def _orphan_why(rel: str, root: str, top: int | None) -> str:
+    """Why nothing reads the file, and whether Spark may still remove it later: an
+    uncommitted format-1 version is rewritten under the same name when its batch runs
+    again, and maintenance deletes an unlisted SST once every listed one is newer; a
+    temp file or a file outside the layout is never touched."""
     m = VERSIONED.match(rel.rsplit("/", 1)[1])
     if m and top is not None and int(m.group(1)) > top:
-        return f"version {m.group(1)} is beyond the last committed version {top}"
+        again = ("a rerun of the batch writes another unique id" if m.group(2)
+                 else "a rerun of the batch rewrites this name")
+        return f"version {m.group(1)} is beyond the last committed version {top} ({again})"
     if m and m.group(2):
         return f"version {m.group(1)}'s unique id {m.group(2)} is named by no commit or lineage"
     if "/SSTs/" in rel or "/logs/" in rel:
-        return "no retained version lists it"
+        return ("no retained version lists it (Spark's maintenance deletes it once every "
+                "listed SST is newer)")
     if m:
         return f"version {m.group(1)} is no retained version"
     return "not a file of Spark's checkpoint layout"
