@@ -18,7 +18,7 @@ PKG_INITS := $(wildcard spec/__init__.py refimpl/__init__.py fastimpl/__init__.p
 # Passed through from the environment or the command line: make test HYPOTHESIS_PROFILE=long
 export HYPOTHESIS_PROFILE
 
-.PHONY: all test lint demo verify bench mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java
+.PHONY: fixtures-spark all test lint demo verify bench mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java
 .DEFAULT_GOAL := test
 
 all: test
@@ -204,3 +204,10 @@ wheel-check: $(STAMP)
 clean:
 	rm -rf $(VENV) mutants .demo .mypy_cache .ruff_cache .pytest_cache .hypothesis .crosshair build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# The Spark fixtures of issue 33 (tests/fixtures/spark/*): real checkpointLocations written by
+# small queries on Spark's RocksDB state store, and truth.json from Spark's own classes
+# (py4j). A few minutes, one JVM at a time; not part of make test (the tests read the
+# committed files). FIXTURES=<scenario ...> regenerates some; --truth-only keeps the files.
+fixtures-spark: $(STAMP) check-java
+	$(BIN)/python tests/fixtures/regen_spark.py $(FIXTURES)
