@@ -47,12 +47,20 @@ def _truth(fixture: Path) -> dict[str, Any]:
 
 def _copy(fixture: Path, tmp: Path, *, age: float = 3 * DAY) -> Path:
     """The fixture's ``ckpt/`` copied and aged (a checkout gives every file the time of
-    the checkout; the grace period and the hard floor would hold them all)."""
+    the checkout; the grace period and the hard floor would hold them all). Where the
+    truth recorded each file's time (Spark's maintenance compares them), the times are
+    put back, shifted so the newest is ``age`` old."""
     top = tmp / "root" / "ckpt"
     shutil.copytree(fixture / "ckpt", top, symlinks=True)
     t = time.time() - age
     for p in [top, *top.rglob("*")]:
         os.utime(p, (t, t), follow_symlinks=False)
+    recorded = {f["path"]: f["mtime_ms"] / 1000 for f in _truth(fixture)["files"]
+                if "mtime_ms" in f}
+    if recorded:
+        shift = t - max(recorded.values())
+        for rel, m in recorded.items():
+            os.utime(top / rel, (m + shift, m + shift), follow_symlinks=False)
     return top
 
 
@@ -169,18 +177,23 @@ def test_a_flink_checkpoint_in_flight_holds_the_jobs_newer_files(tmp_path: Path)
     assert "in flight" in r.output and "publishes no writer state" in " ".join(r.output.split())
 
 
-def test_the_flink_audit_on_spark_equals_the_single_process_one(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("spark")
+@pytest.mark.parametrize("fmt", ["flink", "spark"])
+def test_the_audit_on_spark_equals_the_single_process_one(fmt: str, tmp_path: Path) -> None:
+    """The reader's rows through the DataFrame audit and through the one-process audit:
+    the same tables, on the largest fixture of each engine."""
     from pipeline.foreign_cli import ForeignRun, read, tables
 
-    fixture = max(_scenarios("flink"), key=lambda p: len(_truth(p)["files"]))
+    fixture = max(_scenarios(fmt), key=lambda p: len(_truth(p)["files"]))
     truth = _truth(fixture)
     top = _copy(fixture, tmp_path)
     loc = Location.parse(str(top))
     now = time.time()
     runs = {}
     for engine in ("single", "spark"):
-        run = ForeignRun(fmt="flink", engine=engine, master="local[2]", grace=HOUR,
-                         path_map=[f"{truth['root']}={top}"], savepoints=[], retain=0,
+        run = ForeignRun(fmt=fmt, engine=engine, master="local[2]", grace=HOUR,
+                         path_map=[f"{truth['root']}={top}"] if fmt == "flink" else [],
+                         savepoints=[], retain=int(truth.get("retain", 1)),
                          delete=False, dry_run=False, log=None, json_out=None, out=None,
                          limit=20, quiet=True, allow_short_grace=False,
                          no_live_writer=False, rate=0.0)
@@ -257,3 +270,61 @@ def test_a_needed_spark_file_removed_is_dangling_and_refuses_deletion(tmp_path: 
     out = " ".join(r.output.split())
     assert r.exit_code == 3, out
     assert "dangling" in out and "deletion refused" in out, out
+
+
+# --------------------------------------------------------------------------- on S3
+
+
+def _leakiest(engine: str) -> Path:
+    """The fixture with the most leaked files and no dangling reference (a deletion runs)."""
+    def key(p: Path) -> tuple[bool, int]:
+        t = _truth(p)
+        leaked = (_flink_expected(t)[2] if engine == "flink" else set(t["orphans"]))
+        return (not t["dangling"], len(leaked))
+
+    return max(_scenarios(engine), key=key)
+
+
+@pytest.mark.parametrize("engine", ["flink", "spark"])
+def test_a_checkpoint_directory_on_s3_is_audited_and_its_leaks_deleted_exactly(
+    engine: str, s3_endpoint: str, tmp_path: Path
+) -> None:
+    """The same directory uploaded to S3 (moto): Flink's paths mapped to it at read time,
+    the same statuses as on a disk, and a deletion that removes exactly the leaked files.
+    S3 cannot backdate an object: the audit's clock moves ten days ahead instead."""
+    from pipeline import deletion
+    from pipeline.foreign_cli import ForeignRun, read, tables
+    from pipeline.foreign_deletion import plan_foreign
+    from tests.lockstep import S3_BUCKET, s3
+
+    fixture = _leakiest(engine)
+    truth = _truth(fixture)
+    fs = s3(s3_endpoint)
+    container = f"{S3_BUCKET}/{engine}-{fixture.name}"
+    for p in sorted((fixture / "ckpt").rglob("*")):
+        if p.is_file():
+            fs.pipe(f"{container}/ckpt/{p.relative_to(fixture / 'ckpt')}", p.read_bytes())
+    opts = {"key": "testing", "secret": "testing",
+            "client_kwargs": {"endpoint_url": s3_endpoint}}
+    loc = Location.parse(f"s3://{container}/ckpt", opts)
+    now = time.time() + 10 * DAY
+    run = ForeignRun(fmt=engine, engine="single", master=None, grace=HOUR,
+                     path_map=[f"{truth['root']}=s3://{container}/ckpt"] if engine == "flink"
+                     else [], savepoints=[], retain=int(truth.get("retain", 0)),
+                     delete=True, dry_run=False, log=None, json_out=None, out=None,
+                     limit=20, quiet=True, allow_short_grace=False, no_live_writer=False,
+                     rate=0.0)
+    got, marker = read(loc, run, now)
+    result = tables(loc, got, run, now)
+    status = _statuses(result["files"], Path("ckpt"))
+    leaked = _flink_expected(truth)[2] if engine == "flink" else set(truth["orphans"])
+    assert {p for p, s in status.items() if s == ORPHAN} == leaked
+    assert set(status) == {f["path"] for f in truth["files"]}
+    plan = plan_foreign(loc, result.summary, result["orphans"], grace=HOUR,
+                        reread=lambda: read(loc, run, now), marker=marker, now=now,
+                        dangling=result["dangling"])
+    assert {c.path[len("ckpt/"):] for c in plan.delete} == leaked
+    done = deletion.execute(loc, plan, str(tmp_path / "log.jsonl"), rate=0)
+    assert not done.failed and not done.skipped
+    left = {k[len(container) + len("/ckpt/"):] for k in fs.find(f"{container}/ckpt")}
+    assert left == {f["path"] for f in truth["files"]} - leaked
