@@ -18,7 +18,7 @@ PKG_INITS := $(wildcard spec/__init__.py refimpl/__init__.py fastimpl/__init__.p
 # Passed through from the environment or the command line: make test HYPOTHESIS_PROFILE=long
 export HYPOTHESIS_PROFILE
 
-.PHONY: fixtures-spark all test lint demo verify bench mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java
+.PHONY: all test lint demo verify bench mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark
 .DEFAULT_GOAL := test
 
 all: test
@@ -201,8 +201,24 @@ mutate-results:
 wheel-check: $(STAMP)
 	$(BIN)/python -m model_tests.wheel_check
 
+# Regenerate tests/fixtures/flink (issue 33; not part of make test or CI): real Flink 2.3.0
+# checkpoints written by pyflink's local MiniCluster in seven scenarios, and each one's
+# truth.json from Flink's own loader (tests/fixtures/regen_flink.py, README there). Its own
+# venv, since apache-flink pins versions the main one does not share. About ten minutes,
+# one JVM at a time. FIXTURES_ARGS passes options, e.g. FIXTURES_ARGS="--only clean-cancel".
+FLINK_VENV := .venv-flink
+FLINK_STAMP := $(FLINK_VENV)/.installed
+$(FLINK_STAMP):
+	@$(MAKE) --no-print-directory check-python check-java
+	test -x $(FLINK_VENV)/bin/python || "$(PY)" -m venv $(FLINK_VENV)
+	$(FLINK_VENV)/bin/python -m pip install 'apache-flink==2.3.0'
+	touch $@
+
+fixtures-flink: $(FLINK_STAMP)
+	$(FLINK_VENV)/bin/python tests/fixtures/regen_flink.py $(FIXTURES_ARGS)
+
 clean:
-	rm -rf $(VENV) mutants .demo .mypy_cache .ruff_cache .pytest_cache .hypothesis .crosshair build dist *.egg-info
+	rm -rf $(VENV) $(FLINK_VENV) mutants .demo .mypy_cache .ruff_cache .pytest_cache .hypothesis .crosshair build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # The Spark fixtures of issue 33 (tests/fixtures/spark/*): real checkpointLocations written by
