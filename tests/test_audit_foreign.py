@@ -318,6 +318,7 @@ def test_a_checkpoint_directory_on_s3_is_audited_and_its_leaks_deleted_exactly(
     result = tables(loc, got, run, now)
     status = _statuses(result["files"], Path("ckpt"))
     leaked = _flink_expected(truth)[2] if engine == "flink" else set(truth["orphans"])
+    assert leaked, f"{fixture.name} leaks nothing: the deletion would prove nothing"
     assert {p for p, s in status.items() if s == ORPHAN} == leaked
     assert set(status) == {f["path"] for f in truth["files"]}
     plan = plan_foreign(loc, result.summary, result["orphans"], grace=HOUR,
@@ -328,3 +329,59 @@ def test_a_checkpoint_directory_on_s3_is_audited_and_its_leaks_deleted_exactly(
     assert not done.failed and not done.skipped
     left = {k[len(container) + len("/ckpt/"):] for k in fs.find(f"{container}/ckpt")}
     assert left == {f["path"] for f in truth["files"]} - leaked
+
+
+# --------------------------------------------------------------------------- re-read
+
+
+def _plan(fmt: str, top: Path, truth: dict[str, Any], change: Any) -> Any:
+    """Audit ``top`` (aged), apply ``change`` to the directory, then plan the deletion:
+    the plan re-reads the directory with the same reader."""
+    from pipeline.foreign_cli import ForeignRun, read, tables
+    from pipeline.foreign_deletion import plan_foreign
+
+    loc = Location.parse(str(top))
+    run = ForeignRun(fmt=fmt, engine="single", master=None, grace=HOUR,
+                     path_map=[f"{truth['root']}={top}"] if fmt == "flink" else [],
+                     savepoints=[], retain=int(truth.get("retain", 1)), delete=True,
+                     dry_run=False, log=None, json_out=None, out=None, limit=20, quiet=True,
+                     allow_short_grace=False, no_live_writer=False, rate=0.0)
+    now = time.time()
+    got, marker = read(loc, run, now)
+    result = tables(loc, got, run, now)
+    assert result["orphans"], "the fixture leaks nothing"
+    change()
+    return plan_foreign(loc, result.summary, result["orphans"], grace=HOUR,
+                        reread=lambda: read(loc, run, time.time()), marker=marker, now=now,
+                        dangling=result["dangling"])
+
+
+def test_a_spark_batch_committed_since_the_audit_refuses_the_deletion(tmp_path: Path) -> None:
+    """Spark publishes no writer state: the commit log read again before deleting is the
+    sign of a running query."""
+    from pipeline.deletion import DeletionRefused
+
+    fixture = _leakiest("spark")
+    truth = _truth(fixture)
+    top = _copy(fixture, tmp_path)
+    last = max(int(p.name) for p in (top / "commits").iterdir() if p.name.isdigit())
+
+    def commit() -> None:
+        shutil.copy(top / "commits" / str(last), top / "commits" / str(last + 1))
+
+    with pytest.raises(DeletionRefused, match="committed a batch since the audit"):
+        _plan("spark", top, truth, commit)
+
+
+def test_a_flink_checkpoint_gone_since_the_audit_refuses_the_deletion(tmp_path: Path) -> None:
+    from pipeline.deletion import DeletionRefused
+
+    fixture = _leakiest("flink")
+    truth = _truth(fixture)
+    top = _copy(fixture, tmp_path)
+
+    def subsume() -> None:
+        (top / truth["checkpoints"][0]["metadata"]).unlink()
+
+    with pytest.raises(DeletionRefused, match="shrank"):
+        _plan("flink", top, truth, subsume)
