@@ -63,6 +63,13 @@ NO_WRITER_STATE = (
 )
 
 
+ONE_JOB = (
+    "one job's folder was audited: a job restored from its checkpoints (NO_CLAIM) and "
+    "checkpointing elsewhere may reference its files; audit the configured "
+    "execution.checkpointing.dir, which holds every job's folder, before deleting"
+)
+
+
 def is_job_folder(loc: Location, rel: str) -> bool:
     names = {n for n, is_dir, _r in scan.entries(loc, rel) if is_dir}
     return bool(names & LAYOUT) or any(scan.CHECKPOINT_DIR.match(n) for n in names)
@@ -113,6 +120,8 @@ def read_flink(
     metadata: set[str] = set()
     held: dict[str, str] = {}
     notes = [NO_WRITER_STATE]
+    if jobs == [loc.job_dir]:
+        notes.append(ONE_JOB)
     for job in jobs:
         job_id = job.rsplit("/", 1)[-1]
         chk = sorted(

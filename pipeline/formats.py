@@ -17,7 +17,7 @@ import struct
 from pipeline import scan
 from pipeline.location import Location
 from pipeline.names import shown
-from pipeline.safe_read import Refused, read_regular
+from pipeline.safe_read import Refused, read_head
 
 FLINK_MAGIC = 0x4960672D
 SPARK_DIRS = frozenset({"offsets", "commits", "state"})
@@ -73,7 +73,7 @@ def _flink(loc: Location, place: str) -> str | None:
 
 def _starts_with_flink_magic(loc: Location, rel: str) -> bool:
     try:
-        head = read_regular(loc, rel)[:4]
+        head = read_head(loc, rel, 4)
     except (OSError, Refused):
         return False
     return len(head) == 4 and struct.unpack(">I", head)[0] == FLINK_MAGIC

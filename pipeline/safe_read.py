@@ -42,6 +42,29 @@ def read_regular(loc: Location, rel: str, limit: int = LIMIT) -> bytes:
     return data
 
 
+def read_head(loc: Location, rel: str, n: int) -> bytes:
+    """The first ``n`` bytes of a regular file (fewer if it is shorter), with the checks of
+    :func:`read_regular` but no size limit: enough to tell a format by its magic without
+    reading a large file whole."""
+    if loc.local:
+        full = loc.full(rel)
+        st = os.lstat(full)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"not a regular file (a {kind_of(st.st_mode)})")
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(full, flags)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise Refused("not a regular file")
+            return os.read(fd, n)
+        finally:
+            os.close(fd)
+    fs: Any = loc.fs()
+    if fs.info(loc.full(rel)).get("type") != "file":
+        raise Refused("not a regular file")
+    return bytes(fs.cat_file(loc.full(rel), start=0, end=n))
+
+
 def open_error(full: str) -> OSError | None:
     """Why a regular file cannot be opened for reading (``None``: it can). What a restore
     must do with every referenced file; a mode that root ignores is not trusted, the

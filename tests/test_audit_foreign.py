@@ -385,3 +385,21 @@ def test_a_flink_checkpoint_gone_since_the_audit_refuses_the_deletion(tmp_path: 
 
     with pytest.raises(DeletionRefused, match="shrank"):
         _plan("flink", top, truth, subsume)
+
+
+def test_one_flink_job_folder_is_audited_alone_and_says_what_it_cannot_see(
+    tmp_path: Path,
+) -> None:
+    fixture = _leakiest("flink")
+    truth = _truth(fixture)
+    top = _copy(fixture, tmp_path)
+    jobs = sorted({f["path"].split("/")[0] for f in truth["files"]})
+    assert len(jobs) == 1, jobs
+    r = _run(str(top / jobs[0]), "--engine", "single", "--path-map",
+             f"{truth['root']}={top}", "--grace", "0s", "--out", str(tmp_path / "out"))
+    out = " ".join(r.output.split())
+    assert r.exit_code == (1 if truth["dangling"] else 0), out
+    assert "recognised:" in out and "one job's folder was audited" in out, out
+    rows = [json.loads(x) for x in (tmp_path / "out" / "files.jsonl").read_text().splitlines()]
+    orphans = {str(f["path"]) for f in rows if f["status"] == ORPHAN}
+    assert orphans == {f"{jobs[0]}/{p.split('/', 1)[1]}" for p in _flink_expected(truth)[2]}
