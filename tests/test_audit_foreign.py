@@ -403,3 +403,46 @@ def test_one_flink_job_folder_is_audited_alone_and_says_what_it_cannot_see(
     rows = [json.loads(x) for x in (tmp_path / "out" / "files.jsonl").read_text().splitlines()]
     orphans = {str(f["path"]) for f in rows if f["status"] == ORPHAN}
     assert orphans == {f"{jobs[0]}/{p.split('/', 1)[1]}" for p in _flink_expected(truth)[2]}
+
+
+def test_a_savepoint_given_is_read_and_counted_never_audited(tmp_path: Path) -> None:
+    """``--savepoints``: the savepoint's references are read (Flink's loader's own, handle by
+    handle) and counted; its files are the user's, never in the audited tables. The
+    restored job's first checkpoint names the savepoint's SSTs it reuses by a path relative
+    to its own directory, where they are not (Flink 2.3.0's loader resolves them there
+    too): dangling, as the truth says, never an orphan."""
+    fixture = FIXTURES / "flink" / "savepoint-restore-claim"
+    truth = _truth(fixture)
+    top = _copy(fixture, tmp_path)
+    saved = tmp_path / "root" / "savepoints"
+    shutil.copytree(fixture / "savepoints", saved)
+    sp = truth["savepoint_checkpoints"][0]
+    sp_dir = saved / sp["metadata"].split("/", 1)[1].rsplit("/", 1)[0]
+    r = _run(str(top), "--engine", "single", "-q", "--grace", "0s",
+             "--path-map", f"{truth['root']}={top}",
+             "--path-map", f"{truth['savepoint_root']}={saved}",
+             "--savepoints", str(sp_dir), "--out", str(tmp_path / "out"))
+    out = " ".join(r.output.split())
+    assert r.exit_code == 1, out  # the dangling references of chk-4
+    rows = {name: [json.loads(x) for x in (tmp_path / "out" / f"{name}.jsonl")
+                   .read_text().splitlines()]
+            for name in ("files", "references", "checkpoints", "dangling")}
+    assert {c["checkpoint_id"] for c in rows["checkpoints"] if c["savepoint"]} == {
+        sp["checkpoint_id"]}
+    assert not any(str(f["path"]).startswith("savepoints/") for f in rows["files"])
+    from pipeline.flink_audit import read_flink
+
+    got = read_flink(Location.parse(str(top)), path_map=PathMap.parse(
+        [f"{truth['root']}={top}", f"{truth['savepoint_root']}={saved}"]),
+        savepoints=[str(sp_dir)], grace=0.0, now=time.time())
+    mine = sorted(str(r_[8]) for r_ in got.references
+                  if r_[3] and r_[0].startswith("savepoints/") and r_[7] in ("file", "segment"))
+    cut = len(truth["savepoint_root"])
+    theirs = sorted("savepoints" + str(h["path"])[cut:] for h in sp["handles"]
+                    if h["path"] and h["type"] in ("FileStateHandle", "RelativeFileStateHandle",
+                                                   "SegmentFileStateHandle"))
+    assert mine == theirs
+    cut = len(top.name) + 1
+    assert {str(d["path"])[cut:] for d in rows["dangling"]} == set(truth["dangling"])
+    status = _statuses(rows["files"], top)
+    assert {p for p, s in status.items() if s == ORPHAN} == _flink_expected(truth)[2]
