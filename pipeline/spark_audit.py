@@ -322,19 +322,9 @@ def frames_of(
     summary = attrs.evolve(
         summary, unreadable=len(set(problems)),
         format=foreign.format if foreign is not None else "ckpt",
-        in_flight=int(_status_sum(file_table, IN_FLIGHT)[0]),
-        in_flight_bytes=int(_status_sum(file_table, IN_FLIGHT)[1]),
-        stale=int(_status_sum(file_table, STALE)[0]),
-        stale_bytes=int(_status_sum(file_table, STALE)[1]),
         notes=foreign.notes if foreign is not None else (),
     )
     return SparkAudit(summary, frames)
-
-
-def _status_sum(files: DataFrame, status: str) -> tuple[int, int]:
-    got = files.where(F.col("status") == status).agg(
-        F.count(F.lit(1)).alias("n"), F.sum("size").alias("b")).collect()[0]
-    return int(got["n"] or 0), int(got["b"] or 0)
 
 
 DANGLING_DDL = (
@@ -512,4 +502,8 @@ def _summary(
         reused_shared_bytes=reused,
         reused_share=ratio(reused, shared),
         restore_source_of=tuple(sorted(r[0] for r in ckpt_rows if r[5] != job and job in r[7])),
+        in_flight=get(IN_FLIGHT),
+        in_flight_bytes=get(IN_FLIGHT, "bytes"),
+        stale=get(STALE),
+        stale_bytes=get(STALE, "bytes"),
     )
