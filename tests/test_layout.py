@@ -59,3 +59,28 @@ def test_the_shipped_packages_import_nothing_left_in_the_repository() -> None:
         if name.split(".")[0] in REPOSITORY_ONLY
     ]
     assert found == []
+
+
+OURS = (*PRODUCT, *REPOSITORY_ONLY)
+LAYER_RULES: dict[str, tuple[str, ...]] = {
+    # what each layer may import of ours (besides itself): the brief's one-way imports
+    "spec": (),
+    "refimpl": ("spec",),
+    "fastimpl": ("spec",),
+    "pipeline": ("spec", "fastimpl"),
+}
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    """``spec`` imports nothing of ours; ``refimpl`` and ``fastimpl`` import ``spec`` and
+    never each other (a model and a product written from one reading fail together: they
+    must not share code either); ``pipeline`` imports ``fastimpl`` and ``spec``."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for layer, allowed in LAYER_RULES.items()
+        for path in sources((layer,))
+        for line, name in imports(path)
+        if name.split(".")[0] in OURS and name.split(".")[0] not in (layer, *allowed)
+    ]
+    assert found == []
+
