@@ -31,6 +31,7 @@ from fastimpl.ids import IdSource, RandomIds, creator_of
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, ManagedDir, PFile, PoolKey, Seg, Status, StoredFile, Tm
 from fastimpl.storage import Storage, StorageFault
+from fastimpl.storage_hooks import HookedStorage, StorageHooks
 from fastimpl.working import Databases
 from spec.commands import StorageOp
 from spec.config import Config, MergingMode, Scope, StateKind
@@ -167,18 +168,20 @@ class TaskManager:
         *,
         ids: IdSource | None = None,
         first_checkpoint: int = 1,
+        hooks: StorageHooks | None = None,
     ) -> TaskManager:
         """A TM in a process of its own: ``storage`` is an fsspec file system (or a URL,
         ``root`` then the path under it), and nothing else of the job is needed. It keeps
         its own ``Storage`` and records of the files and directories it created and
         still owns, and deletes only what those say is its own, under its job's base and
-        the savepoints it heard of (I5)."""
+        the savepoints it heard of (I5). ``hooks``: the host's observer of its storage
+        calls (``fastimpl.storage_hooks``), if any."""
         if isinstance(storage, str):
             fs, path = fsspec.core.url_to_fs(storage)
             root = f"{path.rstrip('/')}/{root.strip('/')}" if root else path
         else:
             fs = storage
-        store = Storage(fs, root)
+        store = Storage(fs, root) if hooks is None else HookedStorage(fs, root, hooks)
         if not store.open_files_readable and config.open_files_readable:
             config = attrs.evolve(config, open_files_readable=False)  # as the engine does
         ids = ids if ids is not None else RandomIds()

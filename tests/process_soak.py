@@ -59,7 +59,7 @@ import fsspec  # type: ignore[import-untyped]
 import pytest
 
 from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
-from fastimpl.ids import RandomIds
+from fastimpl.ids import IdSource, RandomIds
 from fastimpl.records import Completed, Status
 from fastimpl.resume import HaState, ha_state, resume
 from fastimpl.storage import Storage, StorageFault
@@ -103,13 +103,30 @@ class SoakFailure(AssertionError):
 class Soak:
     """One seeded sequence against a coordinator and TM processes."""
 
-    def __init__(self, seed: str, config: Config, fs: Any, root: str, target: Any) -> None:
+    def __init__(
+        self,
+        seed: str,
+        config: Config,
+        fs: Any,
+        root: str,
+        target: Any,
+        *,
+        engine: ProcessEngine | None = None,
+        ids: Callable[[], IdSource] = RandomIds,
+    ) -> None:
+        """``engine``: the TMs' engine (spawned processes unless given); ``ids``: the
+        coordinator's id source, drawn anew for each coordinator."""
         self.rng = random.Random(seed)
         self.seed = seed
         self.cfg = config
         self.fs = fs
         self.root = root
-        self.engine = ProcessEngine(target, root if target is fs else "", config, immediate=False)
+        self.new_ids = ids
+        self.engine = (
+            engine
+            if engine is not None
+            else ProcessEngine(target, root if target is fs else "", config, immediate=False)
+        )
         self.coord = self._new_coordinator()
         tms = [self.engine.start_tm(JOB, 1, None) for _ in range(2)]
         self.coord.deploy(self.engine.place(subtasks_of(VERTICES), tms))
@@ -134,7 +151,7 @@ class Soak:
     def _new_coordinator(self) -> CheckpointCoordinator:
         storage = Storage(self.fs, self.root, background_deletes=False)
         return CheckpointCoordinator(
-            self.cfg, VERTICES, 2, storage, RandomIds(), self.engine, JOB, deletion_log=True
+            self.cfg, VERTICES, 2, storage, self.new_ids(), self.engine, JOB, deletion_log=True
         )
 
     # ------------------------------------------------------------------ recording
@@ -444,7 +461,7 @@ class Soak:
                 self.cfg,
                 vertices,
                 storage,
-                RandomIds(),
+                self.new_ids(),
                 self.engine,
                 ha,
                 placement,

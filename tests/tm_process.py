@@ -10,9 +10,10 @@ process in a real engine: the task writing state and acknowledging (Flink's barr
 with its checkpoint type), the engine saying which subtasks run here, and, for the
 test's observation only, a snapshot of the TM's own records.
 
-A kill point (``("die", k, kind)``) makes the process kill itself with SIGKILL at its
-k-th storage call of that kind (``append``, ``delete``, ``any``) from then on: a create,
-an append (after half the bytes reached storage), a close, or a delete. So a TM dies
+A kill point (``("die", k, kind)``, a hook on the TM's storage: ``KillPoint``) makes the
+process kill itself with SIGKILL at its k-th storage call of that kind (``append``,
+``delete``, ``any``) from then on: a create, an append (after half the bytes reached
+storage), a close, or a delete. So a TM dies
 during a write or while deleting at a point the process reaches by itself; between two
 calls (after a write, before its acknowledgement) the test kills it from outside.
 """
@@ -23,10 +24,12 @@ import os
 import signal
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 from fastimpl.catalog import Catalog
-from fastimpl.storage import Storage, StorageFault
+from fastimpl.ids import IdSource
+from fastimpl.storage import StorageFault
+from fastimpl.storage_hooks import HookedStorage, StorageCall, StorageHooks
 from fastimpl.taskmanager import TaskManager
 from spec.commands import StorageOp
 from spec.config import Config, StateKind
@@ -84,15 +87,20 @@ def unrecorded_dirs(cat: Catalog) -> list[str]:
     return sorted(d for d, o in cat.dir_owner.items() if o != USER and d not in cat.dirs)
 
 
-class KillPoint:
-    """Counts the TM's storage calls of the armed kind (``append``, ``delete`` or any);
-    at the armed one the process SIGKILLs itself."""
+def _sigkill() -> NoReturn:
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("SIGKILL returned")  # never reached
 
-    def __init__(self, storage: Storage) -> None:
+
+class KillPoint(StorageHooks):
+    """Counts the TM's storage calls of the armed kind (``append``, ``delete`` or any);
+    at the armed one the process dies (``die``: SIGKILL itself, by default). The TM's
+    storage calls it (``fastimpl.storage_hooks``): nothing of the storage is patched."""
+
+    def __init__(self, die: Callable[[], NoReturn] = _sigkill) -> None:
         self.left: int | None = None
         self.kind = "any"
-        for name in ("create", "append", "close", "delete_file", "delete_dir"):
-            setattr(storage, name, self._wrap(name, getattr(storage, name)))
+        self.die = die
 
     def arm(self, calls: int | None, kind: str) -> None:
         self.left, self.kind = calls, kind
@@ -103,16 +111,15 @@ class KillPoint:
         self.left -= 1
         return self.left <= 0
 
-    def _wrap(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if self._reached(name):
-                if name == "append":  # half the bytes reach storage, then the crash (R65)
-                    path, length, data = args
-                    call(path, length // 2, bytes(data)[: length // 2])
-                os.kill(os.getpid(), signal.SIGKILL)
-            return call(*args, **kwargs)
-
-        return wrapped
+    def before(
+        self, storage: HookedStorage, call: StorageCall, path: str, data: bytes | memoryview | None
+    ) -> None:
+        if self._reached(call.value):
+            if call is StorageCall.APPEND:  # half the bytes reach storage, then the crash (R65)
+                assert data is not None
+                half = len(data) // 2
+                storage.append_unobserved(path, half, bytes(data)[:half])
+            self.die()
 
 
 def _refusal(tm: TaskManager, subtask: SubtaskId, checkpoint: int, savepoint: bool) -> str | None:
@@ -192,6 +199,108 @@ def _write(
         local[(stream.path, getattr(stream, "offset", 0))] = data
 
 
+class TmServer:
+    """One TM attempt answering the requests of ``serve`` (the module docstring), in
+    whatever process holds it: ``serve``'s spawned one, or a test's own (``die`` then
+    raises instead of killing the process)."""
+
+    def __init__(
+        self,
+        storage: Any,
+        root: str,
+        config: Config,
+        job: str,
+        tm_id: TmId,
+        first_checkpoint: int = 1,
+        finished_mark: int | None = None,
+        *,
+        die: Callable[[], NoReturn] = _sigkill,
+        ids: IdSource | None = None,
+    ) -> None:
+        self.job = job
+        self.tm_id = tm_id
+        self.kill = KillPoint(die)
+        self.tm = TaskManager.alone(
+            storage, root, config, job, tm_id,
+            first_checkpoint=first_checkpoint, ids=ids, hooks=self.kill,
+        )  # fmt: skip
+        if finished_mark is not None:
+            self.tm.finished_mark = finished_mark
+        self.tm.catalog.keep_deletion_log()  # the test checks I2 and I5 over the whole history
+        self.local: LocalCopies = {}
+
+    def handle(self, req: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The reply to ``req``."""
+        tm, job, tm_id, local = self.tm, self.job, self.tm_id, self.local
+        op = req[0]
+        if op == "stop":
+            tm.catalog.storage.drain()
+            return ("ok",)
+        if op == "die":
+            self.kill.arm(req[1], req[2] if len(req) > 2 else "any")
+            return ("ok",)
+        if op == "host":
+            tm.host([SubtaskId(v, i, p) for v, i, p in req[1]])
+            return ("ok",)
+        if op == "notice":
+            msg = decode_message(req[1])
+            assert isinstance(msg, CheckpointComplete | CheckpointAborted), msg
+            tm.on_notice(msg)
+            tm.catalog.storage.drain()  # a delete point is reached before the reply
+            return ("ok",)
+        if op == "duty":
+            duty = decode_message(req[1])
+            assert isinstance(duty, Duty), duty
+            answer = tm.on_duty(duty)
+            tm.catalog.storage.drain()
+            return ("ok",) if answer is None else ("answer", encode_message(answer))
+        if op == "write":
+            _, (v, i, p), checkpoint, kind, name, data, savepoint = req
+            subtask = SubtaskId(v, i, p)
+            why = _refusal(tm, subtask, checkpoint, savepoint)
+            if why is not None:
+                return ("refused", why)  # nothing is written
+            try:
+                _write(tm, local, subtask, checkpoint, StateKind(kind), name, 1, data, savepoint)
+            except StorageFault as fault:
+                tm.write_failed(subtask, checkpoint, savepoint)
+                decline = encode_message(Decline(job, checkpoint, subtask, tm_id))
+                return ("decline", decline, fault.op.value)
+            return ("ok",)
+        if op == "ack":
+            _, (v, i, p), checkpoint, savepoint = req
+            subtask = SubtaskId(v, i, p)
+            why = _refusal(tm, subtask, checkpoint, savepoint)
+            if why is not None:
+                return ("refused", why)
+            try:
+                _, ack = tm.acknowledge(subtask, checkpoint, savepoint)
+            except StorageFault as fault:
+                decline = encode_message(Decline(job, checkpoint, subtask, tm_id))
+                return ("decline", decline, fault.op.value)
+            tm.catalog.storage.drain()
+            return ("ack", encode_message(ack))
+        if op == "reuse":
+            _, (v, i, p), checkpoint, name, savepoint = req
+            sub = SubtaskId(v, i, p)
+            return _reuse(tm, sub, checkpoint, name, savepoint, job, tm_id, local)
+        if op == "arm":  # the storage's fault seam: its next call of this kind fails
+            tm.catalog.storage.arm(StorageOp(req[1]))
+            return ("ok",)
+        if op == "disarm":  # whether the armed fault was reached, and it is gone
+            storage = tm.catalog.storage
+            left = [o.value for o in storage.armed]
+            storage.armed.clear()
+            return ("armed", left)
+        if op == "retry":
+            tm.catalog.retry_deletes()
+            tm.catalog.storage.drain()
+            return ("ok",)
+        if op == "records":
+            return ("records", records(tm))
+        return ("error", f"unknown request {op!r}")
+
+
 def serve(
     conn: Connection,
     storage: Any,
@@ -203,84 +312,9 @@ def serve(
     finished_mark: int | None = None,
 ) -> None:
     """``storage``: a URL (``root`` "") or an fsspec file system (pickled across)."""
-    tm = TaskManager.alone(storage, root, config, job, tm_id, first_checkpoint=first_checkpoint)
-    if finished_mark is not None:
-        tm.finished_mark = finished_mark
-    tm.catalog.keep_deletion_log()  # the test checks I2 and I5 over the whole history
-    kill = KillPoint(tm.catalog.storage)
-    local: LocalCopies = {}
+    server = TmServer(storage, root, config, job, tm_id, first_checkpoint, finished_mark)
     while True:
         req = conn.recv()
-        op = req[0]
-        if op == "stop":
-            tm.catalog.storage.drain()
-            conn.send(("ok",))
+        conn.send(server.handle(req))
+        if req[0] == "stop":
             return
-        if op == "die":
-            kill.arm(req[1], req[2] if len(req) > 2 else "any")
-            conn.send(("ok",))
-        elif op == "host":
-            tm.host([SubtaskId(v, i, p) for v, i, p in req[1]])
-            conn.send(("ok",))
-        elif op == "notice":
-            msg = decode_message(req[1])
-            assert isinstance(msg, CheckpointComplete | CheckpointAborted), msg
-            tm.on_notice(msg)
-            tm.catalog.storage.drain()  # a delete point is reached before the reply
-            conn.send(("ok",))
-        elif op == "duty":
-            duty = decode_message(req[1])
-            assert isinstance(duty, Duty), duty
-            answer = tm.on_duty(duty)
-            tm.catalog.storage.drain()
-            conn.send(("ok",) if answer is None else ("answer", encode_message(answer)))
-        elif op == "write":
-            _, (v, i, p), checkpoint, kind, name, data, savepoint = req
-            subtask = SubtaskId(v, i, p)
-            why = _refusal(tm, subtask, checkpoint, savepoint)
-            if why is not None:
-                conn.send(("refused", why))  # nothing is written
-                continue
-            try:
-                _write(tm, local, subtask, checkpoint, StateKind(kind), name, 1, data, savepoint)
-            except StorageFault as fault:
-                tm.write_failed(subtask, checkpoint, savepoint)
-                decline = encode_message(Decline(job, checkpoint, subtask, tm_id))
-                conn.send(("decline", decline, fault.op.value))
-            else:
-                conn.send(("ok",))
-        elif op == "ack":
-            _, (v, i, p), checkpoint, savepoint = req
-            subtask = SubtaskId(v, i, p)
-            why = _refusal(tm, subtask, checkpoint, savepoint)
-            if why is not None:
-                conn.send(("refused", why))
-                continue
-            try:
-                _, ack = tm.acknowledge(subtask, checkpoint, savepoint)
-            except StorageFault as fault:
-                decline = encode_message(Decline(job, checkpoint, subtask, tm_id))
-                conn.send(("decline", decline, fault.op.value))
-            else:
-                tm.catalog.storage.drain()
-                conn.send(("ack", encode_message(ack)))
-        elif op == "reuse":
-            _, (v, i, p), checkpoint, name, savepoint = req
-            sub = SubtaskId(v, i, p)
-            conn.send(_reuse(tm, sub, checkpoint, name, savepoint, job, tm_id, local))
-        elif op == "arm":  # the storage's fault seam: its next call of this kind fails
-            tm.catalog.storage.arm(StorageOp(req[1]))
-            conn.send(("ok",))
-        elif op == "disarm":  # whether the armed fault was reached, and it is gone
-            storage = tm.catalog.storage
-            left = [o.value for o in storage.armed]
-            storage.armed.clear()
-            conn.send(("armed", left))
-        elif op == "retry":
-            tm.catalog.retry_deletes()
-            tm.catalog.storage.drain()
-            conn.send(("ok",))
-        elif op == "records":
-            conn.send(("records", records(tm)))
-        else:
-            conn.send(("error", f"unknown request {op!r}"))

@@ -14,9 +14,18 @@ see its subtasks move nearly every batch, and no task could be sent to reach it.
 records therefore travel with the subtask's local RocksDB, as the DB itself does
 (``pipeline.stream.subtask``): at the end of a task they are saved into the DB's
 directory (``TM_STATE``), and the next task of the subtask, in whichever worker of the
-executor, takes DB and TM together. A TM's open pooled files are given up in one process
-and taken up in the next (``Storage.abandon``/``reopen``; local disks only, and only
-ACROSS merging keeps a file open past a task, which object stores refuse, R16).
+executor, takes DB and TM together. What is saved is data, never an object graph: a
+``spec.tm_state.TmState`` (the TM's records, ``fastimpl.tm_state.export_state``, with the
+last mail item applied and the working database's lineage) in its JSON encoding, which
+the next task decodes, checks field by field and rebuilds a TM of its process from
+(``fastimpl.tm_state.rebuild``). A state that does not decode starts a new TM attempt,
+with the reason logged. A TM's open pooled files are given up in one process and taken
+up in the next (``Storage.abandon``/``reopen``; local disks only, and only ACROSS merging
+keeps a file open past a task, which object stores refuse, R16).
+
+What the worker counts of the TM's storage calls (the files a task created) and the
+kill point of an injected failure (``deleting``: once the TM's next delete is done) are
+hooks the worker gives the TM's storage (``fastimpl.storage_hooks``), not part of the TM.
 
 A TM attempt ends when its records are lost: its task was killed (the records died with
 the worker, or were left in a directory the retry sweeps), the DB was dropped (its
@@ -28,8 +37,8 @@ by its acknowledgement (``pipeline.stream.coordination``).
 from __future__ import annotations
 
 import json
+import logging
 import os
-import pickle
 import posixpath
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +49,9 @@ import fsspec  # type: ignore[import-untyped]
 from attrs import field, frozen
 
 from fastimpl.storage import StorageFault
+from fastimpl.storage_hooks import HookedStorage, StorageCall, StorageHooks
 from fastimpl.taskmanager import TaskManager
+from fastimpl.tm_state import export_state, rebuild
 from fastimpl.trace import command_line
 from spec import commands as c
 from spec.config import Config, StateKind
@@ -59,12 +70,17 @@ from spec.messages import (
     decode_message,
     encode_message,
 )
+from spec.tm_state import TmState, TmStateError, decode_tm_state, encode_tm_state
 
-TM_STATE = "ckpt-tm.pickle"
-"""In the subtask's DB directory: the TM's records between two tasks (RocksDB ignores it)."""
-_STATE_VERSION = 3
-"""Bumped when the pickled records change shape (2: the working database's lineage;
-3: the TaskManager's ``lost`` attempts, R64)."""
+TM_STATE = "ckpt-tm-state.json"
+"""In the subtask's DB directory: the TM's records between two tasks, an encoded
+``spec.tm_state.TmState`` (RocksDB ignores it)."""
+OLD_TM_STATE = "ckpt-tm.pickle"
+"""Where earlier versions left the TM as a pickle. Never read (unpickling bytes found on
+disk runs whatever code they name): removed where found, and the task starts a new TM
+attempt, as for any state it cannot take."""
+
+log = logging.getLogger("pipeline.stream.worker_tm")
 
 MailItem = tuple[str, int, bytes]
 """``(TM id, sequence number, encoded spec.messages notice or duty)``."""
@@ -112,66 +128,124 @@ class TaskManagerRecipe:
 
     def open(self, db_dir: Path | None, subtask: SubtaskId, checkpoint: int) -> WorkerTaskManager:
         """The TM saved in ``db_dir`` (the subtask's local DB, taken by this task) if it
-        is this job's, else a new TM attempt whose first checkpoint is ``checkpoint``."""
+        is this job's, else a new TM attempt whose first checkpoint is ``checkpoint``
+        (``WorkerTaskManager.not_taken`` says why a saved state was not taken)."""
         fs, root = fsspec.core.url_to_fs(self.url, **dict(self.storage_options))
-        saved = None if db_dir is None else db_dir / TM_STATE
-        if saved is not None and saved.is_file():
-            taken = _thaw(saved.read_bytes(), fs, str(root), self.job, subtask)
-            saved.unlink()  # the records are this task's now; saved again at its end
-            if taken is not None:
-                tm, applied, lineage = taken
-                out = WorkerTaskManager(tm, self.reader(), subtask, applied, new=False)
-                out.lineage = lineage
-                return out
+        hooks = WorkerHooks()
+        why: str | None = None
+        if db_dir is not None:
+            drop_old_state(db_dir)
+            saved = db_dir / TM_STATE
+            if saved.is_file():
+                taken = _thaw(saved.read_bytes(), fs, str(root), self.job, subtask, hooks)
+                saved.unlink()  # the records are this task's now; saved again at its end
+                if isinstance(taken, Thawed):
+                    return WorkerTaskManager(
+                        taken.tm, self.reader(), subtask, taken.applied,
+                        new=False, hooks=hooks, lineage=taken.lineage,
+                    )  # fmt: skip
+                why = taken
+                log.warning("%s: the saved TM state is not taken (%s): a new TM attempt",
+                            subtask, why)  # fmt: skip
         tm = TaskManager.alone(
             fs, str(root), self.config, self.job, f"tm-{uuid.uuid4().hex[:12]}",
-            first_checkpoint=checkpoint,
+            first_checkpoint=checkpoint, hooks=hooks,
         )  # fmt: skip
         tm.finished_mark = checkpoint - 1  # every earlier checkpoint is over for it (R56)
         tm.host([subtask])
-        return WorkerTaskManager(tm, self.reader(), subtask, 0, new=True)
+        out = WorkerTaskManager(tm, self.reader(), subtask, 0, new=True, hooks=hooks)
+        out.not_taken = why
+        return out
+
+
+def drop_old_state(db_dir: Path) -> bool:
+    """Remove a TM pickled by an earlier version (``OLD_TM_STATE``) unread; whether one
+    was there."""
+    old = db_dir / OLD_TM_STATE
+    if not old.is_file():
+        return False
+    old.unlink()
+    log.warning("%s: a pickled TM of an earlier version, removed unread", old)
+    return True
+
+
+class WorkerHooks(StorageHooks):
+    """The worker's hooks on its TM's storage: it counts the files the TM creates, and
+    calls ``on_delete`` (once, then cleared) when the TM's next delete is done (the
+    ``deleting`` point of an injected failure), the queued deletes drained first."""
+
+    def __init__(self) -> None:
+        self.created = 0
+        self.on_delete: Callable[[], None] | None = None
+
+    def after(self, storage: HookedStorage, call: StorageCall, path: str) -> None:
+        if call is StorageCall.CREATE:
+            self.created += 1
+        elif call is StorageCall.DELETE_FILE or call is StorageCall.DELETE_DIR:
+            then, self.on_delete = self.on_delete, None
+            if then is not None:
+                storage.drain()  # done, not merely queued
+                then()
+
+
+@frozen
+class Thawed:
+    """A saved TM taken up by this process: the TM, the last mail item it applied, its
+    working database's lineage."""
+
+    tm: TaskManager
+    applied: int
+    lineage: str | None
 
 
 def _thaw(
-    data: bytes, fs: Any, root: str, job: str, subtask: SubtaskId
-) -> tuple[TaskManager, int, str | None] | None:
-    """The TM saved by ``WorkerTaskManager.save``, with a storage of this process; None
-    when it is another job's or subtask's (a restore started a new job: the old job's
-    TMs are over, whatever their records say) or unreadable (a new attempt is safe)."""
+    data: bytes, fs: Any, root: str, job: str, subtask: SubtaskId, hooks: StorageHooks
+) -> Thawed | str:
+    """The TM saved by ``WorkerTaskManager.save``, rebuilt with a storage of this process
+    (``hooks`` on it); else why not: the bytes are not a TM state of this version (the
+    field and the problem), or it is another job's or subtask's (a restore started a new
+    job: the old job's TMs are over, whatever their records say), or its job ended for
+    it. A new attempt is safe in each case. Nothing is read from storage or reopened
+    before the state is known to be this subtask's."""
     try:
-        version, tm, applied, lineage = pickle.loads(data)
-    except Exception:
-        return None
-    if version != _STATE_VERSION or not isinstance(tm, TaskManager):
-        return None
-    if tm.job != job or tm.hosted != [subtask] or tm.ended is not None:
-        return None
-    fresh = TaskManager.alone(fs, root, tm.cfg, tm.job, tm.tm)
-    tm.catalog.storage = fresh.catalog.storage
-    tm.catalog.ids = fresh.ids
-    tm.ids = fresh.ids
-    for path, f in sorted(tm.catalog.files.items()):
-        if f.open:
-            tm.catalog.storage.reopen(path)
-    return tm, int(applied), lineage if isinstance(lineage, str) else None
+        state = decode_tm_state(data)
+    except TmStateError as err:
+        return f"undecodable: {err}"
+    r = state.records
+    if r.job != job:
+        return f"{r.tm} is of job {r.job}, not {job}"
+    if r.hosted != (subtask,):
+        return f"{r.tm} hosts {[str(s) for s in r.hosted]}, not {subtask}"
+    if r.ended is not None:
+        return f"the job ended for {r.tm}"
+    tm = rebuild(r, fs, root, hooks=hooks)
+    return Thawed(tm, state.applied, state.lineage)
 
 
 class WorkerTaskManager:
     """``TaskManagerSide`` on a worker: one subtask's TM for one task."""
 
     def __init__(
-        self, tm: TaskManager, reader: StateReader, subtask: SubtaskId, applied: int, *, new: bool
+        self,
+        tm: TaskManager,
+        reader: StateReader,
+        subtask: SubtaskId,
+        applied: int,
+        *,
+        new: bool,
+        hooks: WorkerHooks,
+        lineage: str | None = None,
     ) -> None:
         self.tm = tm
+        self.hooks = hooks
+        """On the TM's storage (``TaskManager.alone(hooks=...)``): counts and kill point."""
         self.reader = reader
         self.subtask = subtask
         self.applied = applied
         """The sequence number of the last mail item this TM applied."""
         self.new = new
-        self.created = 0
-        """Files this task created on storage (the worker's count, for the figures)."""
         self._failed: set[int] = set()
-        self.lineage: str | None = None
+        self.lineage = lineage
         """The database directory the subtask's SlateDB is at (``--state-backend working``)."""
         self.reset = False
         """This task applied a ``ResetTm`` (a failover, R60): the TM's databases closed and
@@ -183,30 +257,24 @@ class WorkerTaskManager:
         its writes and reuses. Its acknowledgement, and the notices it applied, the driver
         logs itself (the outcome of an acknowledgement is the coordinator's)."""
         self._reuploading: str | None = None
-        self.on_delete: Callable[[], None] | None = None
+        self.not_taken: str | None = None
+        """Why the state saved in the subtask's DB was not taken (this is then a new TM
+        attempt); None if there was none or it was taken."""
+
+    @property
+    def created(self) -> int:
+        """Files this task created on storage (the worker's count, for the figures)."""
+        return self.hooks.created
+
+    @property
+    def on_delete(self) -> Callable[[], None] | None:
         """Called (once, then cleared) when the next delete the TM makes is done: an
         injected failure's ``deleting`` point, while the TM may have more to make."""
-        storage = tm.catalog.storage
-        create = storage.create
-        delete_file, delete_dir = storage.delete_file, storage.delete_dir
+        return self.hooks.on_delete
 
-        def counted(path: str) -> None:
-            create(path)
-            self.created += 1
-
-        def deleting(delete: Callable[..., None]) -> Callable[..., None]:
-            def call(path: str, *args: Any, **kwargs: Any) -> None:
-                delete(path, *args, **kwargs)
-                then, self.on_delete = self.on_delete, None
-                if then is not None:
-                    storage.drain()  # done, not merely queued
-                    then()
-
-            return call
-
-        storage.create = counted  # type: ignore[method-assign]
-        storage.delete_file = deleting(delete_file)  # type: ignore[method-assign]
-        storage.delete_dir = deleting(delete_dir)  # type: ignore[method-assign]
+    @on_delete.setter
+    def on_delete(self, then: Callable[[], None] | None) -> None:
+        self.hooks.on_delete = then
 
     @property
     def tm_id(self) -> str:
@@ -340,24 +408,18 @@ class WorkerTaskManager:
         return tuple(w.known[p] for p in w.pins.get((subtask, checkpoint), ()))
 
     def save(self, db_dir: Path) -> None:
-        """Leave the TM's records in ``db_dir`` for the subtask's next task; the open
-        files' handles are given up (every append is durable already)."""
-        tm = self.tm
-        cat = tm.catalog
-        storage, ids = cat.storage, tm.ids
+        """Leave the TM's records in ``db_dir`` for the subtask's next task (``TM_STATE``,
+        written whole then renamed); the open files' handles are given up (every append
+        is durable already)."""
+        storage = self.tm.catalog.storage
         storage.drain()
-        for path, f in sorted(cat.files.items()):
+        records = export_state(self.tm)
+        data = encode_tm_state(TmState(records, self.applied, self.lineage))
+        for f in records.files:
             if f.open:
                 if storage.protocol not in ("file", "local"):
-                    raise ValueError(f"{path} is still open on {storage.protocol}: not saved")
-                storage.abandon(path)
-        cat.storage = None  # type: ignore[assignment]
-        cat.ids = None  # type: ignore[assignment]
-        tm.ids = None  # type: ignore[assignment]
-        try:
-            data = pickle.dumps((_STATE_VERSION, tm, self.applied, self.lineage))
-        finally:
-            cat.storage, cat.ids, tm.ids = storage, ids, ids
+                    raise ValueError(f"{f.path} is still open on {storage.protocol}: not saved")
+                storage.abandon(f.path)
         tmp = db_dir / (TM_STATE + ".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, db_dir / TM_STATE)
@@ -435,15 +497,20 @@ def deliver_mail(
     """Apply the mail to the TM saved in ``db_dir`` (taken by the caller) and save it
     again: how the last notices reach the TMs once no batch follows. Its report, or
     b"" when no TM of this job is saved there."""
+    drop_old_state(db_dir)
     saved = db_dir / TM_STATE
     if not saved.is_file():
         return b""
     fs, root = fsspec.core.url_to_fs(recipe.url, **dict(recipe.storage_options))
-    taken = _thaw(saved.read_bytes(), fs, str(root), recipe.job, subtask)
-    if taken is None:
+    hooks = WorkerHooks()
+    taken = _thaw(saved.read_bytes(), fs, str(root), recipe.job, subtask, hooks)
+    if not isinstance(taken, Thawed):
+        log.warning("%s: the saved TM state is not taken (%s): no mail delivered", subtask, taken)
         return b""
-    party = WorkerTaskManager(taken[0], recipe.reader(), subtask, taken[1], new=False)
-    party.lineage = taken[2]
+    party = WorkerTaskManager(
+        taken.tm, recipe.reader(), subtask, taken.applied,
+        new=False, hooks=hooks, lineage=taken.lineage,
+    )  # fmt: skip
     party.apply_mail(mail)
     party.save(db_dir)
     out = party.report()
