@@ -17,17 +17,17 @@ deletion run holds the base); 4 some deletes failed (see the log).
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from pipeline.deletion_run import EXIT_REFUSED, default_log, delete_planned
 from pipeline.location import Location, LocationError
 from pipeline.names import shown
 from pipeline.result import Row, Summary
@@ -35,8 +35,6 @@ from pipeline.scan import CHECKPOINT_DIR
 
 EXIT_AT_RISK = 1
 EXIT_USAGE = 2
-EXIT_REFUSED = 3
-EXIT_DELETE_FAILED = 4
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -173,7 +171,7 @@ def audit(
         err.print(f"[red]error:[/] {escape(shown(str(e)))}")
         raise typer.Exit(EXIT_USAGE) from None
     if delete_orphans and not dry_run and log is None:
-        log = _default_log()  # checked with the others, before anything is read
+        log = default_log()  # checked with the others, before anything is read
     _check_outputs(err, loc, [("--log", log if delete_orphans else None),
                               ("--json", json_out), ("--out", out)])
     fs = loc.fs()
@@ -314,11 +312,6 @@ def _format(err: Console, loc: Location, given: str, quiet: bool) -> str:
     return found[0]
 
 
-def _default_log() -> str:
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    return f"ckpt-audit-deletions-{stamp}.jsonl"
-
-
 def _check_outputs(
     err: Console, loc: Location, outputs: list[tuple[str, str | None]]
 ) -> None:
@@ -419,68 +412,3 @@ def _delete(
                              dangling=dangling)
 
     return delete_planned(console, err, loc, make_plan, dry_run=dry_run, log=log, rate=rate)
-
-
-def delete_planned(
-    console: Console, err: Console, loc: Location, make_plan: Callable[[], Any], *,
-    dry_run: bool, log: str | None, rate: float,
-) -> int:
-    """Plan (``make_plan``: it raises ``DeletionRefused`` to refuse the whole run), print
-    every outcome, and unless ``dry_run`` delete under the base's lock, held from before
-    the plan to the last delete (one deletion run per base)."""
-    from pipeline.deletion import take_lock
-
-    path = log or _default_log()
-    if dry_run:
-        return _plan_and_delete(console, err, loc, make_plan, None, path, rate)
-    with take_lock(loc, path) as lock:
-        return _plan_and_delete(console, err, loc, make_plan, lock, path, rate)
-
-
-def _plan_and_delete(
-    console: Console, err: Console, loc: Location, make_plan: Callable[[], Any], lock: Any,
-    log_path: str, rate: float,
-) -> int:
-    """``lock`` None: a dry run (plan and print only)."""
-    from pipeline.deletion import DELETE, OUTCOMES, execute
-
-    plan = make_plan()
-    # Names escaped and markup off: what is printed is what is deleted, one per line.
-    for path, outcome, why in plan.outcomes:
-        if outcome != DELETE:
-            console.print(f"{outcome:<12} {shown(loc.uri(path))}: {why}", markup=False,
-                          soft_wrap=True)
-    dry_run = lock is None
-    verb = "would delete" if dry_run else "delete"
-    for c in plan.delete:
-        console.print(f"{verb} {shown(loc.uri(c.path))} ({c.size} bytes)", markup=False,
-                      soft_wrap=True)
-    console.print("outcomes: " + ", ".join(f"{plan.count(o)} {o}" for o in OUTCOMES),
-                  markup=False)
-    if dry_run:
-        console.print(f"dry run: {len(plan.delete)} file(s), {plan.bytes} bytes would be "
-                      "deleted; nothing was deleted")
-        return 0
-    if not plan.delete:
-        console.print("no orphan to delete")
-    # Logged even when nothing is deleted: every outcome, skip-unknown included.
-    try:
-        done = execute(loc, plan, log_path, rate=rate, lock=lock)
-    except OSError as e:  # checked before the audit; this is a change since (a full disk)
-        err.print(f"[red]error:[/] the deletion log {escape(shown(log_path))} cannot be "
-                  f"written: {escape(str(e))}")
-        raise typer.Exit(EXIT_USAGE) from None
-    for run, p, exists in done.previous:
-        console.print(f"run {run} was stopped while deleting {shown(loc.uri(p))}: "
-                      + ("it is gone (deleted)" if not exists else "it still exists "
-                         "(not deleted)"), markup=False, soft_wrap=True)
-    console.print(f"run {done.run}: deleted {len(done.deleted)} file(s), "
-                  f"{len(done.gone)} gone already, {len(done.failed)} failed, "
-                  f"{len(done.skipped)} refused; log: {shown(done.log)}", markup=False)
-    for p, why in done.failed:
-        err.print(f"failed {shown(p)}: {why}", markup=False, soft_wrap=True)
-    for p, why in done.skipped:
-        err.print(f"skip-unknown {shown(loc.uri(p))}: {why}", markup=False, soft_wrap=True)
-    if done.failed:
-        return EXIT_DELETE_FAILED
-    return EXIT_REFUSED if done.skipped else 0

@@ -148,8 +148,8 @@ def _delete(
     console: Console, err: Console, loc: Location, run: ForeignRun, summary: Summary,
     details: dict[str, list[Row]], marker: object, now: float,
 ) -> int:
-    from pipeline.cli import delete_planned
     from pipeline.deletion import DeletionRefused
+    from pipeline.deletion_run import delete_planned
     from pipeline.foreign_deletion import plan_foreign
 
     def reread() -> tuple[ForeignRead, object]:
