@@ -37,7 +37,7 @@ from spec import codec
 from spec import observation as observation_module
 from spec.commands import Command
 from spec.config import Config, JobSpec
-from spec.errors import Reason
+from spec.errors import CkptError, Reason
 from spec.observation import Observation
 
 FORMAT = "ckpt-conformance-case"
@@ -68,7 +68,7 @@ RETAINED = "retained"
 """Stored as ``retained_removed`` / ``retained_added`` where the change is of that form."""
 
 
-class CaseError(ValueError):
+class CaseError(CkptError, ValueError):
     """A case file that is not a valid case; the message names the file and the place."""
 
 

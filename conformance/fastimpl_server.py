@@ -20,13 +20,14 @@ from typing import IO, Any
 from conformance.adapter import Fastimpl, FastimplSession
 from spec import codec
 from spec.config import Config, JobSpec
+from spec.errors import CkptError
 
 MAX_SIZE = 1024
 """The most TMs, subtasks of a vertex or key groups a job may ask this server for: the
 cluster builds them eagerly, so a size of 2**70 would hang it instead of failing."""
 
 
-class BadMessage(ValueError):
+class BadMessage(CkptError, ValueError):
     """A line of the protocol that cannot be acted on; nothing was changed."""
 
 

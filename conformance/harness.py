@@ -11,7 +11,7 @@ from refimpl.state import TmStatus
 from spec import commands as c
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.effects import CreateFile, DeleteFile, Effect
-from spec.errors import CommandError
+from spec.errors import CkptError, CommandError
 from spec.ids import SubtaskId
 from spec.invariants import Violation, check_safety, check_working, working_files_kept
 from spec.observation import Observation, WorkingObservation
@@ -31,7 +31,7 @@ OP = StateKind.OPERATOR_LIST
 T = TypeVar("T")
 
 
-class InvariantBroken(AssertionError):
+class InvariantBroken(CkptError, AssertionError):
     pass
 
 

@@ -20,10 +20,10 @@ from conformance.machine import RefimplMachine
 from conformance.runner import expected_steps
 from spec.commands import Command
 from spec.config import Config, JobSpec, MergingMode
-from spec.errors import CommandError, Reason
+from spec.errors import CkptError, CommandError, Reason
 
 
-class Mismatch(AssertionError):
+class Mismatch(CkptError, AssertionError):
     """A step where the candidate and the model disagree, with the commands up to it."""
 
     def __init__(self, message: str, harness: CandidateHarness) -> None:

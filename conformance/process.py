@@ -27,11 +27,11 @@ from conformance.case import OBSERVATION_HINTS
 from spec import codec
 from spec.commands import Command
 from spec.config import Config, JobSpec
-from spec.errors import Reason
+from spec.errors import CkptError, Reason
 from spec.observation import Observation
 
 
-class ProtocolError(RuntimeError):
+class ProtocolError(CkptError, RuntimeError):
     """The implementation's process broke the protocol, died or went silent."""
 
 

@@ -40,6 +40,7 @@ from fastimpl.storage import WRITER_LEASE, DeleteFailure, Storage, open_files_re
 from fastimpl.trace import CommandTrace
 from spec.config import Config, JobSpec, RestoreMode, StateKind, check_parallelism
 from spec.effects import USER
+from spec.errors import CkptError
 from spec.handles import StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.invariants import Violation, check_all
@@ -52,7 +53,7 @@ ones, under a job id and checkpoint ids none of them used, and takes the base ov
 Continuing a job that was there is ``CheckpointStore.recover``."""
 
 
-class BaseInUseError(ValueError):
+class BaseInUseError(CkptError, ValueError):
     """The base holds another job's files (or another store's lease): a new store there
     would overwrite or delete them. Nothing was written."""
 
@@ -431,7 +432,7 @@ class Coordinator:
         self._store._locked(lambda: self._cl.cancel(retain))
 
 
-class ManagerClosedError(ValueError):
+class ManagerClosedError(CkptError, ValueError):
     """A call on a :class:`FileMergingManager` after its ``close()``, or a write or close
     of a stream it discarded when it closed. Nothing changed: no byte was written.
 

@@ -45,6 +45,7 @@ from typing import Any
 from attrs import evolve, frozen
 
 from spec.config import UPPER_BOUND_MAX_PARALLELISM, Scope, StateKind
+from spec.errors import CkptError
 from spec.handles import (
     DirectoryHandle,
     Extent,
@@ -79,7 +80,7 @@ MAX_PARALLELISM_LIMIT = UPPER_BOUND_MAX_PARALLELISM
 """Flink's upper bound on the max parallelism (``KeyGroupRangeAssignment``, R78)."""
 
 
-class MetadataError(ValueError):
+class MetadataError(CkptError, ValueError):
     """A ``_metadata`` file is corrupt, truncated, foreign or names a path out of bounds."""
 
     def __init__(self, source: str, field: str, problem: str) -> None:

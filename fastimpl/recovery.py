@@ -62,6 +62,7 @@ from fastimpl.working import is_working_path
 from fastimpl.writer_state import WRITER_STATE
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec, check_parallelism
 from spec.effects import COORDINATOR
+from spec.errors import CkptError
 from spec.handles import Extent, extent_of, stream_of
 from spec.keygroups import max_parallelism_refusal
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base
@@ -70,7 +71,7 @@ _JOB = re.compile(r"^(.*?)-(\d+)$")
 _META = f"/{METADATA}"
 
 
-class RecoveryError(RuntimeError):
+class RecoveryError(CkptError, RuntimeError):
     """Storage does not hold what a completed checkpoint refers to; nothing was deleted."""
 
 

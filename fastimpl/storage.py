@@ -47,6 +47,7 @@ from typing import IO, Any
 
 from fastimpl.metadata import Metadata, MetadataError, check_named, decode
 from spec.commands import StorageOp
+from spec.errors import CkptError
 from spec.layout import SAVEPOINTS, is_under
 
 _JOB_NAME = re.compile(r"job-(\d+)")
@@ -67,12 +68,12 @@ READABLE_STORES = frozenset({"file", "local", "memory", "hdfs", "arrow_hdfs"})
 A store named in neither set is taken to hide open files: the safe guess (R16)."""
 
 
-class UnknownWrapperError(ValueError):
+class UnknownWrapperError(CkptError, ValueError):
     """A file system wraps another one in a way the store does not know (issue 14): where
     its bytes end up, and when, cannot be told, so it is refused rather than guessed."""
 
 
-class CachedLocalDiskError(ValueError):
+class CachedLocalDiskError(CkptError, ValueError):
     """A caching wrapper (``simplecache::``, ``filecache::``, ``blockcache::``) over a
     local disk (issue 14): through the cache the store's calls go through fsspec, which
     follows links, so the store's refusal of links below its root (``UnsafePathError``)
@@ -163,7 +164,7 @@ def _refuse_a_cache_of_a_local_disk(cache: Any) -> None:
 log = logging.getLogger("fastimpl.storage")
 
 
-class StorageFault(Exception):
+class StorageFault(CkptError):
     """A storage call failed (an armed fault, or an error of the file system)."""
 
     def __init__(self, op: StorageOp, path: str, cause: BaseException | None = None) -> None:
@@ -183,7 +184,7 @@ class ReadFault(StorageFault, ValueError):
         self.args = (message,)
 
 
-class UnsafePathError(OSError):
+class UnsafePathError(CkptError, OSError):
     """A path of the store's tree leads through a symbolic link, or names a special file
     (FIFO, device, socket) where a regular file belongs (issue 14). The store never
     creates either, so one is a hand-made change: it is refused, never followed, read
@@ -282,7 +283,7 @@ def path_of(d: Dir | None, name: str) -> str:
     return f"{d.path.rstrip('/')}/{name}"
 
 
-class NotRegularFile(OSError):
+class NotRegularFile(CkptError, OSError):
     """What was opened to be read or appended to is no regular file (a FIFO, device,
     socket or directory): refused without reading (``mode`` says what it is)."""
 

@@ -26,10 +26,11 @@ from fastimpl.storage import DeleteFailure
 from fastimpl.storage_hooks import StorageHooks
 from fastimpl.taskmanager import TaskManager
 from spec import tm_state as t
+from spec.errors import CkptError
 from spec.ids import SubtaskId
 
 
-class EarlierError(Exception):
+class EarlierError(CkptError):
     """The error of a failed delete (R45) that another process of the TM met: only its
     text travels with the state."""
 

@@ -60,6 +60,7 @@ from pipeline.deletion_log import BaseLock, LockHeld, Log, new_run_id, unfinishe
 from pipeline.location import Location
 from pipeline.names import exact_fields, shown
 from pipeline.result import Row, Summary
+from spec.errors import CkptError
 from spec.layout import METADATA, SAVEPOINTS, is_under
 
 MIN_GRACE = 3600.0
@@ -78,7 +79,7 @@ OUTCOMES = (DELETE, KEEP_ACTIVE, DEFER, SKIP_UNKNOWN)
 _LAYOUT_DIRS = ("shared", "taskowned")
 
 
-class DeletionRefused(Exception):
+class DeletionRefused(CkptError):
     """A guard refused the whole deletion; nothing was deleted."""
 
 

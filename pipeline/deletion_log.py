@@ -33,13 +33,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from pipeline.location import Location
+from spec.errors import CkptError
 
 INTENT = "intent"
 RESULTS = ("deleted", "gone", "failed", "skip-unknown")
 PREVIOUS = "previous-intent"
 
 
-class LockHeld(Exception):
+class LockHeld(CkptError):
     """Another deletion run holds the base's lock."""
 
 

@@ -28,13 +28,15 @@ import errno
 import os
 import stat
 
+from spec.errors import CkptError
+
 Ident = tuple[int, int]
 """(st_dev, st_ino) of a directory or file as the plan saw it."""
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
 
-class Changed(Exception):
+class Changed(CkptError):
     """A directory on the path is not the one the plan saw: a link, not a directory,
     gone, or another directory in its place. ``directory``: its container-relative path."""
 

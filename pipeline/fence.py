@@ -34,6 +34,7 @@ from attrs import frozen
 from fastimpl.writer_state import FORMAT, WRITER_STATE
 from pipeline.location import Location
 from pipeline.safe_read import Refused, read_regular
+from spec.errors import CkptError
 from spec.layout import is_under, job_base
 
 LIMIT = 16 * 1024 * 1024
@@ -43,11 +44,11 @@ MARGIN_OBJECT_STORE = 300.0
 """Seconds: an object's time is the store's clock, the fence the writer's."""
 
 
-class StateError(Exception):
+class StateError(CkptError):
     """The writer state exists but cannot be read or is not what the writer publishes."""
 
 
-class StateMismatch(Exception):
+class StateMismatch(CkptError):
     """The writer state reads but disagrees with the base (``field`` names the field)."""
 
     def __init__(self, field: str, why: str) -> None:

@@ -58,6 +58,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from spec.errors import CkptError
+
 FLINK_MAGIC = 0x4960672D
 MASTER_STATE_MAGIC = 0xC96B1696
 SUPPORTED_VERSIONS = range(2, 8)
@@ -104,7 +106,7 @@ SLOTS = ("coordinator", "managed_operator", "raw_operator", "managed_keyed", "ra
          "input_channel", "result_subpartition", "master")
 
 
-class FlinkMetadataError(ValueError):
+class FlinkMetadataError(CkptError, ValueError):
     """A ``_metadata`` this reader refuses: which file, at which byte, and what was wrong."""
 
     def __init__(self, source: str, offset: int, what: str) -> None:

@@ -24,11 +24,12 @@ from attrs import field, frozen
 from pipeline import scan
 from pipeline.location import Location
 from pipeline.result import Row
+from spec.errors import CkptError
 
 FORMATS = ("auto", "ckpt", "flink", "spark")
 
 
-class ForeignError(Exception):
+class ForeignError(CkptError):
     """The directory cannot be audited as the format it was taken for (a moved checkpoint
     without ``--path-map``, an unrecognised directory, a bad ``--path-map``): nothing is
     reported as clean and nothing is deleted."""

@@ -13,12 +13,14 @@ from typing import Any
 import fsspec  # type: ignore[import-untyped]
 from attrs import field, frozen
 
+from spec.errors import CkptError
+
 LOCAL = frozenset({"file", "local"})
 SUPPORTED = frozenset({"file", "local", "s3", "s3a"})
 """Stores every Spark executor sees the same: ``memory://`` lives in one process only."""
 
 
-class LocationError(ValueError):
+class LocationError(CkptError, ValueError):
     """The base URI cannot be audited (unsupported store, not a job directory, ...)."""
 
 

@@ -21,12 +21,13 @@ import stat
 
 from pipeline.location import LOCAL, Location
 from pipeline.names import shown
+from spec.errors import CkptError
 from spec.layout import SAVEPOINTS
 
 STDOUT = "-"
 
 
-class OutputError(Exception):
+class OutputError(CkptError):
     """An output option names a place the audit must not or cannot write (exit 2)."""
 
 

@@ -15,12 +15,13 @@ import stat
 from typing import Any
 
 from pipeline.location import Location
+from spec.errors import CkptError
 
 LIMIT = 128 * 1024 * 1024
 """Largest ``_metadata`` read: at about 150 bytes a reference, some 800,000 references."""
 
 
-class Refused(Exception):
+class Refused(CkptError):
     """The path is not a regular file of at most ``LIMIT`` bytes: what it is instead."""
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from typing import Any
 
+from spec.errors import CkptError
+
 JAVA_HINT = (
     "PySpark needs Java 17 and none was found (no `java` on PATH and JAVA_HOME unset). "
     "Install it, e.g. `apt-get install openjdk-17-jre-headless` (Debian/Ubuntu) or "
@@ -15,7 +17,7 @@ JAVA_HINT = (
 )
 
 
-class SparkUnavailable(RuntimeError):
+class SparkUnavailable(CkptError, RuntimeError):
     """Spark cannot start here (no Java, or pyspark not installed)."""
 
 

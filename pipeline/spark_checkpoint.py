@@ -49,6 +49,7 @@ from pipeline import scan
 from pipeline.location import Location
 from pipeline.names import shown
 from pipeline.safe_read import Refused, kind_of, read_regular
+from spec.errors import CkptError
 
 NEEDED = "needed"
 STALE = "stale"
@@ -73,7 +74,7 @@ STORE_SUBDIRS = ("SSTs", "logs", "_metadata")
 VERSIONED = re.compile(r"^(\d+)(?:_([^_./]+))?\.(zip|changelog)$")
 
 
-class SparkCheckpointError(ValueError):
+class SparkCheckpointError(CkptError, ValueError):
     """A file the reader must understand is malformed: which file, which field, what."""
 
     def __init__(self, path: str, field: str, problem: str) -> None:

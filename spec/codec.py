@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import attrs
 
 from spec import commands, config, handles, ids, observation
+from spec.errors import CkptError
 
 Json = Any
 """A value ``json.dumps`` accepts: dict, list, str, int, float, bool or None."""
@@ -34,7 +35,7 @@ Json = Any
 T = TypeVar("T")
 
 
-class CodecError(ValueError):
+class CodecError(CkptError, ValueError):
     """Data that does not decode to the declared type; ``where`` is a JSON path."""
 
     def __init__(self, where: str, problem: str) -> None:

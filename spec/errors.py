@@ -1,4 +1,8 @@
-"""Documented errors. A command that raises leaves the state unchanged."""
+"""Documented errors. A command that raises leaves the state unchanged.
+
+Every error the library raises derives from :class:`CkptError`, so a host catches the
+library's errors with one clause; each keeps the built-in base its callers knew
+(``ValueError`` for bad input, ``OSError`` for a path, ...) beside it."""
 
 from __future__ import annotations
 
@@ -26,7 +30,11 @@ class Reason(enum.Enum):
     MAX_PARALLELISM_CHANGED = "max_parallelism_changed"
 
 
-class CommandError(Exception):
+class CkptError(Exception):
+    """The common base of every error ckpt-ownership raises."""
+
+
+class CommandError(CkptError):
     """A command that is invalid in the current state. Nothing changed."""
 
     def __init__(self, reason: Reason, detail: str) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from spec.config import RestoreMode, StateKind
+from spec.errors import CkptError
 from spec.handles import StateEntry
 from spec.ids import SubtaskId
 from spec.messages import RestoreAssignment, decode_message
@@ -30,7 +31,7 @@ VERTEX = "count"
 """The keyed stage's name: the vertex of the job's checkpoints."""
 
 
-class CheckpointNotCompleted(RuntimeError):
+class CheckpointNotCompleted(CkptError, RuntimeError):
     """The coordinator could not complete a checkpoint (a subtask declined or did not
     acknowledge, or writing ``_metadata`` failed): it is aborted, and the micro-batch
     must be run again from the previous one."""

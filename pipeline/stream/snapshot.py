@@ -36,6 +36,7 @@ from attrs import frozen
 from pipeline.stream.checkpointing import StateSource, TaskManagerSide
 from pipeline.stream.rocks import WindowCounts
 from spec.config import StateKind
+from spec.errors import CkptError
 from spec.handles import StateEntry
 from spec.ids import SubtaskId
 
@@ -49,7 +50,7 @@ MARKER = "ckpt-marker.json"
 """In the DB's directory: the checkpoint the DB is at and its lineage (RocksDB ignores it)."""
 
 
-class RestoreError(ValueError):
+class RestoreError(CkptError, ValueError):
     """A restore assignment that cannot be a snapshot of this job's RocksDB (a name that
     is not an SST or a RocksDB metadata file, a duplicate, a missing CURRENT)."""
 

@@ -71,6 +71,7 @@ from fastimpl.trace import CommandTrace
 from spec import codec
 from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
+from spec.errors import CkptError
 from spec.ids import SubtaskId, TmId
 
 
@@ -313,7 +314,7 @@ class StreamTrace:
             self.out.close()
 
 
-class NotResumable(Exception):
+class NotResumable(CkptError):
     """A restarted driver cannot write on the crashed driver's trace (the reason)."""
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from attrs import frozen
 
 from spec.config import StateKind
+from spec.errors import CkptError
 from spec.handles import StateEntry
 from spec.ids import SubtaskId, escape_name
 from spec.layout import working_dir, working_operator
@@ -53,7 +54,7 @@ CHECKPOINT_PREFIX = "chk-"
 coordinator deletes those no retained or pending checkpoint names, and no others."""
 
 
-class PointerError(ValueError):
+class PointerError(CkptError, ValueError):
     """A ``db:`` entry that names no SlateDB checkpoint of ours."""
 
 

@@ -44,12 +44,13 @@ from pipeline.stream.words import MAX_PARALLELISM
 from pipeline.stream.worker_tm import WorkerTaskManager
 from pipeline.stream.working_names import Pointer, new_db_dir, pointer_name, pointers
 from spec.config import StateKind
+from spec.errors import CkptError
 from spec.handles import InPlaceFile
 from spec.ids import SubtaskId
 from spec.keygroups import key_group_range
 
 
-class RestoreError(ValueError):
+class RestoreError(CkptError, ValueError):
     """A checkpoint's manifest in place differs from the checkpoint's copy of it: the
     database there is not the one the checkpoint was taken of (nothing is cloned)."""
 
