@@ -49,7 +49,7 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from attrs import frozen
@@ -219,7 +219,7 @@ def plan_deletion(
             f"{summary.corrupt_metadata} _metadata file(s) cannot be read, so what they "
             "reference is unknown; repair or remove them first (see the audit's report)"
         )
-    _refuse_dangling(summary, dangling)
+    refuse_dangling(summary, dangling)
     if summary.restore_source_of:
         raise DeletionRefused(
             "this base is a restore source of "
@@ -228,7 +228,7 @@ def plan_deletion(
         )
     states = [state_before, _state(loc)]
     candidates = sorted({str(o["path"]) for o in orphans})
-    current = {p: _stat(loc, p) for p in candidates}  # listed before the references
+    current = {p: stat_now(loc, p) for p in candidates}  # listed before the references
     referenced, own, lineage = _referenced_now(loc)
     states.append(_state(loc))
     if not own or not referenced:
@@ -270,13 +270,31 @@ def plan_deletion(
     )
 
     root_real = os.path.realpath(loc.full(loc.job_dir)) if loc.local else ""
+
+    def judge(path: str, st: tuple[int, float, bool] | None) -> tuple[str, str]:
+        return _judge(loc, path, root_real, st, referenced, open_files, now=now, grace=grace,
+                      cut=cut, stop=stop, working=working)
+
+    return plan_of(loc, candidates, current, judge, grace=grace, now=now)
+
+
+Judge = Callable[[str, "tuple[int, float, bool] | None"], tuple[str, str]]
+"""The outcome of one candidate (path, its stat just before the re-read) and why."""
+
+
+def plan_of(
+    loc: Location, candidates: list[str], current: dict[str, tuple[int, float, bool] | None],
+    judge: Judge, *, grace: float, now: float,
+) -> Plan:
+    """Every candidate judged; on a local disk, each to delete walked to by descriptors
+    (its identity and the directories on its way bound into the plan): a link or a
+    changed directory on the way makes it ``skip-unknown``."""
     delete: list[Candidate] = []
     kept: list[tuple[str, str]] = []
     outcomes: list[tuple[str, str, str]] = []
     dirs: dict[str, dirwalk.Ident] = {}
     for path in candidates:
-        outcome, why = _judge(loc, path, root_real, current[path], referenced, open_files,
-                              now=now, grace=grace, cut=cut, stop=stop, working=working)
+        outcome, why = judge(path, current[path])
         file: dirwalk.Ident | None = None
         if outcome == DELETE and loc.local:
             file, changed = _identify(loc, path, dirs)
@@ -307,7 +325,7 @@ def _identify(
         return None, f"cannot be examined: {err.strerror or err}"
 
 
-def _refuse_dangling(summary: Summary, dangling: Iterable[Row]) -> None:
+def refuse_dangling(summary: Summary, dangling: Iterable[Row]) -> None:
     """Issue 32, finding 7: a base with a dangling reference deletes nothing. A file the
     audit calls an orphan there may be the referenced one renamed (``x.bak``) or copied
     aside: the bytes a repair needs."""
@@ -329,7 +347,7 @@ def _judge(
     referenced: set[str], open_files: frozenset[str], *, now: float, grace: float,
     cut: float | None, stop: str | None, working: frozenset[str] | None = None,
 ) -> tuple[str, str]:
-    why = _refuse(loc, path, root_real)
+    why = refuse_path(loc, path, root_real)
     if why is not None:
         return SKIP_UNKNOWN, why
     if st is None:
@@ -359,7 +377,7 @@ def _state(loc: Location) -> fence.WriterState | None:
         raise DeletionRefused(f"the writer state is unreadable ({err}): nothing deleted") from None
 
 
-def _refuse(loc: Location, path: str, root_real: str) -> str | None:
+def refuse_path(loc: Location, path: str, root_real: str) -> str | None:
     parts = path.split("/")
     if ".." in parts or "" in parts or "." in parts or path.startswith("/"):
         return "not a normalised relative path"
@@ -374,7 +392,7 @@ def _refuse(loc: Location, path: str, root_real: str) -> str | None:
         try:
             mode = os.lstat(full).st_mode
         except OSError:
-            return None  # _stat reports it gone
+            return None  # stat_now reports it gone
         if stat.S_ISLNK(mode):
             return "a symbolic link"
         if not stat.S_ISREG(mode):
@@ -385,7 +403,7 @@ def _refuse(loc: Location, path: str, root_real: str) -> str | None:
     return None
 
 
-def _stat(loc: Location, path: str) -> tuple[int, float, bool] | None:
+def stat_now(loc: Location, path: str) -> tuple[int, float, bool] | None:
     rows = scan.stat_files(loc, [path])
     return (rows[0][1], rows[0][2], rows[0][3]) if rows else None
 

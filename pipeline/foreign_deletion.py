@@ -28,11 +28,9 @@ from pipeline.deletion import (
     KEEP_ACTIVE,
     MIN_GRACE,
     SKIP_UNKNOWN,
-    Candidate,
     DeletionRefused,
     Plan,
 )
-from pipeline.dirwalk import Ident
 from pipeline.foreign import ForeignRead
 from pipeline.location import Location
 from pipeline.result import IN_FLIGHT, STALE, Row, Summary
@@ -77,14 +75,14 @@ def plan_foreign(
             f"{summary.corrupt_metadata} metadata file(s) cannot be read, so what they "
             "reference is unknown; nothing deleted (see the report)"
         )
-    deletion._refuse_dangling(summary, dangling)
+    deletion.refuse_dangling(summary, dangling)
     if summary.unreadable:
         raise DeletionRefused(
             f"{summary.unreadable} path(s) could not be listed or examined, and may hold "
             "what a checkpoint references; nothing deleted (see the report)"
         )
     candidates = sorted({str(o["path"]) for o in orphans})
-    current = {p: deletion._stat(loc, p) for p in candidates}  # before the re-read
+    current = {p: deletion.stat_now(loc, p) for p in candidates}  # before the re-read
     again, marker_now = reread()
     if marker_now != marker:
         raise DeletionRefused(
@@ -109,33 +107,18 @@ def plan_foreign(
     held = dict(again.foreign.held)
     keep = referenced | again.foreign.metadata
     root_real = os.path.realpath(loc.full(loc.job_dir)) if loc.local else ""
-    delete: list[Candidate] = []
-    kept: list[tuple[str, str]] = []
-    outcomes: list[tuple[str, str, str]] = []
-    dirs: dict[str, Ident] = {}
-    for path in candidates:
-        outcome, why = _judge(loc, path, root_real, current[path], keep, held, now, grace)
-        file: Ident | None = None
-        if outcome == DELETE and loc.local:
-            file, changed = deletion._identify(loc, path, dirs)
-            if changed is not None:
-                outcome, why = SKIP_UNKNOWN, changed
-        outcomes.append((path, outcome, why))
-        if outcome == DELETE:
-            st = current[path]
-            assert st is not None
-            delete.append(Candidate(path, st[0], st[1], file))
-        else:
-            kept.append((path, why))
-    return Plan(loc.uri(), grace, now, tuple(delete), tuple(kept), tuple(outcomes),
-                tuple(sorted(dirs.items())))
+
+    def judge(path: str, st: tuple[int, float, bool] | None) -> tuple[str, str]:
+        return _judge(loc, path, root_real, st, keep, held, now, grace)
+
+    return deletion.plan_of(loc, candidates, current, judge, grace=grace, now=now)
 
 
 def _judge(
     loc: Location, path: str, root_real: str, st: tuple[int, float, bool] | None,
     keep: set[str] | frozenset[str], held: dict[str, str], now: float, grace: float,
 ) -> tuple[str, str]:
-    why = deletion._refuse(loc, path, root_real)
+    why = deletion.refuse_path(loc, path, root_real)
     if why is not None:
         return SKIP_UNKNOWN, why
     if st is None:
