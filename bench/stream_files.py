@@ -40,8 +40,8 @@ from typing import Any
 
 from fastimpl import taskmanager as tm_module
 from pipeline.stream.job import _Files
+from pipeline.stream.kills import Failures
 from pipeline.stream.source import RateSource
-from pipeline.stream.subtask import Failures
 from pipeline.stream.windows import Windowing
 from spec.config import Config, MergingMode, StateKind
 from spec.handles import stream_of

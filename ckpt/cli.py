@@ -280,8 +280,8 @@ def stream(
     """Run the streaming word count on Spark with RocksDB state checkpointed into the store
     (or, with --state-backend working, SlateDB state on the checkpoint storage itself)."""
     from pipeline.stream.job import DRIVER_KILL_POINTS, StreamSettings, retries_tasks, run_stream
+    from pipeline.stream.kills import KILL_POINTS, Failures
     from pipeline.stream.source import RateSource
-    from pipeline.stream.subtask import KILL_POINTS, Failures
     from pipeline.stream.summary import batch_line, print_summary, run_figures
     from pipeline.stream.windows import Windowing
     from spec.config import Config, MergingMode

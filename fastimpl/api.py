@@ -38,6 +38,7 @@ from fastimpl.records import Status, StoredFile
 from fastimpl.recovery import RecoveryReport, recover
 from fastimpl.storage import WRITER_LEASE, DeleteFailure, Storage, open_files_readable
 from fastimpl.trace import CommandTrace
+from fastimpl.writer_state import WriterStatePublisher
 from spec.config import Config, JobSpec, RestoreMode, StateKind, check_parallelism
 from spec.effects import USER
 from spec.errors import CkptError
@@ -266,6 +267,19 @@ class CheckpointStore:
     def _locked(self, run: Callable[[], None]) -> None:
         with self._lock:
             run()
+
+
+def publish_state(store: CheckpointStore) -> WriterStatePublisher:
+    """Make ``store``'s coordinator publish its state for outside collectors (the audit's
+    ``--delete-orphans`` at a short grace needs it); publishes once now. Here, beside the
+    store whose engine and lock it uses, and not in ``fastimpl.writer_state``, which
+    ``fastimpl.recovery`` (imported by this module) reads."""
+    cluster = store._engine
+    pub = WriterStatePublisher(cluster)
+    with store._lock:
+        cluster.on_applied = pub
+        pub.publish()
+    return pub
 
 
 def _open_base(

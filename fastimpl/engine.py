@@ -30,7 +30,7 @@ from fastimpl.storage import Storage, StorageFault
 from fastimpl.taskmanager import TaskManager
 from fastimpl.trace import CommandTrace
 from fastimpl.transport import InMemoryTransport
-from fastimpl.working import WorkingCalls, is_working_path
+from fastimpl.working import is_working_path
 from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, StateKind
 from spec.effects import COORDINATOR, USER, tm_actor
@@ -685,3 +685,66 @@ class InProcessEngine:
             metadata_files=frozenset(p for p in on_storage if p.endswith(_METADATA_SUFFIX)),
             live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in alive}),
         )
+
+
+# ------------------------------------------------------------------ the working state's calls
+
+
+class WorkingCalls:
+    """The working commands on an in-process engine (§11, R101-R106), checked as
+    ``spec/refusals.py`` lists them. They reach into the engine's parties, so they are
+    the engine's: ``fastimpl.working``, which the coordinator and the TM import, stays
+    free of the engine."""
+
+    def __init__(self, engine: InProcessEngine) -> None:
+        self.engine = engine
+
+    def db_host(self, subtask: SubtaskId, attempt: TmId | None) -> TmId:
+        """The attempt whose database acts: the subtask's live TM, or a lost attempt that
+        hosted it (a zombie, R106), checked as a writer is (R57, R64)."""
+        e = self.engine
+        e.coord.require_running()
+        if subtask not in e.placement:
+            raise CommandError(Reason.UNKNOWN_SUBTASK, f"{subtask} is not a subtask of {e.job}")
+        return e.acting(subtask, attempt)
+
+    def write(self, subtask: SubtaskId, data: bytes, attempt: TmId | None = None) -> str | None:
+        """R101: the database writes one working file; its path, or ``None`` if a
+        storage call failed (nothing is used, R45)."""
+        tm = self.db_host(subtask, attempt)
+        if not data:
+            raise CommandError(Reason.BAD_ARGUMENT, "a working file has at least one byte")
+        try:
+            return self.engine.parties[tm].working.write(subtask, data)
+        except StorageFault:
+            return None
+
+    def drop(self, subtask: SubtaskId, path: str, attempt: TmId | None = None) -> None:
+        """R102: the database stops using ``path`` (a compaction replaced it)."""
+        tm = self.db_host(subtask, attempt)
+        self.engine.parties[tm].working.drop(subtask, path)
+
+    def snapshot(
+        self, checkpoint: int, subtask: SubtaskId, inline_below: int, attempt: TmId | None
+    ) -> None:
+        """R103: the subtask snapshots its database for ``checkpoint``; a failing write
+        declines the checkpoint (R17)."""
+        e = self.engine
+        tm = e.writer(checkpoint, subtask, attempt)
+        party = e.parties[tm]
+        savepoint = e._is_savepoint(checkpoint)
+
+        def write(name: str, data: bytes) -> object:
+            return party.write(
+                subtask, checkpoint, StateKind.KEYED_SHARED, name, len(data), 1, data, savepoint
+            )
+
+        try:
+            party.working.snapshot(subtask, checkpoint, inline_below, savepoint, write)
+        except StorageFault:
+            e._write_failed(tm, subtask, checkpoint)
+
+    def collect(self) -> None:
+        """R104: the coordinator's collection."""
+        self.engine.coord.require_running()
+        self.engine.coord.working.collect()

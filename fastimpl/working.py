@@ -16,24 +16,25 @@ Two sides, as the parties are:
   collection (R104), which asks the live TMs which files their databases use
   (``DatabaseFiles``) before it deletes a shared file nobody refers to.
 
-``WorkingCalls`` are the engine's calls that drive them (``WriteWorking``,
-``DropWorking``, ``SnapshotWorking``, ``CollectWorking``), checked as the model checks
-them (``spec/refusals.py``).
+The engine's calls that drive them (``WriteWorking``, ``DropWorking``,
+``SnapshotWorking``, ``CollectWorking``) are ``fastimpl.engine.WorkingCalls``: they reach
+into the engine's parties, and this module is imported by the coordinator and the TM,
+which the engine imports (no import circle, issue 34).
 
 The parties call in through small hooks marked ``# working state (§11)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fastimpl.catalog import Catalog
-from fastimpl.records import Completed, StoredFile
+from fastimpl.records import Completed, Pending, StoredFile
 from fastimpl.redistribute import assign
 from fastimpl.storage import Storage, StorageFault
-from spec.config import StateKind
+from spec.config import Config, VertexSpec
 from spec.effects import COORDINATOR, USER, tm_actor
 from spec.errors import CommandError, Reason
 from spec.handles import InPlaceFile, StateEntry, stream_of
@@ -42,15 +43,13 @@ from spec.keygroups import key_group_range
 from spec.layout import WORKING, working_dir
 from spec.messages import (
     Acknowledgement,
+    Answer,
     DatabaseFiles,
     DatabasesOpened,
+    Duty,
     InUse,
     OpenDatabase,
 )
-
-if TYPE_CHECKING:
-    from fastimpl.coordinator import CheckpointCoordinator
-    from fastimpl.engine import InProcessEngine
 
 DB_PREFIX = "db:"
 """The state name of a small working file merged into a checkpoint (R103)."""
@@ -297,10 +296,49 @@ class Databases:
 # ------------------------------------------------------------------------ the coordinator's side
 
 
+class DutyRoute(Protocol):
+    """The engine's reliable call to one TM, through which R104 asks which files the
+    live databases use and R105 has them opened (``CoordinatorEngine.duty``)."""
+
+    def duty(self, tm: TmId, msg: Duty) -> Answer | None: ...
+
+
+class WorkingCoordinator(Protocol):
+    """What the coordinator's working files read of the coordinator that owns them
+    (``fastimpl.coordinator.CheckpointCoordinator``). The coordinator builds
+    ``SharedWorking`` with itself, so this module names what it needs here instead of
+    importing the coordinator (no import circle)."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+    @property
+    def engine(self) -> DutyRoute: ...
+    @property
+    def cfg(self) -> Config: ...
+    @property
+    def job(self) -> str: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def vertices(self) -> tuple[VertexSpec, ...]: ...
+    @property
+    def placement(self) -> Mapping[SubtaskId, TmId]: ...
+    @property
+    def pending(self) -> Mapping[int, Pending]: ...
+    @property
+    def retained(self) -> Sequence[Completed]: ...
+
+    def current_tms(self) -> list[TmId]:
+        """The live attempts hosting a subtask of the running job (R104 asks them)."""
+
+    def _writes_in(self, path: str, attempt: TmId) -> bool:
+        """Whether ``attempt`` may have written ``path`` for this store (I5)."""
+
+
 class SharedWorking:
     """The coordinator's working files (R100 shared, R103, R104, R105)."""
 
-    def __init__(self, coord: CheckpointCoordinator) -> None:
+    def __init__(self, coord: WorkingCoordinator) -> None:
         self.coord = coord
         self.shared: set[str] = set()
         """Working files an acknowledgement handed over: the coordinator's for good."""
@@ -425,64 +463,3 @@ class SharedWorking:
             f = cat.files.get(w.path)
             if f is not None:
                 f.owner = USER
-
-
-# ------------------------------------------------------------------------ the engine's calls
-
-
-class WorkingCalls:
-    """The working commands on an in-process engine, checked as ``spec/refusals.py``
-    lists them."""
-
-    def __init__(self, engine: InProcessEngine) -> None:
-        self.engine = engine
-
-    def db_host(self, subtask: SubtaskId, attempt: TmId | None) -> TmId:
-        """The attempt whose database acts: the subtask's live TM, or a lost attempt that
-        hosted it (a zombie, R106), checked as a writer is (R57, R64)."""
-        e = self.engine
-        e.coord.require_running()
-        if subtask not in e.placement:
-            raise CommandError(Reason.UNKNOWN_SUBTASK, f"{subtask} is not a subtask of {e.job}")
-        return e.acting(subtask, attempt)
-
-    def write(self, subtask: SubtaskId, data: bytes, attempt: TmId | None = None) -> str | None:
-        """R101: the database writes one working file; its path, or ``None`` if a
-        storage call failed (nothing is used, R45)."""
-        tm = self.db_host(subtask, attempt)
-        if not data:
-            raise CommandError(Reason.BAD_ARGUMENT, "a working file has at least one byte")
-        try:
-            return self.engine.parties[tm].working.write(subtask, data)
-        except StorageFault:
-            return None
-
-    def drop(self, subtask: SubtaskId, path: str, attempt: TmId | None = None) -> None:
-        """R102: the database stops using ``path`` (a compaction replaced it)."""
-        tm = self.db_host(subtask, attempt)
-        self.engine.parties[tm].working.drop(subtask, path)
-
-    def snapshot(
-        self, checkpoint: int, subtask: SubtaskId, inline_below: int, attempt: TmId | None
-    ) -> None:
-        """R103: the subtask snapshots its database for ``checkpoint``; a failing write
-        declines the checkpoint (R17)."""
-        e = self.engine
-        tm = e.writer(checkpoint, subtask, attempt)
-        party = e.parties[tm]
-        savepoint = e._is_savepoint(checkpoint)
-
-        def write(name: str, data: bytes) -> object:
-            return party.write(
-                subtask, checkpoint, StateKind.KEYED_SHARED, name, len(data), 1, data, savepoint
-            )
-
-        try:
-            party.working.snapshot(subtask, checkpoint, inline_below, savepoint, write)
-        except StorageFault:
-            e._write_failed(tm, subtask, checkpoint)
-
-    def collect(self) -> None:
-        """R104: the coordinator's collection."""
-        self.engine.coord.require_running()
-        self.engine.coord.working.collect()

@@ -22,7 +22,8 @@ pending trigger, or the publication when nothing is pending): every file a later
 touches is newer than that (a file opened after a publication is newer than it), and it
 stops collecting when a checkpoint some pending one may reuse from is gone.
 
-Publishing is opt-in (:func:`publish_state`), written with ``Storage.publish`` (not a
+Publishing is opt-in (``fastimpl.api.publish_state``: it reaches into the store, whose
+module imports this one), written with ``Storage.publish`` (not a
 checkpoint write: no armed fault fires, no lease is checked), atomically: a temporary file,
 then a rename, through the store's descriptor walk, which never follows a link (a single
 PUT on object stores). The streaming job's coordinator publishes the same document
@@ -40,7 +41,6 @@ from spec import commands as c
 from spec.layout import job_base
 
 if TYPE_CHECKING:
-    from fastimpl.api import CheckpointStore
     from fastimpl.engine import InProcessEngine
     from fastimpl.storage import Storage
 
@@ -165,14 +165,3 @@ def withdraw_state(storage: Storage, base: str) -> None:
     """Delete ``<base>/_writer_state.json``: the writer has nothing left there
     (``Storage.unpublish``: as its publication, no checkpoint delete)."""
     storage.unpublish(f"{base}/{WRITER_STATE}")
-
-
-def publish_state(store: CheckpointStore) -> WriterStatePublisher:
-    """Make ``store``'s coordinator publish its state for outside collectors (the audit's
-    ``--delete-orphans`` at a short grace needs it); publishes once now."""
-    cluster = store._engine
-    pub = WriterStatePublisher(cluster)
-    with store._lock:
-        cluster.on_applied = pub
-        pub.publish()
-    return pub

@@ -8,11 +8,11 @@ from collections.abc import Callable, Mapping
 import attrs
 from attrs import field, frozen
 
+from spec.flink_options import read_flink, write_flink
+from spec.keygroups import UPPER_BOUND_MAX_PARALLELISM as UPPER_BOUND_MAX_PARALLELISM
+from spec.restore_mode import RestoreMode as RestoreMode
+
 MIB = 1024 * 1024
-UPPER_BOUND_MAX_PARALLELISM = 1 << 15
-"""Flink's inclusive upper bound on the max parallelism (the number of key groups) and so
-on any parallelism: ``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``, which is
-``Transformation.UPPER_BOUND_MAX_PARALLELISM = 1 << 15`` (R78)."""
 MAX_TMS = UPPER_BOUND_MAX_PARALLELISM
 """The most TMs a job is built with (R78). With Flink's default slot sharing a job needs
 as many slots as its largest parallelism, at most ``UPPER_BOUND_MAX_PARALLELISM``: no job
@@ -28,13 +28,6 @@ class MergingMode(enum.Enum):
     """A physical file holds segments of one checkpoint only."""
     ACROSS_CHECKPOINT = "across"
     """A pooled physical file stays open across checkpoints until ``max_file_size``."""
-
-
-class RestoreMode(enum.Enum):
-    """Who owns a restored checkpoint (FLIP-193)."""
-
-    CLAIM = "claim"
-    NO_CLAIM = "no_claim"
 
 
 class Scope(enum.Enum):
@@ -180,8 +173,6 @@ class Config:
         ``state.checkpoints.file-merging.``; for any other key outside the table (the rest
         of a Flink configuration) unless ``ignore_unknown``. TypeError for an override that
         is not a field."""
-        from spec.flink_options import read_flink  # that module builds on this one
-
         values = read_flink(options, ignore_unknown=ignore_unknown)
         fields = {a.name for a in attrs.fields(cls)}
         stray = sorted(set(overrides) - fields)
@@ -199,9 +190,7 @@ class Config:
         ``Config.from_flink(cfg.to_flink()) == cfg`` when ``cfg.open_files_readable``.
         Raises ValueError for a value Flink cannot hold (an int option past 2**31 - 1, a
         size past 2**63 - 1 bytes, a NaN amplification)."""
-        from spec.flink_options import write_flink
-
-        return write_flink(self)
+        return write_flink({a.name: getattr(self, a.name) for a in attrs.fields(type(self))})
 
 
 @frozen

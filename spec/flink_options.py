@@ -11,14 +11,11 @@ import difflib
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from attrs import frozen
 
-from spec.config import UPPER_BOUND_MAX_PARALLELISM, RestoreMode
-
-if TYPE_CHECKING:
-    from spec.config import Config
+from spec.keygroups import UPPER_BOUND_MAX_PARALLELISM
+from spec.restore_mode import RestoreMode
 
 FLINK_FILE_MERGING_PREFIX = "execution.checkpointing.file-merging."
 """The namespace of Flink's file merging options (FLIP-306), all of which this store models
@@ -333,6 +330,8 @@ def read_flink(options: Mapping[str, object], *, ignore_unknown: bool = False) -
     return values
 
 
-def write_flink(config: Config) -> dict[str, str]:
-    """The Flink keys of ``FLINK_OPTIONS`` with ``config``'s values as Flink prints them."""
-    return {o.key: o.format(getattr(config, o.field_name)) for o in FLINK_OPTIONS}
+def write_flink(fields: Mapping[str, object]) -> dict[str, str]:
+    """The Flink keys of ``FLINK_OPTIONS`` with the values of a ``Config``'s ``fields``
+    (field name -> value) as Flink prints them. A mapping, not the ``Config``: this module
+    is imported by ``spec.config`` and imports nothing of it."""
+    return {o.key: o.format(fields[o.field_name]) for o in FLINK_OPTIONS}

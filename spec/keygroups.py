@@ -5,6 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+UPPER_BOUND_MAX_PARALLELISM = 1 << 15
+"""Flink's inclusive upper bound on the max parallelism (the number of key groups) and so
+on any parallelism: ``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``, which is
+``Transformation.UPPER_BOUND_MAX_PARALLELISM = 1 << 15`` (R78)."""
+
 
 class _Keyed(Protocol):
     """What R77 reads of a state entry (``spec.handles.StateEntry``)."""

@@ -8,20 +8,14 @@ import shutil
 from pathlib import Path
 from typing import Any, NoReturn
 
+from pipeline.stream.batch_order import BatchOrder, SubtaskResult
 from pipeline.stream.check import Comparison, batch_counts, compare
 from pipeline.stream.checkpointing import VERTEX
 from pipeline.stream.coordination import open_coordinator, to_recover
 from pipeline.stream.driver import BatchDriver, BatchReport
+from pipeline.stream.kills import Failures, Killed
 from pipeline.stream.source import RateSource
-from pipeline.stream.subtask import (
-    BatchOrder,
-    Failures,
-    Killed,
-    SubtaskResult,
-    deliver,
-    run_subtask,
-    subtask_dir,
-)
+from pipeline.stream.subtask import deliver, run_subtask, subtask_dir
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import key_group, subtask_of, word_of
 from spec.config import Config, RestoreMode

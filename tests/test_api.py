@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from fastimpl import CheckpointStore, CheckpointStream, CommandTrace, CounterIds
-from fastimpl.api import FileMergingManager, ManagerClosedError
+from fastimpl.api import FileMergingManager, ManagerClosedError, publish_state
 from fastimpl.storage import WRITER_LEASE
-from fastimpl.writer_state import WRITER_STATE, publish_state
+from fastimpl.writer_state import WRITER_STATE
 from model_tests.replay import replay
 from spec.config import (
     MAX_TMS,

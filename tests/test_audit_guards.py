@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from fastimpl import CheckpointStore
-from fastimpl.writer_state import FORMAT, WRITER_STATE, publish_state
+from fastimpl.api import publish_state
+from fastimpl.writer_state import FORMAT, WRITER_STATE
 from pipeline import deletion, fence
 from pipeline.deletion import DeletionRefused, plan_deletion
 from pipeline.location import Location

@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 
 from ckpt.cli import app
 from fastimpl import CheckpointStore
-from fastimpl.writer_state import publish_state
+from fastimpl.api import publish_state
 from pipeline import deletion, fence
 from pipeline.location import Location
 from pipeline.single import audit_single

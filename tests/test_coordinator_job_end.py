@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from fastimpl.writer_state import WRITER_STATE, publish_state
+from fastimpl.api import publish_state
+from fastimpl.writer_state import WRITER_STATE
 from pipeline import fence
 from pipeline.location import Location
 from spec.commands import StorageOp

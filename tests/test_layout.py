@@ -84,3 +84,83 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
     ]
     assert found == []
 
+
+def module_name(root: Path, path: Path) -> str:
+    """``a/b.py`` -> ``a.b``; ``a/__init__.py`` -> ``a``."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_cycles(root: Path, packages: tuple[str, ...]) -> list[list[str]]:
+    """The strongly connected components of more than one module of the import graph of
+    ``packages`` under ``root`` (Tarjan's algorithm), each sorted. Every import counts,
+    lazy and ``TYPE_CHECKING`` ones included: hiding an import does not break a circle."""
+    files = {module_name(root, p): p for f in packages for p in sorted((root / f).rglob("*.py"))}
+    graph = {
+        m: sorted({n for _, n in imports(p) if n in files and n != m}) for m, p in files.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        work = [(start, iter(graph[start]))]
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(graph[step])))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component: list[str] = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def test_the_cycle_scan_finds_a_circle(tmp_path: Path) -> None:
+    pkg = tmp_path / "probe"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "a.py").write_text("from probe.b import g\n", encoding="utf-8")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import probe.a\n"
+        "def g():\n    from probe import a\n",
+        encoding="utf-8",
+    )
+    (pkg / "c.py").write_text("import probe.a\n", encoding="utf-8")
+    assert import_cycles(tmp_path, ("probe",)) == [["probe.a", "probe.b"]]
+    (pkg / "b.py").write_text("def g():\n    pass\n", encoding="utf-8")
+    assert import_cycles(tmp_path, ("probe",)) == []
+
+
+def test_no_import_circles_in_the_product_packages() -> None:
+    """Modules that import each other (at any depth, lazily or for annotations only) are
+    one module split in files: none may be read, tested or changed alone. Each product
+    package's imports form a graph without a circle (issue 34: break one by moving what
+    both need below both, or by passing in what the lower one calls)."""
+    cycles = import_cycles(ROOT, PRODUCT)
+    assert cycles == [], "modules importing each other: " + "; ".join(
+        "{" + ", ".join(c) + "}" for c in cycles
+    )

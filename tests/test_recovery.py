@@ -40,12 +40,13 @@ import pytest
 
 from conformance.fastimpl_commands import apply
 from fastimpl import CheckpointStore, CounterIds, MetadataError, RecoveryError
+from fastimpl.api import publish_state
 from fastimpl.ids import marked
 from fastimpl.metadata import decode, encode
 from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover
 from fastimpl.resume import ha_state
 from fastimpl.working import is_working_path
-from fastimpl.writer_state import WRITER_STATE, publish_state
+from fastimpl.writer_state import WRITER_STATE
 from pipeline.location import Location
 from pipeline.single import audit_single
 from spec.commands import (

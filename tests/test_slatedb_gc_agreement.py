@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.stream import slate
-from pipeline.stream.subtask import Failures
+from pipeline.stream.kills import Failures
 from pipeline.stream.working_names import CHECKPOINT_PREFIX, db_dir_of, pointers
 from spec.config import Config, MergingMode
 from tests.stream_harness import LocalJob

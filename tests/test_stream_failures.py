@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 
 from model_tests.replay import replay
+from pipeline.stream.kills import KILL_POINTS, Failures
 from pipeline.stream.source import RateSource
-from pipeline.stream.subtask import KILL_POINTS, Failures
 from pipeline.stream.windows import Windowing
 from tests.spark_cluster import LoopbackCluster
 from tests.stream_run_checks import audit_bases, sink_against_batch

@@ -22,11 +22,12 @@ import pytest
 
 from fastimpl.taskmanager import TaskManager
 from pipeline.stream import subtask as subtask_module
+from pipeline.stream.batch_order import SubtaskResult
 from pipeline.stream.checkpointing import VERTEX, decode_assignment
 from pipeline.stream.coordination import open_coordinator
 from pipeline.stream.rocks import WindowCounts, options
 from pipeline.stream.snapshot import read_marker, restore, reusable, take_snapshot
-from pipeline.stream.subtask import SubtaskResult, run_subtask
+from pipeline.stream.subtask import run_subtask
 from pipeline.stream.worker_tm import StateReader, WorkerTaskManager
 from spec.config import Config, MergingMode, StateKind
 from spec.handles import FileHandle, StateEntry, stream_of

@@ -13,6 +13,8 @@ import pytest
 from pipeline.stream.check import compare
 from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted, decode_assignment
 from pipeline.stream.coordination import open_coordinator
+from pipeline.stream.kills import KILL_LOG, KILL_POINTS, Failures, read_kills
+from pipeline.stream.local_db import put_back
 from pipeline.stream.rocks import WindowCounts, options
 from pipeline.stream.snapshot import (
     OPERATOR_STATE,
@@ -22,15 +24,7 @@ from pipeline.stream.snapshot import (
     reusable,
     take_snapshot,
 )
-from pipeline.stream.subtask import (
-    KILL_LOG,
-    KILL_POINTS,
-    Failures,
-    put_back,
-    read_kills,
-    run_subtask,
-    subtask_dir,
-)
+from pipeline.stream.subtask import run_subtask, subtask_dir
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM
 from pipeline.stream.worker_tm import StateReader, WorkerTaskManager

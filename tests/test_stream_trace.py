@@ -18,7 +18,8 @@ import pytest
 
 from model_tests.replay import replay
 from pipeline.stream.checkpointing import VERTEX
-from pipeline.stream.subtask import KILL_POINTS, Failures, run_subtask, subtask_dir
+from pipeline.stream.kills import KILL_POINTS, Failures
+from pipeline.stream.subtask import run_subtask, subtask_dir
 from spec.config import Config, MergingMode
 from spec.ids import SubtaskId
 from tests.stream_harness import DriverKilled, LocalJob, _die

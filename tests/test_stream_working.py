@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import pytest
 
 from pipeline.stream import slate
-from pipeline.stream.subtask import Failures
+from pipeline.stream.kills import Failures
 from pipeline.stream.working_names import PointerError, is_staged, pointer_name, pointers
 from pipeline.stream.working_task import RestoreError
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind

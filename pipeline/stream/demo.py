@@ -35,8 +35,8 @@ from rich.table import Table
 
 from pipeline.stream.driver import BatchReport
 from pipeline.stream.job import StreamRun, StreamSettings, run_stream
+from pipeline.stream.kills import Failures
 from pipeline.stream.source import RateSource
-from pipeline.stream.subtask import Failures
 from pipeline.stream.windows import Windowing
 from spec.config import Config, MergingMode
 

@@ -24,9 +24,10 @@ from collections.abc import Sequence
 
 from attrs import define, field, frozen
 
+from pipeline.stream.batch_order import BatchOrder, SubtaskResult
 from pipeline.stream.checkpointing import VERTEX, CoordinatorSide, decode_assignment
+from pipeline.stream.kills import Failures
 from pipeline.stream.snapshot import OPERATOR_STATE
-from pipeline.stream.subtask import BatchOrder, Failures, SubtaskResult
 from pipeline.stream.windows import NO_WATERMARK, Windowing
 from spec.ids import SubtaskId
 

@@ -39,21 +39,15 @@ from attrs import define, field, frozen
 
 from fastimpl.writer_state import WRITER_STATE
 from pipeline.stream.audit import JobAudit, audit_jobs
+from pipeline.stream.batch_order import BatchOrder, SubtaskResult
 from pipeline.stream.check import Comparison, batch_counts, compare
 from pipeline.stream.checkpointing import CoordinatorSide, decode_assignment
 from pipeline.stream.coordination import SparkCoordinator, open_coordinator, to_recover
 from pipeline.stream.driver import BatchDriver, BatchReport
+from pipeline.stream.kills import Failures, Kill, read_kills
 from pipeline.stream.sink import read_all, write_batch
 from pipeline.stream.source import RateSource
-from pipeline.stream.subtask import (
-    BatchOrder,
-    Failures,
-    Kill,
-    SubtaskResult,
-    deliver,
-    read_kills,
-    run_subtask,
-)
+from pipeline.stream.subtask import deliver, run_subtask
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
 from spec.config import Config, RestoreMode
@@ -247,7 +241,7 @@ class StreamRun:
     """``--state-backend working``: SlateDB checkpoints released, databases dropped, and
     the objects (and bytes) SlateDB still keeps at the end (``kept_by_slatedb``)."""
     kills: tuple[Kill, ...] = ()
-    """The injected worker kills, as the killed tasks logged them (``subtask.KILL_LOG``;
+    """The injected worker kills, as the killed tasks logged them (``kills.KILL_LOG``;
     a resumed run's include those of the runs before it in the same work directory)."""
     attempts: tuple[TaskAttempt, ...] = ()
     """Every task attempt Spark's listener reported (with ``--speculation``; else none)."""

@@ -42,8 +42,10 @@ collector keeps every working file.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
+from fastimpl.coordinator import CheckpointCoordinator
 from fastimpl.metadata import base_of
 from fastimpl.records import Status
 from fastimpl.writer_state import (
@@ -55,17 +57,42 @@ from fastimpl.writer_state import (
     write_state,
 )
 from pipeline.stream.working_names import BOOKKEEPING, SST, db_dir_of, ulid_ms
+from spec.ids import TmId
 from spec.layout import job_base
 
 if TYPE_CHECKING:
-    from pipeline.stream.coordination import SparkCoordinator
     from pipeline.stream.slate import Manifest
+
+
+class Reports(Protocol):
+    """The engine's last report of each TM (``SparkEngine.reports``): the pool files it
+    holds open and the working files its databases use or its snapshots pin."""
+
+    @property
+    def reports(self) -> Mapping[TmId, Mapping[str, Any]]: ...
+
+
+class Publishing(Protocol):
+    """What the publisher reads of the streaming coordinator it publishes for
+    (``pipeline.stream.coordination.SparkCoordinator``). That coordinator builds its
+    publisher with itself, so this module names what it needs here instead of importing
+    it (no import circle)."""
+
+    @property
+    def co(self) -> CheckpointCoordinator: ...
+    @property
+    def engine(self) -> Reports: ...
+    @property
+    def slate(self) -> Any: ...
+
+    def needed_databases(self) -> set[str]:
+        """The database directories still needed (their bases are published to)."""
 
 
 class StatePublisher:
     """The writer state of one ``SparkCoordinator`` (see the module docstring)."""
 
-    def __init__(self, sc: SparkCoordinator) -> None:
+    def __init__(self, sc: Publishing) -> None:
         self.sc = sc
         self.triggered: PendingAt = {}
         self.seq = 0

@@ -7,7 +7,7 @@ in different Python processes. So the DB lives on the executor's local disk unde
 ``<work>/<subtask>/db``, and a task takes it by renaming it to ``db.<attempt>`` (atomic:
 two attempts of one subtask never open one DB, and RocksDB's LOCK would refuse the second
 anyway), and puts it back when its acknowledgement is ready (set aside, never replacing
-another attempt's: ``put_back``). A DB that is not at the latest completed checkpoint
+another attempt's: ``local_db.put_back``). A DB that is not at the latest completed checkpoint
 (its checkpoint was aborted, another attempt's was accepted, or it is missing: a new
 worker, a task retried elsewhere) is dropped and restored from the restore assignment. The
 subtask's TM (``worker_tm``) is saved in the DB's directory and travels with it: a DB
@@ -18,22 +18,19 @@ Nothing here depends on Spark: ``run_subtask`` takes the partition's records.
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import random
 import shutil
-import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from attrs import field, frozen
-
+from pipeline.stream.batch_order import BatchOrder, SubtaskResult
 from pipeline.stream.checkpointing import VERTEX, decode_assignment
+from pipeline.stream.kills import log_kill, sigkill
+from pipeline.stream.local_db import SET_ASIDE, put_back, sweep_leftovers
 from pipeline.stream.rocks import WindowCounts, options
 from pipeline.stream.snapshot import (
     SnapshotStats,
@@ -45,189 +42,13 @@ from pipeline.stream.snapshot import (
     take_snapshot,
     write_marker,
 )
-from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM
-from pipeline.stream.worker_tm import MailItem, TaskManagerRecipe, deliver_mail
+from pipeline.stream.worker_tm import deliver_mail
 from pipeline.stream.working_names import PointerError, pointers
+from pipeline.stream.working_task import run_working_subtask
 from spec.handles import StateEntry
 from spec.ids import SubtaskId
 from spec.keygroups import key_group_range
-
-KILL_POINTS = ("deleting", "before-snapshot", "mid-upload", "uploaded", "acknowledged", "put-back")
-"""Where an injected failure kills a task: while its TM deletes (applying its mail, once
-its first delete is done and before any other), before its snapshot, after its first
-upload, after its last, after it acknowledged, after it left its DB for the next batch.
-A task whose TM deletes nothing while applying its mail is never killed at ``deleting``
-(without file merging a TM never does: its files are the coordinator's to delete)."""
-
-KILL_LOG = "kills.log"
-"""In the executors' work directory: a JSON line per injected kill, written by the task
-just before it kills itself (``batch``, ``subtask``, ``attempt``, ``point``, ``pid``)."""
-
-
-class Killed(BaseException):
-    """A simulated SIGKILL (tests): like the real one, it runs no cleanup of the task."""
-
-
-@frozen
-class Failures:
-    """Failures a task injects into itself (``--kill-worker-prob``)."""
-
-    kill_prob: float = 0.0
-    """The chance of dying at each of ``KILL_POINTS``."""
-    seed: int = 0
-    killed_attempts: int = 1
-    """Attempts of a task that may be killed (the first ones): with Spark's
-    ``spark.task.maxFailures`` above it, every task finishes in the end."""
-    kill_at: tuple[int, int, str] | None = None
-    """``(batch, subtask, point)``: one kill exactly there (the demo's), first attempt."""
-    stall_at: tuple[tuple[int, int, str], ...] = ()
-    """``(batch, subtask, point)``: the first attempt of that task stalls there for
-    ``stall_s`` (a straggler: Spark's speculation then launches a copy of it)."""
-    stall_s: float = 4.0
-
-    @property
-    def any(self) -> bool:
-        return self.kill_prob > 0 or self.kill_at is not None
-
-    def kills(self, point: str, batch: int, index: int, attempt_number: int) -> bool:
-        """Whether attempt ``attempt_number`` of subtask ``index`` dies at ``point`` of
-        batch ``batch``: the same answer in every process and on every run."""
-        if self.kill_at == (batch, index, point) and attempt_number == 0:
-            return True
-        if self.kill_prob <= 0 or attempt_number >= self.killed_attempts:
-            return False
-        key = f"{self.seed}/{batch}/{index}/{attempt_number}/{point}"
-        return random.Random(key).random() < self.kill_prob
-
-    def stalls(self, point: str, batch: int, index: int, attempt_number: int) -> bool:
-        return attempt_number == 0 and (batch, index, point) in self.stall_at
-
-
-def log_kill(work_dir: str, batch: int, index: int, attempt_number: int, point: str) -> None:
-    """Append the kill about to happen to ``KILL_LOG`` (one ``write`` of one line, so
-    concurrent tasks do not interleave; the page cache keeps it past the SIGKILL)."""
-    line = json.dumps(
-        {
-            "batch": batch,
-            "subtask": index,
-            "attempt": attempt_number,
-            "point": point,
-            "pid": os.getpid(),
-        },
-        sort_keys=True,
-    )
-    Path(work_dir).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(work_dir) / KILL_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-@frozen
-class Kill:
-    """An injected kill, as the task logged it just before (``log_kill``)."""
-
-    batch: int
-    subtask: int
-    attempt: int
-    """The task's attempt number (0: its first)."""
-    point: str
-
-
-def read_kills(work_dir: str) -> list[Kill]:
-    """The kills ``log_kill`` recorded under ``work_dir``, oldest first."""
-    try:
-        text = (Path(work_dir) / KILL_LOG).read_text()
-    except FileNotFoundError:
-        return []
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-            out.append(Kill(int(d["batch"]), int(d["subtask"]), int(d["attempt"]), str(d["point"])))
-        except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(
-                f"{Path(work_dir) / KILL_LOG} line {n}: not a kill record: {err!r}"
-            ) from None
-    return out
-
-
-def sigkill(point: str) -> NoReturn:
-    """Die as a crashed worker does: no cleanup, no exception handler, no reply."""
-    os.kill(os.getpid(), signal.SIGKILL)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-@frozen
-class BatchOrder:
-    """What the driver sends with every task of one micro-batch (in the task's closure)."""
-
-    batch_id: int
-    checkpoint: int
-    watermark: int
-    windowing: Windowing
-    parallelism: int
-    work_dir: str
-    recipe: TaskManagerRecipe
-    assignments: Mapping[int, bytes]
-    """Subtask index -> encoded ``RestoreAssignment`` (the latest completed checkpoint)."""
-    mail: tuple[MailItem, ...] = ()
-    """The coordinator's notices and duties the TMs have not applied yet."""
-    write_buffer_size: int = 64 * 1024
-    auto_compactions: bool = True
-    l0_compaction_trigger: int = 4
-    compact_every: int = 0
-    """Also run a full manual compaction every so many checkpoints (0: never)."""
-    failures: Failures = Failures()
-    restoring: bool = False
-    """The job starts from a restored checkpoint (a rescale, a recovered driver): nothing
-    restored is reused, every SST of the snapshot is uploaded (R71); after a rescale the
-    subtask builds its DB from the key-group ranges it now owns."""
-    snapshot: bool = True
-    """Checkpoint the state (off: the baseline of the records-per-second ratio)."""
-    sweep_local: bool = True
-    """Remove what earlier attempts of the subtask left on the local disk (a killed
-    attempt's DB, checkpoint or download directory) when a task starts. Safe only when no
-    other attempt of the subtask can still run: off under speculation."""
-    backend: str = "rocksdb"
-    """``rocksdb`` (a local RocksDB, its files uploaded) or ``working`` (a SlateDB on the
-    checkpoint storage, its files referred to in place: ``working_task``)."""
-    no_claim: bool = False
-    """The job was restored with NO_CLAIM (``working``: a restore copies the user's rows)."""
-    in_place: Mapping[str, int] = field(factory=dict)
-    """``working``: the files the latest completed checkpoint refers to in place, with
-    their sizes (its ``_metadata``'s): a restore's clone refers to some of them, and needs
-    no listing to know how large they are."""
-
-
-@frozen
-class SubtaskResult:
-    index: int
-    attempt: str
-    attempt_number: int
-    ack: bytes
-    records: int
-    late: int
-    max_event: int | None
-    restored: bool
-    stats: SnapshotStats
-    closed: tuple[tuple[int, str, int], ...] = field(factory=tuple)
-    """The windows the watermark closed: ``(window start, word, count)``."""
-    report: bytes = b""
-    """The subtask's TM's records after the task (``worker_tm.report_of``)."""
-    created: int = 0
-    """Files the TM created on storage in this task."""
-    ready_seconds: float = 0.0
-    """From the task's start until its state was open (a restore included)."""
-    snapshot_seconds: float = 0.0
-    """The snapshot and the acknowledgement (the task's part of the checkpoint)."""
-    stage: int = -1
-    """The Spark stage the task ran in (-1 outside Spark): which speculative attempts
-    the listener saw were copies of snapshot tasks."""
 
 
 def subtask_dir(work_dir: str, subtask: SubtaskId) -> Path:
@@ -250,8 +71,6 @@ def run_subtask(
     """
 
     if order.backend == "working":
-        from pipeline.stream.working_task import run_working_subtask
-
         return run_working_subtask(
             order, index, attempt, records, attempt_number=attempt_number, die=die
         )
@@ -275,7 +94,7 @@ def run_subtask(
     mine = home / f"db.{attempt}"
     shared = home / "db"
     if order.sweep_local:
-        _sweep(home, keep={shared.name, mine.name})
+        sweep_leftovers(home, keep={shared.name, mine.name})
     restored = False
     lo, hi = key_group_range(MAX_PARALLELISM, order.parallelism, index)
     # After a rescale the restored DBs hold other key groups too: never taken up whole.
@@ -432,10 +251,6 @@ def _lineage(order: BatchOrder, entries: Sequence[StateEntry]) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-SET_ASIDE = ".done"
-"""The suffix of a DB an attempt put back while another attempt's was in its place."""
-
-
 def _take(home: Path, mine: Path, latest_completed: int, lineage: str | None) -> str | None:
     """Take the local DB checkpoint ``latest_completed`` was taken of (at that checkpoint,
     and of the lineage its metadata names), from those attempts put back (``db``, and
@@ -470,30 +285,3 @@ def _take_any(shared: Path, mine: Path) -> None:
         shared.rename(mine)
     except FileNotFoundError:
         pass
-
-
-def _sweep(home: Path, keep: set[str]) -> None:
-    """Remove the directories other attempts left (see ``BatchOrder.sweep_local``), but
-    the DBs put back (``_take`` chooses among those)."""
-    for entry in home.iterdir():
-        if (
-            entry.name not in keep
-            and entry.name.startswith(("db.", "chk-"))
-            and not entry.name.endswith(SET_ASIDE)
-        ):
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-def put_back(mine: Path, shared: Path) -> None:
-    """Leave the DB for the subtask's next task. If another attempt's DB is there (a
-    speculative copy of this task, or a late attempt of an earlier batch whose Python
-    worker Spark had not yet stopped), neither is destroyed: this one is set aside
-    (``db.<attempt>.done``) and the next task takes whichever the latest completed
-    checkpoint was taken of (``_take``). Replacing would let a late attempt remove the
-    DB, and the TM records, of the attempt whose checkpoint completed."""
-    try:
-        os.rename(mine, shared)  # refused, atomically, while another DB is there
-    except OSError as err:
-        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-            raise
-        os.rename(mine, mine.with_name(mine.name + SET_ASIDE))

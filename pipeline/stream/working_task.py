@@ -37,9 +37,11 @@ from typing import Any, NoReturn
 import fsspec  # type: ignore[import-untyped]
 
 from pipeline.stream import slate
+from pipeline.stream.batch_order import BatchOrder, SubtaskResult
 from pipeline.stream.checkpointing import VERTEX, decode_assignment
+from pipeline.stream.kills import sigkill
+from pipeline.stream.local_db import put_back, sweep_leftovers
 from pipeline.stream.snapshot import OPERATOR_STATE, SnapshotStats, read_marker, write_marker
-from pipeline.stream.subtask import BatchOrder, SubtaskResult, _sweep, put_back, sigkill
 from pipeline.stream.words import MAX_PARALLELISM
 from pipeline.stream.worker_tm import WorkerTaskManager
 from pipeline.stream.working_names import Pointer, new_db_dir, pointer_name, pointers
@@ -245,7 +247,7 @@ def run_working_subtask(
     mine = home / f"db.{attempt}"
     shared = home / "db"
     if order.sweep_local:
-        _sweep(home, keep={shared.name, mine.name})
+        sweep_leftovers(home, keep={shared.name, mine.name})
     lo, hi = key_group_range(MAX_PARALLELISM, order.parallelism, index)
     sources = pointers(assignment.entries)
     rescaled = order.restoring and any(s.key_groups != (lo, hi) for s in sources)
