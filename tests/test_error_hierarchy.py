@@ -14,7 +14,7 @@ import pytest
 from spec.errors import CkptError
 
 PACKAGES = ("spec", "refimpl", "fastimpl", "pipeline", "conformance")
-NOT_ERRORS = {"pipeline.stream.subtask.Killed"}
+NOT_ERRORS = {"pipeline.stream.kills.Killed"}
 
 
 def _modules() -> list[str]:
