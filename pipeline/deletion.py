@@ -231,16 +231,7 @@ def plan_deletion(
     current = {p: stat_now(loc, p) for p in candidates}  # listed before the references
     referenced, own, lineage = _referenced_now(loc)
     states.append(_state(loc))
-    if not own or not referenced:
-        raise DeletionRefused(
-            "the reference set read just now is empty (no readable checkpoint or no "
-            "reference): that never means nothing is referenced; nothing deleted"
-        )
-    if len(own) < summary.checkpoints:
-        raise DeletionRefused(
-            f"the job had {summary.checkpoints} readable checkpoint(s) when audited and "
-            f"{len(own)} now: the reference set shrank; audit again"
-        )
+    refuse_shrunk(len(own), bool(referenced), summary.checkpoints)
     known = [s for s in states if s is not None]
     if known:
         try:
@@ -309,6 +300,21 @@ def plan_of(
             kept.append((path, why))
     return Plan(loc.uri(), grace, now, tuple(delete), tuple(kept), tuple(outcomes),
                 tuple(sorted(dirs.items())))
+
+
+def refuse_shrunk(checkpoints_now: int, any_reference: bool, audited: int) -> None:
+    """Paimon #7710: a reference set read just before deleting that is empty, or smaller
+    than the audit's, never means "nothing is referenced"; the whole run is refused."""
+    if not checkpoints_now or not any_reference:
+        raise DeletionRefused(
+            "the reference set read just now is empty (no readable checkpoint or no "
+            "reference): that never means nothing is referenced; nothing deleted"
+        )
+    if checkpoints_now < audited:
+        raise DeletionRefused(
+            f"the job had {audited} readable checkpoint(s) when audited and "
+            f"{checkpoints_now} now: the reference set shrank; audit again"
+        )
 
 
 def _identify(

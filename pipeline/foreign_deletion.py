@@ -94,16 +94,7 @@ def plan_foreign(
         raise DeletionRefused(f"{what} became unreadable since the audit; nothing deleted")
     own = [c for c in again.checkpoints if c[5] == loc.job_dir]
     referenced = {r[8] for r in again.references if r[8] is not None}
-    if not own or not referenced:
-        raise DeletionRefused(
-            "the reference set read just now is empty (no readable checkpoint or no "
-            "reference): that never means nothing is referenced; nothing deleted"
-        )
-    if len(own) < summary.checkpoints:
-        raise DeletionRefused(
-            f"{summary.checkpoints} readable checkpoint(s) when audited and {len(own)} now: "
-            "the reference set shrank; audit again"
-        )
+    deletion.refuse_shrunk(len(own), bool(referenced), summary.checkpoints)
     held = dict(again.foreign.held)
     keep = referenced | again.foreign.metadata
     root_real = os.path.realpath(loc.full(loc.job_dir)) if loc.local else ""
