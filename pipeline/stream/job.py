@@ -149,7 +149,8 @@ class TaskAttempts:
         self.started = self.ended = 0
         self.attempts: dict[int, TaskAttempt] = {}
         self._lock = threading.Lock()
-        self._proxy: Any = None
+        self.proxy: Any = None
+        """The one Java proxy of this listener (Spark removes a listener by identity)."""
 
     def onTaskStart(self, event: Any) -> None:
         info = event.taskInfo()
@@ -196,6 +197,8 @@ class TaskAttempts:
     def register(cls, spark: Any) -> TaskAttempts:
         from pyspark.java_gateway import ensure_callback_server_started
 
+        # PySpark has no public call to register a JVM SparkListener: its own py4j handles
+        # (``_gateway``, ``_jvm``, ``_jsc``) are the one way; none of ours is reached.
         sc = spark.sparkContext
         listener = cls(sc)
         ensure_callback_server_started(sc._gateway)  # type: ignore[no-untyped-call]
@@ -204,12 +207,12 @@ class TaskAttempts:
         # element comes back as a reference) to remove it again.
         holder = sc._jvm.java.util.ArrayList()
         holder.add(listener)
-        listener._proxy = holder.get(0)
-        sc._jsc.sc().addSparkListener(listener._proxy)
+        listener.proxy = holder.get(0)
+        sc._jsc.sc().addSparkListener(listener.proxy)
         return listener
 
     def unregister(self) -> None:
-        self._sc._jsc.sc().removeSparkListener(self._proxy)
+        self._sc._jsc.sc().removeSparkListener(self.proxy)
 
 
 @define

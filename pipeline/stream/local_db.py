@@ -16,7 +16,7 @@ SET_ASIDE = ".done"
 
 def sweep_leftovers(home: Path, keep: set[str]) -> None:
     """Remove the directories other attempts left (see ``BatchOrder.sweep_local``), but
-    the DBs put back (the task takes one of those: ``subtask._take``)."""
+    the DBs put back (the task takes one of those: ``pipeline.stream.subtask``)."""
     for entry in home.iterdir():
         if (
             entry.name not in keep
@@ -31,8 +31,9 @@ def put_back(mine: Path, shared: Path) -> None:
     speculative copy of this task, or a late attempt of an earlier batch whose Python
     worker Spark had not yet stopped), neither is destroyed: this one is set aside
     (``db.<attempt>.done``) and the next task takes whichever the latest completed
-    checkpoint was taken of (``subtask._take``). Replacing would let a late attempt remove the
-    DB, and the TM records, of the attempt whose checkpoint completed."""
+    checkpoint was taken of (``pipeline.stream.subtask``). Replacing would let a late
+    attempt remove the DB, and the TM records, of the attempt whose checkpoint
+    completed."""
     try:
         os.rename(mine, shared)  # refused, atomically, while another DB is there
     except OSError as err:
