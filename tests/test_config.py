@@ -29,7 +29,7 @@ from spec.config import (
 from spec.flink_options import FLINK_OPTIONS
 
 MIB = 1 << 20
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "library.md"
 
 ENABLED = "execution.checkpointing.file-merging.enabled"
 ACROSS = "execution.checkpointing.file-merging.across-checkpoint-boundary"
