@@ -2,7 +2,7 @@
 
 ``CheckpointStore`` is the public API: one job's checkpoint files on any fsspec storage,
 with its ``Coordinator`` and one ``FileMergingManager`` per TM (see ``fastimpl.api`` and
-the README). Underneath, ``fastimpl.coordinator`` and ``fastimpl.taskmanager`` are the
+docs/library.md). Underneath, ``fastimpl.coordinator`` and ``fastimpl.taskmanager`` are the
 two parties, wired in one process by ``fastimpl.engine.InProcessEngine``, which behaves
 exactly as the reference model while writing real files; the lockstep tests drive it
 beside the model.

@@ -17,7 +17,7 @@ Masters: ``local[N]`` runs the job (no task retries: a failing task fails the ba
 worker kills need ``local[N,F]`` with F >= 2 or ``local-cluster``; speculation needs
 executors on two hosts, which ``local-cluster`` never has (Spark launches a speculative
 copy only on a host where no attempt of the task ran): a standalone cluster, on one
-machine with its workers bound to two loopback addresses (README, "Masters";
+machine with its workers bound to two loopback addresses (docs/stream.md, "Masters";
 ``tests/spark_cluster.py``). A rescale or a restarted driver runs on any master.
 """
 
