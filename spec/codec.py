@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import json
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -42,6 +43,47 @@ class CodecError(CkptError, ValueError):
         super().__init__(f"{where}: {problem}")
         self.where = where
         self.problem = problem
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)  # called for every JSON object: the loop below only on a duplicate
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise ValueError(f"duplicate key {k!r}")
+            seen.add(k)
+    return out
+
+
+E = TypeVar("E", bound=CodecError)
+
+
+def open_envelope(
+    data: bytes, error: type[E], *, body: str, version: int, fmt: str | None = None
+) -> Json:
+    """The ``body`` of a versioned JSON envelope (``{"version", body}``, with ``"format"``
+    when ``fmt`` is given): refused with ``error`` naming the field for bytes that are not
+    UTF-8 JSON, a duplicate key, another format or version, or a field too many or
+    missing. The body itself is the caller's to decode."""
+    try:
+        envelope = json.loads(bytes(data).decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise error("$", f"not UTF-8 JSON: {err}") from None
+    if not isinstance(envelope, dict):
+        raise error("$", f"expected an object, got {type(envelope).__name__}")
+    fields = {"version", body} | ({"format"} if fmt is not None else set())
+    unknown = sorted(set(envelope) - fields)
+    if unknown:
+        raise error("$", f"unknown field(s) {', '.join(unknown)} in the envelope")
+    if fmt is not None and envelope.get("format") != fmt:
+        raise error("$.format", f"{envelope.get('format')!r} is not {fmt!r}")
+    got = envelope.get("version")
+    if type(got) is not int or got != version:
+        raise error("$.version", f"version {got!r}: this side reads version {version} only")
+    if body not in envelope:
+        raise error("$", f"no {body} in the envelope")
+    return envelope[body]
 
 
 _MODULES = (commands, config, handles, ids, observation)

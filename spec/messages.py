@@ -73,17 +73,6 @@ def _names(_inst: object, attribute: Any, value: frozenset[str]) -> None:
         _name(_inst, attribute, v)
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)  # called for every JSON object: the loop below only on a duplicate
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        for k, _ in pairs:
-            if k in seen:
-                raise ValueError(f"duplicate key {k!r}")
-            seen.add(k)
-    return out
-
-
 # ---------------------------------------------------------------------------- TM -> coordinator
 
 
@@ -428,24 +417,9 @@ def encode_message(msg: Message) -> bytes:
 def decode_message(data: bytes) -> Message:
     """The message ``encode_message`` turned into ``data``; ``MessageError`` naming the
     field for anything else."""
+    body = codec.open_envelope(data, MessageError, body="message", version=MESSAGE_VERSION)
     try:
-        envelope = json.loads(bytes(data).decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
-    except (UnicodeDecodeError, ValueError) as err:
-        raise MessageError("$", f"not a UTF-8 JSON message: {err}") from None
-    if not isinstance(envelope, dict):
-        raise MessageError("$", f"expected an object, got {type(envelope).__name__}")
-    unknown = sorted(set(envelope) - {"version", "message"})
-    if unknown:
-        raise MessageError("$", f"unknown field(s) {', '.join(unknown)} in the envelope")
-    version = envelope.get("version")
-    if type(version) is not int or version != MESSAGE_VERSION:
-        raise MessageError(
-            "$.version", f"version {version!r}: this side speaks version {MESSAGE_VERSION} only"
-        )
-    if "message" not in envelope:
-        raise MessageError("$", "no message in the envelope")
-    try:
-        msg: Message = codec.decode(Message, envelope["message"], "$.message")
+        msg: Message = codec.decode(Message, body, "$.message")
     except MessageError:
         raise
     except codec.CodecError as err:

@@ -318,41 +318,13 @@ def encode_tm_state(state: TmState) -> bytes:
     return text.encode()
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        for k, _ in pairs:
-            if k in seen:
-                raise ValueError(f"duplicate key {k!r}")
-            seen.add(k)
-    return out
-
-
 def decode_tm_state(data: bytes) -> TmState:
     """The state ``encode_tm_state`` turned into ``data``; ``TmStateError`` naming the
     field for anything else."""
+    body = codec.open_envelope(data, TmStateError, body="state", version=TM_STATE_VERSION,
+                               fmt=TM_STATE_FORMAT)
     try:
-        envelope = json.loads(bytes(data).decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
-    except (UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise TmStateError("$", f"not UTF-8 JSON: {err}") from None
-    if not isinstance(envelope, dict):
-        raise TmStateError("$", f"expected an object, got {type(envelope).__name__}")
-    unknown = sorted(set(envelope) - {"format", "version", "state"})
-    if unknown:
-        raise TmStateError("$", f"unknown field(s) {', '.join(unknown)} in the envelope")
-    fmt = envelope.get("format")
-    if fmt != TM_STATE_FORMAT:
-        raise TmStateError("$.format", f"{fmt!r} is not {TM_STATE_FORMAT!r}")
-    version = envelope.get("version")
-    if type(version) is not int or version != TM_STATE_VERSION:
-        raise TmStateError(
-            "$.version", f"version {version!r}: this side reads version {TM_STATE_VERSION} only"
-        )
-    if "state" not in envelope:
-        raise TmStateError("$", "no state in the envelope")
-    try:
-        state: TmState = codec.decode(TmState, envelope["state"], "$.state")
+        state: TmState = codec.decode(TmState, body, "$.state")
     except codec.CodecError as err:
         cause = err.__cause__
         name = getattr(cause, "field", None)  # a validator of the vocabulary names its field
