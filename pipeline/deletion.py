@@ -353,27 +353,47 @@ def _judge(
     referenced: set[str], open_files: frozenset[str], *, now: float, grace: float,
     cut: float | None, stop: str | None, working: frozenset[str] | None = None,
 ) -> tuple[str, str]:
-    why = refuse_path(loc, path, root_real)
-    if why is not None:
-        return SKIP_UNKNOWN, why
-    if st is None:
-        return SKIP_UNKNOWN, "gone already, or not a regular file"
+    unknown = not_ours(loc, path, root_real, st)
+    if unknown is not None:
+        return unknown
     if path in referenced:
         return KEEP_ACTIVE, "referenced by a _metadata read just now"
     if path in open_files:
         return KEEP_ACTIVE, "open in the live writer's pool"
     if scan.in_live_database(path, loc.job_dir, working):
         return KEEP_ACTIVE, "a live database's working file (or the writer did not say)"
+    assert st is not None
     mtime = st[1]
     if cut is not None and mtime >= cut:
         return DEFER, "modified at or after the live writer's fence (a pending checkpoint)"
+    young = too_young(mtime, now=now, grace=grace)
+    if young is not None:
+        return young
+    if stop is not None:
+        return DEFER, stop
+    return DELETE, "unreferenced, older than the grace period and the writer's fence"
+
+
+def not_ours(
+    loc: Location, path: str, root_real: str, st: tuple[int, float, bool] | None
+) -> tuple[str, str] | None:
+    """``skip-unknown`` for what the audit may never delete (``refuse_path``) or what is
+    gone or not a regular file now; else None."""
+    why = refuse_path(loc, path, root_real)
+    if why is not None:
+        return SKIP_UNKNOWN, why
+    if st is None:
+        return SKIP_UNKNOWN, "gone already, or not a regular file"
+    return None
+
+
+def too_young(mtime: float, *, now: float, grace: float) -> tuple[str, str] | None:
+    """``defer`` for a file modified within the hard floor or the grace period; else None."""
     if mtime > now - HARD_FLOOR:
         return DEFER, f"modified within the hard floor ({HARD_FLOOR:g} s)"
     if mtime > now - grace:
         return DEFER, "modified within the grace period"
-    if stop is not None:
-        return DEFER, stop
-    return DELETE, "unreferenced, older than the grace period and the writer's fence"
+    return None
 
 
 def _state(loc: Location) -> fence.WriterState | None:

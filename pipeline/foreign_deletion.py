@@ -22,12 +22,9 @@ from collections.abc import Callable, Iterable
 
 from pipeline import deletion
 from pipeline.deletion import (
-    DEFER,
     DELETE,
-    HARD_FLOOR,
     KEEP_ACTIVE,
     MIN_GRACE,
-    SKIP_UNKNOWN,
     DeletionRefused,
     Plan,
 )
@@ -109,18 +106,15 @@ def _judge(
     loc: Location, path: str, root_real: str, st: tuple[int, float, bool] | None,
     keep: set[str] | frozenset[str], held: dict[str, str], now: float, grace: float,
 ) -> tuple[str, str]:
-    why = deletion.refuse_path(loc, path, root_real)
-    if why is not None:
-        return SKIP_UNKNOWN, why
-    if st is None:
-        return SKIP_UNKNOWN, "gone already, or not a regular file"
+    unknown = deletion.not_ours(loc, path, root_real, st)
+    if unknown is not None:
+        return unknown
+    assert st is not None
     if path in keep:
         return KEEP_ACTIVE, "referenced by a checkpoint read just now"
     if path in held:
         return KEEP_ACTIVE, _WHY_HELD.get(held[path], held[path])
-    mtime = st[1]
-    if mtime > now - HARD_FLOOR:
-        return DEFER, f"modified within the hard floor ({HARD_FLOOR:g} s)"
-    if mtime > now - grace:
-        return DEFER, "modified within the grace period"
+    young = deletion.too_young(st[1], now=now, grace=grace)
+    if young is not None:
+        return young
     return DELETE, "unreferenced, older than the grace period, held by no checkpoint"
