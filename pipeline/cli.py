@@ -27,14 +27,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from pipeline.deletion_run import EXIT_REFUSED, default_log, delete_planned
+from pipeline.deletion_run import default_log, delete_planned
+from pipeline.exits import EXIT_AT_RISK, EXIT_REFUSED, EXIT_USAGE
 from pipeline.location import Location, LocationError
 from pipeline.names import shown
 from pipeline.result import Row, Summary
 from pipeline.scan import CHECKPOINT_DIR
-
-EXIT_AT_RISK = 1
-EXIT_USAGE = 2
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 

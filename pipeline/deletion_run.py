@@ -16,12 +16,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from pipeline.exits import EXIT_DELETE_FAILED, EXIT_REFUSED, EXIT_USAGE
 from pipeline.location import Location
 from pipeline.names import shown
-
-EXIT_USAGE = 2
-EXIT_REFUSED = 3
-EXIT_DELETE_FAILED = 4
 
 
 def default_log() -> str:

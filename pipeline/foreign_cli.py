@@ -16,15 +16,12 @@ from attrs import frozen
 from rich.console import Console
 from rich.markup import escape
 
+from pipeline.exits import EXIT_AT_RISK, EXIT_REFUSED, EXIT_USAGE
 from pipeline.foreign import ForeignError, ForeignRead, PathMap
 from pipeline.location import Location
 from pipeline.names import shown
 from pipeline.result import Row, Summary, Tables
 from pipeline.session import SparkUnavailable
-
-EXIT_AT_RISK = 1
-EXIT_USAGE = 2
-EXIT_REFUSED = 3
 
 
 @frozen
