@@ -47,8 +47,9 @@ needs_proc = pytest.mark.skipif(
 
 @pytest.fixture
 def syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Event]]:
-    """Every ``os.fsync`` made through ``fastimpl.storage``'s ``os``, in order: the path
-    of the descriptor and, for a directory, the names it holds at that moment."""
+    """Every ``os.fsync`` the store makes (through the ``os`` of ``fastimpl.descriptors``,
+    which makes its local OS calls), in order: the path of the descriptor and, for a
+    directory, the names it holds at that moment."""
     events: list[Event] = []
     real = os.fsync
 
@@ -60,7 +61,7 @@ def syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Event]]:
             events.append(("file", path))
         real(fd)
 
-    monkeypatch.setattr("fastimpl.storage.os.fsync", recording)
+    monkeypatch.setattr("fastimpl.descriptors.os.fsync", recording)
     yield events
 
 

@@ -44,7 +44,7 @@ def _defined_exceptions() -> list[type[BaseException]]:
 
 def test_the_scan_finds_the_errors_of_every_layer() -> None:
     names = {f"{e.__module__}.{e.__name__}" for e in _defined_exceptions()}
-    for known in ("spec.errors.CommandError", "fastimpl.storage.StorageFault",
+    for known in ("spec.errors.CommandError", "fastimpl.faults.StorageFault",
                   "pipeline.deletion.DeletionRefused", "conformance.case.CaseError"):
         assert known in names
 

@@ -213,7 +213,7 @@ def run_until_crash(
         except SimulatedCrash:
             pass
         # nothing is left to delete: the thread ended, or it waits idle for more work
-        assert storage._worker is None or storage._idle
+        assert storage.deleter.at_rest()
     return fs, ledger, prog
 
 
