@@ -135,10 +135,13 @@ mutants: $(STAMP)
 MUTATE_CATALOG := _protected _record_delete _waits_for _defer delete_file _prunable_parents \
                   delete_dir retry_deletes _run_deferred owners _refuse_delete _foreign \
                   _holds_unknown_files
-MUTATE_COORDINATOR := _take_over_files _register _delete_unused _subsume attempt_stopped \
-                  referenced collect_dirs restore _claim end_job load_completed restart \
-                  _check_claim _may_claim _paths_of _check_max_parallelism \
-                  receive_ack _kept_elsewhere abort _withdraw_acks complete _id_clash
+# The coordinator's ownership functions, by the part that holds each (fastimpl/coordinator.py
+# only delegates to them).
+MUTATE_LIFECYCLE := take_over_files receive_ack kept_elsewhere abort complete
+MUTATE_RETENTION := register delete_unused subsume referenced collect_dirs load_completed \
+                  may_claim paths_of id_clash
+MUTATE_FAILOVER := attempt_stopped restart withdraw_acks
+MUTATE_RESTORE := restore _claim _check_claim _check_max_parallelism
 # Working state (issue 18): what a TM's databases may delete (R102) and what the
 # coordinator takes over, keeps or collects (R103, R104), gives the user (R91) or opens in
 # place (R105).
@@ -146,7 +149,11 @@ MUTATE_DATABASES := track release drop drop_pins handed_over snapshot
 MUTATE_SHARED_WORKING := take referred in_use needed collect give_to_user open_databases
 MUTATE_FUNCS ?= fastimpl.metadata.* fastimpl.recovery.* fastimpl.shared_registry.* \
                 $(foreach f,$(MUTATE_CATALOG),fastimpl.catalog.xǁCatalogǁ$(f)__mutmut_*) \
-                $(foreach f,$(MUTATE_COORDINATOR),fastimpl.coordinator.xǁCheckpointCoordinatorǁ$(f)__mutmut_*) \
+                $(foreach f,$(MUTATE_LIFECYCLE),fastimpl.checkpoint_lifecycle.xǁCheckpointLifecycleǁ$(f)__mutmut_*) \
+                $(foreach f,$(MUTATE_RETENTION),fastimpl.retention.xǁRetentionǁ$(f)__mutmut_*) \
+                $(foreach f,$(MUTATE_FAILOVER),fastimpl.failover.xǁFailoverǁ$(f)__mutmut_*) \
+                fastimpl.job_end.xǁJobEndǁend_job__mutmut_* \
+                $(foreach f,$(MUTATE_RESTORE),fastimpl.restore_planning.xǁRestorePlannerǁ$(f)__mutmut_*) \
                 fastimpl.working.x_is_working_path__mutmut_* fastimpl.working.x_overlaps__mutmut_* \
                 $(foreach f,$(MUTATE_DATABASES),fastimpl.working.xǁDatabasesǁ$(f)__mutmut_*) \
                 $(foreach f,$(MUTATE_SHARED_WORKING),fastimpl.working.xǁSharedWorkingǁ$(f)__mutmut_*) \

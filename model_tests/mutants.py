@@ -2,7 +2,7 @@
 
 Each mutant reproduces a real bug (a Flink bug of the design brief, or a classic mistake)
 in fastimpl's own code paths by patching one or two methods of a party
-(``fastimpl.coordinator``, ``fastimpl.taskmanager``, ``fastimpl.catalog``,
+(the coordinator's parts, ``fastimpl.taskmanager``, ``fastimpl.catalog``,
 ``fastimpl.manager``) or of the in-process engine (``fastimpl.engine.InProcessEngine``) from
 test code, as ``twins.py`` does for the reference model: the buggy behaviour lives here,
 never as a flag inside fastimpl. A mutant keeps what it needs to remember per party in a
@@ -52,8 +52,11 @@ from conformance.runner import run_case
 from fastimpl.catalog import Catalog
 from fastimpl.coordinator import CheckpointCoordinator
 from fastimpl.engine import InProcessEngine
+from fastimpl.failover import Failover
+from fastimpl.job_end import JobEnd
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, Completed, Deferred, PFile, Seg
+from fastimpl.retention import Retention
 from fastimpl.taskmanager import TaskManager
 from fastimpl.working import Databases, SharedWorking
 from spec import commands as c
@@ -170,18 +173,16 @@ def _flink_35570(mp: pytest.MonkeyPatch) -> None:
 def _flink_35784(mp: pytest.MonkeyPatch) -> None:
     """Completion registers the file handles only: the directory handles the TMs reported
     never reach the registry nor the coordinator, which never deletes the directories."""
-    orig = CheckpointCoordinator._register
+    orig = Retention.register
 
-    def register(
-        self: CheckpointCoordinator, done: Completed, recorded: Completed | None = None
-    ) -> None:
+    def register(self: Retention, done: Completed, recorded: Completed | None = None) -> None:
         orig(
             self,
             Completed(done.id, done.job, done.savepoint, done.entries, (), done.metadata),
             recorded,
         )
 
-    mp.setattr(CheckpointCoordinator, "_register", register)
+    mp.setattr(Retention, "register", register)
 
 
 def _flink_35400(mp: pytest.MonkeyPatch) -> None:
@@ -212,37 +213,37 @@ def _flink_25395(mp: pytest.MonkeyPatch) -> None:
 def _flink_26985(mp: pytest.MonkeyPatch) -> None:
     """Subsuming a restored (claimed) checkpoint discards all its shared state, as if it
     alone referred to it, though the new job's checkpoint reuses some of it."""
-    orig = CheckpointCoordinator._subsume
+    orig = Retention.subsume
 
-    def subsume(self: CheckpointCoordinator, old: Completed) -> None:
+    def subsume(self: Retention, old: Completed) -> None:
         orig(self, old)
-        if old.job == self.job:
+        if old.job == self.run.job:
             return
+        catalog = self.run.catalog
         for e in old.entries:
             s = stream_of(e.handle)
-            if s is not None and s.scope is Scope.SHARED and s.path in self.catalog.files:
-                self.catalog.delete_file(s.path, COORDINATOR)
+            if s is not None and s.scope is Scope.SHARED and s.path in catalog.files:
+                catalog.delete_file(s.path, COORDINATOR)
 
-    mp.setattr(CheckpointCoordinator, "_subsume", subsume)
+    mp.setattr(Retention, "subsume", subsume)
 
 
 def _flink_29913(mp: pytest.MonkeyPatch) -> None:
     """The shared-state registry is keyed by the local file name; a second upload under a
     known name is taken for a duplicate and discarded, though a checkpoint refers to it."""
-    orig = CheckpointCoordinator._register
+    orig = Retention.register
 
-    def register(
-        self: CheckpointCoordinator, done: Completed, recorded: Completed | None = None
-    ) -> None:
+    def register(self: Retention, done: Completed, recorded: Completed | None = None) -> None:
+        catalog = self.run.catalog
         for e in done.entries:
             h = e.handle
             if not isinstance(h, SegmentHandle | FileHandle) or h.scope is not Scope.SHARED:
                 continue
             known = self.registry.get(e.name)
             if known is not None and known.path != h.path:
-                f = self.catalog.files.get(h.path)
+                f = catalog.files.get(h.path)
                 if f is not None and f.owner == COORDINATOR:
-                    self.catalog.delete_file(h.path, COORDINATOR)  # "a duplicate upload"
+                    catalog.delete_file(h.path, COORDINATOR)  # "a duplicate upload"
                 self.registry.register(e.name, known.path, known.handle, known.owned, done.id)
                 continue
             self.registry.register(e.name, h.path, h, isinstance(h, FileHandle), done.id)
@@ -253,7 +254,7 @@ def _flink_29913(mp: pytest.MonkeyPatch) -> None:
             recorded,
         )
 
-    mp.setattr(CheckpointCoordinator, "_register", register)
+    mp.setattr(Retention, "register", register)
 
 
 def _flink_35803(mp: pytest.MonkeyPatch) -> None:
@@ -333,18 +334,19 @@ def _sweep_ignores_owner(mp: pytest.MonkeyPatch) -> None:
     """The job-end sweep deletes every file under the job's bases that no retained
     checkpoint refers to, without asking who owns it: the user's savepoints, the files of
     an older job restored without claiming, a zombie attempt's files."""
-    orig = CheckpointCoordinator.end_job
+    orig = JobEnd.end_job
 
-    def end_job(self: CheckpointCoordinator, *, retain: bool) -> None:
+    def end_job(self: JobEnd, *, retain: bool) -> None:
         orig(self, retain=retain)
-        for path in sorted(self.catalog.files):
-            f = self.catalog.files.get(path)
-            if f is None or f.owner == COORDINATOR or self.referenced(path):
+        catalog = self.run.catalog
+        for path in sorted(catalog.files):
+            f = catalog.files.get(path)
+            if f is None or f.owner == COORDINATOR or self.retention.referenced(path):
                 continue
-            if any(is_under(path, b) for b in self.bases):
-                self.catalog.delete_file(path, COORDINATOR)
+            if any(is_under(path, b) for b in self.run.bases):
+                catalog.delete_file(path, COORDINATOR)
 
-    mp.setattr(CheckpointCoordinator, "end_job", end_job)
+    mp.setattr(JobEnd, "end_job", end_job)
 
 
 def _reuse_not_reusable(mp: pytest.MonkeyPatch) -> None:
@@ -401,10 +403,10 @@ def _replace_keeps_acks(mp: pytest.MonkeyPatch) -> None:
     for pending checkpoints: a checkpoint completes without the new attempt's, naming
     files of an attempt the coordinator gave up on, which its stop may sweep first."""
 
-    def withdraw_acks(self: CheckpointCoordinator, subtasks: list[SubtaskId]) -> None:
+    def withdraw_acks(self: Failover, subtasks: list[SubtaskId]) -> None:
         return None
 
-    mp.setattr(CheckpointCoordinator, "_withdraw_acks", withdraw_acks)
+    mp.setattr(Failover, "withdraw_acks", withdraw_acks)
 
 
 def _deferred_dir_delete_unchecked(mp: pytest.MonkeyPatch) -> None:

@@ -135,7 +135,7 @@ def test_no_table_grows_with_the_number_of_checkpoints(mode: MergingMode, tmp_pa
 
 def _coordinator_tables(store: CheckpointStore) -> dict[str, int]:
     """The sizes of the coordinator's tables that used to grow with every TM attempt and
-    savepoint (``fastimpl.attempts``; ``CheckpointCoordinator._retire``)."""
+    savepoint (``fastimpl.attempts``; ``Failover.retire``)."""
     co = store._engine.coord
     tms = co.tms
     assert isinstance(tms, TmTable)
