@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import fsspec  # type: ignore[import-untyped]
 
@@ -191,7 +190,7 @@ def run_job(root: Path, mode: MergingMode, say: Callable[[str], None] = print) -
     try:
         job.run()
     finally:
-        codes: list[Any] = job.engine.stop_all()
+        codes = job.engine.stop_all()
         job.storage.drain()
     say(f"TM processes' exit codes: {codes}")
     return job.completed[-RETAINED:]
