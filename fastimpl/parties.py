@@ -1,0 +1,208 @@
+"""The embedding API: the two parties of the store, for an engine that runs them itself.
+
+``fastimpl.CheckpointStore`` runs a job's coordinator and TMs in one process. An engine
+whose TMs are processes of their own (Flink's TaskExecutors, Spark's executors) embeds the
+two parties instead: one ``CheckpointCoordinator`` where its job master runs, one
+``TaskManager`` in each TM process, meeting only through the messages of
+``spec.messages`` (as bytes: ``encode_message`` / ``decode_message``) and the storage
+both write. Placing subtasks, starting and stopping TM processes and carrying the bytes
+are the engine's, as in Flink. ``examples/embedding`` is a complete engine written on
+these names alone, and ``docs/embedding.md`` walks through it with the rules of each step.
+
+Every name is re-exported from the module that defines it, which cites the rules its
+calls carry; this module implements none, so it names none (the traceability table of
+``spec/SPEC.md`` lists the code that does).
+
+The coordinator's side
+----------------------
+
+``CheckpointCoordinator(config, vertices, num_tms, storage, ids, engine, job_id="job-0")``
+    One job's coordinator. ``storage`` is a ``Storage`` over the checkpoint root,
+    ``ids`` an ``IdSource`` (``RandomIds()``), ``engine`` the host's ``CoordinatorEngine``.
+    ``deploy(placement)`` records where the subtasks run (all on live TMs). Then, each
+    call returning what it produced (its effects on TMs go out through the engine
+    before it returns):
+
+    - ``trigger(savepoint=False) -> int``: the new checkpoint's id. The engine
+      carries the barrier to the TMs itself.
+    - ``receive_ack(Acknowledgement)``, ``receive_decline(Decline)``: a TM's answer to a
+      barrier, decoded. One from an attempt the coordinator gave up on, or for a
+      checkpoint no longer pending, changes nothing (its whole files aside).
+    - ``complete(cid) -> Completed | None``: the completed checkpoint (``id``,
+      ``job``, ``metadata``: the ``_metadata`` path under the root, ``entries``,
+      ``directories``), or ``None`` if writing ``_metadata`` failed and it aborted;
+      ``CheckpointComplete`` notices go to every current TM (``send``).
+      Raises ``CommandError`` (a ``CkptError``) while a subtask has not acknowledged.
+    - ``abort(cid)``: ``CheckpointAborted`` notices go out.
+    - ``lose(tm)``: the engine's word that a TM is lost (every pending checkpoint
+      aborts); ``receive_stopped(AttemptStopped)``: that a lost attempt's process has
+      stopped (its unrecorded files are swept, asking live TMs ``Holdings``).
+    - ``failover()``: every subtask restarts: lost TMs are replaced
+      (``start_tm``), survivors get ``ResetTm``, every TM a ``TmAssignment``.
+      ``replace(tm) -> TmId``: a task-level failover of one TM, the new attempt.
+    - ``end_job(retain=...)``: every TM gets ``EndJob`` and answers ``TmEnded``;
+      with ``retain`` the retained checkpoints are the user's, otherwise they go.
+    - ``restart()``: the coordinator rebuilt from the ``_metadata`` on storage;
+      ``restore(spec.commands.Restore(checkpoint, parallelism, mode))``: a
+      new job from a retained checkpoint or a savepoint (``docs/library.md``).
+
+``CoordinatorEngine``
+    The protocol the host implements, the coordinator's only way out: ``send(tm,
+    notice)`` (may be lost, repeated or reordered), ``duty(tm, msg) -> answer``
+    (reliable: ``TmEnded`` for ``EndJob``, ``Held`` for ``Holdings``, ``InUse`` for
+    ``DatabaseFiles``, else ``None``; a ``ResetTm`` also drops the notices still
+    queued for that TM), ``start_tm(job, first_checkpoint, finished_mark) -> TmId``,
+    ``place(subtasks, tms) -> placement``, ``placed(placement)``, ``forget_tm(tm)``.
+
+``Storage(fs, root)``, ``RandomIds()``, ``IdSource``
+    The coordinator's storage (an fsspec file system and the root path under it; its
+    deletes run in a background thread: ``drain()`` waits for them, ``list_files()``
+    lists the root) and where new file names come from.
+
+The task manager's side
+-----------------------
+
+``TaskManager.alone(storage, root, config, job, tm, first_checkpoint=1)``
+    One TM attempt in a process of its own, built from the storage (an fsspec file
+    system, or a URL with ``root`` ""), the config, the job id and its TM id: it keeps
+    records of only what it created and still owns. Each call returns what it
+    produced, and the TM never calls the coordinator:
+
+    - ``host(subtasks)``: the subtasks the engine runs here now.
+    - ``finished(cid, savepoint) -> bool``, ``acknowledged(subtask, cid) -> bool``: the
+      checks a host makes before a write or an acknowledgement (a checkpoint the
+      TM knows is over is refused, nothing is written).
+    - ``write(subtask, cid, kind, name, size, entries, data, savepoint=False) ->
+      StateEntry``: one state handle's bytes. A ``StorageFault`` means the
+      subtask declines: call ``write_failed(subtask, cid)`` and send a ``Decline``.
+    - ``backend_ref(subtask, name)`` then ``reuse(subtask, cid, ref) -> StateEntry |
+      None``: incremental state uploaded before: the old handle or a
+      placeholder, or ``None`` when it must be written again (``write``).
+    - ``acknowledge(subtask, cid) -> (written, Acknowledgement)``: the message to send;
+      a ``StorageFault`` declines as above.
+    - ``on_notice(CheckpointComplete | CheckpointAborted)``: any order, twice or never.
+    - ``on_duty(duty) -> TmEnded | Held | InUse | None``: the answer goes back as the
+      result of the engine's ``duty``.
+    - waiting for its deletes to be carried out: no method yet, ``flush_deletes(tm)``
+      below.
+
+``export_state(tm) -> TaskManagerState``, ``rebuild(state, storage, root) -> TaskManager``
+    A TM's records as data (``spec.tm_state``) and the TM rebuilt from them in another
+    process (local disks only: its open pooled files are reopened). For an engine that
+    hands a live TM's state to a new process of the same attempt; a killed TM needs
+    neither (the coordinator sweeps what it left).
+
+``flush_deletes(tm)``
+    Waits until every delete the TM decided has been carried out: a host calls it
+    before it answers a message whose effects it reports, and before its process exits
+    (a queued delete dies with the process and leaves an orphan). Provisional: proposed
+    as ``TaskManager.flush()`` (``docs/embedding.md``).
+
+Messages and errors
+-------------------
+
+The messages (``spec.messages``): TM -> coordinator ``Acknowledgement``, ``Decline``;
+notices ``CheckpointComplete``, ``CheckpointAborted``; duties ``ResetTm``,
+``TmAssignment``, ``ReusableFiles``, ``LostAttemptStopped``, ``EndJob``, ``Holdings``,
+``OpenDatabase``, ``DatabasesOpened``, ``DatabaseFiles`` and their answers ``TmEnded``,
+``Held``, ``InUse``; engine -> coordinator ``AttemptStopped``; ``RestoreAssignment``,
+``RetainedCheckpoint``, ``KeptFile`` are parts or views of them. ``Message``, ``Duty``,
+``Answer`` and ``Notice`` are their unions. ``encode_message(msg) -> bytes`` and
+``decode_message(bytes) -> Message`` (``MessageError``, naming the field, for anything
+that is not a message of ``MESSAGE_VERSION``).
+
+``CkptError`` is the base of every error the store raises; ``StorageFault`` (a storage
+call failed: the subtask declines) and ``CommandError`` (a call invalid in the
+current state; nothing changed) are the two a host handles.
+"""
+
+from __future__ import annotations
+
+from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine, Notice
+from fastimpl.ids import IdSource, RandomIds
+from fastimpl.records import Completed
+from fastimpl.storage import Storage, StorageFault
+from fastimpl.taskmanager import TaskManager
+from fastimpl.tm_state import export_state, rebuild
+from spec.errors import CkptError, CommandError
+from spec.messages import (
+    MESSAGE_VERSION,
+    Acknowledgement,
+    Answer,
+    AttemptStopped,
+    CheckpointAborted,
+    CheckpointComplete,
+    DatabaseFiles,
+    DatabasesOpened,
+    Decline,
+    Duty,
+    EndJob,
+    Held,
+    Holdings,
+    InUse,
+    KeptFile,
+    LostAttemptStopped,
+    Message,
+    MessageError,
+    OpenDatabase,
+    ResetTm,
+    RestoreAssignment,
+    RetainedCheckpoint,
+    ReusableFiles,
+    TmAssignment,
+    TmEnded,
+    decode_message,
+    encode_message,
+)
+
+
+def flush_deletes(tm: TaskManager) -> None:
+    """Wait until every delete ``tm`` decided has been carried out (its storage deletes
+    in a background thread, which dies with the process). Provisional, until
+    ``TaskManager`` has a public ``flush()`` of its own (``docs/embedding.md``)."""
+    tm.catalog.storage.drain()
+
+
+__all__ = [
+    "MESSAGE_VERSION",
+    "Acknowledgement",
+    "Answer",
+    "AttemptStopped",
+    "CheckpointAborted",
+    "CheckpointComplete",
+    "CheckpointCoordinator",
+    "CkptError",
+    "CommandError",
+    "Completed",
+    "CoordinatorEngine",
+    "DatabaseFiles",
+    "DatabasesOpened",
+    "Decline",
+    "Duty",
+    "EndJob",
+    "Held",
+    "Holdings",
+    "IdSource",
+    "InUse",
+    "KeptFile",
+    "LostAttemptStopped",
+    "Message",
+    "MessageError",
+    "Notice",
+    "OpenDatabase",
+    "RandomIds",
+    "ResetTm",
+    "RestoreAssignment",
+    "RetainedCheckpoint",
+    "ReusableFiles",
+    "Storage",
+    "StorageFault",
+    "TaskManager",
+    "TmAssignment",
+    "TmEnded",
+    "decode_message",
+    "encode_message",
+    "export_state",
+    "flush_deletes",
+    "rebuild",
+]
