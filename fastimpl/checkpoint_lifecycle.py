@@ -165,8 +165,7 @@ class CheckpointLifecycle:
     def forget_released_dirs(self, ack: Acknowledgement) -> None:
         """R40, R41: an acknowledgement reports each of the subtask's managed directories
         that exists; one the coordinator records as the attempt's and the acknowledgement
-        does not report was deleted by the TM (R41), so the record goes. (With one table
-        shared in process the TM's delete already removed it.)"""
+        does not report was deleted by the TM (R41), so the record goes."""
         catalog = self.run.catalog
         reported = {e.handle.path for e in ack.entries if isinstance(e.handle, DirectoryHandle)}
         actor = tm_actor(ack.attempt)
@@ -207,9 +206,8 @@ class CheckpointLifecycle:
     def note_given_up(self, entries: Iterable[StateEntry], attempt: TmId) -> None:
         """R56, R64: an attempt the coordinator gave up on handed over whole files it
         will not take; the attempt forgot them when it acknowledged. Unknown to the
-        coordinator's records (a TM in another process), they are recorded as still
-        that attempt's: its files become the coordinator's when it is known stopped
-        (``attempt_stopped``), as they would in one shared table."""
+        coordinator's records, they are recorded as still that attempt's: its files
+        become the coordinator's when it is known stopped (``attempt_stopped``)."""
         catalog = self.run.catalog
         for e in entries:
             h = e.handle

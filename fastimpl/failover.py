@@ -32,6 +32,7 @@ from spec.layout import (
     savepoint_dir,
     shared_dir,
     taskowned_dir,
+    working_dir,
 )
 from spec.messages import (
     AttemptStopped,
@@ -254,8 +255,7 @@ class Failover:
         and never handed over are those in the directories it could write in that no
         live party records. They are listed, each live TM of the job says which it
         records (``Holdings``), and the rest are taken and deleted unless a retained
-        checkpoint refers to them. With one table shared in process nothing is unknown
-        and nothing is asked.
+        checkpoint refers to them.
 
         A subtask's shared directory and a checkpoint's directory are written by every
         attempt that ran the subtask or wrote for the checkpoint, a zombie included,
@@ -270,6 +270,7 @@ class Failover:
         job, first = book.started.pop(tm, (run.job, 1))
         hosted |= book.hosted_before.pop(tm, frozenset())
         dirs = [taskowned_dir(job, tm)] + [shared_dir(job, s) for s in sorted(hosted)]
+        dirs += [working_dir(job, s) for s in sorted(hosted)]  # its databases' (§11)
         last = run.next_checkpoint
         dirs += [checkpoint_dir(job, n) for n in range(first, last)]
         sps = [

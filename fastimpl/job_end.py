@@ -135,8 +135,8 @@ class JobEnd:
 
     def _handed_at_end(self, ended: TmEnded) -> None:
         """R90: what the TM still owned is recorded as its own, then handed over below.
-        Records the coordinator already holds (one table shared in process) stay as they
-        are; a path outside what this store writes in is never recorded (I5)."""
+        Records the coordinator already holds stay as they are; a path outside what this
+        store writes in is never recorded (I5)."""
         catalog = self.run.catalog
         writes_in = self.lifecycle.writes_in
         actor = tm_actor(ended.tm)

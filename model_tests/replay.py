@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from conformance.compare import differences, normalized
+from conformance.compare import differences, normalized, unmarked
 from fastimpl.trace import FORMAT, VERSION
 from refimpl import initial_state, observe, step
 from spec import codec
@@ -119,6 +119,7 @@ def replay(lines: Iterable[str]) -> ReplayReport:
                 f"{line['real_faults']} call(s); the model replays only armed faults"
             )
         outcome = line.get("outcome")
+        cmd = unmarked(cmd)  # a path it names is the product's, marked with its creator
         try:
             out = step(state, cmd)
         except CommandError as err:

@@ -80,7 +80,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 from pyfakefs.fake_filesystem_unittest import Patcher
 
-from conformance.compare import differences, normalized
+from conformance.compare import differences, normalized, unmarked
 from conformance.harness import DEFAULT_JOB, Harness, InvariantBroken
 from conformance.machine import RefimplMachine
 from model_tests.targets import FastimplTarget, StartTarget, Target
@@ -91,7 +91,6 @@ from spec.errors import CommandError
 from spec.invariants import check_safety, working_files_kept
 from spec.layout import is_under
 from spec.observation import WorkingObservation
-from tests import tm_process
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 SCALE = 10 if PROFILE == "long" else 1
@@ -344,14 +343,14 @@ class LockstepHarness(Harness):
         broken = check_safety(impl)
         assert not broken, "\n".join([*(str(v) for v in broken), repro])
         if isinstance(self.target, FastimplTarget):
-            unrecorded = tm_process.unrecorded_dirs(self.target.engine.catalog)
-            assert not unrecorded, f"directories owned with no record: {unrecorded}\n{repro}"
+            _, disagree = self.target.engine.observe_checked()
+            assert not disagree, "\n".join(["the parties disagree:", *disagree, repro])
             # §11: the parties' working files, databases and their operators (R105) are
             # the model's, and I7 holds on them
             impl_w = _in_use(self.target.observe_working(impl.files))
             model_w = _in_use(self.working())
-            assert impl_w == model_w, "\n".join(
-                ["working state differs:", *_working_diff(model_w, impl_w), repro]
+            assert unmarked(impl_w) == model_w, "\n".join(
+                ["working state differs:", *_working_diff(model_w, unmarked(impl_w)), repro]
             )
             broken = working_files_kept(impl, impl_w)
             assert not broken, "\n".join([*(str(v) for v in broken), repro])

@@ -26,6 +26,7 @@ import pytest
 
 from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
 from fastimpl.ids import RandomIds
+from fastimpl.reports import TmReport
 from fastimpl.storage import Storage
 from spec import commands as c
 from spec.config import Config, MergingMode, RestoreMode, StateKind, VertexSpec
@@ -259,8 +260,8 @@ def orphans_of(engine: ProcessEngine, tm: str) -> dict[str, str]:
     """What ``tm``'s own records say it owns, taken before the test kills it: after the
     kill no live party records those files, yet they are that attempt's (R65) until the
     coordinator takes them (R64)."""
-    snap = engine.call(tm, ("records",))[1]
-    return {p: o for p, o in snap["owners"].items() if o == f"tm:{tm}"}
+    snap = TmReport.from_json(engine.call(tm, ("records",))[1])
+    return {p: o for p, o in snap.owners.items() if o == f"tm:{tm}"}
 
 
 def quiesce(engine: ProcessEngine, coord: CheckpointCoordinator) -> list[int]:

@@ -32,6 +32,7 @@ from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-
 from fastimpl.catalog import Catalog
 from fastimpl.ids import RandomIds
 from fastimpl.records import Status, Tm
+from fastimpl.reports import TmReport
 from fastimpl.storage import Storage
 from model_tests.replay import replay
 from spec import commands as c
@@ -101,7 +102,7 @@ def zombie(s: Soak, tm: TmId) -> None:
 
 def files_of(s: Soak, tm: TmId, directory: str) -> set[str]:
     """The files in ``directory`` on storage now that ``tm``'s records hold as its own."""
-    owners = s.engine.call(tm, ("records",))[1]["owners"]
+    owners = TmReport.from_json(s.engine.call(tm, ("records",))[1]).owners
     here = s.coord.storage.files_under(directory)
     return {p for p, o in owners.items() if o == tm_actor(tm) and p in here}
 
@@ -110,7 +111,8 @@ def deletions_of(s: Soak, path: str) -> list[str]:
     """Who deleted ``path``, from every party's log (live and lost attempts')."""
     out = [d.actor for d in s.coord.catalog.deletions or () if d.path == path]
     for tm in s.engine.live():
-        out += [d.actor for d in s.engine.call(tm, ("records",))[1]["deletions"] if d.path == path]
+        report = TmReport.from_json(s.engine.call(tm, ("records",))[1])
+        out += [d.actor for d in report.deletions if d.path == path]
     return out
 
 
@@ -183,7 +185,7 @@ def test_r64_a_file_handed_over_from_a_zombie_is_deleted_once_the_zombie_stopped
             checkpoint(s, set())
             deliver_to(s, {"tm-1", "tm-3"})
         assert handed in s.coord.storage.files_under(shared_dir(JOB, MAP1))
-        assert handed in s.engine.call("tm-3", ("records",))[1]["pending"]
+        assert handed in TmReport.from_json(s.engine.call("tm-3", ("records",))[1]).pending
         s.zombie_stops()
         s.check()
         assert deletions_of(s, handed) == [tm_actor("tm-3")]

@@ -21,12 +21,11 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from fastimpl.coordinator import CheckpointCoordinator
-from fastimpl.records import Status
+from fastimpl.reports import TmReport
+from fastimpl.reports import observe as observe_parties
 from spec.config import Config
-from spec.effects import COORDINATOR, tm_actor
 from spec.ids import SubtaskId, TmId
 from spec.invariants import Violation, check_all
-from spec.layout import METADATA
 from spec.messages import (
     Answer,
     CheckpointAborted,
@@ -36,7 +35,7 @@ from spec.messages import (
     decode_message,
     encode_message,
 )
-from spec.observation import Observation, RetainedView
+from spec.observation import Observation
 from tests import tm_process
 
 
@@ -197,100 +196,23 @@ class ProcessEngine:
 def observe(
     coord: CheckpointCoordinator, engine: ProcessEngine, *, orphans: dict[str, str] | None = None
 ) -> tuple[Observation, list[str]]:
-    """The real files, with both parties' records merged (the test side may merge them;
-    neither party reads the other's). A path two parties record with different owners is
-    a disagreement, returned with the observation. ``orphans``: files the test knows a
-    killed attempt left with no record of any live party, and whose they are (R65)."""
+    """The real files, with both parties' records merged (``fastimpl.reports.observe``:
+    the test side may merge them; neither party reads the other's). ``orphans``: files
+    the test knows a killed attempt left with no record of any live party, and whose
+    they are (R65)."""
     coord.storage.drain()
-    snaps = {}
+    reports: dict[TmId, TmReport] = {}
     for tm in engine.live():
         try:
-            snaps[tm] = engine.call(tm, ("records",))[1]
+            reports[tm] = TmReport.from_json(engine.call(tm, ("records",))[1])
         except TmDied:
             continue
-    disagree: list[str] = []
-    owners: dict[str, str] = dict(coord.catalog.owners())
-    directories: dict[str, str] = dict(coord.catalog.dir_owner)
-    disagree += [
-        f"dir {d}: the coordinator owns it with no record"
-        for d in tm_process.unrecorded_dirs(coord.catalog)
-    ]
-    claims: dict[str, set[str]] = {}
-    ref_counts: dict[str, int] = {}
-    live: dict[str, list[tuple[int, int]]] = {}
-    pool_files: set[str] = set()
-    open_files: set[str] = {p for p, f in coord.catalog.files.items() if f.open}
-    deletions = list(coord.catalog.deletions or ())
-    pending = [d.path for d in coord.catalog.deferred] + sorted(coord.storage.failed_deletes)
-    refused = [r.path for r in coord.catalog.refused_deletes]
-    lost = {t for t in snaps if t in coord.tms and coord.tms[t].status is Status.LOST}
-    # A zombie's records of what a failover handed to a newer attempt are stale (R61,
-    # R64): the live parties' records come first, then the lost ones' from the newest
-    # attempt back (a failover hands files from older attempts to newer ones, never back;
-    # the engine numbers attempts in the order it starts them)
-    for tm, s in sorted(snaps.items(), key=lambda ts: (ts[0] in lost, -_attempt_number(ts[0]))):
-        for path, owner in s["owners"].items():
-            if owners.setdefault(path, owner) != owner and tm not in lost:
-                disagree.append(f"{path}: coordinator says {owners[path]}, {tm} says {owner}")
-        for path, owner in s["dirs"].items():
-            if tm in lost and path not in directories and not coord.storage.exists_dir(path):
-                continue  # a zombie's record of a directory a failover handed over and its
-                # new owner deleted since (R61, R63): stale, as its file records are
-            theirs = directories.setdefault(path, owner)
-            if theirs == COORDINATOR and owner == tm_actor(tm):
-                continue  # R42: handed over at the complete; the TM learns it from the notice
-            if owner != theirs and tm not in lost:
-                disagree.append(f"dir {path}: coordinator says {theirs}, {tm} says {owner}")
-        disagree += [f"dir {d}: {tm} owns it with no record" for d in s["unrecorded_dirs"]]
-        open_files |= set(s["open"])
-        deletions += s["deletions"]
-        pending += s["pending"]
-        refused += s["refused"]
-        if tm in lost:
-            continue  # as the model observes: only live parties' bookkeeping claims
-        for path, actor in s["claims"].items():
-            claims.setdefault(path, set()).add(actor)
-        ref_counts.update(s["ref_counts"])
-        for path, extents in s["live"].items():
-            live.setdefault(path, []).extend(tuple(x) for x in extents)
-        pool_files |= set(s["pool_files"])
-    for path, owner in list(directories.items()):
-        # R41: a live TM deleted a directory of its own; the coordinator's copy of the
-        # record goes at the TM's next acknowledgement, which no longer reports it (R40)
-        holder = owner[3:] if owner.startswith("tm:") else None
-        if holder in snaps and path not in snaps[holder]["dirs"]:
-            del directories[path]
-    for path, owner in {**engine.orphans, **(orphans or {})}.items():
-        if path in coord.storage.list_files():
-            owners.setdefault(path, owner)
-    for path in coord.claimed():
-        claims.setdefault(path, set()).add(COORDINATOR)
-    on_storage = coord.storage.list_files()
-    obs = Observation(
-        files=on_storage,
-        open_files=frozenset(open_files),
-        directories=directories,
-        owners=owners,
-        claims={p: frozenset(v) for p, v in claims.items()},
-        retained=tuple(
-            RetainedView(r.id, r.job, r.metadata, r.entries, r.directories) for r in coord.retained
-        ),
-        restoring=coord.restoring,
-        ref_counts=ref_counts,
-        live_segments={p: tuple(sorted(v)) for p, v in live.items()},
-        registry=coord.registry.view(coord.retained),
-        deletions=tuple(deletions),
-        pending_deletes=tuple(pending),
-        pool_files=frozenset(pool_files),
-        metadata_files=frozenset(p for p in on_storage if p.endswith("/" + METADATA)),
-        live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in snaps if t not in lost}),
+    return observe_parties(
+        coord,
+        reports,
+        coord.storage.list_files(),
+        orphans={**engine.orphans, **(orphans or {})},
     )
-    return obs, disagree + [f"refused delete of {p}" for p in refused]
-
-
-def _attempt_number(tm: TmId) -> int:
-    """The number ``ProcessEngine.start_tm`` gave attempt ``tm-<n>``."""
-    return int(tm.rsplit("-", 1)[1])
 
 
 def violations(

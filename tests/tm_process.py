@@ -26,16 +26,15 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-from fastimpl.catalog import Catalog
 from fastimpl.ids import IdSource
+from fastimpl.reports import report_of
 from fastimpl.storage import StorageFault
 from fastimpl.storage_hooks import HookedStorage, StorageCall, StorageHooks
 from fastimpl.taskmanager import TaskManager
 from spec.commands import StorageOp
 from spec.config import Config, StateKind
-from spec.effects import USER, tm_actor
 from spec.errors import Reason
-from spec.handles import FileHandle, stream_of
+from spec.handles import stream_of
 from spec.ids import SubtaskId, TmId
 from spec.messages import (
     CheckpointAborted,
@@ -47,44 +46,10 @@ from spec.messages import (
 )
 
 
-def records(tm: TaskManager) -> dict[str, Any]:
-    """What the TM's own records say, as plain values (the test merges them with the
-    coordinator's into one ``Observation``)."""
-    cat = tm.catalog
-    cat.storage.drain()
-    actor = tm_actor(tm.tm)
-    claims: dict[str, str] = {p: actor for p in tm.m.pfiles}
-    for entries in tm.outputs.values():
-        for e in entries:
-            if isinstance(e.handle, FileHandle):
-                claims[e.handle.path] = actor
-    live: dict[str, list[tuple[int, int]]] = {}
-    for seg in tm.m.segs.values():
-        live.setdefault(seg.path, []).append((seg.offset, seg.length))
-    return {
-        "owners": cat.owners(),
-        "open": sorted(p for p, f in cat.files.items() if f.open),
-        "dirs": dict(cat.dir_owner),
-        "unrecorded_dirs": unrecorded_dirs(cat),
-        "claims": claims,
-        "ref_counts": {p: pf.ref_count for p, pf in tm.m.pfiles.items()},
-        "live": live,
-        "pool_files": sorted(tm.m.pools.values()),
-        "deletions": list(cat.deletions or ()),
-        "pending": [d.path for d in cat.deferred] + sorted(cat.storage.failed_deletes),
-        "refused": [r.path for r in cat.refused_deletes],
-    }
-
-
-def unrecorded_dirs(cat: Catalog) -> list[str]:
-    """The directories a party of the store owns with no ``ManagedDir`` for them. Every
-    writer of such an owner records the directory too (its creator, which R64 reads when
-    it is deleted, and whether it was handed over): ``Catalog.delete_dir`` and
-    ``_holds_unknown_files`` read the record of every owned directory they delete. None is
-    ever expected. The user's directories are left out: ``resume.rebuild`` marks one
-    outside the lineage as the user's with no record, and the guard refuses to delete it
-    (I5) before a record is read."""
-    return sorted(d for d, o in cat.dir_owner.items() if o != USER and d not in cat.dirs)
+def records(tm: TaskManager) -> str:
+    """What the TM's own records say (``fastimpl.reports.TmReport``), encoded: the test
+    merges them with the coordinator's into one ``Observation``."""
+    return report_of(tm).to_json()
 
 
 def _sigkill() -> NoReturn:
