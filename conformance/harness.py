@@ -60,10 +60,10 @@ class Harness:
         self.state = out.state
         self.history.append(cmd)
         self.last_effects = out.effects
-        obs = self.observe()
+        obs = observe(self.state)
         broken = check_safety(obs)
         if self.state.wfiles or self.state.dbs:  # §11: I7 once a database wrote
-            broken += working_files_kept(obs, self.working())
+            broken += working_files_kept(obs, observe_working(self.state))
         if broken:
             raise InvariantBroken(self._report(broken))
         self.effects.extend(out.effects)

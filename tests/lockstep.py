@@ -296,6 +296,8 @@ class LockstepHarness(Harness):
         self.target = start(config, job, backend.fs, root)
         self.dir_view: dict[str, bool] = {}
         """Object stores: whether each managed directory held a file at the last check."""
+        self.impl_obs = self.target.observe()
+        """The implementation's observation after the last command."""
 
     def run(self, cmd: c.Command) -> tuple[Effect, ...]:
         model_err: CommandError | None = None
@@ -319,9 +321,9 @@ class LockstepHarness(Harness):
         )
         if model_err is not None and impl_err is not None:
             assert model_err.reason is impl_err.reason, f"{model_err} != {impl_err}\n{repro}"
-        impl = self.target.observe()
+        impl = self.impl_obs = self.target.observe()
         listed = not self.backend.object_store
-        model = normalized(self.observe(), open_files_listed=listed)
+        model = normalized(Harness.observe(self), open_files_listed=listed)
         diff = differences(model, normalized(impl))
         assert not diff, "\n".join([*diff, "after commands:", repro])
         if self.backend.object_store:
@@ -348,14 +350,14 @@ class LockstepHarness(Harness):
             # §11: the parties' working files, databases and their operators (R105) are
             # the model's, and I7 holds on them
             impl_w = _in_use(self.target.observe_working(impl.files))
-            model_w = _in_use(self.working())
+            model_w = _in_use(Harness.working(self))
             assert unmarked(impl_w) == model_w, "\n".join(
                 ["working state differs:", *_working_diff(model_w, unmarked(impl_w)), repro]
             )
             broken = working_files_kept(impl, impl_w)
             assert not broken, "\n".join([*(str(v) for v in broken), repro])
-        if model_err is not None:
-            raise model_err
+        if impl_err is not None:
+            raise impl_err  # the same reason as the model's
         return effects
 
 

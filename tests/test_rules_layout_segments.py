@@ -1,7 +1,8 @@
 """Rule tests for layout (R1-R3) and segments and physical files (R10-R17) of SPEC.md.
 
-Every test drives the reference model through ``Harness`` (which checks I1-I5 after every
-command) and asserts on the storage effects, the observation or the refusal reason.
+Every test runs twice (``tests/rule_impls.py``): on the reference model through ``Harness``
+(which checks I1-I5 after every command), and on the product in lockstep with the model,
+and asserts on the storage effects, the observation or the refusal reason.
 The default job has two TMs: tm-1 hosts agg[0] and src[0], tm-2 hosts agg[1] and src[1].
 """
 
@@ -36,6 +37,7 @@ from spec.errors import Reason
 from spec.handles import extent_of, stream_of
 from spec.ids import SAFE, SubtaskId, escape_name, unescape_name
 from spec.layout import savepoint_dir, shared_dir, taskowned_dir, working_dir
+from tests.rule_impls import channel, current_impl, impl, impl_free, segments, start, start_as  # noqa: F401 (impl: an autouse fixture)
 
 AGG0, AGG1 = SubtaskId("agg", 0, 2), SubtaskId("agg", 1, 2)
 SRC0, SRC1 = SubtaskId("src", 0, 2), SubtaskId("src", 1, 2)
@@ -63,7 +65,7 @@ class ExtentTracker(Harness):
 
 
 def make(mode: MergingMode, job: JobSpec = DEFAULT_JOB, **kwargs: object) -> Harness:
-    return Harness(Config.for_mode(mode, **kwargs), job)
+    return start(Config.for_mode(mode, **kwargs), job)
 
 
 def write(
@@ -133,7 +135,7 @@ def test_r1_shared_in_subtask_dir_exclusive_in_checkpoint_or_tm_dir(mode: Mergin
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r1_every_path_under_job_base_or_savepoints(mode: MergingMode) -> None:
-    h = ExtentTracker(Config.for_mode(mode))
+    h = start_as(ExtentTracker, Config.for_mode(mode))
     h.checkpoint()
     h.checkpoint(savepoint=True)
     h.checkpoint(shared=("sst-2",))
@@ -145,12 +147,13 @@ def test_r1_every_path_under_job_base_or_savepoints(mode: MergingMode) -> None:
 
 
 def test_r1_savepoint_metadata_lives_in_savepoint_dir() -> None:
-    h = ExtentTracker(Config.for_mode(MergingMode.NONE))
+    h = start_as(ExtentTracker, Config.for_mode(MergingMode.NONE))
     h.checkpoint(savepoint=True)
     metas = [m.path for m in of_type(h.effects, WriteMetadata)]
     assert metas == [f"{savepoint_dir(1)}/_metadata"]
 
 
+@impl_free
 def test_r1_tm_directory_never_contains_working_dirs() -> None:
     tm_dir = taskowned_dir(JOB, "working")
     assert not working_dir(JOB, AGG0).startswith(tm_dir + "/")
@@ -161,7 +164,7 @@ def test_r1_tm_directory_never_contains_working_dirs() -> None:
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r2_paths_and_logical_ids_never_reused(mode: MergingMode) -> None:
-    h = ExtentTracker(Config.for_mode(mode, max_file_size=250))
+    h = start_as(ExtentTracker, Config.for_mode(mode, max_file_size=250))
     h.checkpoint(shared=("sst-1", "sst-2"))
     h.checkpoint(shared=("sst-3",), reuse=("sst-1",))
     h.run(c.Trigger())
@@ -192,11 +195,13 @@ def test_r2_paths_and_logical_ids_never_reused(mode: MergingMode) -> None:
 # ---------------------------------------------------------------------------- R3 escaping
 
 
+@impl_free
 @given(st.text())
 def test_r3_escape_round_trip(name: str) -> None:
     assert unescape_name(escape_name(name)) == name
 
 
+@impl_free
 @given(st.text(), st.text())
 @example("a/b", "a_2Fb")
 @example("", "_")
@@ -207,6 +212,7 @@ def test_r3_escape_injective(a: str, b: str) -> None:
         assert escape_name(a) != escape_name(b)
 
 
+@impl_free
 @given(st.text())
 def test_r3_escape_uses_only_safe_characters(name: str) -> None:
     out = escape_name(name)
@@ -215,7 +221,11 @@ def test_r3_escape_uses_only_safe_characters(name: str) -> None:
 
 
 def _weird_state(mode: MergingMode, tm: str, job_id: str, vertex: str) -> Harness:
+    """A job of one vertex on one TM with the names given. The product names its TMs
+    itself (``tm-1``, ...): there ``tm`` is not used."""
     job = JobSpec((VertexSpec(vertex, 2),), num_tms=1)
+    if current_impl() == "product":
+        return start(Config.for_mode(mode), job, job_id=job_id)
     s = initial_state(Config.for_mode(mode), job, job_id)
     s = evolve(
         s, placement=place(subtasks_of(job.vertices), [tm]), tms={tm: TmRec(tm, TmStatus.ALIVE)}
@@ -233,7 +243,7 @@ def _run_checkpoints(h: Harness) -> list[Effect]:
             out += write(h, cp, s, "offsets", 10, EXCL)
             out += h.run(c.Acknowledge(cp, s))
         out += h.run(c.Complete(cp))
-        while h.state.channel:
+        while channel(h):
             out += h.run(c.DeliverNotification(0))
     out += h.run(c.Cancel(retain=False))
     return out
@@ -242,6 +252,8 @@ def _run_checkpoints(h: Harness) -> list[Effect]:
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r3_special_tm_job_and_vertex_ids_stay_safe_in_paths(mode: MergingMode) -> None:
     tm, job_id, vertex = "tm/../ü x:1", "my job/..", "../op é"
+    if current_impl() == "product":  # it names its TMs, and a job id is a name (no "/")
+        tm, job_id = "tm-1", "my job ü:1"
     h = _weird_state(mode, tm, job_id, vertex)
     effects = _run_checkpoints(h)
     paths = [e.path for e in effects] + list(h.observe().files)
@@ -267,7 +279,7 @@ def test_r3_any_tm_id_or_vertex_never_leaves_safe_alphabet(tm: str, vertex: str)
 
 def test_r3_lookalike_vertices_get_distinct_directories() -> None:
     job = JobSpec((VertexSpec("a/b", 1), VertexSpec("a_2Fb", 1)), num_tms=1)
-    h = Harness(Config.for_mode(MergingMode.WITHIN_CHECKPOINT), job)
+    h = start(Config.for_mode(MergingMode.WITHIN_CHECKPOINT), job)
     h.run(c.Trigger())
     dirs = {m.path for s in h.subtasks for m in of_type(write(h, 1, s), MakeDir)}
     assert dirs == {"job-0/shared/a_2Fb-0-1", "job-0/shared/a__2Fb-0-1"}
@@ -301,8 +313,8 @@ def test_r10_write_creates_one_segment_with_last_used_c(mode: MergingMode) -> No
     assert after.ref_counts[path] == before.ref_counts.get(path, 0) + 1
     new = set(after.live_segments[path]) - set(before.live_segments.get(path, ()))
     assert len(new) == 1 and new.pop()[1] == 70
-    segs = [s for s in h.state.segs.values() if s.path == path and s.created_for == 2]
-    assert [(s.length, s.last_used) for s in segs] == [(70, 2)]
+    segs = segments(h, h.tm_of(SRC0)).values()
+    assert [(n, last) for p, n, made, last in segs if p == path and made == 2] == [(70, 2)]
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
@@ -331,9 +343,7 @@ def test_r10_write_for_checkpoint_finished_by_later_completion_refused(mode: Mer
     h = make(mode)
     h.run(c.Trigger())
     h.checkpoint(deliver=False)
-    tm1_complete = next(
-        i for i, n in enumerate(h.state.channel) if n.tm == "tm-1" and n.checkpoint == 2
-    )
+    tm1_complete = next(i for i, n in enumerate(channel(h)) if n.tm == "tm-1" and n.checkpoint == 2)
     h.run(c.DeliverNotification(tm1_complete))
     assert reason(h, ws(1, SRC0)) is Reason.CHECKPOINT_FINISHED_FOR_TM
     assert reason(h, ws(1, SRC1)) is None
@@ -542,8 +552,8 @@ def test_r14_within_file_closes_when_tm_learns_later_completion() -> None:
     h.run(c.Trigger())
     path = written_path(write(h, 1, AGG0, "o", 10, EXCL))
     h.checkpoint(deliver=False)  # completes 2, aborts 1
-    for i in reversed(range(len(h.state.channel))):
-        if h.state.channel[i].checkpoint == 1:
+    for i in reversed(range(len(channel(h)))):
+        if channel(h)[i].checkpoint == 1:
             h.run(c.DropNotification(i))
     assert path in h.observe().open_files
     eff = h.run(c.DeliverNotification(0))  # complete(2) to tm-1
@@ -569,7 +579,7 @@ def test_r14_within_pools_per_checkpoint_across_keeps_one_open_file(mode: Mergin
 
 @pytest.mark.parametrize("mode", MERGING)
 def test_r15_closed_unreferenced_file_deleted_once_by_owner(mode: MergingMode) -> None:
-    h = ExtentTracker(Config.for_mode(mode, max_file_size=100))
+    h = start_as(ExtentTracker, Config.for_mode(mode, max_file_size=100))
     h.checkpoint(shared=("sst-1",))
     old = sorted(p for p in h.observe().files if p.startswith(shared_dir(JOB, SRC0)))
     assert len(old) == 1 and old[0] not in h.observe().open_files
@@ -614,6 +624,7 @@ def test_r15_closed_file_with_live_segment_kept(mode: MergingMode) -> None:
 # ---------------------------------------------------------------------------- R16 config
 
 
+@impl_free
 def test_r16_across_refused_without_readable_open_files() -> None:
     with pytest.raises(ValueError, match=r"(?s)across-checkpoint.*within-checkpoint"):
         Config.for_mode(MergingMode.ACROSS_CHECKPOINT, open_files_readable=False)
@@ -627,7 +638,7 @@ def test_r16_across_refused_without_readable_open_files() -> None:
 def test_r16_other_modes_accept_object_stores(mode: MergingMode) -> None:
     cfg = Config.for_mode(mode, open_files_readable=False)
     assert cfg.merging_mode is mode
-    h = Harness(cfg)
+    h = start(cfg)
     h.checkpoint()
     assert len(h.observe().retained) == 1
 
@@ -695,7 +706,7 @@ def test_r17_failed_append_poisons_across_file_keeps_acknowledged(kind: StateKin
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r17_nothing_acknowledged_is_deleted(mode: MergingMode) -> None:
-    h = ExtentTracker(Config.for_mode(mode))
+    h = start_as(ExtentTracker, Config.for_mode(mode))
     h.checkpoint(shared=("sst-1", "sst-2"))
     retained = {p for p in h.observe().files}
     h.run(c.Trigger())

@@ -1,6 +1,7 @@
 """Rules R40-R45 (directories, hand-over, one owner, retried deletes) and R60-R66
 (failover, safe cleanup, exclusive directories, zombies, crashes mid-write, task-level
-failover) of SPEC.md, checked against the reference model one scenario at a time."""
+failover) of SPEC.md, checked one scenario at a time against the reference model and against
+the product in lockstep with it (``tests/rule_impls.py``: every test runs on each)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from spec.handles import stream_of
 from spec.ids import SubtaskId
 from spec.layout import is_under, shared_dir, taskowned_dir
 from spec.observation import Observation
+from tests.rule_impls import channel, impl, pending, pins, start, start_as  # noqa: F401 (impl: an autouse fixture)
 
 
 def appended(effects: Iterable[Effect]) -> list[str]:
@@ -43,7 +45,7 @@ def ref_paths(obs: Observation) -> set[str]:
 
 
 def one(mode: MergingMode, **kw: object) -> Harness:
-    return Harness(Config.for_mode(mode, **kw), ONE)
+    return start(Config.for_mode(mode, **kw), ONE)
 
 
 def cp_one(
@@ -155,7 +157,7 @@ def test_r41_empty_directory_used_by_a_completed_checkpoint_is_kept(mode: Mergin
     cp_one(h, complete=False)
     h.run(c.Abort(h.last_checkpoint))
     effects: list[Effect] = []
-    while h.state.channel:
+    while channel(h):
         effects += h.run(c.DeliverNotification(0))
     assert dir_deletes(effects) == []  # used by 1 and 2, which did not abort
     assert h.observe().directories[d] == COORDINATOR
@@ -166,7 +168,7 @@ def test_r41_empty_directory_used_by_a_completed_checkpoint_is_kept(mode: Mergin
 
 @pytest.mark.parametrize("mode", MERGING)
 def test_r42_completed_checkpoint_hands_directories_to_coordinator(mode: MergingMode) -> None:
-    h = Harness(Config.for_mode(mode))
+    h = start(Config.for_mode(mode))
     cp = h.checkpoint()
     obs = h.observe()
     assert len(obs.directories) == 6  # four subtask dirs, two TM dirs
@@ -177,7 +179,7 @@ def test_r42_completed_checkpoint_hands_directories_to_coordinator(mode: Merging
 
 @pytest.mark.parametrize("mode", MERGING)
 def test_r42_coordinator_deletes_abandoned_directory_once_unreferenced(mode: MergingMode) -> None:
-    h = Harness(Config.for_mode(mode))
+    h = start(Config.for_mode(mode))
     h.checkpoint()
     lost = taskowned_dir(JOB, "tm-2")
     h.run(c.CrashTm("tm-2"))
@@ -255,7 +257,7 @@ class _Tracking(Harness):
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r44_owner_changes_only_at_hand_overs(mode: MergingMode) -> None:
-    h = _Tracking(Config.for_mode(mode, num_retained=2))
+    h = start_as(_Tracking, Config.for_mode(mode, num_retained=2))
     h.checkpoint()
     h.checkpoint(savepoint=True)
     h.checkpoint(reuse=["sst-1"], shared=["sst-2"], complete=False)
@@ -322,7 +324,7 @@ def test_r45_failed_directory_delete_is_retried() -> None:
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r60_failover_aborts_pending_and_replaces_lost_tm(mode: MergingMode) -> None:
-    h = Harness(Config.for_mode(mode))
+    h = start(Config.for_mode(mode))
     h.checkpoint()
     moved = on_tm(h, "tm-2")
     pending = h.checkpoint(complete=False)  # fully acknowledged
@@ -340,7 +342,7 @@ def test_r60_failover_aborts_pending_and_replaces_lost_tm(mode: MergingMode) -> 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r60_survivor_drops_unacknowledged_state(mode: MergingMode) -> None:
-    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h = start(Config.for_mode(mode, max_file_size=100))
     h.checkpoint()  # the 100-byte shared files are full and closed
     h.run(c.Trigger())
     s = on_tm(h, "tm-1")[0]
@@ -352,7 +354,7 @@ def test_r60_survivor_drops_unacknowledged_state(mode: MergingMode) -> None:
 
 
 def test_r60_no_stale_pool_survives_failover() -> None:
-    h = Harness(Config.for_mode(MergingMode.ACROSS_CHECKPOINT))
+    h = start(Config.for_mode(MergingMode.ACROSS_CHECKPOINT))
     h.checkpoint()
     mine = h.observe().open_files
     assert len(mine) == 6  # four subtask pools, two TM pools
@@ -406,7 +408,7 @@ def test_r61_handed_back_state_stays_reusable(mode: MergingMode) -> None:
 
 @pytest.mark.parametrize("mode", MERGING)
 def test_r61_replacement_tm_takes_over_lost_tms_shared_files(mode: MergingMode) -> None:
-    h = Harness(Config.for_mode(mode))
+    h = start(Config.for_mode(mode))
     h.checkpoint()
     h.run(c.CrashTm("tm-2"))
     h.run(c.Failover())
@@ -435,7 +437,7 @@ def test_r62_failover_deletes_garbage_of_unfinished_checkpoints(mode: MergingMod
 
 @pytest.mark.parametrize("mode", MERGING)
 def test_r62_garbage_of_a_lost_attempt_waits_for_it(mode: MergingMode) -> None:
-    h = Harness(Config.for_mode(mode, max_file_size=50))
+    h = start(Config.for_mode(mode, max_file_size=50))
     h.checkpoint()
     h.run(c.Trigger())
     s = on_tm(h, "tm-2")[0]
@@ -451,7 +453,7 @@ def test_r62_garbage_of_a_lost_attempt_waits_for_it(mode: MergingMode) -> None:
 
 @pytest.mark.parametrize("mode", MERGING)
 def test_r63_exclusive_directory_reused_only_by_the_same_tm(mode: MergingMode) -> None:
-    h = Harness(Config.for_mode(mode))
+    h = start(Config.for_mode(mode))
     h.run(c.Trigger())
     for s in h.subtasks:
         h.run(c.WriteState(1, s, OP, "o", 10))
@@ -476,7 +478,7 @@ def test_r63_exclusive_directory_reused_only_by_the_same_tm(mode: MergingMode) -
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r64_zombie_may_write_but_its_ack_is_ignored(mode: MergingMode) -> None:
-    h = Harness(Config.for_mode(mode))
+    h = start(Config.for_mode(mode))
     h.checkpoint()
     zombie = on_tm(h, "tm-2")
     h.run(c.CrashTm("tm-2"))
@@ -500,7 +502,7 @@ def test_r64_zombie_may_write_but_its_ack_is_ignored(mode: MergingMode) -> None:
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r64_deletes_of_a_zombies_files_wait_until_it_stopped(mode: MergingMode) -> None:
-    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h = start(Config.for_mode(mode, max_file_size=100))
     h.run(c.Trigger())
     made: list[str] = []
     for s in h.subtasks:
@@ -522,18 +524,18 @@ def test_r64_deletes_of_a_zombies_files_wait_until_it_stopped(mode: MergingMode)
 
 @pytest.mark.parametrize("mode", MERGING)
 def test_r64_zombie_applies_notifications_already_sent(mode: MergingMode) -> None:
-    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h = start(Config.for_mode(mode, max_file_size=100))
     h.checkpoint()
     h.checkpoint(deliver=False)  # complete(2, watermark 1) is in flight to tm-2
     h.run(c.CrashTm("tm-2"))
-    idx = next(i for i, n in enumerate(h.state.channel) if n.tm == "tm-2")
+    idx = next(i for i, n in enumerate(channel(h)) if n.tm == "tm-2")
     own = deleted(h.run(c.DeliverNotification(idx)))
     assert own and own == deleted(h.last_effects, "tm:tm-2")
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r64_coordinator_takes_and_deletes_what_a_stopped_attempt_owned(mode: MergingMode) -> None:
-    h = Harness(Config.for_mode(mode))
+    h = start(Config.for_mode(mode))
     h.checkpoint()
     h.run(c.CrashTm("tm-2"))
     h.run(c.Failover())
@@ -557,7 +559,7 @@ def _a_collected_directory_waiting_for_a_zombie(
     """``tm-3`` creates a subtask's shared directory and acknowledges, the zombie ``tm-2``
     writes there too; ``tm-3`` is lost and stops, and the coordinator's delete of the
     directory waits for ``tm-2``; a failover starts ``tm-4`` on the subtask."""
-    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h = start(Config.for_mode(mode, max_file_size=100))
     h.checkpoint(shared=())
     h.run(c.CrashTm("tm-2"))
     h.run(c.Failover())
@@ -585,7 +587,7 @@ def test_r64_a_waiting_directory_delete_is_decided_again_when_it_runs(mode: Merg
     stops, R42 is asked again and keeps it (long soak seed 1028-across-local)."""
     h, _s, directory = _a_collected_directory_waiting_for_a_zombie(mode)
     h.checkpoint()
-    assert any(directory in r.directories for r in h.state.retained)
+    assert any(directory in r.directories for r in h.observe().retained)
     effects = h.run(c.AttemptStopped("tm-2"))
     obs = h.observe()
     assert directory not in [d for d, _ in dir_deletes(effects)]
@@ -602,7 +604,7 @@ def test_r64_a_waiting_directory_delete_spares_a_live_attempts_unacknowledged_fi
     said that the live attempt ``tm-4`` works in the directories it manages before it
     writes there: now nothing is deleted at all. ``tm-4`` writes there and has not
     acknowledged yet: when ``tm-3`` stops, the directory stays with ``tm-4``'s file."""
-    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h = start(Config.for_mode(mode, max_file_size=100))
     s = on_tm(h, "tm-1")[0]
     h.run(c.CrashTm("tm-1"))
     h.run(c.Failover())
@@ -654,7 +656,7 @@ def test_r42_a_live_attempt_works_in_the_directories_it_manages_before_it_writes
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r65_crash_during_write_leaves_half_written_file(mode: MergingMode) -> None:
-    h = Harness(Config.for_mode(mode))
+    h = start(Config.for_mode(mode))
     h.run(c.Trigger())
     s = on_tm(h, "tm-2")[0]
     effects = h.run(c.CrashDuringWrite(1, s, KS, "x", 100, 40))
@@ -672,7 +674,7 @@ def test_r65_crash_during_write_leaves_half_written_file(mode: MergingMode) -> N
 
 
 def test_r65_crash_in_pooled_file_leaves_dead_bytes() -> None:
-    h = Harness(Config.for_mode(MergingMode.ACROSS_CHECKPOINT))
+    h = start(Config.for_mode(MergingMode.ACROSS_CHECKPOINT))
     h.checkpoint()
     s = on_tm(h, "tm-2")[0]
     pool = next(p for p in h.observe().open_files if is_under(p, shared_dir(JOB, s)))
@@ -696,7 +698,7 @@ def _zombie_writes_after_failover(
     attempt writes shared state for the next checkpoint: the harness, the subtask and the
     files it created."""
     cfg = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, open_files_readable=open_files_readable)
-    h = Harness(cfg)
+    h = start(cfg)
     h.checkpoint()
     s = on_tm(h, "tm-2")[0]
     h.run(c.CrashTm("tm-2"))
@@ -752,19 +754,19 @@ def _all_write_and_ack(h: Harness, cp: int, tm: str | None = None) -> list[str]:
 def test_r66_a_replaced_tm_leaves_pending_checkpoints_pending_and_its_acks_are_withdrawn(
     mode: MergingMode,
 ) -> None:
-    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h = start(Config.for_mode(mode, max_file_size=100))
     h.checkpoint()
     h.run(c.Trigger())
     cp = h.last_checkpoint
     moved = on_tm(h, "tm-2")
     old = _all_write_and_ack(h, cp, "tm-2")
     _all_write_and_ack(h, cp, "tm-1")
-    channel = h.state.channel
+    notices = channel(h)
     h.run(c.ReplaceTm("tm-2"))
-    assert cp in h.state.pending and h.state.channel == channel  # nothing aborted or told
+    assert cp in pending(h) and channel(h) == notices  # nothing aborted or told
     assert h.lost_tms() == ["tm-2"] and h.live_tms() == ["tm-1", "tm-3"]
     assert [h.tm_of(s) for s in moved] == ["tm-3", "tm-3"]
-    assert set(h.state.pending[cp].acks) == set(on_tm(h, "tm-1"))  # tm-1's stay
+    assert set(pending(h)[cp].acks) == set(on_tm(h, "tm-1"))  # tm-1's stay
     err = h.try_run(c.Complete(cp))
     assert err is not None and err.reason is Reason.NOT_ALL_ACKNOWLEDGED
     for s in moved:  # the zombie may still acknowledge: ignored (R56)
@@ -782,7 +784,7 @@ def test_r66_a_replaced_tm_leaves_pending_checkpoints_pending_and_its_acks_are_w
 def test_r66_the_new_attempt_writes_for_the_pending_checkpoints_and_later_ones_only(
     mode: MergingMode,
 ) -> None:
-    h = Harness(Config.for_mode(mode))
+    h = start(Config.for_mode(mode))
     h.checkpoint()
     for _ in range(3):
         h.run(c.Trigger())  # 2, 3, 4
@@ -802,13 +804,13 @@ def test_r66_the_new_attempt_writes_for_the_pending_checkpoints_and_later_ones_o
 def test_r66_a_finished_savepoint_above_a_pending_checkpoint_is_over_for_the_new_attempt(
     mode: MergingMode,
 ) -> None:
-    h = Harness(Config.for_mode(mode))
+    h = start(Config.for_mode(mode))
     h.checkpoint()
     h.run(c.Trigger())  # 2: pending
     h.run(c.Trigger(savepoint=True))  # 3: completes while 2 stays pending (R53, R55)
     _all_write_and_ack(h, 3)
     h.run(c.Complete(3))
-    assert 2 in h.state.pending
+    assert 2 in pending(h)
     h.run(c.ReplaceTm("tm-1"))
     s = on_tm(h, "tm-3")[0]
     err = h.try_run(c.WriteState(3, s, OP, "offsets", 10))
@@ -817,7 +819,7 @@ def test_r66_a_finished_savepoint_above_a_pending_checkpoint_is_over_for_the_new
 
 
 def test_r66_withdrawn_whole_files_are_deleted_once_the_replaced_attempt_stopped() -> None:
-    h = Harness(Config.for_mode(MergingMode.NONE))
+    h = start(Config.for_mode(MergingMode.NONE))
     h.checkpoint()
     h.run(c.Trigger())
     cp = h.last_checkpoint
@@ -826,35 +828,35 @@ def test_r66_withdrawn_whole_files_are_deleted_once_the_replaced_attempt_stopped
     h.run(c.ReplaceTm("tm-2"))
     obs = h.observe()
     assert all(p in obs.files and p in obs.pending_deletes for p in handed)  # R64: waits
-    assert not h.state.pending[cp].received & set(handed)
+    assert not pending(h)[cp].received & set(handed)
     gone = deleted(h.run(c.AttemptStopped("tm-2")), COORDINATOR)
     assert sorted(gone) == sorted(handed)
     assert h.observe().pending_deletes == ()
 
 
 def test_r66_a_withdrawn_placeholder_no_longer_pins_its_registry_entry() -> None:
-    h = Harness(Config.for_mode(MergingMode.NONE))
+    h = start(Config.for_mode(MergingMode.NONE))
     h.checkpoint()
     h.run(c.Trigger())
     cp = h.last_checkpoint
     s = on_tm(h, "tm-2")[0]
     h.run(c.ReuseShared(cp, s, "sst-1"))  # R22: a placeholder
     h.run(c.Acknowledge(cp, s))
-    pinned = [k for k, r in h.state.registry.items() if cp in r.pins]
+    pinned = [k for k, by in pins(h).items() if cp in by]
     assert len(pinned) == 1
     h.run(c.ReplaceTm("tm-2"))
-    assert not any(cp in r.pins for r in h.state.registry.values())
-    assert pinned[0] in h.state.registry  # checkpoint 1 still refers to it
+    assert not any(cp in by for by in pins(h).values())
+    assert pinned[0] in pins(h)  # checkpoint 1 still refers to it
     h.run(c.ReuseShared(cp, s, "sst-1"))  # the new attempt reuses it again (R61)
     h.run(c.Acknowledge(cp, s))
-    assert [k for k, r in h.state.registry.items() if cp in r.pins] == pinned
+    assert [k for k, by in pins(h).items() if cp in by] == pinned
 
 
 @pytest.mark.parametrize("mode", MERGING)
 def test_r66_the_new_attempt_takes_over_the_retained_segments_and_the_replaced_ones_wait(
     mode: MergingMode,
 ) -> None:
-    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h = start(Config.for_mode(mode, max_file_size=100))
     h.checkpoint()
     h.run(c.Trigger())
     cp = h.last_checkpoint
@@ -879,7 +881,7 @@ def test_r66_an_attempt_replaced_before_it_acknowledged_is_collected_at_its_stop
     """A task that started a new attempt, wrote and died before its acknowledgement
     reached the coordinator, then retried: the attempt the coordinator never heard from
     is replaced in turn, and its files go at its stop."""
-    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h = start(Config.for_mode(mode, max_file_size=100))
     h.checkpoint()
     h.run(c.Trigger())
     cp = h.last_checkpoint
@@ -903,7 +905,7 @@ def test_r66_an_attempt_replaced_before_it_acknowledged_is_collected_at_its_stop
 def test_r66_a_zombie_of_a_replacement_writes_but_nothing_it_does_reaches_a_checkpoint(
     mode: MergingMode,
 ) -> None:
-    h = Harness(Config.for_mode(mode))
+    h = start(Config.for_mode(mode))
     h.checkpoint()
     h.run(c.Trigger())
     cp = h.last_checkpoint
@@ -930,7 +932,7 @@ def test_r66_a_directory_delete_waiting_for_a_replaced_attempt_spares_the_new_on
     for ``tm-3`` until R42 said that the live attempt ``tm-4`` works in the directories
     it manages before it writes there: now nothing is deleted. ``tm-4`` writes there:
     when ``tm-3`` stops, R42 keeps the directory with ``tm-4``'s file in it."""
-    h = Harness(Config.for_mode(mode, max_file_size=100))
+    h = start(Config.for_mode(mode, max_file_size=100))
     h.run(c.Trigger())
     cp = h.last_checkpoint
     s = on_tm(h, "tm-1")[0]
@@ -953,6 +955,6 @@ def test_r66_a_directory_delete_waiting_for_a_replaced_attempt_spares_the_new_on
     assert not set(zombies) & set(obs.files)
     _all_write_and_ack(h, cp)
     h.run(c.Complete(cp))
-    assert any(directory in r.directories for r in h.state.retained)
+    assert any(directory in r.directories for r in h.observe().retained)
     h.deliver_all()
     assert h.quiesce() == []
