@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import Case, Figure
+from fastimpl import testing
 from fastimpl.api import CheckpointStore
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 
@@ -66,7 +67,9 @@ def steady_job(
     out: dict[int, tuple[int, int]] = {}
     tracemalloc.start()
     try:
-        with CheckpointStore(f"file://{root}", cfg, JOB, deletion_log=deletion_log) as store:
+        with CheckpointStore(f"file://{root}", cfg, JOB) as store:
+            if deletion_log:
+                testing.keep_deletion_log(store)
             coord = store.coordinator
             subtasks = sorted(store.placement())
             for n in range(1, checkpoints + 1):
@@ -87,7 +90,7 @@ def steady_job(
                     store.flush()
                     got = (_product_bytes(), tracemalloc.get_traced_memory()[0])
                     out[mark] = max(out.get(mark, got), got)
-            bad = store.check_invariants()
+            bad = testing.check_invariants(store)
             if bad:
                 raise AssertionError(f"the steady job broke invariants: {bad[:3]}")
     finally:

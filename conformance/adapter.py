@@ -20,7 +20,8 @@ from typing import Any, Protocol
 import fsspec  # type: ignore[import-untyped]
 
 from conformance.fastimpl_commands import apply
-from fastimpl import CounterIds, InProcessEngine
+from fastimpl import CounterIds
+from fastimpl.engine import InProcessEngine
 from refimpl import ModelState, initial_state, observe, step
 from spec.commands import Command
 from spec.config import Config, JobSpec

@@ -2,29 +2,34 @@
 
 ``CheckpointStore`` is the public API: one job's checkpoint files on any fsspec storage,
 with its ``Coordinator`` and one ``FileMergingManager`` per TM (see ``fastimpl.api`` and
-docs/library.md). Underneath, ``fastimpl.coordinator`` and ``fastimpl.taskmanager`` are the
-two parties, wired in one process by ``fastimpl.engine.InProcessEngine``, which behaves
-exactly as the reference model while writing real files; the lockstep tests drive it
-beside the model.
+docs/library.md). This package exports that API, what its calls take and return (ids,
+traces, recovery reports, failed deletes) and the errors they raise.
+
+Two other doors are documented and not exported here, since a job on the store needs
+neither: ``fastimpl.parties`` is the embedding API, the coordinator and TM parties for an
+engine that runs them in processes of its own (docs/embedding.md); ``fastimpl.testing``
+is the test seam, which inspects a store (its bookkeeping, the invariants) and simulates
+faults in it. The in-process engine that wires the parties behind a store
+(``fastimpl.engine.InProcessEngine``, which the lockstep tests drive beside the reference
+model) is no public API.
 """
 
 from fastimpl.api import (
     BaseInUseError,
     CheckpointStore,
     CheckpointStream,
+    CompletionFailed,
     Coordinator,
     FileMergingManager,
     ManagerClosedError,
 )
-from fastimpl.engine import InProcessEngine
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.metadata import MetadataError
-from fastimpl.recovery import RecoveryError, RecoveryReport, incarnation_to_recover, recover
+from fastimpl.recovery import RecoveryError, RecoveryReport, incarnation_to_recover
 from fastimpl.storage import (
     CachedLocalDiskError,
     DeleteFailure,
     FencedError,
-    Storage,
     StorageFault,
     UnknownWrapperError,
     UnsafePathError,
@@ -37,22 +42,20 @@ __all__ = [
     "CheckpointStore",
     "CheckpointStream",
     "CommandTrace",
+    "CompletionFailed",
     "Coordinator",
     "CounterIds",
     "DeleteFailure",
     "FencedError",
     "FileMergingManager",
     "IdSource",
-    "InProcessEngine",
     "ManagerClosedError",
     "MetadataError",
     "RandomIds",
     "RecoveryError",
     "RecoveryReport",
-    "Storage",
     "StorageFault",
     "UnknownWrapperError",
     "UnsafePathError",
     "incarnation_to_recover",
-    "recover",
 ]

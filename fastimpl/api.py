@@ -44,8 +44,7 @@ from spec.effects import USER
 from spec.errors import CkptError
 from spec.handles import StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId, TmId
-from spec.invariants import Violation, check_all
-from spec.observation import Observation, RetainedView
+from spec.observation import RetainedView
 
 OnExisting = Literal["refuse", "fresh-id"]
 """What a new store does on a base that holds a job already (issue 14): ``"refuse"``
@@ -57,6 +56,20 @@ Continuing a job that was there is ``CheckpointStore.recover``."""
 class BaseInUseError(CkptError, ValueError):
     """The base holds another job's files (or another store's lease): a new store there
     would overwrite or delete them. Nothing was written."""
+
+
+class CompletionFailed(CkptError):
+    """``Coordinator.complete`` could not complete ``checkpoint``: it was aborted instead
+    (R51), and nothing of it is kept; its files go as an abort's do. ``cause`` (also
+    ``__cause__``) says why: the ``StorageFault`` of the ``_metadata`` write (a
+    ``FencedError`` once another store took the base), or ``None`` when the coordinator
+    refused to register it (two handles under one logical id, R54; ``reason`` says so)."""
+
+    def __init__(self, checkpoint: int, reason: str, cause: BaseException | None) -> None:
+        super().__init__(f"checkpoint {checkpoint} was aborted, not completed: {reason}")
+        self.checkpoint = checkpoint
+        self.reason = reason
+        self.cause = cause
 
 
 def _lease_token() -> bytes:
@@ -82,9 +95,8 @@ class CheckpointStore:
     ``fresh-id`` open, a ``recover``), this one fails those calls with ``FencedError``
     (a checkpoint it completes is aborted, R51) instead of destroying the other's files.
 
-    ``deletion_log`` keeps every delete in ``observe().deletions`` (for tests and
-    traces): off by default, the history grows with every checkpoint; without it
-    ``observe().deletions`` holds only the deletes that broke I2 or I5.
+    What the store holds and whether the invariants hold are read, and faults are
+    simulated, through ``fastimpl.testing`` (the test seam), not through this class.
     """
 
     def __init__(
@@ -98,23 +110,29 @@ class CheckpointStore:
         storage_options: Mapping[str, Any] | None = None,
         trace: CommandTrace | None = None,
         on_existing: OnExisting = "refuse",
-        deletion_log: bool = False,
-        _engine: InProcessEngine | None = None,
     ) -> None:
         check_parallelism(config, job.vertices)  # R78: before any I/O
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         _refuse_unreadable_open_files(fs, config)
-        self._lock = threading.RLock()
-        if _engine is None:
-            _engine = _open_base(
-                url, config, job, fs, root, ids or RandomIds(), background_deletes, on_existing
-            )
-        self._engine = _engine
-        if deletion_log:
-            self._engine.catalog.keep_deletion_log()
+        engine = _open_base(
+            url, config, job, fs, root, ids or RandomIds(), background_deletes, on_existing
+        )
+        self._attach(engine)
         if trace is not None:  # every command from here on, as NDJSON (fastimpl.trace)
-            self._engine.start_trace(trace)
+            engine.start_trace(trace)
+
+    def _attach(self, engine: InProcessEngine) -> None:
+        self._lock = threading.RLock()
+        self._engine = engine
         self.coordinator = Coordinator(self)
+
+    @classmethod
+    def _on_engine(cls, engine: InProcessEngine) -> CheckpointStore:
+        """A store over an engine already built (by ``recover``, or by a test through
+        ``fastimpl.testing.store_on_engine``): no base is opened and no lease taken."""
+        store = cls.__new__(cls)
+        store._attach(engine)
+        return store
 
     @classmethod
     def recover(
@@ -126,7 +144,6 @@ class CheckpointStore:
         crashed_job: str = "job-0",
         ids: IdSource | None = None,
         storage_options: Mapping[str, Any] | None = None,
-        deletion_log: bool = False,
         abandoned: Sequence[str] = (),
         mode: RestoreMode = RestoreMode.CLAIM,
     ) -> tuple[CheckpointStore, RecoveryReport]:
@@ -149,15 +166,7 @@ class CheckpointStore:
             abandoned=abandoned,
             mode=mode,
         )
-        store = cls(
-            url,
-            config,
-            job,
-            storage_options=storage_options,
-            deletion_log=deletion_log,
-            _engine=cluster,
-        )
-        return store, report
+        return cls._on_engine(cluster), report
 
     # ------------------------------------------------------------------ the job
 
@@ -221,25 +230,7 @@ class CheckpointStore:
         """Wait until every queued delete has been carried out."""
         self._engine.storage.drain()
 
-    # ------------------------------------------------------------------ checking
-
-    def observe(self) -> Observation:
-        """The files on storage and the bookkeeping that decides who deletes them."""
-        with self._lock:
-            return self._engine.observe()
-
-    def check_invariants(self, *, quiet: bool = False) -> list[Violation]:
-        """I1-I5 on the real files (and I6 when the job is quiet); empty when all hold.
-
-        A delete the store's guard refused before it happened (a path outside what the
-        store can prove it owns, ``Catalog.refused_deletes``) is an I5 violation too:
-        nothing was deleted, but something decided to."""
-        with self._lock:
-            refused = [
-                Violation("I5", f"{r.actor} tried to delete {r.path}: refused, {r.reason}")
-                for r in self._engine.catalog.refused_deletes
-            ]
-        return refused + check_all(self.observe(), quiet=quiet)
+    # ------------------------------------------------------------------ reading
 
     def read(self, entry: StateEntry) -> bytes:
         """The bytes a state handle names, read back from storage."""
@@ -369,14 +360,22 @@ class Coordinator:
     def decline(self, checkpoint: int, subtask: SubtaskId) -> None:
         self._store._locked(lambda: self._cl.decline(checkpoint, subtask))
 
-    def complete(self, checkpoint: int) -> RetainedView | None:
+    def complete(self, checkpoint: int) -> RetainedView:
         """Finalize ``checkpoint`` once every subtask acknowledged it: write its
-        ``_metadata`` and subsume what retention lets go. ``None`` if writing the metadata
-        failed (the checkpoint is then aborted, R51)."""
+        ``_metadata`` and subsume what retention lets go; return the retained view.
+
+        Raises ``CompletionFailed`` if it could not be completed: writing ``_metadata``
+        failed (R51) or its handles could not be registered (R54). The checkpoint was then
+        aborted before the error is raised, so a failure can never pass for a completion.
+        """
         with self._store._lock:
             done = self._cl.complete(checkpoint)
+            failure = self._cl.coord.lifecycle.failed_completion if done is None else None
         if done is None:
-            return None
+            if failure is None or failure[0] != checkpoint:
+                raise CompletionFailed(checkpoint, "aborted", None)
+            _, reason, cause = failure
+            raise CompletionFailed(checkpoint, reason, cause) from cause
         return RetainedView(done.id, done.job, done.metadata, done.entries, done.directories)
 
     def abort(self, checkpoint: int) -> None:
@@ -434,11 +433,26 @@ class Coordinator:
         )
 
     def failover(self) -> None:
-        """Abort pending checkpoints, replace lost TMs, restart subtasks from the latest."""
+        """Restart the job's subtasks from the latest retained checkpoint: pending
+        checkpoints abort, every lost TM is replaced by a new attempt, the survivors drop
+        what they kept of the aborted checkpoints, and each subtask's ``state_to_restore``
+        names the handles to read back (R60-R63).
+
+        Public because it is what an engine does on a task failure, as Flink's JobMaster
+        does under its restart strategy: not a fault, the recovery from one.
+        """
         self._store._locked(self._cl.failover)
 
     def restart(self) -> None:
-        """A coordinator restart: rebuild retention and the registry from the metadata."""
+        """A job-level restart from what storage holds: retention and the shared-state
+        registry are rebuilt from the retained checkpoints' ``_metadata`` files, read back
+        and validated (a corrupt one raises ``MetadataError`` and nothing changes), then
+        the subtasks fail over (R95).
+
+        Public because it is what an engine does when its job master restarts, as
+        Flink's does from its HA store: what the coordinator knew is trusted only as far
+        as the files agree.
+        """
         self._store._locked(self._cl.restart)
 
     def cancel(self, *, retain: bool = False) -> None:
@@ -497,7 +511,8 @@ class FileMergingManager:
         closed keep their handles. Closing again does nothing.
 
         What it does not do: it writes, closes and deletes no file, and it is not a TM
-        leaving the job (that is ``crash`` then ``stopped``). The TM's files belong to
+        leaving the job (the test seam simulates that: ``fastimpl.testing.crash`` then
+        ``stopped``). The TM's files belong to
         its checkpoints and are deleted by the store's rules, on subsumption, abort or
         ``cancel``; its pooled files stay open for the TM's next writes. The TM itself
         stays alive and keeps its subtasks: ``store.task_manager(tm)`` gives a new, open
@@ -612,18 +627,6 @@ class FileMergingManager:
             self._check_open("restore")
         return [(e, self._store.read(e)) for e in self.state_to_restore(subtask)]
 
-    def crash(self) -> None:
-        """The TM is lost: its memory goes, its process may still run (a zombie)."""
-        with self._store._lock:
-            self._check_open("crash")
-            self._cl.crash_tm(self.tm)
-
-    def stopped(self) -> None:
-        """A lost TM is known to have stopped; what waited for it may be deleted (R64)."""
-        with self._store._lock:
-            self._check_open("stopped")
-            self._cl.attempt_stopped(self.tm)
-
 
 class CheckpointStream:
     """The bytes of one state handle. Closing appends them and returns the handle."""
@@ -718,6 +721,7 @@ class CheckpointStream:
 __all__ = [
     "CheckpointStore",
     "CheckpointStream",
+    "CompletionFailed",
     "Coordinator",
     "FileMergingManager",
     "ManagerClosedError",

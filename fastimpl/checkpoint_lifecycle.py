@@ -60,6 +60,10 @@ class CheckpointLifecycle:
         self.triggered_savepoints: set[int] = set()
         """Savepoints this store triggered: their directories hold files of its own (being
         written, or written late, R43) besides the completed savepoint's (the user's)."""
+        self.failed_completion: tuple[int, str, StorageFault | None] | None = None
+        """The last checkpoint ``complete`` aborted instead of completing (R51, R54), why,
+        and the storage fault that caused it: the store's API raises it as an error,
+        where ``complete`` itself answers ``None`` as the model does."""
 
     def require_pending(self, checkpoint: int) -> Pending:
         p = self.pending.get(checkpoint)
@@ -312,6 +316,7 @@ class CheckpointLifecycle:
             # checkpoint that cannot be registered is not written (nor raised from here)
             log.warning("checkpoint %d aborted: %s", checkpoint, clash)
             self.abort(checkpoint)
+            self.failed_completion = (checkpoint, clash, None)
             return None
         meta = (
             f"{savepoint_dir(checkpoint)}/{METADATA}"
@@ -339,8 +344,9 @@ class CheckpointLifecycle:
         )
         try:
             self.run.storage.write_metadata(meta, data)
-        except StorageFault:
+        except StorageFault as fault:
             self.abort(checkpoint)  # R51
+            self.failed_completion = (checkpoint, f"writing {meta} failed: {fault}", fault)
             return None
         catalog = self.run.catalog
         catalog.files[meta] = StoredFile(len(data), False, COORDINATOR, None)

@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from conformance.fastimpl_commands import apply
-from fastimpl import CounterIds, InProcessEngine
+from fastimpl import CounterIds
+from fastimpl.engine import InProcessEngine
 from spec import commands as c
 from spec.config import Config, JobSpec
 from spec.observation import Observation, WorkingObservation

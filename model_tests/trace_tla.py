@@ -223,7 +223,8 @@ def example_trace(*, observations: bool = False) -> list[str]:
     import fsspec  # type: ignore[import-untyped]
 
     from conformance.fastimpl_commands import apply
-    from fastimpl import CommandTrace, CounterIds, InProcessEngine
+    from fastimpl import CommandTrace, CounterIds
+    from fastimpl.engine import InProcessEngine
     from spec.config import VertexSpec
     from spec.ids import SubtaskId
 

@@ -83,7 +83,8 @@ import fsspec  # type: ignore[import-untyped]
 from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
 from fsspec.utils import stringify_path  # type: ignore[import-untyped]
 
-from fastimpl import CheckpointStore, CounterIds, IdSource, InProcessEngine
+from fastimpl import CheckpointStore, CounterIds, IdSource, testing
+from fastimpl.engine import InProcessEngine
 from fastimpl.storage import WRITER_LEASE, Dir, LocalOS, path_of
 from spec.config import Config, JobSpec
 from spec.handles import StateEntry, extent_of, stream_of
@@ -1038,7 +1039,7 @@ class Place:
         cluster.storage.retry_backoff = 1e-4
         if lease and not cluster.storage.take_lease(b"faultyfs-test", exclusive=True):
             raise ValueError(f"{self.root} holds another store's lease")
-        return CheckpointStore(self.url, config, job, _engine=cluster), fs
+        return testing.store_on_engine(cluster), fs
 
 
 def payload(subtask: SubtaskId, name: str, salt: int = 0) -> bytes:

@@ -12,11 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from fastimpl import CheckpointStore, CheckpointStream, CommandTrace, CounterIds
+from fastimpl import (
+    CheckpointStore,
+    CheckpointStream,
+    CommandTrace,
+    CompletionFailed,
+    CounterIds,
+    StorageFault,
+    testing,
+)
 from fastimpl.api import FileMergingManager, ManagerClosedError, publish_state
 from fastimpl.storage import WRITER_LEASE
 from fastimpl.writer_state import WRITER_STATE
 from model_tests.replay import replay
+from spec.commands import StorageOp
 from spec.config import (
     MAX_TMS,
     Config,
@@ -26,7 +35,7 @@ from spec.config import (
     StateKind,
     VertexSpec,
 )
-from spec.errors import CommandError, Reason
+from spec.errors import CkptError, CommandError, Reason
 from spec.handles import PlaceholderHandle, SegmentHandle, StateEntry
 from spec.ids import SubtaskId
 
@@ -62,7 +71,7 @@ def test_handles_name_exactly_the_bytes_written(tmp_path: Path, mode: MergingMod
         for r in store.coordinator.retained():
             for e in r.entries:
                 assert store.read(e) == written[r.checkpoint][e.subtask]
-        assert store.check_invariants() == []
+        assert testing.check_invariants(store) == []
 
 
 def test_an_empty_stream_gives_no_handle_and_no_file(tmp_path: Path) -> None:
@@ -72,7 +81,7 @@ def test_an_empty_stream_gives_no_handle_and_no_file(tmp_path: Path) -> None:
         with store.task_manager(tm).open_stream(cid, sub, OP, "nothing") as out:
             pass
         assert out.handle is None  # R10
-        assert store.observe().files == {}
+        assert testing.observe(store).files == {}
 
 
 def test_a_closed_stream_refuses_more_bytes(tmp_path: Path) -> None:
@@ -95,7 +104,7 @@ def test_an_exception_inside_a_stream_writes_nothing(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError), store.task_manager(tm).stream(cid, sub, OP, "s") as out:
             out.write(b"half")
             raise RuntimeError("snapshot failed")
-        assert store.observe().files == {}
+        assert testing.observe(store).files == {}
 
 
 def test_segments_of_one_checkpoint_share_a_file_within_checkpoint(tmp_path: Path) -> None:
@@ -154,7 +163,7 @@ def test_a_claim_without_merging_lets_only_keyed_shared_files_be_reused(tmp_path
         assert coord.complete(cid) is not None
         store.deliver_notifications()
         _checkpoint(store, {s: b"v2" for s in store.placement()})  # subsumes the rest
-        assert store.check_invariants() == []
+        assert testing.check_invariants(store) == []
 
 
 def test_threads_write_for_different_subtasks_at_once(tmp_path: Path) -> None:
@@ -187,7 +196,7 @@ def test_threads_write_for_different_subtasks_at_once(tmp_path: Path) -> None:
             for r in store.coordinator.retained():
                 for e in r.entries:
                     assert store.read(e) == bytes([e.subtask.index]) * len(store.read(e))
-        assert store.check_invariants() == []
+        assert testing.check_invariants(store) == []
 
 
 def test_rescale_restores_every_key_group_once(tmp_path: Path) -> None:
@@ -218,7 +227,7 @@ def test_a_restore_may_ask_for_max_tms_tms_and_no_more(tmp_path: Path) -> None:
         assert store._engine.restore(cid, num_tms=MAX_TMS) == "job-1"
         _checkpoint(store, {s: bytes([s.index]) for s in store.placement()})
         assert [r.job for r in store.coordinator.retained()] == ["job-1"]
-        assert store.check_invariants() == []
+        assert testing.check_invariants(store) == []
 
 
 @pytest.mark.parametrize("mode", list(RestoreMode), ids=lambda m: m.name)
@@ -245,20 +254,60 @@ def test_failover_restores_the_latest_checkpoint(tmp_path: Path) -> None:
         _checkpoint(store, {s: b"one" for s in store.placement()})
         _checkpoint(store, {s: b"two" for s in store.placement()})
         lost = store.task_managers()[0]
-        store.task_manager(lost).crash()
+        testing.crash(store, lost)
         store.coordinator.failover()
-        store.task_manager(lost).stopped()
+        testing.stopped(store, lost)
         assert lost not in store.task_managers()
         for sub, tm in store.placement().items():
             assert [d for _, d in store.task_manager(tm).restore(sub)] == [b"two"]
         _checkpoint(store, {s: b"three" for s in store.placement()})
-        assert store.check_invariants() == []
+        assert testing.check_invariants(store) == []
 
 
 def test_across_merging_is_refused_on_an_object_store() -> None:
     config = Config.for_mode(MergingMode.ACROSS_CHECKPOINT)
     with pytest.raises(ValueError, match="across-checkpoint-boundary"):
         CheckpointStore("s3://bucket/prefix", config, JOB, storage_options={"anon": True})
+
+
+@pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
+def test_a_failed_metadata_write_is_raised_and_leaves_nothing_of_the_checkpoint(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    """R51: when writing ``_metadata`` fails the checkpoint is aborted, and ``complete``
+    says so by raising ``CompletionFailed`` (never a value a caller could take for a
+    completion); once the abort's notices are delivered nothing of it is on storage."""
+    with _store(tmp_path, mode) as store:
+        coord = store.coordinator
+        first = _checkpoint(store, {s: b"one" for s in store.placement()})
+        store.flush()
+        before = set(testing.observe(store).files)
+        cid = coord.trigger()
+        for sub, tm in store.placement().items():
+            mgr = store.task_manager(tm)
+            mgr.write(cid, sub, KS, f"sst-{cid}", b"two" * 50)
+            mgr.write(cid, sub, OP, "offsets", b"offsets")
+            mgr.acknowledge(cid, sub)
+        testing.fail_next(store, StorageOp.METADATA)
+        with pytest.raises(CompletionFailed) as failed:
+            coord.complete(cid)
+        err = failed.value
+        assert isinstance(err, CkptError)
+        assert err.checkpoint == cid and f"checkpoint {cid}" in str(err)
+        assert isinstance(err.cause, StorageFault) and err.__cause__ is err.cause
+        assert err.cause.op is StorageOp.METADATA and f"chk-{cid}" in err.cause.path
+        assert cid not in coord.pending()
+        assert [r.checkpoint for r in coord.retained()] == [first]
+        store.deliver_notifications()
+        store.flush()
+        after = testing.observe(store).files
+        assert not [p for p in after if f"chk-{cid}" in p]
+        assert set(after) <= before  # every file it wrote went (or was there before)
+        assert testing.check_invariants(store) == []
+        with pytest.raises(CommandError) as gone:  # not pending any more
+            coord.complete(cid)
+        assert gone.value.reason is Reason.CHECKPOINT_NOT_PENDING
+        _checkpoint(store, {s: b"three" for s in store.placement()})  # the job goes on
 
 
 def test_coordinator_restart_keeps_retained_checkpoints(tmp_path: Path) -> None:
@@ -270,7 +319,7 @@ def test_coordinator_restart_keeps_retained_checkpoints(tmp_path: Path) -> None:
         assert store.coordinator.retained() == before
         _checkpoint(store, {s: b"c" for s in store.placement()})
         store.flush()
-        assert store.check_invariants() == []
+        assert testing.check_invariants(store) == []
 
 
 # ------------------------------------------------------------------ closing a manager
@@ -301,8 +350,6 @@ _CALLS: dict[str, Callable[[FileMergingManager, int, SubtaskId], object]] = {
     "state_to_restore": lambda m, cid, sub: m.state_to_restore(sub),
     "restore": lambda m, cid, sub: m.restore(sub),
     "subtasks": lambda m, cid, sub: m.subtasks(),
-    "crash": lambda m, cid, sub: m.crash(),
-    "stopped": lambda m, cid, sub: m.stopped(),
     "__enter__": lambda m, cid, sub: m.__enter__(),
 }
 
@@ -316,12 +363,12 @@ def test_a_closed_manager_refuses_every_call(tmp_path: Path, call: str) -> None:
         mgr = store.task_manager(tm)
         mgr.close()
         assert mgr.closed
-        before = store.observe()
+        before = testing.observe(store)
         with pytest.raises(ManagerClosedError, match=_closed(tm, call)) as refused:
             _CALLS[call](mgr, cid, sub)
         assert refused.value.tm == tm
         assert isinstance(refused.value, ValueError)  # as for a closed stream
-        assert store.observe() == before  # nothing changed
+        assert testing.observe(store) == before  # nothing changed
         assert tm in store.task_managers()  # closing is not the TM leaving
 
 
@@ -339,7 +386,7 @@ def test_closing_a_manager_discards_its_open_streams(tmp_path: Path) -> None:
         dropped = mgr.open_stream(cid, s0, KS, "dropped")
         dropped_name = f"'dropped' of {s0}"  # as the error message names it
         dropped.write(b"d" * 1000)
-        files = store.observe().files
+        files = testing.observe(store).files
         disk = _bytes_on_disk(root)
         assert sum(disk.values()) == 10
         refused = _closed(tm, f"close of stream 'ctx' of {s1}")
@@ -350,7 +397,7 @@ def test_closing_a_manager_discards_its_open_streams(tmp_path: Path) -> None:
             out.write(b"c" * 100)
             mgr.close()
         store.flush()
-        assert store.observe().files == files  # neither stream's bytes reached storage
+        assert testing.observe(store).files == files  # neither stream's bytes reached storage
         assert _bytes_on_disk(root) == disk
         assert dropped.handle is None and out.handle is None
         with pytest.raises(
@@ -365,7 +412,7 @@ def test_closing_a_manager_discards_its_open_streams(tmp_path: Path) -> None:
         assert kept.close_and_get_handle() is entry  # a closed stream keeps its handle
         with pytest.raises(ValueError, match="closed"):
             kept.write(b"more")
-        assert store.observe().files == files
+        assert testing.observe(store).files == files
         # The checkpoint goes on with a fresh manager of the same TM.
         fresh = store.task_manager(tm)
         assert fresh is not mgr and not fresh.closed
@@ -379,7 +426,7 @@ def test_closing_a_manager_discards_its_open_streams(tmp_path: Path) -> None:
         assert not any(e.name == "ctx" for e in done.entries)
         store.deliver_notifications()
         store.flush()
-        assert store.check_invariants() == []
+        assert testing.check_invariants(store) == []
 
 
 def test_closing_a_manager_twice_does_nothing(tmp_path: Path) -> None:
@@ -390,12 +437,12 @@ def test_closing_a_manager_twice_does_nothing(tmp_path: Path) -> None:
         out = mgr.open_stream(cid, sub, OP, "s")
         out.write(b"x")
         mgr.close()
-        before = store.observe()
+        before = testing.observe(store)
         mgr.close()
         mgr.close()
         assert mgr.closed and out.handle is None
-        assert store.observe() == before
-        assert store.observe().files == {}
+        assert testing.observe(store) == before
+        assert testing.observe(store).files == {}
 
 
 def test_a_manager_is_a_context_manager(tmp_path: Path) -> None:
@@ -408,7 +455,7 @@ def test_a_manager_is_a_context_manager(tmp_path: Path) -> None:
             left_open.write(b"o" * 50)
         assert mgr.closed and left_open.handle is None
         assert entry is not None and store.read(entry) == b"w" * 5
-        assert sum(store.observe().files.values()) == 5
+        assert sum(testing.observe(store).files.values()) == 5
         with (
             pytest.raises(RuntimeError, match="snapshot failed"),
             store.task_manager(tm) as failing,
@@ -417,10 +464,10 @@ def test_a_manager_is_a_context_manager(tmp_path: Path) -> None:
             half.write(b"h" * 7)
             raise RuntimeError("snapshot failed")
         assert failing.closed and half.handle is None
-        assert sum(store.observe().files.values()) == 5
+        assert sum(testing.observe(store).files.values()) == 5
         with pytest.raises(ManagerClosedError, match=_closed(tm, "__enter__")), mgr:
             pass  # pragma: no cover - a closed manager is not entered again
-        assert store.check_invariants() == []
+        assert testing.check_invariants(store) == []
 
 
 def test_the_store_works_after_a_manager_closed(tmp_path: Path) -> None:
@@ -456,8 +503,8 @@ def test_the_store_works_after_a_manager_closed(tmp_path: Path) -> None:
         for sub, t in store.placement().items():
             assert [d for _, d in store.task_manager(t).restore(sub)] == [b"three"]
         store.flush()
-        assert store.check_invariants() == []
-        assert store.check_invariants(quiet=True) == []
+        assert testing.check_invariants(store) == []
+        assert testing.check_invariants(store, quiet=True) == []
 
 
 def _traced_job(root: Path, *, close_managers: bool) -> list[str]:
@@ -487,7 +534,7 @@ def _traced_job(root: Path, *, close_managers: bool) -> list[str]:
             for tm in store.task_managers():
                 with store.task_manager(tm) as mgr:
                     mgr.receive_notifications()
-        assert store.check_invariants() == []
+        assert testing.check_invariants(store) == []
     return out.getvalue().splitlines()
 
 
@@ -553,14 +600,14 @@ def test_closing_a_manager_while_threads_write_through_it(tmp_path: Path) -> Non
         for entry in written:  # every handle returned names exactly its bytes
             assert store.read(entry) == bytes([entry.subtask.index]) * 14
         # Every byte on storage belongs to a returned handle: a refused stream wrote none.
-        assert sum(store.observe().files.values()) == 14 * len(written)
+        assert sum(testing.observe(store).files.values()) == 14 * len(written)
         for sub, t in store.placement().items():
             store.task_manager(t).acknowledge(cid, sub)
         done = store.coordinator.complete(cid)
         assert done is not None and len(done.entries) == len(written)
         store.deliver_notifications()
         store.flush()
-        assert store.check_invariants() == []
+        assert testing.check_invariants(store) == []
 
 
 @pytest.mark.parametrize("mode", [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT])
@@ -602,11 +649,11 @@ def test_pool_blocking_writes_the_same_files_either_way(tmp_path: Path, mode: Me
                 store.task_manager(tm).acknowledge(cid, s)
             assert store.coordinator.complete(cid) is not None
             store.deliver_notifications()
-        files = store.observe().files
+        files = testing.observe(store).files
         exclusive = sorted(p for p in files if "/taskowned/" in p)
         assert len(exclusive) == 1, exclusive  # the retained checkpoint's one file
         assert files[exclusive[0]] >= 8 * 50 * 100
-        assert store.check_invariants() == []
+        assert testing.check_invariants(store) == []
         listings.append(sorted(files.items()))
         store.close()
     assert listings[0] == listings[1]
@@ -638,5 +685,5 @@ def test_a_savepoint_is_written_after_a_later_checkpoint_completed(
         assert coord.complete(sp) is not None
         store.deliver_notifications()
         assert sp in coord.savepoints()
-        store.task_manager(lost).stopped()
-        assert store.check_invariants() == []
+        testing.stopped(store, lost)
+        assert testing.check_invariants(store) == []

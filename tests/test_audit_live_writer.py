@@ -28,7 +28,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpt.cli import app
-from fastimpl import CheckpointStore
+from fastimpl import CheckpointStore, CompletionFailed
 from fastimpl.api import publish_state
 from pipeline import deletion, fence
 from pipeline.location import Location
@@ -80,7 +80,9 @@ class Writer(threading.Thread):
                 for sub, tm in self.store.placement().items():
                     self.store.task_manager(tm).acknowledge(cid, sub)
                 time.sleep(self.after_ack)
-                if coord.complete(cid) is None:
+                try:
+                    coord.complete(cid)
+                except CompletionFailed:
                     self.errors.append(f"chk-{cid} did not complete")
                 self.store.deliver_notifications()
                 self.completed += 1

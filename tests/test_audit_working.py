@@ -20,7 +20,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ckpt.cli import app
-from fastimpl import CounterIds, InProcessEngine
+from fastimpl import CounterIds
+from fastimpl.engine import InProcessEngine
 from fastimpl.storage import Storage
 from fastimpl.writer_state import WRITER_STATE, WriterStatePublisher
 from pipeline import deletion, fence

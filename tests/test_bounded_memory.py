@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fastimpl import CheckpointStore, CounterIds
+from fastimpl import CheckpointStore, CounterIds, testing
 from fastimpl.attempts import TmTable
 from fastimpl.catalog import _BAD_DELETIONS_KEPT, _REFUSED_KEPT
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
@@ -44,12 +44,13 @@ def _checkpoints(store: CheckpointStore, n: int, *, abort_every: int = 0) -> Non
 def test_the_deletion_history_is_opt_in(mode: MergingMode, tmp_path: Path) -> None:
     config = Config.for_mode(mode, num_retained=1)
     quiet = CheckpointStore(f"memory://{tmp_path}/quiet", config, JOB)
-    logged = CheckpointStore(f"memory://{tmp_path}/logged", config, JOB, deletion_log=True)
+    logged = CheckpointStore(f"memory://{tmp_path}/logged", config, JOB)
+    testing.keep_deletion_log(logged)
     for store in (quiet, logged):
         _checkpoints(store, 12, abort_every=5)
-        assert store.check_invariants() == []
-    assert quiet.observe().deletions == ()
-    history = logged.observe().deletions
+        assert testing.check_invariants(store) == []
+    assert testing.observe(quiet).deletions == ()
+    history = testing.observe(logged).deletions
     assert len(history) >= 11  # at least every subsumed _metadata
     assert {d.path for d in history} >= {metadata_path("job-0", n) for n in (2, 3, 4)}  # 1 aborted
     assert all(d.existed and not d.protected and d.owner == d.actor for d in history)
@@ -70,14 +71,14 @@ def test_a_failing_delete_keeps_its_owner_after_many_more_deletes(
     fs.fail("rm", times=10**6, path_contains=victim)
     _checkpoints(store, 150)  # several hundred deletes after the victim's
     assert [f.path for f in store.delete_failures()] == [victim]
-    obs = store.observe()
+    obs = testing.observe(store)
     assert victim in obs.files and obs.owners.get(victim) == COORDINATOR
     assert victim in obs.pending_deletes
     assert obs.deletions == ()
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     fs.heal()
     assert store.retry_deletes() == []
-    assert victim not in store.observe().files
+    assert victim not in testing.observe(store).files
     store.close()
 
 
@@ -129,7 +130,7 @@ def test_no_table_grows_with_the_number_of_checkpoints(mode: MergingMode, tmp_pa
     grew = {k: (first.get(k, 0), v) for k, v in second.items() if v > first.get(k, 0)}
     assert grew == {}, f"tables that grew from 40 to 80 checkpoints: {grew}"
     assert first["SharedStateRegistry._entries"] > 0  # the walk reached the tables
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     store.close()
 
 
@@ -166,9 +167,8 @@ def _savepoint_and_failover(store: CheckpointStore, *, abort_savepoint: bool) ->
     store.deliver_notifications()
     _checkpoints(store, 1)
     oldest = min(store.task_managers(), key=lambda t: int(t.rsplit("-", 1)[1]))
-    victim = store.task_manager(oldest)
-    victim.crash()
-    victim.stopped()
+    testing.crash(store, oldest)
+    testing.stopped(store, oldest)
     coord.failover()
     store.deliver_notifications()
 
@@ -206,7 +206,7 @@ def test_the_coordinators_tables_are_bounded_by_what_is_live(
     with pytest.raises(CommandError) as unknown:
         co.attempt_stopped("tm-999")
     assert unknown.value.reason is Reason.UNKNOWN_TM
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     store.close()
 
 
@@ -236,12 +236,12 @@ def test_the_refusals_and_broken_deletes_kept_are_bounded(tmp_path: Path) -> Non
     files = dict(cat.files)
     for i in range(_BAD_DELETIONS_KEPT):
         cat._record_delete(f"job-0/never-written-{i}", COORDINATOR)
-    kept = store.observe().deletions
+    kept = testing.observe(store).deletions
     assert len(kept) == _BAD_DELETIONS_KEPT
     assert (kept[0].path, kept[0].existed, kept[0].owner) == (theirs[0], True, tm_actor(tm))
     assert (kept[1].path, kept[1].existed, kept[1].owner) == ("job-0/never-written", False, None)
     assert all(not d.existed and d.owner is None for d in kept[1:])
     assert cat.files == files
-    violations = store.check_invariants()
+    violations = testing.check_invariants(store)
     assert {v.invariant for v in violations} >= {"I2", "I5"}
     assert len([v for v in violations if v.invariant == "I2"]) == _BAD_DELETIONS_KEPT - 1

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fastimpl import CheckpointStore, InProcessEngine
+from fastimpl import CheckpointStore
+from fastimpl.engine import InProcessEngine
 from fastimpl.recovery import recover
 from refimpl.state import initial_state
 from spec.config import (

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from fastimpl import testing
 from fastimpl.api import publish_state
 from fastimpl.writer_state import WRITER_STATE
 from pipeline import fence
@@ -47,19 +48,20 @@ def test_r90_a_file_its_tm_failed_to_delete_goes_with_the_tms_directory(
     for sub, tm in sorted(store.placement().items()):
         store.task_manager(tm).write(cid, sub, KS, "sst", payload(sub, "sst"))
     src0 = f"{job_base(store.job_id)}/shared/src-0-2/"
-    ((stuck, writer),) = [(p, o) for p, o in store.observe().owners.items() if p.startswith(src0)]
+    owners = testing.observe(store).owners
+    ((stuck, writer),) = [(p, o) for p, o in owners.items() if p.startswith(src0)]
     assert writer.startswith("tm:"), writer
     fs.fail("rm_file", path_contains=stuck)  # the TM's own delete of it fails once
     coord.cancel(retain=retain)
     assert fs.faults_fired == 1
-    obs = store.observe()
+    obs = testing.observe(store)
     assert obs.files == {} and obs.directories == {}, (obs.files, obs.directories)
     assert not place.inner.exists(f"{place.root}/{stuck}")
     # R90: deleted by the TM that wrote it, with its directory; once, as its owner
     assert [(d.actor, d.owner, d.existed) for d in obs.deletions if d.path == stuck] == [
         (writer, writer, True)
     ]
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     store.close()
     place.cleanup()
 
@@ -106,7 +108,7 @@ def test_r90_files_whose_background_delete_keeps_failing_stay_their_deleters(
     cid = coord.trigger()  # no checkpoint completes: no directory is handed over
     for sub, tm in sorted(store.placement().items()):
         store.task_manager(tm).write(cid, sub, KS, "sst", payload(sub, "sst"))
-    written = dict(store.observe().owners)
+    written = dict(testing.observe(store).owners)
     assert written and all(o.startswith("tm:") for o in written.values()), written
     store._engine.storage.arm(StorageOp.DELETE)
     removals = ("remove", "rmtree") if kind == "local" else ("rm_file", "rm")
@@ -114,7 +116,7 @@ def test_r90_files_whose_background_delete_keeps_failing_stay_their_deleters(
         fs.fail(method, path_contains=job_base(store.job_id), times=10_000)
     coord.cancel(retain=False)
     store.flush()
-    seen = store.observe()
+    seen = testing.observe(store)
     assert set(written) <= set(seen.files), sorted(set(written) - set(seen.files))
     whole = [f for f in store.delete_failures() if f.is_dir and f.deleted_by]
     assert whole, "no directory holding a file of the store failed to go whole"
@@ -123,8 +125,8 @@ def test_r90_files_whose_background_delete_keeps_failing_stay_their_deleters(
     fs.heal()
     assert store.retry_deletes() == []
     store.flush()
-    seen = store.observe()
+    seen = testing.observe(store)
     assert seen.files == {} and seen.owners == {}, (seen.files, seen.owners)
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     store.close()
     place.cleanup()

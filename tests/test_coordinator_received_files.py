@@ -28,7 +28,7 @@ import attrs
 import pytest
 
 from conformance.fastimpl_commands import apply
-from fastimpl import CheckpointStore
+from fastimpl import CheckpointStore, CompletionFailed, testing
 from fastimpl.records import ManagedDir
 from spec.commands import (
     Acknowledge,
@@ -88,10 +88,10 @@ def _ack_naming(place: Place, named: str) -> tuple[CheckpointStore, str, int]:
 
 def _still_there(store: CheckpointStore, path: str) -> None:
     store.flush()
-    obs = store.observe()
+    obs = testing.observe(store)
     assert path in obs.files, f"{path}: deleted though a checkpoint needs it"
     assert [d for d in obs.deletions if d.path == path] == []
-    assert [v for v in store.check_invariants() if v.invariant in ("I1", "I5")] == []
+    assert [v for v in testing.check_invariants(store) if v.invariant in ("I1", "I5")] == []
     views = store.coordinator.retained()
     entries = [e for v in views for e in v.entries] or list(store._engine.coord.restoring)
     assert entries and all(store.read(e) for e in entries)  # every byte still reads
@@ -254,13 +254,13 @@ def test_r66_a_withdrawn_placeholder_pins_nothing_and_its_acknowledgement_is_gon
         store.deliver_notifications()
         store._engine.attempt_stopped(tm)  # its files' deletes wait for it (R64)
         store.flush()
-        assert old not in store.observe().files, "still pinned by the withdrawn placeholder"
+        assert old not in testing.observe(store).files, "still pinned by the withdrawn placeholder"
         for s, t in sorted(store.placement().items()):
             if s != sub:
                 store.task_manager(t).acknowledge(c3, s)
         with pytest.raises(CommandError):
             coord.complete(c3)  # the replaced attempt's acknowledgement is gone
-        assert store.check_invariants() == []
+        assert testing.check_invariants(store) == []
     finally:
         store.close()
         place.cleanup()
@@ -493,8 +493,8 @@ def test_r43_a_late_acknowledgements_file_the_coordinator_has_no_record_of_is_de
         co.receive_ack(Acknowledgement(co.job, cid, sub, tm, (entry,)))
         store.flush()
         assert not place.inner.exists(f"{place.root}/{rel}"), "left behind"
-        assert [d.path for d in store.observe().deletions if d.path == rel] == [rel]
-        assert store.check_invariants(quiet=True) == []
+        assert [d.path for d in testing.observe(store).deletions if d.path == rel] == [rel]
+        assert testing.check_invariants(store, quiet=True) == []
     finally:
         store.close()
         place.cleanup()
@@ -523,7 +523,7 @@ def test_r64_a_lost_attempts_late_file_is_its_own_until_it_stops_then_deleted(
         co.receive_ack(Acknowledgement(co.job, cid, sub, host, (entry,)))
         store.flush()
         assert place.inner.exists(f"{place.root}/{rel}")  # it may still run
-        assert store.observe().owners.get(rel) == f"tm:{host}"
+        assert testing.observe(store).owners.get(rel) == f"tm:{host}"
         co.attempt_stopped(host)
         store.flush()
         assert not place.inner.exists(f"{place.root}/{rel}"), "left behind"
@@ -578,7 +578,7 @@ def test_r40_r41_the_directories_a_tm_of_its_own_reports_are_recorded_the_others
             co.receive_ack(attrs.evolve(ack, entries=sent))
             assert sub in co.pending[cid].acks
             assert gone not in co.catalog.dir_owner and gone not in co.catalog.dirs
-            assert gone not in store.observe().directories
+            assert gone not in testing.observe(store).directories
     finally:
         store.close()
         place.cleanup()
@@ -640,14 +640,15 @@ def test_r54_acknowledgements_giving_one_logical_id_two_paths_abort_the_checkpoi
         )
         p = co.pending[nxt]
         p.acks[first] = tuple(forged if e is mine else e for e in p.acks[first])
-        assert coord.complete(nxt) is None
+        with pytest.raises(CompletionFailed, match="logical id"):
+            coord.complete(nxt)
         assert nxt not in co.pending
         store.deliver_notifications()  # the TMs drop what they wrote for it
         store.flush()
-        obs = store.observe()
+        obs = testing.observe(store)
         assert f"job-0/chk-{nxt}/_metadata" not in obs.files
         assert [r.checkpoint for r in coord.retained()] == [done.id]
-        assert store.check_invariants(quiet=True) == []
+        assert testing.check_invariants(store, quiet=True) == []
         assert all(store.read(e) for e in done.entries)
         assert _checkpoint(store) is not None  # the job checkpoints on
     finally:
@@ -690,18 +691,19 @@ def test_r54_a_logical_id_only_a_pending_placeholder_keeps_registered_is_not_giv
         forged = attrs.evolve(mine, handle=attrs.evolve(mine.handle, logical_id=pinned.logical_id))
         p = co.pending[c4]
         p.acks[other] = tuple(forged if e is mine else e for e in p.acks[other])
-        assert coord.complete(c4) is None
+        with pytest.raises(CompletionFailed, match="logical id"):
+            coord.complete(c4)
         assert c4 not in co.pending and c3 in co.pending
         store.deliver_notifications()
         store.flush()
-        assert pinned.path in store.observe().files
+        assert pinned.path in testing.observe(store).files
         for s, t in sorted(store.placement().items()):
             if s != sub:
                 store.task_manager(t).acknowledge(c3, s)
         assert coord.complete(c3) is not None
         store.flush()
-        assert pinned.path in store.observe().files
-        assert store.check_invariants() == []
+        assert pinned.path in testing.observe(store).files
+        assert testing.check_invariants(store) == []
     finally:
         store.close()
         place.cleanup()
@@ -734,11 +736,11 @@ def test_r64_a_file_another_attempt_acknowledges_keeps_its_creator_and_waits_for
         if cid in co.pending:
             coord.abort(cid)
         store.flush()
-        assert path in store.observe().files, "deleted while its creator may still run"
+        assert path in testing.observe(store).files, "deleted while its creator may still run"
         co.attempt_stopped(t1)
         store.flush()
-        assert path not in store.observe().files
-        assert store.check_invariants() == []
+        assert path not in testing.observe(store).files
+        assert testing.check_invariants(store) == []
     finally:
         store.close()
         place.cleanup()
@@ -769,22 +771,22 @@ def test_r43_a_whole_file_the_coordinator_has_no_record_of_becomes_its_own(
             assert (f.owner, f.creator) == (COORDINATOR, tm)
         # closed: its writer closed it before acknowledging (run 12: ``_take_over_files``
         # 20 recorded it open; the stopped attempt's sweep found it again and hid that)
-        assert not {rel for rel, _ in written} & store.observe().open_files
+        assert not {rel for rel, _ in written} & testing.observe(store).open_files
         assert coord.complete(cid) is not None
         first = written[0][1]
         co.replace(first)  # its writer stops: what it wrote and closed stays (R64, R65)
         co.attempt_stopped(first)
         store.flush()
-        assert {rel for rel, _ in written} <= set(store.observe().files)
+        assert {rel for rel, _ in written} <= set(testing.observe(store).files)
         (done,) = coord.retained()
         assert all(store.read(e) for e in done.entries)
         assert _checkpoint(store) is not None  # subsumes it
         store.flush()
-        files = store.observe().files
+        files = testing.observe(store).files
         assert not any(rel in files for rel, _ in written), "left behind"
         on_storage = [rel for rel, _ in written if place.inner.exists(f"{place.root}/{rel}")]
         assert on_storage == [], "left behind on storage"
-        assert store.check_invariants(quiet=True) == []
+        assert testing.check_invariants(store, quiet=True) == []
     finally:
         store.close()
         place.cleanup()

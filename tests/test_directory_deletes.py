@@ -25,7 +25,7 @@ import os
 
 import pytest
 
-from fastimpl import CheckpointStore
+from fastimpl import CheckpointStore, testing
 from fastimpl.ids import marked
 from spec.config import Config, MergingMode, RestoreMode, StateKind
 from spec.effects import COORDINATOR, USER, tm_actor
@@ -57,8 +57,8 @@ def _earlier_job(place: Place, mode: MergingMode) -> tuple[CheckpointStore, int]
         Config.for_mode(mode, num_retained=1),
         JOB,
         storage_options=_options(place),
-        deletion_log=True,  # the tests read who deleted each file
     )
+    testing.keep_deletion_log(store)  # the tests read who deleted each file
     assert _checkpoint(store) is not None
     cid = _checkpoint(store)
     assert cid is not None
@@ -80,25 +80,26 @@ def test_a_claimed_directory_holding_a_planted_file_loses_only_the_stores_files(
 ) -> None:
     store, cid = _earlier_job(place, mode)
     held = sorted(
-        {p.rsplit("/", 1)[0] for p in store.observe().files if p.startswith("job-0/")}
+        {p.rsplit("/", 1)[0] for p in testing.observe(store).files if p.startswith("job-0/")}
         - {f"job-0/chk-{cid}"}
     )
     assert held, "the earlier job wrote no shared or task-owned file"
-    stores_files = {p for p in store.observe().files if any(p.startswith(d + "/") for d in held)}
+    seen = testing.observe(store).files
+    stores_files = {p for p in seen if any(p.startswith(d + "/") for d in held)}
     planted = [f"{place.root}/{d}/not-the-stores" for d in held]
     for p in planted:
         place.inner.pipe_file(p, b"precious")
     _claim_and_subsume(store, cid)
     for p in planted:
         assert place.inner.cat_file(p) == b"precious", p
-    left = set(store.observe().files)
-    deletions = {d.path: d for d in store.observe().deletions}
+    left = set(testing.observe(store).files)
+    deletions = {d.path: d for d in testing.observe(store).deletions}
     for p in sorted(stores_files):
         assert p not in left, p
         assert p in deletions, p
         # the one-by-one deletes name who deleted, as a whole-directory delete does
         assert deletions[p].actor == COORDINATOR, deletions[p]
-    assert [v for v in store.check_invariants() if v.invariant == "I5"] == []
+    assert [v for v in testing.check_invariants(store) if v.invariant == "I5"] == []
     store.close()
 
 
@@ -115,7 +116,7 @@ def test_the_folders_of_an_earlier_job_go_with_its_last_directory(
     left = [os.path.relpath(d, place.root) for d, _, _ in os.walk(base)]
     # the job's base itself stays (a base is never deleted, only what is below it)
     assert left == ["job-0"], left
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     store.close()
 
 
@@ -144,13 +145,13 @@ def test_a_claim_takes_a_zombies_file_in_its_directories_and_the_zombies_stop_th
         Config.for_mode(mode, num_retained=1),
         JOB,
         storage_options=_options(place),
-        deletion_log=True,
     )
+    testing.keep_deletion_log(store)
     cid = _operator_checkpoint(store)
     sub, zombie = sorted(store.placement().items())[0]
     named = store.coordinator.retained()[-1].directories
     assert taskowned_dir("job-0", zombie) in named and shared_dir("job-0", sub) not in named
-    store.task_manager(zombie).crash()
+    testing.crash(store, zombie)
     store.coordinator.failover()
     claimed = f"{taskowned_dir('job-0', zombie)}/{marked('fzombie1', zombie)}"
     swept = f"{shared_dir('job-0', sub)}/{marked('fzombie2', zombie)}"
@@ -158,17 +159,17 @@ def test_a_claim_takes_a_zombies_file_in_its_directories_and_the_zombies_stop_th
         place.inner.makedirs(f"{place.root}/{p.rsplit('/', 1)[0]}", exist_ok=True)
         place.write(p, b"written by the zombie")
     assert store.coordinator.restore(cid, mode=RestoreMode.CLAIM) == "job-1"
-    owners = store.observe().owners
+    owners = testing.observe(store).owners
     assert owners.get(claimed) == COORDINATOR and swept not in owners, owners
     for _ in range(2):  # num_retained 1: the claimed checkpoint is subsumed
         latest = _operator_checkpoint(store)
-    assert {claimed, swept} <= set(store.observe().files)  # R64: the zombie may run
+    assert {claimed, swept} <= set(testing.observe(store).files)  # R64: the zombie may run
     assert store.coordinator.restore(latest, mode=RestoreMode.NO_CLAIM) == "job-2"
-    store.task_manager(zombie).stopped()
+    testing.stopped(store, zombie)
     store.flush()
-    left = set(store.observe().files)
+    left = set(testing.observe(store).files)
     assert claimed not in left and swept not in left
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     store.close()
 
 
@@ -209,7 +210,7 @@ def test_a_directory_that_cannot_be_listed_is_kept_and_deleted_by_a_retry(
     d, tm = _abort_with_an_unlisted_directory(store, fs, place, (KS, OP))
     on_disk = os.path.join(place.root, d)
     assert fs.armed() == 0, "the directory was never listed"
-    seen = store.observe()
+    seen = testing.observe(store)
     assert seen.directories.get(d) == tm_actor(tm), seen.directories
     assert seen.pending_deletes == (d,), seen.pending_deletes
     assert place.kind != "local" or os.path.isdir(on_disk)
@@ -217,11 +218,11 @@ def test_a_directory_that_cannot_be_listed_is_kept_and_deleted_by_a_retry(
     assert not others, f"only the unlisted directory stays: {sorted(others)}"
     assert store.retry_deletes() == []
     store.flush()
-    seen = store.observe()
+    seen = testing.observe(store)
     assert seen.directories == {} and seen.pending_deletes == (), seen
     assert not os.path.exists(on_disk)
     assert not seen.files, sorted(seen.files)
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     store.close()
 
 
@@ -241,27 +242,28 @@ def test_a_zombies_unrecorded_file_holds_back_only_the_directory_it_is_in(
     assert cid is not None
     zombie, live = sorted(set(store.placement().values()))
     goes = sorted(shared_dir("job-0", s) for s, t in store.placement().items() if t == live)
-    store.task_manager(zombie).crash()
+    testing.crash(store, zombie)
     store.coordinator.failover()
     assert store.coordinator.restore(cid, mode=RestoreMode.CLAIM) == "job-1"
     waits = taskowned_dir("job-0", live)
-    assert {waits, *goes} <= set(store.observe().directories), store.observe().directories
+    dirs = testing.observe(store).directories
+    assert {waits, *goes} <= set(dirs), dirs
     late = f"{waits}/{marked('fzombie1', zombie)}"
     place.write(late, b"written by the zombie after the claim")
     for _ in range(2):  # num_retained 1: the claimed checkpoint is subsumed
         assert _checkpoint(store) is not None
     store.flush()
-    seen = store.observe()
+    seen = testing.observe(store)
     assert late in seen.files, "the zombie's file went while the zombie may run"
     assert waits in seen.pending_deletes and waits in seen.directories, seen.pending_deletes
     held = [d for d in goes if d in seen.directories or d in seen.pending_deletes]
     assert not held, f"held back though nothing of the zombie's is there: {held}"
-    store.task_manager(zombie).stopped()
+    testing.stopped(store, zombie)
     store.flush()
-    seen = store.observe()
+    seen = testing.observe(store)
     assert late not in seen.files and waits not in seen.directories
     assert seen.pending_deletes == (), seen.pending_deletes
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     store.close()
 
 
@@ -277,17 +279,17 @@ def test_a_directory_whose_delete_waited_stays_once_the_user_holds_it(
     refused delete is an I5 violation)."""
     store, fs = place.store(Config.for_mode(mode, num_retained=1), JOB, lease=True)
     d, _ = _abort_with_an_unlisted_directory(store, fs, place, (OP,))
-    assert store.observe().pending_deletes == (d,)
+    assert testing.observe(store).pending_deletes == (d,)
     assert _operator_checkpoint(store) is not None
     assert d in store.coordinator.retained()[-1].directories
-    kept = {p for p in store.observe().files if p.startswith(d + "/")}
+    kept = {p for p in testing.observe(store).files if p.startswith(d + "/")}
     assert kept, "the next checkpoint wrote nothing into the directory"
     store.coordinator.cancel(retain=True)
     store.flush()
-    assert store.observe().directories.get(d) == USER
+    assert testing.observe(store).directories.get(d) == USER
     store.retry_deletes()
     store.flush()
-    seen = store.observe()
+    seen = testing.observe(store)
     assert seen.directories.get(d) == USER and kept <= set(seen.files)
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     store.close()

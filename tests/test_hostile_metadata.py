@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from fastimpl import CheckpointStore, MetadataError, RecoveryError
+from fastimpl import CheckpointStore, MetadataError, RecoveryError, testing
 from fastimpl.metadata import (
     MAX_PATH,
     Metadata,
@@ -45,7 +45,7 @@ from fastimpl.metadata import (
     path_parts,
     resolve,
 )
-from fastimpl.recovery import recover
+from fastimpl.recovery import RecoveryReport, recover
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
 from spec.effects import COORDINATOR, USER
 from spec.handles import PlaceholderHandle, SegmentHandle, StateEntry, stream_of
@@ -349,7 +349,7 @@ class World:
         _checkpoint(self.store, self.ledger)
         _checkpoint(self.store, self.ledger)
         self.store.flush()
-        files = self.store.observe().files
+        files = testing.observe(self.store).files
         _plant(place, "other-app/shared/x/data", b"the sibling's")
         _plant(place, "other-app/f", b"the sibling's too")
         _plant(place, "job-9/shared/src-0-2/f", b"an unrelated job's")
@@ -388,7 +388,7 @@ class World:
         references, I1): an I5 is never one of those."""
         planted = ("other-app/", "job-9/", "job-0/", "savepoints/")
         out = []
-        for v in (store or self.store).check_invariants(quiet=quiet):
+        for v in testing.check_invariants(store or self.store, quiet=quiet):
             if v.invariant in ("I1", "I3", "I6") and any(p in v.detail for p in planted):
                 continue
             out.append(str(v))
@@ -496,7 +496,7 @@ def test_every_deleting_path_keeps_every_sentinel(world: World) -> None:
     w.store.task_manager(tm).write(cid, sub, KS, "half", b"aborted")
     coord.abort(cid)
     w.store.deliver_notifications()
-    w.store.task_manager(tm).crash()  # failover cleanup (R62)
+    testing.crash(w.store, tm)  # failover cleanup (R62)
     coord.failover()
     w.store.deliver_notifications()
     assert w.lost() == [] and w.problems() == []
@@ -578,7 +578,7 @@ def test_a_claim_of_a_metadata_naming_less_registers_only_what_it_names(world: W
     assert w.problems() == []
     _more(w, 3)  # the claimed checkpoint is subsumed
     assert w.problems() == []
-    unused = [k for k, v in w.store.observe().registry.items() if not v.refs]
+    unused = [k for k, v in testing.observe(w.store).registry.items() if not v.refs]
     assert unused == [], f"registered, yet no retained checkpoint uses them: {unused}"
     assert w.lost() == [], w.lost()
 
@@ -613,7 +613,7 @@ def test_recovering_job_0_leaves_an_unrelated_job_alone(world: World) -> None:
     not job-0's to delete, whatever their names suggest."""
     w = world
     w.store.close()
-    job1 = {p: w.place.read(p) for p in w.store.observe().files if p.startswith("job-1/")}
+    job1 = {p: w.place.read(p) for p in testing.observe(w.store).files if p.startswith("job-1/")}
     new, report = CheckpointStore.recover(
         w.place.url, w.config, JOB, crashed_job="job-0", storage_options=_options(w.place)
     )
@@ -674,7 +674,7 @@ def test_the_guard_refuses_a_foreign_delete_before_it_happens(
     refused = {r.path for r in cl.catalog.refused_deletes}
     assert {sp_file, "other-app/f", "job-1/..", "savepoints", "job-1", *users} <= refused
     assert {r.actor for r in cl.catalog.refused_deletes} == {COORDINATOR}, "each names who tried"
-    violations = w.store.check_invariants()
+    violations = testing.check_invariants(w.store)
     assert (
         len([v for v in violations if v.invariant == "I5"])
         == len(cl.catalog.refused_deletes)
@@ -715,7 +715,7 @@ def _store2(place: Place, mode: MergingMode) -> CheckpointStore:
     return store
 
 
-def _recover(place: Place, mode: MergingMode) -> Any:
+def _recover(place: Place, mode: MergingMode) -> tuple[CheckpointStore, RecoveryReport]:
     return CheckpointStore.recover(place.url, _config(mode), JOB, storage_options=_options(place))
 
 
@@ -882,7 +882,7 @@ def test_one_extent_named_whole_and_as_a_segment_at_offset_0_is_one_extent(
     new, report = _recover(place, mode)
     try:
         assert report.checkpoints == (2, 3)
-        assert new.check_invariants() == []
+        assert testing.check_invariants(new) == []
     finally:
         new.close()
 
@@ -990,7 +990,7 @@ def test_a_tree_past_path_max_is_walked_and_left_alone(tmp_path: Path) -> None:
     assert len(f"{p.root}/{deep}") > MAX_PATH
     again, report = _recover(p, MergingMode.WITHIN_CHECKPOINT)
     assert report.checkpoints == (2, 3)
-    assert again.check_invariants() == []
+    assert testing.check_invariants(again) == []
     files = again._engine.storage.list_files()
     assert files[deep] == len(b"precious")
     again.close()

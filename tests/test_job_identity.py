@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastimpl import BaseInUseError, CheckpointStore, FencedError
+from fastimpl import BaseInUseError, CheckpointStore, FencedError, testing
 from spec.config import Config, MergingMode
 from spec.layout import job_base
 from tests.faultyfs import Place
@@ -39,14 +39,15 @@ def _config(mode: MergingMode) -> Config:
 
 
 def _open(place: Place, mode: MergingMode, **kw: object) -> CheckpointStore:
-    return CheckpointStore(
+    store = CheckpointStore(
         place.url,
         _config(mode),
         JOB,
         storage_options=_options(place),
-        deletion_log=True,  # the tests compare what went with what was deleted
         **kw,  # type: ignore[arg-type]
     )
+    testing.keep_deletion_log(store)  # the tests compare what went with what was deleted
+    return store
 
 
 def _under(listing: Listing, base: str) -> Listing:
@@ -66,7 +67,7 @@ def _kept(before: Listing, after: Listing) -> None:
 def _only_the_zombies_new_files(store: CheckpointStore, known: Listing) -> None:
     """The store's invariants hold but for files a fenced writer made after the store
     read the base (I3: nobody the store knows owns them; a later recovery collects them)."""
-    for v in store.check_invariants():
+    for v in testing.check_invariants(store):
         assert v.invariant == "I3" and v.detail.split()[0] not in known, v
 
 
@@ -104,13 +105,13 @@ def test_a_fresh_id_never_touches_the_first_run(place: Place, mode: MergingMode)
     b.flush()
     after = _listing(place)
     assert _under(after, job_base("job-0")) == kept
-    deleted = {d.path for d in b.observe().deletions}
+    deleted = {d.path for d in testing.observe(b).deletions}
     gone = {p for p in mine if p not in after and after.get(p) is None}
     files_gone = {p for p in gone if not p.endswith("/")} - {
         p for p in gone if any(q.startswith(p + "/") for q in mine)
     }
     assert files_gone <= deleted, sorted(files_gone - deleted)
-    assert b.check_invariants() == []
+    assert testing.check_invariants(b) == []
     b.close()
 
 
@@ -157,8 +158,9 @@ def test_a_recovered_store_is_fenced_when_another_takes_the_base(
 def test_recover_fences_a_writer_still_running(place: Place, mode: MergingMode) -> None:
     a, _ = _first_run(place, mode)
     b, report = CheckpointStore.recover(
-        place.url, _config(mode), JOB, storage_options=_options(place), deletion_log=True
+        place.url, _config(mode), JOB, storage_options=_options(place)
     )
+    testing.keep_deletion_log(b)
     assert report.checkpoints == (2,)
     known = _listing(place)
     assert _checkpoint(a) is None  # the zombie coordinator can no longer complete
@@ -203,12 +205,12 @@ def test_a_directory_delete_keeps_files_the_store_did_not_write(
     for p in planted:
         assert place.inner.cat_file(p) == b"precious", p
     after = _listing(place)
-    deleted = {d.path for d in a.observe().deletions}
+    deleted = {d.path for d in testing.observe(a).deletions}
     for p in listing:
         if listing[p][0] == "file" and p not in after:
             assert p in deleted, p
     # each by its owner (I5): the one-by-one deletes name who deleted, as a whole one does
-    assert [v for v in a.check_invariants() if v.invariant == "I5"] == []
+    assert [v for v in testing.check_invariants(a) if v.invariant == "I5"] == []
     a.close()
 
 

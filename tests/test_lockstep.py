@@ -10,7 +10,8 @@ import pytest
 from hypothesis import Phase
 
 from conformance.harness import DEFAULT_JOB
-from fastimpl import CounterIds, InProcessEngine
+from fastimpl import CounterIds
+from fastimpl.engine import InProcessEngine
 from model_tests.targets import FastimplTarget
 from spec import commands as c
 from spec.config import Config, MergingMode

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastimpl import CheckpointStore, MetadataError, RecoveryError
+from fastimpl import CheckpointStore, MetadataError, RecoveryError, testing
 from fastimpl.metadata import decode, encode
 from spec.config import Config, MergingMode
 from spec.errors import CommandError, Reason
@@ -85,7 +85,7 @@ def test_recover_refuses_a_changed_max_parallelism(
     assert "job-0/chk-2/_metadata" in msg, msg  # the oldest kept checkpoint, checked first
     _unchanged(place, None, before)
     again = _recover(place, mode, TAKEN)
-    assert again.check_invariants() == []
+    assert testing.check_invariants(again) == []
     again.close()
 
 
@@ -126,7 +126,7 @@ def test_a_savepoint_taken_with_another_max_parallelism_is_refused(
     elsewhere = _beside(place)
     other, _ = _store(elsewhere, mode, 64, savepoint=True)
     sp = "savepoints/savepoint-5"
-    brought = sorted(p for p in other.observe().files if p.startswith(sp + "/"))
+    brought = sorted(p for p in testing.observe(other).files if p.startswith(sp + "/"))
     assert f"{sp}/_metadata" in brought and decode(elsewhere.read(f"{sp}/_metadata")).savepoint
     other.close()
     store, _ = _store(place, mode)
@@ -170,7 +170,7 @@ def test_version_1_metadata_is_judged_by_its_key_group_ranges(
             _recover(place, mode, other)
     _unchanged(place, None, before)
     again = _recover(place, mode, TAKEN)
-    assert again.check_invariants() == []
+    assert testing.check_invariants(again) == []
     again.close()
 
 

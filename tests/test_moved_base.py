@@ -49,7 +49,7 @@ from typing import Any
 import fsspec  # type: ignore[import-untyped]
 import pytest
 
-from fastimpl import CheckpointStore
+from fastimpl import CheckpointStore, testing
 from fastimpl.metadata import decode
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.handles import extent_of, stream_of
@@ -221,7 +221,7 @@ def _run_job(place: Place, mode: MergingMode) -> Ledger:
     assert [(r.job, r.checkpoint) for r in retained] == [("job-1", c) for c in RETAINED]
     _is_the_promised_shape(retained, mode)
     assert ledger.problems(store) == []
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     store.close()  # the process dies
     return ledger
 
@@ -273,7 +273,7 @@ def _recovered(
             if stream_of(e.handle) is not None:
                 got[(e.subtask, e.name)] = new.read(e)
     assert got == want
-    assert new.check_invariants() == []
+    assert testing.check_invariants(new) == []
     return new
 
 
@@ -283,7 +283,7 @@ def _goes_on(store: CheckpointStore, ledger: Ledger, place: Place, savepoint: by
     cid = _checkpoint(store, ledger, ("later",))
     assert store.coordinator.retained()[-1].checkpoint == cid
     assert ledger.problems(store) == []
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     assert SAVEPOINT in store.coordinator.savepoints()
     store.coordinator.restore(SAVEPOINT)
     want = ledger.expected("job-0", SAVEPOINT)
@@ -293,7 +293,7 @@ def _goes_on(store: CheckpointStore, ledger: Ledger, place: Place, savepoint: by
             got[(e.subtask, e.name)] = data
     assert got == want
     store.flush()
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     after = _tree(place)
     # the savepoint, and the checkpoints the new job ended with, given to the user (R70)
     assert {f"savepoints/savepoint-{SAVEPOINT}/{METADATA}", f"job-2/chk-{cid}/{METADATA}"} <= set(
@@ -362,5 +362,5 @@ def test_one_checkpoint_copied_elsewhere(top: Place, mode: MergingMode) -> None:
     store = _recovered(new, mode, ledger, RETAINED[:1], {p: original[p] for p in needs})
     _checkpoint(store, ledger, ("later",))
     assert ledger.problems(store) == []
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     assert _tree(old) == original

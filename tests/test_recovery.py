@@ -39,7 +39,14 @@ import fsspec.implementations.memory  # type: ignore[import-untyped]
 import pytest
 
 from conformance.fastimpl_commands import apply
-from fastimpl import CheckpointStore, CounterIds, MetadataError, RecoveryError
+from fastimpl import (
+    CheckpointStore,
+    CompletionFailed,
+    CounterIds,
+    MetadataError,
+    RecoveryError,
+    testing,
+)
 from fastimpl.api import publish_state
 from fastimpl.ids import marked
 from fastimpl.metadata import decode, encode
@@ -240,7 +247,9 @@ def more_checkpoints(
             ledger.record(store.job_id, cid, sub, "after", data)
             mgr.write(cid, sub, KS, "after", data)
             mgr.acknowledge(cid, sub)
-        if coord.complete(cid) is None:
+        try:
+            coord.complete(cid)
+        except CompletionFailed:
             problems.append(f"checkpoint {cid} after recovery did not complete")
         store.deliver_notifications()
     return problems
@@ -272,7 +281,7 @@ def check_recovery(
             problems.append(f"recovered checkpoint {cid} wrote nothing")
     problems += ledger.problems(store)
     # (b) the invariants hold right away
-    problems += [f"after recovery: {v}" for v in store.check_invariants()]
+    problems += [f"after recovery: {v}" for v in testing.check_invariants(store)]
     # (d) an interrupted savepoint is the user's and listed
     sp_dirs = {"/".join(p.split("/")[:2]) for p in savepoint_files}
     for d in sorted(sp_dirs):
@@ -282,10 +291,10 @@ def check_recovery(
     restored = [("job-0", c) for c in report.checkpoints[-1:]]
     problems += more_checkpoints(store, ledger, config.num_retained + 1, restored)
     store.flush()
-    problems += [f"quiet: {v}" for v in store.check_invariants(quiet=True)]
+    problems += [f"quiet: {v}" for v in testing.check_invariants(store, quiet=True)]
     problems += ledger.problems(store)
     refs = _referenced(store)
-    files = store.observe().files
+    files = testing.observe(store).files
     crashed = report.crashed_job + "/"
     problems += [f"leaked {p}" for p in sorted(files) if p.startswith(crashed) and p not in refs]
     # (d) savepoints are never deleted
@@ -475,7 +484,7 @@ def test_a_crash_during_recovery_is_recovered_again(tmp_path: Path) -> None:
                 second = Ledger()
                 try:
                     cluster, _ = recover(config, JOB, again, where.root, background_deletes=False)
-                    store = CheckpointStore(where.url, config, JOB, _engine=cluster)
+                    store = testing.store_on_engine(cluster)
                     more_checkpoints(store, second, 2, [])
                 except SimulatedCrash:
                     pass
@@ -501,11 +510,11 @@ def _recover_again(place: Place, config: Config, ledger: Ledger, prog: Progress)
     if prog.done and not report.checkpoints:
         problems.append(f"recovering {crashed} lost every checkpoint")
     problems += ledger.problems(store)
-    problems += [f"after recovery: {v}" for v in store.check_invariants()]
+    problems += [f"after recovery: {v}" for v in testing.check_invariants(store)]
     restored = [(crashed, c) for c in report.checkpoints[-1:]]
     problems += more_checkpoints(store, ledger, 2, restored)
     store.flush()
-    problems += [f"quiet: {v}" for v in store.check_invariants(quiet=True)]
+    problems += [f"quiet: {v}" for v in testing.check_invariants(store, quiet=True)]
     refs = _referenced(store) | _named_by_metadata(place)
     # Only the crashed job's own base is the new coordinator's (I5): the other
     # incarnation's leftovers stay, and the report says where.
@@ -608,17 +617,17 @@ def test_no_completed_checkpoint_starts_a_new_job_and_deletes_garbage(
     assert sorted(report.garbage) == sorted(left)
     new.flush()
     assert not any(p.startswith("job-0/") for p in place.snapshot())
-    assert new.check_invariants() == []
+    assert testing.check_invariants(new) == []
     assert new.coordinator.retained() == []
     assert more_checkpoints(new, ledger, 2, []) == []
     new.flush()
-    assert new.check_invariants(quiet=True) == []
+    assert testing.check_invariants(new, quiet=True) == []
     assert ledger.problems(new) == [] and prog.done == []
     # The new job's TMs are its own: they wrote under its base, and its job end reaches them.
     assert all(p.startswith(f"{report.new_job}/") for p in place.snapshot()), place.snapshot()
     new.coordinator.cancel(retain=False)
     new.flush()
-    assert new.check_invariants(quiet=True) == []
+    assert testing.check_invariants(new, quiet=True) == []
     assert place.snapshot() == {}
 
 
@@ -686,10 +695,10 @@ def test_num_retained_two_keeps_both(place: Place) -> None:
     assert report.checkpoints == (c2, c3)
     assert [r.checkpoint for r in new.coordinator.retained()] == [c2, c3]
     assert ledger.problems(new) == []
-    assert new.check_invariants() == []
+    assert testing.check_invariants(new) == []
     assert more_checkpoints(new, ledger, 3, [("job-0", c3)]) == []
     new.flush()
-    assert new.check_invariants(quiet=True) == []
+    assert testing.check_invariants(new, quiet=True) == []
     assert not any(p.startswith("job-0/") for p in place.snapshot())
 
 
@@ -777,7 +786,7 @@ def test_an_interrupted_savepoint_is_left_to_the_user(place: Place) -> None:
     new.flush()
     after = {p: v for p, v in place.snapshot().items() if p.startswith(SAVEPOINTS)}
     assert after == before
-    assert new.check_invariants(quiet=True) == []
+    assert testing.check_invariants(new, quiet=True) == []
 
 
 # --------------------------------------------------------------------------- lineage
@@ -804,7 +813,7 @@ def test_recovery_never_deletes_what_a_restore_left_to_the_user(
     job-0 that checkpoint 4 refers to (NONE mode reuses job-0's shared files through the
     registry, R72), but never job-0's checkpoint 2, which the restore left to the user."""
     store, ledger, config = _lineage_job(place, mode)
-    user = {p for p, owner in store.observe().owners.items() if owner == "user"}
+    user = {p for p, owner in testing.observe(store).owners.items() if owner == "user"}
     assert metadata_path("job-0", 2) in user
     checkpoint(store, ledger, Progress(), reuse=(1,) if mode is MergingMode.NONE else ())
     kept = {p: v for p, v in place.snapshot().items() if p in user}
@@ -817,7 +826,7 @@ def test_recovery_never_deletes_what_a_restore_left_to_the_user(
     assert ledger.problems(new) == []
     assert more_checkpoints(new, ledger, 3, [("job-1", 4)]) == []
     new.flush()
-    assert new.check_invariants(quiet=True) == []
+    assert testing.check_invariants(new, quiet=True) == []
 
 
 @pytest.mark.xfail(
@@ -930,9 +939,9 @@ def test_recovering_an_older_incarnation_keeps_what_its_successor_names(place: P
     for path, s in sorted(successor.items()):
         assert after.get(path) == before[path], path
         assert after[path][0] >= getattr(s, "offset", 0) + s.length, path
-    owners = new.observe().owners
+    owners = testing.observe(new).owners
     assert {owners.get(p) for p in only_successor} == {"user"}
-    assert [v for v in new.check_invariants() if v.invariant == "I5"] == []
+    assert [v for v in testing.check_invariants(new) if v.invariant == "I5"] == []
     new.close()
     store.close()
 
@@ -966,14 +975,14 @@ def test_an_unreadable_metadata_elsewhere_keeps_the_base_but_the_kept_checkpoint
     assert "job-0/chk-9/leftover" in others
     new, report = CheckpointStore.recover(place.url, config, JOB, crashed_job="job-0")
     assert report.checkpoints == (c2, c3) and report.garbage == ()
-    owners = new.observe().owners
+    owners = testing.observe(new).owners
     assert {p: owners.get(p) for p in named} == dict.fromkeys(named, "coordinator")
     assert more_checkpoints(new, ledger, 2, [("job-0", c3)]) == []
     new.flush()
     after = place.snapshot()
     assert {p: after.get(p) for p in others} == others
     assert sorted(named & after.keys()) == []  # subsumed: deleted, not kept forever
-    assert [v for v in new.check_invariants() if v.invariant == "I5"] == []
+    assert [v for v in testing.check_invariants(new) if v.invariant == "I5"] == []
     new.close()
     store.close()
 
@@ -1003,7 +1012,7 @@ def test_a_recovered_store_restores_from_the_crashed_jobs_savepoint(
         for entry, data in new.task_manager(tm).restore(sub):
             restored[(sub, entry.name)] = data
     assert restored == ledger.expected("job-0", sp)
-    assert new.check_invariants() == []
+    assert testing.check_invariants(new) == []
     new.flush()
     assert {p: v for p, v in place.snapshot().items() if p.startswith(SAVEPOINTS)} == saved
     new.close()
@@ -1296,7 +1305,7 @@ def test_a_job_rescaled_before_it_crashed_is_recovered_at_the_asked_parallelism(
     for _ in range(3):  # past the kept checkpoint's subsumption
         checkpoint(new, ledger, Progress(), reuse=())
     new.flush()
-    assert new.check_invariants(quiet=True) == []
+    assert testing.check_invariants(new, quiet=True) == []
     new.close()
 
 
@@ -1345,7 +1354,7 @@ def test_a_recovery_with_nothing_to_recover_starts_the_job_afresh(
     assert checkpoint(new, ledger, prog, reuse=(1,)) == 3
     new.flush()
     assert more_checkpoints(new, ledger, 1, [(job, 3)]) == []
-    assert new.check_invariants(quiet=True) == []
+    assert testing.check_invariants(new, quiet=True) == []
     new.close()
 
 
@@ -1367,7 +1376,7 @@ def test_the_recovered_job_deletes_what_an_aborted_savepoint_of_its_own_wrote(
     new.flush()
     left = [p for p in place.snapshot() if p.startswith(f"{SAVEPOINTS}/savepoint-{sp}/")]
     assert left == []
-    assert new.check_invariants(quiet=True) == []
+    assert testing.check_invariants(new, quiet=True) == []
     new.close()
 
 
@@ -1442,10 +1451,10 @@ def test_r96_an_incarnation_dead_before_its_first_checkpoint_is_abandoned(
     first = new.coordinator.trigger()
     assert first > pending  # R50: past job-1's published pending id
     new.coordinator.abort(first)
-    assert new.check_invariants() == []
+    assert testing.check_invariants(new) == []
     assert more_checkpoints(new, ledger, 2, [("job-0", prog.done[-1])]) == []
     new.flush()
-    assert new.check_invariants(quiet=True) == []
+    assert testing.check_invariants(new, quiet=True) == []
 
 
 def test_r96_no_incarnation_completed_a_checkpoint_the_first_is_recovered(place: Place) -> None:
@@ -1532,7 +1541,7 @@ def test_r96_r73_an_abandoned_no_claim_restore_leaves_the_checkpoint_the_users(
     new.flush()
     after = place.snapshot()
     assert {p: after.get(p) for p in users} == users
-    assert new.check_invariants(quiet=True) == []
+    assert testing.check_invariants(new, quiet=True) == []
     new.close()
 
 
@@ -1553,7 +1562,7 @@ def test_recovery_registers_every_kept_checkpoints_shared_state(place: Place) ->
     assert report.checkpoints == (c1, c2, c3)
     checkpoint(new, ledger, Progress())  # subsumes c1
     new.flush()
-    assert new.check_invariants() == []
+    assert testing.check_invariants(new) == []
     retained = new.coordinator.retained()
     assert all(new.read(e) for v in retained for e in v.entries if stream_of(e.handle))
     new.close()

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import pytest
 
-from fastimpl import CheckpointStore
+from fastimpl import CheckpointStore, testing
 from fastimpl.metadata import MetadataError
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.effects import COORDINATOR, USER
@@ -320,10 +320,10 @@ def test_recover_after_a_restore_and_a_savepoint_never_deletes_the_users_files(
         )
         assert report.checkpoints == (src + 1,)
         assert sp in new.coordinator.savepoints()
-        assert new.check_invariants() == []
+        assert testing.check_invariants(new) == []
         for _ in range(config.num_retained + 1):
             _checkpoint(new)
-        assert new.check_invariants(quiet=True) == []
+        assert testing.check_invariants(new, quiet=True) == []
         assert _snapshot(place, SAVEPOINTS) == saved
         assert _snapshot(place, "job-0") == job0
         new.close()

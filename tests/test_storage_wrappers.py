@@ -27,7 +27,8 @@ import pytest
 from fsspec.implementations.dirfs import DirFileSystem  # type: ignore[import-untyped]
 from fsspec.spec import AbstractFileSystem  # type: ignore[import-untyped]
 
-from fastimpl import CachedLocalDiskError, CheckpointStore, recover
+from fastimpl import CachedLocalDiskError, CheckpointStore, testing
+from fastimpl.recovery import recover
 from fastimpl.storage import Storage, UnknownWrapperError, open_files_readable
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.handles import FileHandle, SegmentHandle, extent_of, stream_of
@@ -107,7 +108,7 @@ def test_within_through_a_wrapper_leaves_every_named_byte_on_s3(
         assert isinstance(s, SegmentHandle | FileHandle)
         end = extent_of(s).offset + s.length
         assert on_s3.get(s.path, -1) >= end, (s.path, on_s3)
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     store.close()
 
 

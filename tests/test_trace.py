@@ -20,7 +20,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from conformance.harness import Harness
-from fastimpl import CheckpointStore, CommandTrace, CounterIds
+from fastimpl import CheckpointStore, CommandTrace, CounterIds, testing
 from model_tests.replay import TraceError, main, replay
 from model_tests.targets import FastimplTarget
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
@@ -103,7 +103,7 @@ def api_trace(tmp_path: Path, *, observations: bool = True, ids: str = "counter"
     with pytest.raises(CommandError) as refused:  # aborted above
         coord.complete(3)
     assert refused.value.reason is Reason.CHECKPOINT_NOT_PENDING
-    store.task_manager(sorted(store.placement().values())[0]).crash()
+    testing.crash(store, sorted(store.placement().values())[0])
     coord.failover()
     coord.rescale(coord.retained()[-1].checkpoint, {"win": 3}, mode=RestoreMode.CLAIM)
     store.close()

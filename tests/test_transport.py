@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastimpl import CheckpointStore
+from fastimpl import CheckpointStore, testing
 from fastimpl.transport import InMemoryTransport
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.errors import CommandError, Reason
@@ -112,5 +112,5 @@ def test_the_store_sends_its_notices_as_messages(mode: MergingMode, tmp_path: ob
         assert isinstance(data, bytes)
         assert encode_message(decode_message(data)) == data
     assert store.deliver_notifications() == 4
-    assert store.check_invariants() == []
+    assert testing.check_invariants(store) == []
     store.close()

@@ -4,7 +4,8 @@ tests of recovery and of TMs of their own that start from such a checkpoint."""
 from __future__ import annotations
 
 from conformance.fastimpl_commands import apply
-from fastimpl import CounterIds, InProcessEngine
+from fastimpl import CounterIds
+from fastimpl.engine import InProcessEngine
 from spec.commands import Acknowledge, Complete, SnapshotWorking, Trigger, WriteWorking
 from spec.config import Config, JobSpec, MergingMode, VertexSpec
 from spec.ids import SubtaskId

@@ -5,7 +5,8 @@ RocksDB-like incremental state, a declined checkpoint, a late notice, a TM lost 
 with a zombie that keeps writing, a failover, a CLAIM restore that rescales, and quiet at
 the end, every invariant checked on the real files after every call. Read it in this order:
 
-* ``job.py``: the job itself, every call one of the public API (start here);
+* ``job.py``: the job itself, every call one of the public API or, for the faults and
+  the checks, of its test seam ``fastimpl.testing`` (start here);
 * ``rocks_like.py``: the RocksDB-like local state that makes incremental checkpoints;
 * ``figures.py``: files created and deleted per checkpoint, space amplification;
 * ``report.py``: the tables; ``runner.py``: one run per merging mode;

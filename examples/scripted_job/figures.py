@@ -1,5 +1,5 @@
 """What the scripted job measures: files created and deleted on storage per checkpoint,
-and space amplification, all read from ``CheckpointStore.observe()`` (the real files)."""
+and space amplification, all read from ``fastimpl.testing.observe`` (the real files)."""
 
 from __future__ import annotations
 

@@ -18,9 +18,12 @@ stopped. Then a rescaling restore of the latest checkpoint in CLAIM mode (``wind
 4 -> 3) and more checkpoints in the new job; at the end the job is brought to quiet.
 
 Every call below is one of the public API (``fastimpl``'s ``CheckpointStore``, its
-``Coordinator``, a TM's ``FileMergingManager`` and its streams). After each one,
-``ScriptedJob.check`` lists the real files and checks the invariants I1-I5
-(``CheckpointStore.check_invariants``); once quiet, I6 (no leak) too.
+``Coordinator``, a TM's ``FileMergingManager`` and its streams), except where the script
+simulates what a real job only suffers or inspects what a job never sees, through the
+store's test seam ``fastimpl.testing``: losing a TM (``testing.crash``) and learning that
+its process stopped (``testing.stopped``), the files and bookkeeping
+(``testing.observe``). After each call, ``ScriptedJob.check`` lists the real files and
+checks the invariants I1-I5 (``testing.check_invariants``); once quiet, I6 (no leak) too.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from examples.scripted_job.figures import (
     state_bytes,
 )
 from examples.scripted_job.rocks_like import KIB, LocalDb, payload
-from fastimpl import CheckpointStore, FileMergingManager, IdSource
+from fastimpl import CheckpointStore, FileMergingManager, IdSource, testing
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.errors import CommandError, Reason
 from spec.ids import SubtaskId, TmId
@@ -81,9 +84,9 @@ class ScriptedJob:
         """``step`` just ran: count the files it created and deleted, check I1-I5."""
         self.steps.append(step)
         self.result.steps += 1
-        obs = self.store.observe()
+        obs = testing.observe(self.store)
         self.counter.count(obs)
-        broken = self.store.check_invariants() + [
+        broken = testing.check_invariants(self.store) + [
             Violation("storage", f"managed directory {d} reported but not on disk")
             for d in missing_directories(self.root, obs)
         ]
@@ -104,7 +107,7 @@ class ScriptedJob:
             )
 
     def close_row(self, checkpoint: int, status: str) -> None:
-        self.counter.close_row(checkpoint, status, self.store.observe())
+        self.counter.close_row(checkpoint, status, testing.observe(self.store))
 
     def note(self, text: str) -> None:
         self.counter.note(text)
@@ -182,8 +185,7 @@ class ScriptedJob:
     def complete(self, cp: int, *, late_notice: bool = False) -> None:
         """Complete ``cp``; with ``late_notice`` the first TM hears of it only after the
         next checkpoint, so it snapshots that one as if ``cp`` had not completed."""
-        if self.coordinator.complete(cp) is None:
-            raise RuntimeError(f"writing chk-{cp}/_metadata failed: the checkpoint aborted")
+        self.coordinator.complete(cp)  # CompletionFailed if it aborted instead (R51)
         self.check(f"coordinator.complete({cp})")
         self.latest_completed = cp
         self.completed_dbs = {s: dict(db.files) for s, db in self.dbs.items()}
@@ -254,9 +256,9 @@ class ScriptedJob:
             self.snapshot(cp, s)
             self.acknowledge(cp, s)
         lost = self.store.task_managers()[-1]
-        zombie = self.store.task_manager(lost)
-        zombie.crash()
-        self.check(f"{lost}.crash()")
+        zombie = self.store.task_manager(lost)  # its managers keep writing as that attempt
+        testing.crash(self.store, lost)
+        self.check(f"testing.crash({lost})")
         self.note(f"{lost} lost mid-checkpoint")
         for tm in self.store.task_managers():  # the survivors hear of the abort
             self.store.task_manager(tm).receive_notifications()
@@ -293,9 +295,9 @@ class ScriptedJob:
 
     def attempt_stopped(self, tm: TmId) -> None:
         """The engine learns that the lost TM's process stopped (R64)."""
-        pending = len(self.store.observe().pending_deletes)
-        self.store.task_manager(tm).stopped()
-        self.check(f"{tm}.stopped()")
+        pending = len(testing.observe(self.store).pending_deletes)
+        testing.stopped(self.store, tm)
+        self.check(f"testing.stopped({tm})")
         self.note(f"{tm} stopped ({pending} delete{'' if pending == 1 else 's'} waited for it)")
 
     def rescale(self) -> None:
@@ -323,14 +325,14 @@ class ScriptedJob:
         """R60: deliver everything, retry failed deletes, then ``num_retained + 1``
         checkpoints without faults; then every invariant, I6 (no leak) included."""
         self.deliver_all()
-        if self.store.observe().pending_deletes:
+        if testing.observe(self.store).pending_deletes:
             self.store.retry_deletes()
             self.check("retry_deletes()")
         for _ in range(self.store.config.num_retained + 1):
             self.checkpoint()
             self.result.rows[-1].status = "completed (quiesce)"
-        obs = self.store.observe()
-        return self.store.check_invariants(quiet=True) + [
+        obs = testing.observe(self.store)
+        return testing.check_invariants(self.store, quiet=True) + [
             Violation("storage", f"managed directory {d} reported but not on disk")
             for d in missing_directories(self.root, obs)
         ]
@@ -359,7 +361,7 @@ def run_mode(
             steps = job.steps
             run_script(job, checkpoints)
             job.fail_on(job.quiesce())
-            obs = store.observe()
+            obs = testing.observe(store)
             result.files_at_end = len(obs.files)
             result.metadata_at_end = len(obs.metadata_files)
             result.stored_at_end, result.live_at_end = state_bytes(obs)
