@@ -118,6 +118,8 @@ current state; nothing changed) are the two a host handles.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine, Notice
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.records import Completed
@@ -155,6 +157,51 @@ from spec.messages import (
     encode_message,
 )
 
+PUBLIC_MODULES: frozenset[str] = frozenset({"fastimpl", "fastimpl.api", "fastimpl.parties"})
+"""The modules of ``fastimpl`` an engine or a tool may import (``docs/embedding.md``);
+every other module is the store's inside and may change under it."""
+
+PUBLIC_MEMBERS: Mapping[str, frozenset[str]] = {
+    "CheckpointCoordinator": frozenset(
+        {
+            "deploy",
+            "trigger",
+            "receive_ack",
+            "receive_decline",
+            "complete",
+            "abort",
+            "lose",
+            "receive_stopped",
+            "failover",
+            "replace",
+            "end_job",
+            "restart",
+            "restore",
+        }
+    ),
+    "CoordinatorEngine": frozenset({"send", "duty", "start_tm", "place", "placed", "forget_tm"}),
+    "Completed": frozenset({"id", "job", "metadata", "entries", "directories"}),
+    "Storage": frozenset({"drain", "list_files"}),
+    "TaskManager": frozenset(
+        {
+            "alone",
+            "host",
+            "finished",
+            "acknowledged",
+            "write",
+            "write_failed",
+            "backend_ref",
+            "reuse",
+            "acknowledge",
+            "on_notice",
+            "on_duty",
+        }
+    ),
+}
+"""The members of each class above that this docstring documents, and so the only
+ones a host may read, write or call (``tests/test_pipeline_public_api.py`` holds
+``pipeline/`` to them); every other attribute is the party's own records."""
+
 
 def flush_deletes(tm: TaskManager) -> None:
     """Wait until every delete ``tm`` decided has been carried out (its storage deletes
@@ -165,6 +212,8 @@ def flush_deletes(tm: TaskManager) -> None:
 
 __all__ = [
     "MESSAGE_VERSION",
+    "PUBLIC_MEMBERS",
+    "PUBLIC_MODULES",
     "Acknowledgement",
     "Answer",
     "AttemptStopped",
