@@ -98,6 +98,22 @@ The task manager's side
     (a queued delete dies with the process and leaves an orphan). Provisional: proposed
     as ``TaskManager.flush()`` (``docs/embedding.md``).
 
+For a host's own bookkeeping and tests
+--------------------------------------
+
+``subtasks_of(vertices) -> list[SubtaskId]``
+    Every subtask of the vertices, in the order ``deploy`` expects them placed.
+``is_working_path(path) -> bool``
+    Whether a path is working state (SPEC §11), whose objects a database collects.
+``WRITER_STATE``
+    The name of the writer state the store publishes in each job base: no party's
+    checkpoint data, left out of what a host counts as state.
+``HookedStorage(fs, root, hooks)``, ``StorageHooks``, ``StorageCall``
+    A ``Storage`` that calls ``hooks`` before each storage call (``StorageCall`` names
+    which): where a host's tests inject a fault or a kill.
+``command_line(command) -> str``
+    One command of the trace language (``fastimpl.CommandTrace``), as a line.
+
 Messages and errors
 -------------------
 
@@ -118,12 +134,18 @@ current state; nothing changed) are the two a host handles.
 
 from __future__ import annotations
 
-from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine, Notice
+from collections.abc import Mapping
+
+from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine, Notice, subtasks_of
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.records import Completed
 from fastimpl.storage import Storage, StorageFault
+from fastimpl.storage_hooks import HookedStorage, StorageCall, StorageHooks
 from fastimpl.taskmanager import TaskManager
 from fastimpl.tm_state import export_state, rebuild
+from fastimpl.trace import command_line
+from fastimpl.working import is_working_path
+from fastimpl.writer_state import WRITER_STATE
 from spec.errors import CkptError, CommandError
 from spec.messages import (
     MESSAGE_VERSION,
@@ -155,6 +177,51 @@ from spec.messages import (
     encode_message,
 )
 
+PUBLIC_MODULES: frozenset[str] = frozenset({"fastimpl", "fastimpl.api", "fastimpl.parties"})
+"""The modules of ``fastimpl`` an engine or a tool may import (``docs/embedding.md``);
+every other module is the store's inside and may change under it."""
+
+PUBLIC_MEMBERS: Mapping[str, frozenset[str]] = {
+    "CheckpointCoordinator": frozenset(
+        {
+            "deploy",
+            "trigger",
+            "receive_ack",
+            "receive_decline",
+            "complete",
+            "abort",
+            "lose",
+            "receive_stopped",
+            "failover",
+            "replace",
+            "end_job",
+            "restart",
+            "restore",
+        }
+    ),
+    "CoordinatorEngine": frozenset({"send", "duty", "start_tm", "place", "placed", "forget_tm"}),
+    "Completed": frozenset({"id", "job", "metadata", "entries", "directories"}),
+    "Storage": frozenset({"drain", "list_files"}),
+    "TaskManager": frozenset(
+        {
+            "alone",
+            "host",
+            "finished",
+            "acknowledged",
+            "write",
+            "write_failed",
+            "backend_ref",
+            "reuse",
+            "acknowledge",
+            "on_notice",
+            "on_duty",
+        }
+    ),
+}
+"""The members of each class above that this docstring documents, and so the only
+ones a host may read, write or call (``tests/test_pipeline_public_api.py`` holds
+``pipeline/`` to them); every other attribute is the party's own records."""
+
 
 def flush_deletes(tm: TaskManager) -> None:
     """Wait until every delete ``tm`` decided has been carried out (its storage deletes
@@ -165,6 +232,9 @@ def flush_deletes(tm: TaskManager) -> None:
 
 __all__ = [
     "MESSAGE_VERSION",
+    "PUBLIC_MEMBERS",
+    "PUBLIC_MODULES",
+    "WRITER_STATE",
     "Acknowledgement",
     "Answer",
     "AttemptStopped",
@@ -182,6 +252,7 @@ __all__ = [
     "EndJob",
     "Held",
     "Holdings",
+    "HookedStorage",
     "IdSource",
     "InUse",
     "KeptFile",
@@ -196,13 +267,18 @@ __all__ = [
     "RetainedCheckpoint",
     "ReusableFiles",
     "Storage",
+    "StorageCall",
     "StorageFault",
+    "StorageHooks",
     "TaskManager",
     "TmAssignment",
     "TmEnded",
+    "command_line",
     "decode_message",
     "encode_message",
     "export_state",
     "flush_deletes",
+    "is_working_path",
     "rebuild",
+    "subtasks_of",
 ]

@@ -50,13 +50,17 @@ from typing import Any, TypeVar
 import attrs
 import fsspec  # type: ignore[import-untyped]
 
-from fastimpl.coordinator import CheckpointCoordinator, Notice, subtasks_of
-from fastimpl.ids import RandomIds
+from fastimpl import incarnation_to_recover, recover
+from fastimpl.parties import (
+    WRITER_STATE,
+    CheckpointCoordinator,
+    Notice,
+    RandomIds,
+    Storage,
+    is_working_path,
+    subtasks_of,
+)
 from fastimpl.records import Status, Tm
-from fastimpl.recovery import incarnation_to_recover, recover
-from fastimpl.storage import Storage
-from fastimpl.working import is_working_path
-from fastimpl.writer_state import WRITER_STATE
 from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted
 from pipeline.stream.publication import StatePublisher
 from pipeline.stream.trace import NotResumable, StreamTrace

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 import attrs
 from attrs import define, field, frozen
 
-from fastimpl.writer_state import WRITER_STATE
+from fastimpl.parties import WRITER_STATE
 from pipeline.stream.audit import JobAudit, audit_jobs
 from pipeline.stream.batch_order import BatchOrder, SubtaskResult
 from pipeline.stream.check import Comparison, batch_counts, compare

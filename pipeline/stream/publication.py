@@ -45,8 +45,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fastimpl.coordinator import CheckpointCoordinator
 from fastimpl.metadata import base_of
+from fastimpl.parties import CheckpointCoordinator
 from fastimpl.records import Status
 from fastimpl.writer_state import (
     WRITER_STATE,

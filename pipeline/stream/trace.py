@@ -66,8 +66,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fastimpl.coordinator import subtasks_of
-from fastimpl.trace import CommandTrace
+from fastimpl import CommandTrace
+from fastimpl.parties import subtasks_of
 from spec import codec
 from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec

@@ -48,11 +48,16 @@ from typing import Any
 import fsspec  # type: ignore[import-untyped]
 from attrs import field, frozen
 
-from fastimpl.storage import StorageFault
-from fastimpl.storage_hooks import HookedStorage, StorageCall, StorageHooks
-from fastimpl.taskmanager import TaskManager
-from fastimpl.tm_state import export_state, rebuild
-from fastimpl.trace import command_line
+from fastimpl.parties import (
+    HookedStorage,
+    StorageCall,
+    StorageFault,
+    StorageHooks,
+    TaskManager,
+    command_line,
+    export_state,
+    rebuild,
+)
 from spec import commands as c
 from spec.config import Config, StateKind
 from spec.effects import tm_actor
