@@ -115,6 +115,8 @@ class Catalog:
         self.files: dict[str, StoredFile] = {}
         self.dirs: dict[str, ManagedDir] = {}
         self.dir_owner: dict[str, str] = {}
+        self.foreign_dirs: set[str] = set()
+        """Directories this party writes in that another made and owns (``mkdir``)."""
         self.failed_uploads: set[str] = set()
         """Files whose closing upload failed (object stores): a handle into one declines."""
         self.log = log if log is not None else DeletionLog(deletion_log)
@@ -127,7 +129,12 @@ class Catalog:
         rule still allows it (``_run_deferred``)."""
 
     def mkdir(self, path: str, actor: str, creator: TmId) -> None:
-        if path in self.dir_owner:
+        if path in self.dir_owner or path in self.foreign_dirs:
+            return
+        if self.creator_mark is not None and self.storage.exists_dir(path):
+            # R41, R64: another attempt made it (a zombie of the subtask, one whose
+            # process died) and owns it; this TM writes in it, and never deletes it
+            self.foreign_dirs.add(path)
             return
         self.storage.mkdir(path)
         self.dir_owner[path] = actor

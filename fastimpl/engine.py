@@ -237,8 +237,20 @@ class InProcessEngine:
         return back
 
     def forget_tm(self, tm: TmId) -> None:
-        """A TM that is gone keeps no memory: its tables go, its files stay on storage."""
-        self.parties[tm].forget()
+        """A TM that is gone keeps no memory: its tables go, its files stay on storage.
+        Its process is gone with them: a file it still had open is left as storage holds
+        it (R65: on an object store, where an object is written when its file is
+        closed, R12, it never exists)."""
+        party = self.parties[tm]
+        cat = party.catalog
+        for path in sorted(p for p, f in cat.files.items() if f.open):
+            if self.cfg.open_files_readable:
+                self.storage.abandon(path)
+                cat.files[path].open = False
+            else:
+                self.storage.discard(path)
+                del cat.files[path]
+        party.forget()
         self.channel.forget(tm)
 
     # ------------------------------------------------------------------ calls

@@ -16,7 +16,7 @@ import logging
 from fastimpl.checkpoint_lifecycle import CheckpointLifecycle
 from fastimpl.coordinated_job import CoordinatedJob
 from fastimpl.ids import creator_of
-from fastimpl.records import Status, StoredFile, Tm
+from fastimpl.records import ManagedDir, Status, StoredFile, Tm
 from fastimpl.retention import Retention
 from fastimpl.tm_book import TmBook
 from fastimpl.working import SharedWorking
@@ -216,12 +216,15 @@ class Failover:
             catalog.files[path].owner = COORDINATOR
         for path in sorted(p for p, o in catalog.dir_owner.items() if o == actor):
             catalog.dir_owner[path] = COORDINATOR
+        # what it left with no record here is taken before the deletes that waited for
+        # it run: a directory delete then deletes them as recorded files (R42)
+        self._adopt_dirs(tm, hosted)
+        adopted = self._sweep_stopped(tm, hosted)
         catalog.release_waits(tm)
         self._tell_stopped(tm)
-        for path in formerly:
+        for path in formerly + adopted:
             if path in catalog.files and not self.retention.referenced(path):
                 catalog.delete_file(path, COORDINATOR)
-        self._sweep_stopped(tm, hosted)
         self.retention.collect_dirs()
         self.retire(tm)
 
@@ -249,13 +252,41 @@ class Failover:
             del self.kept_from_lost[path]
         self.lifecycle.forget_savepoints()
 
-    def _sweep_stopped(self, tm: TmId, hosted: frozenset[SubtaskId]) -> None:
+    def _adopt_dirs(self, tm: TmId, hosted: frozenset[SubtaskId]) -> None:
+        """R64, R42: the directories a stopped attempt made and never reported (its
+        records were its own) are the coordinator's: those of the subtasks it ran that
+        are on storage, that no record here names and that no live TM says it owns
+        (``Holdings``). R42 decides when they go."""
+        run, book = self.run, self.tm_book
+        if run.mode is MergingMode.NONE:
+            return  # no managed directories without merging (R41)
+        catalog = run.catalog
+        job, _ = book.started.get(tm, (run.job, 1))
+        every = hosted | book.hosted_before.get(tm, frozenset())
+        candidates = [shared_dir(job, s) for s in sorted(every)]
+        unknown = [
+            d for d in candidates if d not in catalog.dir_owner and run.storage.exists_dir(d)
+        ]
+        if not unknown:
+            return
+        held: set[str] = set()
+        if run.running:
+            for live in book.current_tms():
+                answer = run.engine.duty(live, Holdings(run.job, live, tuple(unknown)))
+                if isinstance(answer, Held):
+                    held |= set(answer.paths)
+        for d in unknown:
+            if d not in held:
+                catalog.dirs[d] = ManagedDir(d, tm)
+                catalog.dir_owner[d] = COORDINATOR
+
+    def _sweep_stopped(self, tm: TmId, hosted: frozenset[SubtaskId]) -> list[str]:
         """R64, R65: what a stopped attempt still owned is the coordinator's. Its records
-        may have died with its process (a TM killed with SIGKILL): then the files it wrote
-        and never handed over are those in the directories it could write in that no
-        live party records. They are listed, each live TM of the job says which it
-        records (``Holdings``), and the rest are taken and deleted unless a retained
-        checkpoint refers to them.
+        are its own, and may have died with its process (a TM killed with SIGKILL): the
+        files it wrote and never handed over are those in the directories it could write
+        in that no live party records. They are listed, each live TM of the job says
+        which it records (``Holdings``), and the rest are recorded as the coordinator's
+        (returned: the caller deletes those no retained checkpoint refers to).
 
         A subtask's shared directory and a checkpoint's directory are written by every
         attempt that ran the subtask or wrote for the checkpoint, a zombie included,
@@ -285,11 +316,11 @@ class Failover:
                 found |= {p for p in storage.files_under(top) if p not in known}
         except Exception as err:  # cannot tell: nothing is taken (a leak, not a loss)
             log.warning("listing what %s left after it stopped failed: %r", tm, err)
-            return
+            return []
         where = set(dirs) | set(sps)
         found = {p for p in found if p.rsplit("/", 1)[0] in where}
         if not found:
-            return
+            return []
         held: set[str] = set()
         asked = sorted({p.rsplit("/", 1)[0] for p in found})
         if run.running:
@@ -297,6 +328,7 @@ class Failover:
                 answer = run.engine.duty(live, Holdings(run.job, live, tuple(asked)))
                 if isinstance(answer, Held):
                     held |= set(answer.paths)
+        adopted: list[str] = []
         for path in sorted(found - held):
             if path in catalog.files or not self.lifecycle.may_sweep(path, job):
                 continue
@@ -306,8 +338,8 @@ class Failover:
                     continue  # R64: a zombie's, left to it
             creator = tm if made is None else made
             catalog.files[path] = StoredFile(storage.size(path), False, COORDINATOR, creator)
-            if not self.retention.referenced(path):
-                catalog.delete_file(path, COORDINATOR)  # waits while its creator runs
+            adopted.append(path)  # its delete waits while its creator runs
+        return adopted
 
     def failover(self) -> None:
         run, book = self.run, self.tm_book
@@ -327,6 +359,10 @@ class Failover:
         catalog = run.catalog
         for old in sorted(replaced):
             d = taskowned_dir(run.job, old)  # R63
+            if d not in catalog.dir_owner and run.storage.exists_dir(d):
+                # made by an attempt that never reported it (its records its own)
+                catalog.dirs[d] = ManagedDir(d, old)
+                catalog.dir_owner[d] = COORDINATOR
             if d in catalog.dir_owner and catalog.dir_owner[d] != COORDINATOR:
                 catalog.dir_owner[d] = COORDINATOR
         for tm in sorted(set(book.placement.values())):
@@ -429,8 +465,14 @@ class Failover:
             owner = catalog.dir_owner.get(d)
             if owner == COORDINATOR:
                 coordinators.append(d)
-            if owner is None or owner == COORDINATOR:
                 continue
+            if owner is None:
+                # made by an attempt that never reported it (lost before it acknowledged,
+                # its records its own): whoever made it, it is the subtask's directory
+                # and the attempt that runs the subtask now takes it, if it is there
+                if not self.run.storage.exists_dir(d):
+                    continue
+                catalog.dirs[d] = ManagedDir(d, tm)
             catalog.dir_owner[d] = tm_actor(tm)
             md = catalog.dirs.get(d)
             if md is not None:

@@ -98,6 +98,21 @@ The task manager's side
     (a queued delete dies with the process and leaves an orphan). Provisional: proposed
     as ``TaskManager.flush()`` (``docs/embedding.md``).
 
+Observing the job and recovering it
+-----------------------------------
+
+``report_of(tm) -> TmReport``
+    What a TM's own records say, as a value with a JSON codec (``to_json``,
+    ``TmReport.from_json``) that a TM process sends to the host.
+``observe(coordinator, reports, on_storage, orphans=, deletions=) -> (Observation, list[str])``
+    The job's one observation (``spec.observation``): the coordinator's records and the
+    TMs' reports merged over a listing of storage, and where the parties disagree. The
+    in-process store, the process harness and the Spark job build theirs with it; the
+    invariants (``spec.invariants.check_all``) judge it.
+``recover(fs, root, config, job_spec, ...) -> (engine, RecoveryReport)``
+    Rebuild a store from storage alone after the host process died (R95), deleting
+    only what no kept checkpoint refers to; ``incarnation_to_recover`` says which job.
+
 For a host's own bookkeeping and tests
 --------------------------------------
 
@@ -139,6 +154,8 @@ from collections.abc import Mapping
 from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine, Notice, subtasks_of
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.records import Completed
+from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover
+from fastimpl.reports import TmReport, observe, report_of
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.storage_hooks import HookedStorage, StorageCall, StorageHooks
 from fastimpl.taskmanager import TaskManager
@@ -262,6 +279,7 @@ __all__ = [
     "Notice",
     "OpenDatabase",
     "RandomIds",
+    "RecoveryReport",
     "ResetTm",
     "RestoreAssignment",
     "RetainedCheckpoint",
@@ -273,12 +291,17 @@ __all__ = [
     "TaskManager",
     "TmAssignment",
     "TmEnded",
+    "TmReport",
     "command_line",
     "decode_message",
     "encode_message",
     "export_state",
     "flush_deletes",
+    "incarnation_to_recover",
     "is_working_path",
+    "observe",
     "rebuild",
+    "recover",
+    "report_of",
     "subtasks_of",
 ]

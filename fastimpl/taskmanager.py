@@ -275,11 +275,13 @@ class TaskManager:
         return self.catalog.storage.read_range(*extent_of(s))
 
     def holdings(self, msg: Holdings) -> Held:
-        """The files this TM records under the directories asked: R64's sweep of a
-        stopped attempt's files leaves these alone."""
+        """The files this TM records under the directories asked, and those of the
+        directories it owns itself: R64's sweep of a stopped attempt's files and
+        directories leaves these alone."""
         dirs = msg.directories
         paths = [p for p in self.catalog.files if any(is_under(p, d) for d in dirs)]
         paths += [p for p in self.m.pfiles if any(is_under(p, d) for d in dirs)]
+        paths += [d for d in dirs if self.catalog.dir_owner.get(d) == self.actor]
         return Held(self.job, self.tm, tuple(sorted(set(paths))))
 
     def reset(self) -> None:
@@ -588,13 +590,21 @@ class TaskManager:
         if self.mode is not MergingMode.NONE and not self._is_savepoint(checkpoint):
             # R40: every acknowledgement reports the managed directories that exist
             for directory in (shared_dir(self.job, subtask), taskowned_dir(self.job, self.tm)):
-                if directory in self.catalog.dir_owner:
-                    d = self.catalog.dirs[directory]
+                cat = self.catalog
+                if directory in cat.dir_owner:
+                    d = cat.dirs[directory]
                     if d.creator == self.tm and not d.handed_over:  # R41; once handed over,
                         d.used_by.add(checkpoint)  # the coordinator's (R42)
-                    entries.append(
-                        StateEntry(subtask, StateKind.CHANNEL, "dir", DirectoryHandle(directory), 0)
-                    )
+                elif directory in cat.foreign_dirs:
+                    # another attempt's, which its owner may have deleted since (R41, R42)
+                    if not cat.storage.exists_dir(directory):
+                        cat.foreign_dirs.discard(directory)
+                        continue
+                else:
+                    continue
+                entries.append(
+                    StateEntry(subtask, StateKind.CHANNEL, "dir", DirectoryHandle(directory), 0)
+                )
         self.acked[key] = tuple(entries)
         self.close_within_files(lambda cp: cp == checkpoint, subtask)
         failed = self.catalog.failed_uploads

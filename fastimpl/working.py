@@ -255,8 +255,8 @@ class Databases:
         return list(self.pins)
 
     def handed_over(self, paths: Iterable[str]) -> None:
-        """With records of its own the TM forgets what an acknowledgement handed over
-        (as R43 for whole files): the coordinator's from now on."""
+        """The TM forgets what an acknowledgement handed over (as R43 for whole files):
+        the coordinator's from now on."""
         for p in paths:
             self.catalog.files.pop(p, None)
             self.written.discard(p)

@@ -37,8 +37,10 @@ from typing import Protocol, TypeVar, cast
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem  # type: ignore[import-untyped]
 
+from conformance.compare import unmarked
 from conformance.harness import DEFAULT_JOB, JOB, Harness
-from fastimpl import CounterIds, InProcessEngine
+from fastimpl import CounterIds
+from fastimpl.engine import InProcessEngine
 from fastimpl.records import Status
 from model_tests.targets import FastimplTarget
 from refimpl import initial_state
@@ -175,7 +177,9 @@ def segments(h: Harness, tm: str) -> dict[str, tuple[str, int, int, int]]:
     """TM ``tm``'s segment table: logical id -> (path, length, created for, last used)."""
     if isinstance(h, ProductHarness):
         segs = h.engine.parties[tm].m.segs
-        return {k: (g.path, g.length, g.created_for, g.last_used) for k, g in segs.items()}
+        return {
+            k: (unmarked(g.path), g.length, g.created_for, g.last_used) for k, g in segs.items()
+        }
     return {
         lid: (g.path, g.length, g.created_for, g.last_used)
         for (t, lid), g in h.state.segs.items()
@@ -224,8 +228,8 @@ class ProductHarness(LockstepHarness):
         effects = super().run(cmd)
         wrong = footprint_differences(
             effects,
-            before,
-            self.impl_obs,
+            unmarked(before),
+            unmarked(self.impl_obs),
             unwritten_may_vanish=not self.state.config.open_files_readable,
         )
         assert not wrong, "\n".join([f"{cmd!r}: the product's storage calls differ:", *wrong])
@@ -264,12 +268,13 @@ class ProductHarness(LockstepHarness):
         return sorted(t for t, r in self.engine.tms.items() if r.status is Status.LOST)
 
     def observe(self) -> Observation:
-        """The product's observation after the last command."""
-        return self.impl_obs
+        """The product's observation after the last command, its file names as the
+        model draws them (``conformance.compare.unmarked``)."""
+        return unmarked(self.impl_obs)
 
     def working(self) -> WorkingObservation:
         """The product's working files (§11)."""
-        return self.engine.observe_working(self.impl_obs.files)
+        return unmarked(self.engine.observe_working(self.impl_obs.files))
 
     def channel(self) -> list[Notice]:
         """The notices in the product's transport, as the model's ``Notice``."""

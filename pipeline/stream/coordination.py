@@ -50,14 +50,15 @@ from typing import Any, TypeVar
 import attrs
 import fsspec  # type: ignore[import-untyped]
 
-from fastimpl import incarnation_to_recover, recover
 from fastimpl.parties import (
     WRITER_STATE,
     CheckpointCoordinator,
     Notice,
     RandomIds,
     Storage,
+    incarnation_to_recover,
     is_working_path,
+    recover,
     subtasks_of,
 )
 from fastimpl.records import Status, Tm
@@ -847,9 +848,7 @@ class SparkCoordinator:
             owners.setdefault(path, tm_actor(tm))  # R61: handed by a duty not applied yet
         # the writer state of each base (``publication``) is no party's checkpoint data
         on_storage = {
-            p: n
-            for p, n in co.storage.list_files().items()
-            if p.split("/", 1)[-1] != WRITER_STATE
+            p: n for p, n in co.storage.list_files().items() if p.split("/", 1)[-1] != WRITER_STATE
         }
         if self.slate is not None:
             # working state (§11): SlateDB's own objects (manifests, compactions, SSTs no
@@ -857,9 +856,7 @@ class SparkCoordinator:
             # there the coordinator's, whose collection deletes them (slate_collect); in a
             # base the coordinator may not delete in (a NO_CLAIM source) the user's
             writer = {
-                d: tm_actor(t)
-                for t in reports
-                if isinstance(d := reports[t].get("lineage"), str)
+                d: tm_actor(t) for t in reports if isinstance(d := reports[t].get("lineage"), str)
             }
             for path in on_storage:
                 d = db_dir_of(path)
@@ -949,9 +946,16 @@ class SparkCoordinator:
                 checks += no_leak_once_quiet(obs, exempt) + no_working_leak_once_quiet(obs, w)
             found = [str(v) for v in checks] + disagree
             if quiet:
-                needed = self.live_databases() | {
-                    d for ps in w.retained.values() for p in ps if (d := db_dir_of(p)) is not None
-                } | {d for ps in w.uses.values() for p in ps if (d := db_dir_of(p)) is not None}
+                needed = (
+                    self.live_databases()
+                    | {
+                        d
+                        for ps in w.retained.values()
+                        for p in ps
+                        if (d := db_dir_of(p)) is not None
+                    }
+                    | {d for ps in w.uses.values() for p in ps if (d := db_dir_of(p)) is not None}
+                )
                 left = {
                     d
                     for p in obs.files
