@@ -1,6 +1,9 @@
 """The in-process engine: one coordinator party and one TaskManager party per TM,
-wired by an in-memory transport, in one process. It does what an engine (Flink's
-scheduler, a Spark driver) does around the two parties: it names and places TMs
+wired by an in-memory transport, in one process. They are the parties a host runs in
+processes of its own (``fastimpl.parties``): each keeps records of its own and none
+reads another's; they meet through encoded messages and storage alone, and the job's
+observation is built from their reports (``fastimpl.reports``). It does what an engine
+(Flink's scheduler, a Spark driver) does around the two parties: it names and places TMs
 (round-robin), carries the notices (``fastimpl.transport``, encoded ``spec.messages``),
 checks who may write (R10, R56, R64), and shares one id source, so that with
 ``CounterIds`` the names match the reference model's, file by file.
