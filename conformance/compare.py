@@ -11,7 +11,7 @@ from typing import Any, TypeVar, cast
 import attrs
 
 from spec.ids import escape_name, unescape_name
-from spec.observation import Observation, WorkingObservation
+from spec.observation import DeletionRecord, Observation, WorkingObservation
 
 _V = TypeVar("_V")
 
@@ -21,14 +21,28 @@ METADATA_SUFFIX = "/_metadata"
 def normalized(obs: Observation, *, open_files_listed: bool = True) -> Observation:
     """Metadata files are compared by existence, not by byte size. Without
     ``open_files_listed`` (an object store) a file still open is not on storage yet. A
-    file name may carry its creator's mark (``unmarked``)."""
+    file name may carry its creator's mark (``unmarked``). Deletions and pending deletes
+    are compared without their order."""
     obs = unmarked(obs)
     files = {
         p: (-1 if p.endswith(METADATA_SUFFIX) else n)
         for p, n in obs.files.items()
         if open_files_listed or p not in obs.open_files
     }
-    return attrs.evolve(obs, files=files)
+    # what was deleted and what waits to be are compared as multisets: each party keeps
+    # its own waiting deletes and runs them when it learns an attempt stopped (R45, R64),
+    # so the order between parties says nothing; each record still says who deleted
+    # what, whose it was and whether it existed (I2, I5)
+    return attrs.evolve(
+        obs,
+        files=files,
+        pending_deletes=tuple(sorted(obs.pending_deletes)),
+        deletions=tuple(sorted(obs.deletions, key=_deletion_key)),
+    )
+
+
+def _deletion_key(d: DeletionRecord) -> tuple[str, str, str, bool, bool]:
+    return (d.path, d.actor, d.owner or "", d.existed, d.protected)
 
 
 MARK = "."

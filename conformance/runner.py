@@ -68,7 +68,7 @@ def _steps(case: Case, session: Session, t0: float) -> CaseResult:
             actual = normalized(session.observe(), open_files_listed=listed)
         except Exception as err:
             return _fail(case, i, done, s, f"observe raised {type(err).__name__}: {err}", t0)
-        diff = differences(s.observation, actual)
+        diff = differences(normalized(s.observation, open_files_listed=listed), actual)
         if diff:
             return _fail(case, i, done, s, "observation differs:\n" + "\n".join(diff), t0)
     return CaseResult(case.name, True, len(case.steps), None, time.perf_counter() - t0)
