@@ -3,15 +3,16 @@ machine (``test_lockstep.py``) and trace replay (``replay.py``) use the same rul
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
-from collections.abc import Set as AbstractSet
+from enum import Enum
 from typing import Any, TypeVar, cast
 
 import attrs
 
 from spec.ids import escape_name, unescape_name
-from spec.observation import DeletionRecord, Observation, WorkingObservation
+from spec.observation import DeletionRecord, Observation
 
 _V = TypeVar("_V")
 
@@ -46,25 +47,22 @@ def _deletion_key(d: DeletionRecord) -> tuple[str, str, str, bool, bool]:
 
 
 MARK = "."
-_DRAWN = re.compile("f[a-z0-9]+")
-"""A drawn file name (``f`` and lower-case letters and digits, R2)."""
+_DRAWN = re.compile(r"f[0-9]{6}|f[a-z2-7]{16}[0-9a-z]+")
+"""A drawn file name: the model's counter (``f000001``) or a random prefix and a counter
+(R2); a directory (an operator's name) is never one."""
 
 
-def _unmarked_path(path: str, names: AbstractSet[str] | None) -> str:
+@functools.lru_cache(maxsize=1 << 16)
+def _unmarked_path(path: str) -> str:
     """``path`` (or a name that ends in one, after a ``:``) without a creator mark on its
     file name: ``<drawn>.<escaped attempt id>`` (``spec.ids.escape_name``). Parties that
     keep records of their own name each file after the attempt that created it, since
     that name is the one record of its creator every party can read from a listing once
-    the attempt's process is gone (R64); the model draws the same names without it.
-    ``names``: the marked file names known to be files; None: any name of that form."""
+    the attempt's process is gone (R64); the model draws the same names without it."""
     cut = max(path.rfind("/"), path.rfind(":"))
-    if cut < 0:
-        return path
     head, name = path[: cut + 1], path[cut + 1 :]
-    if names is not None and name not in names:
-        return path  # not a file's name: a directory's, an operator's
     drawn, dot, mark = name.partition(MARK)
-    if not dot or not _DRAWN.fullmatch(drawn) or not mark:
+    if not dot or not mark or not _DRAWN.fullmatch(drawn):
         return path
     try:
         attempt = unescape_name(mark)
@@ -75,38 +73,56 @@ def _unmarked_path(path: str, names: AbstractSet[str] | None) -> str:
     return head + drawn
 
 
-def _file_names(value: object) -> AbstractSet[str] | None:
-    """The names of the files an observation shows (on storage, recorded or deleted):
-    only these are unmarked, never a directory that happens to look like one."""
-    if isinstance(value, Observation):
-        paths = [*value.files, *value.owners, *(d.path for d in value.deletions)]
-    elif isinstance(value, WorkingObservation):
-        paths = list(value.files)
-    else:
-        return None
-    return frozenset(p.rsplit("/", 1)[-1] for p in paths)
-
-
 def unmarked(value: _V) -> _V:
     """``value`` (an observation, a command, or any part of one) with every file path
-    unmarked."""
-    return cast(_V, _unmark(value, _file_names(value)))
+    unmarked: the same object where nothing changes."""
+    if isinstance(value, Observation) and not any(
+        MARK in p.rsplit("/", 1)[-1]
+        for p in (*value.files, *value.owners, *(d.path for d in value.deletions))
+    ):
+        return value  # no file of it is marked (the model's own)
+    return cast(_V, _unmark(value))
 
 
-def _unmark(value: object, names: AbstractSet[str] | None) -> object:
+def _unmark(value: object) -> object:
     if isinstance(value, str):
-        return _unmarked_path(value, names)
+        return _unmarked_path(value) if MARK in value else value
+    if isinstance(value, int | float | Enum) or value is None:
+        return value
     if isinstance(value, Mapping):
-        return {_unmark(k, names): _unmark(v, names) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_unmark(v, names) for v in value)
-    if isinstance(value, frozenset):
-        return frozenset(_unmark(v, names) for v in value)
+        pairs = [(k, v, _unmark(k), _unmark(v)) for k, v in value.items()]
+        if all(k is k2 and v is v2 for k, v, k2, v2 in pairs):
+            return value
+        return {k2: v2 for _, _, k2, v2 in pairs}
+    if isinstance(value, tuple | frozenset):
+        items = [(v, _unmark(v)) for v in value]
+        if all(v is v2 for v, v2 in items):
+            return value
+        return type(value)(v2 for _, v2 in items)
     if attrs.has(type(value)):
-        fields = attrs.fields(cast(Any, type(value)))
-        changes = {f.name: _unmark(getattr(value, f.name), names) for f in fields if f.init}
-        return attrs.evolve(value, **changes)  # type: ignore[misc]
+        try:
+            return _unmark_frozen(value)
+        except TypeError:  # not hashable: walked each time
+            return _unmark_fields(value)
     return value
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _unmark_frozen(value: object) -> object:
+    """Records (handles, entries) recur from one observation to the next: each is
+    unmarked once."""
+    return _unmark_fields(value)
+
+
+def _unmark_fields(value: object) -> object:
+    changes = {}
+    for f in attrs.fields(cast(Any, type(value))):
+        if f.init:
+            old = getattr(value, f.name)
+            new = _unmark(old)
+            if new is not old:
+                changes[f.name] = new
+    return attrs.evolve(value, **changes) if changes else value  # type: ignore[misc]
 
 
 def differences(model: Observation, impl: Observation) -> list[str]:
