@@ -116,10 +116,7 @@ class Failover:
         book.started[new] = (run.job, first)
         book.placement = {s: new if t == tm else t for s, t in book.placement.items()}
         run.engine.placed(book.placement)
-        catalog = run.catalog
-        d = taskowned_dir(run.job, tm)  # R63: abandoned to the coordinator
-        if d in catalog.dir_owner and catalog.dir_owner[d] != COORDINATOR:
-            catalog.dir_owner[d] = COORDINATOR
+        self._abandon_taskowned(tm)
         if starting:
             # R10, R66: every checkpoint from ``first`` on that is no longer pending is
             # over for it: aborted (above the lowest pending one, completing it would have
@@ -141,6 +138,19 @@ class Failover:
             self.working.open_databases(latest, self.epoch, only=new)
         self.retention.collect_dirs()
         return new
+
+    def _abandon_taskowned(self, old: TmId) -> None:
+        """R63: a replaced attempt's exclusive directory is abandoned to the coordinator,
+        also when the attempt never reported it (its records were its own) and it is on
+        storage."""
+        run = self.run
+        catalog = run.catalog
+        d = taskowned_dir(run.job, old)
+        if d not in catalog.dir_owner and run.storage.exists_dir(d):
+            catalog.dirs[d] = ManagedDir(d, old)
+            catalog.dir_owner[d] = COORDINATOR
+        if d in catalog.dir_owner and catalog.dir_owner[d] != COORDINATOR:
+            catalog.dir_owner[d] = COORDINATOR
 
     def withdraw_acks(self, subtasks: list[SubtaskId]) -> None:
         """R66, R56: the acknowledgements a replaced attempt sent for pending checkpoints
@@ -230,15 +240,19 @@ class Failover:
 
     def _tell_stopped(self, tm: TmId) -> None:
         """R64: the live TMs told that ``tm`` may still run learn that it stopped, and
-        their deletes that waited for it run; what a failover handed over of its files
-        waits for nobody now."""
+        their deletes that waited for it run; what a failover handed over of its files to
+        an attempt that is not lost waits for nobody now."""
         for live in self.tm_book.current_tms():
             told = self.told_lost.get(live, frozenset())
             if tm in told:
                 self.run.engine.duty(live, LostAttemptStopped(self.run.job, live, tm))
                 self.told_lost[live] = told - {tm}
-        for path in [p for p in self.kept_from_lost if creator_of(p) == tm]:
-            del self.kept_from_lost[path]
+        book = self.tm_book
+        for path, holder in list(self.kept_from_lost.items()):
+            # a file handed to an attempt that is lost now stays that attempt's: its
+            # records hold it, and it is swept when that attempt stops (R61, R64)
+            if creator_of(path) == tm and not book.is_lost(holder):
+                del self.kept_from_lost[path]
 
     def retire(self, tm: TmId) -> None:
         """A stopped attempt's record goes (``fastimpl.attempts``): nothing depends on it
@@ -336,6 +350,10 @@ class Failover:
             if made is not None and made != tm and book.is_lost(made):
                 if self.kept_from_lost.get(path) != tm:
                     continue  # R64: a zombie's, left to it
+            holder = self.kept_from_lost.get(path)
+            if holder is not None and holder != tm and book.is_lost(holder):
+                continue  # R61, R64: a failover handed it to an attempt now lost: its
+                # records hold it, and it is swept when that attempt stops
             creator = tm if made is None else made
             catalog.files[path] = StoredFile(storage.size(path), False, COORDINATOR, creator)
             adopted.append(path)  # its delete waits while its creator runs
@@ -356,15 +374,8 @@ class Failover:
         self.epoch += 1
         for tm in survivors:  # R60: no stale manager survives (FLINK-35400)
             run.engine.duty(tm, ResetTm(run.job, tm, self.epoch))
-        catalog = run.catalog
         for old in sorted(replaced):
-            d = taskowned_dir(run.job, old)  # R63
-            if d not in catalog.dir_owner and run.storage.exists_dir(d):
-                # made by an attempt that never reported it (its records its own)
-                catalog.dirs[d] = ManagedDir(d, old)
-                catalog.dir_owner[d] = COORDINATOR
-            if d in catalog.dir_owner and catalog.dir_owner[d] != COORDINATOR:
-                catalog.dir_owner[d] = COORDINATOR
+            self._abandon_taskowned(old)
         for tm in sorted(set(book.placement.values())):
             hosted = sorted(s for s, t in book.placement.items() if t == tm)
             self._assign(tm, hosted, run.next_checkpoint, run.next_checkpoint - 1)
