@@ -5,11 +5,9 @@ A delete goes through ``delete_file`` / ``delete_dir``: refused (and recorded) i
 path is not provably the store's (I5), deferred while a lost attempt that created it may
 still run (R64) or after a failing call (R45), else queued on the storage.
 
-Each party has a catalog of its own and no party reads another's: ownership moves
-between them by messages (a TM's whole file becomes the coordinator's on its
-acknowledgement, R43; a stopped attempt's files become the coordinator's when the
-engine says it stopped, R64). Only the log of deletes may be one for the job
-(``DeletionLog``), as the model keeps it.
+In process the catalog is what the coordinator and the TMs still share: ownership moves
+between them through it (a TM's whole file becomes the coordinator's on
+acknowledgement, R43; a stopped attempt's files become the coordinator's, R64).
 """
 
 from __future__ import annotations
@@ -70,44 +68,18 @@ class CatalogHost(Protocol):
     def hot_dirs(self) -> frozenset[str]: ...
 
 
-class DeletionLog:
-    """The deletes a job's parties made, in the order they made them: every one once
-    ``keep`` was asked (tests and traces compare the history), else only those that
-    broke I2 or I5 (none, unless the store has a bug; what the invariant checks need).
-    One log may serve several parties' catalogs (the in-process engine keeps one for the
-    whole job, as the model does); each party still records only its own deletes."""
-
-    def __init__(self, keep_all: bool = False) -> None:
-        self.all: list[DeletionRecord] | None = [] if keep_all else None
-        self.bad: list[DeletionRecord] = []
-
-    def keep(self) -> None:
-        if self.all is None:
-            self.all = list(self.bad)
-
-    def add(self, rec: DeletionRecord) -> None:
-        if self.all is not None:
-            self.all.append(rec)
-        elif (rec.protected or not rec.existed or rec.owner != rec.actor) and len(
-            self.bad
-        ) < _BAD_DELETIONS_KEPT:
-            self.bad.append(rec)
-
-
 class Catalog:
     creator_mark: TmId | None = None
     """The attempt whose id marks every file name drawn here (``fastimpl.ids.marked``):
-    set for a TM, whose files other parties may find on storage without any record of
-    theirs (R64); None for the coordinator's records."""
+    set for a TM with records of its own, whose files other parties may find on storage
+    without any record of theirs (R64); None where one table serves every party."""
+
+    shared = False
+    """Whether one table serves every party (the in-process composition): then every
+    delete any party makes passes through it and no record outlives its file unseen."""
 
     def __init__(
-        self,
-        storage: Storage,
-        ids: IdSource,
-        host: CatalogHost,
-        *,
-        deletion_log: bool = False,
-        log: DeletionLog | None = None,
+        self, storage: Storage, ids: IdSource, host: CatalogHost, *, deletion_log: bool = False
     ) -> None:
         self.storage = storage
         self.ids = ids
@@ -115,12 +87,14 @@ class Catalog:
         self.files: dict[str, StoredFile] = {}
         self.dirs: dict[str, ManagedDir] = {}
         self.dir_owner: dict[str, str] = {}
-        self.foreign_dirs: set[str] = set()
-        """Directories this party writes in that another made and owns (``mkdir``)."""
         self.failed_uploads: set[str] = set()
         """Files whose closing upload failed (object stores): a handle into one declines."""
-        self.log = log if log is not None else DeletionLog(deletion_log)
-        """Where this party's deletes are logged (``DeletionLog``)."""
+        self.deletions: list[DeletionRecord] | None = [] if deletion_log else None
+        """Every delete, in order (``observe().deletions``): an opt-in log for tests and
+        traces, since it grows with every checkpoint (``keep_deletion_log``)."""
+        self.bad_deletions: list[DeletionRecord] = []
+        """Without the log, the deletes that broke I2 or I5 (none, unless the store has a
+        bug): what the invariant checks need, at most ``_BAD_DELETIONS_KEPT`` of them."""
         self.deferred: list[Deferred] = []
         self.refused_deletes: list[RefusedDelete] = []
         self.dir_rules: dict[str, Callable[[str], bool]] = {}
@@ -129,12 +103,7 @@ class Catalog:
         rule still allows it (``_run_deferred``)."""
 
     def mkdir(self, path: str, actor: str, creator: TmId) -> None:
-        if path in self.dir_owner or path in self.foreign_dirs:
-            return
-        if self.creator_mark is not None and self.storage.exists_dir(path):
-            # R41, R64: another attempt made it (a zombie of the subtask, one whose
-            # process died) and owns it; this TM writes in it, and never deletes it
-            self.foreign_dirs.add(path)
+        if path in self.dir_owner:
             return
         self.storage.mkdir(path)
         self.dir_owner[path] = actor
@@ -169,28 +138,11 @@ class Catalog:
         owner = f.owner if f is not None else self.dir_owner.get(path)
         return owner == USER or not any(is_under(path, b) for b in self.host.bases)
 
-    @property
-    def deletions(self) -> list[DeletionRecord] | None:
-        """Every delete, in order (``observe().deletions``), if the log keeps them all."""
-        return self.log.all
-
-    @deletions.setter
-    def deletions(self, value: list[DeletionRecord] | None) -> None:
-        self.log.all = value
-
-    @property
-    def bad_deletions(self) -> list[DeletionRecord]:
-        """The deletes that broke I2 or I5, when the log does not keep them all."""
-        return self.log.bad
-
-    @bad_deletions.setter
-    def bad_deletions(self, value: list[DeletionRecord]) -> None:
-        self.log.bad = value
-
     def keep_deletion_log(self) -> None:
         """Log every delete from now on (``observe().deletions``): for tests and traces
         that compare the history; off by default, as it grows with every checkpoint."""
-        self.log.keep()
+        if self.deletions is None:
+            self.deletions = list(self.bad_deletions)
 
     def _record_delete(self, path: str, actor: str) -> None:
         f = self.files.get(path)
@@ -201,7 +153,12 @@ class Catalog:
             existed=f is not None,
             protected=f is not None and self._protected(path),
         )
-        self.log.add(rec)
+        if self.deletions is not None:
+            self.deletions.append(rec)
+        elif (rec.protected or not rec.existed or rec.owner != actor) and len(
+            self.bad_deletions
+        ) < _BAD_DELETIONS_KEPT:
+            self.bad_deletions.append(rec)  # I2, I5: kept for check_invariants
         self.files.pop(path, None)
         self.failed_uploads.discard(path)
 
@@ -411,6 +368,8 @@ class Catalog:
         (a claim, R72), which it could not learn of. Once it has stopped it deletes no
         more: the records are checked against storage, and one whose file is gone goes
         without a delete of its own (its delete is the attempt's, in its log)."""
+        if self.shared:
+            return
         made = [p for p, f in self.files.items() if f.creator == stopped]
         if not made:
             return

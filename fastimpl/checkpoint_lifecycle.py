@@ -17,7 +17,7 @@ from fastimpl.records import Completed, ManagedDir, Pending, Status, StoredFile
 from fastimpl.retention import Retention
 from fastimpl.storage import StorageFault
 from fastimpl.tm_book import TmBook
-from fastimpl.working import SharedWorking, is_working_path
+from fastimpl.working import SharedWorking
 from spec.config import MergingMode
 from spec.effects import COORDINATOR, USER, tm_actor
 from spec.errors import CommandError, Reason
@@ -126,7 +126,6 @@ class CheckpointLifecycle:
                 # a stopped attempt's files were swept when it stopped (R64): its late
                 # acknowledgement is ignored, as a retired one's is
                 self.note_given_up(entries, ack.attempt)
-                self.note_given_up_in_place(ack.in_place, ack.attempt)
             return  # R56
         p = self.pending[ack.checkpoint]
         if any(self.kept_elsewhere(e) for e in entries):
@@ -222,20 +221,6 @@ class CheckpointLifecycle:
                 and self.writes_in(h.path, attempt)
             ):
                 catalog.files[h.path] = StoredFile(h.length, False, tm_actor(attempt), attempt)
-
-    def note_given_up_in_place(self, in_place: Iterable[InPlaceFile], attempt: TmId) -> None:
-        """R56, R103, R64: the working files an attempt the coordinator gave up on referred
-        to in place, and forgot when it acknowledged, are not taken (working state, §11):
-        unknown to the coordinator's records, they are recorded as still that attempt's,
-        as its whole files are (``note_given_up``)."""
-        catalog = self.run.catalog
-        for w in in_place:
-            if (
-                is_working_path(w.path)
-                and w.path not in catalog.files
-                and self.writes_in(w.path, attempt)
-            ):
-                catalog.files[w.path] = StoredFile(w.length, False, tm_actor(attempt), attempt)
 
     def writes_in(self, path: str, attempt: TmId) -> bool:
         """Whether ``attempt``'s handle may name ``path`` as a file the store wrote: under

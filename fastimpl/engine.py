@@ -1,9 +1,6 @@
 """The in-process engine: one coordinator party and one TaskManager party per TM,
-wired by an in-memory transport, in one process. They are the parties a host runs in
-processes of its own (``fastimpl.parties``): each keeps records of its own and none
-reads another's; they meet through encoded messages and storage alone, and the job's
-observation is built from their reports (``fastimpl.reports``). It does what an engine
-(Flink's scheduler, a Spark driver) does around the two parties: it names and places TMs
+wired by an in-memory transport, in one process. It does what an engine (Flink's
+scheduler, a Spark driver) does around the two parties: it names and places TMs
 (round-robin), carries the notices (``fastimpl.transport``, encoded ``spec.messages``),
 checks who may write (R10, R56, R64), and shares one id source, so that with
 ``CounterIds`` the names match the reference model's, file by file.
@@ -21,7 +18,6 @@ from typing import Any, TypeVar
 
 import attrs
 
-from fastimpl.catalog import Catalog
 from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.records import (
@@ -30,8 +26,6 @@ from fastimpl.records import (
     Status,
     Tm,
 )
-from fastimpl.reports import TmReport, report_of
-from fastimpl.reports import observe as observe_parties
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.taskmanager import TaskManager
 from fastimpl.trace import CommandTrace
@@ -42,6 +36,7 @@ from spec.config import Config, JobSpec, RestoreMode, StateKind
 from spec.effects import COORDINATOR, USER, tm_actor
 from spec.errors import CommandError, Reason
 from spec.handles import (
+    FileHandle,
     StateEntry,
     StreamHandle,
     extent_of,
@@ -74,8 +69,8 @@ from spec.messages import (
     encode_message,
 )
 from spec.observation import (
-    DeletionRecord,
     Observation,
+    RetainedView,
     WorkingFileView,
     WorkingObservation,
 )
@@ -126,7 +121,7 @@ class InProcessEngine:
             deletion_log=deletion_log,
         )
         self.catalog = self.coord.catalog
-        """The coordinator's records (each TM keeps its own, ``TaskManager.catalog``)."""
+        self.catalog.shared = True  # every party's deletes pass through it
         tms = [self.start_tm(job_id, 1, None) for _ in range(job_spec.num_tms)]
         self.coord.deploy(self.place(subtasks_of(job_spec.vertices), tms))
         self.job_spec = job_spec
@@ -192,15 +187,7 @@ class InProcessEngine:
     def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
         tm = f"tm-{self.next_tm}"
         self.next_tm += 1
-        party = TaskManager.on_storage(
-            self.storage,
-            self.cfg,
-            job,
-            tm,
-            ids=self.ids,
-            first_checkpoint=first_checkpoint,
-            log=self.catalog.log,  # one log of the job's deletes, in the order they ran
-        )
+        party = TaskManager(tm, job, self.cfg, self.catalog, self.ids, first_checkpoint)
         if finished_mark is not None:
             party.finished_mark = finished_mark
         self.parties[tm] = party
@@ -240,20 +227,8 @@ class InProcessEngine:
         return back
 
     def forget_tm(self, tm: TmId) -> None:
-        """A TM that is gone keeps no memory: its tables go, its files stay on storage.
-        Its process is gone with them: a file it still had open is left as storage holds
-        it (R65: on an object store, where an object is written when its file is
-        closed, R12, it never exists)."""
-        party = self.parties[tm]
-        cat = party.catalog
-        for path in sorted(p for p, f in cat.files.items() if f.open):
-            if self.cfg.open_files_readable:
-                self.storage.abandon(path)
-                cat.files[path].open = False
-            else:
-                self.storage.discard(path)
-                del cat.files[path]
-        party.forget()
+        """A TM that is gone keeps no memory: its tables go, its files stay on storage."""
+        self.parties[tm].forget()
         self.channel.forget(tm)
 
     # ------------------------------------------------------------------ calls
@@ -339,7 +314,7 @@ class InProcessEngine:
 
     def copy_of(self, stream: StreamHandle) -> bytes:
         """The bytes of an earlier upload, read back: the store keeps no local copy."""
-        if not any(stream.path in cat.files for cat in self._catalogs()):
+        if stream.path not in self.catalog.files:
             # The old upload was deleted by the store itself (its checkpoint was aborted).
             # Nothing changes; the caller writes the state again.
             raise CommandError(
@@ -534,16 +509,7 @@ class InProcessEngine:
 
     def retry_deletes(self) -> None:
         """R45: retry the deletes that failed."""
-
-        def run() -> None:
-            for cat in self._catalogs():
-                cat.retry_deletes()
-
-        self.recorded(c.RetryDeletes(), run)
-
-    def _catalogs(self) -> list[Catalog]:
-        """Every party's records: the coordinator's, then each TM attempt's."""
-        return [self.catalog, *(p.catalog for p in self.parties.values())]
+        self.recorded(c.RetryDeletes(), self.catalog.retry_deletes)
 
     def start_trace(self, trace: CommandTrace) -> None:
         """Log every call from now on to ``trace`` (``fastimpl.trace``). A replay starts
@@ -639,7 +605,7 @@ class InProcessEngine:
             for ws in pend.working.values():
                 for w in ws:
                     refs.setdefault(w.path, set()).add(pend.id)
-        owners = observe_parties(self.coord, self.reports(), {}, deletions=())[0].owners
+        owners = self.catalog.owners()
         shared = self.coord.working.shared
         files: dict[str, WorkingFileView] = {}
         listed = self.storage.list_files() if on_storage is None else on_storage
@@ -664,27 +630,61 @@ class InProcessEngine:
             operators=operators,
         )
 
-    def reports(self) -> dict[TmId, TmReport]:
-        """What each TM attempt that has not stopped reports of its records."""
-        return {
-            tm: report_of(party)
-            for tm, party in self.parties.items()
-            if tm in self.tms and self.tms[tm].status is not Status.STOPPED
-        }
-
     def observe(self) -> Observation:
-        """The real files on storage, and the parties' records merged (``fastimpl.reports``)."""
-        return self.observe_checked()[0]
-
-    def observe_checked(self) -> tuple[Observation, list[str]]:
-        """``observe``, and where the parties' records disagree (never expected)."""
-        return observe_parties(
-            self.coord, self.reports(), self.storage.list_files(), deletions=self._log()
+        """The real files on storage, and the bookkeeping that decides who deletes them."""
+        alive = (
+            {t for t in self.placement.values() if self.tms[t].status is Status.ALIVE}
+            if self.running
+            else set()
         )
-
-    def _log(self) -> tuple[DeletionRecord, ...]:
-        log = self.catalog.log
-        return tuple(log.bad if log.all is None else log.all)
+        claims: dict[str, set[str]] = {}
+        ref_counts: dict[str, int] = {}
+        live: dict[str, list[tuple[int, int]]] = {}
+        pool_files: set[str] = set()
+        for tm in sorted(alive):
+            party = self.parties[tm]
+            m = party.m
+            actor = tm_actor(tm)
+            for path, pf in m.pfiles.items():
+                claims.setdefault(path, set()).add(actor)
+                ref_counts[path] = pf.ref_count
+            for seg in m.segs.values():
+                live.setdefault(seg.path, []).append((seg.offset, seg.length))
+            pool_files.update(m.pools.values())
+            for entries in party.outputs.values():
+                for e in entries:
+                    if isinstance(e.handle, FileHandle):
+                        claims.setdefault(e.handle.path, set()).add(actor)
+        for path in self.coord.claimed():
+            claims.setdefault(path, set()).add(COORDINATOR)
+        on_storage = self.storage.list_files()
+        return Observation(
+            files=on_storage,
+            open_files=frozenset(p for p, f in self.catalog.files.items() if f.open),
+            directories=dict(self.catalog.dir_owner),
+            owners=self.catalog.owners(),
+            claims={p: frozenset(v) for p, v in claims.items()},
+            retained=tuple(
+                RetainedView(r.id, r.job, r.metadata, r.entries, r.directories)
+                for r in self.retained
+            ),
+            restoring=self.coord.restoring,
+            ref_counts=ref_counts,
+            live_segments={p: tuple(sorted(v)) for p, v in live.items()},
+            registry=self.coord.registry.view(self.coord.retained),
+            deletions=tuple(
+                self.catalog.bad_deletions
+                if self.catalog.deletions is None
+                else self.catalog.deletions
+            ),
+            pending_deletes=(
+                *(d.path for d in self.catalog.deferred),
+                *sorted(self.storage.failed_deletes),
+            ),
+            pool_files=frozenset(pool_files),
+            metadata_files=frozenset(p for p in on_storage if p.endswith(_METADATA_SUFFIX)),
+            live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in alive}),
+        )
 
 
 # ------------------------------------------------------------------ the working state's calls

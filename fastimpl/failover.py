@@ -16,7 +16,7 @@ import logging
 from fastimpl.checkpoint_lifecycle import CheckpointLifecycle
 from fastimpl.coordinated_job import CoordinatedJob
 from fastimpl.ids import creator_of
-from fastimpl.records import ManagedDir, Status, StoredFile, Tm
+from fastimpl.records import Status, StoredFile, Tm
 from fastimpl.retention import Retention
 from fastimpl.tm_book import TmBook
 from fastimpl.working import SharedWorking
@@ -32,7 +32,6 @@ from spec.layout import (
     savepoint_dir,
     shared_dir,
     taskowned_dir,
-    working_dir,
 )
 from spec.messages import (
     AttemptStopped,
@@ -116,7 +115,10 @@ class Failover:
         book.started[new] = (run.job, first)
         book.placement = {s: new if t == tm else t for s, t in book.placement.items()}
         run.engine.placed(book.placement)
-        self._abandon_taskowned(tm)
+        catalog = run.catalog
+        d = taskowned_dir(run.job, tm)  # R63: abandoned to the coordinator
+        if d in catalog.dir_owner and catalog.dir_owner[d] != COORDINATOR:
+            catalog.dir_owner[d] = COORDINATOR
         if starting:
             # R10, R66: every checkpoint from ``first`` on that is no longer pending is
             # over for it: aborted (above the lowest pending one, completing it would have
@@ -138,19 +140,6 @@ class Failover:
             self.working.open_databases(latest, self.epoch, only=new)
         self.retention.collect_dirs()
         return new
-
-    def _abandon_taskowned(self, old: TmId) -> None:
-        """R63: a replaced attempt's exclusive directory is abandoned to the coordinator,
-        also when the attempt never reported it (its records were its own) and it is on
-        storage."""
-        run = self.run
-        catalog = run.catalog
-        d = taskowned_dir(run.job, old)
-        if d not in catalog.dir_owner and run.storage.exists_dir(d):
-            catalog.dirs[d] = ManagedDir(d, old)
-            catalog.dir_owner[d] = COORDINATOR
-        if d in catalog.dir_owner and catalog.dir_owner[d] != COORDINATOR:
-            catalog.dir_owner[d] = COORDINATOR
 
     def withdraw_acks(self, subtasks: list[SubtaskId]) -> None:
         """R66, R56: the acknowledgements a replaced attempt sent for pending checkpoints
@@ -226,33 +215,26 @@ class Failover:
             catalog.files[path].owner = COORDINATOR
         for path in sorted(p for p, o in catalog.dir_owner.items() if o == actor):
             catalog.dir_owner[path] = COORDINATOR
-        # what it left with no record here is taken before the deletes that waited for
-        # it run: a directory delete then deletes them as recorded files (R42)
-        self._adopt_dirs(tm, hosted)
-        adopted = self._sweep_stopped(tm, hosted)
         catalog.release_waits(tm)
         self._tell_stopped(tm)
-        for path in formerly + adopted:
+        for path in formerly:
             if path in catalog.files and not self.retention.referenced(path):
                 catalog.delete_file(path, COORDINATOR)
+        self._sweep_stopped(tm, hosted)
         self.retention.collect_dirs()
         self.retire(tm)
 
     def _tell_stopped(self, tm: TmId) -> None:
         """R64: the live TMs told that ``tm`` may still run learn that it stopped, and
-        their deletes that waited for it run; what a failover handed over of its files to
-        an attempt that is not lost waits for nobody now."""
+        their deletes that waited for it run; what a failover handed over of its files
+        waits for nobody now."""
         for live in self.tm_book.current_tms():
             told = self.told_lost.get(live, frozenset())
             if tm in told:
                 self.run.engine.duty(live, LostAttemptStopped(self.run.job, live, tm))
                 self.told_lost[live] = told - {tm}
-        book = self.tm_book
-        for path, holder in list(self.kept_from_lost.items()):
-            # a file handed to an attempt that is lost now stays that attempt's: its
-            # records hold it, and it is swept when that attempt stops (R61, R64)
-            if creator_of(path) == tm and not book.is_lost(holder):
-                del self.kept_from_lost[path]
+        for path in [p for p in self.kept_from_lost if creator_of(p) == tm]:
+            del self.kept_from_lost[path]
 
     def retire(self, tm: TmId) -> None:
         """A stopped attempt's record goes (``fastimpl.attempts``): nothing depends on it
@@ -266,41 +248,14 @@ class Failover:
             del self.kept_from_lost[path]
         self.lifecycle.forget_savepoints()
 
-    def _adopt_dirs(self, tm: TmId, hosted: frozenset[SubtaskId]) -> None:
-        """R64, R42: the directories a stopped attempt made and never reported (its
-        records were its own) are the coordinator's: those of the subtasks it ran that
-        are on storage, that no record here names and that no live TM says it owns
-        (``Holdings``). R42 decides when they go."""
-        run, book = self.run, self.tm_book
-        if run.mode is MergingMode.NONE:
-            return  # no managed directories without merging (R41)
-        catalog = run.catalog
-        job, _ = book.started.get(tm, (run.job, 1))
-        every = hosted | book.hosted_before.get(tm, frozenset())
-        candidates = [shared_dir(job, s) for s in sorted(every)]
-        unknown = [
-            d for d in candidates if d not in catalog.dir_owner and run.storage.exists_dir(d)
-        ]
-        if not unknown:
-            return
-        held: set[str] = set()
-        if run.running:
-            for live in book.current_tms():
-                answer = run.engine.duty(live, Holdings(run.job, live, tuple(unknown)))
-                if isinstance(answer, Held):
-                    held |= set(answer.paths)
-        for d in unknown:
-            if d not in held:
-                catalog.dirs[d] = ManagedDir(d, tm)
-                catalog.dir_owner[d] = COORDINATOR
-
-    def _sweep_stopped(self, tm: TmId, hosted: frozenset[SubtaskId]) -> list[str]:
+    def _sweep_stopped(self, tm: TmId, hosted: frozenset[SubtaskId]) -> None:
         """R64, R65: what a stopped attempt still owned is the coordinator's. Its records
-        are its own, and may have died with its process (a TM killed with SIGKILL): the
-        files it wrote and never handed over are those in the directories it could write
-        in that no live party records. They are listed, each live TM of the job says
-        which it records (``Holdings``), and the rest are recorded as the coordinator's
-        (returned: the caller deletes those no retained checkpoint refers to).
+        may have died with its process (a TM killed with SIGKILL): then the files it wrote
+        and never handed over are those in the directories it could write in that no
+        live party records. They are listed, each live TM of the job says which it
+        records (``Holdings``), and the rest are taken and deleted unless a retained
+        checkpoint refers to them. With one table shared in process nothing is unknown
+        and nothing is asked.
 
         A subtask's shared directory and a checkpoint's directory are written by every
         attempt that ran the subtask or wrote for the checkpoint, a zombie included,
@@ -315,7 +270,6 @@ class Failover:
         job, first = book.started.pop(tm, (run.job, 1))
         hosted |= book.hosted_before.pop(tm, frozenset())
         dirs = [taskowned_dir(job, tm)] + [shared_dir(job, s) for s in sorted(hosted)]
-        dirs += [working_dir(job, s) for s in sorted(hosted)]  # its databases' (§11)
         last = run.next_checkpoint
         dirs += [checkpoint_dir(job, n) for n in range(first, last)]
         sps = [
@@ -330,11 +284,11 @@ class Failover:
                 found |= {p for p in storage.files_under(top) if p not in known}
         except Exception as err:  # cannot tell: nothing is taken (a leak, not a loss)
             log.warning("listing what %s left after it stopped failed: %r", tm, err)
-            return []
+            return
         where = set(dirs) | set(sps)
         found = {p for p in found if p.rsplit("/", 1)[0] in where}
         if not found:
-            return []
+            return
         held: set[str] = set()
         asked = sorted({p.rsplit("/", 1)[0] for p in found})
         if run.running:
@@ -342,7 +296,6 @@ class Failover:
                 answer = run.engine.duty(live, Holdings(run.job, live, tuple(asked)))
                 if isinstance(answer, Held):
                     held |= set(answer.paths)
-        adopted: list[str] = []
         for path in sorted(found - held):
             if path in catalog.files or not self.lifecycle.may_sweep(path, job):
                 continue
@@ -350,14 +303,10 @@ class Failover:
             if made is not None and made != tm and book.is_lost(made):
                 if self.kept_from_lost.get(path) != tm:
                     continue  # R64: a zombie's, left to it
-            holder = self.kept_from_lost.get(path)
-            if holder is not None and holder != tm and book.is_lost(holder):
-                continue  # R61, R64: a failover handed it to an attempt now lost: its
-                # records hold it, and it is swept when that attempt stops
             creator = tm if made is None else made
             catalog.files[path] = StoredFile(storage.size(path), False, COORDINATOR, creator)
-            adopted.append(path)  # its delete waits while its creator runs
-        return adopted
+            if not self.retention.referenced(path):
+                catalog.delete_file(path, COORDINATOR)  # waits while its creator runs
 
     def failover(self) -> None:
         run, book = self.run, self.tm_book
@@ -374,8 +323,11 @@ class Failover:
         self.epoch += 1
         for tm in survivors:  # R60: no stale manager survives (FLINK-35400)
             run.engine.duty(tm, ResetTm(run.job, tm, self.epoch))
+        catalog = run.catalog
         for old in sorted(replaced):
-            self._abandon_taskowned(old)
+            d = taskowned_dir(run.job, old)  # R63
+            if d in catalog.dir_owner and catalog.dir_owner[d] != COORDINATOR:
+                catalog.dir_owner[d] = COORDINATOR
         for tm in sorted(set(book.placement.values())):
             hosted = sorted(s for s, t in book.placement.items() if t == tm)
             self._assign(tm, hosted, run.next_checkpoint, run.next_checkpoint - 1)
@@ -476,14 +428,8 @@ class Failover:
             owner = catalog.dir_owner.get(d)
             if owner == COORDINATOR:
                 coordinators.append(d)
+            if owner is None or owner == COORDINATOR:
                 continue
-            if owner is None:
-                # made by an attempt that never reported it (lost before it acknowledged,
-                # its records its own): whoever made it, it is the subtask's directory
-                # and the attempt that runs the subtask now takes it, if it is there
-                if not self.run.storage.exists_dir(d):
-                    continue
-                catalog.dirs[d] = ManagedDir(d, tm)
             catalog.dir_owner[d] = tm_actor(tm)
             md = catalog.dirs.get(d)
             if md is not None:

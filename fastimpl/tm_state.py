@@ -52,8 +52,11 @@ def _opened_order(o: tuple[int, SubtaskId]) -> tuple[int, str, int, int]:
 
 
 def export_state(tm: TaskManager) -> t.TaskManagerState:
-    """The records of ``tm``. Its storage should have no queued delete
-    (``Storage.drain``): a queued delete is in no record."""
+    """The records of ``tm``, a TM with records of its own (a TM sharing the in-process
+    table has no records of its own to hand on: ``ValueError``). Its storage should have
+    no queued delete (``Storage.drain``): a queued delete is in no record."""
+    if not tm.own_records:
+        raise ValueError(f"{tm.tm} shares its records: there is no state of its own to export")
     cat = tm.catalog
     m = tm.m
     w = tm.working
