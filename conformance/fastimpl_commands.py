@@ -12,7 +12,6 @@ an append. Each is recorded in the engine's trace as the command it is.
 
 from __future__ import annotations
 
-from conformance.compare import unmarked
 from fastimpl.engine import InProcessEngine
 from fastimpl.storage import StorageFault
 from spec import commands as c
@@ -45,8 +44,7 @@ def _apply(engine: InProcessEngine, cmd: c.Command) -> None:
                 cmd.checkpoint, cmd.subtask, cmd.kind, cmd.name, data, cmd.entries, cmd.attempt
             )
         case c.ReuseShared():
-            name = _state_named(engine, cmd)
-            engine.reuse_shared(cmd.checkpoint, cmd.subtask, name, cmd.attempt, _zeros)
+            engine.reuse_shared(cmd.checkpoint, cmd.subtask, cmd.name, cmd.attempt, _zeros)
         case c.Acknowledge():
             engine.acknowledge(cmd.checkpoint, cmd.subtask, cmd.attempt)
         case c.Decline():
@@ -86,37 +84,13 @@ def _apply(engine: InProcessEngine, cmd: c.Command) -> None:
         case c.WriteWorking():
             engine.write_working(cmd.subtask, bytes(cmd.size), cmd.attempt)
         case c.DropWorking():
-            engine.drop_working(cmd.subtask, _named(engine, cmd), cmd.attempt)
+            engine.drop_working(cmd.subtask, cmd.path, cmd.attempt)
         case c.SnapshotWorking():
             engine.snapshot_working(cmd.checkpoint, cmd.subtask, cmd.inline_below, cmd.attempt)
         case c.CollectWorking():
             engine.collect_working()
         case _:
             raise CommandError(Reason.BAD_ARGUMENT, f"unknown command {cmd!r}")
-
-
-def _named(engine: InProcessEngine, cmd: c.DropWorking) -> str:
-    """The product's name for the working file the command names by the model's: the
-    same drawn name, marked with its creator (``conformance.compare.unmarked``). A
-    file no database of the subtask's attempts uses keeps the command's name, and the
-    product refuses it as the model does."""
-    if cmd.path in engine.storage.list_files():
-        return cmd.path
-    for party in engine.parties.values():
-        for path in party.working.uses.get(cmd.subtask, ()):
-            if unmarked(path) == cmd.path:
-                return path
-    return cmd.path
-
-
-def _state_named(engine: InProcessEngine, cmd: c.ReuseShared) -> str:
-    """The product's name for the backend's state the command names by the model's (a
-    working snapshot's state is named after its file, marked with its creator)."""
-    for party in engine.parties.values():
-        for subtask, name in party.backend:
-            if subtask == cmd.subtask and name != cmd.name and unmarked(name) == cmd.name:
-                return name
-    return cmd.name
 
 
 def _crash_during_write(engine: InProcessEngine, cmd: c.CrashDuringWrite) -> None:
