@@ -335,6 +335,30 @@ def _refuse_unreadable_open_files(fs: Any, config: Config) -> None:
         attrs.evolve(config, open_files_readable=False)
 
 
+def open_base(fs: Any, root: str, config: Config, token: bytes) -> tuple[Storage, Config]:
+    """A new job's storage over ``root`` for an engine that embeds the parties
+    (``fastimpl.parties``), and the configuration to run it with there. Refuses
+    (``BaseInUseError``, nothing written) a base that holds a job, a savepoint or another
+    store's lease, then takes the lease with ``token`` (issue 14: a writer that takes the
+    base later fences this one). R16: where the bytes of an open file are not readable
+    (object stores), the configuration returned says so (``open_files_readable`` off)."""
+    storage = Storage(fs, root)
+    if not storage.open_files_readable and config.open_files_readable:
+        config = attrs.evolve(config, open_files_readable=False)
+    jobs, savepoints, leased = storage.existing()
+    if jobs or savepoints or leased:
+        held = [f"job-{n}" for n in jobs] + [f"savepoint-{n}" for n in savepoints]
+        what = ", ".join(held[:10]) + (" ..." if len(held) > 10 else "")
+        lease = f"another store's lease ({WRITER_LEASE})" if leased else ""
+        raise BaseInUseError(
+            f"{root} holds {what or lease}{' and ' + lease if what and lease else ''}:"
+            " a new job there would overwrite or delete it"
+        )
+    if not storage.take_lease(token, exclusive=True):
+        raise BaseInUseError(f"{root}: another store took the base just now ({WRITER_LEASE})")
+    return storage, config
+
+
 class Coordinator:
     """The job's checkpoint coordinator (Flink's CheckpointCoordinator)."""
 
@@ -725,4 +749,5 @@ __all__ = [
     "Coordinator",
     "FileMergingManager",
     "ManagerClosedError",
+    "open_base",
 ]

@@ -24,6 +24,8 @@ talk to; each concern is a part that keeps its own state:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Generic, TypeVar, cast, overload
 
 from fastimpl.catalog import Catalog
@@ -32,7 +34,7 @@ from fastimpl.coordinated_job import CoordinatedJob, CoordinatorEngine, Notice, 
 from fastimpl.failover import Failover
 from fastimpl.ids import IdSource
 from fastimpl.job_end import JobEnd
-from fastimpl.records import Completed, Pending, Tm
+from fastimpl.records import Completed, Pending, Status, Tm
 from fastimpl.restore_planning import RestorePlanner
 from fastimpl.retention import Retention
 from fastimpl.shared_registry import SharedStateRegistry
@@ -253,3 +255,84 @@ class CheckpointCoordinator:
 
     def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
         return self.restores.state_to_restore(subtask)
+
+    # what a host reads of the coordinator, and its word on attempts it started itself
+    # (``fastimpl.parties``: values, never the records themselves)
+
+    def is_running(self) -> bool:
+        """Whether the job runs: false once ``end_job`` ended it (R90) until a
+        ``restore`` starts the next (R70)."""
+        return self.run.running
+
+    def pending_checkpoints(self) -> tuple[int, ...]:
+        """The checkpoints triggered and neither completed nor aborted yet (R50-R53), in
+        id order."""
+        return tuple(sorted(self.lifecycle.pending))
+
+    def attempt_status(self, tm: TmId) -> Status | None:
+        """What the coordinator knows of attempt ``tm``: ``ALIVE``; ``LOST`` (given up on,
+        it may still run and write: R57, R66); ``STOPPED`` (known stopped, R64, or ended
+        with its job, R90); ``None`` if it never heard of it."""
+        rec = self.tm_book.tms.get(tm)
+        return None if rec is None else rec.status
+
+    def attempts(self) -> Mapping[TmId, Status]:
+        """Every attempt alive or lost, with its status (a stopped one is forgotten,
+        ``attempt_status`` still answers for it)."""
+        return MappingProxyType({t: r.status for t, r in self.tm_book.tms.items()})
+
+    def file_owners(self) -> Mapping[str, str]:
+        """Who the coordinator's records say owns each file they hold (I3): the
+        coordinator's own, handed over to it (R43, R64), or recorded as a TM's or the
+        user's; a file whose background delete keeps failing is still its deleter's."""
+        return MappingProxyType(self.catalog.owners())
+
+    def open_files(self) -> frozenset[str]:
+        """The files the coordinator holds open (R16)."""
+        return frozenset(p for p, f in self.catalog.files.items() if f.open)
+
+    def adopt_attempt(self, subtask: SubtaskId, tm: TmId, first_checkpoint: int) -> TmId:
+        """The engine started attempt ``tm`` for ``subtask`` itself, in place of the one
+        placed there, which never ran (Spark starts a task's TM in the task): ``tm`` runs
+        ``subtask`` from now on, alive, and may have written for checkpoints from
+        ``first_checkpoint`` on, which is where its files may lie once it stops (R64).
+        The attempt it took the place of stays known until the engine gives it up
+        (``lose``, then ``attempt_ended``). Returns that attempt."""
+        book = self.tm_book
+        old = book.placement[subtask]
+        book.deploy({**book.placement, subtask: tm})
+        book.started[tm] = (self.run.job, first_checkpoint)
+        return old
+
+    def attempt_ended(
+        self, tm: TmId, hosted: Iterable[SubtaskId] = (), first_checkpoint: int = 1
+    ) -> None:
+        """R64, R65, from the engine: attempt ``tm``, given up on (lost), has stopped, and
+        it ran the subtasks ``hosted`` (besides those the coordinator knows it hosted): the
+        shared directories of each are where its files may lie. One the coordinator never
+        heard of (the engine started it, and it died before any acknowledgement of it
+        arrived, R66) is taken as a lost attempt of the running job that could write
+        from ``first_checkpoint`` on. Then as ``receive_stopped``: what waited for its
+        stop runs, and the coordinator takes and deletes what it left that no retained
+        checkpoint refers to. Raises ``CommandError`` for an attempt not lost."""
+        book = self.tm_book
+        if tm not in book.tms:
+            book.tms[tm] = Tm(tm, Status.LOST)
+            book.started[tm] = (self.run.job, first_checkpoint)
+        rec = book.tms[tm]
+        if rec.status is Status.LOST:
+            rec.hosted = rec.hosted | frozenset(hosted)
+        self.failures.attempt_stopped(tm)
+
+    def collect_working(self) -> None:
+        """R104: the coordinator deletes each shared working file it owns that no retained
+        checkpoint, no pending acknowledgement and no live database refers to (a lost
+        attempt's wait for it to stop, R64). Its deletes run on the storage's deleter
+        (``Storage.drain`` waits for them)."""
+        self.working.collect()
+
+    def working_needed(self) -> frozenset[str]:
+        """The working files (§11) still needed: those a retained checkpoint or a pending
+        acknowledgement refers to in place (R103) and those the live databases use, as
+        their TMs answer ``DatabaseFiles`` (R104)."""
+        return frozenset(self.working.referred() | self.working.in_use())

@@ -46,6 +46,31 @@ The coordinator's side
       ``restore(spec.commands.Restore(checkpoint, parallelism, mode))``: a
       new job from a retained checkpoint or a savepoint (``docs/library.md``).
 
+    What the engine reads, as values (never the records themselves):
+
+    - ``is_running() -> bool``; ``pending_checkpoints() -> tuple[int, ...]``;
+    - ``attempt_status(tm) -> Status | None`` (``ALIVE``, ``LOST``: given up on and
+      maybe still running, ``STOPPED``, or ``None``: never heard of);
+      ``attempts() -> Mapping[TmId, Status]``, the attempts alive or lost;
+    - ``file_owners() -> Mapping[str, str]``, ``open_files() -> frozenset[str]``: what
+      the coordinator's own records hold (the TMs' are in their reports);
+    - ``state_to_restore(subtask) -> tuple[StateEntry, ...]``: what a subtask of a
+      restored job starts from;
+    - ``working_needed() -> frozenset[str]``: the working files (SPEC §11) a checkpoint
+      refers to in place or a live database uses; ``collect_working()`` deletes the
+      coordinator's shared ones nothing needs.
+
+    For attempts an engine starts itself (Spark starts a task's TM in the task, and the
+    coordinator first hears of it by its acknowledgement):
+
+    - ``adopt_attempt(subtask, tm, first_checkpoint) -> TmId``: ``tm`` runs ``subtask``
+      in place of the attempt placed there, which never ran (returned), and may have
+      written from ``first_checkpoint`` on; a retried one that replaces an attempt that
+      ran is ``replace(old, tm)``;
+    - ``attempt_ended(tm, hosted=(), first_checkpoint=1)``: an attempt given up on has
+      stopped, having run ``hosted``; one never heard of is taken as a lost attempt of the
+      running job; then as ``receive_stopped``.
+
 ``CoordinatorEngine``
     The protocol the host implements, the coordinator's only way out: ``send(tm,
     notice)`` (may be lost, repeated or reordered), ``duty(tm, msg) -> answer``
@@ -57,7 +82,15 @@ The coordinator's side
 ``Storage(fs, root)``, ``RandomIds()``, ``IdSource``
     The coordinator's storage (an fsspec file system and the root path under it; its
     deletes run in a background thread: ``drain()`` waits for them, ``list_files()``
-    lists the root) and where new file names come from.
+    lists the root, ``files_under(path) -> set[str]`` a directory, ``exists_dir(path)``;
+    ``read_range(path, offset, length) -> bytes`` reads a state handle's bytes back;
+    ``close_all()`` waits for the deletes and closes what is open) and where new file
+    names come from.
+
+``open_base(fs, root, config, token) -> (Storage, Config)``
+    A new job's storage: refuses (``BaseInUseError``) a base that holds a job, a
+    savepoint or another store's lease, takes the lease with ``token``, and turns
+    ``open_files_readable`` off where open files are not readable (object stores).
 
 The task manager's side
 -----------------------
@@ -112,6 +145,15 @@ Observing the job and recovering it
 ``recover(fs, root, config, job_spec, ...) -> (engine, RecoveryReport)``
     Rebuild a store from storage alone after the host process died (R95), deleting
     only what no kept checkpoint refers to; ``incarnation_to_recover`` says which job.
+``recover_coordinator(config, job_spec, fs, root, engine, ...) -> (coord, Storage, report)``
+    The same for an engine whose TMs are its own: the recovered coordinator runs on
+    ``engine``, which is told where the new job's subtasks are placed (``placed``) and
+    starts them itself from ``state_to_restore``.
+``state_document(...)``, ``write_state(storage, base, data)``, ``withdraw_state(storage,
+base)``, ``note_pending(triggered, pending, retained, now)``, ``PendingAt``
+    The writer state a host publishes in a job base for outside collectors (SPEC
+    "Outside collectors"): the pending checkpoints with their trigger times, the open
+    files and the working files a live database needs.
 
 For a host's own bookkeeping and tests
 --------------------------------------
@@ -151,10 +193,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from fastimpl.api import open_base
 from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine, Notice, subtasks_of
 from fastimpl.ids import IdSource, RandomIds
-from fastimpl.records import Completed
-from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover
+from fastimpl.records import Completed, Status
+from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover, recover_coordinator
 from fastimpl.reports import TmReport, observe, report_of
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.storage_hooks import HookedStorage, StorageCall, StorageHooks
@@ -162,7 +205,14 @@ from fastimpl.taskmanager import TaskManager
 from fastimpl.tm_state import export_state, rebuild
 from fastimpl.trace import command_line
 from fastimpl.working import is_working_path
-from fastimpl.writer_state import WRITER_STATE
+from fastimpl.writer_state import (
+    WRITER_STATE,
+    PendingAt,
+    note_pending,
+    state_document,
+    withdraw_state,
+    write_state,
+)
 from spec.errors import CkptError, CommandError
 from spec.messages import (
     MESSAGE_VERSION,
@@ -214,11 +264,31 @@ PUBLIC_MEMBERS: Mapping[str, frozenset[str]] = {
             "end_job",
             "restart",
             "restore",
+            "state_to_restore",
+            "is_running",
+            "pending_checkpoints",
+            "attempt_status",
+            "attempts",
+            "file_owners",
+            "open_files",
+            "adopt_attempt",
+            "attempt_ended",
+            "collect_working",
+            "working_needed",
         }
     ),
     "CoordinatorEngine": frozenset({"send", "duty", "start_tm", "place", "placed", "forget_tm"}),
     "Completed": frozenset({"id", "job", "metadata", "entries", "directories"}),
-    "Storage": frozenset({"drain", "list_files"}),
+    "Storage": frozenset(
+        {
+            "drain",
+            "list_files",
+            "files_under",
+            "read_range",
+            "exists_dir",
+            "close_all",
+        }
+    ),
     "TaskManager": frozenset(
         {
             "alone",
@@ -278,12 +348,14 @@ __all__ = [
     "MessageError",
     "Notice",
     "OpenDatabase",
+    "PendingAt",
     "RandomIds",
     "RecoveryReport",
     "ResetTm",
     "RestoreAssignment",
     "RetainedCheckpoint",
     "ReusableFiles",
+    "Status",
     "Storage",
     "StorageCall",
     "StorageFault",
@@ -299,9 +371,15 @@ __all__ = [
     "flush_deletes",
     "incarnation_to_recover",
     "is_working_path",
+    "note_pending",
     "observe",
+    "open_base",
     "rebuild",
     "recover",
+    "recover_coordinator",
     "report_of",
+    "state_document",
     "subtasks_of",
+    "withdraw_state",
+    "write_state",
 ]

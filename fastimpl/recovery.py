@@ -51,7 +51,7 @@ from typing import Any
 
 from attrs import frozen
 
-from fastimpl.coordinator import subtasks_of
+from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine, subtasks_of
 from fastimpl.engine import InProcessEngine
 from fastimpl.ids import IdSource, creator_of
 from fastimpl.metadata import MetadataError, base_of, check_job
@@ -461,3 +461,46 @@ def _user_held(reader: Storage, own: str, files: dict[str, int]) -> set[str]:
         held |= {w.path for _, w in meta.working}
         held |= {p for d in meta.directories for p in mine if is_under(p, d)}
     return held & mine
+
+
+def recover_coordinator(
+    config: Config,
+    job_spec: JobSpec,
+    fs: Any,
+    root: str,
+    engine: CoordinatorEngine,
+    *,
+    job: str = "job-0",
+    ids: IdSource | None = None,
+    lease: bytes | None = None,
+    leave_working: bool = False,
+    abandoned: Sequence[str] = (),
+    mode: RestoreMode = RestoreMode.CLAIM,
+    deletion_log: bool = False,
+) -> tuple[CheckpointCoordinator, Storage, RecoveryReport]:
+    """``recover`` (R95, R96) for an engine whose TMs are processes of its own
+    (``fastimpl.parties``): the recovered coordinator, which runs on ``engine`` from now
+    on, its storage and the report. The recovery's restore places the new job's subtasks
+    on attempts that never run: ``engine.placed`` says where, and the engine starts each
+    subtask itself from ``state_to_restore`` (what the restore told those attempts is not
+    sent again). ``deletion_log``: the coordinator keeps its deletion log, as
+    ``CheckpointCoordinator(..., deletion_log=True)`` does. The other arguments are
+    ``recover``'s."""
+    cl, report = recover(
+        config,
+        job_spec,
+        fs,
+        root,
+        job=job,
+        ids=ids,
+        lease=lease,
+        leave_working=leave_working,
+        abandoned=abandoned,
+        mode=mode,
+    )
+    co = cl.coord
+    co.run.engine = engine
+    if deletion_log:
+        co.catalog.keep_deletion_log()
+    engine.placed(dict(co.placement))
+    return co, co.storage, report

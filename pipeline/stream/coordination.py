@@ -50,18 +50,22 @@ from typing import Any, TypeVar
 import attrs
 import fsspec  # type: ignore[import-untyped]
 
+from fastimpl import BaseInUseError
 from fastimpl.parties import (
     WRITER_STATE,
     CheckpointCoordinator,
     Notice,
     RandomIds,
+    Status,
     Storage,
+    TmReport,
     incarnation_to_recover,
     is_working_path,
-    recover,
+    observe,
+    open_base,
+    recover_coordinator,
     subtasks_of,
 )
-from fastimpl.records import Status, Tm
 from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted
 from pipeline.stream.publication import StatePublisher
 from pipeline.stream.trace import NotResumable, StreamTrace
@@ -80,7 +84,7 @@ from spec.invariants import (
     no_working_leak_once_quiet,
     working_files_kept,
 )
-from spec.layout import METADATA, is_under, job_base
+from spec.layout import is_under, job_base
 from spec.messages import (
     Acknowledgement,
     Answer,
@@ -102,7 +106,7 @@ from spec.messages import (
     decode_message,
     encode_message,
 )
-from spec.observation import Observation, RetainedView, WorkingFileView, WorkingObservation
+from spec.observation import Observation, WorkingFileView, WorkingObservation
 
 _T = TypeVar("_T")
 
@@ -117,7 +121,8 @@ class SparkEngine:
         """Each TM's last report (``worker_tm.report_of``)."""
         self.hosted: dict[TmId, set[SubtaskId]] = {}
         """The subtasks each TM acknowledged for: where a stopped one's files lie."""
-        self.placement: dict[SubtaskId, TmId] = {}
+        self.runs_on: dict[SubtaskId, TmId] = {}
+        """Where the coordinator placed each subtask (``placed``)."""
         self.placeholders: set[TmId] = set()
         """The TMs ``start_tm`` named: none of them ever runs (a Spark task starts its
         TM itself), each only holds a subtask's place until its first TM acknowledges."""
@@ -144,7 +149,7 @@ class SparkEngine:
         return {s: tms[i % len(tms)] for i, s in enumerate(subtasks)}
 
     def placed(self, placement: dict[SubtaskId, TmId]) -> None:
-        self.placement = dict(placement)
+        self.runs_on = dict(placement)
 
     def duty(self, tm: TmId, msg: Duty) -> Answer | None:
         if isinstance(msg, Holdings):
@@ -195,6 +200,27 @@ class SparkEngine:
         if tm in self.outbox:
             self.outbox[tm] = [(s, d) for s, d in self.outbox[tm] if s > applied]
         return done
+
+
+def _tm_report(r: Mapping[str, Any]) -> TmReport:
+    """A worker TM's report (``worker_tm.report_of``) as the ``TmReport`` the observation
+    merges. Its deletion log stays with the attempt's saved state: the observation's
+    deletions are the coordinator's."""
+    actor = tm_actor(r["tm"])
+    return TmReport(
+        tm=r["tm"],
+        owners=dict(r["owners"]),
+        open=tuple(r["open"]),
+        dirs=dict(r["dirs"]),
+        unrecorded_dirs=tuple(r.get("unrecorded_dirs", ())),
+        claims={p: actor for p in r["claims"]},
+        ref_counts=dict(r["ref_counts"]),
+        live={p: tuple((int(o), int(n)) for o, n in v) for p, v in r["live"].items()},
+        pool_files=tuple(r["pool_files"]),
+        deletions=(),
+        pending=tuple(r["pending"]),
+        refused=tuple(r["refused"]),
+    )
 
 
 def _is_duty(data: bytes) -> bool:
@@ -273,63 +299,61 @@ def open_coordinator(
     vertices = (VertexSpec(VERTEX, parallelism),)
     engine = SparkEngine()
     if crashed_job is not None:
-        cluster, report = recover(
+        co, storage, report = recover_coordinator(
             config,
             JobSpec(vertices, num_tms=parallelism),
             fs,
             root,
+            engine,
             job=crashed_job,
             ids=RandomIds(),
             lease=_lease_token(),
             leave_working=backend == "working",
             abandoned=abandoned,
             mode=restore_mode,
+            deletion_log=True,
         )
-        co = cluster.coord
-        co.engine = engine  # the in-process TMs the recovery started are placeholders now
-        co.catalog.keep_deletion_log()
-        engine.placed(co.placement)
-        engine.placeholders |= set(co.placement.values())
-        out = SparkCoordinator(co, engine, url, opts)
+        # the attempts the recovery placed never run: each subtask's task starts its TM
+        engine.placeholders |= set(engine.runs_on.values())
+        restored = report.checkpoints[-1] if report.checkpoints else 0
+        out = SparkCoordinator(co, engine, storage, config, url, opts, restored_from=restored)
         out.use_slatedb(backend, gc_min_age_s)
-        out.restored_from = report.checkpoints[-1] if report.checkpoints else 0
         if trace is not None:
             try:
-                engine.trace = StreamTrace.resume(trace, co.cfg)
+                engine.trace = StreamTrace.resume(trace, config)
             except NotResumable as err:
                 out.trace_stopped = f"a driver restart: {err}"
             else:
                 engine.trace.restarted(
-                    co.vertices,
+                    vertices_of(engine.runs_on),
                     report.checkpoints,
-                    co.placement,
+                    engine.runs_on,
                     len(report.garbage),
                     restore_mode,
                 )
         out.publish()
         return out
-    storage = Storage(fs, root)
-    if not storage.open_files_readable and config.open_files_readable:
-        config = attrs.evolve(config, open_files_readable=False)  # as the store does (R16)
-    jobs, savepoints, leased = storage.existing()
-    if jobs or savepoints or leased:
-        raise ValueError(
-            f"{url} already holds checkpoints or another store's lease: a new job there"
-            " would overwrite or delete them (use --resume to continue a run)"
-        )
-    if not storage.take_lease(_lease_token(), exclusive=True):
-        raise ValueError(f"{url}: another store took the base just now")
+    try:
+        storage, config = open_base(fs, root, config, _lease_token())
+    except BaseInUseError as err:
+        raise ValueError(f"{url}: {err} (use --resume to continue a run)") from None
     co = CheckpointCoordinator(
         config, vertices, parallelism, storage, RandomIds(), engine, "job-0", deletion_log=True
     )
     tms = [engine.start_tm(co.job, 1, None) for _ in range(parallelism)]
     co.deploy(engine.place(subtasks_of(vertices), tms))
     if trace is not None:
-        engine.trace = StreamTrace(trace, config, JobSpec(vertices, parallelism), co.placement)
-    out = SparkCoordinator(co, engine, url, opts)
+        engine.trace = StreamTrace(trace, config, JobSpec(vertices, parallelism), engine.runs_on)
+    out = SparkCoordinator(co, engine, storage, config, url, opts)
     out.use_slatedb(backend, gc_min_age_s)
     out.publish()
     return out
+
+
+def vertices_of(placement: Mapping[SubtaskId, TmId]) -> tuple[VertexSpec, ...]:
+    """The vertices the placed subtasks are of, in name order."""
+    par = {s.vertex: s.parallelism for s in placement}
+    return tuple(VertexSpec(v, n) for v, n in sorted(par.items()))
 
 
 class SparkCoordinator:
@@ -339,17 +363,24 @@ class SparkCoordinator:
         self,
         co: CheckpointCoordinator,
         engine: SparkEngine,
+        storage: Storage,
+        config: Config,
         url: str,
         storage_options: Mapping[str, Any],
+        *,
+        restored_from: int = 0,
     ) -> None:
         self.co = co
         self.engine = engine
+        self.checkpoint_storage = storage
+        """The coordinator's storage (``Storage``), which this job opened or recovered."""
+        self.config = config
         self.url = url
         self.storage_options = dict(storage_options)
         self.received: set[int] = set()
         self.replaced: set[TmId] = set()
         """TMs an acknowledgement took a subtask from: given up once nothing is pending."""
-        self.restored_from = 0
+        self.restored_from = restored_from
         """The checkpoint the job was restored from (0: none)."""
         self.retired: list[TmId] = []
         """Every TM given up and swept, in order (for tests and the summary)."""
@@ -378,6 +409,10 @@ class SparkCoordinator:
         (no task runs), else republish the last observation with the pending set now."""
         self.publisher.publish(observe=observe)
 
+    def tm_reports(self) -> Mapping[TmId, Mapping[str, Any]]:
+        """Each TM's last report (``worker_tm.report_of``), by TM."""
+        return self.engine.reports
+
     def use_slatedb(self, backend: str, gc_min_age_s: float) -> None:
         self.backend = backend
         if backend == "working":
@@ -394,7 +429,7 @@ class SparkCoordinator:
         return self.restored_from > 0 and (not retained or retained[-1].job != self.co.job)
 
     def task_manager_recipe(self) -> TaskManagerRecipe:
-        return TaskManagerRecipe(self.url, self.co.job, self.co.cfg, self.storage_options)
+        return TaskManagerRecipe(self.url, self.co.job, self.config, self.storage_options)
 
     def mail(self) -> tuple[MailItem, ...]:
         return self.engine.mail()
@@ -423,14 +458,12 @@ class SparkCoordinator:
     def give_up_unreached(self) -> None:
         """Give up each placed TM that still has mail after a delivery (see ``heard``)."""
         co = self.co
-        if not co.running or co.pending:
+        if not co.is_running() or co.pending_checkpoints():
             return
-        for tm in sorted(set(co.placement.values())):
-            rec = co.tms.get(tm)
+        for tm in sorted(set(self.engine.runs_on.values())):
             if (
                 tm in self.engine.placeholders
-                or rec is None
-                or rec.status is not Status.ALIVE
+                or co.attempt_status(tm) is not Status.ALIVE
                 or not self.engine.outbox.get(tm)
             ):
                 continue
@@ -497,10 +530,10 @@ class SparkCoordinator:
         if trace is None:
             return None
         tm = msg.attempt
-        rec = self.co.tms.get(tm)
+        status = self.co.attempt_status(tm)
         name = trace.model.get(tm)
         if name is None:
-            if rec is None:
+            if status is None:
                 trace.outside(
                     f"the {type(msg).__name__.lower()} of {tm}, an attempt the coordinator"
                     f" never placed (checkpoint {msg.checkpoint} was over): ignored, its"
@@ -509,10 +542,10 @@ class SparkCoordinator:
             else:
                 trace.stop(f"a message from {tm}, which the model does not know")
             return None
-        if rec is None or rec.status is Status.STOPPED:
+        if status is None or status is Status.STOPPED:
             trace.stop(f"{tm} acted after it was known stopped (its records came back)")
             return None
-        zombie = self.co.placement.get(msg.subtask) != tm
+        zombie = self.engine.runs_on.get(msg.subtask) != tm
         if zombie and isinstance(msg, Decline):
             trace.stop(f"a decline from {tm}, given up on: the model has no zombie decline")
             return None
@@ -522,13 +555,14 @@ class SparkCoordinator:
 
     def _place(self, subtask: SubtaskId, tm: TmId, checkpoint: int) -> None:
         co = self.co
-        if subtask not in co.placement:
+        placement = self.engine.runs_on
+        if subtask not in placement:
             raise ValueError(f"{subtask} is not a subtask of {co.job}")
-        old = co.placement[subtask]
+        old = placement[subtask]
         if old == tm:
             self.engine.hosted.setdefault(tm, set()).add(subtask)
             return
-        if checkpoint not in co.pending or tm in co.tms:
+        if checkpoint not in co.pending_checkpoints() or co.attempt_status(tm) is not None:
             # Late (its checkpoint is over), or from a TM the coordinator knows for another
             # place or gave up on: it ignores it (R56), and it moves nothing (a speculative
             # loser's delayed result).
@@ -537,8 +571,7 @@ class SparkCoordinator:
         self.replaced.add(old)
         if old in self.engine.placeholders:
             # the subtask's first TM takes its placeholder's place (which never ran)
-            co.deploy({**co.placement, subtask: tm})
-            co.started[tm] = (co.job, checkpoint)  # where its files may lie (R64)
+            co.adopt_attempt(subtask, tm, checkpoint)  # its files lie from here on (R64)
             if self.trace is not None:
                 self.trace.placed(old, tm)
             return
@@ -548,7 +581,7 @@ class SparkCoordinator:
 
     def complete(self, checkpoint: int) -> None:
         co = self.co
-        if checkpoint in self.received and checkpoint not in co.pending:
+        if checkpoint in self.received and checkpoint not in co.pending_checkpoints():
             # Aborted while receiving: a subtask declined, or reused shared state whose
             # registry entry is gone (R22). The caller runs the batch again.
             self.received.discard(checkpoint)
@@ -571,16 +604,22 @@ class SparkCoordinator:
         """R104 under ``--state-backend working``: fastimpl's collection of shared SSTs,
         then SlateDB's (``slate_collect``), between two batches (no database is open)."""
         co = self.co
-        if self.slate is None or not co.running or co.pending or self.may_still_run():
+        if (
+            self.slate is None
+            or not co.is_running()
+            or co.pending_checkpoints()
+            or self.may_still_run()
+        ):
             return
-        co.working.collect()
-        co.storage.drain()
+        co.collect_working()
+        storage = self.checkpoint_storage
+        storage.drain()
         wanted = self._wanted()
         needed = self.needed_databases()
         on_storage: set[str] = set()
         for base in sorted(co.lineage):
-            on_storage |= co.storage.files_under(f"{base}/taskowned/working")
-        self.slate.collect(on_storage, needed=needed, wanted=wanted, recorded=co.catalog.files)
+            on_storage |= storage.files_under(f"{base}/taskowned/working")
+        self.slate.collect(on_storage, needed=needed, wanted=wanted, recorded=co.file_owners())
 
     def _wanted(self) -> set[tuple[str, str]]:
         """``(database directory, SlateDB checkpoint id)`` of every retained checkpoint."""
@@ -589,8 +628,7 @@ class SparkCoordinator:
     def needed_databases(self) -> set[str]:
         """The database directories a live database writes or uses a file of, or a
         retained or pending checkpoint names (its pointer, or a file in place)."""
-        co = self.co
-        refs = co.working.referred() | co.working.in_use()
+        refs = self.co.working_needed()
         return (
             {d for d, _ in self._wanted()}
             | self.live_databases()
@@ -606,11 +644,10 @@ class SparkCoordinator:
 
     def live_databases(self) -> set[str]:
         """The database directories the live TMs' databases are at (their last reports)."""
-        co = self.co
         return {
             d
-            for t, rec in co.tms.items()
-            if rec.status is Status.ALIVE
+            for t, status in self.co.attempts().items()
+            if status is Status.ALIVE
             and isinstance(d := self.engine.reports.get(t, {}).get("lineage"), str)
         }
 
@@ -618,20 +655,19 @@ class SparkCoordinator:
         """Give up the replaced TMs (see the module docstring); only with nothing
         pending, since losing a TM aborts every pending checkpoint (R57)."""
         co = self.co
-        if co.pending or not co.running or self.may_still_run():
+        if co.pending_checkpoints() or not co.is_running() or self.may_still_run():
             return
         trace = self.trace
         for tm in sorted(self.replaced):
-            rec = co.tms.get(tm)
-            if tm in co.placement.values() or rec is None or rec.status is Status.STOPPED:
+            status = co.attempt_status(tm)
+            if tm in self.engine.runs_on.values() or status in (None, Status.STOPPED):
                 continue
-            if rec.status is Status.ALIVE:
+            if status is Status.ALIVE:
                 co.lose(tm)  # a placeholder, which never ran (nothing is pending: R57)
-            rec.hosted = rec.hosted | frozenset(self.engine.hosted.get(tm, ()))
             if trace is not None and trace.stopped is None and tm not in trace.placeholders:
                 trace.record(cmd.AttemptStopped(trace.model[tm]))  # R64, after R66
                 trace.forget(tm)
-            co.attempt_stopped(tm)
+            co.attempt_ended(tm, self.engine.hosted.get(tm, ()))
             self.retired.append(tm)
             self.engine.reports.pop(tm, None)
         self.replaced.clear()
@@ -639,7 +675,7 @@ class SparkCoordinator:
             # R60-R62: the files of retained checkpoints go to live TMs
             self._traced(cmd.Failover(), co.failover)
             if trace is not None:
-                trace.failover(co.placement.values())
+                trace.failover(self.engine.runs_on.values())
             self.failovers += 1
 
     def _held_segments(self) -> bool:
@@ -649,14 +685,12 @@ class SparkCoordinator:
         ``num_retained`` 1 the new TM's checkpoint names none of the old TM's files, and
         no failover (which resets every TM and closes its pooled files) is needed."""
         co = self.co
-        for r in co.retained:
-            for e in r.entries:
-                h = e.handle
-                if isinstance(h, SegmentHandle):
-                    f = co.catalog.files.get(h.path)
-                    if f is not None and f.owner == COORDINATOR:
-                        return True
-        return False
+        owners = co.file_owners()
+        return any(
+            isinstance(e.handle, SegmentHandle) and owners.get(e.handle.path) == COORDINATOR
+            for r in co.retained
+            for e in r.entries
+        )
 
     def sweep_strays(self) -> None:
         """R64, R65 for the attempts the coordinator never heard of: a task that started
@@ -668,20 +702,19 @@ class SparkCoordinator:
         one more for the rest, is made known as lost and stopped, and the coordinator's
         own sweep takes and deletes what no retained checkpoint refers to."""
         co = self.co
-        if co.pending or not co.running or self.may_still_run():
+        if co.pending_checkpoints() or not co.is_running() or self.may_still_run():
             return
         self._strays = False
-        known = set(co.catalog.owners())
-        for t, rec in co.tms.items():
-            if rec.status is not Status.STOPPED:  # a replaced TM's: swept at its stop
-                known |= set(self.engine.reports.get(t, {}).get("held", []))
+        known = set(co.file_owners())
+        for t in co.attempts():  # alive or lost: a replaced TM's are swept at its stop
+            known |= set(self.engine.reports.get(t, {}).get("held", []))
         # R61: handed to a TM by a failover whose mail it has not applied yet: its own
         known |= {path for _, path in self.engine.in_transit()}
         base = job_base(co.job)
         # working state (§11): SlateDB's objects are collected by ``collect_working``
         found = {
             p
-            for p in co.storage.files_under(base)
+            for p in self.checkpoint_storage.files_under(base)
             if p not in known and not is_working_path(p) and p != f"{base}/{WRITER_STATE}"
         }
         if not found:
@@ -696,14 +729,13 @@ class SparkCoordinator:
         owned = f"{base}/taskowned/"
         names = {p[len(owned) :].split("/", 1)[0] for p in found if p.startswith(owned)}
         self._stray_ids += 1
-        tms = [*sorted(n for n in names if n not in co.tms), f"tm-stray-{self._stray_ids}"]
-        everywhere = frozenset(subtasks_of(co.vertices))
+        tms = [
+            *sorted(n for n in names if co.attempt_status(n) is None),
+            f"tm-stray-{self._stray_ids}",
+        ]
+        everywhere = subtasks_of(vertices_of(self.engine.runs_on))
         for tm in tms:
-            rec = Tm(tm, Status.LOST)
-            rec.hosted = everywhere
-            co.tms[tm] = rec
-            co.started[tm] = (co.job, 1)
-            co.attempt_stopped(tm)
+            co.attempt_ended(tm, everywhere, first_checkpoint=1)  # R64, R65, R66
             self.strays += 1
 
     def finish_attempts(self, wait_s: float = 60.0, poll_s: float = 0.2) -> bool:
@@ -719,13 +751,13 @@ class SparkCoordinator:
         self.sweep_strays()
         self.retire()
         # the sweeps' deletes run on the storage's deleter thread: done means done
-        self.co.storage.drain()
+        self.checkpoint_storage.drain()
         self.collect_working()
         self.publish()
         return True
 
     def abort(self, checkpoint: int) -> None:
-        if checkpoint in self.co.pending and self.co.running:
+        if checkpoint in self.co.pending_checkpoints() and self.co.is_running():
             self._traced(cmd.Abort(checkpoint), lambda: self.co.abort(checkpoint))
         self.received.discard(checkpoint)
         # What the batch's tasks handed over in results that never arrived (whole files
@@ -740,14 +772,16 @@ class SparkCoordinator:
         if not co.retained:
             raise CheckpointNotCompleted("no completed checkpoint to rescale from")
         latest = co.retained[-1].id
-        ending = co.current_tms()
+        ending = sorted(
+            {t for t in self.engine.runs_on.values() if co.attempt_status(t) is Status.ALIVE}
+        )
         # R70: one TM per subtask, as Spark runs them
         restore = cmd.Restore(
-            latest, ((VERTEX, parallelism),), mode or co.cfg.restore_mode, num_tms=parallelism
+            latest, ((VERTEX, parallelism),), mode or self.config.restore_mode, num_tms=parallelism
         )
         self._traced(restore, lambda: co.restore(restore))
         if self.trace is not None:
-            self.trace.restored(ending, co.placement, parallelism)
+            self.trace.restored(ending, self.engine.runs_on, parallelism)
         self.restored_from = latest
         self.publish()
 
@@ -771,7 +805,7 @@ class SparkCoordinator:
             RestoreAssignment(
                 co.job,
                 subtask,
-                co.placement.get(subtask) or "unplaced",
+                self.engine.runs_on.get(subtask) or "unplaced",
                 entries,
                 referenced,
                 checkpoint,
@@ -784,105 +818,54 @@ class SparkCoordinator:
         s = stream_of(entry.handle)
         if s is None:
             raise ValueError(f"{entry.name!r}: {type(entry.handle).__name__} names no bytes")
-        return self.co.storage.read_range(*extent_of(s))
+        return self.checkpoint_storage.read_range(*extent_of(s))
 
     def settle(self) -> None:
-        self.co.storage.drain()
+        self.checkpoint_storage.drain()
 
     def observe(self, also: Iterable[bytes] = ()) -> tuple[Observation, list[str]]:
-        """The real files with the coordinator's records and the live TMs' last reports
-        merged (neither party reads the other's: this is the test side's view); a path
-        two parties record with different owners is a disagreement. ``also``: reports of
-        TMs the coordinator has not heard from (a test that holds a task's result back)."""
+        """The real files with the coordinator's records and the TMs' last reports merged
+        (``fastimpl.parties.observe``: neither party reads the other's, this is the test
+        side's view); a path two parties record with different owners is a disagreement.
+        ``also``: reports of TMs the coordinator has not heard from (a test that holds a
+        task's result back)."""
         co = self.co
-        co.storage.drain()
+        storage = self.checkpoint_storage
+        storage.drain()
         # every TM not known stopped, by its last report: the placed ones, and those
         # replaced (R66: lost at once) while an attempt of the job may still run
         # (``may_still_run``): a lost attempt keeps its files until it stopped (R64)
-        live = sorted(t for t, rec in co.tms.items() if rec.status is not Status.STOPPED)
-        live = live if co.running else []
+        live = sorted(co.attempts()) if co.is_running() else []
         reports = {t: self.engine.reports[t] for t in live if t in self.engine.reports}
         for data in also:
             if data:
                 extra = json.loads(data)
                 reports[extra["tm"]] = extra
-        disagree: list[str] = []
-        owners: dict[str, str] = dict(co.catalog.owners())
-        directories: dict[str, str] = dict(co.catalog.dir_owner)
-        claims: dict[str, set[str]] = {}
-        ref_counts: dict[str, int] = {}
-        segs: dict[str, list[tuple[int, int]]] = {}
-        pool_files: set[str] = set()
-        open_files = {p for p, f in co.catalog.files.items() if f.open}
-        pending = [d.path for d in co.catalog.deferred] + sorted(co.storage.failed_deletes)
-        refused = [r.path for r in co.catalog.refused_deletes]
-        for tm, r in reports.items():
-            actor = tm_actor(tm)
-            for path, owner in r["owners"].items():
-                if owners.setdefault(path, owner) != owner:
-                    disagree.append(f"{path}: coordinator says {owners[path]}, {tm} says {owner}")
-            for path, owner in r["dirs"].items():
-                theirs = directories.setdefault(path, owner)
-                if theirs == COORDINATOR and owner == actor:
-                    continue  # R42: handed over at the complete; the TM learns it from the notice
-                if owner != theirs:
-                    disagree.append(f"dir {path}: coordinator says {theirs}, {tm} says {owner}")
-            for path in r["claims"]:
-                claims.setdefault(path, set()).add(actor)
-            ref_counts.update(r["ref_counts"])
-            for path, extents in r["live"].items():
-                segs.setdefault(path, []).extend(tuple(x) for x in extents)
-            pool_files |= set(r["pool_files"])
-            open_files |= set(r["open"])
-            pending += r["pending"]
-            refused += r["refused"]
-        for path, owner in list(directories.items()):
-            holder = owner[3:] if owner.startswith("tm:") else None
-            if holder in reports and path not in reports[holder]["dirs"]:
-                del directories[
-                    path
-                ]  # R41: the TM deleted it; the coordinator hears at its next ack
-        for path in co.claimed():
-            claims.setdefault(path, set()).add(COORDINATOR)
+        # R61: files handed by a duty a TM has not applied yet are its own already
+        orphans: dict[str, str] = {}
         for tm, path in self.engine.in_transit():
-            owners.setdefault(path, tm_actor(tm))  # R61: handed by a duty not applied yet
+            orphans.setdefault(path, tm_actor(tm))
         # the writer state of each base (``publication``) is no party's checkpoint data
         on_storage = {
-            p: n for p, n in co.storage.list_files().items() if p.split("/", 1)[-1] != WRITER_STATE
+            p: n for p, n in storage.list_files().items() if p.split("/", 1)[-1] != WRITER_STATE
         }
         if self.slate is not None:
             # working state (§11): SlateDB's own objects (manifests, compactions, SSTs no
             # party recorded) are the database's: its live TM's, or once no live TM writes
             # there the coordinator's, whose collection deletes them (slate_collect); in a
-            # base the coordinator may not delete in (a NO_CLAIM source) the user's
+            # base the coordinator may not delete in (a NO_CLAIM source) the user's. Each
+            # counts where no party records the path.
             writer = {
                 d: tm_actor(t) for t in reports if isinstance(d := reports[t].get("lineage"), str)
             }
             for path in on_storage:
                 d = db_dir_of(path)
-                if d is not None and path not in owners:
+                if d is not None:
                     mine = d.split("/", 1)[0] in co.lineage
-                    owners[path] = writer.get(d, COORDINATOR) if mine else USER
-        obs = Observation(
-            files=on_storage,
-            open_files=frozenset(open_files),
-            directories=directories,
-            owners=owners,
-            claims={p: frozenset(v) for p, v in claims.items()},
-            retained=tuple(
-                RetainedView(r.id, r.job, r.metadata, r.entries, r.directories) for r in co.retained
-            ),
-            restoring=co.restoring,
-            ref_counts=ref_counts,
-            live_segments={p: tuple(sorted(v)) for p, v in segs.items()},
-            registry=co.registry.view(co.retained),
-            deletions=tuple(co.catalog.deletions or ()),
-            pending_deletes=tuple(pending),
-            pool_files=frozenset(pool_files),
-            metadata_files=frozenset(p for p in on_storage if p.endswith("/" + METADATA)),
-            live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in reports}),
+                    orphans.setdefault(path, writer.get(d, COORDINATOR) if mine else USER)
+        return observe(
+            co, {t: _tm_report(r) for t, r in reports.items()}, on_storage, orphans=orphans
         )
-        return obs, disagree + [f"refused delete of {p}" for p in refused]
 
     def working(self, obs: Observation) -> tuple[WorkingObservation, set[str]]:
         """What the observation shows of the working files (§11): the SSTs a party
@@ -890,11 +873,11 @@ class SparkCoordinator:
         the databases (SlateDB's own: kept by its manifests, its checkpoints and its
         GC's minimum age, judged apart, ``kept_by_slatedb``)."""
         co = self.co
-        live = sorted(t for t, rec in co.tms.items() if rec.status is Status.ALIVE)
+        live = sorted(t for t, status in co.attempts().items() if status is Status.ALIVE)
         reports = {t: self.engine.reports[t] for t in live if t in self.engine.reports}
         uses = {f"{t}@{tm_actor(t)}": frozenset(r.get("working", ())) for t, r in reports.items()}
         # each worker TM hosts one subtask: its database's operator is that subtask's (R105)
-        vertex_of = {tm: sub.vertex for sub, tm in co.placement.items()}
+        vertex_of = {tm: sub.vertex for sub, tm in self.engine.runs_on.items()}
         operators = {f"{t}@{tm_actor(t)}": vertex_of[t] for t in reports if t in vertex_of}
         pinned = {p for r in reports.values() for p in r.get("pinned", ())}
         retained = {r.id: frozenset(w.path for _, w in r.working) for r in co.retained}
@@ -902,7 +885,7 @@ class SparkCoordinator:
         for cid, paths in retained.items():
             for p in paths:
                 refs.setdefault(p, set()).add(cid)
-        recorded = set(co.catalog.files) | {
+        recorded = set(co.file_owners()) | {
             p for r in reports.values() for p in r.get("owners", {})
         }
         files: dict[str, WorkingFileView] = {}
@@ -962,16 +945,16 @@ class SparkCoordinator:
                     if (d := db_dir_of(p)) is not None and d.split("/", 1)[0] in self.co.lineage
                 }
                 found += [f"I6: leaked database directory {d}" for d in sorted(left - needed)]
-        if self.co.storage.protocol in ("file", "local"):
+        if fsspec.utils.get_protocol(self.url) in ("file", "local"):
             found += [
                 f"directory {d} is recorded but not on storage"
                 for d in obs.directories
-                if not self.co.storage.exists_dir(d)
+                if not self.checkpoint_storage.exists_dir(d)
             ]
         return found
 
     def close(self) -> None:
-        self.co.storage.close_all()
+        self.checkpoint_storage.close_all()
         if self.slate is not None:
             self.slate.close()
         if self.trace is not None:

@@ -45,12 +45,12 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fastimpl.metadata import base_of
-from fastimpl.parties import CheckpointCoordinator
-from fastimpl.records import Status
-from fastimpl.writer_state import (
+from fastimpl.parties import (
     WRITER_STATE,
+    CheckpointCoordinator,
     PendingAt,
+    Status,
+    Storage,
     note_pending,
     state_document,
     withdraw_state,
@@ -58,18 +58,18 @@ from fastimpl.writer_state import (
 )
 from pipeline.stream.working_names import BOOKKEEPING, SST, db_dir_of, ulid_ms
 from spec.ids import TmId
-from spec.layout import job_base
+from spec.layout import SAVEPOINTS, job_base
 
 if TYPE_CHECKING:
     from pipeline.stream.slate import Manifest
 
 
-class Reports(Protocol):
-    """The engine's last report of each TM (``SparkEngine.reports``): the pool files it
-    holds open and the working files its databases use or its snapshots pin."""
-
-    @property
-    def reports(self) -> Mapping[TmId, Mapping[str, Any]]: ...
+def base_of(path: str) -> str:
+    """The base a root-relative path lies under: a job base or a savepoint directory."""
+    parts = path.split("/")
+    if parts[0] == SAVEPOINTS and len(parts) > 1:
+        return "/".join(parts[:2])
+    return parts[0]
 
 
 class Publishing(Protocol):
@@ -81,9 +81,13 @@ class Publishing(Protocol):
     @property
     def co(self) -> CheckpointCoordinator: ...
     @property
-    def engine(self) -> Reports: ...
+    def checkpoint_storage(self) -> Storage: ...
     @property
     def slate(self) -> Any: ...
+
+    def tm_reports(self) -> Mapping[TmId, Mapping[str, Any]]:
+        """Each TM's last report (``SparkEngine.reports``): the pool files it holds open
+        and the working files its databases use or its snapshots pin."""
 
     def needed_databases(self) -> set[str]:
         """The database directories still needed (their bases are published to)."""
@@ -111,10 +115,11 @@ class StatePublisher:
 
     def publish(self, *, observe: bool = True) -> None:
         co = self.sc.co
+        storage = self.sc.checkpoint_storage
         if observe or not self.seq:
             self._observe()
         retained = tuple(r.id for r in co.retained)
-        note_pending(self.triggered, co.pending, retained, time.time())
+        note_pending(self.triggered, co.pending_checkpoints(), retained, time.time())
         own = job_base(co.job)
         targets = self.targets
         for base in sorted((targets | self.bases) - self.emptied):
@@ -125,7 +130,7 @@ class StatePublisher:
                 job=base,
                 seq=self.seq,
                 published_at=self.observed_at,
-                running=co.running and base == own,
+                running=co.is_running() and base == own,
                 latest_completed=co.latest_completed,
                 retained=retained,
                 triggered=self.triggered if kept else {},
@@ -134,37 +139,39 @@ class StatePublisher:
                 if self.working is None
                 else [p for p in self.working if p.startswith(inside)],
             )
-            write_state(co.storage, base, doc)
+            write_state(storage, base, doc)
         for base in sorted(self.emptied):
-            withdraw_state(co.storage, base)
+            withdraw_state(storage, base)
         self.bases = set(targets) - self.emptied
         self.emptied = set()
 
     def _observe(self) -> None:
-        sc, co = self.sc, self.sc.co
+        sc, co, storage = self.sc, self.sc.co, self.sc.checkpoint_storage
         self.observed_at = time.time()  # before the listing: anything later is newer
-        co.storage.drain()
-        live = [t for t, rec in co.tms.items() if rec.status is Status.ALIVE] if co.running else []
-        reports = [sc.engine.reports[t] for t in live if t in sc.engine.reports]
-        self.open = {p for p, f in co.catalog.files.items() if f.open}
+        storage.drain()
+        running = co.is_running()
+        live = [t for t, s in co.attempts().items() if s is Status.ALIVE] if running else []
+        last = sc.tm_reports()
+        reports = [last[t] for t in live if t in last]
+        self.open = set(co.open_files())
         self.open |= {p for r in reports for p in r.get("open", ())}
         own = job_base(co.job)
         lineage = set(co.lineage)
         needed = set() if sc.slate is None else sc.needed_databases()
         self.targets = lineage | {base_of(d) for d in needed}
         user = (self.targets | self.bases) - lineage
-        recorded = {base_of(p) for p in co.catalog.files}
+        recorded = {base_of(p) for p in co.file_owners()}
         dirs: dict[str, list[str]] = {}
         for base in sorted(self.targets | self.bases):
             found: set[str] = set()
             if sc.slate is not None:
-                found = co.storage.files_under(f"{base}/taskowned/working")
+                found = storage.files_under(f"{base}/taskowned/working")
             if base != own and not found and base not in recorded:
                 # nothing here the coordinator knows of (a claimed job whose files all went
                 # once subsumed): listed whole, and if the state is all it holds, the
                 # state goes too (it would keep the base for good, the lineage never shrinks)
                 state = f"{base}/{WRITER_STATE}"
-                rest = co.storage.files_under(base)
+                rest = storage.files_under(base)
                 if not rest - {state}:
                     self.targets.discard(base)
                     if state in rest:
