@@ -336,3 +336,23 @@ class CheckpointCoordinator:
         acknowledgement refers to in place (R103) and those the live databases use, as
         their TMs answer ``DatabaseFiles`` (R104)."""
         return frozenset(self.working.referred() | self.working.in_use())
+
+    def running_job(self) -> str:
+        """The id of the coordinator's current job: the one it was built for, or the new
+        job of its latest restore (R70) or recovery (R95)."""
+        return self.run.job
+
+    def retained_checkpoints(self) -> tuple[Completed, ...]:
+        """The retained checkpoints, oldest first (R54): what a restore or a failover
+        starts from."""
+        return tuple(self.retention.retained)
+
+    def latest_checkpoint(self) -> int:
+        """The id of the latest checkpoint the current job completed or restored from
+        (R70), 0 if none."""
+        return self.retention.latest_completed
+
+    def lineage_bases(self) -> frozenset[str]:
+        """The job bases the coordinator may delete in (I5, R72): its current job's and
+        those a CLAIM restore or a recovery gave it; never a NO_CLAIM source's (R73)."""
+        return frozenset(self.run.lineage)

@@ -48,7 +48,10 @@ The coordinator's side
 
     What the engine reads, as values (never the records themselves):
 
-    - ``is_running() -> bool``; ``pending_checkpoints() -> tuple[int, ...]``;
+    - ``running_job() -> str`` (a restore starts a new job); ``is_running() -> bool``;
+      ``pending_checkpoints() -> tuple[int, ...]``; ``retained_checkpoints() ->
+      tuple[Completed, ...]``, oldest first; ``latest_checkpoint() -> int``;
+      ``lineage_bases() -> frozenset[str]``, the job bases it may delete in;
     - ``attempt_status(tm) -> Status | None`` (``ALIVE``, ``LOST``: given up on and
       maybe still running, ``STOPPED``, or ``None``: never heard of);
       ``attempts() -> Mapping[TmId, Status]``, the attempts alive or lost;
@@ -275,6 +278,10 @@ PUBLIC_MEMBERS: Mapping[str, frozenset[str]] = {
             "attempt_ended",
             "collect_working",
             "working_needed",
+            "running_job",
+            "retained_checkpoints",
+            "latest_checkpoint",
+            "lineage_bases",
         }
     ),
     "CoordinatorEngine": frozenset({"send", "duty", "start_tm", "place", "placed", "forget_tm"}),

@@ -340,7 +340,7 @@ def open_coordinator(
     co = CheckpointCoordinator(
         config, vertices, parallelism, storage, RandomIds(), engine, "job-0", deletion_log=True
     )
-    tms = [engine.start_tm(co.job, 1, None) for _ in range(parallelism)]
+    tms = [engine.start_tm(co.running_job(), 1, None) for _ in range(parallelism)]
     co.deploy(engine.place(subtasks_of(vertices), tms))
     if trace is not None:
         engine.trace = StreamTrace(trace, config, JobSpec(vertices, parallelism), engine.runs_on)
@@ -422,14 +422,16 @@ class SparkCoordinator:
 
     @property
     def job_id(self) -> str:
-        return self.co.job
+        return self.co.running_job()
 
     def restoring(self) -> bool:
-        retained = self.co.retained
-        return self.restored_from > 0 and (not retained or retained[-1].job != self.co.job)
+        retained = self.co.retained_checkpoints()
+        return self.restored_from > 0 and (
+            not retained or retained[-1].job != self.co.running_job()
+        )
 
     def task_manager_recipe(self) -> TaskManagerRecipe:
-        return TaskManagerRecipe(self.url, self.co.job, self.config, self.storage_options)
+        return TaskManagerRecipe(self.url, self.co.running_job(), self.config, self.storage_options)
 
     def mail(self) -> tuple[MailItem, ...]:
         return self.engine.mail()
@@ -498,8 +500,10 @@ class SparkCoordinator:
             raise ValueError(f"a task's acknowledgement is not a message: {err}") from None
         if not isinstance(msg, Acknowledgement | Decline):
             raise ValueError(f"a task sent a {type(msg).__name__}, not an acknowledgement")
-        if msg.job != self.co.job:
-            raise ValueError(f"an acknowledgement of job {msg.job} reached job {self.co.job}")
+        if msg.job != self.co.running_job():
+            raise ValueError(
+                f"an acknowledgement of job {msg.job} reached job {self.co.running_job()}"
+            )
         applied: list[int] = []
         r: dict[str, Any] = {}
         if report:
@@ -557,7 +561,7 @@ class SparkCoordinator:
         co = self.co
         placement = self.engine.runs_on
         if subtask not in placement:
-            raise ValueError(f"{subtask} is not a subtask of {co.job}")
+            raise ValueError(f"{subtask} is not a subtask of {co.running_job()}")
         old = placement[subtask]
         if old == tm:
             self.engine.hosted.setdefault(tm, set()).add(subtask)
@@ -617,13 +621,17 @@ class SparkCoordinator:
         wanted = self._wanted()
         needed = self.needed_databases()
         on_storage: set[str] = set()
-        for base in sorted(co.lineage):
+        for base in sorted(co.lineage_bases()):
             on_storage |= storage.files_under(f"{base}/taskowned/working")
         self.slate.collect(on_storage, needed=needed, wanted=wanted, recorded=co.file_owners())
 
     def _wanted(self) -> set[tuple[str, str]]:
         """``(database directory, SlateDB checkpoint id)`` of every retained checkpoint."""
-        return {(p.lineage, p.checkpoint_id) for r in self.co.retained for p in pointers(r.entries)}
+        return {
+            (p.lineage, p.checkpoint_id)
+            for r in self.co.retained_checkpoints()
+            for p in pointers(r.entries)
+        }
 
     def needed_databases(self) -> set[str]:
         """The database directories a live database writes or uses a file of, or a
@@ -637,10 +645,12 @@ class SparkCoordinator:
 
     def in_place_of_latest(self) -> tuple[dict[str, int], tuple[str, ...]]:
         co = self.co
-        if self.slate is None or not co.retained:
+        if self.slate is None or not co.retained_checkpoints():
             return {}, ()
-        files = {w.path: w.length for _, w in co.retained[-1].working}
-        return files, tuple(sorted(b for b in co.lineage if b != job_base(co.job)))
+        files = {w.path: w.length for _, w in co.retained_checkpoints()[-1].working}
+        return files, tuple(
+            sorted(b for b in co.lineage_bases() if b != job_base(co.running_job()))
+        )
 
     def live_databases(self) -> set[str]:
         """The database directories the live TMs' databases are at (their last reports)."""
@@ -688,7 +698,7 @@ class SparkCoordinator:
         owners = co.file_owners()
         return any(
             isinstance(e.handle, SegmentHandle) and owners.get(e.handle.path) == COORDINATOR
-            for r in co.retained
+            for r in co.retained_checkpoints()
             for e in r.entries
         )
 
@@ -710,7 +720,7 @@ class SparkCoordinator:
             known |= set(self.engine.reports.get(t, {}).get("held", []))
         # R61: handed to a TM by a failover whose mail it has not applied yet: its own
         known |= {path for _, path in self.engine.in_transit()}
-        base = job_base(co.job)
+        base = job_base(co.running_job())
         # working state (§11): SlateDB's objects are collected by ``collect_working``
         found = {
             p
@@ -769,9 +779,9 @@ class SparkCoordinator:
     def rescale(self, parallelism: int, mode: RestoreMode | None = None) -> None:
         co = self.co
         self.finish_attempts()
-        if not co.retained:
+        if not co.retained_checkpoints():
             raise CheckpointNotCompleted("no completed checkpoint to rescale from")
-        latest = co.retained[-1].id
+        latest = co.retained_checkpoints()[-1].id
         ending = sorted(
             {t for t in self.engine.runs_on.values() if co.attempt_status(t) is Status.ALIVE}
         )
@@ -787,7 +797,7 @@ class SparkCoordinator:
 
     def restore_assignment(self, subtask: SubtaskId, checkpoint: int) -> bytes:
         co = self.co
-        retained = co.retained
+        retained = co.retained_checkpoints()
         latest = retained[-1] if retained else None
         restoring = self.restoring()
         source = (
@@ -803,7 +813,7 @@ class SparkCoordinator:
         )
         return encode_message(
             RestoreAssignment(
-                co.job,
+                co.running_job(),
                 subtask,
                 self.engine.runs_on.get(subtask) or "unplaced",
                 entries,
@@ -858,10 +868,11 @@ class SparkCoordinator:
             writer = {
                 d: tm_actor(t) for t in reports if isinstance(d := reports[t].get("lineage"), str)
             }
+            lineage = co.lineage_bases()
             for path in on_storage:
                 d = db_dir_of(path)
                 if d is not None:
-                    mine = d.split("/", 1)[0] in co.lineage
+                    mine = d.split("/", 1)[0] in lineage
                     orphans.setdefault(path, writer.get(d, COORDINATOR) if mine else USER)
         return observe(
             co, {t: _tm_report(r) for t, r in reports.items()}, on_storage, orphans=orphans
@@ -880,7 +891,9 @@ class SparkCoordinator:
         vertex_of = {tm: sub.vertex for sub, tm in self.engine.runs_on.items()}
         operators = {f"{t}@{tm_actor(t)}": vertex_of[t] for t in reports if t in vertex_of}
         pinned = {p for r in reports.values() for p in r.get("pinned", ())}
-        retained = {r.id: frozenset(w.path for _, w in r.working) for r in co.retained}
+        retained = {
+            r.id: frozenset(w.path for _, w in r.working) for r in co.retained_checkpoints()
+        }
         refs: dict[str, set[int]] = {}
         for cid, paths in retained.items():
             for p in paths:
@@ -939,10 +952,11 @@ class SparkCoordinator:
                     }
                     | {d for ps in w.uses.values() for p in ps if (d := db_dir_of(p)) is not None}
                 )
+                lineage = self.co.lineage_bases()
                 left = {
                     d
                     for p in obs.files
-                    if (d := db_dir_of(p)) is not None and d.split("/", 1)[0] in self.co.lineage
+                    if (d := db_dir_of(p)) is not None and d.split("/", 1)[0] in lineage
                 }
                 found += [f"I6: leaked database directory {d}" for d in sorted(left - needed)]
         if fsspec.utils.get_protocol(self.url) in ("file", "local"):

@@ -118,9 +118,9 @@ class StatePublisher:
         storage = self.sc.checkpoint_storage
         if observe or not self.seq:
             self._observe()
-        retained = tuple(r.id for r in co.retained)
+        retained = tuple(r.id for r in co.retained_checkpoints())
         note_pending(self.triggered, co.pending_checkpoints(), retained, time.time())
-        own = job_base(co.job)
+        own = job_base(co.running_job())
         targets = self.targets
         for base in sorted((targets | self.bases) - self.emptied):
             inside = f"{base}/"
@@ -131,7 +131,7 @@ class StatePublisher:
                 seq=self.seq,
                 published_at=self.observed_at,
                 running=co.is_running() and base == own,
-                latest_completed=co.latest_completed,
+                latest_completed=co.latest_checkpoint(),
                 retained=retained,
                 triggered=self.triggered if kept else {},
                 open_files=[p for p in self.open if p.startswith(inside)],
@@ -155,8 +155,8 @@ class StatePublisher:
         reports = [last[t] for t in live if t in last]
         self.open = set(co.open_files())
         self.open |= {p for r in reports for p in r.get("open", ())}
-        own = job_base(co.job)
-        lineage = set(co.lineage)
+        own = job_base(co.running_job())
+        lineage = set(co.lineage_bases())
         needed = set() if sc.slate is None else sc.needed_databases()
         self.targets = lineage | {base_of(d) for d in needed}
         user = (self.targets | self.bases) - lineage
