@@ -15,17 +15,18 @@ records therefore travel with the subtask's local RocksDB, as the DB itself does
 (``pipeline.stream.subtask``): at the end of a task they are saved into the DB's
 directory (``TM_STATE``), and the next task of the subtask, in whichever worker of the
 executor, takes DB and TM together. What is saved is data, never an object graph: a
-``spec.tm_state.TmState`` (the TM's records, ``fastimpl.parties.export_state``, with the last
-mail item applied and the working database's lineage) in its JSON encoding, which the
-next task decodes, checks field by field and rebuilds a TM of its process from
+``spec.tm_state.TmState`` (the TM's records, ``fastimpl.parties.export_state``, with
+the last mail item applied and the working database's lineage) in its JSON encoding,
+which the next task decodes, checks field by field and rebuilds a TM of its process from
 (``fastimpl.parties.rebuild``). A state that does not decode starts a new TM attempt,
 with the reason logged. A TM's open pooled files are given up in one process and taken
-up in the next (``TaskManager.detach`` and ``rebuild``; local disks only, and only ACROSS merging
-keeps a file open past a task, which object stores refuse, R16).
+up in the next (``TaskManager.detach`` and ``rebuild``; local disks only, and only
+ACROSS merging keeps a file open past a task, which object stores refuse, R16).
 
 What the worker counts of the TM's storage calls (the files a task created) and the
 kill point of an injected failure (``deleting``: once the TM's next delete is done) are
-hooks the worker gives the TM's storage (``fastimpl.parties.StorageHooks``), not part of the TM.
+hooks the worker gives the TM's storage (``fastimpl.parties.StorageHooks``), not part
+of the TM.
 
 A TM attempt ends when its records are lost: its task was killed (the records died with
 the worker, or were left in a directory the retry sweeps), the DB was dropped (its
