@@ -98,11 +98,15 @@ The coordinator's side
 The task manager's side
 -----------------------
 
-``TaskManager.alone(storage, root, config, job, tm, first_checkpoint=1)``
+``TaskManager.alone(storage, root, config, job, tm, first_checkpoint=1, hooks=None,
+finished_mark=0)``
     One TM attempt in a process of its own, built from the storage (an fsspec file
     system, or a URL with ``root`` ""), the config, the job id and its TM id: it keeps
-    records of only what it created and still owns. Each call returns what it
-    produced, and the TM never calls the coordinator:
+    records of only what it created and still owns. ``hooks``: a ``StorageHooks`` on its
+    storage calls; ``finished_mark``: every checkpoint up to it is over for this attempt
+    (a replacement's, ``CoordinatorEngine.start_tm``). ``tm`` and ``job`` are its
+    attempt's id and its job's. Each call returns what it produced, and the TM never
+    calls the coordinator:
 
     - ``host(subtasks)``: the subtasks the engine runs here now.
     - ``finished(cid, savepoint) -> bool``, ``acknowledged(subtask, cid) -> bool``: the
@@ -119,20 +123,36 @@ The task manager's side
     - ``on_notice(CheckpointComplete | CheckpointAborted)``: any order, twice or never.
     - ``on_duty(duty) -> TmEnded | Held | InUse | None``: the answer goes back as the
       result of the engine's ``duty``.
-    - waiting for its deletes to be carried out: no method yet, ``flush_deletes(tm)``
-      below.
+    - ``flush()``: waits until every delete the TM decided has been carried out (they
+      run in a background thread, which dies with the process): a host calls it before
+      it answers a message whose effects it reports, and before its process exits (a
+      queued delete lost with the process leaves an orphan).
+    - ``kept_files() -> tuple[KeptFile, ...]``, ``held_files() -> tuple[str, ...]``: the
+      files it owns with their sizes and creators, and every file it records: what it
+      would answer ``EndJob`` and ``Holdings`` now, for a host that answers for a TM it
+      does not keep running between tasks (with its ``report_of``, below).
+    - ``remembered(subtask, name) -> StateEntry | None``: what the subtask's backend
+      remembers uploading as ``name``, to compare with the entry the latest completed
+      checkpoint holds before ``reuse``.
+    - ``detach() -> tuple[str, ...]``: its open pooled files' handles given up without
+      closing them, for a host that continues the attempt in another process from
+      ``export_state`` (below; ``rebuild`` reopens them; local disks only); the files
+      given up. The object is not used afterwards.
+    - working state, for a host whose database writes its own files (SlateDB):
+      ``track_database(subtask, files, lineage)`` (the database uses exactly ``files``
+      now; what it no longer uses and owns goes), ``close_database(subtask)``,
+      ``snapshot_database(subtask, cid, inline_below, savepoint=False) ->
+      tuple[InPlaceFile, ...]`` (the files referred to in place, pinned until the
+      acknowledgement), and the read-only ``database_files()``, ``pinned_files()``,
+      ``working_files() -> Mapping[str, InPlaceFile]`` (what its databases use, what its
+      snapshots pin, and the sizes of both).
 
-``export_state(tm) -> TaskManagerState``, ``rebuild(state, storage, root) -> TaskManager``
+``export_state(tm) -> TaskManagerState``, ``rebuild(state, storage, root, hooks=None)``
     A TM's records as data (``spec.tm_state``) and the TM rebuilt from them in another
     process (local disks only: its open pooled files are reopened). For an engine that
-    hands a live TM's state to a new process of the same attempt; a killed TM needs
-    neither (the coordinator sweeps what it left).
-
-``flush_deletes(tm)``
-    Waits until every delete the TM decided has been carried out: a host calls it
-    before it answers a message whose effects it reports, and before its process exits
-    (a queued delete dies with the process and leaves an orphan). Provisional: proposed
-    as ``TaskManager.flush()`` (``docs/embedding.md``).
+    hands a live TM's state to a new process of the same attempt (``flush`` first: a
+    queued delete is in no record; ``detach`` after); a killed TM needs neither (the
+    coordinator sweeps what it left).
 
 Observing the job and recovering it
 -----------------------------------
@@ -309,19 +329,25 @@ PUBLIC_MEMBERS: Mapping[str, frozenset[str]] = {
             "acknowledge",
             "on_notice",
             "on_duty",
+            "tm",
+            "job",
+            "flush",
+            "kept_files",
+            "held_files",
+            "remembered",
+            "detach",
+            "track_database",
+            "close_database",
+            "snapshot_database",
+            "database_files",
+            "pinned_files",
+            "working_files",
         }
     ),
 }
 """The members of each class above that this docstring documents, and so the only
 ones a host may read, write or call (``tests/test_pipeline_public_api.py`` holds
 ``pipeline/`` to them); every other attribute is the party's own records."""
-
-
-def flush_deletes(tm: TaskManager) -> None:
-    """Wait until every delete ``tm`` decided has been carried out (its storage deletes
-    in a background thread, which dies with the process). Provisional, until
-    ``TaskManager`` has a public ``flush()`` of its own (``docs/embedding.md``)."""
-    tm.catalog.storage.drain()
 
 
 __all__ = [
@@ -375,7 +401,6 @@ __all__ = [
     "decode_message",
     "encode_message",
     "export_state",
-    "flush_deletes",
     "incarnation_to_recover",
     "is_working_path",
     "note_pending",

@@ -20,7 +20,8 @@ notice of a checkpoint that reported it completes (R42).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -40,6 +41,7 @@ from spec.errors import CommandError, Reason
 from spec.handles import (
     DirectoryHandle,
     FileHandle,
+    InPlaceFile,
     PlaceholderHandle,
     SegmentHandle,
     StateEntry,
@@ -169,13 +171,16 @@ class TaskManager:
         ids: IdSource | None = None,
         first_checkpoint: int = 1,
         hooks: StorageHooks | None = None,
+        finished_mark: int = 0,
     ) -> TaskManager:
         """A TM in a process of its own: ``storage`` is an fsspec file system (or a URL,
         ``root`` then the path under it), and nothing else of the job is needed. It keeps
         its own ``Storage`` and records of the files and directories it created and
         still owns, and deletes only what those say is its own, under its job's base and
         the savepoints it heard of (I5). ``hooks``: the host's observer of its storage
-        calls (``fastimpl.storage_hooks``), if any."""
+        calls (``fastimpl.storage_hooks``), if any. ``finished_mark``: every checkpoint
+        up to it is over for this attempt (R66: a new attempt writes for the checkpoints
+        pending when it starts and later ones, for no other), as ``finished`` says."""
         if isinstance(storage, str):
             fs, path = fsspec.core.url_to_fs(storage)
             root = f"{path.rstrip('/')}/{root.strip('/')}" if root else path
@@ -189,6 +194,7 @@ class TaskManager:
         party = cls(tm, job, config, Catalog(store, ids, view), ids, first_checkpoint)
         view.party = party
         party.own_records = True
+        party.finished_mark = finished_mark
         # R64: what it creates may be found on storage with nobody's record of it (its
         # process killed); the name says whose it is
         party.catalog.creator_mark = tm
@@ -952,6 +958,104 @@ class TaskManager:
                 )
                 if ok:
                     self.backend[(e.subtask, e.name)] = BackendRef(e, lid, True)
+
+    # ------------------------------------------------------------------ for a host (parties)
+
+    def flush(self) -> None:
+        """Wait until every delete this TM decided has been carried out. Its storage
+        deletes in a background thread, which dies with the process: a host calls this
+        before it answers a message whose effects it reports, and before its process
+        exits, or a delete decided and lost leaves an orphan (R45 keeps only the deletes
+        that failed)."""
+        self.catalog.storage.drain()
+
+    def kept_files(self) -> tuple[KeptFile, ...]:
+        """The files this TM owns, by path, with their sizes and creators: what it would
+        hand to the coordinator if its job ended now (R90, ``TmEnded.files``)."""
+        return tuple(
+            KeptFile(p, f.size, f.creator)
+            for p, f in sorted(self.catalog.files.items())
+            if f.owner == self.actor
+        )
+
+    def held_files(self) -> tuple[str, ...]:
+        """Every file this TM records (in its file records or its file-merging tables),
+        by path: its answer to ``Holdings`` for every directory (R64)."""
+        return tuple(sorted(set(self.catalog.files) | set(self.m.pfiles)))
+
+    def remembered(self, subtask: SubtaskId, name: str) -> StateEntry | None:
+        """The entry ``subtask``'s backend remembers uploading as ``name`` (R20), or
+        ``None``: what a host compares with the entry the latest completed checkpoint
+        holds before it asks ``reuse`` (``backend_ref``)."""
+        ref = self.backend.get((subtask, name))
+        return None if ref is None else ref.entry
+
+    def detach(self) -> tuple[str, ...]:
+        """Give up this process's handles of the TM's open pooled files without closing
+        them on storage (every append is durable already), for a host that continues
+        this attempt in another process from its records (``export_state``, then
+        ``rebuild`` there reopens them); the TM is not used in this process afterwards.
+        Local disks only: elsewhere an open file's bytes are its writer process's until
+        it closes (R16), so ``ValueError``, nothing given up. Returns the files given
+        up, by path."""
+        storage = self.catalog.storage
+        still_open = tuple(sorted(p for p, f in self.catalog.files.items() if f.open))
+        if still_open and storage.protocol not in ("file", "local"):
+            raise ValueError(f"{still_open[0]} is still open on {storage.protocol}: not detached")
+        for path in still_open:
+            storage.abandon(path)
+        return still_open
+
+    # working state (§11): the TM's side of its subtasks' live databases, for a host
+    # whose database writes its own files (SlateDB) and tells the TM what it uses
+
+    def track_database(self, subtask: SubtaskId, files: Mapping[str, int], lineage: str) -> None:
+        """R101, R102: the database of ``subtask`` in the directory ``lineage`` uses
+        exactly ``files`` (path -> size) now; what it wrote there since is recorded as
+        this attempt's, and each private file it no longer uses and no snapshot pins is
+        deleted (``flush`` waits for the deletes). ``ValueError``, nothing recorded, for a
+        file outside ``lineage`` it was not opened on (R105)."""
+        self.working.track(subtask, files, lineage)
+
+    def close_database(self, subtask: SubtaskId) -> None:
+        """R102: the database of ``subtask`` is given up (a restore replaces it): it uses
+        nothing from now on, and each private file of it that no pending snapshot pins is
+        deleted."""
+        self.working.uses.pop(subtask, None)
+        self.working.release()
+
+    def snapshot_database(
+        self, subtask: SubtaskId, checkpoint: int, inline_below: int, savepoint: bool = False
+    ) -> tuple[InPlaceFile, ...]:
+        """R103: the snapshot of ``subtask``'s database for ``checkpoint``: each file
+        smaller than ``inline_below`` (every file, for a savepoint, R55) written as shared
+        state ``db:<file>`` (``write``), every other file referred to in place and pinned
+        until the acknowledgement carries it. Returns the files referred to in place. A
+        ``StorageFault`` is the host's, as from ``write``: the subtask declines (R17)."""
+
+        def write(name: str, data: bytes) -> object:
+            return self.write(
+                subtask, checkpoint, StateKind.KEYED_SHARED, name, len(data), 1, data, savepoint
+            )
+
+        self.working.snapshot(subtask, checkpoint, inline_below, savepoint, write)
+        w = self.working
+        return tuple(w.known[p] for p in w.pins.get((subtask, checkpoint), ()))
+
+    def database_files(self) -> tuple[str, ...]:
+        """The files this TM's databases use, by path: its answer to ``DatabaseFiles``
+        (R104)."""
+        return self.working.in_use()
+
+    def pinned_files(self) -> tuple[str, ...]:
+        """The files an unacknowledged snapshot of this TM refers to in place, by path
+        (R103: none of them is deleted until the snapshot is acknowledged or dropped)."""
+        return tuple(sorted({p for ps in self.working.pins.values() for p in ps}))
+
+    def working_files(self) -> Mapping[str, InPlaceFile]:
+        """Every working file a database of this TM uses or a snapshot pins, with its size
+        and key groups (read-only): what a host need not list storage for."""
+        return MappingProxyType(self.working.known)
 
 
 class _OwnView:

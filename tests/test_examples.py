@@ -110,14 +110,13 @@ def test_the_example_uses_only_the_public_embedding_surface() -> None:
 
 
 def test_parties_re_exports_what_it_names() -> None:
-    """Each public name is its defining module's object (a re-export, not a copy); the
-    only one defined here is the provisional ``flush_deletes``."""
+    """Each public name is its defining module's object (a re-export, not a copy)."""
     defined_here = [
         n
         for n in parties.__all__
         if getattr(getattr(parties, n), "__module__", None) == parties.__name__
     ]
-    assert defined_here == ["flush_deletes"]
+    assert defined_here == []
     assert sorted(parties.__all__) == sorted(set(parties.__all__))
     for name in parties.__all__:
         assert hasattr(parties, name), name

@@ -36,7 +36,6 @@ from fastimpl.parties import (
     TmAssignment,
     decode_message,
     encode_message,
-    flush_deletes,
 )
 from spec.config import Config, StateKind
 from spec.handles import StateEntry, extent_of, stream_of
@@ -118,11 +117,10 @@ class TmProcess:
     ) -> None:
         self.job = job
         self.tm_id = tm
-        self.tm = TaskManager.alone(url, "", config, job, tm, first_checkpoint=first)
-        if finished_mark is not None:
-            # R66: a replacement attempt must not write for checkpoints already over;
-            # ``alone`` takes no mark, and this is the one public call that sets it
-            self.tm.restart_knowledge(0, finished_mark, 0, first)
+        # R66: a replacement attempt must not write for checkpoints already over
+        self.tm = TaskManager.alone(
+            url, "", config, job, tm, first_checkpoint=first, finished_mark=finished_mark or 0
+        )
         fs, root = fsspec.core.url_to_fs(url)
         self.read = Storage(fs, root)
         """A reader of restored state: the TM's own storage is not public."""
@@ -140,7 +138,7 @@ class TmProcess:
             notice = decode_message(req[1])
             assert isinstance(notice, CheckpointComplete | CheckpointAborted), notice
             self.tm.on_notice(notice)
-            flush_deletes(self.tm)  # what the notice let go is gone before the reply
+            self.tm.flush()  # what the notice let go is gone before the reply
             return ("ok",)
         if op == "duty":
             return self.duty(req[1])
@@ -149,7 +147,7 @@ class TmProcess:
         if op == "acknowledge":
             return self.acknowledge(req[1])
         if op == "stop":
-            flush_deletes(self.tm)  # a queued delete would die with the process
+            self.tm.flush()  # a queued delete would die with the process
             return ("stopped",)
         return ("error", f"unknown request {op!r}")
 
@@ -158,7 +156,7 @@ class TmProcess:
         if not isinstance(msg, Duty):
             return ("error", f"{type(msg).__name__} is not a duty")
         answer = self.tm.on_duty(msg)
-        flush_deletes(self.tm)
+        self.tm.flush()
         restored: dict[str, int] = {}
         if isinstance(msg, TmAssignment):  # R60, R61: the subtasks restart from it
             self.hosted = sorted(msg.hosted, key=as_sub)
@@ -221,7 +219,7 @@ class TmProcess:
                 out.append(self.decline(s, checkpoint))
                 continue
             out.append(encode_message(ack))
-        flush_deletes(self.tm)
+        self.tm.flush()
         return ("acks", out)
 
 

@@ -60,6 +60,10 @@ class Collected:
     staged: list[str] = field(factory=list)
     """Unfinished uploads deleted (step 4)."""
 
+    def count_release(self) -> None:
+        """One more SlateDB checkpoint deleted (step 1)."""
+        self.released += 1
+
 
 class SlateCollection:
     """The coordinator's handle on the SlateDB databases of a base."""
@@ -100,7 +104,7 @@ class SlateCollection:
                     if name is not None and name.startswith(CHECKPOINT_PREFIX):
                         if (d, cid) not in wanted:
                             self.admin.delete_checkpoint(d, cid)
-                            self.done.released += 1
+                            self.done.count_release()
                 self.admin.gc(d, self.min_age_ms)
                 self.done.gc_runs += 1
                 self._remove_staged(staged, self.min_age_ms)

@@ -198,10 +198,11 @@ class StreamTrace:
                 f" is {model.latest}"
             )
             return
-        for tm in sorted(t for t in set(model.placement.values()) if model.alive(t)):
-            self.record(c.CrashTm(tm))
-            model.status[tm] = "lost"
-        for tm in sorted(t for t, st in model.status.items() if st == "lost"):
+        for tm in model.live_placed():
+            crash = c.CrashTm(tm)
+            self.record(crash)
+            model.apply(crash)
+        for tm in model.lost():
             self.record(c.AttemptStopped(tm))
         if garbage:
             self.outside(
@@ -366,6 +367,14 @@ class _ModelTms:
 
     def alive(self, tm: str) -> bool:
         return self.status.get(tm) == "alive"
+
+    def live_placed(self) -> list[str]:
+        """The live TMs that run subtasks, by name."""
+        return sorted(t for t in set(self.placement.values()) if self.alive(t))
+
+    def lost(self) -> list[str]:
+        """The lost TMs not yet known stopped, by name."""
+        return sorted(t for t, st in self.status.items() if st == "lost")
 
     def _new(self) -> str:
         tm = f"tm-{self.next_tm}"

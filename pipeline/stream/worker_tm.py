@@ -1,4 +1,4 @@
-"""A subtask's TaskManager on the Spark worker (``fastimpl.taskmanager.TaskManager.alone``).
+"""A subtask's TaskManager on the Spark worker (``fastimpl.parties.TaskManager.alone``).
 
 The TM writes the state files itself, through fsspec, from the Python worker that runs
 the subtask's task; what it tells the driver is an encoded ``spec.messages``
@@ -15,17 +15,18 @@ records therefore travel with the subtask's local RocksDB, as the DB itself does
 (``pipeline.stream.subtask``): at the end of a task they are saved into the DB's
 directory (``TM_STATE``), and the next task of the subtask, in whichever worker of the
 executor, takes DB and TM together. What is saved is data, never an object graph: a
-``spec.tm_state.TmState`` (the TM's records, ``fastimpl.tm_state.export_state``, with the
-last mail item applied and the working database's lineage) in its JSON encoding, which
-the next task decodes, checks field by field and rebuilds a TM of its process from
-(``fastimpl.tm_state.rebuild``). A state that does not decode starts a new TM attempt,
+``spec.tm_state.TmState`` (the TM's records, ``fastimpl.parties.export_state``, with
+the last mail item applied and the working database's lineage) in its JSON encoding,
+which the next task decodes, checks field by field and rebuilds a TM of its process from
+(``fastimpl.parties.rebuild``). A state that does not decode starts a new TM attempt,
 with the reason logged. A TM's open pooled files are given up in one process and taken
-up in the next (``Storage.abandon``/``reopen``; local disks only, and only ACROSS merging
-keeps a file open past a task, which object stores refuse, R16).
+up in the next (``TaskManager.detach`` and ``rebuild``; local disks only, and only
+ACROSS merging keeps a file open past a task, which object stores refuse, R16).
 
 What the worker counts of the TM's storage calls (the files a task created) and the
 kill point of an injected failure (``deleting``: once the TM's next delete is done) are
-hooks the worker gives the TM's storage (``fastimpl.storage_hooks``), not part of the TM.
+hooks the worker gives the TM's storage (``fastimpl.parties.StorageHooks``), not part
+of the TM.
 
 A TM attempt ends when its records are lost: its task was killed (the records died with
 the worker, or were left in a directory the retry sweeps), the DB was dropped (its
@@ -58,10 +59,10 @@ from fastimpl.parties import (
     export_state,
     rebuild,
 )
+from fastimpl.parties import report_of as tm_report_of
 from spec import commands as c
 from spec.config import Config, StateKind
-from spec.effects import tm_actor
-from spec.handles import FileHandle, InPlaceFile, SegmentHandle, StateEntry, stream_of
+from spec.handles import InPlaceFile, SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
 from spec.messages import (
     CheckpointAborted,
@@ -155,8 +156,8 @@ class TaskManagerRecipe:
         tm = TaskManager.alone(
             fs, str(root), self.config, self.job, f"tm-{uuid.uuid4().hex[:12]}",
             first_checkpoint=checkpoint, hooks=hooks,
+            finished_mark=checkpoint - 1,  # every earlier checkpoint is over for it (R66)
         )  # fmt: skip
-        tm.finished_mark = checkpoint - 1  # every earlier checkpoint is over for it (R56)
         tm.host([subtask])
         out = WorkerTaskManager(tm, self.reader(), subtask, 0, new=True, hooks=hooks)
         out.not_taken = why
@@ -305,7 +306,7 @@ class WorkerTaskManager:
                 raise ValueError(f"mail item {seq} for {tm} is a {type(msg).__name__}")
             self.applied = seq
             n += 1
-        self.tm.catalog.storage.drain()
+        self.tm.flush()
         return n
 
     def _log(self, cmd: c.Command, error: BaseException | None = None) -> None:
@@ -344,10 +345,10 @@ class WorkerTaskManager:
         checkpoint holds (SPARK-55820)."""
         if checkpoint in self._failed:
             return None
-        ref = self.tm.backend.get((subtask, entry.name))
-        if ref is None or ref.entry.handle != entry.handle:
+        remembered = self.tm.remembered(subtask, entry.name)
+        if remembered is None or remembered.handle != entry.handle:
             return None
-        reused = self.tm.reuse(subtask, checkpoint, ref)
+        reused = self.tm.reuse(subtask, checkpoint, self.tm.backend_ref(subtask, entry.name))
         if reused is None:
             self._reuploading = entry.name
         else:
@@ -361,7 +362,7 @@ class WorkerTaskManager:
             _, ack = self.tm.acknowledge(subtask, checkpoint)
         except StorageFault:
             return self.decline(checkpoint, subtask)
-        self.tm.catalog.storage.drain()
+        self.tm.flush()
         return encode_message(ack)
 
     def decline(self, checkpoint: int, subtask: SubtaskId) -> bytes:
@@ -378,12 +379,12 @@ class WorkerTaskManager:
         """R101, R102: the database at ``lineage`` uses exactly ``files`` now (its
         manifest's SSTs, path -> size); what it no longer uses and still owns goes."""
         self.lineage = lineage
-        self.tm.working.track(subtask, files, lineage)
-        self.tm.catalog.storage.drain()
+        self.tm.track_database(subtask, files, lineage)
+        self.tm.flush()
 
     def known_sizes(self) -> dict[str, int]:
         """The sizes of the working files this TM's databases use or its snapshots pin."""
-        return {p: f.length for p, f in self.tm.working.known.items()}
+        return {p: f.length for p, f in self.tm.working_files().items()}
 
     def open_restored(self, subtask: SubtaskId, epoch: int, files: Sequence[InPlaceFile]) -> None:
         """R105: the database restored for ``subtask`` uses ``files`` where they are (a
@@ -393,9 +394,8 @@ class WorkerTaskManager:
     def close_database(self, subtask: SubtaskId) -> None:
         """The subtask's database is given up (a restore replaces it): it uses nothing,
         and each private file of it that no pending snapshot pins goes (R102)."""
-        self.tm.working.uses.pop(subtask, None)
-        self.tm.working.release()
-        self.tm.catalog.storage.drain()
+        self.tm.close_database(subtask)
+        self.tm.flush()
 
     def snapshot_working(self, checkpoint: int, subtask: SubtaskId) -> tuple[InPlaceFile, ...]:
         """R103: refer to every file the database uses in place (pinned until the
@@ -404,34 +404,23 @@ class WorkerTaskManager:
         merged copy could not be restored from (``inline_below`` 1)."""
         if checkpoint in self._failed:
             return ()
-
-        def no_copy(name: str, data: bytes) -> object:
-            raise AssertionError(f"{name}: no working file is below 1 byte")
-
-        self.tm.working.snapshot(subtask, checkpoint, 1, False, no_copy)
-        w = self.tm.working
-        return tuple(w.known[p] for p in w.pins.get((subtask, checkpoint), ()))
+        return self.tm.snapshot_database(subtask, checkpoint, inline_below=1)
 
     def save(self, db_dir: Path) -> None:
         """Leave the TM's records in ``db_dir`` for the subtask's next task (``TM_STATE``,
         written whole then renamed); the open files' handles are given up (every append
         is durable already)."""
-        storage = self.tm.catalog.storage
-        storage.drain()
+        self.tm.flush()  # a queued delete is in no record
         records = export_state(self.tm)
         data = encode_tm_state(TmState(records, self.applied, self.lineage))
-        for f in records.files:
-            if f.open:
-                if storage.protocol not in ("file", "local"):
-                    raise ValueError(f"{f.path} is still open on {storage.protocol}: not saved")
-                storage.abandon(f.path)
+        self.tm.detach()
         tmp = db_dir / (TM_STATE + ".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, db_dir / TM_STATE)
 
     def close(self) -> None:
         """Finish the deletes the TM queued (its records stay wherever they were saved)."""
-        self.tm.catalog.storage.drain()
+        self.tm.flush()
 
     def report(self) -> bytes:
         """What the TM records, for the driver (JSON): the answers to ``Holdings`` and
@@ -457,42 +446,27 @@ def report_of(
     lineage: str | None = None,
     commands: Sequence[dict[str, Any]] = (),
 ) -> bytes:
-    cat = tm.catalog
-    cat.storage.drain()
-    actor = tm_actor(tm.tm)
-    claims = sorted(set(tm.m.pfiles) | {
-        e.handle.path
-        for entries in tm.outputs.values()
-        for e in entries
-        if isinstance(e.handle, FileHandle)
-    })  # fmt: skip
-    live: dict[str, list[tuple[int, int]]] = {}
-    for seg in tm.m.segs.values():
-        live.setdefault(seg.path, []).append((seg.offset, seg.length))
-    report = {
-        "tm": tm.tm,
-        "job": tm.job,
-        "applied": applied,
-        "created": created,
-        "new": new,
-        "owned": sorted([p, f.size, f.creator] for p, f in cat.files.items() if f.owner == actor),
-        "held": sorted(set(cat.files) | set(tm.m.pfiles)),
-        "owners": cat.owners(),
-        "open": sorted(p for p, f in cat.files.items() if f.open),
-        "dirs": dict(cat.dir_owner),
-        "claims": claims,
-        "ref_counts": {p: pf.ref_count for p, pf in tm.m.pfiles.items()},
-        "live": live,
-        "pool_files": sorted(tm.m.pools.values()),
-        "pending": [d.path for d in cat.deferred] + sorted(cat.storage.failed_deletes),
-        "refused": [r.path for r in cat.refused_deletes],
-        # working state (§11): the files the TM's databases use (R104's DatabaseFiles),
-        # the database directory it writes, and the files unacknowledged snapshots pin
-        "working": list(tm.working.in_use()),
-        "lineage": lineage,
-        "pinned": sorted({p for ps in tm.working.pins.values() for p in ps}),
-        "commands": list(commands),
-    }
+    """The TM's report (``fastimpl.parties.report_of``, its decided deletes carried out
+    first), the fields of its JSON codec (``TmReport.to_json``) as they are, with what the driver
+    answers for the TM between two tasks (``held``: every file it records, for
+    ``Holdings``; ``owned``: the files it owns, for ``EndJob``; ``working``: the files its
+    databases use, for ``DatabaseFiles``), the files its unacknowledged snapshots pin, and
+    the worker's own figures."""
+    report: dict[str, Any] = json.loads(tm_report_of(tm).to_json())["report"]
+    report.update(
+        job=tm.job,
+        applied=applied,
+        created=created,
+        new=new,
+        owned=[[k.path, k.size, k.creator] for k in tm.kept_files()],
+        held=list(tm.held_files()),
+        # working state (§11): R104's DatabaseFiles, the database directory it writes,
+        # and R103's pins
+        working=list(tm.database_files()),
+        lineage=lineage,
+        pinned=list(tm.pinned_files()),
+        commands=list(commands),
+    )
     return json.dumps(report, sort_keys=True).encode()
 
 

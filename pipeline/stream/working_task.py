@@ -104,7 +104,7 @@ def take_working_snapshot(
 ) -> SnapshotStats:
     """Steps 1-4 of the module docstring; the stats count what the snapshot wrote (the
     manifest's copy and the operator state) and what it refers to in place."""
-    before = set(party.tm.working.in_use())
+    before = set(party.tm.database_files())
     db.flush()
     checkpoint_id, manifest_id = db.checkpoint(checkpoint)
     files = db.files(manifest_id)
@@ -331,9 +331,7 @@ def run_working_subtask(
         ).encode()
         hook("before-snapshot")
         snap_start = time.perf_counter()
-        stats = take_working_snapshot(
-            db, party, order.checkpoint, subtask, sizes, progress, hook
-        )
+        stats = take_working_snapshot(db, party, order.checkpoint, subtask, sizes, progress, hook)
         ack = party.acknowledge(order.checkpoint, subtask)
         snap_seconds = time.perf_counter() - snap_start
         hook("acknowledged")
@@ -374,4 +372,3 @@ def run_working_subtask(
         ready,
         snap_seconds,
     )
-
