@@ -88,7 +88,10 @@ The coordinator's side
     lists the root, ``files_under(path) -> set[str]`` a directory, ``exists_dir(path)``;
     ``read_range(path, offset, length) -> bytes`` reads a state handle's bytes back;
     ``close_all()`` waits for the deletes and closes what is open) and where new file
-    names come from.
+    names come from. ``protocol`` (read-only, a ``str``) names the kind of store:
+    ``"file"`` for a local disk, else the object store's (``"s3"``, ``"memory"``): what a
+    host checks before relying on what only a local disk has (directories, a file still
+    open in one process readable in another).
 
 ``open_base(fs, root, config, token) -> (Storage, Config)``
     A new job's storage: refuses (``BaseInUseError``) a base that holds a job, a
@@ -194,6 +197,30 @@ For a host's own bookkeeping and tests
 ``command_line(command) -> str``
     One command of the trace language (``fastimpl.CommandTrace``), as a line.
 
+Reading a base without a party
+------------------------------
+
+For a tool that reads what the store wrote without running a party (a storage audit, a
+garbage collector outside the engine, a generator of test bases), the formats of the
+two files the store publishes in a job base:
+
+``decode_metadata(data, expected_job=None, source=...) -> Metadata``
+    A completed checkpoint's or savepoint's ``_metadata`` parsed and validated;
+    ``MetadataError`` (a ``CkptError`` naming the file, the field and the problem) for
+    anything else, whatever the bytes. ``Metadata`` is a frozen value: ``job``,
+    ``checkpoint``, ``savepoint``, ``entries`` (``spec.handles.StateEntry``),
+    ``directories``, ``shared_bases``, ``version``, ``max_parallelism``, ``working``.
+``check_metadata_place(metadata, path)``
+    Raises ``MetadataError`` when a ``chk-N/_metadata`` does not describe checkpoint N
+    (or a ``savepoint-N/_metadata`` savepoint N): a file copied to another's place.
+``encode_metadata(checkpoint, job, savepoint, entries, directories, ...) -> bytes``
+    The bytes the store writes as a ``_metadata`` for those entries (keywords
+    ``max_parallelism`` and ``working`` as ``Metadata`` has them).
+``WRITER_STATE``, ``WRITER_STATE_FORMAT``
+    The name of the live writer's published state in the job base (a JSON document:
+    what a collector must not take yet, ``docs/audit.md``) and the value of its
+    ``format`` field.
+
 Messages and errors
 -------------------
 
@@ -219,6 +246,10 @@ from collections.abc import Mapping
 from fastimpl.api import open_base
 from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine, Notice, subtasks_of
 from fastimpl.ids import IdSource, RandomIds
+from fastimpl.metadata import Metadata, MetadataError
+from fastimpl.metadata import check_named as check_metadata_place
+from fastimpl.metadata import decode as decode_metadata
+from fastimpl.metadata import encode as encode_metadata
 from fastimpl.records import Completed, Status
 from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover, recover_coordinator
 from fastimpl.reports import TmReport, observe, report_of
@@ -228,6 +259,7 @@ from fastimpl.taskmanager import TaskManager
 from fastimpl.tm_state import export_state, rebuild
 from fastimpl.trace import command_line
 from fastimpl.working import is_working_path
+from fastimpl.writer_state import FORMAT as WRITER_STATE_FORMAT
 from fastimpl.writer_state import (
     WRITER_STATE,
     PendingAt,
@@ -314,6 +346,7 @@ PUBLIC_MEMBERS: Mapping[str, frozenset[str]] = {
             "read_range",
             "exists_dir",
             "close_all",
+            "protocol",
         }
     ),
     "TaskManager": frozenset(
@@ -355,6 +388,7 @@ __all__ = [
     "PUBLIC_MEMBERS",
     "PUBLIC_MODULES",
     "WRITER_STATE",
+    "WRITER_STATE_FORMAT",
     "Acknowledgement",
     "Answer",
     "AttemptStopped",
@@ -379,6 +413,8 @@ __all__ = [
     "LostAttemptStopped",
     "Message",
     "MessageError",
+    "Metadata",
+    "MetadataError",
     "Notice",
     "OpenDatabase",
     "PendingAt",
@@ -397,9 +433,12 @@ __all__ = [
     "TmAssignment",
     "TmEnded",
     "TmReport",
+    "check_metadata_place",
     "command_line",
     "decode_message",
+    "decode_metadata",
     "encode_message",
+    "encode_metadata",
     "export_state",
     "incarnation_to_recover",
     "is_working_path",

@@ -93,7 +93,7 @@ class Storage:
         self.fs = fs
         self.root = fs._strip_protocol(root).rstrip("/") if root else ""
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        self.protocol = protocol
+        self._protocol = protocol
         self._local = protocol in ("file", "local")
         self.open_files_readable = open_files_readable(fs)
         """Whether flushed bytes of an open file are readable where they end up (not on
@@ -121,6 +121,12 @@ class Storage:
 
     def full(self, path: str) -> str:
         return full_path(self.root, path)
+
+    @property
+    def protocol(self) -> str:
+        """The kind of store (public, read-only): ``"file"`` for a local disk, else the
+        fsspec protocol of the object store (``"s3"``, ``"memory"``)."""
+        return self._protocol
 
     # ------------------------------------------------------------------ the pieces' state
     #

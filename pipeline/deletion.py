@@ -54,7 +54,7 @@ from typing import Any
 
 from attrs import frozen
 
-from fastimpl.writer_state import WRITER_STATE
+from fastimpl.parties import WRITER_STATE
 from pipeline import dirwalk, fence, scan
 from pipeline.deletion_log import BaseLock, LockHeld, Log, new_run_id, unfinished
 from pipeline.location import Location

@@ -31,7 +31,7 @@ from typing import Any
 
 from attrs import frozen
 
-from fastimpl.writer_state import FORMAT, WRITER_STATE
+from fastimpl.parties import WRITER_STATE, WRITER_STATE_FORMAT
 from pipeline.location import Location
 from pipeline.safe_read import Refused, read_regular
 from spec.errors import CkptError
@@ -115,7 +115,7 @@ def _int(v: Any) -> int:
 
 
 def _parse(doc: Any, job_dir: str) -> WriterState:
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") != WRITER_STATE_FORMAT:
         raise ValueError("no ckpt-writer-state format tag")
     pending = []
     for p in doc["pending"]:

@@ -12,7 +12,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-from fastimpl.metadata import Metadata, MetadataError, check_named, decode
+from fastimpl.parties import Metadata, MetadataError, check_metadata_place, decode_metadata
 from pipeline.location import Location
 from pipeline.names import is_utf8, shown
 from pipeline.result import MISSING
@@ -401,10 +401,10 @@ def _read(
     except Exception as err:
         return None, [], (path, "file", _cannot("read", err))
     try:
-        # decode validates every path (relative, normalised, under an allowed base);
+        # decode_metadata validates every path (relative, normalised, under an allowed base);
         # they are relative to the container already, as the audit keeps them.
-        meta = decode(data, source=path)
-        check_named(meta, path)
+        meta = decode_metadata(data, source=path)
+        check_metadata_place(meta, path)
         _check_job(meta, path)
     except MetadataError as err:
         return None, [], (path, err.field, err.problem)

@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from fastimpl.writer_state import WRITER_STATE
+from fastimpl.parties import WRITER_STATE
 from pipeline import fence, scan
 from pipeline.foreign import Foreign
 from pipeline.location import Location

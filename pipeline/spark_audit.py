@@ -20,7 +20,7 @@ from attrs import frozen
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from fastimpl.writer_state import WRITER_STATE
+from fastimpl.parties import WRITER_STATE
 from pipeline import arrow_rows, fence, scan
 from pipeline.foreign import Foreign, ForeignRead
 from pipeline.location import Location
@@ -109,7 +109,8 @@ def audit_spark(
     problems.extend(
         (r.path, r.problem) for r in listed.where(F.col("problem").isNotNull()).collect()
     )
-    files = listed.where(F.col("problem").isNull()).drop("problem")
+    listed_files: DataFrame = listed.where(F.col("problem").isNull())
+    files = listed_files.drop("problem")
     if top_files:
         files = files.unionByName(
             spark.createDataFrame(_with_owner(top_files), arrow_rows.FILES_DDL)
@@ -343,8 +344,10 @@ def _name_missing(spark: SparkSession, loc: Location, dangling: DataFrame) -> Da
     if not named:
         return dangling
     reasons = spark.createDataFrame(named, "path string, why string")
-    return (dangling.join(F.broadcast(reasons), "path", "left")
-            .withColumn("reason", F.coalesce("why", "reason")).drop("why"))
+    named_dangling: DataFrame = dangling.join(F.broadcast(reasons), "path", "left").withColumn(
+        "reason", F.coalesce("why", "reason")
+    )
+    return named_dangling.drop("why")
 
 
 def _re(text: str) -> str:

@@ -3,7 +3,7 @@
 ``generate(root, n)`` writes about ``n`` files under ``root/job-1``: merged shared files
 in many subtask directories (``shared/s<k>/``), exclusive files in TM directories
 (``taskowned/tm<k>/``), and ``CHECKPOINTS`` retained checkpoints whose ``_metadata`` (real
-ones, written with ``fastimpl.metadata.encode``) reference most of them: each checkpoint
+ones, written with ``fastimpl.parties.encode_metadata``) reference most of them: each checkpoint
 uploads its own block of files and the newest also reuses a tenth of the older blocks
 (incremental state). A fiftieth of the files are old and unreferenced (orphans) and a
 two-hundredth young and unreferenced (pending). Files are sparse (``ftruncate``): their
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from attrs import frozen
 
-from fastimpl.metadata import encode
+from fastimpl.parties import encode_metadata
 from spec.config import Scope, StateKind
 from spec.handles import SegmentHandle, StateEntry
 from spec.ids import SubtaskId
@@ -104,7 +104,7 @@ def generate(root: Path, n: int, *, seed: int = 7) -> Planted:
         cp = 100 + k
         (base / f"chk-{cp}").mkdir(parents=True, exist_ok=True)
         (base / f"chk-{cp}" / "_metadata").write_bytes(
-            encode(cp, JOB, False, tuple(entries), ())
+            encode_metadata(cp, JOB, False, tuple(entries), ())
         )
     return Planted(
         files=data + CHECKPOINTS,

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 from attrs import define, field, frozen
@@ -52,6 +52,9 @@ from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
 from spec.config import Config, RestoreMode
 from spec.handles import extent_of, stream_of
+
+if TYPE_CHECKING:  # SlateDB is imported only when the working backend runs
+    from pipeline.stream.slate_collect import Collected
 
 
 @frozen
@@ -590,7 +593,9 @@ def run_stream(
             d.recover_progress()
         return d
 
-    driver = new_driver(p, no_claim=back is not None and back.restore_mode is RestoreMode.NO_CLAIM)
+    driver: BatchDriver = new_driver(
+        p, no_claim=back is not None and back.restore_mode is RestoreMode.NO_CLAIM
+    )
     reports: list[BatchReport] = []
     skipped: list[int] = []
     run = StreamRun(
@@ -638,7 +643,7 @@ def run_stream(
         coordinator.settle()
         run.violations = coordinator.violations(quiet=True) if settings.snapshot else []
         if coordinator.slate is not None:
-            done = coordinator.slate.done
+            done: Collected = coordinator.slate.done
             run.slatedb = (done.released, len(done.dropped), *coordinator.kept_by_slatedb())
     finally:
         coordinator.close()
