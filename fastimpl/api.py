@@ -291,16 +291,14 @@ def _open_base(
     jobs, savepoints, leased = probe.existing()
     token = _lease_token()
     if on_existing == "refuse":
-        if jobs or savepoints or leased:
-            held = [f"job-{n}" for n in jobs] + [f"savepoint-{n}" for n in savepoints]
-            what = ", ".join(held[:10]) + (" ..." if len(held) > 10 else "")
-            lease = f"another store's lease ({WRITER_LEASE})" if leased else ""
-            raise BaseInUseError(
-                f"{url} holds {what or lease}{' and ' + lease if what and lease else ''}:"
-                " a new job there would overwrite or delete it. Pass"
-                " on_existing='fresh-id' to start a new job beside it, or use"
-                " CheckpointStore.recover(...) to continue a job that was there"
-            )
+        _refuse_held(
+            url,
+            jobs,
+            savepoints,
+            leased,
+            ". Pass on_existing='fresh-id' to start a new job beside it, or use"
+            " CheckpointStore.recover(...) to continue a job that was there",
+        )
         if not probe.take_lease(token, exclusive=True):
             raise BaseInUseError(f"{url}: another store took the base just now ({WRITER_LEASE})")
     else:
@@ -320,6 +318,22 @@ def _open_base(
         for path, size in cluster.storage.list_files().items():
             cluster.catalog.files[path] = StoredFile(size, False, USER, None)
     return cluster
+
+
+def _refuse_held(
+    where: str, jobs: list[int], savepoints: list[int], leased: bool, hint: str = ""
+) -> None:
+    """A new job's base must hold no job, savepoint or other store's lease: a new job
+    there would overwrite or delete them (``BaseInUseError``, naming what it holds)."""
+    if not (jobs or savepoints or leased):
+        return
+    held = [f"job-{n}" for n in jobs] + [f"savepoint-{n}" for n in savepoints]
+    what = ", ".join(held[:10]) + (" ..." if len(held) > 10 else "")
+    lease = f"another store's lease ({WRITER_LEASE})" if leased else ""
+    raise BaseInUseError(
+        f"{where} holds {what or lease}{' and ' + lease if what and lease else ''}:"
+        f" a new job there would overwrite or delete it{hint}"
+    )
 
 
 def _refuse_unreadable_open_files(fs: Any, config: Config) -> None:
@@ -346,14 +360,7 @@ def open_base(fs: Any, root: str, config: Config, token: bytes) -> tuple[Storage
     if not storage.open_files_readable and config.open_files_readable:
         config = attrs.evolve(config, open_files_readable=False)
     jobs, savepoints, leased = storage.existing()
-    if jobs or savepoints or leased:
-        held = [f"job-{n}" for n in jobs] + [f"savepoint-{n}" for n in savepoints]
-        what = ", ".join(held[:10]) + (" ..." if len(held) > 10 else "")
-        lease = f"another store's lease ({WRITER_LEASE})" if leased else ""
-        raise BaseInUseError(
-            f"{root} holds {what or lease}{' and ' + lease if what and lease else ''}:"
-            " a new job there would overwrite or delete it"
-        )
+    _refuse_held(root, jobs, savepoints, leased)
     if not storage.take_lease(token, exclusive=True):
         raise BaseInUseError(f"{root}: another store took the base just now ({WRITER_LEASE})")
     return storage, config

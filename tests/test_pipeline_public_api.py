@@ -178,22 +178,7 @@ def _own_members(tree: ast.AST) -> dict[ast.AST, set[str]]:
     methods, class attributes and ``self.<name>`` assignments)."""
     owner: dict[ast.AST, set[str]] = {}
     for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
-        names: set[str] = set()
-        for node in ast.walk(cls):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                names.add(node.name)
-            elif (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.ctx, ast.Store)
-                and isinstance(node.value, ast.Name)
-                and node.value.id == "self"
-            ):
-                names.add(node.attr)
-        for stmt in cls.body:
-            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                names.add(stmt.target.id)
-            elif isinstance(stmt, ast.Assign):
-                names |= {t.id for t in stmt.targets if isinstance(t, ast.Name)}
+        names = _class_names(cls)
         for node in ast.walk(cls):
             owner[node] = names  # the innermost class wins: walked outer first
     return owner
