@@ -298,11 +298,7 @@ class CheckpointCoordinator:
         ``first_checkpoint`` on, which is where its files may lie once it stops (R64).
         The attempt it took the place of stays known until the engine gives it up
         (``lose``, then ``attempt_ended``). Returns that attempt."""
-        book = self.tm_book
-        old = book.placement[subtask]
-        book.deploy({**book.placement, subtask: tm})
-        book.started[tm] = (self.run.job, first_checkpoint)
-        return old
+        return self.tm_book.adopt(subtask, tm, first_checkpoint)
 
     def attempt_ended(
         self, tm: TmId, hosted: Iterable[SubtaskId] = (), first_checkpoint: int = 1
@@ -315,14 +311,7 @@ class CheckpointCoordinator:
         from ``first_checkpoint`` on. Then as ``receive_stopped``: what waited for its
         stop runs, and the coordinator takes and deletes what it left that no retained
         checkpoint refers to. Raises ``CommandError`` for an attempt not lost."""
-        book = self.tm_book
-        if tm not in book.tms:
-            book.tms[tm] = Tm(tm, Status.LOST)
-            book.started[tm] = (self.run.job, first_checkpoint)
-        rec = book.tms[tm]
-        if rec.status is Status.LOST:
-            rec.hosted = rec.hosted | frozenset(hosted)
-        self.failures.attempt_stopped(tm)
+        self.failures.attempt_ended(tm, frozenset(hosted), first_checkpoint)
 
     def collect_working(self) -> None:
         """R104: the coordinator deletes each shared working file it owns that no retained

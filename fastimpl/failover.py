@@ -185,6 +185,19 @@ class Failover:
         attempt ran for, which may be an earlier job of this coordinator (a zombie)."""
         self.attempt_stopped(msg.tm)
 
+    def attempt_ended(self, tm: TmId, hosted: frozenset[SubtaskId], first_checkpoint: int) -> None:
+        """R64, R65: ``attempt_stopped`` for an attempt the engine reports with the
+        subtasks it ran; one never heard of is first taken as a lost attempt of the
+        running job that could write from ``first_checkpoint`` on (R66)."""
+        book = self.tm_book
+        if tm not in book.tms:
+            book.tms[tm] = Tm(tm, Status.LOST)
+            book.started[tm] = (self.run.job, first_checkpoint)
+        rec = book.tms[tm]
+        if rec.status is Status.LOST:
+            rec.hosted = rec.hosted | hosted
+        self.attempt_stopped(tm)
+
     def attempt_stopped(self, tm: TmId) -> None:
         """R64: what waited for a stopped attempt runs; the coordinator takes the rest."""
         rec = self.tm_book.tms.get(tm)

@@ -44,6 +44,15 @@ class TmBook:
             if t not in self.tms:
                 self.add_tm(t)
 
+    def adopt(self, subtask: SubtaskId, tm: TmId, first_checkpoint: int) -> TmId:
+        """``tm``, an attempt the engine started itself, runs ``subtask`` from now on and
+        may have written from ``first_checkpoint`` on (R64); the attempt placed there
+        before, which it returns, stays known until the engine gives it up."""
+        old = self.placement[subtask]
+        self.deploy({**self.placement, subtask: tm})
+        self.started[tm] = (self.run.job, first_checkpoint)
+        return old
+
     def add_tm(self, tm: TmId) -> None:
         self.tms[tm] = Tm(tm, Status.ALIVE)
         self.started[tm] = (self.run.job, self.run.next_checkpoint)

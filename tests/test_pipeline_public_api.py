@@ -77,17 +77,23 @@ def _class_members(cls: type) -> set[str]:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError, SyntaxError):
         return names
+    names |= _self_stores(tree)
     for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.ctx, ast.Store)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == "self"
-        ):
-            names.add(node.attr)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
     return names
+
+
+def _self_stores(tree: ast.AST) -> set[str]:
+    """The names of every ``self.<name> = ...`` in ``tree``: instance attributes."""
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
 
 
 def _classes_of(package: ModuleType) -> dict[str, set[str]]:
@@ -190,17 +196,10 @@ ClassKey = tuple[str, str]
 
 def _class_names(cls: ast.ClassDef) -> set[str]:
     """What a class defines: its methods, class attributes and ``self.<name>`` stores."""
-    names: set[str] = set()
+    names = _self_stores(cls)
     for node in ast.walk(cls):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             names.add(node.name)
-        elif (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.ctx, ast.Store)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == "self"
-        ):
-            names.add(node.attr)
     for stmt in cls.body:
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
             names.add(stmt.target.id)

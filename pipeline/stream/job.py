@@ -448,6 +448,8 @@ def _quiet_query_errors(spark: Any) -> None:
     """Spark logs a query that ends by an exception at ERROR with the whole stack, and every
     segment ends so (``_Stop``); a real failure is raised here with Spark's message."""
     try:
+        # PySpark has no public call to set one JVM logger's level (``setLogLevel`` sets
+        # the root's): its own py4j handle is the one way
         jvm = spark.sparkContext._jvm
         jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
             "org.apache.spark.sql.execution.streaming", jvm.org.apache.logging.log4j.Level.OFF
