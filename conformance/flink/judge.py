@@ -1,0 +1,162 @@
+"""Running cases on the Flink adapter and sorting the divergences: what kind each is (from
+the judged part of the observations only, ``profile.judged``), and the shortest sequence
+that still shows it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from attrs import frozen
+
+from conformance.adapter import Implementation
+from conformance.case import Case
+from conformance.compare import normalized
+from conformance.flink.profile import judged
+from conformance.runner import expected_steps
+from spec.commands import Command
+from spec.config import Config, JobSpec
+from spec.errors import Reason
+from spec.observation import Observation
+
+
+@frozen
+class Divergence:
+    step: int
+    """The 1-based step where Flink first differs."""
+    command: Command
+    kinds: tuple[str, ...]
+    """What differs: ``kept`` (Flink keeps a file the model deletes), ``deleted`` (Flink
+    deletes a file the model keeps), ``extra`` (a file only Flink wrote), ``missing`` (a file
+    only the model wrote), ``size``, ``raised`` (a Flink call failed), ``refusal``."""
+    paths: tuple[str, ...]
+    """The paths (the model's names) the kinds are about."""
+    detail: str
+
+
+@frozen
+class Outcome:
+    name: str
+    steps: int
+    divergence: Divergence | None
+    calls: tuple[str, ...]
+    """The Flink calls up to the divergence (or the end), for a reproduction script."""
+
+
+def _kinds(model: Observation, flink: Observation, job: str) -> tuple[list[str], list[str]]:
+    m_files, m_deleted = judged(model, job)
+    f_files, f_deleted = judged(flink, job)
+    kinds: list[str] = []
+    paths: list[str] = []
+
+    def add(kind: str, found: Sequence[str]) -> None:
+        if found:
+            kinds.append(kind)
+            paths.extend(found)
+
+    add("kept", sorted(p for p in f_files if p not in m_files and p in m_deleted))
+    add("deleted", sorted(p for p in m_files if p not in f_files and p in f_deleted))
+    add("extra", sorted(p for p in f_files if p not in m_files and p not in m_deleted))
+    add("missing", sorted(p for p in m_files if p not in f_files and p not in f_deleted))
+    add("size", sorted(p for p in m_files if p in f_files and m_files[p] != f_files[p]))
+    return kinds, paths
+
+
+def run(
+    config: Config, job: JobSpec, commands: Sequence[Command], impl: Implementation, name: str
+) -> Outcome:
+    """Run ``commands`` on a session of ``impl`` (the Flink adapter) and stop at the first
+    step whose judged observation or outcome differs from the model's."""
+    steps = expected_steps(config, job, commands)
+    session = impl.start(config, job)
+    listed = config.open_files_readable
+    try:
+        for i, s in enumerate(steps):
+            try:
+                reason: Reason | None = session.run(s.command)
+                got = normalized(session.observe(), open_files_listed=listed)
+            except Exception as err:
+                text = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+                div = Divergence(i + 1, s.command, ("raised",), (), text)
+                return Outcome(name, len(steps), div, _calls(session))
+            if reason != s.refused:
+                text = f"model {s.refused}, adapter {reason}"
+                div = Divergence(i + 1, s.command, ("refusal",), (), text)
+                return Outcome(name, len(steps), div, _calls(session))
+            if got != s.observation:
+                model = normalized(s.observation, open_files_listed=listed)
+                kinds, paths = _kinds(model, got, getattr(session, "job", "job-0"))
+                if not kinds:
+                    kinds = ["other"]
+                detail = _detail(model, got)
+                div = Divergence(i + 1, s.command, tuple(kinds), tuple(paths), detail)
+                return Outcome(name, len(steps), div, _calls(session))
+        return Outcome(name, len(steps), None, _calls(session))
+    finally:
+        session.close()
+
+
+def _calls(session: object) -> tuple[str, ...]:
+    return tuple(getattr(session, "calls", ()))
+
+
+def _detail(model: Observation, flink: Observation) -> str:
+    lines = []
+    for field in ("files", "deletions"):
+        a, b = getattr(model, field), getattr(flink, field)
+        if a != b:
+            if isinstance(a, dict) or hasattr(a, "items"):
+                only_m = sorted(set(a.items()) - set(b.items()))
+                only_f = sorted(set(b.items()) - set(a.items()))
+            else:
+                only_m = [x for x in a if x not in b]
+                only_f = [x for x in b if x not in a]
+            lines.append(f"{field}: only the model's {only_m}; only Flink's {only_f}")
+    return "\n".join(lines) or "a field outside the judged part differs"
+
+
+def run_case(case: Case, impl: Implementation) -> Outcome:
+    return run(case.config, case.job, [s.command for s in case.steps], impl, case.name)
+
+
+def signature(config: Config, div: Divergence) -> tuple[str, str, str]:
+    """What groups divergences of one cause: the merging mode, the command at the step and
+    the kinds of difference with the directory kind (shared or taskowned) of each path."""
+    where = sorted({p.split("/")[1] for p in div.paths if "/" in p})
+    return (
+        config.merging_mode.value,
+        type(div.command).__name__,
+        "+".join(div.kinds) + (f" in {'+'.join(where)}" if where else ""),
+    )
+
+
+def shrink(
+    config: Config,
+    job: JobSpec,
+    commands: Sequence[Command],
+    impl: Implementation,
+    same: Callable[[Outcome], bool],
+    budget: int = 400,
+) -> list[Command]:
+    """A shorter sequence that still shows the divergence (``same``): greedily drop one
+    command at a time, last first, keeping a drop when the divergence stays."""
+    current = list(commands)
+    tries = 0
+    changed = True
+    while changed and tries < budget:
+        changed = False
+        i = len(current) - 2
+        while i >= 0 and tries < budget:
+            candidate = current[:i] + current[i + 1 :]
+            tries += 1
+            try:
+                out = run(config, job, candidate, impl, "shrink")
+            except Exception:  # the model refuses the shortened sequence's setup: keep it
+                out = None
+            if out is not None and out.divergence is not None and same(out):
+                cut = out.divergence.step
+                current = candidate[:cut]
+                changed = True
+                i = min(i, len(current) - 1) - 1
+            else:
+                i -= 1
+    return current

@@ -1,0 +1,69 @@
+"""Flink's file names (random UUIDs in its managed directories) as the model's (R2:
+``f000001``... in order of creation, in the layout of R1).
+
+A Flink directory maps to ours by what it is for (a subtask's shared directory, a TM's
+exclusive one). A new Flink file is paired with a file the model created in the same
+directory that no Flink file is paired with yet, both taken in order of creation (Flink's:
+the order handles first named them, then modification time). A Flink file with no model
+file to pair with keeps a name of its own, ``flink-<first 8 characters>``, so that it shows
+as a file only Flink has."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Set
+
+
+class Namer:
+    def __init__(self) -> None:
+        self.dirs: dict[str, str] = {}
+        self.names: dict[str, str] = {}
+        self.back: dict[str, str] = {}
+        self.mentioned: dict[str, int] = {}
+
+    def directory(self, flink: str, ours: str) -> None:
+        self.dirs[flink.rstrip("/")] = ours
+
+    def saw(self, flink_file: str) -> None:
+        """A handle named this file: its place in the order of creation."""
+        self.mentioned.setdefault(_local(flink_file), len(self.mentioned))
+
+    def ours(self, flink_file: str) -> str:
+        return self.names[flink_file]
+
+    def flink_path(self, ours: str) -> str | None:
+        return self.back.get(ours)
+
+    def pair(self, on_disk: Mapping[str, int], model_files: Set[str]) -> None:
+        """Name every Flink file on disk not named yet."""
+        new: dict[str, list[str]] = {}
+        for flink in on_disk:
+            if flink not in self.names:
+                new.setdefault(os.path.dirname(flink), []).append(flink)
+        for flink_dir, flink_files in new.items():
+            ours_dir = self.dirs.get(flink_dir, f"unknown/{os.path.basename(flink_dir)}")
+            free = sorted(
+                p
+                for p in model_files
+                if p not in self.back and os.path.dirname(p) == ours_dir
+            )
+            flink_files.sort(key=self._created)
+            for i, flink in enumerate(flink_files):
+                if i < len(free):
+                    name = free[i]
+                else:
+                    name = f"{ours_dir}/flink-{os.path.basename(flink)[:8]}"
+                self.names[flink] = name
+                self.back[name] = flink
+
+    def _created(self, flink: str) -> tuple[int, int, str]:
+        try:
+            mtime = os.stat(flink).st_mtime_ns
+        except FileNotFoundError:
+            mtime = 0
+        return (self.mentioned.get(flink, len(self.mentioned) + 1), mtime, flink)
+
+
+def _local(path: str) -> str:
+    """A Flink path string (``file:/...`` or ``/...``) as a local path."""
+    return path[len("file:") :] if path.startswith("file:") else path
