@@ -40,6 +40,9 @@ class Outcome:
     divergence: Divergence | None
     calls: tuple[str, ...]
     """The Flink calls up to the divergence (or the end), for a reproduction script."""
+    expected: dict[str, list[int]]
+    """The model's judged files at that step: Flink's directory (relative to the storage
+    root) -> the sizes of the files the rules expect in it."""
 
 
 def _kinds(model: Observation, flink: Observation, job: str) -> tuple[list[str], list[str]]:
@@ -77,11 +80,13 @@ def run(
             except Exception as err:
                 text = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
                 div = Divergence(i + 1, s.command, ("raised",), (), text)
-                return Outcome(name, len(steps), div, _calls(session))
+                exp = _expected(session, s.observation)
+                return Outcome(name, len(steps), div, _calls(session), exp)
             if reason != s.refused:
                 text = f"model {s.refused}, adapter {reason}"
                 div = Divergence(i + 1, s.command, ("refusal",), (), text)
-                return Outcome(name, len(steps), div, _calls(session))
+                exp = _expected(session, s.observation)
+                return Outcome(name, len(steps), div, _calls(session), exp)
             if got != s.observation:
                 model = normalized(s.observation, open_files_listed=listed)
                 kinds, paths = _kinds(model, got, getattr(session, "job", "job-0"))
@@ -89,14 +94,28 @@ def run(
                     kinds = ["other"]
                 detail = _detail(model, got)
                 div = Divergence(i + 1, s.command, tuple(kinds), tuple(paths), detail)
-                return Outcome(name, len(steps), div, _calls(session))
-        return Outcome(name, len(steps), None, _calls(session))
+                return Outcome(name, len(steps), div, _calls(session), _expected(session, model))
+        last = steps[-1].observation if steps else None
+        exp = _expected(session, last) if last is not None else {}
+        return Outcome(name, len(steps), None, _calls(session), exp)
     finally:
         session.close()
 
 
 def _calls(session: object) -> tuple[str, ...]:
     return tuple(getattr(session, "calls", ()))
+
+
+def _expected(session: object, model: Observation) -> dict[str, list[int]]:
+    """The judged files of ``model`` by Flink's directory (``FlinkSession.flink_dirs``)."""
+    job = getattr(session, "job", "job-0")
+    dirs: dict[str, str] = getattr(session, "flink_dirs", lambda: {})()
+    out: dict[str, list[int]] = {d: [] for d in dirs.values()}
+    files, _deleted = judged(model, job)
+    for path, size in files.items():
+        where = dirs.get(path.rsplit("/", 1)[0], path.rsplit("/", 1)[0])
+        out.setdefault(where, []).append(size)
+    return {d: sorted(v) for d, v in sorted(out.items())}
 
 
 def _detail(model: Observation, flink: Observation) -> str:

@@ -22,7 +22,7 @@ class Namer:
         self.mentioned: dict[str, int] = {}
 
     def directory(self, flink: str, ours: str) -> None:
-        self.dirs[flink.rstrip("/")] = ours
+        self.dirs[_local(flink).rstrip("/")] = ours
 
     def saw(self, flink_file: str) -> None:
         """A handle named this file: its place in the order of creation."""

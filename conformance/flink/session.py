@@ -381,6 +381,12 @@ class FlinkSession:
             seen.append(records.pop(0) if records else foreign_deletion(ours))
         return tuple(kept + seen)
 
+    def flink_dirs(self) -> dict[str, str]:
+        """Our TM directories -> Flink's, relative to the storage root."""
+        return {
+            ours: os.path.relpath(flink, self.root) for flink, ours in self.namer.dirs.items()
+        }
+
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 

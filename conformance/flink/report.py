@@ -1,0 +1,181 @@
+"""``python -m conformance.flink``: the corpus and live mode on Flink 2.3's manager, and the
+divergence report (``docs/flink-divergences.md``) with a reproduction script per Flink bug.
+
+Every corpus case is either out of the profile's reach (``profile.out_of_reach``: never
+run, never counted as passed) or run on Flink; a case that runs passes only when every step's
+judged observation equals the model's. Divergences are grouped by ``judge.signature``; each
+group's shortest failing case is shrunk to a minimal sequence."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import fnmatch
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from attrs import frozen
+
+from conformance.case import Case, load_corpus
+from conformance.flink import judge
+from conformance.flink.live import live
+from conformance.flink.profile import TM_RULES, out_of_reach
+from conformance.flink.repro import script
+from conformance.flink.session import Flink, job_hex
+from conformance.flink.verdicts import FLINK_BUG, Verdict, verdict
+from spec.commands import Command
+from spec.config import Config, JobSpec, MergingMode
+
+
+@frozen
+class Group:
+    signature: tuple[str, str, str]
+    cases: tuple[str, ...]
+    config: Config
+    job: JobSpec
+    minimal: tuple[Command, ...]
+    outcome: judge.Outcome
+    live_only: bool
+    verdict: Verdict
+    repro: str | None
+
+
+def _slug(sig: tuple[str, str, str]) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", "-".join(sig).lower()).strip("-")[:80]
+
+
+def _minimal(
+    config: Config, job: JobSpec, commands: Sequence[Command], impl: Flink, sig: tuple[str, str, str]
+) -> tuple[list[Command], judge.Outcome]:
+    def same(out: judge.Outcome) -> bool:
+        return out.divergence is not None and judge.signature(config, out.divergence) == sig
+
+    short = judge.shrink(config, job, commands, impl, same)
+    out = judge.run(config, job, short, impl, "minimal")
+    if not same(out):  # shrinking lost it: keep the case's own prefix
+        short = list(commands)
+        out = judge.run(config, job, short, impl, "minimal")
+    assert out.divergence is not None
+    return short[: out.divergence.step], out
+
+
+def _write_repro(folder: Path, group_sig: tuple[str, str, str], v: Verdict, config: Config,
+                 job: str, out: judge.Outcome) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{_slug(group_sig)}.py"
+    body = f"{v.text}\n\nRules: {v.rules}."
+    path.write_text(script(v.title, body, config, job_hex(job), list(out.calls), out.expected))
+    return str(path)
+
+
+def run(
+    cases: list[Case], live_examples: int, repro_dir: Path, log: bool = True
+) -> tuple[dict[str, int], collections.Counter[str], list[Group], list[str]]:
+    impl = Flink()
+    counts = {"corpus": len(cases), "in_reach": 0, "passed": 0, "diverged": 0, "out_of_reach": 0}
+    why_out: collections.Counter[str] = collections.Counter()
+    failing: dict[tuple[str, str, str], list[tuple[Case, judge.Outcome]]] = {}
+    t0 = time.perf_counter()
+    for case in cases:
+        why = out_of_reach(case.config, [s.command for s in case.steps])
+        if why is not None:
+            counts["out_of_reach"] += 1
+            why_out[why.split(":")[0]] += 1
+            continue
+        counts["in_reach"] += 1
+        out = judge.run_case(case, impl)
+        if out.divergence is None:
+            counts["passed"] += 1
+        else:
+            counts["diverged"] += 1
+            failing.setdefault(judge.signature(case.config, out.divergence), []).append((case, out))
+        if log and counts["in_reach"] % 50 == 0:
+            print(f"  {counts['in_reach']} cases run, {time.perf_counter() - t0:.0f} s", flush=True)
+    groups: list[Group] = []
+    for sig, found in sorted(failing.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        case, first = min(found, key=lambda co: (co[1].divergence.step if co[1].divergence else 0))
+        commands = [s.command for s in case.steps][: first.divergence.step if first.divergence else None]
+        short, out = _minimal(case.config, case.job, commands, impl, sig)
+        v = verdict(sig)
+        repro = _write_repro(repro_dir, sig, v, case.config, "job-0", out) if v.kind == FLINK_BUG else None
+        names = tuple(sorted(c.name for c, _o in found))
+        groups.append(Group(sig, names, case.config, case.job, tuple(short), out, False, v, repro))
+        if log:
+            print(f"  {sig}: {len(found)} cases, minimal {len(short)} commands", flush=True)
+    live_notes: list[str] = []
+    for mode in (MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT):
+        if live_examples <= 0:
+            break
+        found_live = live(impl, mode, live_examples)
+        if not found_live.tape or found_live.config is None or found_live.job is None:
+            live_notes.append(f"{mode.value}: {live_examples} random sequences, no divergence")
+            continue
+        out = judge.run(found_live.config, found_live.job, found_live.tape, impl, f"live-{mode.value}")
+        if out.divergence is None:
+            live_notes.append(
+                f"{mode.value}: a mismatch that did not replay ({found_live.message})"
+            )
+            continue
+        sig = judge.signature(found_live.config, out.divergence)
+        known = [g for g in groups if g.signature == sig]
+        live_notes.append(
+            f"{mode.value}: {live_examples} random sequences; the first divergence, shrunk to "
+            f"{out.divergence.step} commands, is `{' / '.join(sig)}`"
+            + (" (a kind the corpus shows too)" if known else " (a kind the corpus does not show)")
+        )
+        if not known:
+            v = verdict(sig)
+            short = tuple(found_live.tape[: out.divergence.step])
+            repro = (
+                _write_repro(repro_dir, sig, v, found_live.config, "job-0", out)
+                if v.kind == FLINK_BUG
+                else None
+            )
+            groups.append(
+                Group(sig, (), found_live.config, found_live.job, short, out, True, v, repro)
+            )
+    return counts, why_out, groups, live_notes
+
+
+def markdown(
+    counts: dict[str, int],
+    why_out: collections.Counter[str],
+    groups: list[Group],
+    live_notes: list[str],
+    live_examples: int,
+    root: Path,
+) -> str:
+    from conformance.flink.report_text import render
+
+    return render(counts, why_out, groups, live_notes, live_examples, root, TM_RULES)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m conformance.flink", description=__doc__)
+    ap.add_argument("--live", type=int, default=30, help="random sequences per merging mode")
+    ap.add_argument("--cases", default="*", help="a glob over case names")
+    ap.add_argument("--out", default="docs/flink-divergences.md")
+    ap.add_argument("--repros", default="docs/flink-repros")
+    args = ap.parse_args(argv)
+    cases = [c for c in load_corpus() if fnmatch.fnmatch(c.name, args.cases)]
+    print(f"Flink 2.3 conformance: {len(cases)} corpus cases", flush=True)
+    counts, why_out, groups, live_notes = run(cases, args.live, Path(args.repros))
+    root = Path(os.path.dirname(os.path.abspath(args.out)))
+    text = markdown(counts, why_out, groups, live_notes, args.live, root)
+    Path(args.out).write_text(text)
+    print(
+        f"in reach {counts['in_reach']}, passed {counts['passed']}, diverged "
+        f"{counts['diverged']}, out of reach {counts['out_of_reach']}; "
+        f"{len(groups)} kinds of divergence; report: {args.out}"
+    )
+    for note in live_notes:
+        print(f"live {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""The text of ``docs/flink-divergences.md``."""
+
+from __future__ import annotations
+
+import collections
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conformance.flink.report import Group
+
+METHOD = """\
+How it runs (`conformance/flink/`): one py4j gateway (pyflink's, Java 17) per run; per case
+a fresh local directory, and one `FileMergingSnapshotManager` per TM attempt built with
+`FileMergingSnapshotManagerBuilder(JobID, ResourceID, FileMergingType)`, `setMaxFileSize`,
+`setMaxSpaceAmplification`, `setFilePoolType` and no I/O executor (deletes run inside the
+call), then `initFileSystem(local, <job>, <job>/shared, <job>/taskowned, 4096)` and
+`registerSubtaskForSharedStates` for its subtasks. The translation of each command is in
+`conformance/flink/session.py`'s docstring. Flink's manager is the task-manager side only,
+so the reference model plays the coordinator (the *stand-in*): it decides refusals, which
+notification reaches which TM, and what the JobManager deletes in a handed-over directory
+(done on Flink's disk by the adapter). The state backend's reuse choice (the last completed
+checkpoint's handle, if `couldReusePreviousStateHandle`) is emulated as RocksDB's
+incremental strategy makes it.
+
+What Flink is judged on (the profile, `conformance/flink/profile.py`): after every step, the
+files in the job's `shared/` and `taskowned/` directories with their sizes, and which of them
+were deleted. Flink's random file names are paired with the model's (`f000001`...) by
+directory and order of creation. Every other field of an observation (owners, claims,
+ref counts, live segments, pools, registry, retained checkpoints) is the stand-in's and is
+not evidence about Flink: private fields are never read for a verdict. A case passes only
+when every step of it ran on Flink and matched; a case with a command the adapter cannot
+translate is out of reach and is never run."""
+
+NOT_JUDGED = """\
+- **Managed directories.** Flink creates a subtask's and a TM's directory when the manager
+  is set up, not at the first write (R40), and the adapter does not compare directories:
+  an empty directory is not a file, and comparing them would mark every case at its first
+  step.
+- **Refusals.** The stand-in decides them; a refusal says nothing about Flink.
+- **The JobManager side** (`SharedStateRegistry`, `CheckpointsCleaner`). Not driven: they
+  work on `CompletedCheckpoint`s and `OperatorState`s built from a job graph and a
+  `CheckpointCoordinator`'s pending checkpoints, which cannot be made call by call without
+  a job; the profile stays on the task-manager rules.
+- **Savepoints, merging mode NONE, rescaling restores, object stores, fault injection and
+  working state**: out of reach (the counts above say how many cases each leaves out)."""
+
+
+def _code(commands: object) -> str:
+    lines = [f"    {c!r}," for c in commands]  # type: ignore[attr-defined]
+    return "```python\n[\n" + "\n".join(lines) + "\n]\n```"
+
+
+def render(
+    counts: dict[str, int],
+    why_out: collections.Counter[str],
+    groups: list[Group],
+    live_notes: list[str],
+    live_examples: int,
+    root: Path,
+    tm_rules: tuple[str, ...],
+) -> str:
+    out = [
+        "# Flink 2.3's file-merging manager against our rules",
+        "",
+        "Written by `make conformance-flink` (`python -m conformance.flink`); the verdicts are "
+        "`conformance/flink/verdicts.py`. Apache Flink 2.3.0 (`apache-flink==2.3.0`), "
+        "`org.apache.flink.runtime.checkpoint.filemerging.FileMergingSnapshotManager`.",
+        "",
+        "## How it was run",
+        "",
+        METHOD,
+        "",
+        f"The rules whose effect on storage the profile judges: {', '.join(tm_rules)}.",
+        "",
+        "## Counts",
+        "",
+        "| corpus cases | in reach (run) | passed | diverged | out of reach (not run) |",
+        "|---|---|---|---|---|",
+        f"| {counts['corpus']} | {counts['in_reach']} | {counts['passed']} | "
+        f"{counts['diverged']} | {counts['out_of_reach']} |",
+        "",
+        "Out of reach, by the first reason:",
+        "",
+        "| reason | cases |",
+        "|---|---|",
+    ]
+    out += [f"| {why} | {n} |" for why, n in why_out.most_common()]
+    out += ["", f"Live mode ({live_examples} random sequences per merging mode, "
+            "commands out of reach left out):", ""]
+    out += [f"- {note}" for note in live_notes] or ["- not run"]
+    out += ["", "## Divergences", ""]
+    out += ["| # | verdict | what | rules | cases |", "|---|---|---|---|---|"]
+    for i, g in enumerate(groups, 1):
+        n = "live mode" if g.live_only else str(len(g.cases))
+        out.append(f"| {i} | {g.verdict.kind} | {g.verdict.title} | {g.verdict.rules} | {n} |")
+    for i, g in enumerate(groups, 1):
+        div = g.outcome.divergence
+        out += ["", f"### {i}. {g.verdict.title}", ""]
+        out += [f"**Verdict: {g.verdict.kind}.** Rules: {g.verdict.rules or '-'}.", ""]
+        out += [g.verdict.text, ""]
+        out += [f"Kind: merging mode `{g.signature[0]}`, at `{g.signature[1]}`, "
+                f"`{g.signature[2]}`."]
+        if g.cases:
+            shown = ", ".join(f"`{c}`" for c in g.cases[:6])
+            more = f" and {len(g.cases) - 6} more" if len(g.cases) > 6 else ""
+            out.append(f"Cases ({len(g.cases)}): {shown}{more}.")
+        else:
+            out.append("Found by live mode only.")
+        cfg = g.config
+        out += [
+            "",
+            f"Minimal sequence ({len(g.minimal)} commands; config: max_file_size="
+            f"{cfg.max_file_size}, max_space_amplification={cfg.max_space_amplification}, "
+            f"num_retained={cfg.num_retained}; job: "
+            + ", ".join(f"{v.name}x{v.parallelism}" for v in g.job.vertices)
+            + f" on {g.job.num_tms} TMs):",
+            "",
+            _code(g.minimal),
+            "",
+        ]
+        if div is not None:
+            out += ["At the last step:", "", "```", div.detail, "```"]
+        if g.repro:
+            rel = os.path.relpath(g.repro, root)
+            out += ["", f"Reproduction (no Java needed): [`{rel}`]({rel})"]
+    out += ["", "## Not judged", "", NOT_JUDGED, ""]
+    return "\n".join(out)
