@@ -18,7 +18,7 @@ PKG_INITS := $(wildcard spec/__init__.py refimpl/__init__.py fastimpl/__init__.p
 # Passed through from the environment or the command line: make test HYPOTHESIS_PROFILE=long
 export HYPOTHESIS_PROFILE
 
-.PHONY: all test lint demo verify bench mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark
+.PHONY: all test lint demo verify bench mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark conformance-flink
 .DEFAULT_GOAL := test
 
 all: test
@@ -223,6 +223,20 @@ $(FLINK_STAMP):
 
 fixtures-flink: $(FLINK_STAMP)
 	$(FLINK_VENV)/bin/python tests/fixtures/regen_flink.py $(FIXTURES_ARGS)
+
+# The conformance suite against Flink 2.3's own FileMergingSnapshotManager (issue 37; not
+# part of make test or CI): the corpus cases in the task-manager profile's reach and live
+# mode in both merging modes, driven call by call through pyflink's py4j gateway (one JVM),
+# in .venv-flink with this project installed into it. Writes docs/flink-divergences.md and
+# a reproduction script per Flink bug under docs/flink-repros/. About five minutes.
+# FLINK_CONFORMANCE_ARGS passes options, e.g. FLINK_CONFORMANCE_ARGS="--live 0 --cases 'r6*'".
+FLINK_PROJECT := $(FLINK_VENV)/.project
+$(FLINK_PROJECT): $(FLINK_STAMP) pyproject.toml $(PKG_INITS)
+	$(FLINK_VENV)/bin/python -m pip install -e .
+	touch $@
+
+conformance-flink: $(FLINK_PROJECT)
+	$(FLINK_VENV)/bin/python -m conformance.flink $(FLINK_CONFORMANCE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(FLINK_VENV) mutants .demo .mypy_cache .ruff_cache .pytest_cache .hypothesis .crosshair build dist *.egg-info

@@ -24,6 +24,9 @@ class Divergence:
     step: int
     """The 1-based step where Flink first differs."""
     command: Command
+    label: str
+    """The command's class name; for a delivered notification, with its kind
+    (``DeliverNotification:abort``)."""
     kinds: tuple[str, ...]
     """What differs: ``kept`` (Flink keeps a file the model deletes), ``deleted`` (Flink
     deletes a file the model keeps), ``extra`` (a file only Flink wrote), ``missing`` (a file
@@ -79,12 +82,12 @@ def run(
                 got = normalized(session.observe(), open_files_listed=listed)
             except Exception as err:
                 text = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-                div = Divergence(i + 1, s.command, ("raised",), (), text)
+                div = Divergence(i + 1, s.command, _label(session, s.command), ("raised",), (), text)
                 exp = _expected(session, s.observation)
                 return Outcome(name, len(steps), div, _calls(session), exp)
             if reason != s.refused:
                 text = f"model {s.refused}, adapter {reason}"
-                div = Divergence(i + 1, s.command, ("refusal",), (), text)
+                div = Divergence(i + 1, s.command, _label(session, s.command), ("refusal",), (), text)
                 exp = _expected(session, s.observation)
                 return Outcome(name, len(steps), div, _calls(session), exp)
             if got != s.observation:
@@ -93,13 +96,19 @@ def run(
                 if not kinds:
                     kinds = ["other"]
                 detail = _detail(model, got)
-                div = Divergence(i + 1, s.command, tuple(kinds), tuple(paths), detail)
+                div = Divergence(i + 1, s.command, _label(session, s.command), tuple(kinds), tuple(paths), detail)
                 return Outcome(name, len(steps), div, _calls(session), _expected(session, model))
         last = steps[-1].observation if steps else None
         exp = _expected(session, last) if last is not None else {}
         return Outcome(name, len(steps), None, _calls(session), exp)
     finally:
         session.close()
+
+
+def _label(session: object, command: Command) -> str:
+    name = type(command).__name__
+    notice = getattr(session, "last_notice", "")
+    return f"{name}:{notice}" if name == "DeliverNotification" and notice else name
 
 
 def _calls(session: object) -> tuple[str, ...]:
@@ -143,7 +152,7 @@ def signature(config: Config, div: Divergence) -> tuple[str, str, str]:
     where = sorted({p.split("/")[1] for p in div.paths if "/" in p})
     return (
         config.merging_mode.value,
-        type(div.command).__name__,
+        div.label,
         "+".join(div.kinds) + (f" in {'+'.join(where)}" if where else ""),
     )
 

@@ -5,6 +5,7 @@ pyflink is imported here, lazily, so that the conformance package never needs it
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -58,8 +59,15 @@ class Jvm:
         builder.setFilePoolType(pool.BLOCKING if config.pool_blocking else pool.NON_BLOCKING)
         return builder.build()
 
-    def key(self, job: str, subtask: SubtaskId) -> Any:
-        return self.subtask_key(job, subtask.vertex, subtask.index, subtask.parallelism)
+    def key(self, job_hex: str, subtask: SubtaskId) -> Any:
+        """Flink's ``SubtaskKey`` as a task builds it: the job's and the vertex's ids in
+        hex (a ``JobVertexID``), so that no vertex name reaches a path (FLINK-35778)."""
+        return self.subtask_key(job_hex, hex_id(subtask.vertex), subtask.index, subtask.parallelism)
+
+
+def hex_id(name: str) -> str:
+    """A Flink id (``JobID``, ``JobVertexID``: 32 hex digits) for one of our names."""
+    return hashlib.sha256(name.encode()).hexdigest()[:32]
 
 
 @functools.cache

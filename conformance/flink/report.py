@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import attrs
 from attrs import frozen
 
 from conformance.case import Case, load_corpus
@@ -100,10 +101,8 @@ def run(
         case, first = min(found, key=lambda co: (co[1].divergence.step if co[1].divergence else 0))
         commands = [s.command for s in case.steps][: first.divergence.step if first.divergence else None]
         short, out = _minimal(case.config, case.job, commands, impl, sig)
-        v = verdict(sig)
-        repro = _write_repro(repro_dir, sig, v, case.config, "job-0", out) if v.kind == FLINK_BUG else None
         names = tuple(sorted(c.name for c, _o in found))
-        groups.append(Group(sig, names, case.config, case.job, tuple(short), out, False, v, repro))
+        groups.append(Group(sig, names, case.config, case.job, tuple(short), out, False, verdict(sig), None))
         if log:
             print(f"  {sig}: {len(found)} cases, minimal {len(short)} commands", flush=True)
     live_notes: list[str] = []
@@ -128,17 +127,30 @@ def run(
             + (" (a kind the corpus shows too)" if known else " (a kind the corpus does not show)")
         )
         if not known:
-            v = verdict(sig)
             short = tuple(found_live.tape[: out.divergence.step])
-            repro = (
-                _write_repro(repro_dir, sig, v, found_live.config, "job-0", out)
-                if v.kind == FLINK_BUG
-                else None
-            )
             groups.append(
-                Group(sig, (), found_live.config, found_live.job, short, out, True, v, repro)
+                Group(sig, (), found_live.config, found_live.job, short, out, True, verdict(sig), None)
             )
-    return counts, why_out, groups, live_notes
+    return counts, why_out, _with_repros(groups, repro_dir), live_notes
+
+
+def _with_repros(groups: list[Group], folder: Path) -> list[Group]:
+    """One reproduction script per Flink bug and merging mode, from its shortest sequence."""
+    shortest: dict[tuple[str, str], Group] = {}
+    for g in groups:
+        if g.verdict.kind == FLINK_BUG:
+            k = (g.verdict.title, g.signature[0])
+            if k not in shortest or len(g.minimal) < len(shortest[k].minimal):
+                shortest[k] = g
+    out = []
+    for g in groups:
+        k = (g.verdict.title, g.signature[0])
+        if shortest.get(k) is g:
+            name = (g.verdict.title, g.signature[0], "")
+            path = _write_repro(folder, name, g.verdict, g.config, "job-0", g.outcome)
+            g = attrs.evolve(g, repro=path)
+        out.append(g)
+    return out
 
 
 def markdown(

@@ -47,6 +47,45 @@ NOT_JUDGED = """\
   working state**: out of reach (the counts above say how many cases each leaves out)."""
 
 
+_RANK = {"Flink bug": 0, "unclassified": 1, "deliberate difference (We)": 2}
+
+
+def _section(i: int, gs: list[Group], root: Path) -> list[str]:
+    v = gs[0].verdict
+    out = ["", f"### {i}. {v.title}", ""]
+    out += [f"**Verdict: {v.kind}.** Rules: {v.rules or '-'}.", "", v.text, ""]
+    out += ["Where it shows (merging mode, command at the diverging step, what differs):", ""]
+    for g in gs:
+        names = ", ".join(f"`{c}`" for c in g.cases[:4])
+        more = f" and {len(g.cases) - 4} more" if len(g.cases) > 4 else ""
+        where = f"{len(g.cases)} cases: {names}{more}" if g.cases else "live mode only"
+        out.append(f"- `{g.signature[0]}` / `{g.signature[1]}` / `{g.signature[2]}`: {where}")
+    shown: dict[str, Group] = {}
+    for g in gs:
+        mode = g.signature[0]
+        if mode not in shown or len(g.minimal) < len(shown[mode].minimal):
+            shown[mode] = g
+    for mode, g in sorted(shown.items()):
+        cfg = g.config
+        out += [
+            "",
+            f"Minimal sequence, `{mode}` ({len(g.minimal)} commands; max_file_size="
+            f"{cfg.max_file_size}, max_space_amplification={cfg.max_space_amplification}, "
+            f"num_retained={cfg.num_retained}; job "
+            + ", ".join(f"{vx.name} x{vx.parallelism}" for vx in g.job.vertices)
+            + f" on {g.job.num_tms} TMs):",
+            "",
+            _code(g.minimal),
+        ]
+        if g.outcome.divergence is not None:
+            out += ["", "At the last step:", "", "```", g.outcome.divergence.detail, "```"]
+    for g in gs:
+        if g.repro:
+            rel = os.path.relpath(g.repro, root)
+            out += ["", f"Reproduction (`{g.signature[0]}`, no Java needed): [`{rel}`]({rel})"]
+    return out
+
+
 def _code(commands: object) -> str:
     lines = [f"    {c!r}," for c in commands]  # type: ignore[attr-defined]
     return "```python\n[\n" + "\n".join(lines) + "\n]\n```"
@@ -90,40 +129,21 @@ def render(
     out += ["", f"Live mode ({live_examples} random sequences per merging mode, "
             "commands out of reach left out):", ""]
     out += [f"- {note}" for note in live_notes] or ["- not run"]
+    by_verdict: dict[str, list[Group]] = {}
+    for g in groups:
+        by_verdict.setdefault(g.verdict.title, []).append(g)
+    order = sorted(
+        by_verdict.values(),
+        key=lambda gs: (_RANK.get(gs[0].verdict.kind, 9), -sum(len(g.cases) for g in gs)),
+    )
     out += ["", "## Divergences", ""]
     out += ["| # | verdict | what | rules | cases |", "|---|---|---|---|---|"]
-    for i, g in enumerate(groups, 1):
-        n = "live mode" if g.live_only else str(len(g.cases))
-        out.append(f"| {i} | {g.verdict.kind} | {g.verdict.title} | {g.verdict.rules} | {n} |")
-    for i, g in enumerate(groups, 1):
-        div = g.outcome.divergence
-        out += ["", f"### {i}. {g.verdict.title}", ""]
-        out += [f"**Verdict: {g.verdict.kind}.** Rules: {g.verdict.rules or '-'}.", ""]
-        out += [g.verdict.text, ""]
-        out += [f"Kind: merging mode `{g.signature[0]}`, at `{g.signature[1]}`, "
-                f"`{g.signature[2]}`."]
-        if g.cases:
-            shown = ", ".join(f"`{c}`" for c in g.cases[:6])
-            more = f" and {len(g.cases) - 6} more" if len(g.cases) > 6 else ""
-            out.append(f"Cases ({len(g.cases)}): {shown}{more}.")
-        else:
-            out.append("Found by live mode only.")
-        cfg = g.config
-        out += [
-            "",
-            f"Minimal sequence ({len(g.minimal)} commands; config: max_file_size="
-            f"{cfg.max_file_size}, max_space_amplification={cfg.max_space_amplification}, "
-            f"num_retained={cfg.num_retained}; job: "
-            + ", ".join(f"{v.name}x{v.parallelism}" for v in g.job.vertices)
-            + f" on {g.job.num_tms} TMs):",
-            "",
-            _code(g.minimal),
-            "",
-        ]
-        if div is not None:
-            out += ["At the last step:", "", "```", div.detail, "```"]
-        if g.repro:
-            rel = os.path.relpath(g.repro, root)
-            out += ["", f"Reproduction (no Java needed): [`{rel}`]({rel})"]
+    for i, gs in enumerate(order, 1):
+        v = gs[0].verdict
+        n = sum(len(g.cases) for g in gs)
+        live = " + live mode" if any(g.live_only for g in gs) else ""
+        out.append(f"| {i} | {v.kind} | {v.title} | {v.rules or '-'} | {n}{live} |")
+    for i, gs in enumerate(order, 1):
+        out += _section(i, gs, root)
     out += ["", "## Not judged", "", NOT_JUDGED, ""]
     return "\n".join(out)

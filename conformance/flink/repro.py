@@ -18,6 +18,7 @@ that pyflink starts; no I/O executor is set, so deletes run inside the call.
 Exit status 1 while the files on disk differ from what the rules expect.
 """
 
+import hashlib
 import os
 import sys
 import tempfile
@@ -45,7 +46,9 @@ def jlist(*items):
 
 
 def key(vertex, index, parallelism):
-    return fm.FileMergingSnapshotManager.SubtaskKey("job-0", vertex, index, parallelism)
+    """A subtask's key as a task builds it: job and vertex ids in hex."""
+    vertex_id = hashlib.sha256(vertex.encode()).hexdigest()[:32]
+    return fm.FileMergingSnapshotManager.SubtaskKey(JOB.toHexString(), vertex_id, index, parallelism)
 
 
 def manager(tm):

@@ -32,7 +32,6 @@ seen on Flink's disk.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -42,7 +41,7 @@ from typing import Any
 import attrs
 
 from conformance.adapter import ModelSession
-from conformance.flink.jvm import Jvm, shared_jvm
+from conformance.flink.jvm import Jvm, hex_id, shared_jvm
 from conformance.flink.naming import Namer
 from conformance.flink.profile import foreign_deletion, out_of_reach, tm_side
 from refimpl.state import ModelState, NoticeKind, TmStatus
@@ -62,8 +61,8 @@ class OutOfReach(Exception):
 
 
 def job_hex(job: str) -> str:
-    """A Flink ``JobID`` (32 hex digits) for one of our job ids."""
-    return hashlib.sha256(job.encode()).hexdigest()[:32]
+    """A Flink ``JobID`` for one of our job ids."""
+    return hex_id(job)
 
 
 class Backend:
@@ -112,6 +111,8 @@ class FlinkSession:
         self.calls: list[str] = []
         """The Flink calls made so far, as lines of a Java-free Python script (``repro``)."""
         self.handle_ids: dict[str, int] = {}
+        self.last_notice = ""
+        """The kind of the last notification delivered (``complete``, ``abort``)."""
         for tm in sorted(self._live(self.model.state)):
             self._start_manager(tm, self.model.state)
 
@@ -122,7 +123,7 @@ class FlinkSession:
 
     def _key(self, sub: SubtaskId) -> Any:
         if sub not in self.keys:
-            self.keys[sub] = self.jvm.key(self.job, sub)
+            self.keys[sub] = self.jvm.key(job_hex(self.job), sub)
         return self.keys[sub]
 
     def _start_manager(self, tm: TmId, s: ModelState) -> None:
@@ -272,6 +273,7 @@ class FlinkSession:
     def _deliver(self, before: ModelState, index: int) -> None:
         j = self.jvm
         notice = before.channel[index]
+        self.last_notice = notice.kind.value
         mgr = self.managers.get(notice.tm)
         if mgr is None or notice.savepoint:
             return

@@ -22,7 +22,138 @@ class Verdict:
     """What happens, what is lost or leaked, and why this verdict."""
 
 
-VERDICTS: dict[tuple[str, str, str], Verdict] = {}
+ROLL = Verdict(
+    DELIBERATE,
+    "R12",
+    "A merged file takes one segment past max_file_size",
+    "Flink checks a pooled file's size after a segment is written: the file is returned to "
+    "the pool while it is under `max_file_size`, so the segment that crosses the size goes "
+    "into it and the file ends larger than the bound (Flink cannot know a stream's size "
+    "before it is written). R12 rolls to a new file before a segment would cross the size "
+    "(our streams hold their bytes until closed, so the size is known). Nothing is lost or "
+    "leaked; only the file boundaries differ.",
+)
+
+CRASH = Verdict(
+    ADAPTER,
+    "R65",
+    "A crash in the middle of a stream leaves no bytes on Flink's disk",
+    "The model's crash point has `written` bytes durable in the file. Flink's "
+    "`FileMergingCheckpointStateOutputStream` keeps up to its write buffer (4096 bytes here) "
+    "in memory and `flush()` does not push them to the physical file, so a crash before the "
+    "buffer fills leaves nothing (no file, or the pooled file without the partial bytes). "
+    "The adapter cannot reach the model's crash point through the stream's API without "
+    "closing the stream. Nothing is lost or leaked: Flink leaves less than the model.",
+)
+
+FAILOVER_LEAK = Verdict(
+    FLINK_BUG,
+    "R62 (We), I6; FLIP-306 §4.8",
+    "Files of a checkpoint in flight at a failover are never deleted",
+    "A subtask writes state for a checkpoint that has not completed, then the job fails "
+    "over. Flink closes the TM's manager and builds a new one (FLINK-35400) that restores "
+    "from the latest completed checkpoint; neither deletes the segments the in-flight "
+    "checkpoint wrote: the old manager's `close()` keeps them (the checkpoint is neither "
+    "aborted nor subsumed), and the new manager does not know them. No later notification "
+    "names that checkpoint to the new manager, so the files stay in the subtask's `shared/` "
+    "and the TM's `taskowned/` directory forever (the audit of real Flink 2.3 checkpoints "
+    "finds them too). FLIP-306 §4.8 promises a best-effort cleanup of such files; our R62 "
+    "deletes them at the restart, from the set of files every retained checkpoint uses. "
+    "Leaked: every byte written for the checkpoints in flight at each failover.",
+)
+
+CANCEL_LEAK = Verdict(
+    FLINK_BUG,
+    "R90, R34, I6; FLINK-32086",
+    "A job that ends with a checkpoint in flight leaves its files",
+    "A subtask writes state for a checkpoint that is still pending, then the job ends "
+    "(cancel). The manager's `close()` deletes the managed directories only when no "
+    "checkpoint in flight refers to them, and it does not discard what in-flight "
+    "checkpoints wrote: unless the abort notification reaches the task before it closes "
+    "(R34: a notification may be lost or late, and a task being cancelled may not run it), "
+    "the segment files and their directories stay for good. Probed directly: with "
+    "`notifyCheckpointAborted` before `close()` everything goes; with `close()` alone the "
+    "files stay. R90 has each TM discard at job end what no retained checkpoint references.",
+)
+
+EAGER_DISCARD = Verdict(
+    DELIBERATE,
+    "R31, R34",
+    "Output never acknowledged is discarded at a later completion",
+    "A subtask wrote state for checkpoint c and never acknowledged it; a later checkpoint "
+    "completes. On `complete(c', k)` our TM discards what it wrote and never acknowledged "
+    "for checkpoints up to c' (it cannot be part of any completed checkpoint). Flink's "
+    "manager is not told about acknowledgements: it keeps those segments until "
+    "`notifyCheckpointAborted(c)` or a subsume watermark at or past c, which a later "
+    "completion brings (R34), so they go one checkpoint later. In ACROSS mode the bytes "
+    "stay anyway while the pooled file is open (see R81). No loss; a delay, not a leak.",
+)
+
+DECLINE = Verdict(
+    DELIBERATE,
+    "R14, R32",
+    "A decline does not discard the subtask's output",
+    "Our subtask discards what it wrote for a checkpoint when it declines it, and closes its "
+    "WITHIN file. Flink's manager has no call for a decline: the bytes go when the abort "
+    "notification (or a later watermark) arrives. No loss; a delay.",
+)
+
+OPEN_POOL = Verdict(
+    DELIBERATE,
+    "R81 (We), R80",
+    "An ACROSS pool keeps dead bytes while the file is open",
+    "The segments of an aborted checkpoint are discarded, but their physical file is still "
+    "open in the ACROSS pool: Flink deletes and bounds only closed files, so the dead bytes "
+    "stay and the file goes on taking segments up to `max_file_size` (BRIEF §7 measured "
+    "109x amplification). R81 closes and rolls an open pooled file as soon as its "
+    "amplification passes the bound, and deletes it at ref count 0. Flink's behaviour is "
+    "bounded by `max_file_size`, not a permanent leak.",
+)
+
+AMPLIFICATION = Verdict(
+    DELIBERATE,
+    "R80, R81 (We), R20",
+    "Space amplification is bounded per file, not per TM",
+    "R80 marks a file not reusable when its own size over its live bytes passes "
+    "`max_space_amplification` (and R81 rolls an open pooled one); the next reuse of its "
+    "live segments uploads them again. Flink's `controlSpace` compares the manager's total "
+    "physical bytes with its total live bytes and only then marks closed files with the "
+    "most dead bytes, so a single bloated file below the TM-wide ratio stays reusable and "
+    "Flink reuses where we upload again. No loss; Flink keeps more dead bytes.",
+)
+
+ZOMBIE = Verdict(
+    DELIBERATE,
+    "R64 (We)",
+    "A replaced attempt's files are deleted before the attempt is known to have stopped",
+    "A TM is lost and the job fails over; its subtasks' new attempt restores the files the "
+    "lost TM wrote and, once they are subsumed, Flink's new manager deletes them at once "
+    "(they are under its managed directory, so it owns them). R64 keeps a lost attempt's "
+    "files pending until the attempt is known to have stopped, since a zombie may still "
+    "write into them (on an object store a late write recreates a deleted object and leaks "
+    "it). No retained checkpoint refers to the deleted files: nothing is lost here.",
+)
+
+VERDICTS: dict[tuple[str, str, str], Verdict] = {
+    **{("*", cmd, f"missing+size in {d}"): ROLL
+       for cmd in ("WriteState", "ReuseShared") for d in ("shared", "taskowned")},
+    **{("*", "CrashDuringWrite", f"{k} in {d}"): CRASH
+       for k in ("missing", "size", "missing+size") for d in ("shared", "taskowned")},
+    **{("*", cmd, f"kept in {d}"): FAILOVER_LEAK
+       for cmd in ("Failover", "RestartCoordinator")
+       for d in ("shared", "taskowned", "shared+taskowned")},
+    **{("*", "Cancel", f"kept in {d}"): CANCEL_LEAK
+       for d in ("shared", "taskowned", "shared+taskowned")},
+    **{("*", "DeliverNotification:complete", f"kept in {d}"): EAGER_DISCARD
+       for d in ("shared", "taskowned", "shared+taskowned")},
+    **{("*", "Decline", f"kept in {d}"): DECLINE for d in ("shared", "taskowned")},
+    ("across", "DeliverNotification:abort", "kept in shared"): OPEN_POOL,
+    ("across", "DeliverNotification:abort", "kept in taskowned"): OPEN_POOL,
+    ("across", "DeliverNotification:abort", "kept in shared+taskowned"): OPEN_POOL,
+    ("*", "ReuseShared", "missing in shared"): AMPLIFICATION,
+    ("*", "ReuseShared", "size in shared"): AMPLIFICATION,
+    ("*", "DeliverNotification:complete", "deleted in shared"): ZOMBIE,
+}  # fmt: skip
 """(merging mode or ``*``, command, kinds) -> verdict."""
 
 
