@@ -236,7 +236,7 @@ $(FLINK_PROJECT): $(FLINK_STAMP) pyproject.toml $(PKG_INITS)
 	touch $@
 
 conformance-flink: $(FLINK_PROJECT)
-	$(FLINK_VENV)/bin/python -m conformance.flink $(FLINK_CONFORMANCE_ARGS)
+	$(FLINK_VENV)/bin/python -m conformance.flink.report $(FLINK_CONFORMANCE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(FLINK_VENV) mutants .demo .mypy_cache .ruff_cache .pytest_cache .hypothesis .crosshair build dist *.egg-info

@@ -3,6 +3,7 @@
 call at a time through the py4j gateway of the ``apache-flink`` package (extra ``flink``).
 
 ``profile`` (pure Python) says which cases the adapter can judge and what it judges;
-``session`` (needs pyflink, imported lazily) is the adapter; ``report`` runs the corpus and
+``session`` (needs pyflink, imported lazily) is the adapter; ``report``
+(``python -m conformance.flink.report``, ``make conformance-flink``) runs the corpus and
 live mode and writes ``docs/flink-divergences.md``.
 """

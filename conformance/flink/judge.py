@@ -12,6 +12,7 @@ from conformance.adapter import Implementation
 from conformance.case import Case
 from conformance.compare import normalized
 from conformance.flink.profile import judged
+from conformance.harness import Harness
 from conformance.runner import expected_steps
 from spec.commands import Command
 from spec.config import Config, JobSpec
@@ -82,12 +83,16 @@ def run(
                 got = normalized(session.observe(), open_files_listed=listed)
             except Exception as err:
                 text = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-                div = Divergence(i + 1, s.command, _label(session, s.command), ("raised",), (), text)
+                div = Divergence(
+                    i + 1, s.command, _label(session, s.command), ("raised",), (), text
+                )
                 exp = _expected(session, s.observation)
                 return Outcome(name, len(steps), div, _calls(session), exp)
             if reason != s.refused:
                 text = f"model {s.refused}, adapter {reason}"
-                div = Divergence(i + 1, s.command, _label(session, s.command), ("refusal",), (), text)
+                div = Divergence(
+                    i + 1, s.command, _label(session, s.command), ("refusal",), (), text
+                )
                 exp = _expected(session, s.observation)
                 return Outcome(name, len(steps), div, _calls(session), exp)
             if got != s.observation:
@@ -96,7 +101,9 @@ def run(
                 if not kinds:
                     kinds = ["other"]
                 detail = _detail(model, got)
-                div = Divergence(i + 1, s.command, _label(session, s.command), tuple(kinds), tuple(paths), detail)
+                div = Divergence(
+                    i + 1, s.command, _label(session, s.command), tuple(kinds), tuple(paths), detail
+                )
                 return Outcome(name, len(steps), div, _calls(session), _expected(session, model))
         last = steps[-1].observation if steps else None
         exp = _expected(session, last) if last is not None else {}
@@ -188,3 +195,38 @@ def shrink(
             else:
                 i -= 1
     return current
+
+
+@frozen
+class Quiet:
+    """What stays different once the system is quiet (I6, "no leak once quiet")."""
+
+    leaked: tuple[str, ...]
+    """Files Flink keeps that the model has deleted."""
+    lost: tuple[str, ...]
+    """Files the model keeps that Flink has deleted or never wrote."""
+
+
+def quiet(config: Config, job: JobSpec, commands: Sequence[Command], impl: Implementation) -> Quiet:
+    """Run ``commands`` and then the model's quiescing (lost attempts stopped, every
+    notification delivered, pending checkpoints aborted, ``num_retained + 1`` fault-free
+    checkpoints completed) on Flink, and compare only the end: a difference that a later
+    checkpoint heals is a delay; one that stays is a leak or a loss."""
+    h = Harness(config, job)
+    for cmd in commands:
+        h.try_run(cmd)
+    n = len(h.history)
+    h.quiesce()
+    tail = h.history[n:]
+    session = impl.start(config, job)
+    try:
+        for cmd in [*commands, *tail]:
+            session.run(cmd)
+            session.observe()
+        flink, _ = judged(session.observe(), getattr(session, "job", "job-0"))
+    finally:
+        session.close()
+    model, _ = judged(h.observe(), h.state.job)
+    leaked = tuple(sorted(p for p in flink if p not in model))
+    lost = tuple(sorted(p for p in model if p not in flink))
+    return Quiet(leaked, lost)

@@ -29,7 +29,10 @@ class Jvm:
         self.path: Any = self.jvm.org.apache.flink.core.fs.Path
         self.fs: Any = self.jvm.org.apache.flink.core.fs.local.LocalFileSystem.getSharedInstance()
         scope = self.jvm.org.apache.flink.runtime.state.CheckpointedStateScope
-        self.scopes: dict[Scope, Any] = {Scope.SHARED: scope.SHARED, Scope.EXCLUSIVE: scope.EXCLUSIVE}
+        self.scopes: dict[Scope, Any] = {
+            Scope.SHARED: scope.SHARED,
+            Scope.EXCLUSIVE: scope.EXCLUSIVE,
+        }
 
     def long(self, n: int) -> Any:
         """A ``java.lang.Long``: py4j sends a small Python int as an ``Integer``, which

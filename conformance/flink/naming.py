@@ -43,9 +43,7 @@ class Namer:
         for flink_dir, flink_files in new.items():
             ours_dir = self.dirs.get(flink_dir, f"unknown/{os.path.basename(flink_dir)}")
             free = sorted(
-                p
-                for p in model_files
-                if p not in self.back and os.path.dirname(p) == ours_dir
+                p for p in model_files if p not in self.back and os.path.dirname(p) == ours_dir
             )
             flink_files.sort(key=self._created)
             for i, flink in enumerate(flink_files):

@@ -1,5 +1,5 @@
-"""``python -m conformance.flink``: the corpus and live mode on Flink 2.3's manager, and the
-divergence report (``docs/flink-divergences.md``) with a reproduction script per Flink bug.
+"""``python -m conformance.flink.report``: the corpus and live mode on Flink 2.3's manager,
+and the divergence report (``docs/flink-divergences.md``) with a reproduction script per Flink bug.
 
 Every corpus case is either out of the profile's reach (``profile.out_of_reach``: never
 run, never counted as passed) or run on Flink; a case that runs passes only when every step's
@@ -13,6 +13,7 @@ import collections
 import fnmatch
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from attrs import frozen
 
 from conformance.case import Case, load_corpus
 from conformance.flink import judge
-from conformance.flink.live import live
+from conformance.flink.live import sequences
 from conformance.flink.profile import TM_RULES, out_of_reach
 from conformance.flink.repro import script
 from conformance.flink.session import Flink, job_hex
@@ -43,6 +44,9 @@ class Group:
     live_only: bool
     verdict: Verdict
     repro: str | None
+    quiet: tuple[int, int, int] = (0, 0, 0)
+    """Of the sequences run to the end and then quiesced: how many, how many still leave
+    files only Flink has (a leak), how many miss files the model keeps (a loss)."""
 
 
 def _slug(sig: tuple[str, str, str]) -> str:
@@ -50,7 +54,11 @@ def _slug(sig: tuple[str, str, str]) -> str:
 
 
 def _minimal(
-    config: Config, job: JobSpec, commands: Sequence[Command], impl: Flink, sig: tuple[str, str, str]
+    config: Config,
+    job: JobSpec,
+    commands: Sequence[Command],
+    impl: Flink,
+    sig: tuple[str, str, str],
 ) -> tuple[list[Command], judge.Outcome]:
     def same(out: judge.Outcome) -> bool:
         return out.divergence is not None and judge.signature(config, out.divergence) == sig
@@ -64,8 +72,14 @@ def _minimal(
     return short[: out.divergence.step], out
 
 
-def _write_repro(folder: Path, group_sig: tuple[str, str, str], v: Verdict, config: Config,
-                 job: str, out: judge.Outcome) -> str:
+def _write_repro(
+    folder: Path,
+    group_sig: tuple[str, str, str],
+    v: Verdict,
+    config: Config,
+    job: str,
+    out: judge.Outcome,
+) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{_slug(group_sig)}.py"
     body = f"{v.text}\n\nRules: {v.rules}."
@@ -98,40 +112,75 @@ def run(
             print(f"  {counts['in_reach']} cases run, {time.perf_counter() - t0:.0f} s", flush=True)
     groups: list[Group] = []
     for sig, found in sorted(failing.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        case, first = min(found, key=lambda co: (co[1].divergence.step if co[1].divergence else 0))
-        commands = [s.command for s in case.steps][: first.divergence.step if first.divergence else None]
+        case, first = min(found, key=lambda co: co[1].divergence.step if co[1].divergence else 0)
+        commands = [s.command for s in case.steps][
+            : first.divergence.step if first.divergence else None
+        ]
         short, out = _minimal(case.config, case.job, commands, impl, sig)
         names = tuple(sorted(c.name for c, _o in found))
-        groups.append(Group(sig, names, case.config, case.job, tuple(short), out, False, verdict(sig), None))
+        runs = (_quiet(c.config, c.job, [st.command for st in c.steps], impl) for c, _o in found)
+        q = [x for x in runs if x is not None]
+        quiet = (len(q), sum(1 for x in q if x.leaked), sum(1 for x in q if x.lost))
+        groups.append(
+            Group(
+                sig,
+                names,
+                case.config,
+                case.job,
+                tuple(short),
+                out,
+                False,
+                verdict(sig),
+                None,
+                quiet,
+            )
+        )
         if log:
             print(f"  {sig}: {len(found)} cases, minimal {len(short)} commands", flush=True)
     live_notes: list[str] = []
     for mode in (MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT):
         if live_examples <= 0:
             break
-        found_live = live(impl, mode, live_examples)
-        if not found_live.tape or found_live.config is None or found_live.job is None:
-            live_notes.append(f"{mode.value}: {live_examples} random sequences, no divergence")
-            continue
-        out = judge.run(found_live.config, found_live.job, found_live.tape, impl, f"live-{mode.value}")
-        if out.divergence is None:
-            live_notes.append(
-                f"{mode.value}: a mismatch that did not replay ({found_live.message})"
-            )
-            continue
-        sig = judge.signature(found_live.config, out.divergence)
-        known = [g for g in groups if g.signature == sig]
+        tapes = sequences(mode, live_examples)
+        kinds: collections.Counter[str] = collections.Counter()
+        passed = raised = 0
+        for i, (config, job, tape) in enumerate(tapes):
+            try:
+                out = judge.run(config, job, tape, impl, f"live-{mode.value}-{i + 1}")
+            except Exception:  # the model refused its own replay: not a verdict on Flink
+                raised += 1
+                continue
+            if out.divergence is None:
+                passed += 1
+                continue
+            sig = judge.signature(config, out.divergence)
+            v = verdict(sig)
+            kinds[f"{v.kind}: {v.title}"] += 1
+            if not any(g.signature == sig for g in groups):
+                short, out = _minimal(config, job, tape[: out.divergence.step], impl, sig)
+                x = _quiet(config, job, tape, impl)
+                quiet = (1, int(bool(x.leaked)), int(bool(x.lost))) if x else (0, 0, 0)
+                groups.append(Group(sig, (), config, job, tuple(short), out, True, v, None, quiet))
+        sorted_kinds = "; ".join(f"{k} ({n})" for k, n in kinds.most_common()) or "none"
         live_notes.append(
-            f"{mode.value}: {live_examples} random sequences; the first divergence, shrunk to "
-            f"{out.divergence.step} commands, is `{' / '.join(sig)}`"
-            + (" (a kind the corpus shows too)" if known else " (a kind the corpus does not show)")
+            f"`{mode.value}`: {len(tapes)} random sequences ({sum(len(t[2]) for t in tapes)} "
+            f"commands), {passed} passed, {len(tapes) - passed - raised} diverged"
+            + (f", {raised} not replayed" if raised else "")
+            + f". Divergences by verdict: {sorted_kinds}"
         )
-        if not known:
-            short = tuple(found_live.tape[: out.divergence.step])
-            groups.append(
-                Group(sig, (), found_live.config, found_live.job, short, out, True, verdict(sig), None)
-            )
+        if log:
+            print(f"  live {live_notes[-1]}", flush=True)
+    shutil.rmtree(impl.base, ignore_errors=True)
     return counts, why_out, _with_repros(groups, repro_dir), live_notes
+
+
+def _quiet(
+    config: Config, job: JobSpec, commands: Sequence[Command], impl: Flink
+) -> judge.Quiet | None:
+    try:
+        return judge.quiet(config, job, commands, impl)
+    except Exception:  # a Flink call failed on the way: no verdict from this one
+        return None
 
 
 def _with_repros(groups: list[Group], folder: Path) -> list[Group]:
@@ -167,7 +216,7 @@ def markdown(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m conformance.flink", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m conformance.flink.report", description=__doc__)
     ap.add_argument("--live", type=int, default=30, help="random sequences per merging mode")
     ap.add_argument("--cases", default="*", help="a glob over case names")
     ap.add_argument("--out", default="docs/flink-divergences.md")

@@ -48,14 +48,14 @@ def jlist(*items):
 def key(vertex, index, parallelism):
     """A subtask's key as a task builds it: job and vertex ids in hex."""
     vertex_id = hashlib.sha256(vertex.encode()).hexdigest()[:32]
-    return fm.FileMergingSnapshotManager.SubtaskKey(JOB.toHexString(), vertex_id, index, parallelism)
+    subtask_key = fm.FileMergingSnapshotManager.SubtaskKey
+    return subtask_key(JOB.toHexString(), vertex_id, index, parallelism)
 
 
 def manager(tm):
     """One TM's manager, as the TaskExecutor builds it for a job."""
-    builder = fm.FileMergingSnapshotManagerBuilder(
-        JOB, jvm.org.apache.flink.runtime.clusterframework.types.ResourceID(tm), fm.FileMergingType.{kind}
-    )
+    resource = jvm.org.apache.flink.runtime.clusterframework.types.ResourceID(tm)
+    builder = fm.FileMergingSnapshotManagerBuilder(JOB, resource, fm.FileMergingType.{kind})
     builder.setMaxFileSize(L({max_file_size}))
     builder.setMaxSpaceAmplification({amplification})
     builder.setFilePoolType(fm.PhysicalFilePool.Type.{pool})
@@ -104,7 +104,7 @@ h = {{}}  # handle number -> SegmentFileStateHandle
 crashed = []
 '''
 
-FOOTER = '''
+FOOTER = """
 found = files_by_directory()
 expected = {expected!r}
 wrong = {{
@@ -116,11 +116,16 @@ for d, (got, want) in wrong.items():
     print(f"{{d}}: file sizes on disk {{got}}, expected by the rules {{want}}")
 print("DIVERGES" if wrong else "as the rules expect")
 sys.exit(1 if wrong else 0)
-'''
+"""
 
 
 def script(
-    title: str, body: str, config: Config, job_hex: str, calls: list[str], expected: dict[str, list[int]]
+    title: str,
+    body: str,
+    config: Config,
+    job_hex: str,
+    calls: list[str],
+    expected: dict[str, list[int]],
 ) -> str:
     kind = (
         "MERGE_ACROSS_CHECKPOINT"

@@ -47,7 +47,7 @@ from conformance.flink.profile import foreign_deletion, out_of_reach, tm_side
 from refimpl.state import ModelState, NoticeKind, TmStatus
 from spec import commands as c
 from spec.config import Config, JobSpec, Scope, StateKind
-from spec.errors import Reason
+from spec.errors import CkptError, Reason
 from spec.ids import SubtaskId, TmId
 from spec.layout import shared_dir, taskowned_dir
 from spec.observation import DeletionRecord, Observation
@@ -56,7 +56,7 @@ Handle = Any
 """A Java ``SegmentFileStateHandle`` (py4j proxy)."""
 
 
-class OutOfReach(Exception):
+class OutOfReach(CkptError):
     """A command the adapter cannot translate (``profile.NO_COUNTERPART``)."""
 
 
@@ -311,9 +311,7 @@ class FlinkSession:
             acked = self.acked.get((sub, cp), [])
             backend = self.backends[(tm, sub)]
             backend.last_completed = cp
-            backend.uploaded = {
-                cp: {n: h for n, k, h in acked if k is StateKind.KEYED_SHARED}
-            }
+            backend.uploaded = {cp: {n: h for n, k, h in acked if k is StateKind.KEYED_SHARED}}
             for n, _kind, h in acked:
                 self.sizes.setdefault((tm, sub, n), int(h.getStateSize()))
             handles = j.list(h for _n, _kind, h in acked)
@@ -366,9 +364,7 @@ class FlinkSession:
         return out
 
     def _deletions(self, model: Observation) -> tuple[DeletionRecord, ...]:
-        kept = [
-            d for d in model.deletions if not (d.existed and tm_side(d.path, self.job))
-        ]
+        kept = [d for d in model.deletions if not (d.existed and tm_side(d.path, self.job))]
         by_path: dict[str, list[DeletionRecord]] = {}
         for d in model.deletions:
             if d.existed and tm_side(d.path, self.job):
@@ -385,9 +381,7 @@ class FlinkSession:
 
     def flink_dirs(self) -> dict[str, str]:
         """Our TM directories -> Flink's, relative to the storage root."""
-        return {
-            ours: os.path.relpath(flink, self.root) for flink, ours in self.namer.dirs.items()
-        }
+        return {ours: os.path.relpath(flink, self.root) for flink, ours in self.namer.dirs.items()}
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

@@ -54,12 +54,14 @@ FAILOVER_LEAK = Verdict(
     "over. Flink closes the TM's manager and builds a new one (FLINK-35400) that restores "
     "from the latest completed checkpoint; neither deletes the segments the in-flight "
     "checkpoint wrote: the old manager's `close()` keeps them (the checkpoint is neither "
-    "aborted nor subsumed), and the new manager does not know them. No later notification "
-    "names that checkpoint to the new manager, so the files stay in the subtask's `shared/` "
-    "and the TM's `taskowned/` directory forever (the audit of real Flink 2.3 checkpoints "
-    "finds them too). FLIP-306 §4.8 promises a best-effort cleanup of such files; our R62 "
-    "deletes them at the restart, from the set of files every retained checkpoint uses. "
-    "Leaked: every byte written for the checkpoints in flight at each failover.",
+    "aborted nor subsumed), and the new manager never learns of them, so no later "
+    "notification can discard them. They stay in the subtask's `shared/` and the TM's "
+    "`taskowned/` directory for as long as the directory lives, which for a running job is "
+    "forever (the storage audit of real Flink 2.3 checkpoints, `docs/foreign-audit.md`, "
+    "finds a killed and restarted job's in-flight SSTs still in `shared/`). FLIP-306 §4.8 "
+    "promises a best-effort cleanup of such files; our R62 deletes them at the restart, "
+    "keeping every file any retained checkpoint uses. Leaked: every byte written for the "
+    "checkpoints in flight at each failover.",
 )
 
 CANCEL_LEAK = Verdict(
@@ -73,7 +75,9 @@ CANCEL_LEAK = Verdict(
     "(R34: a notification may be lost or late, and a task being cancelled may not run it), "
     "the segment files and their directories stay for good. Probed directly: with "
     "`notifyCheckpointAborted` before `close()` everything goes; with `close()` alone the "
-    "files stay. R90 has each TM discard at job end what no retained checkpoint references.",
+    "files stay. The storage audit of real Flink 2.3 checkpoints (`docs/foreign-audit.md`) "
+    "finds the same after a clean cancel during a checkpoint: its SSTs stay in `shared/`. "
+    "R90 has each TM discard at job end what no retained checkpoint references.",
 )
 
 EAGER_DISCARD = Verdict(
