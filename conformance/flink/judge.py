@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from attrs import frozen
+from attrs import field, frozen
 
 from conformance.adapter import Implementation
 from conformance.case import Case
@@ -136,8 +136,8 @@ def _expected(session: object, model: Observation) -> dict[str, list[int]]:
 
 def _detail(model: Observation, flink: Observation) -> str:
     lines = []
-    for field in ("files", "deletions"):
-        a, b = getattr(model, field), getattr(flink, field)
+    for name in ("files", "deletions"):
+        a, b = getattr(model, name), getattr(flink, name)
         if a != b:
             if isinstance(a, dict) or hasattr(a, "items"):
                 only_m = sorted(set(a.items()) - set(b.items()))
@@ -145,7 +145,7 @@ def _detail(model: Observation, flink: Observation) -> str:
             else:
                 only_m = [x for x in a if x not in b]
                 only_f = [x for x in b if x not in a]
-            lines.append(f"{field}: only the model's {only_m}; only Flink's {only_f}")
+            lines.append(f"{name}: only the model's {only_m}; only Flink's {only_f}")
     return "\n".join(lines) or "a field outside the judged part differs"
 
 
@@ -162,6 +162,27 @@ def signature(config: Config, div: Divergence) -> tuple[str, str, str]:
         div.label,
         "+".join(div.kinds) + (f" in {'+'.join(where)}" if where else ""),
     )
+
+
+def shrink_by(
+    commands: Sequence[Command], keeps: Callable[[Sequence[Command]], bool], budget: int = 400
+) -> list[Command]:
+    """A shorter sequence for which ``keeps`` still holds: greedily drop one command at a
+    time, last first."""
+    current = list(commands)
+    tries = 0
+    changed = True
+    while changed and tries < budget:
+        changed = False
+        i = len(current) - 1
+        while i >= 0 and tries < budget:
+            candidate = current[:i] + current[i + 1 :]
+            tries += 1
+            if keeps(candidate):
+                current = candidate
+                changed = True
+            i -= 1
+    return current
 
 
 def shrink(
@@ -199,19 +220,26 @@ def shrink(
 
 @frozen
 class Quiet:
-    """What stays different once the system is quiet (I6, "no leak once quiet")."""
+    """Flink's storage once the system is quiet, judged by I6 and I1 from the disk and the
+    handles Flink returned (no name pairing: file boundaries may differ from the model's)."""
 
     leaked: tuple[str, ...]
-    """Files Flink keeps that the model has deleted."""
-    lost: tuple[str, ...]
-    """Files the model keeps that Flink has deleted or never wrote."""
+    """Files in the TM directories that no handle of a retained checkpoint points into
+    (I6: no leak once quiet)."""
+    dangling: tuple[str, ...]
+    """Handles of retained checkpoints whose bytes are not on disk (I1: no dangling
+    reference): what is lost."""
+    commands: tuple[Command, ...] = ()
+    """The sequence with the model's quiescing appended."""
+    calls: tuple[str, ...] = ()
+    expected: dict[str, list[int]] = field(factory=dict)
+    """The model's TM files once quiet, by Flink directory (as ``Outcome.expected``)."""
 
 
 def quiet(config: Config, job: JobSpec, commands: Sequence[Command], impl: Implementation) -> Quiet:
     """Run ``commands`` and then the model's quiescing (lost attempts stopped, every
     notification delivered, pending checkpoints aborted, ``num_retained + 1`` fault-free
-    checkpoints completed) on Flink, and compare only the end: a difference that a later
-    checkpoint heals is a delay; one that stays is a leak or a loss."""
+    checkpoints completed) on Flink, and judge only the end."""
     h = Harness(config, job)
     for cmd in commands:
         h.try_run(cmd)
@@ -223,10 +251,15 @@ def quiet(config: Config, job: JobSpec, commands: Sequence[Command], impl: Imple
         for cmd in [*commands, *tail]:
             session.run(cmd)
             session.observe()
-        flink, _ = judged(session.observe(), getattr(session, "job", "job-0"))
+        files: dict[str, int] = session.flink_files()  # type: ignore[attr-defined]
+        refs: list[tuple[str, int, int]] = session.retained_handles()  # type: ignore[attr-defined]
+        calls = _calls(session)
+        expected = _expected(session, h.observe())
     finally:
         session.close()
-    model, _ = judged(h.observe(), h.state.job)
-    leaked = tuple(sorted(p for p in flink if p not in model))
-    lost = tuple(sorted(p for p in model if p not in flink))
-    return Quiet(leaked, lost)
+    used = {path for path, _start, _size in refs}
+    leaked = tuple(sorted(p for p in files if p not in used))
+    dangling = tuple(
+        f"{path}@{start}+{size}" for path, start, size in refs if files.get(path, -1) < start + size
+    )
+    return Quiet(leaked, dangling, (*commands, *tail), calls, expected)

@@ -2,9 +2,10 @@
 ``f000001``... in order of creation, in the layout of R1).
 
 A Flink directory maps to ours by what it is for (a subtask's shared directory, a TM's
-exclusive one). A new Flink file is paired with a file the model created in the same
-directory that no Flink file is paired with yet, both taken in order of creation (Flink's:
-the order handles first named them, then modification time). A Flink file with no model
+exclusive one). A Flink file that appeared in a step is paired with a file the model created
+in the same directory in the same step, both taken in order of creation (Flink's: the order
+handles first named them, then modification time). A model file that no Flink file matched
+in its step is never paired later: it shows as a file only the model has. A Flink file with no model
 file to pair with keeps a name of its own, ``flink-<first 8 characters>``, so that it shows
 as a file only Flink has."""
 
@@ -20,13 +21,14 @@ class Namer:
         self.names: dict[str, str] = {}
         self.back: dict[str, str] = {}
         self.mentioned: dict[str, int] = {}
+        self.model_seen: set[str] = set()
 
     def directory(self, flink: str, ours: str) -> None:
-        self.dirs[_local(flink).rstrip("/")] = ours
+        self.dirs[local_path(flink).rstrip("/")] = ours
 
     def saw(self, flink_file: str) -> None:
         """A handle named this file: its place in the order of creation."""
-        self.mentioned.setdefault(_local(flink_file), len(self.mentioned))
+        self.mentioned.setdefault(local_path(flink_file), len(self.mentioned))
 
     def ours(self, flink_file: str) -> str:
         return self.names[flink_file]
@@ -35,16 +37,17 @@ class Namer:
         return self.back.get(ours)
 
     def pair(self, on_disk: Mapping[str, int], model_files: Set[str]) -> None:
-        """Name every Flink file on disk not named yet."""
+        """Name every Flink file on disk not named yet; ``model_files`` are the model's
+        files after the same step."""
+        born = set(model_files) - self.model_seen
+        self.model_seen |= set(model_files)
         new: dict[str, list[str]] = {}
         for flink in on_disk:
             if flink not in self.names:
                 new.setdefault(os.path.dirname(flink), []).append(flink)
         for flink_dir, flink_files in new.items():
             ours_dir = self.dirs.get(flink_dir, f"unknown/{os.path.basename(flink_dir)}")
-            free = sorted(
-                p for p in model_files if p not in self.back and os.path.dirname(p) == ours_dir
-            )
+            free = sorted(p for p in born if os.path.dirname(p) == ours_dir)
             flink_files.sort(key=self._created)
             for i, flink in enumerate(flink_files):
                 if i < len(free):
@@ -62,6 +65,6 @@ class Namer:
         return (self.mentioned.get(flink, len(self.mentioned) + 1), mtime, flink)
 
 
-def _local(path: str) -> str:
+def local_path(path: str) -> str:
     """A Flink path string (``file:/...`` or ``/...``) as a local path."""
     return path[len("file:") :] if path.startswith("file:") else path

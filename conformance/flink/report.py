@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import collections
 import fnmatch
+import functools
 import os
 import re
 import shutil
@@ -28,7 +29,7 @@ from conformance.flink.live import sequences
 from conformance.flink.profile import TM_RULES, out_of_reach
 from conformance.flink.repro import script
 from conformance.flink.session import Flink, job_hex
-from conformance.flink.verdicts import FLINK_BUG, Verdict, verdict
+from conformance.flink.verdicts import FLINK_BUG, Verdict, quiet_class, quiet_verdict, verdict
 from spec.commands import Command
 from spec.config import Config, JobSpec, MergingMode
 
@@ -45,8 +46,8 @@ class Group:
     verdict: Verdict
     repro: str | None
     quiet: tuple[int, int, int] = (0, 0, 0)
-    """Of the sequences run to the end and then quiesced: how many, how many still leave
-    files only Flink has (a leak), how many miss files the model keeps (a loss)."""
+    """Of the sequences run to the end and then quiesced: how many, how many leave a file
+    no retained checkpoint uses (I6), how many leave a dangling handle (I1)."""
 
 
 def _slug(sig: tuple[str, str, str]) -> str:
@@ -89,11 +90,12 @@ def _write_repro(
 
 def run(
     cases: list[Case], live_examples: int, repro_dir: Path, log: bool = True
-) -> tuple[dict[str, int], collections.Counter[str], list[Group], list[str]]:
+) -> tuple[dict[str, int], collections.Counter[str], list[Group], list[str], list[QuietGroup]]:
     impl = Flink()
     counts = {"corpus": len(cases), "in_reach": 0, "passed": 0, "diverged": 0, "out_of_reach": 0}
     why_out: collections.Counter[str] = collections.Counter()
     failing: dict[tuple[str, str, str], list[tuple[Case, judge.Outcome]]] = {}
+    in_reach: list[Case] = []
     t0 = time.perf_counter()
     for case in cases:
         why = out_of_reach(case.config, [s.command for s in case.steps])
@@ -102,6 +104,7 @@ def run(
             why_out[why.split(":")[0]] += 1
             continue
         counts["in_reach"] += 1
+        in_reach.append(case)
         out = judge.run_case(case, impl)
         if out.divergence is None:
             counts["passed"] += 1
@@ -110,6 +113,11 @@ def run(
             failing.setdefault(judge.signature(case.config, out.divergence), []).append((case, out))
         if log and counts["in_reach"] % 50 == 0:
             print(f"  {counts['in_reach']} cases run, {time.perf_counter() - t0:.0f} s", flush=True)
+    if log:
+        print("  every case in reach once more, to its end and quiesced", flush=True)
+    quiet_of = {
+        c.name: _quiet(c.config, c.job, [st.command for st in c.steps], impl) for c in in_reach
+    }
     groups: list[Group] = []
     for sig, found in sorted(failing.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         case, first = min(found, key=lambda co: co[1].divergence.step if co[1].divergence else 0)
@@ -118,9 +126,8 @@ def run(
         ]
         short, out = _minimal(case.config, case.job, commands, impl, sig)
         names = tuple(sorted(c.name for c, _o in found))
-        runs = (_quiet(c.config, c.job, [st.command for st in c.steps], impl) for c, _o in found)
-        q = [x for x in runs if x is not None]
-        quiet = (len(q), sum(1 for x in q if x.leaked), sum(1 for x in q if x.lost))
+        q = [x for x in (quiet_of.get(c.name) for c, _o in found) if x is not None]
+        quiet = (len(q), sum(1 for x in q if x.leaked), sum(1 for x in q if x.dangling))
         groups.append(
             Group(
                 sig,
@@ -159,7 +166,7 @@ def run(
             if not any(g.signature == sig for g in groups):
                 short, out = _minimal(config, job, tape[: out.divergence.step], impl, sig)
                 x = _quiet(config, job, tape, impl)
-                quiet = (1, int(bool(x.leaked)), int(bool(x.lost))) if x else (0, 0, 0)
+                quiet = (1, int(bool(x.leaked)), int(bool(x.dangling))) if x else (0, 0, 0)
                 groups.append(Group(sig, (), config, job, tuple(short), out, True, v, None, quiet))
         sorted_kinds = "; ".join(f"{k} ({n})" for k, n in kinds.most_common()) or "none"
         live_notes.append(
@@ -170,8 +177,96 @@ def run(
         )
         if log:
             print(f"  live {live_notes[-1]}", flush=True)
+    ran, clean, quiet_groups = once_quiet(in_reach, quiet_of, impl, repro_dir, log)
+    counts["quiet_ran"], counts["quiet_clean"] = ran, clean
     shutil.rmtree(impl.base, ignore_errors=True)
-    return counts, why_out, _with_repros(groups, repro_dir), live_notes
+    return counts, why_out, _with_repros(groups, repro_dir), live_notes, quiet_groups
+
+
+@frozen
+class QuietGroup:
+    """Sequences after which Flink is not quiet (``judge.quiet``): a leak (I6) or a
+    dangling handle (I1) of one likely cause (``verdicts.quiet_class``)."""
+
+    mode: str
+    kind: str
+    """``leak`` or ``dangling``."""
+    cls: str
+    cases: tuple[str, ...]
+    config: Config
+    job: JobSpec
+    minimal: tuple[Command, ...]
+    """The shortest sequence found that still leaves it, before the quiescing."""
+    quiet: judge.Quiet
+    verdict: Verdict
+    repro: str | None
+
+
+def once_quiet(
+    cases: list[Case],
+    results: dict[str, judge.Quiet | None],
+    impl: Flink,
+    repro_dir: Path,
+    log: bool,
+) -> tuple[int, int, list[QuietGroup]]:
+    """Every case in reach, run to its end and quiesced on Flink (``results``): how many
+    ran, how many were quiet, and the others grouped, each group shrunk."""
+    found: dict[tuple[str, str, str], list[tuple[Case, judge.Quiet]]] = {}
+    ran = clean = 0
+    for case in cases:
+        commands = [s.command for s in case.steps]
+        q = results.get(case.name)
+        if q is None:
+            continue
+        ran += 1
+        if not q.leaked and not q.dangling:
+            clean += 1
+        mode = case.config.merging_mode.value
+        cls = quiet_class(mode, {type(cmd).__name__ for cmd in commands})
+        for kind, bad in (("dangling", q.dangling), ("leak", q.leaked)):
+            if bad:
+                found.setdefault((mode, kind, cls), []).append((case, q))
+    groups = []
+    for (mode, kind, cls), items in sorted(found.items()):
+        case, _q = min(items, key=lambda cq: len(cq[0].steps))
+
+        keeps = functools.partial(_not_quiet, case.config, case.job, impl, mode, kind, cls)
+        short = judge.shrink_by([s.command for s in case.steps], keeps, budget=80)
+        q2 = _quiet(case.config, case.job, short, impl)
+        assert q2 is not None
+        v = quiet_verdict(cls) if kind == "leak" else quiet_verdict("dangling handle: data lost")
+        names = tuple(sorted(c.name for c, _q in items))
+        repro = None
+        if v.kind == FLINK_BUG and cls == "lost notification":
+            path = repro_dir / f"{_slug((v.title, mode, ''))}.py"
+            repro_dir.mkdir(parents=True, exist_ok=True)
+            body = f"{v.text}\n\nRules: {v.rules}."
+            path.write_text(
+                script(v.title, body, case.config, job_hex("job-0"), list(q2.calls), q2.expected)
+            )
+            repro = str(path)
+        groups.append(
+            QuietGroup(mode, kind, cls, names, case.config, case.job, tuple(short), q2, v, repro)
+        )
+        if log:
+            print(f"  once quiet: {mode} {kind} ({cls}): {len(items)} cases, minimal {len(short)}")
+    return ran, clean, groups
+
+
+def _not_quiet(
+    config: Config,
+    job: JobSpec,
+    impl: Flink,
+    mode: str,
+    kind: str,
+    cls: str,
+    commands: Sequence[Command],
+) -> bool:
+    """Whether ``commands`` still leave Flink not quiet in the same way (for shrinking)."""
+    q = _quiet(config, job, commands, impl)
+    names = {type(cmd).__name__ for cmd in commands}
+    bad = q is not None and bool(q.dangling if kind == "dangling" else q.leaked)
+    return bad and quiet_class(mode, names) == cls
 
 
 def _quiet(
@@ -207,12 +302,13 @@ def markdown(
     why_out: collections.Counter[str],
     groups: list[Group],
     live_notes: list[str],
+    quiet_groups: list[QuietGroup],
     live_examples: int,
     root: Path,
 ) -> str:
     from conformance.flink.report_text import render
 
-    return render(counts, why_out, groups, live_notes, live_examples, root, TM_RULES)
+    return render(counts, why_out, groups, live_notes, quiet_groups, live_examples, root, TM_RULES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -224,14 +320,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cases = [c for c in load_corpus() if fnmatch.fnmatch(c.name, args.cases)]
     print(f"Flink 2.3 conformance: {len(cases)} corpus cases", flush=True)
-    counts, why_out, groups, live_notes = run(cases, args.live, Path(args.repros))
+    counts, why_out, groups, live_notes, quiet_groups = run(cases, args.live, Path(args.repros))
     root = Path(os.path.dirname(os.path.abspath(args.out)))
-    text = markdown(counts, why_out, groups, live_notes, args.live, root)
+    text = markdown(counts, why_out, groups, live_notes, quiet_groups, args.live, root)
     Path(args.out).write_text(text)
     print(
         f"in reach {counts['in_reach']}, passed {counts['passed']}, diverged "
         f"{counts['diverged']}, out of reach {counts['out_of_reach']}; "
-        f"{len(groups)} kinds of divergence; report: {args.out}"
+        f"{len(groups)} kinds of divergence; once quiet {counts['quiet_clean']} of "
+        f"{counts['quiet_ran']} clean; report: {args.out}"
     )
     for note in live_notes:
         print(f"live {note}")

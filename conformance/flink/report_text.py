@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from conformance.flink.report import Group
+    from conformance.flink.report import Group, QuietGroup
 
 METHOD = """\
 How it runs (`conformance/flink/`): one py4j gateway (pyflink's, Java 17) per run; per case
@@ -60,7 +60,7 @@ def _section(i: int, gs: list[Group], root: Path) -> list[str]:
         more = f" and {len(g.cases) - 4} more" if len(g.cases) > 4 else ""
         where = f"{len(g.cases)} cases: {names}{more}" if g.cases else "live mode only"
         runs, leak, loss = g.quiet
-        once = f"; once quiet, {leak} leak and {loss} lose of {runs}" if runs else ""
+        once = f"; once quiet, {leak} of {runs} leak, {loss} dangle" if runs else ""
         out.append(f"- `{g.signature[0]}` / `{g.signature[1]}` / `{g.signature[2]}`: {where}{once}")
     shown: dict[str, Group] = {}
     for g in gs:
@@ -88,6 +88,72 @@ def _section(i: int, gs: list[Group], root: Path) -> list[str]:
     return out
 
 
+def _quiet_section(counts: dict[str, int], qgs: list[QuietGroup], root: Path) -> list[str]:
+    out = [
+        "",
+        "## Once quiet: leaks and losses left for good",
+        "",
+        "Step by step, a divergence can be a delay. So every case in reach is also run to "
+        "its end and quiesced on Flink (lost attempts stopped, every notification delivered, "
+        "pending checkpoints aborted, num_retained + 1 fault-free checkpoints completed), and "
+        "Flink's disk judged against the handles Flink returned for the retained checkpoints: "
+        "a file no retained checkpoint uses is a *leak* (I6), a handle whose bytes are not on "
+        "disk is *dangling* (I1: data lost). This judges Flink without pairing names. An "
+        "ACROSS file still open in Flink's pool counts as a leak here when only dead bytes "
+        "are left in it (the quiescing writes shared state only, so a TM's exclusive pool "
+        "file keeps the dead bytes of before): that is verdict *An ACROSS pool keeps dead "
+        "bytes while the file is open*.",
+        "",
+        f"Quiet once quiesced: {counts.get('quiet_clean', 0)} of "
+        f"{counts.get('quiet_ran', 0)} cases in reach.",
+        "",
+        "| mode | what | likely cause (from the shortest sequence) | verdict | cases |",
+        "|---|---|---|---|---|",
+    ]
+    for g in qgs:
+        out.append(
+            f"| `{g.mode}` | {g.kind} | {g.cls} | {g.verdict.kind}: {g.verdict.title} | "
+            f"{len(g.cases)} |"
+        )
+    for g in qgs:
+        cfg = g.config
+        out += [
+            "",
+            f"### Once quiet, `{g.mode}`: {g.kind} ({g.cls})",
+            "",
+            f"**Verdict: {g.verdict.kind}: {g.verdict.title}.** Rules: {g.verdict.rules}.",
+        ]
+        if g.cls in ("failover", "cancel", "open pool"):
+            out += ["", "(The divergence of that name above explains it.)"]
+        else:
+            out += ["", g.verdict.text]
+        names = ", ".join(f"`{c}`" for c in g.cases[:6])
+        more = f" and {len(g.cases) - 6} more" if len(g.cases) > 6 else ""
+        out += [
+            "",
+            f"Cases ({len(g.cases)}): {names}{more}.",
+            "",
+            f"Shortest sequence found ({len(g.minimal)} commands, then the quiescing; "
+            f"max_file_size={cfg.max_file_size}, num_retained={cfg.num_retained}; job "
+            + ", ".join(f"{vx.name} x{vx.parallelism}" for vx in g.job.vertices)
+            + f" on {g.job.num_tms} TMs):",
+            "",
+            _code(g.minimal),
+            "",
+            "Left on Flink's disk once quiet: "
+            + (
+                ", ".join(
+                    f"`{os.path.basename(os.path.dirname(p))}/{os.path.basename(p)}`"
+                    for p in (g.quiet.leaked or g.quiet.dangling)[:6]
+                )
+            ),
+        ]
+        if g.repro:
+            rel = os.path.relpath(g.repro, root)
+            out += ["", f"Reproduction (no Java needed): [`{rel}`]({rel})"]
+    return out
+
+
 def _code(commands: object) -> str:
     lines = [f"    {c!r}," for c in commands]  # type: ignore[attr-defined]
     return "```python\n[\n" + "\n".join(lines) + "\n]\n```"
@@ -98,6 +164,7 @@ def render(
     why_out: collections.Counter[str],
     groups: list[Group],
     live_notes: list[str],
+    quiet_groups: list[QuietGroup],
     live_examples: int,
     root: Path,
     tm_rules: tuple[str, ...],
@@ -144,13 +211,14 @@ def render(
     )
     out += ["", "## Divergences", ""]
     out += [
-        "Once quiet: each diverging case run to its end and then quiesced (lost attempts "
-        "stopped, every notification delivered, pending checkpoints aborted, num_retained + 1 "
-        "fault-free checkpoints completed), and only the end compared: *leak* counts the "
-        "cases where Flink still has files the model deleted, *loss* those where the model "
-        "has files Flink does not.",
+        "Once quiet: each diverging case run to its end and then quiesced on Flink (lost "
+        "attempts stopped, every notification delivered, pending checkpoints aborted, "
+        "num_retained + 1 fault-free checkpoints completed), then Flink's disk judged against "
+        "the handles Flink returned for the retained checkpoints: *leak* counts the cases "
+        "that leave a file no retained checkpoint uses (I6), *dangling* those that leave a "
+        "handle whose bytes are not on disk (I1: data lost).",
         "",
-        "| # | verdict | what | rules | cases | once quiet: leak / loss |",
+        "| # | verdict | what | rules | cases | once quiet: leak / dangling |",
         "|---|---|---|---|---|---|",
     ]
     for i, gs in enumerate(order, 1):
@@ -162,5 +230,6 @@ def render(
         out.append(f"| {i} | {v.kind} | {v.title} | {v.rules or '-'} | {n}{live} | {q} |")
     for i, gs in enumerate(order, 1):
         out += _section(i, gs, root)
+    out += _quiet_section(counts, quiet_groups, root)
     out += ["", "## Not judged", "", NOT_JUDGED, ""]
     return "\n".join(out)

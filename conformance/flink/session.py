@@ -42,7 +42,7 @@ import attrs
 
 from conformance.adapter import ModelSession
 from conformance.flink.jvm import Jvm, hex_id, shared_jvm
-from conformance.flink.naming import Namer
+from conformance.flink.naming import Namer, local_path
 from conformance.flink.profile import foreign_deletion, out_of_reach, tm_side
 from refimpl.state import ModelState, NoticeKind, TmStatus
 from spec import commands as c
@@ -379,6 +379,22 @@ class FlinkSession:
             seen.append(records.pop(0) if records else foreign_deletion(ours))
         return tuple(kept + seen)
 
+    def retained_handles(self) -> list[tuple[str, int, int]]:
+        """(file, start, size) of every handle the stand-in's retained checkpoints hold,
+        as Flink returned them when the subtasks acknowledged (I1's references)."""
+        ids = {r.id for r in self.model.state.retained}
+        out = []
+        for (_sub, cp), entries in sorted(self.acked.items(), key=lambda kv: kv[0][1]):
+            if cp in ids:
+                for _n, _kind, h in entries:
+                    path = local_path(str(h.getFilePath().toString()))
+                    out.append((path, int(h.getStartPos()), int(h.getStateSize())))
+        return out
+
+    def flink_files(self) -> dict[str, int]:
+        """Every file in the job's TM directories on Flink's disk, with its size."""
+        return self._disk()
+
     def flink_dirs(self) -> dict[str, str]:
         """Our TM directories -> Flink's, relative to the storage root."""
         return {ours: os.path.relpath(flink, self.root) for flink, ours in self.namer.dirs.items()}
@@ -403,7 +419,8 @@ class Flink:
     def start(self, config: Config, job: JobSpec) -> FlinkSession:
         self.count += 1
         root = os.path.join(self.base, f"case-{self.count}")
-        os.makedirs(root, exist_ok=True)
+        shutil.rmtree(root, ignore_errors=True)  # every case starts on empty storage
+        os.makedirs(root)
         return FlinkSession(config, job, shared_jvm(), root)
 
 

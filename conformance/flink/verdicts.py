@@ -138,6 +138,22 @@ ZOMBIE = Verdict(
     "it). No retained checkpoint refers to the deleted files: nothing is lost here.",
 )
 
+LOST_NOTICE = Verdict(
+    FLINK_BUG,
+    "R31, R34, R15, I6",
+    "A lost notification leaves a WITHIN file open, and its bytes, for the rest of the job",
+    "In WITHIN_CHECKPOINT mode Flink keeps one pool per checkpoint and closes checkpoint "
+    "c's pooled files only on `notifyCheckpointComplete(c)` or `notifyCheckpointAborted(c)` "
+    "for that very c (or once every subtask of the TM was notified of c itself). When that "
+    "notification is lost, a later completion's subsume watermark does discard c's "
+    "segments (ref count 0), but the physical file is still open in c's pool, and an open "
+    "file is never deleted: it stays until the manager closes (job end or failover). R34 "
+    "asks that a later notification cover a lost one; R31 has `complete(c', k)` close the "
+    "WITHIN files of every checkpoint up to c'. Leaked: every byte of a checkpoint whose "
+    "own notification a TM missed (e.g. an `abort(c)` lost while a later checkpoint "
+    "completes).",
+)
+
 VERDICTS: dict[tuple[str, str, str], Verdict] = {
     **{("*", cmd, f"missing+size in {d}"): ROLL
        for cmd in ("WriteState", "ReuseShared") for d in ("shared", "taskowned")},
@@ -167,3 +183,32 @@ def verdict(signature: tuple[str, str, str]) -> Verdict:
         if key in VERDICTS:
             return VERDICTS[key]
     return Verdict(UNCLASSIFIED, "", f"{command}: {kinds} ({mode})", "Not looked at yet.")
+
+
+QUIET_CLASSES = {
+    "failover": FAILOVER_LEAK,
+    "cancel": CANCEL_LEAK,
+    "open pool": OPEN_POOL,
+    "lost notification": LOST_NOTICE,
+}
+"""What a sequence that leaves Flink not quiet (judge.quiet) is, by ``quiet_class``."""
+
+
+def quiet_class(mode: str, command_names: set[str]) -> str:
+    """The likely cause of a leak once quiet, from the shrunk sequence: a failover or a job
+    end in it; otherwise, in ACROSS mode, the open pool; otherwise a lost notification."""
+    if command_names & {"Failover", "RestartCoordinator"}:
+        return "failover"
+    if "Cancel" in command_names:
+        return "cancel"
+    if mode == "across":
+        return "open pool"
+    if "DropNotification" in command_names:
+        return "lost notification"
+    return "other"
+
+
+def quiet_verdict(cls: str) -> Verdict:
+    return QUIET_CLASSES.get(
+        cls, Verdict(UNCLASSIFIED, "I6", f"A leak once quiet ({cls})", "Not looked at yet.")
+    )
