@@ -16,7 +16,14 @@ from conformance.case import load_corpus
 from conformance.flink import judge
 from conformance.flink.naming import Namer
 from conformance.flink.profile import NO_COUNTERPART, judged, out_of_reach, tm_side
-from conformance.flink.verdicts import DELIBERATE, FLINK_BUG, UNCLASSIFIED, verdict
+from conformance.flink.verdicts import (
+    DELIBERATE,
+    FLINK_BUG,
+    UNCLASSIFIED,
+    quiet_class,
+    quiet_verdict,
+    verdict,
+)
 from conformance.harness import DEFAULT_JOB, KS, OP, S
 from spec import commands as c
 from spec.config import Config, MergingMode, StateKind
@@ -163,6 +170,30 @@ def test_kinds_of_difference() -> None:
         "job-0/shared/a/f2",
         "job-0/shared/a/f4",
     ]
+
+
+def test_a_model_file_is_paired_only_in_the_step_it_appears(tmp_path: Path) -> None:
+    """A file only the model wrote (a crash Flink never flushed) must not be paired with
+    a Flink file of a later step: the stand-in would delete Flink's file in its name."""
+    d = tmp_path / "shared" / "dir"
+    d.mkdir(parents=True)
+    namer = Namer()
+    namer.directory(str(d), "job-0/shared/v-0-1")
+    namer.pair({}, {"job-0/shared/v-0-1/f000001"})
+    later = d / "uuid-later"
+    later.write_bytes(b"x")
+    namer.pair({str(later): 1}, {"job-0/shared/v-0-1/f000001", "job-0/shared/v-0-1/f000002"})
+    assert namer.ours(str(later)) == "job-0/shared/v-0-1/f000002"
+    assert namer.flink_path("job-0/shared/v-0-1/f000001") is None
+
+
+def test_quiet_classes() -> None:
+    assert quiet_class("within", {"Trigger", "Failover"}) == "failover"
+    assert quiet_class("within", {"Trigger", "Cancel"}) == "cancel"
+    assert quiet_class("across", {"Trigger", "DropNotification"}) == "open pool"
+    assert quiet_class("within", {"Trigger", "DropNotification"}) == "lost notification"
+    assert quiet_verdict("lost notification").kind == FLINK_BUG
+    assert quiet_verdict("other").kind == UNCLASSIFIED
 
 
 def test_verdicts() -> None:

@@ -39,10 +39,14 @@ NOT_JUDGED = """\
   an empty directory is not a file, and comparing them would mark every case at its first
   step.
 - **Refusals.** The stand-in decides them; a refusal says nothing about Flink.
-- **The JobManager side** (`SharedStateRegistry`, `CheckpointsCleaner`). Not driven: they
-  work on `CompletedCheckpoint`s and `OperatorState`s built from a job graph and a
-  `CheckpointCoordinator`'s pending checkpoints, which cannot be made call by call without
-  a job; the profile stays on the task-manager rules.
+- **The JobManager side** (`SharedStateRegistry`, `CheckpointsCleaner`): not driven.
+  `SharedStateRegistryImpl` can be built and called one call at a time
+  (`registerReference`, `checkpointCompleted`, `unregisterUnusedState`), but what it is fed
+  (which directory and segment handles a task's snapshot carries, wrapped in
+  `FileMergingOperatorStreamStateHandle` or a keyed backend's handle) is the state
+  backends' choice, which the adapter would have to invent; `CheckpointsCleaner` works on
+  `CompletedCheckpoint`s built from a job's `OperatorState`s. The stand-in plays that side,
+  so the profile stays on the task-manager rules.
 - **Savepoints, merging mode NONE, rescaling restores, object stores, fault injection and
   working state**: out of reach (the counts above say how many cases each leaves out)."""
 
@@ -228,6 +232,11 @@ def render(
         runs, leak, loss = (sum(g.quiet[k] for g in gs) for k in range(3))
         q = f"{leak} / {loss} of {runs}" if runs else "-"
         out.append(f"| {i} | {v.kind} | {v.title} | {v.rules or '-'} | {n}{live} | {q} |")
+    out += [
+        "",
+        "In ACROSS mode most leaks once quiet are the open pool's dead bytes, whatever the "
+        "first divergence of the case was; *Once quiet*, below, sorts the leaks by cause.",
+    ]
     for i, gs in enumerate(order, 1):
         out += _section(i, gs, root)
     out += _quiet_section(counts, quiet_groups, root)

@@ -90,7 +90,9 @@ EAGER_DISCARD = Verdict(
     "manager is not told about acknowledgements: it keeps those segments until "
     "`notifyCheckpointAborted(c)` or a subsume watermark at or past c, which a later "
     "completion brings (R34), so they go one checkpoint later. In ACROSS mode the bytes "
-    "stay anyway while the pooled file is open (see R81). No loss; a delay, not a leak.",
+    "stay anyway while the pooled file is open (see R81). No loss, and a delay when c's "
+    "own notification arrives; when it is lost, WITHIN mode leaves the file open for good "
+    "(*A lost notification leaves a WITHIN file open*, below).",
 )
 
 DECLINE = Verdict(
