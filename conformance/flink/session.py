@@ -35,7 +35,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -104,6 +103,8 @@ class FlinkSession:
         self.outputs: dict[tuple[TmId, SubtaskId, int], list[tuple[str, StateKind, Handle]]] = {}
         self.acked: dict[tuple[SubtaskId, int], list[tuple[str, StateKind, Handle]]] = {}
         self.crashed_streams: list[Any] = []
+        """Streams of crashed writes, never closed (R65), and kept referenced so that py4j
+        does not release them to the JVM's collector."""
         self.stand_in_deleted: list[DeletionRecord] = []
         self.flink_deleted: list[tuple[str, str]] = []
         """(flink path, our path) of every file that left Flink's disk not by the stand-in."""
@@ -422,8 +423,3 @@ class Flink:
         shutil.rmtree(root, ignore_errors=True)  # every case starts on empty storage
         os.makedirs(root)
         return FlinkSession(config, job, shared_jvm(), root)
-
-
-def managers_of(session: FlinkSession) -> Mapping[TmId, Any]:
-    """The live Java managers, for diagnostics (never for verdicts)."""
-    return dict(session.managers)
