@@ -4,6 +4,9 @@ the files the rules expect, per managed directory. It exits 1 while Flink diverg
 
 from __future__ import annotations
 
+import pprint
+import textwrap
+
 from spec.config import Config, MergingMode
 
 HEADER = '''\
@@ -106,7 +109,7 @@ crashed = []
 
 FOOTER = """
 found = files_by_directory()
-expected = {expected!r}
+expected = {expected}
 wrong = {{
     d: (found.get(d, []), expected.get(d, []))
     for d in sorted(set(found) | set(expected))
@@ -134,11 +137,12 @@ def script(
     )
     head = HEADER.format(
         title=title,
-        body=body,
+        body="\n\n".join(textwrap.fill(p, 88) for p in body.split("\n\n")),
         job_hex=job_hex,
         kind=kind,
         max_file_size=config.max_file_size,
         amplification=float(config.max_space_amplification),
         pool="BLOCKING" if config.pool_blocking else "NON_BLOCKING",
     )
-    return head + "\n".join(calls) + "\n" + FOOTER.format(expected=expected)
+    shown = pprint.pformat(expected, width=88)
+    return head + "\n".join(calls) + "\n" + FOOTER.format(expected=shown)
