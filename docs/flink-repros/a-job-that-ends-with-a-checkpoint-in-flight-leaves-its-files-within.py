@@ -1,6 +1,15 @@
 """A job that ends with a checkpoint in flight leaves its files
 
-A subtask writes state for a checkpoint that is still pending, then the job ends (cancel). The manager's `close()` deletes the managed directories only when no checkpoint in flight refers to them, and it does not discard what in-flight checkpoints wrote: unless the abort notification reaches the task before it closes (R34: a notification may be lost or late, and a task being cancelled may not run it), the segment files and their directories stay for good. Probed directly: with `notifyCheckpointAborted` before `close()` everything goes; with `close()` alone the files stay. The storage audit of real Flink 2.3 checkpoints (`docs/foreign-audit.md`) finds the same after a clean cancel during a checkpoint: its SSTs stay in `shared/`. R90 has each TM discard at job end what no retained checkpoint references.
+A subtask writes state for a checkpoint that is still pending, then the job ends
+(cancel). The manager's `close()` deletes the managed directories only when no
+checkpoint in flight refers to them, and it does not discard what in-flight checkpoints
+wrote: unless the abort notification reaches the task before it closes (R34: a
+notification may be lost or late, and a task being cancelled may not run it), the
+segment files and their directories stay for good. Probed directly: with
+`notifyCheckpointAborted` before `close()` everything goes; with `close()` alone the
+files stay. The storage audit of real Flink 2.3 checkpoints (`docs/foreign-audit.md`)
+finds the same after a clean cancel during a checkpoint: its SSTs stay in `shared/`. R90
+has each TM discard at job end what no retained checkpoint references.
 
 Rules: R90, R34, I6; FLINK-32086.
 
@@ -111,7 +120,12 @@ m['tm-1'].close()
 m['tm-2'].close()
 
 found = files_by_directory()
-expected = {'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_25a6634263c1b1f6fc4697a04e2b9904_0_2': [], 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_25a6634263c1b1f6fc4697a04e2b9904_1_2': [], 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_548e750b9cadc2a9336fcb9bcb3362d1_0_2': [], 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_548e750b9cadc2a9336fcb9bcb3362d1_1_2': [], 'job-0/taskowned/job_ec67b2acc821cb4830f954b9786c1c59_tm_tm-1': [], 'job-0/taskowned/job_ec67b2acc821cb4830f954b9786c1c59_tm_tm-2': []}
+expected = {'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_25a6634263c1b1f6fc4697a04e2b9904_0_2': [],
+ 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_25a6634263c1b1f6fc4697a04e2b9904_1_2': [],
+ 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_548e750b9cadc2a9336fcb9bcb3362d1_0_2': [],
+ 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_548e750b9cadc2a9336fcb9bcb3362d1_1_2': [],
+ 'job-0/taskowned/job_ec67b2acc821cb4830f954b9786c1c59_tm_tm-1': [],
+ 'job-0/taskowned/job_ec67b2acc821cb4830f954b9786c1c59_tm_tm-2': []}
 wrong = {
     d: (found.get(d, []), expected.get(d, []))
     for d in sorted(set(found) | set(expected))

@@ -1,6 +1,18 @@
 """A lost notification leaves a WITHIN file open, and its bytes, for the rest of the job
 
-In WITHIN_CHECKPOINT mode Flink keeps one pool of physical files per checkpoint and closes checkpoint c's pool on `notifyCheckpointComplete(c)` or `notifyCheckpointAborted(c)` for that very c, or in `tryDiscardCheckpoint(c)`. `notifyCheckpointSubsumed(k)` discards the segments of every checkpoint up to k but calls `tryDiscardCheckpoint` with k alone. An aborted checkpoint is never subsumed, so when its abort notification is lost, the segments go (ref count 0) while the file stays open in c's pool, and an open file is never deleted: it stays until the manager closes (`close()` does delete it: job end or failover). Probed directly: a 10-byte exclusive segment of checkpoint 1, `abort(1)` lost, checkpoints 2-4 completed with watermarks 0, 2, 3: the file stays; with `notifyCheckpointSubsumed(1)` it goes. R34 asks that a later notification cover a lost one; R31 has `complete(c', k)` close the WITHIN files of every checkpoint up to c'. Leaked until the job ends: every byte of a checkpoint whose abort a TM missed.
+In WITHIN_CHECKPOINT mode Flink keeps one pool of physical files per checkpoint and
+closes checkpoint c's pool on `notifyCheckpointComplete(c)` or
+`notifyCheckpointAborted(c)` for that very c, or in `tryDiscardCheckpoint(c)`.
+`notifyCheckpointSubsumed(k)` discards the segments of every checkpoint up to k but
+calls `tryDiscardCheckpoint` with k alone. An aborted checkpoint is never subsumed, so
+when its abort notification is lost, the segments go (ref count 0) while the file stays
+open in c's pool, and an open file is never deleted: it stays until the manager closes
+(`close()` does delete it: job end or failover). Probed directly: a 10-byte exclusive
+segment of checkpoint 1, `abort(1)` lost, checkpoints 2-4 completed with watermarks 0,
+2, 3: the file stays; with `notifyCheckpointSubsumed(1)` it goes. R34 asks that a later
+notification cover a lost one; R31 has `complete(c', k)` close the WITHIN files of every
+checkpoint up to c'. Leaked until the job ends: every byte of a checkpoint whose abort a
+TM missed.
 
 Rules: R31, R34, R15, I6.
 
@@ -152,7 +164,12 @@ m['tm-2'].notifyCheckpointComplete(key('src', 1, 2), L(4))
 m['tm-2'].notifyCheckpointSubsumed(key('src', 1, 2), L(3))
 
 found = files_by_directory()
-expected = {'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_25a6634263c1b1f6fc4697a04e2b9904_0_2': [50], 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_25a6634263c1b1f6fc4697a04e2b9904_1_2': [50], 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_548e750b9cadc2a9336fcb9bcb3362d1_0_2': [50], 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_548e750b9cadc2a9336fcb9bcb3362d1_1_2': [50], 'job-0/taskowned/job_ec67b2acc821cb4830f954b9786c1c59_tm_tm-1': [], 'job-0/taskowned/job_ec67b2acc821cb4830f954b9786c1c59_tm_tm-2': []}
+expected = {'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_25a6634263c1b1f6fc4697a04e2b9904_0_2': [50],
+ 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_25a6634263c1b1f6fc4697a04e2b9904_1_2': [50],
+ 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_548e750b9cadc2a9336fcb9bcb3362d1_0_2': [50],
+ 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_548e750b9cadc2a9336fcb9bcb3362d1_1_2': [50],
+ 'job-0/taskowned/job_ec67b2acc821cb4830f954b9786c1c59_tm_tm-1': [],
+ 'job-0/taskowned/job_ec67b2acc821cb4830f954b9786c1c59_tm_tm-2': []}
 wrong = {
     d: (found.get(d, []), expected.get(d, []))
     for d in sorted(set(found) | set(expected))

@@ -1,6 +1,17 @@
 """Files of a checkpoint in flight at a failover are never deleted
 
-A subtask writes state for a checkpoint that has not completed, then the job fails over. Flink closes the TM's manager and builds a new one (FLINK-35400) that restores from the latest completed checkpoint; neither deletes the segments the in-flight checkpoint wrote: the old manager's `close()` keeps them (the checkpoint is neither aborted nor subsumed), and the new manager never learns of them, so no later notification can discard them. They stay in the subtask's `shared/` and the TM's `taskowned/` directory for as long as the directory lives, which for a running job is forever (the storage audit of real Flink 2.3 checkpoints, `docs/foreign-audit.md`, finds a killed and restarted job's in-flight SSTs still in `shared/`). FLIP-306 §4.8 promises a best-effort cleanup of such files; our R62 deletes them at the restart, keeping every file any retained checkpoint uses. Leaked: every byte written for the checkpoints in flight at each failover.
+A subtask writes state for a checkpoint that has not completed, then the job fails over.
+Flink closes the TM's manager and builds a new one (FLINK-35400) that restores from the
+latest completed checkpoint; neither deletes the segments the in-flight checkpoint
+wrote: the old manager's `close()` keeps them (the checkpoint is neither aborted nor
+subsumed), and the new manager never learns of them, so no later notification can
+discard them. They stay in the subtask's `shared/` and the TM's `taskowned/` directory
+for as long as the directory lives, which for a running job is forever (the storage
+audit of real Flink 2.3 checkpoints, `docs/foreign-audit.md`, finds a killed and
+restarted job's in-flight SSTs still in `shared/`). FLIP-306 §4.8 promises a best-effort
+cleanup of such files; our R62 deletes them at the restart, keeping every file any
+retained checkpoint uses. Leaked: every byte written for the checkpoints in flight at
+each failover.
 
 Rules: R62 (We), I6; FLIP-306 §4.8.
 
@@ -116,7 +127,12 @@ m['tm-2'].registerSubtaskForSharedStates(key('agg', 1, 2))
 m['tm-2'].registerSubtaskForSharedStates(key('src', 1, 2))
 
 found = files_by_directory()
-expected = {'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_25a6634263c1b1f6fc4697a04e2b9904_0_2': [], 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_25a6634263c1b1f6fc4697a04e2b9904_1_2': [], 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_548e750b9cadc2a9336fcb9bcb3362d1_0_2': [], 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_548e750b9cadc2a9336fcb9bcb3362d1_1_2': [], 'job-0/taskowned/job_ec67b2acc821cb4830f954b9786c1c59_tm_tm-1': [], 'job-0/taskowned/job_ec67b2acc821cb4830f954b9786c1c59_tm_tm-2': []}
+expected = {'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_25a6634263c1b1f6fc4697a04e2b9904_0_2': [],
+ 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_25a6634263c1b1f6fc4697a04e2b9904_1_2': [],
+ 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_548e750b9cadc2a9336fcb9bcb3362d1_0_2': [],
+ 'job-0/shared/job_ec67b2acc821cb4830f954b9786c1c59_op_548e750b9cadc2a9336fcb9bcb3362d1_1_2': [],
+ 'job-0/taskowned/job_ec67b2acc821cb4830f954b9786c1c59_tm_tm-1': [],
+ 'job-0/taskowned/job_ec67b2acc821cb4830f954b9786c1c59_tm_tm-2': []}
 wrong = {
     d: (found.get(d, []), expected.get(d, []))
     for d in sorted(set(found) | set(expected))
