@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
-from attrs import frozen
 
 from conformance.case import Case, load_corpus
 from conformance.flink import judge
+from conformance.flink.groups import Group, QuietGroup
 from conformance.flink.live import sequences
 from conformance.flink.profile import TM_RULES, out_of_reach
 from conformance.flink.repro import script
@@ -32,22 +32,6 @@ from conformance.flink.session import Flink, job_hex
 from conformance.flink.verdicts import FLINK_BUG, Verdict, quiet_class, quiet_verdict, verdict
 from spec.commands import Command
 from spec.config import Config, JobSpec, MergingMode
-
-
-@frozen
-class Group:
-    signature: tuple[str, str, str]
-    cases: tuple[str, ...]
-    config: Config
-    job: JobSpec
-    minimal: tuple[Command, ...]
-    outcome: judge.Outcome
-    live_only: bool
-    verdict: Verdict
-    repro: str | None
-    quiet: tuple[int, int, int] = (0, 0, 0)
-    """Of the sequences run to the end and then quiesced: how many, how many leave a file
-    no retained checkpoint uses (I6), how many leave a dangling handle (I1)."""
 
 
 def _slug(sig: tuple[str, str, str]) -> str:
@@ -181,25 +165,6 @@ def run(
     counts["quiet_ran"], counts["quiet_clean"] = ran, clean
     shutil.rmtree(impl.base, ignore_errors=True)
     return counts, why_out, _with_repros(groups, repro_dir), live_notes, quiet_groups
-
-
-@frozen
-class QuietGroup:
-    """Sequences after which Flink is not quiet (``judge.quiet``): a leak (I6) or a
-    dangling handle (I1) of one likely cause (``verdicts.quiet_class``)."""
-
-    mode: str
-    kind: str
-    """``leak`` or ``dangling``."""
-    cls: str
-    cases: tuple[str, ...]
-    config: Config
-    job: JobSpec
-    minimal: tuple[Command, ...]
-    """The shortest sequence found that still leaves it, before the quiescing."""
-    quiet: judge.Quiet
-    verdict: Verdict
-    repro: str | None
 
 
 def once_quiet(

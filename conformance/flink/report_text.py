@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from conformance.flink.report import Group, QuietGroup
+    from conformance.flink.groups import Group, QuietGroup
 
 METHOD = """\
 How it runs (`conformance/flink/`): one py4j gateway (pyflink's, Java 17) per run; per case
