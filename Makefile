@@ -228,7 +228,7 @@ fixtures-flink: $(FLINK_STAMP)
 # part of make test or CI): the corpus cases in the task-manager profile's reach and live
 # mode in both merging modes, driven call by call through pyflink's py4j gateway (one JVM),
 # in .venv-flink with this project installed into it. Writes docs/flink-divergences.md and
-# a reproduction script per Flink bug under docs/flink-repros/. About five minutes.
+# a reproduction script per Flink bug under docs/flink-repros/. About nine minutes on two cores.
 # FLINK_CONFORMANCE_ARGS passes options, e.g. FLINK_CONFORMANCE_ARGS="--live 0 --cases 'r6*'".
 FLINK_PROJECT := $(FLINK_VENV)/.project
 $(FLINK_PROJECT): $(FLINK_STAMP) pyproject.toml $(PKG_INITS)
