@@ -27,6 +27,7 @@ from conformance.flink import judge
 from conformance.flink.groups import Group, QuietGroup
 from conformance.flink.live import sequences
 from conformance.flink.profile import TM_RULES, out_of_reach
+from conformance.flink.report_text import render
 from conformance.flink.repro import script
 from conformance.flink.session import Flink, job_hex
 from conformance.flink.verdicts import FLINK_BUG, Verdict, quiet_class, quiet_verdict, verdict
@@ -262,20 +263,6 @@ def _with_repros(groups: list[Group], folder: Path) -> list[Group]:
     return out
 
 
-def markdown(
-    counts: dict[str, int],
-    why_out: collections.Counter[str],
-    groups: list[Group],
-    live_notes: list[str],
-    quiet_groups: list[QuietGroup],
-    live_examples: int,
-    root: Path,
-) -> str:
-    from conformance.flink.report_text import render
-
-    return render(counts, why_out, groups, live_notes, quiet_groups, live_examples, root, TM_RULES)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m conformance.flink.report", description=__doc__)
     ap.add_argument("--live", type=int, default=30, help="random sequences per merging mode")
@@ -287,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"Flink 2.3 conformance: {len(cases)} corpus cases", flush=True)
     counts, why_out, groups, live_notes, quiet_groups = run(cases, args.live, Path(args.repros))
     root = Path(os.path.dirname(os.path.abspath(args.out)))
-    text = markdown(counts, why_out, groups, live_notes, quiet_groups, args.live, root)
+    text = render(counts, why_out, groups, live_notes, quiet_groups, args.live, root, TM_RULES)
     Path(args.out).write_text(text)
     print(
         f"in reach {counts['in_reach']}, passed {counts['passed']}, diverged "
