@@ -18,7 +18,7 @@ PKG_INITS := $(wildcard spec/__init__.py refimpl/__init__.py fastimpl/__init__.p
 # Passed through from the environment or the command line: make test HYPOTHESIS_PROFILE=long
 export HYPOTHESIS_PROFILE
 
-.PHONY: all test lint demo verify bench mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark conformance-flink
+.PHONY: all test lint docs demo verify bench mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark conformance-flink
 .DEFAULT_GOAL := test
 
 all: test
@@ -50,7 +50,8 @@ $(STAMP): pyproject.toml $(PKG_INITS)
 
 # Every Python folder: the product (what the wheel ships), the proof tools, the benchmarks,
 # the examples and the tests.
-LINTED := spec refimpl fastimpl pipeline conformance ckpt model_tests bench examples tests
+LINTED := spec refimpl fastimpl pipeline conformance ckpt model_tests bench examples tests \
+          docs/hooks.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
@@ -65,6 +66,14 @@ test: $(STAMP) check-java
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/mypy
 	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=25
+
+# The documentation site (mkdocs.yml, material theme) into site/: mkdocs build --strict, so
+# a broken link or a page left out of the nav fails it. docs/hooks.py makes, in memory at
+# every build, the pages that live outside docs/ (README, CONFORMANCE.md, spec/SPEC.md,
+# tla/README.md, bench/README.md), the ckpt command reference from the commands themselves
+# and the benchmark tables from bench/results.json: nothing generated is committed.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 # The streaming word count on Spark (local[2,4]: a killed task is retried) in each merging
 # mode, with one worker kill and one rescale, then the invariants, the storage audit and
@@ -239,7 +248,7 @@ conformance-flink: $(FLINK_PROJECT)
 	$(FLINK_VENV)/bin/python -m conformance.flink.report $(FLINK_CONFORMANCE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(FLINK_VENV) mutants .demo .mypy_cache .ruff_cache .pytest_cache .hypothesis .crosshair build dist *.egg-info
+	rm -rf $(VENV) $(FLINK_VENV) mutants site .demo .mypy_cache .ruff_cache .pytest_cache .hypothesis .crosshair build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # The Spark fixtures of issue 33 (tests/fixtures/spark/*): real checkpointLocations written by
