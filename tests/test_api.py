@@ -667,8 +667,8 @@ def test_a_savepoint_is_written_after_a_later_checkpoint_completed(
     TM started by a task-level failover after that completion starts past it (its
     finished mark is the later checkpoint) without being told of the pending savepoint.
     Its write for the savepoint is not late: the engine tells it the checkpoint is a
-    savepoint with the barrier (mutation run 15, ``InProcessEngine.writer`` 13, 15, 16:
-    without the type the write was refused as late, and the savepoint never completed)."""
+    savepoint with the barrier (without the type the write would be refused as late, and
+    the savepoint would never complete)."""
     with _store(tmp_path, mode, num_retained=1) as store:
         coord = store.coordinator
         payload = {s: b"c" * (50 + s.index) for s in store.placement()}

@@ -135,8 +135,8 @@ def test_no_table_grows_with_the_number_of_checkpoints(mode: MergingMode, tmp_pa
 
 
 def _coordinator_tables(store: CheckpointStore) -> dict[str, int]:
-    """The sizes of the coordinator's tables that used to grow with every TM attempt and
-    savepoint (``fastimpl.attempts``; ``Failover.retire``)."""
+    """The sizes of the coordinator's tables that would grow with every TM attempt and
+    savepoint if nothing retired their entries (``fastimpl.attempts``; ``Failover.retire``)."""
     co = store._engine.coord
     tms = co.tms
     assert isinstance(tms, TmTable)
@@ -214,10 +214,9 @@ def test_the_refusals_and_broken_deletes_kept_are_bounded(tmp_path: Path) -> Non
     """Issue 16: a refused delete (each logged) and a delete that broke I2 or took another
     party's file (a bug, simulated here by calling the deletes directly) are kept for
     ``check_invariants``, at most a fixed number of each however many there are. Each
-    broken delete keeps what it was, and the records are left as they were (mutation run
-    15: ``_refuse_delete`` 8 and ``_record_delete`` 28 kept one more, 29 kept ``None``,
-    24 dropped a delete of another party's file, ``delete_file`` 15 and ``_record_delete``
-    14 and 32 failed on a path with no record)."""
+    broken delete keeps what it was, and the records are left as they were: not one more
+    kept, no ``None`` kept, a delete of another party's file not dropped, and a delete of
+    a path with no record kept, not failed (I2)."""
     store = CheckpointStore(f"memory://{tmp_path}/b", Config.for_mode(MergingMode.NONE), JOB)
     _checkpoints(store, 2)
     cat = store._engine.catalog

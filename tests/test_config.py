@@ -538,8 +538,8 @@ def test_r78_a_parallelism_above_the_max_parallelism_is_refused_by_model_and_pro
 ) -> None:
     """Each vertex's parallelism is at most the max parallelism: both parties refuse the
     job when they are made with it, naming the vertex and both values, before anything
-    is written (the product used to accept it and fail deep inside the first complete:
-    "bad subtask 0/8 for max parallelism 4")."""
+    is written, rather than failing deep inside the first complete with an error that
+    names neither ("bad subtask 0/8 for max parallelism 4")."""
     cfg = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, max_parallelism=4)
     job = JobSpec((VertexSpec("src", 4), VertexSpec("win", 8)), num_tms=2)
     why = r"vertex 'win': parallelism 8 is more than the max parallelism 4: .* \(R78\)"

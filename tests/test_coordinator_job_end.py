@@ -4,8 +4,8 @@
   When the TM's own delete of a file in such a directory fails at the end, the file goes
   with the directory, and the TM that wrote it deletes it. It is not handed to the
   coordinator and deleted later. In process the TM's discards empty the directory first,
-  so only a failed delete leaves a file in it for the directory delete to find (issue 14,
-  mutation run 12: `end_job` 23-40 survived without this test).
+  so only a failed delete leaves a file in it for the directory delete to find, which is
+  what this test sets up.
 - The writer state an outside collector reads (``fastimpl.writer_state``) says, after the
   job's end, that the job no longer runs, as a boolean the audit's reader accepts
   (``pipeline.fence``).

@@ -5,18 +5,17 @@ The acknowledgement comes from the subtask's current attempt (``receive_ack``, a
 another process sends it). A TM that lost its registry's knowledge may send an unchanged
 file whole again; a message may arrive twice; a hostile or buggy TM can send anything. The
 end of a pending checkpoint must not take a file another checkpoint needs with it (I1,
-I5). Mutation run 12 found the coordinator did (a product bug, fixed with these tests):
+I5). Three ways it could, each checked here:
 
 - an acknowledgement of a pending checkpoint naming as its own whole file a file of the
   retained checkpoint, its ``_metadata``, or a file of the checkpoint a NO_CLAIM restore
-  started from (the user's, R73, while the restore runs and after) was taken over, and
-  the abort of that checkpoint deleted it. Such an acknowledgement now aborts its
-  checkpoint and hands nothing over;
-- the acknowledgement that completed a checkpoint, received again, had its whole files
-  deleted as a late one's (R43): the completed checkpoint's own;
-- a whole file two pending checkpoints received (sent whole to both) was deleted by the
-  abort of the older one (R53) although the newer one had completed with it; a restart
-  (R95) keeps it (``restart`` 16 and 17 survived without this test).
+  started from (the user's, R73, while the restore runs and after) aborts its checkpoint
+  and hands nothing over: taken over, the file would be deleted by that abort;
+- the acknowledgement that completed a checkpoint, received again, is not a late one
+  whose whole files are deleted (R43): they are the completed checkpoint's own;
+- a whole file two pending checkpoints received (sent whole to both) stays through the
+  abort of the older one (R53) when the newer one completed with it, and through a
+  restart (R95).
 """
 
 from __future__ import annotations

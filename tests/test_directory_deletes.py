@@ -13,8 +13,8 @@ deletes the files one by one). Two things must hold there:
   finished job would otherwise stay forever (object stores and ``memory://`` have no
   directories of their own to leave behind).
 
-Both were survivors of issue 14's mutation run (``_delete_dir`` 45, 50 and 52 in
-``model_tests/mutation_survivors.md``).
+Without these tests, mutations of ``Catalog.delete_dir`` that break either survive the
+rest of the suite (``model_tests/mutation_survivors.md`` names those these tests kill).
 """
 
 # ruff: noqa: F811 (pytest fixtures imported above are test parameters of the same name)

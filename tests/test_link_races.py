@@ -1,11 +1,12 @@
 """A link swapped in while the store is using a path (issue 14, threat 49).
 
-The store used to check its tree and then use it: ``lstat`` every component below the
-root, then open, create, append to or delete the path by name. Whoever can write under the
-root could swap a component for a link in between, and the open or delete followed it
-out of the base. Now nothing below the root is looked up by a path: every component is
-opened from its parent's descriptor with ``O_NOFOLLOW`` and the last name is acted on
-relative to the directory holding it, so there is no window between a check and a use.
+A store that checks its tree and then uses it (``lstat`` every component below the
+root, then open, create, append to or delete the path by name) leaves a window: whoever
+can write under the root can swap a component for a link in between, and the open or
+delete follows it out of the base. So nothing below the root is looked up by a path:
+every component is opened from its parent's descriptor with ``O_NOFOLLOW`` and the last
+name is acted on relative to the directory holding it, so there is no window between a
+check and a use.
 
 The test drives the store's one seam for OS calls (``Storage.os``, a ``LocalOS``): a
 wrapper counts the calls the store makes and, right after call number ``k`` returns,

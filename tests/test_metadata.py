@@ -320,8 +320,8 @@ def test_foreign_job() -> None:
         (f"{BASE}//x", "not normalised"),
         ("s3://bucket/x", "absolute"),
     ],
-    # Plain ids: make mutate's ``-k "not s3 ..."`` matches any id holding "s3", and left
-    # the protocol case (id "s3://bucket/x-absolute") out of every mutation run (run 11).
+    # Plain ids: make mutate's ``-k "not s3 ..."`` matches any id holding "s3", so an id
+    # such as "s3://bucket/x-absolute" would leave this case out of every mutation run.
     ids=[
         "absolute",
         "inner-dotdot",
@@ -416,7 +416,7 @@ def test_resolve_refuses_bad_records() -> None:
 
 def test_resolve_names_the_file_and_moves_every_path() -> None:
     """A refusal names the file it came from; a base prefixes every handle path and every
-    directory once, and no base leaves them as stored (mutation run, issue 14)."""
+    directory once, and no base leaves them as stored."""
     bad = Metadata(JOB, 1, False, (), (f"{BASE}/../x",))
     with pytest.raises(MetadataError) as caught:
         resolve(bad, source="moved/job-1/chk-1/_metadata")

@@ -744,7 +744,7 @@ def test_a_truncated_data_file_refuses_naming_the_sizes(place: Place) -> None:
 def test_a_segment_past_the_end_of_its_truncated_file_refuses(place: Place) -> None:
     """A segment needs its file to reach ``offset + length``: a file cut below that but
     still longer than the segment's length is refused all the same, naming the sizes
-    (mutation run 10: the offset could be ignored and every test still passed)."""
+    (the check counts the offset, not the length alone)."""
     config = Config.for_mode(MergingMode.ACROSS_CHECKPOINT, num_retained=1)
     store = _store(place, config)
     ledger, prog = Ledger(), Progress()
@@ -865,8 +865,8 @@ def test_recovery_keeps_whole_the_directories_a_users_checkpoint_names(
     place: Place, mode: MergingMode
 ) -> None:
     """I5, R42: a directory that the user's checkpoint (job-0's 2, left by the CLAIM
-    restore) names is the user's whole, with files no handle names in it (a mutation run
-    found recovery could ignore ``directories`` of user-held metadata and still pass)."""
+    restore) names is the user's whole, with files no handle names in it: recovery reads
+    the ``directories`` of user-held metadata, not only its handles."""
     store, ledger, config = _lineage_job(place, mode)
     checkpoint(store, ledger, Progress())
     meta = store._engine.load_completed(metadata_path("job-0", 2))
@@ -916,9 +916,9 @@ def test_recovering_an_older_incarnation_keeps_what_its_successor_names(place: P
     """The user recovers job-0 after job-1 took over from it (R72 says not to, but a
     store must not lose data for it): job-0's files that job-1's checkpoints name and
     job-0's kept checkpoint 2 does not (the ``sst-3`` of the claimed and since subsumed
-    checkpoint 3) are the user's, never garbage; job-1's checkpoints stay whole. (A
-    mutation run found recovery could overwrite or intersect what each ``_metadata``
-    outside the base holds, or look for it outside the base, and still pass.)"""
+    checkpoint 3) are the user's, never garbage; job-1's checkpoints stay whole. What
+    each ``_metadata`` outside the base holds adds to the user's files: none overwrites
+    or narrows another's."""
     store, _, config = _successor_reusing_the_predecessors_files(place)
     successor: dict[str, StreamHandle] = {}
     for cid in (4, 5):
@@ -1082,8 +1082,9 @@ def test_a_claimed_predecessors_working_files_are_copied_after_a_recovery(place:
     refers to them. The new job's databases open them in place (CLAIM, so not as the
     user's by the restore's mode), yet the next checkpoint must refer to copies of its
     own, and job-0's files stay, byte for byte, once every checkpoint that used them is
-    subsumed (mutation run 15, ``Databases.snapshot`` 9 and 10: without the owner's
-    record the snapshot referred to the user's files in place)."""
+    subsumed (R105: the snapshot copies a file the store's record gives to the user,
+    whatever the mode the database was opened in; otherwise it would refer to the user's
+    files in place)."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     engine, cp, _, in_place = working_store(place, config)
     assert all(p.startswith("job-0/") for p in in_place)
@@ -1195,9 +1196,9 @@ def test_a_missing_or_truncated_working_file_refuses_and_changes_nothing(
 ) -> None:
     """R103: a working file the kept checkpoint refers to in place is checked like the
     files its entries name: missing or shorter than the checkpoint says, recovery is
-    refused naming it, and nothing is deleted (not even the garbage private file). Until
-    run 10 of the mutation run, recovery read the ``_metadata`` without its working list,
-    so it restored a checkpoint whose working file was gone and deleted garbage first."""
+    refused naming it, and nothing is deleted (not even the garbage private file):
+    recovery reads the ``_metadata`` with its working list, so it never restores a
+    checkpoint whose working file is gone, nor deletes garbage first."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     engine, _, private, in_place = working_store(place, config)
     victim = in_place[0]

@@ -140,8 +140,8 @@ def test_resumed_with_a_kept_checkpoint_outside_its_lineage_it_only_reads_it(
     but has lost the lineage (job-0's base is not in it). The resumed coordinator restarts
     the subtasks from it, reads it as the user's, and subsumes it without deleting or
     trying to delete anything of it: no delete refused, every file of job-0 unchanged
-    (mutation run 15, ``_subsume`` 27: deleting the subsumed ``_metadata`` whatever its
-    owner tried to delete the user's, refused by I5). The model knows nothing of lost HA
+    (subsuming deletes the ``_metadata`` only when the store owns it, so the user's is
+    never tried and I5 refuses nothing). The model knows nothing of lost HA
     state, so the story is checked here, not replayed."""
     soak = _soak(mode, where, tmp_path, request)
     try:

@@ -1,6 +1,6 @@
 """The streaming job's command trace (``pipeline.stream.trace``) replayed through the
 model in process (``tests.stream_harness``: the driver, subtask and snapshot code without
-Spark), with the events that used to stop it: tasks killed at every point and retried by
+Spark), with the events that must not break it: tasks killed at every point and retried by
 a new TM attempt within their checkpoint (R66's ``ReplaceTm``, then ``AttemptStopped``),
 two attempts of one task where the driver accepts the second (a speculative copy), a
 subtask whose local DB is lost, files of an attempt the coordinator never heard of (left

@@ -425,7 +425,7 @@ def test_a_database_that_drops_every_file_leaves_no_empty_folder(tmp_path: Path)
     """R102 on a local disk: a private working file the database drops is deleted at once,
     and the folders it emptied go with it (its ``db`` directory, the subtask's, the
     job's ``working`` folder), up to the running job's ``taskowned`` folder, which its TMs
-    write in (mutation run 15, ``_prunable_parents`` 22: stopping there pruned nothing)."""
+    write in and which stays: the pruning neither stops short of it nor takes it."""
     place = Place.make("local", tmp_path)
     engine = working_engine(place, Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1))
     sub = SubtaskId("v", 0, 2)

@@ -2,8 +2,8 @@
 creator nor the creator of any file in it is a lost attempt that may still write.
 
 The corpus and the rule tests only ever build directories whose files the zombie created
-itself, so the two halves of the wait in ``Catalog.delete_dir`` hid each other (see
-model_tests/mutation_survivors.md). Here the creators differ both ways, on fastimpl in
+itself, so a mutation that drops either half of the wait in ``Catalog.delete_dir``
+passes them: each half covers for the other. Here the creators differ both ways, on fastimpl in
 lockstep with the model, on memory and on local disk."""
 
 from __future__ import annotations

@@ -4,17 +4,18 @@ but it deletes a file it created, though no other party sees its records or its 
 Each party keeps records of its own (the coordinator in this process, every TM attempt
 an OS process, ``tests.tm_cluster``), so who created a file the coordinator never heard
 of is read from the file's name (``fastimpl.ids.creator_of``). Three ways another party
-used to delete a zombie's file, each scripted here in the soak's harness
+could delete a zombie's file, each scripted here in the soak's harness
 (``tests.process_soak.Soak``: the model replays the trace and the real files are compared
 with the model's after every step), on a local directory and on S3:
 
-- the sweep of another stopped attempt took a zombie's file in a directory both wrote in
-  as the stopped one's and deleted it, and the zombie deleted it again applying a notice
-  it already had (I2; the long soak's seed ``1004-within-local``);
-- the attempt a failover handed a zombie's file to (R61) deleted it once no retained
-  checkpoint used it, without waiting for the zombie (its delete waits for the zombie's
-  stop, then runs: the coordinator tells it, ``LostAttemptStopped``);
-- a recursive directory delete (R42, R90) took a file the zombie wrote after the failover;
+- the sweep of another stopped attempt must not take a zombie's file in a directory both
+  wrote in as the stopped one's: the zombie deletes it applying a notice it already had,
+  and a second delete breaks I2 (the long soak's seed ``1004-within-local``);
+- the attempt a failover handed a zombie's file to (R61) must not delete it, once no
+  retained checkpoint uses it, before the zombie stops: its delete waits for the zombie's
+  stop, then runs (the coordinator tells it, ``LostAttemptStopped``);
+- a recursive directory delete (R42, R90) must not take a file the zombie wrote after the
+  failover;
 
 and, since the zombie's deletes are out of sight, a record of its file that changed hands
 meanwhile is checked against storage once it stopped, before the delete that waited runs.
@@ -146,8 +147,8 @@ def test_r64_a_stopped_attempts_sweep_leaves_a_zombies_file_to_the_zombie(
 ) -> None:
     """The zombie ``tm-2`` wrote a shared file no retained checkpoint uses any more, and
     still holds the notice that discards it. Its replacement ``tm-3`` is killed: the sweep
-    of what ``tm-3`` left in ``map-1-2`` must not take the zombie's file (it used to, and
-    the zombie then deleted it a second time, I2). The zombie deletes it, once."""
+    of what ``tm-3`` left in ``map-1-2`` must not take the zombie's file (the zombie would
+    then delete it a second time, I2). The zombie deletes it, once."""
 
     def body(s: Soak) -> None:
         checkpoint(s, {MAP1})
