@@ -139,7 +139,7 @@ mutants: $(STAMP)
 # (model_tests/mutmut_pending.py, which also lists each one's verdict). The whole
 # selection takes hours on two cores: a killed mutant stops at its first failing test,
 # but a surviving one runs every test that reaches it (about a minute for recovery.py's,
-# up to four for the coordinator's, run 13). Narrow a run to what changed, e.g.
+# up to four for the coordinator's). Narrow a run to what changed, e.g.
 # MUTATE_FUNCS="fastimpl.recovery.*" (recovery.py alone: about an hour).
 MUTATE_CATALOG := _protected _record_delete _waits_for _defer delete_file _prunable_parents \
                   delete_dir retry_deletes _run_deferred owners _refuse_delete _foreign \
@@ -168,7 +168,7 @@ MUTATE_FUNCS ?= fastimpl.metadata.* fastimpl.recovery.* fastimpl.shared_registry
                 $(foreach f,$(MUTATE_SHARED_WORKING),fastimpl.working.xǁSharedWorkingǁ$(f)__mutmut_*) \
                 fastimpl.taskmanager.xǁTaskManagerǁ_release_dirs__mutmut_* \
                 fastimpl.engine.xǁInProcessEngineǁwriter__mutmut_*
-# MUTATE_TESTS=metadata (opt-in; run 11 of model_tests/mutation_survivors.md): for a run of
+# MUTATE_TESTS=metadata (opt-in; model_tests/mutation_survivors.md, metadata.py): for a run of
 # metadata.py's mutants, run on each only the decoder's and validator's own tests
 # (test_metadata, test_hostile_metadata, test_bad_input, test_moved_base). With the whole
 # selection, every test that reads a _metadata reaches the decoder, so each mutant ran the
