@@ -18,7 +18,7 @@ PKG_INITS := $(wildcard spec/__init__.py refimpl/__init__.py fastimpl/__init__.p
 # Passed through from the environment or the command line: make test HYPOTHESIS_PROFILE=long
 export HYPOTHESIS_PROFILE
 
-.PHONY: all test lint docs demo verify bench mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark conformance-flink
+.PHONY: all test test-tools lint docs demo verify bench mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark conformance-flink
 .DEFAULT_GOAL := test
 
 all: test
@@ -61,11 +61,17 @@ lint: $(STAMP)
 PYTEST_WORKERS ?= auto
 
 # --dist loadgroup: the Spark tests share one worker (xdist_group "spark"), so one JVM.
-# --durations: every run names its 25 slowest tests (CI aims at under 20 minutes).
+# --durations: every run names its 25 slowest tests. The product's tests only: the tests of
+# the project's tools (marker "tooling", tests/conftest.py) are make test-tools.
 test: $(STAMP) check-java
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/mypy
-	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=25
+	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not tooling"
+
+# The tests of the tools (the mutant zoo, the mutation run's bookkeeping, traceability, TLA+
+# syntax and TLC, the wheel, the docs). CI runs them after make test.
+test-tools: $(STAMP) check-java
+	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=10 -m tooling
 
 # The documentation site (mkdocs.yml, material theme) into site/: mkdocs build --strict, so
 # a broken link or a page left out of the nav fails it. docs/hooks.py makes, in memory at
@@ -187,6 +193,8 @@ MUTATE_LEAVE_OUT_metadata := tests/test_conformance.py tests/test_api.py tests/t
                   tests/test_shared_registry.py tests/test_tm_working.py
 MUTATE_LEAVE_OUT = $(if $(MUTATE_TESTS),$(or $(MUTATE_LEAVE_OUT_$(MUTATE_TESTS)),$(error \
                     MUTATE_TESTS=$(MUTATE_TESTS) is not a narrowed selection; the one there is: metadata)))
+# FULL_CORPUS=1: test_conformance runs the random corpus cases in process too (CI leaves them
+# to the lockstep), as the recorded verdicts were reached with them.
 mutate: $(STAMP)
 	@test -x $(BIN)/mutmut || { echo "error: mutmut is missing; install it with" \
 	  "$(BIN)/python -m pip install -e '.[test,spark,mutate]'" >&2; exit 1; }
@@ -196,7 +204,7 @@ mutate: $(STAMP)
 	    "this run asks for '$(or $(MUTATE_TESTS),all of [tool.mutmut])'; its verdicts and test map" \
 	    "would be kept under the wrong tests: delete mutants/ first" >&2; exit 1; fi
 	$(if $(MUTATE_TESTS),mkdir -p mutants && echo $(MUTATE_TESTS) > mutants/NARROWED_TESTS)
-	HYPOTHESIS_PROFILE=ci $(if $(MUTATE_TESTS),PYTEST_ADDOPTS="$(foreach t,$(MUTATE_LEAVE_OUT),--deselect $(t))") \
+	HYPOTHESIS_PROFILE=ci FULL_CORPUS=1 $(if $(MUTATE_TESTS),PYTEST_ADDOPTS="$(foreach t,$(MUTATE_LEAVE_OUT),--deselect $(t))") \
 	  $(BIN)/mutmut run --max-children $(MUTATE_CHILDREN) $(foreach f,$(MUTATE_FUNCS),'$(f)')
 
 mutate-resume: $(STAMP)

@@ -81,6 +81,9 @@ class Mutant:
     mirrors: str
     """The Flink bug it reproduces, or the classic mistake."""
     patch: Callable[[pytest.MonkeyPatch], None]
+    case: str
+    """The corpus case of the bug's own scenario (or of the rule the mistake breaks): it
+    must kill the mutant by itself, whatever other case of the corpus kills it first."""
 
 
 # ---------------------------------------------------------------------------- Flink bugs
@@ -460,114 +463,133 @@ ZOO: list[Mutant] = [
         "directory uses counted; abort notices count down; recursive delete at 0",
         "FLINK-38347 (a counter, not a set)",
         _flink_38347,
+        "flink-38347-lost-complete-then-abort-keeps-directory-merging",
     ),
     Mutant(
         "flink-36125",
         "a second discard path with a non-idempotent discard: counts drop twice",
         "FLINK-36125 (double discard)",
         _flink_36125,
+        "flink-36125-duplicate-notifications-discard-once-mergingmode",
     ),
     Mutant(
         "flink-35570",
         "reuse does not advance the segment's last_used",
         "FLINK-35570 (reuse keeps last-used)",
         _flink_35570,
+        "flink-35570-placeholder-reuse-advances-last-used-mergingmode",
     ),
     Mutant(
         "flink-35784",
         "directory handles never registered; directories never deleted",
         "FLINK-35784 (dir handles unregistered)",
         _flink_35784,
+        "flink-35784-directories-are-registered-and-deleted-mergingmo",
     ),
     Mutant(
         "flink-35400",
         "a failover reuses the surviving TMs' stale managers",
         "FLINK-35400 (stale manager reused)",
         _flink_35400,
+        "flink-35400-failover-rebuilds-the-manager-mergingmode-within",
     ),
     Mutant(
         "flink-25395",
         "shared state reused before its checkpoint is known complete",
         "FLINK-25395 (reuse of unconfirmed files)",
         _flink_25395,
+        "flink-25395-unconfirmed-state-is-uploaded-again-mergingmode",
     ),
     Mutant(
         "flink-26985",
         "subsuming the claimed checkpoint discards all its shared state",
         "FLINK-26985 (restore discards shared)",
         _flink_26985,
+        "flink-26985-claimed-shared-state-reused-by-the-new-job",
     ),
     Mutant(
         "flink-29913",
         "registry keyed by local file names; a 'duplicate' upload is discarded",
         "FLINK-29913 (registry keyed by name)",
         _flink_29913,
+        "flink-29913-registry-keys-are-unique-handle-ids-mergingmode",
     ),
     Mutant(
         "flink-35803",
         "new TMs take restored files of the older job for their own, reusable",
         "FLINK-35803 (restored files reused)",
         _flink_35803,
+        "flink-35803-restored-files-are-not-reused-nor-deleted-by-tms",
     ),
     Mutant(
         "flink-32086",
         "directories no completed checkpoint used are never deleted",
         "FLINK-32086 (unused dirs not cleaned)",
         _flink_32086,
+        "flink-32086-job-ending-before-any-checkpoint-leaves-nothing",
     ),
     Mutant(
         "abort-discards-reused",
         "an abort notice discards what the checkpoint used, reused segments too",
         "delete on abort without checking reuse",
         _abort_discards_reused,
+        "r32-abort-keeps-an-older-segment-it-reused-mergingmode-withi",
     ),
     Mutant(
         "watermark-off-by-one",
         "TMs discard segments up to the subsumed watermark + 1",
         "off-by-one in the subsume watermark",
         _watermark_off_by_one,
+        "r31-complete-discards-segments-up-to-watermark-mergingmode-w",
     ),
     Mutant(
         "sweep-ignores-owner",
         "the job-end sweep deletes unreferenced files whoever owns them",
         "deleting a non-owned file",
         _sweep_ignores_owner,
+        "r65-an-object-store-never-has-a-file-its-stopped-writer-left",
     ),
     Mutant(
         "reuse-not-reusable",
         "reuse ignores a file marked not reusable (failed write, amplification)",
         "reusing a file marked not reusable",
         _reuse_not_reusable,
+        "r20-reuse-from-file-no-longer-reusable-uploads-again-merging",
     ),
     Mutant(
         "forget-taskowned-dir",
         "the TM's exclusive-state directory is created but never registered",
         "forgetting to register a directory",
         _forget_taskowned_dir,
+        "r40-directories-created-lazily-at-first-write-mergingmode-wi",
     ),
     Mutant(
         "replace-keeps-acks",
         "a task-level failover keeps the replaced attempt's acknowledgements",
         "R66: completing with an attempt given up on (Spark: a retried task's first ack)",
         _replace_keeps_acks,
+        "r66-a-replaced-tm-leaves-pending-checkpoints-pending-and-its",
     ),
     Mutant(
         "tm-deletes-shared-working",
         "a database's attempt deletes a working file it wrote whoever owns it now",
         "ForSt: the DB deletes a file it no longer owns (R102)",
         _tm_deletes_shared_working,
+        "r102-a-database-never-deletes-a-shared-file",
     ),
     Mutant(
         "opens-by-key-groups",
         "a restored database opens every file on its key groups, of any operator",
         "R105: matching working files by key groups alone (issue 38)",
         _opens_by_key_groups,
+        "r105-a-database-opens-only-its-own-operators-files-claim-1",
     ),
     Mutant(
         "deferred-dir-delete-unchecked",
         "a directory delete that waited runs without asking its owner's rule again",
         "acting on a decision taken before the wait (R64, R45)",
         _deferred_dir_delete_unchecked,
+        "r64-a-waiting-directory-delete-is-decided-again-when-it-runs",
     ),
 ]
 MUTANTS: dict[str, Mutant] = {m.name: m for m in ZOO}
@@ -661,6 +683,11 @@ def _fields(diff: Sequence[str]) -> tuple[str, ...]:
         if text.endswith(":") and text[:-1] in OBSERVATION_FIELDS and text[:-1] not in out:
             out.append(text[:-1])
     return tuple(out)
+
+
+def run_own_case(name: str) -> CorpusRun:
+    """Mutant ``name`` against its own case alone (``Mutant.case``)."""
+    return run_corpus(name, [case_path(MUTANTS[name].case)])
 
 
 def passes_unmutated(case_file: Path) -> bool:
@@ -768,10 +795,15 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"the lockstep run fails without a mutant ({baseline.status})")
 
     rows: list[tuple[Mutant, CorpusRun, bool | None, LockstepRun]] = []
+    own_kills = 0
     for name in names:
         mutant = MUTANTS[name]
         corpus = run_corpus(name)
         valid = None if corpus.case is None else passes_unmutated(case_path(corpus.case))
+        own = run_own_case(name)
+        own_kills += own.killed
+        if not own.killed:
+            problems.append(f"{name} survives its own case {mutant.case}")
         if lockstep_counts:
             lock = run_lockstep(name, args.lockstep_examples)
         else:
@@ -780,7 +812,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((mutant, corpus, valid, lock))
         where = f"{corpus.case}@{corpus.step}" if corpus.killed else "SURVIVED"
         print(
-            f"  {name}: corpus {where} ({corpus.cases_run} cases, {corpus.seconds:.1f} s); "
+            f"  {name}: own case {mutant.case} "
+            f"{f'kills it at step {own.step}' if own.killed else 'LETS IT SURVIVE'}; "
+            f"corpus {where} ({corpus.cases_run} cases, {corpus.seconds:.1f} s); "
             f"lockstep {lock.status} ({lock.seconds:.1f} s)",
             flush=True,
         )
@@ -829,7 +863,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"{len(killed)} of {len(rows)} mutants killed by the conformance corpus; "
-        f"{len(both)} of them also by the lockstep tests ({scope}). "
+        f"{len(both)} of them also by the lockstep tests ({scope}); "
+        f"{own_kills} of {len(rows)} by their own case alone. "
         f"Total {time.perf_counter() - t_start:.1f} s."
     )
     for p in problems:

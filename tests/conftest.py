@@ -60,6 +60,35 @@ settings.register_profile(
 PROFILE: str = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 settings.load_profile(PROFILE)
 
+TOOLING = frozenset(
+    {
+        "test_docs",
+        "test_mutants",
+        "test_mutation_selection",
+        "test_mutmut_pending",
+        "test_readme",
+        "test_tla_syntax",
+        "test_tlc",
+        "test_trace_tla",
+        "test_traceability",
+        "test_verify",
+        "test_wheel",
+    }
+)
+"""Modules that test the project's tools (the mutant zoo, the mutation run's bookkeeping,
+traceability, TLA+ and TLC, the wheel, the docs), not the product: marked ``tooling``, so
+``make test`` leaves them to ``make test-tools`` (both run in CI)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "tooling: a test of the project's tools (make test-tools)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem in TOOLING:
+            item.add_marker(pytest.mark.tooling)
+
 
 @pytest.fixture(scope="session")
 def spark() -> Any:

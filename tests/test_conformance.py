@@ -4,6 +4,7 @@ itself: valid, named, covering every rule, and with the model's own expectations
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import ClassVar
@@ -20,7 +21,7 @@ from conformance.case import (
     schema,
     to_json,
 )
-from conformance.kit import ConformanceSuite
+from conformance.kit import ConformanceSuite, covering_sample, named_cases
 from conformance.process import ProcessImplementation, ProtocolError
 from conformance.runner import run_case
 from conformance.schema_gen import text as schema_text
@@ -31,15 +32,33 @@ from spec.errors import Reason
 SERVER = f"{sys.executable} -m conformance.fastimpl_server"
 
 
+FULL_CORPUS = os.environ.get("HYPOTHESIS_PROFILE") == "long" or bool(os.environ.get("FULL_CORPUS"))
+"""Run the random cases in process too: in the ``long`` profile, and in the mutation run
+(``make mutate`` sets ``FULL_CORPUS``), whose verdicts were reached with them."""
+
+
 class TestFastimplInProcess(ConformanceSuite):
+    """Every named case. The random cases are recorded from the model's random machine,
+    which the lockstep (``tests/test_lockstep.py``) runs against fastimpl step by step
+    already; they are for implementations without a lockstep of their own (and run here
+    with ``FULL_CORPUS``)."""
+
     def implementation(self) -> Implementation:
         return Fastimpl()
 
+    def cases(self) -> list[Path]:
+        return corpus_files() if FULL_CORPUS else named_cases()
+
 
 class TestFastimplOverProcess(ConformanceSuite):
-    """The JSON-lines path: one server process for the whole class."""
+    """The JSON-lines path, one server process for the whole class, on the cases that
+    between them carry every command type, refusal reason and merging mode: what is
+    behind the pipe is the implementation the in-process suite runs whole."""
 
     impl: ClassVar[ProcessImplementation | None] = None
+
+    def cases(self) -> list[Path]:
+        return covering_sample()
 
     def implementation(self) -> Implementation:
         if TestFastimplOverProcess.impl is None:
@@ -61,6 +80,17 @@ def test_the_corpus_is_valid_named_and_covers_every_rule() -> None:
     names = [p.name for p in corpus_files()]
     assert len(names) >= 600
     assert sum(n.startswith("random-") for n in names) >= 200
+
+
+def test_the_process_sample_covers_what_the_corpus_has() -> None:
+    """Every command type, refusal reason and merging mode of the corpus is in the sample
+    the process suite runs, and the sample is a small part of the corpus."""
+    from conformance.kit import _traits
+
+    everything = set().union(*(_traits(load(p)) for p in corpus_files()))
+    sample = covering_sample()
+    assert set().union(*(_traits(load(p)) for p in sample)) == everything
+    assert len(sample) * 10 < len(corpus_files())
 
 
 def test_schema_json_is_generated_from_the_vocabulary() -> None:

@@ -1,7 +1,9 @@
 """The mutant zoo (``model_tests/mutants.py``) bites: every mutant of fastimpl is killed by
-the conformance corpus on a case the unmutated fastimpl passes, and a mutant leaves no
-trace in fastimpl once its patch is undone. ``make mutants`` runs the lockstep tests
-against every mutant as well; here only one, cheaply, to show that path works."""
+its own case of the conformance corpus (its bug's scenario, or the rule the mistake
+breaks), which the unmutated fastimpl passes, and a mutant leaves no trace in fastimpl
+once its patch is undone. ``make mutants`` runs the whole corpus and the lockstep tests
+against every mutant as well; here the lockstep only for one, cheaply, to show that path
+works."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from types import ModuleType
 import pytest
 
 from model_tests import mutants
-from model_tests.mutants import MUTANTS, ZOO, applied, case_path, passes_unmutated, run_corpus
+from model_tests.mutants import MUTANTS, ZOO, applied, case_path, passes_unmutated, run_own_case
 
 FLINK_BUGS = (
     "FLINK-38347",
@@ -43,12 +45,21 @@ def test_every_flink_bug_of_the_brief_has_a_mutant() -> None:
 
 
 @pytest.mark.parametrize("name", list(MUTANTS))
-def test_mutant_is_killed_by_the_corpus(name: str) -> None:
-    run = run_corpus(name)
-    assert run.killed, f"{name} survived all {run.cases_run} cases of the corpus"
-    assert run.case is not None and run.step >= 1
+def test_mutant_is_killed_by_its_own_case(name: str) -> None:
+    own = MUTANTS[name].case
+    run = run_own_case(name)
+    assert run.killed, f"{name} survived its own case {own}"
+    assert run.case == own and run.step >= 1
     # A case fastimpl fails anyway would "kill" every mutant and prove nothing.
-    assert passes_unmutated(case_path(run.case)), f"{run.case} fails without {name}"
+    assert passes_unmutated(case_path(own)), f"{own} fails without {name}"
+
+
+def test_each_flink_bug_has_its_own_case_named_after_it() -> None:
+    """One home per Flink bug of the brief: its mutant's case is the bug's scenario."""
+    for m in ZOO:
+        bug = m.mirrors.split()[0]
+        if bug in FLINK_BUGS:
+            assert m.case.startswith(bug.lower() + "-"), (m.name, m.case)
 
 
 def _fastimpl_modules() -> list[ModuleType]:

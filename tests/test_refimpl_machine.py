@@ -18,10 +18,15 @@ from spec.config import Config, MergingMode
 from spec.errors import CommandError, Reason
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
-EXAMPLES = {"long": 7000, "ci": 250}.get(PROFILE, 200)
-"""Per merging mode (three modes); the long profile soaks with 7,000 each."""
+EXAMPLES = 7000
+"""Per merging mode (three modes)."""
 
 
+@pytest.mark.skipif(
+    PROFILE != "long",
+    reason="the model alone soaks in the long profile; the lockstep runs this machine's "
+    "rules on the model, with its invariants, beside fastimpl in every profile",
+)
 @pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
 def test_random_sequences(mode: MergingMode) -> None:
     """EXAMPLES random sequences per merging mode, every invariant after every step."""
