@@ -37,7 +37,8 @@ def named_cases(paths: Sequence[Path] = CASES) -> list[Path]:
     return [p for p in paths if not case_name(p).startswith(GZIP_PREFIX)]
 
 
-def _traits(case: Case) -> set[str]:
+def case_traits(case: Case) -> set[str]:
+    """What a case carries: its merging mode, its command types, its outcomes."""
     traits = {f"mode:{case.config.merging_mode.name}"}
     for s in case.steps:
         traits.add(f"command:{type(s.command).__name__}")
@@ -52,7 +53,7 @@ def covering_sample(paths: Sequence[Path] = CASES) -> list[Path]:
     then from the random ones for what no named case has."""
     named = named_cases(paths)
     pools = [named, [p for p in paths if p not in set(named)]]
-    traits = {p: _traits(load(p)) for p in paths}
+    traits = {p: case_traits(load(p)) for p in paths}
     need = set().union(*traits.values()) if traits else set()
     chosen: list[Path] = []
     for pool in pools:

@@ -21,7 +21,7 @@ from conformance.case import (
     schema,
     to_json,
 )
-from conformance.kit import ConformanceSuite, covering_sample, named_cases
+from conformance.kit import ConformanceSuite, case_traits, covering_sample, named_cases
 from conformance.process import ProcessImplementation, ProtocolError
 from conformance.runner import run_case
 from conformance.schema_gen import text as schema_text
@@ -85,11 +85,9 @@ def test_the_corpus_is_valid_named_and_covers_every_rule() -> None:
 def test_the_process_sample_covers_what_the_corpus_has() -> None:
     """Every command type, refusal reason and merging mode of the corpus is in the sample
     the process suite runs, and the sample is a small part of the corpus."""
-    from conformance.kit import _traits
-
-    everything = set().union(*(_traits(load(p)) for p in corpus_files()))
+    everything = set().union(*(case_traits(load(p)) for p in corpus_files()))
     sample = covering_sample()
-    assert set().union(*(_traits(load(p)) for p in sample)) == everything
+    assert set().union(*(case_traits(load(p)) for p in sample)) == everything
     assert len(sample) * 10 < len(corpus_files())
 
 
