@@ -231,8 +231,7 @@ def test_r66_a_withdrawn_placeholder_pins_nothing_and_its_acknowledgement_is_gon
     1's shared file (a placeholder pinning it, R22), and its TM is replaced (R66): the
     acknowledgement is withdrawn with its pin. Checkpoint 2 then completes without that
     file and subsumes checkpoint 1: the file goes at once (nothing pins it), and 3 waits
-    for the new attempt's acknowledgement (run 13: ``_withdraw_acks`` 6 stopped at
-    checkpoint 2, which the subtask had not acknowledged; 20 and 23 kept the pin)."""
+    for the new attempt's acknowledgement."""
     place, store = _none_store(tmp_path, kind)
     try:
         coord = store.coordinator
@@ -272,8 +271,7 @@ def test_r66_r103_a_withdrawn_acknowledgement_takes_its_in_place_references_with
     """A subtask's database snapshot refers to its working file in place (R103) and is
     acknowledged; its TM is replaced before the checkpoint completes (R66). The new
     attempt acknowledges without a snapshot: the checkpoint completes without the
-    replaced attempt's working file, which its database, gone with it, no longer keeps
-    (run 13: ``_withdraw_acks`` 9 kept the withdrawn reference)."""
+    replaced attempt's working file, which its database, gone with it, no longer keeps."""
     place = Place.make(kind, tmp_path)
     engine = working_engine(place)
     try:
@@ -307,8 +305,7 @@ def test_r103_in_place_references_are_taken_only_where_the_store_writes(
     process). Of an acknowledgement's in-place references, one outside every working
     directory and one into another job's are dropped; an unrecorded working file of the
     running job becomes the coordinator's, written by the acknowledging attempt; and
-    the ones after a dropped reference are still taken (run 14: ``SharedWorking.take`` 5
-    stopped at the first dropped one, 9-13 never recorded an unrecorded file)."""
+    the ones after a dropped reference are still taken."""
     place = Place.make(kind, tmp_path)
     engine = working_engine(place)
     try:
@@ -353,8 +350,7 @@ def test_r64_r103_a_file_referred_to_in_place_again_keeps_its_creator(
     """R103, R64: a working file a checkpoint took over is referred to in place again by
     the attempt that replaced its writer (R105 opened it there). Taking it again leaves
     its record's creator alone: once no checkpoint uses it, its delete waits for the
-    lost writer to stop, which may still have it open (run 14: ``SharedWorking.take`` 8
-    wrote the record anew, with the new attempt as its creator, and deleted it at once)."""
+    lost writer to stop, which may still have it open."""
     place = Place.make(kind, tmp_path)
     engine = working_engine(place)
     subs = (SubtaskId("v", 0, 2), SubtaskId("v", 1, 2))
@@ -447,8 +443,7 @@ def test_r56_an_acknowledgement_from_an_attempt_given_up_or_not_hosting_is_ignor
     """R56: only the subtask's current attempt, alive, acknowledges for it. The attempt
     that hosts it but is lost (it may still run), a live TM that does not host it (a
     TM of its own sending what it should not), and an attempt the coordinator never
-    started are ignored: the checkpoint still lacks the subtask (run 13: ``receive_ack``
-    4 took the first two for the current attempt, 36 raised on the third)."""
+    started are ignored: the checkpoint still lacks the subtask."""
     place, store = _none_store(tmp_path, kind)
     try:
         coord = store.coordinator
@@ -508,8 +503,7 @@ def test_r64_a_lost_attempts_late_file_is_its_own_until_it_stops_then_deleted(
     coordinator, with no record of it, records it as that attempt's (R56, R64): it is
     not deleted while the attempt may run, and is taken and deleted when the attempt is
     known stopped, even where the stop's sweep does not look (another subtask's
-    directory; run 13: ``receive_ack`` 38 and 40 recorded nothing, and it stayed for
-    good)."""
+    directory)."""
     place, store = _none_store(tmp_path, kind)
     try:
         coord = store.coordinator
@@ -541,10 +535,9 @@ def test_r40_r41_the_directories_a_tm_of_its_own_reports_are_recorded_the_others
     directories where the coordinator keeps no record of them, and its acknowledgement
     reports each that exists. "reported": the shared table's records are taken out
     before the acknowledgement arrives, and each reported directory is recorded as the
-    attempt's (run 13: ``_take_over_files`` 27-33 recorded none, or wrongly).
+    attempt's.
     "released": a record of the attempt's planted for a task-owned directory the
-    acknowledgement does not report (the TM deleted it) goes (run 13: ``receive_ack`` 65
-    forgot released directories in NONE mode only, where there are none)."""
+    acknowledgement does not report (the TM deleted it) goes."""
     place = Place.make(kind, tmp_path)
     store, _ = place.store(Config.for_mode(mode, num_retained=1), JOB)
     try:
@@ -600,8 +593,7 @@ def test_r54_acknowledgements_giving_one_logical_id_two_paths_abort_the_checkpoi
     (``check_ids`` counts every handle), so recovery could not read it back: it is
     aborted before its ``_metadata`` is written, ``complete`` says it did not complete,
     and the retained checkpoint and its files stay. Each subtask writes operator state
-    before its keyed state, so an exclusive entry comes first (run 13: ``_id_clash`` 6
-    stopped at it; the exclusive clashes were written, found by 3)."""
+    before its keyed state, so an exclusive entry comes first."""
     place = Place.make(kind, tmp_path)
     store, _ = place.store(Config.for_mode(mode, num_retained=2), JOB)
     try:
@@ -664,9 +656,7 @@ def test_r54_a_logical_id_only_a_pending_placeholder_keeps_registered_is_not_giv
     subsumes 1: the file stays registered for 3 alone, in no retained checkpoint. An
     acknowledgement of 4 (a TM of its own, not trusted) names another file under that
     logical id: only the registry knows the id's path, and 4 is aborted before its
-    ``_metadata`` is written; 3 completes on the pinned file (run 14: ``_id_clash``
-    13-15 left out the registry, and 4 completed under an id the registry holds for
-    another path)."""
+    ``_metadata`` is written; 3 completes on the pinned file."""
     place, store = _none_store(tmp_path, kind)
     try:
         co = store._engine.coord
@@ -768,8 +758,7 @@ def test_r43_a_whole_file_the_coordinator_has_no_record_of_becomes_its_own(
         for rel, tm in written:
             f = co.catalog.files[rel]
             assert (f.owner, f.creator) == (COORDINATOR, tm)
-        # closed: its writer closed it before acknowledging (run 12: ``_take_over_files``
-        # 20 recorded it open; the stopped attempt's sweep found it again and hid that)
+        # closed: its writer closed it before acknowledging
         assert not {rel for rel, _ in written} & testing.observe(store).open_files
         assert coord.complete(cid) is not None
         first = written[0][1]

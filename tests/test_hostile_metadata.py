@@ -695,8 +695,7 @@ def test_the_guard_refuses_a_foreign_delete_before_it_happens(
         said = [d for d in details if d.startswith(f"{COORDINATOR} tried to delete {path}: ")]
         assert said and all(why in d for d in said), (path, said)
     for d in users:
-        # refused for being the user's, before what it holds is looked at (run 3b and run
-        # 15, ``_foreign`` 34: the directory's owner not read, refused for its files only)
+        # refused for being the user's, before what it holds is looked at
         assert f"{COORDINATOR} tried to delete {d}: refused, the user's" in details, d
     logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     for r in cl.catalog.refused_deletes:
@@ -858,7 +857,7 @@ def test_one_extent_named_whole_and_as_a_segment_at_offset_0_is_one_extent(
     2's extents at offset 0 under its logical id, as a segment where checkpoint 2 has a
     whole file (NONE) or as a whole file where it has a segment. One extent, as the
     decoder's check of one file says (a whole file starts at offset 0): recovery keeps
-    both (run 13: ``_check_ids`` 9 and 15 gave a whole file another offset)."""
+    both."""
     mode = setting[1]
     if mode is MergingMode.ACROSS_CHECKPOINT:
         pytest.skip("the pool goes on from checkpoint 1: none of 2's segments starts a file")

@@ -136,8 +136,7 @@ def test_a_recovered_store_is_fenced_when_another_takes_the_base(
 ) -> None:
     """The store a recovery returns holds the lease the recovery took: once another
     store takes the base, its metadata writes and deletes are fenced and what it had is
-    kept (run 13: ``recover`` 222 left the lease out, and the recovered store went on
-    deleting)."""
+    kept."""
     a, _ = _first_run(place, mode)
     a.close()
     b, _ = CheckpointStore.recover(place.url, _config(mode), JOB, storage_options=_options(place))

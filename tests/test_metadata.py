@@ -603,7 +603,7 @@ def _working_tampered(edit: Any) -> bytes:
         ),
     ],
     # Plain ids that say what is wrong: the ids pytest made ("<lambda>-words3") hold "s3",
-    # which make mutate's ``-k "not s3 ..."`` leaves out (run 11).
+    # which make mutate's ``-k "not s3 ..."`` leaves out.
     ids=[
         "no-bytes",
         "reversed-range",

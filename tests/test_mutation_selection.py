@@ -9,7 +9,7 @@ mutant's run as a kill: one such parameter made a whole run report every mutant 
 The ``-k`` expression of ``pytest_add_cli_args`` leaves out the S3 tests, the local crash
 sweeps, the tests over processes and the live mode. ``-k`` matches any substring of a test's
 name and id, so "not s3" also dropped ``test_path_outside_base[s3://bucket/x-absolute]``
-and a working-file case whose generated id was ``<lambda>-words3`` (run 11): two hostile
+and a working-file case whose generated id was ``<lambda>-words3``: two hostile
 inputs no mutant of the decoder ever met. So every test the expression leaves out must
 name what it means to leave out.
 """

@@ -1063,7 +1063,7 @@ def test_recovery_keeps_the_working_files_a_kept_checkpoint_refers_to_in_place(
     owners = new.observe().owners
     assert {owners.get(p) for p in in_place} == {"coordinator"}
     # R105: the restore opened each subtask's database on them, so the next checkpoint
-    # refers to them in place again (run 13: ``recover`` 328 and 329 opened none)
+    # refers to them in place again
     apply(new, Trigger())
     nxt = new.coord.next_checkpoint - 1
     for s in sorted(new.coord.placement):
@@ -1120,8 +1120,7 @@ def test_recovery_leaving_the_working_files_takes_only_those_a_kept_checkpoint_u
     """``leave_working`` (the streaming job's SlateDB databases keep files no checkpoint
     names, which their own collector decides about): recovery takes the working files
     the kept checkpoint refers to in place as the coordinator's, and neither records nor
-    deletes the private one (run 13: ``recover`` 265-272, 282 and 292 listed every file
-    for the rebuild, or none, and the private file was deleted as garbage)."""
+    deletes the private one."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     engine, cp, private, in_place = working_store(place, config)
     before = place.snapshot()
@@ -1151,8 +1150,7 @@ def test_an_abandoned_incarnations_files_are_garbage_whether_or_not_working_is_l
     state and a working file, and dies before completing it. Recovering job-0 with job-1
     abandoned deletes job-1's state files as garbage in either case; its working file
     too, unless ``leave_working`` leaves the databases to their own collector, which
-    then works in job-1's base (run 13: ``recover`` 309 left the state files alone, 311
-    kept job-1 out of the lineage)."""
+    then works in job-1's base."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     engine, cp, _, in_place = working_store(place, config)
     engine.storage.close_all()
@@ -1226,10 +1224,8 @@ def test_the_recovered_job_takes_ids_past_every_job_and_attempt_under_the_root(
     directory of an attempt a failover started (``tm-3``, merging modes), and a file
     whose name marks it as ``tm-7``'s (a TM in a process of its own, R64; NONE mode owns
     no directory) hold ids the new job and its TMs must not take again: its base, their
-    directories and the files their names mark are their own (run 13: ``recover`` 153,
-    165, 166 and 211 gave out used ids; a marked name was not counted before). The mark
-    is above the directory's id, or below it (run 14: ``recover`` 163, 164 broke the
-    directories' pattern, and the mark above hid it)."""
+    directories and the files their names mark are their own. The mark
+    is above the directory's id, or below it."""
     config = Config.for_mode(mode, num_retained=1)
     store = _store(place, config)
     ledger, prog = Ledger(), Progress()
@@ -1263,8 +1259,7 @@ def test_a_job_rescaled_before_it_crashed_is_recovered_at_the_asked_parallelism(
     """R75, R76: the crashed job ran ``src`` at 3 (a rescale of its predecessor) while
     the job spec asks for 2. The kept checkpoint's own subtasks say what it was taken
     at, so the recovery rescales 3 -> 2: every key group of ``src`` is restored from the
-    bytes written for it (run 13: ``recover`` 233 took the spec's parallelism for the
-    checkpoint's, and the restore found no state for the new subtasks)."""
+    bytes written for it."""
     config = Config.for_mode(mode, num_retained=1)
     store = _store(place, config)
     ledger, prog = Ledger(), Progress()
@@ -1335,11 +1330,7 @@ def test_a_recovery_with_nothing_to_recover_starts_the_job_afresh(
     """No checkpoint under the root (an unrelated ``job-4/``, or nothing), and a crashed
     job whose id is not ``job-N``: the job starts as a new one would, as the job after
     every one under the root (``job-5``, or the first) with checkpoint 1, and its second
-    and third checkpoints reuse the first's shared state (run 13: ``recover`` 251, 253,
-    254 and 353 took the job number from nowhere, 260 started at checkpoint 2, and 263
-    told the TMs checkpoint 1 was subsumed before it completed, so they dropped its
-    state; run 14: with ``job-4`` always there, 263, 265 and 266, the empty root's job
-    number, survived)."""
+    and third checkpoints reuse the first's shared state."""
     config = Config.for_mode(mode, num_retained=2)
     if unrelated is not None:
         place.inner.makedirs(f"{place.root}/job-{unrelated}", exist_ok=True)
@@ -1365,8 +1356,7 @@ def test_the_recovered_job_deletes_what_an_aborted_savepoint_of_its_own_wrote(
 ) -> None:
     """The bases the recovered coordinator may delete in stay those a new one has (its
     job's, the savepoints it triggers) with the crashed job's added: a savepoint it
-    triggers and aborts leaves nothing behind (run 13: ``recover`` 304 replaced them by
-    the abandoned ones, and the aborted savepoint's files were protected forever)."""
+    triggers and aborts leaves nothing behind."""
     config = Config.for_mode(mode, num_retained=1)
     store = _store(place, config)
     ledger, prog = Ledger(), Progress()
@@ -1387,7 +1377,7 @@ def test_the_recovered_jobs_ha_state_names_the_crashed_base_as_its_lineage(
     """What a later restart from storage reads (``ha_state``, the HA services' record):
     the crashed job's base is the recovered job's lineage (R72: the restore claimed it),
     so a restarted coordinator still owns its files instead of leaving them to the user
-    for good (run 13: ``recover`` 376 and 377 replaced the lineage)."""
+    for good."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     store = _store(place, config)
     checkpoint(store, Ledger(), Progress())
@@ -1461,7 +1451,7 @@ def test_r96_an_incarnation_dead_before_its_first_checkpoint_is_abandoned(
 def test_r96_no_incarnation_completed_a_checkpoint_the_first_is_recovered(place: Place) -> None:
     """Neither job-0 nor its recovery job-1 completed a checkpoint before dying: the job
     has no state yet, so it goes on from the first incarnation and every later one is
-    abandoned (run 13: ``incarnation_to_recover`` 24, 26 and 30 raised or chose job-1)."""
+    abandoned."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     store = _store(place, config)
     cid = store.coordinator.trigger()
@@ -1493,7 +1483,7 @@ def test_r96_an_abandoned_file_whose_delete_fails_is_recorded_closed_and_retried
 ) -> None:
     """A delete of an abandoned incarnation's garbage that fails leaves its record
     behind until the retry: the file is closed (its writer is dead; nothing abandons or
-    discards it again) and goes at the retry (run 13: ``recover`` 322 recorded it open)."""
+    discards it again) and goes at the retry."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     _recovered_then_dead(place, config, complete=False)
     died = {p for p in place.snapshot() if p.startswith("job-1/")}
@@ -1518,9 +1508,7 @@ def test_r96_r73_an_abandoned_no_claim_restore_leaves_the_checkpoint_the_users(
 ) -> None:
     """job-1 was a NO_CLAIM restore of job-0's checkpoint and died before its first
     checkpoint: recovering job-0 in NO_CLAIM mode goes on from that checkpoint, which
-    stays the user's (R73) through the new job's checkpoints: nothing of it is deleted
-    (run 13: ``recover`` 338 and 339 ended the rebuilt job without retaining it, which
-    deleted the user's checkpoint)."""
+    stays the user's (R73) through the new job's checkpoints: nothing of it is deleted."""
     config = Config.for_mode(MergingMode.NONE, num_retained=1)
     store = _store(place, config)
     ledger, prog = Ledger(), Progress()
@@ -1549,8 +1537,7 @@ def test_r96_r73_an_abandoned_no_claim_restore_leaves_the_checkpoint_the_users(
 def test_recovery_registers_every_kept_checkpoints_shared_state(place: Place) -> None:
     """Three kept checkpoints: the second reuses the first's shared state, the third only
     the second's. The recovery registers the older two as the restore claims the latest,
-    so subsuming the first keeps what the second still uses (run 13: ``recover`` 347
-    registered the first only, and the second's reused file went with the first)."""
+    so subsuming the first keeps what the second still uses."""
     config = Config.for_mode(MergingMode.NONE, num_retained=3)
     store = _store(place, config)
     ledger, prog = Ledger(), Progress()
@@ -1588,8 +1575,7 @@ def test_r96_an_abandoned_base_a_savepoint_names_is_refused_and_nothing_deleted(
     """A savepoint is the user's (R55), whatever wrote it: one whose ``_metadata`` names a
     file or directory of an incarnation named abandoned, as state, as a working file in
     place or as a managed directory, makes it the user's, not garbage, so the recovery
-    is refused before anything changes (run 13: ``recover`` 103 and 119 left the
-    savepoint, or its working list, out of the check)."""
+    is refused before anything changes."""
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     _recovered_then_dead(place, config, complete=False)
     sub = SubtaskId("src", 0, 2)

@@ -620,7 +620,7 @@ def test_r64_a_waiting_directory_delete_spares_a_live_attempts_unacknowledged_fi
     obs = h.observe()  # the coordinator's, and tm-4 works there (R42): no delete waits
     assert obs.directories[directory] == COORDINATOR and directory not in obs.pending_deletes
     live = created(h.run(c.WriteState(cp, s, KS, "live", 10)), "tm:tm-4")
-    effects = h.run(c.AttemptStopped("tm-3"))  # before the fix: I5, tm-4's file deleted
+    effects = h.run(c.AttemptStopped("tm-3"))  # I5: tm-4's live file must not go with it
     obs = h.observe()
     assert directory not in [d for d, _ in dir_deletes(effects)]
     assert live and set(live) <= set(obs.files) and directory not in obs.pending_deletes
@@ -948,7 +948,7 @@ def test_r66_a_directory_delete_waiting_for_a_replaced_attempt_spares_the_new_on
     assert obs.directories[directory] == COORDINATOR and directory not in obs.pending_deletes
     live = created(h.run(c.WriteState(cp, s, KS, "live", 10)), "tm:tm-4")
     assert live and all(is_under(p, directory) for p in live)
-    effects = h.run(c.AttemptStopped("tm-3"))  # before the fix: I5, tm-4's file deleted
+    effects = h.run(c.AttemptStopped("tm-3"))  # I5: tm-4's live file must not go with it
     obs = h.observe()
     assert directory not in [d for d, _ in dir_deletes(effects)]
     assert set(live) <= set(obs.files) and directory not in obs.pending_deletes

@@ -370,8 +370,7 @@ def test_a_release_frees_every_private_file_past_one_handed_over(tmp_path: Path)
     """R102: one release can free several files. Here an aborted snapshot's pins go at
     once on a file the coordinator took over at the checkpoint before (never deleted
     by the TM, which forgets it) and on a private file the database no longer uses
-    (deleted at once). The handed-over file sorts first (run 14: ``Databases.release``
-    16 stopped at it, and the private file stayed until a later release)."""
+    (deleted at once). The handed-over file sorts first."""
     place = Place.make("memory", tmp_path)
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     engine, _, _, _ = working_store(place, config)
@@ -400,8 +399,7 @@ def test_a_private_file_whose_delete_failed_is_deleted_again_at_the_next_release
     tmp_path: Path,
 ) -> None:
     """R102, R45: a TM's delete of a private file its database no longer uses fails; the
-    file stays its own, and the TM's next release deletes it (run 14: ``Databases.release``
-    21 forgot it, and it waited for the catalog's retry)."""
+    file stays its own, and the TM's next release deletes it."""
     place = Place.make("memory", tmp_path)
     config = Config.for_mode(MergingMode.WITHIN_CHECKPOINT, num_retained=1)
     engine, _, private, _ = working_store(place, config)
