@@ -151,6 +151,7 @@ def test_a_stopped_jobs_unreferenced_working_files_are_orphans(tmp_path: Path) -
     directories is an orphan; the job's end deleted its databases' private files."""
     job = Job(tmp_path)
     job.engine.cancel(retain=True)
+    job.engine.storage.drain()  # the job end's deletes run on the deleter thread
     assert job.live not in job.engine.catalog.files  # closed with its database (R90)
     assert json.loads((tmp_path / job.engine.job / WRITER_STATE).read_text())["working_files"] == []
     assert job.statuses() == {job.inplace: REFERENCED, job.stray: ORPHAN}
