@@ -25,6 +25,7 @@ import gzip
 import json
 import re
 import typing
+from collections import Counter
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import Any
 import attrs
 from attrs import frozen
 
+from conformance.compare import deletion_key
 from spec import codec
 from spec import observation as observation_module
 from spec.commands import Command
@@ -105,6 +107,10 @@ def _empty() -> dict[str, Any]:
     return {**{m: {} for m in MAPPINGS}, GROWING: [], RETAINED: []}
 
 
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
 def delta(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     """What changed from ``before`` to ``now`` (encoded observations), as stored."""
     out: dict[str, Any] = {}
@@ -117,10 +123,21 @@ def delta(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
             if changes:
                 out[key] = dict(sorted(changes.items()))
         elif key == GROWING:
-            if value[: len(old)] != old:
+            # the history is stored sorted (``conformance.compare.normalized``: each party
+            # runs its own deletes), so a step's new deletes may sort before older ones:
+            # what it adds is the multiset difference
+            left = Counter(_key(d) for d in old)
+            added = []
+            for d in value:
+                k = _key(d)
+                if left[k]:
+                    left[k] -= 1
+                else:
+                    added.append(d)
+            if +left:
                 raise ValueError("the deletion history of an observation shrank")
-            if len(value) > len(old):
-                out[f"{GROWING}_added"] = value[len(old) :]
+            if added:
+                out[f"{GROWING}_added"] = added
         elif key == RETAINED and old != value:
             gone = [r["metadata"] for r in old if r not in value]
             kept = [r for r in old if r in value]
@@ -171,7 +188,9 @@ class _Reader:
                 self.fields[key] = merged
             elif key == f"{GROWING}_added":
                 added = self._decode(GROWING, value, at)
-                self.fields[GROWING] = (*self.fields[GROWING], *added)
+                self.fields[GROWING] = tuple(
+                    sorted((*self.fields[GROWING], *added), key=deletion_key)
+                )
             elif key == f"{RETAINED}_removed":
                 if not isinstance(value, list):
                     raise CaseError(f"{at}: not an array")

@@ -38,11 +38,13 @@ def normalized(obs: Observation, *, open_files_listed: bool = True) -> Observati
         obs,
         files=files,
         pending_deletes=tuple(sorted(obs.pending_deletes)),
-        deletions=tuple(sorted(obs.deletions, key=_deletion_key)),
+        deletions=tuple(sorted(obs.deletions, key=deletion_key)),
     )
 
 
-def _deletion_key(d: DeletionRecord) -> tuple[str, str, str, bool, bool]:
+def deletion_key(d: DeletionRecord) -> tuple[str, str, str, bool, bool]:
+    """The order a deletion history is compared and stored in: each party runs its own
+    deletes, so only the multiset of them is the rule's (R45: once per path)."""
     return (d.path, d.actor, d.owner or "", d.existed, d.protected)
 
 

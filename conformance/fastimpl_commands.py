@@ -12,15 +12,43 @@ an append. Each is recorded in the engine's trace as the command it is.
 
 from __future__ import annotations
 
+from conformance.compare import unmarked
 from fastimpl.engine import InProcessEngine
 from fastimpl.storage import StorageFault
 from spec import commands as c
 from spec.errors import CommandError, Reason
 from spec.handles import StreamHandle
+from spec.ids import SubtaskId
 
 
 def _zeros(stream: StreamHandle) -> bytes:
     return bytes(stream.length)
+
+
+def _as_named(engine: InProcessEngine, path: str) -> str:
+    """The file on storage the model's ``path`` names: the model draws names without the
+    creator's mark the product's parties add (``conformance.compare.unmarked``); a path
+    nothing on storage answers to is passed on as it is, for the product to refuse."""
+    head = path.rsplit("/", 1)[0]
+    try:
+        listed = engine.storage.files_under(head)
+    except Exception:  # a failing listing: the product meets the path as given
+        return path
+    named = [p for p in sorted(listed) if p != path and unmarked(p) == path]
+    return named[0] if len(named) == 1 and path not in listed else path
+
+
+def _state_named(engine: InProcessEngine, subtask: SubtaskId, name: str) -> str:
+    """The shared state ``name`` of ``subtask`` as the product's parties name it: a
+    database's small file uploaded as shared state is named after the file (R103), whose
+    name carries its creator's mark in the product (``_as_named``)."""
+    named = {
+        n
+        for party in engine.parties.values()
+        for (s, n) in party.backend
+        if s == subtask and n != name and unmarked(n) == name
+    }
+    return named.pop() if len(named) == 1 else name
 
 
 def apply(engine: InProcessEngine, cmd: c.Command) -> None:
@@ -44,7 +72,8 @@ def _apply(engine: InProcessEngine, cmd: c.Command) -> None:
                 cmd.checkpoint, cmd.subtask, cmd.kind, cmd.name, data, cmd.entries, cmd.attempt
             )
         case c.ReuseShared():
-            engine.reuse_shared(cmd.checkpoint, cmd.subtask, cmd.name, cmd.attempt, _zeros)
+            name = _state_named(engine, cmd.subtask, cmd.name)
+            engine.reuse_shared(cmd.checkpoint, cmd.subtask, name, cmd.attempt, _zeros)
         case c.Acknowledge():
             engine.acknowledge(cmd.checkpoint, cmd.subtask, cmd.attempt)
         case c.Decline():
@@ -84,7 +113,7 @@ def _apply(engine: InProcessEngine, cmd: c.Command) -> None:
         case c.WriteWorking():
             engine.write_working(cmd.subtask, bytes(cmd.size), cmd.attempt)
         case c.DropWorking():
-            engine.drop_working(cmd.subtask, cmd.path, cmd.attempt)
+            engine.drop_working(cmd.subtask, _as_named(engine, cmd.path), cmd.attempt)
         case c.SnapshotWorking():
             engine.snapshot_working(cmd.checkpoint, cmd.subtask, cmd.inline_below, cmd.attempt)
         case c.CollectWorking():

@@ -20,7 +20,7 @@ import attrs
 
 from fastimpl.ids import IdSource, creator_of, marked
 from fastimpl.metadata import MetadataError, base_of, path_parts
-from fastimpl.records import Deferred, ManagedDir, Status, StoredFile, Tm
+from fastimpl.records import FOUND, Deferred, ManagedDir, Status, StoredFile, Tm
 from fastimpl.storage import Storage, StorageFault
 from spec.effects import USER
 from spec.ids import TmId
@@ -68,18 +68,47 @@ class CatalogHost(Protocol):
     def hot_dirs(self) -> frozenset[str]: ...
 
 
+class DeletionLog:
+    """Who deleted what, in the order the deletes ran: kept whole for tests and traces
+    that compare the history (``keep``), else only the deletes that broke I2 or I5 (none,
+    unless the store has a bug), at most ``_BAD_DELETIONS_KEPT`` of them. Parties in one
+    process may write to one log, so that it keeps the order across them; a log is an
+    observer's record, never read to decide a delete."""
+
+    __slots__ = ("bad", "records")
+
+    def __init__(self, keep: bool = False) -> None:
+        self.records: list[DeletionRecord] | None = [] if keep else None
+        self.bad: list[DeletionRecord] = []
+
+    def keep(self) -> None:
+        """Log every delete from now on: off by default, as it grows with every checkpoint."""
+        if self.records is None:
+            self.records = list(self.bad)
+
+    def add(self, rec: DeletionRecord) -> None:
+        if self.records is not None:
+            self.records.append(rec)
+        elif (rec.protected or not rec.existed or rec.owner != rec.actor) and len(
+            self.bad
+        ) < _BAD_DELETIONS_KEPT:
+            self.bad.append(rec)
+
+
 class Catalog:
     creator_mark: TmId | None = None
     """The attempt whose id marks every file name drawn here (``fastimpl.ids.marked``):
-    set for a TM with records of its own, whose files other parties may find on storage
-    without any record of theirs (R64); None where one table serves every party."""
-
-    shared = False
-    """Whether one table serves every party (the in-process composition): then every
-    delete any party makes passes through it and no record outlives its file unseen."""
+    set for a TM attempt, whose files other parties may find on storage without any
+    record of theirs (R64); None for the coordinator's."""
 
     def __init__(
-        self, storage: Storage, ids: IdSource, host: CatalogHost, *, deletion_log: bool = False
+        self,
+        storage: Storage,
+        ids: IdSource,
+        host: CatalogHost,
+        *,
+        deletion_log: bool = False,
+        log: DeletionLog | None = None,
     ) -> None:
         self.storage = storage
         self.ids = ids
@@ -89,12 +118,9 @@ class Catalog:
         self.dir_owner: dict[str, str] = {}
         self.failed_uploads: set[str] = set()
         """Files whose closing upload failed (object stores): a handle into one declines."""
-        self.deletions: list[DeletionRecord] | None = [] if deletion_log else None
-        """Every delete, in order (``observe().deletions``): an opt-in log for tests and
-        traces, since it grows with every checkpoint (``keep_deletion_log``)."""
-        self.bad_deletions: list[DeletionRecord] = []
-        """Without the log, the deletes that broke I2 or I5 (none, unless the store has a
-        bug): what the invariant checks need, at most ``_BAD_DELETIONS_KEPT`` of them."""
+        self.log = log if log is not None else DeletionLog(deletion_log)
+        """Where its deletes are logged (``observe().deletions``); ``log``: one shared
+        with other parties in this process."""
         self.deferred: list[Deferred] = []
         self.refused_deletes: list[RefusedDelete] = []
         self.dir_rules: dict[str, Callable[[str], bool]] = {}
@@ -103,7 +129,14 @@ class Catalog:
         rule still allows it (``_run_deferred``)."""
 
     def mkdir(self, path: str, actor: str, creator: TmId) -> None:
-        if path in self.dir_owner:
+        """R40: ``path`` is made at the first write in it, and is its maker's. A party
+        with records of its own may find it made by a party whose records it cannot see
+        (a lost attempt of the same subtask still writing): recorded as found, it is
+        written in and reported, never owned or deleted by this party (R41)."""
+        if path in self.dir_owner or path in self.dirs:
+            return
+        if self.creator_mark is not None and self.storage.exists_dir(path):
+            self.dirs[path] = ManagedDir(path, FOUND)
             return
         self.storage.mkdir(path)
         self.dir_owner[path] = actor
@@ -138,11 +171,24 @@ class Catalog:
         owner = f.owner if f is not None else self.dir_owner.get(path)
         return owner == USER or not any(is_under(path, b) for b in self.host.bases)
 
+    @property
+    def deletions(self) -> list[DeletionRecord] | None:
+        """Every delete, in order, if the log is kept whole (``keep_deletion_log``)."""
+        return self.log.records
+
+    @deletions.setter
+    def deletions(self, records: list[DeletionRecord] | None) -> None:
+        self.log.records = records
+
+    @property
+    def bad_deletions(self) -> list[DeletionRecord]:
+        """Without the whole log, the deletes that broke I2 or I5."""
+        return self.log.bad
+
     def keep_deletion_log(self) -> None:
         """Log every delete from now on (``observe().deletions``): for tests and traces
         that compare the history; off by default, as it grows with every checkpoint."""
-        if self.deletions is None:
-            self.deletions = list(self.bad_deletions)
+        self.log.keep()
 
     def _record_delete(self, path: str, actor: str) -> None:
         f = self.files.get(path)
@@ -153,12 +199,7 @@ class Catalog:
             existed=f is not None,
             protected=f is not None and self._protected(path),
         )
-        if self.deletions is not None:
-            self.deletions.append(rec)
-        elif (rec.protected or not rec.existed or rec.owner != actor) and len(
-            self.bad_deletions
-        ) < _BAD_DELETIONS_KEPT:
-            self.bad_deletions.append(rec)  # I2, I5: kept for check_invariants
+        self.log.add(rec)  # I2, I5: what check_invariants reads
         self.files.pop(path, None)
         self.failed_uploads.discard(path)
 
@@ -174,6 +215,12 @@ class Catalog:
         """Who created ``path``: its record's word, else its name's (a record rebuilt from
         metadata after a restart, ``fastimpl.resume``, does not know; R64 needs it)."""
         return f.creator if f.creator is not None else creator_of(path)
+
+    def take_waiting(self, d: Deferred) -> None:
+        """A delete another party decided and handed over with its files (``TmEnded``):
+        it waits here as it waited there, and runs as a waiting delete of these records
+        does (whoever owns the path then carries it out, R44)."""
+        self._defer(d)
 
     def _defer(self, d: Deferred) -> None:
         """R45, R64: a waiting delete is listed once, however often it is asked for."""
@@ -263,6 +310,8 @@ class Catalog:
         if waits:
             self._defer(Deferred(actor, path, True, min(w for w in waits if w)))
             return
+        if self.creator_mark is not None and self._written_by_others(path, inside, actor):
+            return
         if self.storage.lease is not None and self._holds_unknown_files(path, inside, actor):
             return
         try:
@@ -295,6 +344,20 @@ class Catalog:
             return None
         return {creator_of(p) for p in on_storage - set(inside)}
 
+    def _written_by_others(self, path: str, inside: list[str], actor: str) -> bool:
+        """R41, R66 for a TM attempt's records: its directory goes only while nothing but
+        what these records hold is in it. A later attempt of the same subtask writes in
+        the subtask's shared directory too, and what it writes is in its records, not in
+        these: then the directory stays (the rule asks again at the next notice). A
+        failed listing defers the delete (R45)."""
+        try:
+            on_storage = self.storage.files_under(path)
+        except Exception as err:  # cannot tell: keep it, retry later
+            log.warning("listing %s before deleting it failed: %r", path, err)
+            self._defer(Deferred(actor, path, True, None))
+            return True
+        return bool(on_storage - set(inside))
+
     def _holds_unknown_files(self, path: str, inside: list[str], actor: str) -> bool:
         """Issue 14: a recursive delete removes only what the store knows it wrote. If
         the directory holds a file the store has no record of (another run's, a user's,
@@ -326,9 +389,12 @@ class Catalog:
             self.dirs.pop(sub, None)
         return True
 
-    def retry_deletes(self) -> None:
-        """R45: retry deletes that failed; a delete that fails again stays queued."""
-        self.storage.retry_failed()
+    def retry_deletes(self, *, storage: bool = True) -> None:
+        """R45: retry deletes that failed; a delete that fails again stays queued.
+        ``storage``: also those that failed on the storage's deleter, which parties
+        sharing one storage retry once between them."""
+        if storage:
+            self.storage.retry_failed()
         ready = [d for d in self.deferred if d.waits_for is None]
         self.deferred = [d for d in self.deferred if d.waits_for is not None]
         for d in ready:
@@ -368,8 +434,6 @@ class Catalog:
         (a claim, R72), which it could not learn of. Once it has stopped it deletes no
         more: the records are checked against storage, and one whose file is gone goes
         without a delete of its own (its delete is the attempt's, in its log)."""
-        if self.shared:
-            return
         made = [p for p, f in self.files.items() if f.creator == stopped]
         if not made:
             return

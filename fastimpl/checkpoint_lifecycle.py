@@ -125,7 +125,7 @@ class CheckpointLifecycle:
             elif rec is not None and rec.status is Status.LOST:
                 # a stopped attempt's files were swept when it stopped (R64): its late
                 # acknowledgement is ignored, as a retired one's is
-                self.note_given_up(entries, ack.attempt)
+                self.note_given_up(entries, ack.attempt, ack.in_place)
             return  # R56
         p = self.pending[ack.checkpoint]
         if any(self.kept_elsewhere(e) for e in entries):
@@ -207,11 +207,17 @@ class CheckpointLifecycle:
                     catalog.dirs[h.path] = ManagedDir(h.path, attempt)
         return taken
 
-    def note_given_up(self, entries: Iterable[StateEntry], attempt: TmId) -> None:
+    def note_given_up(
+        self,
+        entries: Iterable[StateEntry],
+        attempt: TmId,
+        in_place: Iterable[InPlaceFile] = (),
+    ) -> None:
         """R56, R64: an attempt the coordinator gave up on handed over whole files it
         will not take; the attempt forgot them when it acknowledged. Unknown to the
-        coordinator's records, they are recorded as still that attempt's: its files
-        become the coordinator's when it is known stopped (``attempt_stopped``)."""
+        coordinator's records, they are recorded as still that attempt's, as are the
+        working files it referred to in place (R103): its files become the coordinator's
+        when it is known stopped (``attempt_stopped``)."""
         catalog = self.run.catalog
         for e in entries:
             h = e.handle
@@ -221,6 +227,10 @@ class CheckpointLifecycle:
                 and self.writes_in(h.path, attempt)
             ):
                 catalog.files[h.path] = StoredFile(h.length, False, tm_actor(attempt), attempt)
+        for w in in_place:  # working state (§11): its database's files, handed over alike
+            if w.path not in catalog.files and self.writes_in(w.path, attempt):
+                catalog.files[w.path] = StoredFile(w.length, False, tm_actor(attempt), attempt)
+                self.working.shared.add(w.path)  # no database deletes it again (R102)
 
     def writes_in(self, path: str, attempt: TmId) -> bool:
         """Whether ``attempt``'s handle may name ``path`` as a file the store wrote: under

@@ -112,7 +112,7 @@ class CheckpointCoordinator:
     restoring: _Kept[tuple[StateEntry, ...]] = _Kept("retention")
     # failovers (``Failover``)
     epoch: _Kept[int] = _Kept("failures")
-    kept_from_lost: _Kept[dict[str, TmId]] = _Kept("failures")
+    handed_to: _Kept[dict[str, TmId]] = _Kept("failures")
     told_lost: _Kept[dict[TmId, frozenset[TmId]]] = _Kept("failures")
     # restores (``RestorePlanner``)
     assignment: _Kept[dict[SubtaskId, tuple[StateEntry, ...]]] = _Kept("restores")

@@ -3,7 +3,11 @@ wired by an in-memory transport, in one process. It does what an engine (Flink's
 scheduler, a Spark driver) does around the two parties: it names and places TMs
 (round-robin), carries the notices (``fastimpl.transport``, encoded ``spec.messages``),
 checks who may write (R10, R56, R64), and shares one id source, so that with
-``CounterIds`` the names match the reference model's, file by file.
+``CounterIds`` the names match the reference model's, file by file (each TM attempt
+marks the names it draws with its id, as in a process of its own; ``conformance.compare``
+reads past the mark). Each party keeps records of its own (``TaskManager.own``), and
+the parties meet only through messages and storage; the one thing they share is the
+deletion log, which keeps the order of every party's deletes for the observation.
 
 Each call is validated before anything changes (a ``CommandError`` leaves files and
 bookkeeping as they were), returns what it produced, and is logged to the trace (if
@@ -18,6 +22,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from fastimpl.catalog import Catalog, RefusedDelete
 from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.records import (
@@ -26,6 +31,8 @@ from fastimpl.records import (
     Status,
     Tm,
 )
+from fastimpl.reports import observe as observe_parties
+from fastimpl.reports import report_of
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.taskmanager import TaskManager
 from fastimpl.trace import CommandTrace
@@ -33,10 +40,9 @@ from fastimpl.transport import InMemoryTransport
 from fastimpl.working import is_working_path
 from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, StateKind
-from spec.effects import COORDINATOR, USER, tm_actor
+from spec.effects import USER, tm_actor
 from spec.errors import CommandError, Reason
 from spec.handles import (
-    FileHandle,
     StateEntry,
     StreamHandle,
     extent_of,
@@ -70,7 +76,6 @@ from spec.messages import (
 )
 from spec.observation import (
     Observation,
-    RetainedView,
     WorkingFileView,
     WorkingObservation,
 )
@@ -121,7 +126,8 @@ class InProcessEngine:
             deletion_log=deletion_log,
         )
         self.catalog = self.coord.catalog
-        self.catalog.shared = True  # every party's deletes pass through it
+        self.disagreements: list[str] = []
+        """Where the parties' records disagreed at the last ``observe``."""
         tms = [self.start_tm(job_id, 1, None) for _ in range(job_spec.num_tms)]
         self.coord.deploy(self.place(subtasks_of(job_spec.vertices), tms))
         self.job_spec = job_spec
@@ -187,7 +193,8 @@ class InProcessEngine:
     def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
         tm = f"tm-{self.next_tm}"
         self.next_tm += 1
-        party = TaskManager(tm, job, self.cfg, self.catalog, self.ids, first_checkpoint)
+        party = TaskManager.own(self.storage, self.cfg, job, tm, self.ids, first_checkpoint)
+        party.catalog.log = self.catalog.log  # one log keeps the order of every party's deletes
         if finished_mark is not None:
             party.finished_mark = finished_mark
         self.parties[tm] = party
@@ -227,8 +234,17 @@ class InProcessEngine:
         return back
 
     def forget_tm(self, tm: TmId) -> None:
-        """A TM that is gone keeps no memory: its tables go, its files stay on storage."""
-        self.parties[tm].forget()
+        """A TM that is gone keeps no memory: its records go with its process, its files
+        stay on storage (what it left is the coordinator's to find, R64)."""
+        party = self.parties.pop(tm, None)
+        if party is not None:
+            for path, f in sorted(party.catalog.files.items()):
+                if f.open:  # its process is gone, and its open uploads with it (R65)
+                    if self.cfg.open_files_readable:
+                        self.storage.abandon(path)
+                    else:
+                        self.storage.discard(path)
+            party.forget()
         self.channel.forget(tm)
 
     # ------------------------------------------------------------------ calls
@@ -314,7 +330,7 @@ class InProcessEngine:
 
     def copy_of(self, stream: StreamHandle) -> bytes:
         """The bytes of an earlier upload, read back: the store keeps no local copy."""
-        if stream.path not in self.catalog.files:
+        if not any(stream.path in cat.files for cat in self.catalogs()):
             # The old upload was deleted by the store itself (its checkpoint was aborted).
             # Nothing changes; the caller writes the state again.
             raise CommandError(
@@ -432,10 +448,11 @@ class InProcessEngine:
         """R64: a lost TM is known to have stopped."""
 
         def run() -> None:
-            party = self.parties.get(tm)
-            if party is None:
+            party = self.parties.get(tm)  # gone once stopped: the coordinator says so
+            if party is None and self.coord.attempt_status(tm) is None:
                 raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
-            msg = decode_message(encode_message(AttemptStopped(party.job, tm)))
+            job = self.job if party is None else party.job
+            msg = decode_message(encode_message(AttemptStopped(job, tm)))
             assert isinstance(msg, AttemptStopped)
             self.coord.receive_stopped(msg)  # the coordinator learns it as a message
 
@@ -509,7 +526,13 @@ class InProcessEngine:
 
     def retry_deletes(self) -> None:
         """R45: retry the deletes that failed."""
-        self.recorded(c.RetryDeletes(), self.catalog.retry_deletes)
+
+        def run() -> None:
+            self.catalog.retry_deletes()
+            for tm in sorted(self.parties):  # each party retries its own (R45)
+                self.parties[tm].catalog.retry_deletes(storage=False)
+
+        self.recorded(c.RetryDeletes(), run)
 
     def start_trace(self, trace: CommandTrace) -> None:
         """Log every call from now on to ``trace`` (``fastimpl.trace``). A replay starts
@@ -605,7 +628,7 @@ class InProcessEngine:
             for ws in pend.working.values():
                 for w in ws:
                     refs.setdefault(w.path, set()).add(pend.id)
-        owners = self.catalog.owners()
+        owners = self.observe().owners  # every party's records, merged
         shared = self.coord.working.shared
         files: dict[str, WorkingFileView] = {}
         listed = self.storage.list_files() if on_storage is None else on_storage
@@ -613,7 +636,7 @@ class InProcessEngine:
             if not is_working_path(path) or path not in owners:
                 continue
             owner = owners[path]
-            if path in shared or owner in (COORDINATOR, USER):
+            if path in shared or owner == USER:  # handed over by an acknowledgement (R100)
                 state = "shared"
             else:
                 state = "pinned" if path in pinned else "private"
@@ -631,60 +654,34 @@ class InProcessEngine:
         )
 
     def observe(self) -> Observation:
-        """The real files on storage, and the bookkeeping that decides who deletes them."""
-        alive = (
-            {t for t in self.placement.values() if self.tms[t].status is Status.ALIVE}
-            if self.running
-            else set()
-        )
-        claims: dict[str, set[str]] = {}
-        ref_counts: dict[str, int] = {}
-        live: dict[str, list[tuple[int, int]]] = {}
-        pool_files: set[str] = set()
-        for tm in sorted(alive):
-            party = self.parties[tm]
-            m = party.m
-            actor = tm_actor(tm)
-            for path, pf in m.pfiles.items():
-                claims.setdefault(path, set()).add(actor)
-                ref_counts[path] = pf.ref_count
-            for seg in m.segs.values():
-                live.setdefault(seg.path, []).append((seg.offset, seg.length))
-            pool_files.update(m.pools.values())
-            for entries in party.outputs.values():
-                for e in entries:
-                    if isinstance(e.handle, FileHandle):
-                        claims.setdefault(e.handle.path, set()).add(actor)
-        for path in self.coord.claimed():
-            claims.setdefault(path, set()).add(COORDINATOR)
-        on_storage = self.storage.list_files()
-        return Observation(
-            files=on_storage,
-            open_files=frozenset(p for p, f in self.catalog.files.items() if f.open),
-            directories=dict(self.catalog.dir_owner),
-            owners=self.catalog.owners(),
-            claims={p: frozenset(v) for p, v in claims.items()},
-            retained=tuple(
-                RetainedView(r.id, r.job, r.metadata, r.entries, r.directories)
-                for r in self.retained
-            ),
-            restoring=self.coord.restoring,
-            ref_counts=ref_counts,
-            live_segments={p: tuple(sorted(v)) for p, v in live.items()},
-            registry=self.coord.registry.view(self.coord.retained),
-            deletions=tuple(
+        """The real files on storage, and the bookkeeping that decides who deletes them:
+        the coordinator's records and each TM attempt's report, merged as every host
+        merges them (``fastimpl.reports``), over one deletion log in the order the
+        deletes ran. What the parties' records disagree on is kept in ``disagreements``
+        (an error: ``fastimpl.testing.check_invariants`` reports it)."""
+        reports = {tm: report_of(party) for tm, party in self.parties.items()}
+        obs, found = observe_parties(
+            self.coord,
+            reports,
+            self.storage.list_files(),
+            deletions=(
                 self.catalog.bad_deletions
                 if self.catalog.deletions is None
                 else self.catalog.deletions
             ),
-            pending_deletes=(
-                *(d.path for d in self.catalog.deferred),
-                *sorted(self.storage.failed_deletes),
-            ),
-            pool_files=frozenset(pool_files),
-            metadata_files=frozenset(p for p in on_storage if p.endswith(_METADATA_SUFFIX)),
-            live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in alive}),
         )
+        refused = {f"refused delete of {r.path}" for r in self.refused_deletes()}
+        self.disagreements = [d for d in found if d not in refused]
+        return obs
+
+    def catalogs(self) -> list[Catalog]:
+        """Each party's records: the coordinator's, then each TM attempt's."""
+        return [self.catalog, *(self.parties[tm].catalog for tm in sorted(self.parties))]
+
+    def refused_deletes(self) -> list[RefusedDelete]:
+        """Every delete a party's guard refused before it happened (I5), the
+        coordinator's first."""
+        return [r for cat in self.catalogs() for r in cat.refused_deletes]
 
 
 # ------------------------------------------------------------------ the working state's calls

@@ -16,10 +16,10 @@ import logging
 from fastimpl.checkpoint_lifecycle import CheckpointLifecycle
 from fastimpl.coordinated_job import CoordinatedJob
 from fastimpl.ids import creator_of
-from fastimpl.records import Status, StoredFile, Tm
+from fastimpl.records import ManagedDir, Status, StoredFile, Tm
 from fastimpl.retention import Retention
 from fastimpl.tm_book import TmBook
-from fastimpl.working import SharedWorking
+from fastimpl.working import SharedWorking, is_working_path
 from spec.config import MergingMode
 from spec.effects import COORDINATOR, tm_actor
 from spec.errors import CommandError, Reason
@@ -32,6 +32,7 @@ from spec.layout import (
     savepoint_dir,
     shared_dir,
     taskowned_dir,
+    working_dir,
 )
 from spec.messages import (
     AttemptStopped,
@@ -66,10 +67,11 @@ class Failover:
         self.working = working
         self.epoch = 0
         """Failovers so far: each TM applies a failover's duties once (``spec.messages``)."""
-        self.kept_from_lost: dict[str, TmId] = {}
-        """R61, R64: files of retained checkpoints created by a lost attempt (by their
-        names, ``fastimpl.ids.creator_of``), each with the attempt a failover handed it to:
-        that attempt's, not its creator's, when it stops; gone once either has stopped."""
+        self.handed_to: dict[str, TmId] = {}
+        """R61, R64: files of retained checkpoints a failover handed to an attempt, each
+        with the last one it went to, whose records hold it from then on (a lost one
+        cannot be asked): that attempt's, not its creator's, when the creator stops;
+        gone once that attempt has stopped."""
         self.told_lost: dict[TmId, frozenset[TmId]] = {}
         """The lost attempts each TM was told of at its last failover (``TmAssignment``)
         and not yet told stopped: its deletes of their files wait (R64)."""
@@ -115,10 +117,7 @@ class Failover:
         book.started[new] = (run.job, first)
         book.placement = {s: new if t == tm else t for s, t in book.placement.items()}
         run.engine.placed(book.placement)
-        catalog = run.catalog
-        d = taskowned_dir(run.job, tm)  # R63: abandoned to the coordinator
-        if d in catalog.dir_owner and catalog.dir_owner[d] != COORDINATOR:
-            catalog.dir_owner[d] = COORDINATOR
+        self._abandon_taskowned(tm)
         if starting:
             # R10, R66: every checkpoint from ``first`` on that is no longer pending is
             # over for it: aborted (above the lowest pending one, completing it would have
@@ -228,26 +227,29 @@ class Failover:
             catalog.files[path].owner = COORDINATOR
         for path in sorted(p for p, o in catalog.dir_owner.items() if o == actor):
             catalog.dir_owner[path] = COORDINATOR
+        # what it left unrecorded is taken before the deletes that waited for it run: a
+        # directory delete among them must see those files as the coordinator's (R64)
+        taken = self._take_stopped(tm, hosted)
         catalog.release_waits(tm)
         self._tell_stopped(tm)
-        for path in formerly:
+        for path in [*formerly, *taken]:
             if path in catalog.files and not self.retention.referenced(path):
-                catalog.delete_file(path, COORDINATOR)
-        self._sweep_stopped(tm, hosted)
+                catalog.delete_file(path, COORDINATOR)  # waits while its creator runs
         self.retention.collect_dirs()
         self.retire(tm)
 
     def _tell_stopped(self, tm: TmId) -> None:
-        """R64: the live TMs told that ``tm`` may still run learn that it stopped, and
-        their deletes that waited for it run; what a failover handed over of its files
-        waits for nobody now."""
-        for live in self.tm_book.current_tms():
-            told = self.told_lost.get(live, frozenset())
-            if tm in told:
-                self.run.engine.duty(live, LostAttemptStopped(self.run.job, live, tm))
-                self.told_lost[live] = told - {tm}
-        for path in [p for p in self.kept_from_lost if creator_of(p) == tm]:
-            del self.kept_from_lost[path]
+        """R64: the attempts told that ``tm`` may still run, live or lost and not known
+        stopped, learn that it stopped, and their deletes that waited for it run."""
+        book = self.tm_book
+        for other in sorted(self.told_lost):
+            rec = book.tms.get(other)
+            told = self.told_lost[other]
+            if tm in told and rec is not None and rec.status is not Status.STOPPED:
+                # a lost attempt that still runs waits too (R64): it is told as well
+                job = book.started.get(other, (self.run.job, 1))[0]  # the job it runs for
+                self.run.engine.duty(other, LostAttemptStopped(job, other, tm))
+                self.told_lost[other] = told - {tm}
 
     def retire(self, tm: TmId) -> None:
         """A stopped attempt's record goes (``fastimpl.attempts``): nothing depends on it
@@ -257,18 +259,18 @@ class Failover:
         book.started.pop(tm, None)
         book.hosted_before.pop(tm, None)
         self.told_lost.pop(tm, None)
-        for path in [p for p, t in self.kept_from_lost.items() if t == tm]:
-            del self.kept_from_lost[path]
+        for path in [p for p, t in self.handed_to.items() if t == tm]:
+            del self.handed_to[path]
         self.lifecycle.forget_savepoints()
 
-    def _sweep_stopped(self, tm: TmId, hosted: frozenset[SubtaskId]) -> None:
-        """R64, R65: what a stopped attempt still owned is the coordinator's. Its records
-        may have died with its process (a TM killed with SIGKILL): then the files it wrote
-        and never handed over are those in the directories it could write in that no
-        live party records. They are listed, each live TM of the job says which it
-        records (``Holdings``), and the rest are taken and deleted unless a retained
-        checkpoint refers to them. With one table shared in process nothing is unknown
-        and nothing is asked.
+    def _take_stopped(self, tm: TmId, hosted: frozenset[SubtaskId]) -> list[str]:
+        """R64, R65: what a stopped attempt still owned is the coordinator's; the paths
+        taken here, which the caller deletes unless a retained checkpoint refers to them.
+        Its records may have died with its process (a TM killed with SIGKILL): then the
+        files it wrote and never handed over are those in the directories it could write
+        in (its exclusive one, its subtasks' shared ones and their databases' working
+        directories, §11) that no live party records. They are listed, each live TM of
+        the job says which it records (``Holdings``), and the rest are taken.
 
         A subtask's shared directory and a checkpoint's directory are written by every
         attempt that ran the subtask or wrote for the checkpoint, a zombie included,
@@ -276,7 +278,7 @@ class Failover:
         file another lost attempt created (its name says whose, ``fastimpl.ids.creator_of``)
         is that attempt's to delete, not the stopped one's (R64): it is left to it, and
         swept when it stops; unless a failover handed it to the stopped attempt (R61,
-        ``kept_from_lost``), whose it then was. What a live attempt records it says
+        ``handed_to``), whose it then was. What a live attempt records it says
         (``Holdings``); what it does not, it will never delete, and is taken."""
         run, book = self.run, self.tm_book
         catalog, storage = run.catalog, run.storage
@@ -297,29 +299,54 @@ class Failover:
                 found |= {p for p in storage.files_under(top) if p not in known}
         except Exception as err:  # cannot tell: nothing is taken (a leak, not a loss)
             log.warning("listing what %s left after it stopped failed: %r", tm, err)
-            return
+            return []
         where = set(dirs) | set(sps)
-        found = {p for p in found if p.rsplit("/", 1)[0] in where}
-        if not found:
-            return
+        # its databases' working files (§11), at any depth below their directory: only
+        # those its name says it made, since a database that keeps its own files there
+        # (SlateDB's manifests and WAL) is reopened by the next attempt of the subtask
+        dbs = [working_dir(job, s) for s in sorted(hosted)]
+        found = {
+            p
+            for p in found
+            if p.rsplit("/", 1)[0] in where
+            or (creator_of(p) == tm and any(is_under(p, d) for d in dbs))
+        }
+        # the directories it could own (R40): its exclusive one and its subtasks' shared
+        # ones, if on storage and in nobody's record here
+        own_dirs = [d for d in dirs[: 1 + len(hosted)] if d not in catalog.dir_owner]
+        left_dirs = (
+            [] if run.mode is MergingMode.NONE else [d for d in own_dirs if self._left_dir(d)]
+        )
+        if not found and not left_dirs:
+            return []
         held: set[str] = set()
-        asked = sorted({p.rsplit("/", 1)[0] for p in found})
+        taken: list[str] = []
+        asked = sorted({p.rsplit("/", 1)[0] for p in found} | set(left_dirs))
         if run.running:
             for live in book.current_tms():
                 answer = run.engine.duty(live, Holdings(run.job, live, tuple(asked)))
                 if isinstance(answer, Held):
                     held |= set(answer.paths)
+            if any(is_working_path(p) for p in found):
+                held |= self.working.in_use()  # R104: what a live database uses stays
+        for d in left_dirs:
+            if d not in held:  # R64: the stopped attempt's, as no live attempt owns it
+                catalog.dir_owner[d] = COORDINATOR
+                catalog.dirs[d] = ManagedDir(d, tm)
         for path in sorted(found - held):
             if path in catalog.files or not self.lifecycle.may_sweep(path, job):
                 continue
             made = creator_of(path)
+            holder = self.handed_to.get(path)
+            if holder is not None and holder != tm and book.is_lost(holder):
+                continue  # R61: a failover handed it to a lost attempt, whose records say so
             if made is not None and made != tm and book.is_lost(made):
-                if self.kept_from_lost.get(path) != tm:
+                if holder != tm:
                     continue  # R64: a zombie's, left to it
             creator = tm if made is None else made
             catalog.files[path] = StoredFile(storage.size(path), False, COORDINATOR, creator)
-            if not self.retention.referenced(path):
-                catalog.delete_file(path, COORDINATOR)  # waits while its creator runs
+            taken.append(path)
+        return taken
 
     def failover(self) -> None:
         run, book = self.run, self.tm_book
@@ -336,11 +363,8 @@ class Failover:
         self.epoch += 1
         for tm in survivors:  # R60: no stale manager survives (FLINK-35400)
             run.engine.duty(tm, ResetTm(run.job, tm, self.epoch))
-        catalog = run.catalog
         for old in sorted(replaced):
-            d = taskowned_dir(run.job, old)  # R63
-            if d in catalog.dir_owner and catalog.dir_owner[d] != COORDINATOR:
-                catalog.dir_owner[d] = COORDINATOR
+            self._abandon_taskowned(old)
         for tm in sorted(set(book.placement.values())):
             hosted = sorted(s for s, t in book.placement.items() if t == tm)
             self._assign(tm, hosted, run.next_checkpoint, run.next_checkpoint - 1)
@@ -350,6 +374,27 @@ class Failover:
         retained = self.retention.retained
         self.working.open_databases(retained[-1] if retained else None, self.epoch)
         self.retention.collect_dirs()
+
+    def _abandon_taskowned(self, lost: TmId) -> None:
+        """R63: a lost attempt's exclusive directory is abandoned to the coordinator. Its
+        records are its own: one it made that no acknowledgement reported is found on
+        storage (the directory is named after the attempt)."""
+        catalog = self.run.catalog
+        d = taskowned_dir(self.run.job, lost)
+        if d not in catalog.dir_owner and self._left_dir(d):
+            catalog.dirs[d] = ManagedDir(d, lost)
+            catalog.dir_owner[d] = COORDINATOR
+        if d in catalog.dir_owner and catalog.dir_owner[d] != COORDINATOR:
+            catalog.dir_owner[d] = COORDINATOR
+
+    def _left_dir(self, path: str) -> bool:
+        """Whether a lost attempt's directory ``path`` is on storage; a failing check
+        says no: what it holds is swept when its attempt stops (R64)."""
+        try:
+            return self.run.storage.exists_dir(path)
+        except Exception as err:
+            log.warning("checking for %s failed: %r", path, err)
+            return False
 
     def _assign(
         self,
@@ -369,8 +414,7 @@ class Failover:
         lost = frozenset(t for t, r in self.tm_book.tms.items() if r.status is Status.LOST)
         self.told_lost[tm] = lost
         for path in self._kept_paths(tm, hosted):
-            if creator_of(path) in lost:  # R61: tm's now, its creator may still run
-                self.kept_from_lost[path] = tm
+            self.handed_to[path] = tm  # R61: tm records it as its own from now on
         run.engine.duty(
             tm,
             TmAssignment(
@@ -439,6 +483,13 @@ class Failover:
         coordinators: list[str] = []
         for d in managed:
             owner = catalog.dir_owner.get(d)
+            if owner is None and self._left_dir(d):
+                # made by an attempt that is gone, and no acknowledgement reported it
+                # (each attempt's records are its own): found on storage, it is tm's
+                catalog.dir_owner[d] = tm_actor(tm)
+                catalog.dirs[d] = ManagedDir(d, tm)
+                taken.append(d)
+                continue
             if owner == COORDINATOR:
                 coordinators.append(d)
             if owner is None or owner == COORDINATOR:

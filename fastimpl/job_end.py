@@ -15,7 +15,7 @@ from fastimpl.checkpoint_lifecycle import CheckpointLifecycle
 from fastimpl.coordinated_job import CoordinatedJob
 from fastimpl.failover import Failover
 from fastimpl.ids import creator_of
-from fastimpl.records import ManagedDir, Status, StoredFile
+from fastimpl.records import Deferred, ManagedDir, Status, StoredFile
 from fastimpl.retention import Retention
 from fastimpl.tm_book import TmBook
 from fastimpl.working import SharedWorking
@@ -147,3 +147,6 @@ class JobEnd:
             if d not in catalog.dir_owner and writes_in(d, ended.tm):
                 catalog.dir_owner[d] = actor
                 catalog.dirs[d] = ManagedDir(d, ended.tm)
+        for w in ended.waiting:  # R45, R64: carried out by whoever owns the path then (R44)
+            if writes_in(w.path, ended.tm):
+                catalog.take_waiting(Deferred(actor, w.path, w.directory, w.waits_for))

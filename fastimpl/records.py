@@ -109,6 +109,12 @@ class BackendRef:
         self.confirmed = confirmed
 
 
+FOUND: TmId = ""
+"""The creator of a directory a party with records of its own found on storage when it
+came to write there: another party made it (R40), so it is not this party's to own or
+delete (R41); the model's first creator owns it."""
+
+
 class ManagedDir:
     __slots__ = ("creator", "handed_over", "path", "used_by")
 

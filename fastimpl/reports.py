@@ -124,6 +124,14 @@ def report_of(tm: TaskManager) -> TmReport:
     )
 
 
+def _on_storage(path: str, on_storage: Mapping[str, int]) -> bool:
+    """Whether ``path`` is a file on storage, or a directory with one in it."""
+    if path in on_storage:
+        return True
+    below = path.rstrip("/") + "/"
+    return any(p.startswith(below) for p in on_storage)
+
+
 def _attempt_order(tm: TmId) -> tuple[int, str]:
     """Attempts in the order an engine started them (``tm-<n>``), others by name."""
     head, _, n = tm.rpartition("-")
@@ -170,6 +178,8 @@ def observe(
     for tm in order:
         r = reports[tm]
         for path, owner in r.owners.items():
+            if tm in lost and path not in on_storage and path not in r.open:
+                continue  # R61, R64: taken over and deleted since; its record is stale
             if owners.setdefault(path, owner) != owner and tm not in lost:
                 disagree.append(f"{path}: coordinator says {owners[path]}, {tm} says {owner}")
         for path, owner in r.dirs.items():
@@ -185,7 +195,12 @@ def observe(
         open_files |= set(r.open)
         if deletions is None:
             log += r.deletions
-        pending += r.pending
+        if tm in lost:
+            # R64: a lost attempt still waits on deletes of files it made that the
+            # coordinator took over meanwhile and deleted (R61): a wait on nothing
+            pending += [p for p in r.pending if _on_storage(p, on_storage)]
+        else:
+            pending += r.pending
         refused += r.refused
         if tm in lost:
             continue
@@ -221,7 +236,7 @@ def observe(
         live_segments={p: tuple(sorted(v)) for p, v in live.items()},
         registry=coord.registry.view(coord.retained),
         deletions=tuple(log),
-        pending_deletes=tuple(pending),
+        pending_deletes=tuple(dict.fromkeys(pending)),  # R45: each waiting path once
         pool_files=frozenset(pool_files),
         metadata_files=frozenset(p for p in on_storage if p.endswith("/" + METADATA)),
         live_parties=frozenset({COORDINATOR} | {tm_actor(t) for t in alive}),

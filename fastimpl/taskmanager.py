@@ -9,13 +9,12 @@ What it knows of the job it learns from the engine's calls: the subtasks it runs
 checkpoint's type (with the write, as Flink's barrier carries it), and on a restart the
 retained checkpoints and which attempts are lost.
 
-Its records of files and directories (``fastimpl.catalog``) are either its own
-(``TaskManager.alone``: a TM in a process of its own, built from the storage, the config,
-the job id and its TM id, holding only what it created and still owns) or, in the
-in-process composition (``fastimpl.engine``), still one table shared with the
-coordinator. With records of its own the TM learns each hand-over from a message: a
-whole file stops being its own when it acknowledges it (R43), a directory when the
-notice of a checkpoint that reported it completes (R42).
+Its records of files and directories (``fastimpl.catalog``) are its own, in a process
+of its own (``TaskManager.alone``, built from the storage, the config, the job id and its
+TM id) or beside the other parties in one (``TaskManager.own``, as ``fastimpl.engine``
+composes them): they hold only what it created and still owns. It learns each hand-over
+from a message: a whole file stops being its own when it acknowledges it (R43), a
+directory when the notice of a checkpoint that reported it completes (R42).
 """
 
 from __future__ import annotations
@@ -77,6 +76,7 @@ from spec.messages import (
     ReusableFiles,
     TmAssignment,
     TmEnded,
+    WaitingDelete,
 )
 
 OutKey = tuple[SubtaskId, int]
@@ -137,9 +137,6 @@ class TaskManager:
         self.known_watermark = 0
         self.first_checkpoint = first_checkpoint
         self.finished_savepoints: set[int] = set()
-        self.own_records = False
-        """Whether ``catalog`` is this TM's alone (``alone``), not the in-process table
-        it shares with the coordinator: then it applies hand-overs to it itself."""
         self._per_subtask: dict[SubtaskId, _SubtaskFacts] = {}
         """What every append of a subtask needs and never changes: its shared directory,
         its key groups, its pool key's owner. Computed once per subtask, not per append;
@@ -190,13 +187,26 @@ class TaskManager:
         if not store.open_files_readable and config.open_files_readable:
             config = attrs.evolve(config, open_files_readable=False)  # as the engine does
         ids = ids if ids is not None else RandomIds()
+        party = cls.own(store, config, job, tm, ids, first_checkpoint)
+        party.finished_mark = finished_mark
+        return party
+
+    @classmethod
+    def own(
+        cls,
+        store: Storage,
+        config: Config,
+        job: str,
+        tm: TmId,
+        ids: IdSource,
+        first_checkpoint: int = 1,
+    ) -> TaskManager:
+        """A TM with records of its own over ``store``. The names it draws carry its
+        attempt id (R64: what it creates may be found on storage with nobody's record of
+        it, its process killed; the name says whose it is)."""
         view = _OwnView(job)
         party = cls(tm, job, config, Catalog(store, ids, view), ids, first_checkpoint)
         view.party = party
-        party.own_records = True
-        party.finished_mark = finished_mark
-        # R64: what it creates may be found on storage with nobody's record of it (its
-        # process killed); the name says whose it is
         party.catalog.creator_mark = tm
         return party
 
@@ -243,8 +253,7 @@ class TaskManager:
             return None
         if isinstance(msg, LostAttemptStopped):
             self.lost.discard(msg.stopped)
-            if self.own_records:  # R64: with one shared table the coordinator runs them
-                self.catalog.release_waits(msg.stopped)
+            self.catalog.release_waits(msg.stopped)  # R64: its deletes that waited run
         elif isinstance(msg, ResetTm):
             if msg.epoch > max(self.reset_epoch, self.assigned_epoch):
                 self.reset_epoch = msg.epoch
@@ -268,11 +277,13 @@ class TaskManager:
         return self.catalog.storage.read_range(*extent_of(s))
 
     def holdings(self, msg: Holdings) -> Held:
-        """The files this TM records under the directories asked: R64's sweep of a
-        stopped attempt's files leaves these alone."""
+        """The files this TM records under the directories asked, and those of the
+        directories asked that it owns: R64's sweep of what a stopped attempt left leaves
+        these alone."""
         dirs = msg.directories
         paths = [p for p in self.catalog.files if any(is_under(p, d) for d in dirs)]
         paths += [p for p in self.m.pfiles if any(is_under(p, d) for d in dirs)]
+        paths += [d for d in dirs if self.catalog.dir_owner.get(d) == self.actor]  # R40
         return Held(self.job, self.tm, tuple(sorted(set(paths))))
 
     def reset(self) -> None:
@@ -302,17 +313,16 @@ class TaskManager:
         self.known_aborted |= msg.aborted
         self.finished_savepoints |= msg.finished_savepoints
         self.savepoints |= msg.finished_savepoints
-        if self.own_records:
-            cat = self.catalog
-            for d in msg.taken_over:  # R61: the coordinator's word that it is not its own
-                # unless this TM deleted it (R41) before the coordinator heard (R40)
-                if d not in cat.dir_owner and cat.storage.exists_dir(d):
-                    cat.dir_owner[d] = self.actor
-                    cat.dirs[d] = ManagedDir(d, self.tm)
-            for d in msg.handed_over:  # R42: written in, never deleted by this TM
-                cat.dir_owner[d] = COORDINATOR
-                md = cat.dirs.setdefault(d, ManagedDir(d, self.tm))
-                md.handed_over = True
+        cat = self.catalog
+        for d in msg.taken_over:  # R61: the coordinator's word that it is not its own
+            # unless this TM deleted it (R41) before the coordinator heard (R40)
+            if d not in cat.dir_owner and cat.storage.exists_dir(d):
+                cat.dir_owner[d] = self.actor
+                cat.dirs[d] = ManagedDir(d, self.tm)
+        for d in msg.handed_over:  # R42: written in, never deleted by this TM
+            cat.dir_owner[d] = COORDINATOR
+            md = cat.dirs.setdefault(d, ManagedDir(d, self.tm))
+            md.handed_over = True
         for k in msg.files:  # R61: handed with its record by the coordinator
             if k.path not in self.catalog.files:
                 self.catalog.files[k.path] = StoredFile(k.size, False, self.actor, k.creator)
@@ -322,9 +332,9 @@ class TaskManager:
 
     def end(self, msg: EndJob) -> TmEnded:
         """R90: discard what no retained checkpoint keeps, close every file, and hand
-        what remains to the coordinator (``TmEnded``); with records of its own the TM
-        forgets it (the coordinator deletes the directories no completed checkpoint
-        used, with everything in them, from what the answer lists)."""
+        what remains to the coordinator (``TmEnded``) and forget it (the coordinator
+        deletes the directories no completed checkpoint used, with everything in them,
+        from what the answer lists)."""
         self.end_job(set(msg.keep))
         cat = self.catalog
         files = tuple(
@@ -333,13 +343,14 @@ class TaskManager:
             if f.owner == self.actor
         )
         dirs = tuple(sorted(p for p, o in cat.dir_owner.items() if o == self.actor))
-        if self.own_records:
-            for k in files:
-                cat.files.pop(k.path, None)
-            for d in dirs:
-                del cat.dir_owner[d]
-                cat.dirs.pop(d, None)
-        self.ended = TmEnded(self.job, self.tm, files, dirs)
+        waiting = tuple(WaitingDelete(d.path, d.is_dir, d.waits_for) for d in cat.deferred)
+        cat.deferred = []
+        for k in files:
+            cat.files.pop(k.path, None)
+        for d in dirs:
+            del cat.dir_owner[d]
+            cat.dirs.pop(d, None)
+        self.ended = TmEnded(self.job, self.tm, files, dirs, waiting)
         return self.ended
 
     # ------------------------------------------------------------------ guards
@@ -583,7 +594,7 @@ class TaskManager:
         if self.mode is not MergingMode.NONE and not self._is_savepoint(checkpoint):
             # R40: every acknowledgement reports the managed directories that exist
             for directory in (shared_dir(self.job, subtask), taskowned_dir(self.job, self.tm)):
-                if directory in self.catalog.dir_owner:
+                if directory in self.catalog.dir_owner or directory in self.catalog.dirs:
                     d = self.catalog.dirs[directory]
                     if d.creator == self.tm and not d.handed_over:  # R41; once handed over,
                         d.used_by.add(checkpoint)  # the coordinator's (R42)
@@ -599,13 +610,12 @@ class TaskManager:
         if lost:  # R17: the handles name bytes that never reached storage
             self.write_failed(subtask, checkpoint)
             raise StorageFault(StorageOp.APPEND, min(lost))
-        if self.own_records:
-            # R43: an acknowledged whole file is the coordinator's from now on, whether
-            # the checkpoint is still pending or not: the TM forgets it (never deletes it)
-            for e in entries:
-                if isinstance(e.handle, FileHandle):
-                    self.catalog.files.pop(e.handle.path, None)
-            self.working.handed_over(f.path for f in in_place)  # working state (§11)
+        # R43: an acknowledged whole file is the coordinator's from now on, whether the
+        # checkpoint is still pending or not: the TM forgets it (never deletes it)
+        for e in entries:
+            if isinstance(e.handle, FileHandle):
+                self.catalog.files.pop(e.handle.path, None)
+        self.working.handed_over(f.path for f in in_place)  # working state (§11)
         ack = Acknowledgement(self.job, checkpoint, subtask, self.tm, tuple(entries), in_place)
         return written, ack
 
@@ -645,8 +655,7 @@ class TaskManager:
             return
         self.known_completed = max(self.known_completed, checkpoint)
         self.finished_mark = max(self.finished_mark, checkpoint)
-        if self.own_records:
-            self._handed_over(checkpoint)
+        self._handed_over(checkpoint)
         self.known_watermark = max(self.known_watermark, watermark)
         self._confirm(checkpoint)
         for lid in self.m.used_up_to(watermark):  # R31
@@ -862,6 +871,7 @@ class TaskManager:
             return False
         if any(is_under(p, path) for p in self.m.pfiles):
             return False
+        # and nothing else is in it on storage (``Catalog.delete_dir``, R66)
         return not any(is_under(f, path) for f in self.catalog.files)
 
     # ------------------------------------------------------------------ restore (R61, R62)
@@ -908,7 +918,7 @@ class TaskManager:
             pf = kept.get(h.path)
             if pf is None:
                 f = self.catalog.files.get(h.path)
-                if f is None and self.own_records:
+                if f is None:
                     # R61: a file another attempt wrote; its size is storage's, its creator
                     # its name's (R64: a delete of it waits while that attempt may run)
                     size = self.catalog.storage.size(h.path)

@@ -36,14 +36,18 @@ def check_invariants(store: CheckpointStore, *, quiet: bool = False) -> list[Vio
 
     A delete the store's guard refused before it happened (a path outside what the store
     can prove it owns, ``Catalog.refused_deletes``) is an I5 violation too: nothing was
-    deleted, but something decided to."""
+    deleted, but something decided to. Records of two parties that disagree on a file's
+    owner or a directory's are an I3 violation."""
     with store._lock:
+        engine = store._engine
         refused = [
             Violation("I5", f"{r.actor} tried to delete {r.path}: refused, {r.reason}")
-            for r in store._engine.catalog.refused_deletes
+            for r in engine.refused_deletes()
         ]
-        seen = store._engine.observe()
-    return refused + check_all(seen, quiet=quiet)
+        seen = engine.observe()
+        # I3: the parties keep records of their own; two that name different owners
+        disagree = [Violation("I3", d) for d in engine.disagreements]
+    return refused + disagree + check_all(seen, quiet=quiet)
 
 
 def crash(store: CheckpointStore, tm: TmId) -> None:

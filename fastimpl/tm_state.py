@@ -52,11 +52,8 @@ def _opened_order(o: tuple[int, SubtaskId]) -> tuple[int, str, int, int]:
 
 
 def export_state(tm: TaskManager) -> t.TaskManagerState:
-    """The records of ``tm``, a TM with records of its own (a TM sharing the in-process
-    table has no records of its own to hand on: ``ValueError``). Its storage should have
-    no queued delete (``Storage.drain``): a queued delete is in no record."""
-    if not tm.own_records:
-        raise ValueError(f"{tm.tm} shares its records: there is no state of its own to export")
+    """The records of ``tm``. Its storage should have no queued delete
+    (``Storage.drain``): a queued delete is in no record."""
     cat = tm.catalog
     m = tm.m
     w = tm.working
@@ -200,8 +197,8 @@ def rebuild(
     cat.refused_deletes = [
         RefusedDelete(x.path, x.actor, x.is_dir, x.reason) for x in r.refused_deletes
     ]
-    cat.bad_deletions = list(r.bad_deletions)
-    cat.deletions = None if r.deletions is None else list(r.deletions)
+    cat.log.bad = list(r.bad_deletions)
+    cat.log.records = None if r.deletions is None else list(r.deletions)
     cat.storage.failed_deletes = {
         f.path: DeleteFailure(
             f.path,

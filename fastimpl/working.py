@@ -450,8 +450,11 @@ class SharedWorking:
                 for e in assignment.get(sub, ())
                 if e.name.startswith(DB_PREFIX) and stream_of(e.handle) is not None
             )
+            # the user's files (NO_CLAIM, or a recovered predecessor's, R91) are copied
+            # before a snapshot refers to them: the TM's records do not say whose they are
+            theirs = users or any(cat.files[w.path].owner == USER for w in in_place)
             if in_place or small:
-                c.engine.duty(tm, OpenDatabase(c.job, tm, epoch, sub, in_place, small, users))
+                c.engine.duty(tm, OpenDatabase(c.job, tm, epoch, sub, in_place, small, theirs))
         for tm in sorted(set(c.placement.values())):
             if only is None or tm == only:
                 c.engine.duty(tm, DatabasesOpened(c.job, tm, epoch))

@@ -675,8 +675,13 @@ class _Work:
                 self.pending[cmd.checkpoint] = evolve(
                     p, working=dict(p.working) | {cmd.subtask: refs}
                 )
+        else:
+            # R56: the coordinator ignores a zombie's acknowledgement and takes nothing;
+            # the zombie, which cannot tell, forgets what it referred to in place as any
+            # acknowledgement does: its own until it stopped, then the coordinator's (R64)
+            self._share(refs, take=False)
         self._acknowledge(cmd, tm)
-        self._db_release(tm)  # R102: a pin of a zombie's ignored acknowledgement goes (R56)
+        self._db_release(tm)  # R102: what its snapshot pinned and it no longer uses goes
 
     def _acknowledge(self, cmd: c.Acknowledge, tm: TmId) -> None:
         key = (tm, cmd.subtask, cmd.checkpoint)
@@ -1733,15 +1738,17 @@ class _Work:
             if f is not None and f.owner == actor:
                 self._delete_file(path, actor)
 
-    def _share(self, paths: Iterable[str]) -> None:
-        """R103: referred to in place by an acknowledgement: the coordinator's for good."""
+    def _share(self, paths: Iterable[str], *, take: bool = True) -> None:
+        """R103: referred to in place by an acknowledgement: never its database's to
+        delete again, and the coordinator's for good (``take``: unless the coordinator
+        ignored the acknowledgement, R56)."""
         for path in paths:
             wf = self.wfiles.get(path)
             f = self.files.get(path)
             if wf is None or f is None:
                 continue
             self.wfiles[path] = evolve(wf, shared=True)
-            if f.owner != USER:
+            if take and f.owner != USER:
                 self.files[path] = evolve(f, owner=COORDINATOR)
 
     def snapshot_working(self, cmd: c.SnapshotWorking) -> None:

@@ -176,6 +176,16 @@ class KeptFile:
 
 
 @frozen
+class WaitingDelete:
+    """A delete a party decided and could not run yet: its call failed and waits for a
+    retry (R45), or it waits for a lost attempt to stop (``waits_for``, R64)."""
+
+    path: str
+    directory: bool
+    waits_for: TmId | None
+
+
+@frozen
 class ResetTm:
     """R60: a surviving TM drops what it wrote and never acknowledged, closes its open
     files and forgets its tables (no stale manager survives, FLINK-35400)."""
@@ -264,12 +274,14 @@ class EndJob:
 @frozen
 class TmEnded:
     """A TM's answer to ``EndJob``: what it still owned (files, directories) after R90's
-    discards and deletes, handed to the coordinator; the TM forgets it all."""
+    discards and deletes, and the deletes of its that still wait (R45, R64), handed to
+    the coordinator; the TM forgets it all."""
 
     job: str = field(validator=_name)
     tm: TmId = field(validator=_name)
     files: tuple[KeptFile, ...]
     directories: tuple[str, ...]
+    waiting: tuple[WaitingDelete, ...] = ()
 
 
 @frozen
@@ -284,7 +296,8 @@ class Holdings:
 
 @frozen
 class Held:
-    """A TM's answer to ``Holdings``: the files it records under the directories asked."""
+    """A TM's answer to ``Holdings``: the files it records under the directories asked,
+    and those of the directories asked that it owns (R40)."""
 
     job: str = field(validator=_name)
     tm: TmId = field(validator=_name)

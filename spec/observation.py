@@ -84,7 +84,8 @@ class WorkingFileView:
     state: str
     """``private`` (its attempt's, no snapshot refers to it), ``pinned`` (its attempt's, an
     unacknowledged snapshot refers to it) or ``shared`` (an acknowledgement referred to it:
-    the coordinator's, R100)."""
+    the coordinator's, R100; a zombie's acknowledgement, ignored, leaves it the zombie's
+    until it stopped, R103)."""
     users: frozenset[str]
     """The live databases that use it, as ``<subtask>@tm:<id>``."""
     refs: frozenset[int]

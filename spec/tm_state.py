@@ -71,7 +71,8 @@ class FileRecord:
 @frozen
 class DirectoryRecord:
     """A managed directory the TM made or was given (R40-R42): its creator, the
-    checkpoints that reported it, whether it was handed over to the coordinator."""
+    checkpoints that reported it, whether it was handed over to the coordinator. The
+    creator is empty for one the TM found made by another party and only writes in."""
 
     path: str
     creator: str
@@ -321,8 +322,9 @@ def encode_tm_state(state: TmState) -> bytes:
 def decode_tm_state(data: bytes) -> TmState:
     """The state ``encode_tm_state`` turned into ``data``; ``TmStateError`` naming the
     field for anything else."""
-    body = codec.open_envelope(data, TmStateError, body="state", version=TM_STATE_VERSION,
-                               fmt=TM_STATE_FORMAT)
+    body = codec.open_envelope(
+        data, TmStateError, body="state", version=TM_STATE_VERSION, fmt=TM_STATE_FORMAT
+    )
     try:
         state: TmState = codec.decode(TmState, body, "$.state")
     except codec.CodecError as err:

@@ -533,9 +533,9 @@ def test_r40_r41_the_directories_a_tm_of_its_own_reports_are_recorded_the_others
 ) -> None:
     """R40, R41 with file merging: a TM in a process of its own creates its managed
     directories where the coordinator keeps no record of them, and its acknowledgement
-    reports each that exists. "reported": the shared table's records are taken out
-    before the acknowledgement arrives, and each reported directory is recorded as the
-    attempt's.
+    reports each that exists. "reported": the coordinator's records of them are taken
+    out before the acknowledgement arrives, and each reported directory is recorded as
+    the attempt's.
     "released": a record of the attempt's planted for a task-owned directory the
     acknowledgement does not report (the TM deleted it) goes."""
     place = Place.make(kind, tmp_path)

@@ -34,7 +34,8 @@ DIR = (
     rf"|{JOB}/chk-[1-9][0-9]*"
     r"|savepoints/savepoint-[1-9][0-9]*"
 )
-FILE = re.compile(rf"(?:{DIR})/(?:f[0-9]{{6,}}|_metadata)")
+# a TM attempt marks the names it draws with its id (SPEC §0, ``fastimpl.ids.marked``)
+FILE = re.compile(rf"(?:{DIR})/(?:f[0-9]{{6,}}(?:\.{TM.pattern})?|_metadata)")
 LOGICAL_ID = re.compile(r"s[0-9]{6,}")
 
 

@@ -148,6 +148,29 @@ def test_r41_directory_with_a_file_in_it_is_kept() -> None:
 
 
 @pytest.mark.parametrize("mode", MERGING)
+def test_r41_a_zombies_abort_never_takes_the_directory_its_replacement_writes_in(
+    mode: MergingMode,
+) -> None:
+    """R41, R66: the replaced attempt made the subtask's shared directory and reported it
+    only for a checkpoint that then aborted; the new attempt of the subtask writes in the
+    same directory. The zombie hears the abort: the directory is not empty, so it stays,
+    with the new attempt's file in it."""
+    h = one(mode)
+    d = shared_dir(JOB, S)
+    h.run(c.Trigger())  # 1
+    h.run(c.WriteState(1, S, KS, "a", 100))
+    h.run(c.Acknowledge(1, S))  # reports the directory: used by {1}
+    h.run(c.Abort(1))  # the notice waits for tm-1
+    h.run(c.ReplaceTm("tm-1"))
+    h.run(c.Trigger())  # 2
+    path = created(h.run(c.WriteState(2, S, KS, "b", 100)))[0]
+    assert is_under(path, d)
+    assert dir_deletes(h.run(c.DeliverNotification(0))) == []  # the zombie's abort of 1
+    obs = h.observe()
+    assert path in obs.files and d in obs.directories
+
+
+@pytest.mark.parametrize("mode", MERGING)
 def test_r41_empty_directory_used_by_a_completed_checkpoint_is_kept(mode: MergingMode) -> None:
     h = one(mode, max_file_size=100)
     d = shared_dir(JOB, S)

@@ -479,7 +479,10 @@ def test_r106_a_zombie_database_writes_and_deletes_without_breaking_an_invariant
     h.run(c.Trigger())
     h.run(c.SnapshotWorking(2, A, attempt="tm-1"))
     h.run(c.Acknowledge(2, A, attempt="tm-1"))  # ignored (R56)
-    assert h.view(z2).state == "private" and h.view(z2).owner == TM1
+    # the zombie cannot tell: it never deletes what it acknowledged, and the coordinator
+    # took nothing, so the file stays the zombie's until it stopped (R103)
+    assert h.view(z2).state == "shared" and h.view(z2).owner == TM1
+    assert deletes(h.run(c.DropWorking(A, z2, "tm-1"))) == []
     h.run(c.CollectWorking())
     assert z2 in h.observe().files
     assert deletes(h.run(c.AttemptStopped("tm-1"))) == [(z2, COORDINATOR)]

@@ -17,6 +17,7 @@ from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-
 
 from conformance.harness import DEFAULT_JOB, KS, MERGING
 from fastimpl.engine import InProcessEngine
+from fastimpl.records import FOUND, ManagedDir, StoredFile
 from model_tests.targets import FastimplTarget
 from spec import commands as c
 from spec.config import Config, MergingMode
@@ -40,6 +41,26 @@ def _harness(mode: MergingMode, storage: str, tmp_path: Path) -> LockstepHarness
 def _cluster(h: LockstepHarness) -> InProcessEngine:
     assert isinstance(h.target, FastimplTarget)
     return h.target.engine
+
+
+def _files(cl: InProcessEngine) -> dict[str, StoredFile]:
+    """Every party's records of files, merged (each party keeps its own)."""
+    out: dict[str, StoredFile] = {}
+    for cat in cl.catalogs():
+        for path, f in cat.files.items():
+            out.setdefault(path, f)
+    return out
+
+
+def _dirs(cl: InProcessEngine) -> dict[str, ManagedDir]:
+    """Every party's records of the directories it made or was given (not those it
+    only found made by another party and writes in), merged."""
+    out: dict[str, ManagedDir] = {}
+    for cat in cl.catalogs():
+        for path, d in cat.dirs.items():
+            if d.creator != FOUND:
+                out.setdefault(path, d)
+    return out
 
 
 def _on_storage(h: LockstepHarness, path: str) -> bool:
@@ -75,11 +96,11 @@ def test_a_zombies_file_keeps_the_live_attempts_directory(
     _, _, zombie = _zombie_writes_beside_its_replacement(h)
     cl = _cluster(h)
     zombie_files = [
-        p for p, f in cl.catalog.files.items() if f.creator == "tm-2" and "/shared/" in p
+        p for p, f in _files(cl).items() if f.creator == "tm-2" and "/shared/" in p
     ]
     assert len(zombie_files) == 1 and zombie, "the zombie wrote one shared file"
     directory = zombie_files[0].rsplit("/", 1)[0]
-    assert cl.catalog.dirs[directory].creator == "tm-3", "the live replacement made the directory"
+    assert _dirs(cl)[directory].creator == "tm-3", "the live replacement made the directory"
 
     h.run(c.Cancel(retain=False))
     obs = h.target.observe()
@@ -106,13 +127,13 @@ def test_a_zombies_directory_waits_though_it_holds_only_live_files(
     h.checkpoint(shared=())
     h.checkpoint(shared=())  # tm-2's shared files are subsumed and deleted while it lives
     cl = _cluster(h)
-    made = sorted(p for p, d in cl.catalog.dirs.items() if d.creator == "tm-2" and "/shared/" in p)
-    assert made and not any(p.startswith(f"{d}/") for d in made for p in cl.catalog.files)
+    made = sorted(p for p, d in _dirs(cl).items() if d.creator == "tm-2" and "/shared/" in p)
+    assert made and not any(p.startswith(f"{d}/") for d in made for p in _files(cl))
     h.run(c.CrashTm("tm-2"))
     h.run(c.Failover())
     h.checkpoint()
-    live = sorted(p for p in cl.catalog.files if any(p.startswith(f"{d}/") for d in made))
-    assert live and all(cl.catalog.files[p].creator == "tm-3" for p in live)
+    live = sorted(p for p in _files(cl) if any(p.startswith(f"{d}/") for d in made))
+    assert live and all(_files(cl)[p].creator == "tm-3" for p in live)
 
     h.run(c.Cancel(retain=False))
     obs = h.target.observe()
@@ -141,7 +162,7 @@ def test_a_stopped_zombie_lets_go_of_its_open_files_and_stops_only_once(
     s = next(s for s in h.subtasks if h.tm_of(s) == "tm-3")
     h.run(c.WriteState(h.last_checkpoint, s, KS, "zombie", 10, attempt="tm-2"))
     cl = _cluster(h)
-    writing = sorted(p for p, f in cl.catalog.files.items() if f.creator == "tm-2" and f.open)
+    writing = sorted(p for p, f in _files(cl).items() if f.creator == "tm-2" and f.open)
     assert writing and all(p in cl.storage._open for p in writing)
 
     h.run(c.AttemptStopped("tm-2"))
@@ -169,7 +190,7 @@ def test_a_directory_delete_that_waited_for_a_zombie_is_decided_again_when_it_st
     cp, s, _ = _zombie_writes_beside_its_replacement(h)
     h.run(c.Acknowledge(cp, s))
     directory = next(
-        p for p, d in _cluster(h).catalog.dirs.items() if d.creator == "tm-3" and "/shared/" in p
+        p for p, d in _dirs(_cluster(h)).items() if d.creator == "tm-3" and "/shared/" in p
     )
     h.run(c.CrashTm("tm-3"))
     h.run(c.AttemptStopped("tm-3"))
