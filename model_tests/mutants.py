@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
@@ -55,7 +55,7 @@ from fastimpl.engine import InProcessEngine
 from fastimpl.failover import Failover
 from fastimpl.job_end import JobEnd
 from fastimpl.manager import Manager
-from fastimpl.records import BackendRef, Completed, Deferred, PFile, Seg
+from fastimpl.records import BackendRef, Completed, Deferred, PFile, Seg, StoredFile
 from fastimpl.retention import Retention
 from fastimpl.taskmanager import TaskManager
 from fastimpl.working import Databases, SharedWorking
@@ -334,20 +334,23 @@ def _watermark_off_by_one(mp: pytest.MonkeyPatch) -> None:
 
 
 def _sweep_ignores_owner(mp: pytest.MonkeyPatch) -> None:
-    """The job-end sweep deletes every file under the job's bases that no retained
-    checkpoint refers to, without asking who owns it: the user's savepoints, the files of
-    an older job restored without claiming, a zombie attempt's files."""
+    """The job-end sweep lists storage under the job's bases and deletes every file no
+    retained checkpoint refers to, as Flink's whole-directory delete does, without asking
+    who owns it or who may still write it: a zombie attempt's open file, the user's
+    savepoints, an older job's files restored without claiming."""
     orig = JobEnd.end_job
 
     def end_job(self: JobEnd, *, retain: bool) -> None:
         orig(self, retain=retain)
-        catalog = self.run.catalog
-        for path in sorted(catalog.files):
-            f = catalog.files.get(path)
-            if f is None or f.owner == COORDINATOR or self.retention.referenced(path):
+        catalog, storage = self.run.catalog, self.run.storage
+        for path in sorted(storage.list_files()):
+            ours = any(is_under(path, b) for b in self.run.bases)
+            if not ours or self.retention.referenced(path):
                 continue
-            if any(is_under(path, b) for b in self.run.bases):
-                catalog.delete_file(path, COORDINATOR)
+            if path not in catalog.files:
+                catalog.files[path] = StoredFile(storage.size(path), False, COORDINATOR, None)
+            catalog.files[path].owner = COORDINATOR
+            catalog.delete_file(path, COORDINATOR)
 
     mp.setattr(JobEnd, "end_job", end_job)
 
@@ -383,22 +386,15 @@ def _forget_taskowned_dir(mp: pytest.MonkeyPatch) -> None:
 
 
 def _tm_deletes_shared_working(mp: pytest.MonkeyPatch) -> None:
-    """A database's attempt deletes every working file it wrote once none of its
-    databases uses it and no snapshot pins it, without asking whether it still owns it:
-    a file a checkpoint's acknowledgement referred to in place (shared, the
-    coordinator's, R102) goes with a compaction, under a retained checkpoint."""
+    """A database's attempt keeps its records of the working files an acknowledgement
+    referred to in place: they still say it wrote and owns them, so once a compaction
+    leaves them unused and no snapshot pins them it deletes them, though they are shared
+    now (the coordinator's, R102) and a retained checkpoint uses them."""
 
-    def release(self: Databases) -> None:
-        used = {p for paths in self.uses.values() for p in paths}
-        pinned = {p for paths in self.pins.values() for p in paths}
-        for path in sorted(self.written):
-            if path in used or path in pinned:
-                continue
-            if path in self.catalog.files:
-                self.catalog.delete_file(path, self.actor)
-            self.written.discard(path)
+    def handed_over(self: Databases, paths: Iterable[str]) -> None:
+        return None
 
-    mp.setattr(Databases, "release", release)
+    mp.setattr(Databases, "handed_over", handed_over)
 
 
 def _replace_keeps_acks(mp: pytest.MonkeyPatch) -> None:
@@ -544,7 +540,7 @@ ZOO: list[Mutant] = [
     ),
     Mutant(
         "sweep-ignores-owner",
-        "the job-end sweep deletes unreferenced files whoever owns them",
+        "the job-end sweep deletes every unreferenced file storage holds under the job's bases",
         "deleting a non-owned file",
         _sweep_ignores_owner,
         "r65-an-object-store-never-has-a-file-its-stopped-writer-left",
@@ -572,7 +568,7 @@ ZOO: list[Mutant] = [
     ),
     Mutant(
         "tm-deletes-shared-working",
-        "a database's attempt deletes a working file it wrote whoever owns it now",
+        "a database's attempt still owns the working files it handed over, and deletes them",
         "ForSt: the DB deletes a file it no longer owns (R102)",
         _tm_deletes_shared_working,
         "r102-a-database-never-deletes-a-shared-file",
