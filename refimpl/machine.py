@@ -1266,9 +1266,14 @@ class _Work:
         for path in sorted(p for p, o in self.dir_owner.items() if o == actor):
             self.dir_owner[path] = COORDINATOR
         waiting = [d for d in self.deferred if d.waits_for == tm]
-        self.deferred = [d for d in self.deferred if d.waits_for != tm]
+        # its own deletes that were to be retried (R45) die with its memory; whoever owns
+        # each path now carries them out (R44), the coordinator for what it still owned
+        its_own = [d for d in self.deferred if d.actor == actor and d.waits_for is None]
+        self.deferred = [d for d in self.deferred if d not in waiting and d not in its_own]
         for d in waiting:
             self._run_deferred(evolve(d, waits_for=None))
+        for d in its_own:
+            self._run_deferred(d)
         for path in formerly:
             if path in self.files and not self._referenced(path):
                 self._delete_file(path, COORDINATOR)

@@ -489,6 +489,25 @@ def test_r106_a_zombie_database_writes_and_deletes_without_breaking_an_invariant
     assert h.quiet_working() == []
 
 
+def test_r64_a_zombies_failed_delete_is_carried_out_at_its_stop() -> None:
+    """R45 with R64: a delete the zombie's storage call failed is kept for a retry; when
+    the zombie stops, its memory of it goes with it, and the coordinator, owner of what
+    it still owned (R44), deletes the file: nothing is left pending or on storage."""
+    h = harness()
+    h.write(A, 500)
+    h.working_checkpoint()
+    h.run(c.CrashTm("tm-1"))
+    h.run(c.Failover())
+    z = h.write(A, 60, attempt="tm-1")
+    h.run(c.FailNextCall(StorageOp.DELETE))
+    assert deletes(h.run(c.DropWorking(A, z, "tm-1"))) == []
+    assert h.observe().pending_deletes == (z,) and z in h.observe().files
+    assert deletes(h.run(c.AttemptStopped("tm-1"))) == [(z, COORDINATOR)]
+    assert h.observe().pending_deletes == () and z not in h.observe().files
+    assert deletes(h.run(c.RetryDeletes())) == []
+    assert h.quiet_working() == []
+
+
 def test_r106_a_zombie_acts_only_within_its_job() -> None:
     h = harness()
     h.write(A, 500)
