@@ -26,6 +26,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from spec.errors import UsageError
+
 if TYPE_CHECKING:
     from conformance.adapter import Implementation
 
@@ -155,7 +157,7 @@ _MERGING = {"none": "NONE", "within": "WITHIN_CHECKPOINT", "across": "ACROSS_CHE
 def _pair(text: str, flag: str, form: str) -> tuple[int, int]:
     a, sep, b = text.partition(":")
     if not sep or not a.strip().isdigit() or not b.strip().isdigit():
-        raise ValueError(f"{flag} {text!r}: expected {form} (two whole numbers)")
+        raise UsageError(f"{flag} {text!r}: expected {form} (two whole numbers)")
     return int(a), int(b)
 
 
@@ -333,12 +335,12 @@ def stream(
             base = str(Path(base).absolute())
         if resume:
             if run_dir is None or not (run_dir / "work" / "driver.json").is_file():
-                raise ValueError("--resume needs the --run-dir of a run that started")
+                raise UsageError("--resume needs the --run-dir of a run that started")
         elif settings_dir.exists() and any(settings_dir.iterdir()):
-            raise ValueError(f"{settings_dir} is not empty: give a new --run-dir")
+            raise UsageError(f"{settings_dir} is not empty: give a new --run-dir")
         rescale = None if rescale_at is None else _pair(rescale_at, "--rescale-at", "N:P")
         if rescale is not None and not (0 <= rescale[0] < batches - 1 and 1 <= rescale[1] <= 128):
-            raise ValueError(
+            raise UsageError(
                 f"--rescale-at {rescale_at}: N must be in 0..{batches - 2} (a batch must follow)"
                 " and P in 1..128"
             )
@@ -346,13 +348,13 @@ def stream(
         if die_at is not None:
             b, _, point = die_at.partition(":")
             if not b.isdigit() or point not in DRIVER_KILL_POINTS:
-                raise ValueError(f"--die-at {die_at!r}: expected B:{'|'.join(DRIVER_KILL_POINTS)}")
+                raise UsageError(f"--die-at {die_at!r}: expected B:{'|'.join(DRIVER_KILL_POINTS)}")
             die = (int(b), point)
         stalls = []
         for item in stall_at or []:
             b, s_, point = [*item.split(":", 2), "", ""][:3]
             if not b.isdigit() or not s_.isdigit() or point not in KILL_POINTS:
-                raise ValueError(f"--stall-at {item!r}: expected B:S:{'|'.join(KILL_POINTS)}")
+                raise UsageError(f"--stall-at {item!r}: expected B:S:{'|'.join(KILL_POINTS)}")
             stalls.append((int(b), int(s_), point))
         settings = StreamSettings(
             base=base or str(settings_dir / "checkpoints"),
@@ -378,27 +380,27 @@ def stream(
             trace=trace,
         )
         if state_backend not in ("rocksdb", "working"):
-            raise ValueError(f"--state-backend must be rocksdb or working, not {state_backend!r}")
+            raise UsageError(f"--state-backend must be rocksdb or working, not {state_backend!r}")
         if slatedb_gc_min_age < 0:
-            raise ValueError(f"--slatedb-gc-min-age must be >= 0, got {slatedb_gc_min_age}")
+            raise UsageError(f"--slatedb-gc-min-age must be >= 0, got {slatedb_gc_min_age}")
         if state_backend == "working" and speculation:
-            raise ValueError(
+            raise UsageError(
                 "--state-backend working runs without --speculation: two attempts of a"
                 " subtask would open its one database directory"
             )
         if state_backend == "working" and urllib.parse.urlsplit(settings.base).scheme not in (
             "", "file", "s3", "s3a"
         ):
-            raise ValueError(
+            raise UsageError(
                 f"--state-backend working keeps its databases on the checkpoint storage, which"
                 f" must be a local directory or S3; {settings.base!r} is neither"
             )
         if l0_compaction_trigger < 1:
-            raise ValueError("--l0-compaction-trigger must be >= 1")
+            raise UsageError("--l0-compaction-trigger must be >= 1")
         if not 0 <= kill_worker_prob <= 1:
-            raise ValueError(f"--kill-worker-prob must be in [0, 1], got {kill_worker_prob}")
+            raise UsageError(f"--kill-worker-prob must be in [0, 1], got {kill_worker_prob}")
         if kill_worker_prob > 0 and not retries_tasks(master):
-            raise ValueError(
+            raise UsageError(
                 f"--kill-worker-prob needs a master that retries a failed task; {master}"
                 " fails the job at the first (use local[N,F] with F >= 2, or local-cluster)"
             )

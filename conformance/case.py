@@ -39,7 +39,7 @@ from spec import codec
 from spec import observation as observation_module
 from spec.commands import Command
 from spec.config import Config, JobSpec
-from spec.errors import CkptError, Reason
+from spec.errors import CkptError, OperationFailed, Reason, UsageError
 from spec.observation import Observation
 
 FORMAT = "ckpt-conformance-case"
@@ -51,7 +51,7 @@ def _package_data(name: str) -> Path:
     importlib.resources so that an installed ``ckpt`` needs no source tree."""
     found = resources.files("conformance") / name
     if not isinstance(found, Path):
-        raise RuntimeError(
+        raise OperationFailed(
             f"conformance/{name} is inside an archive ({found!r}); install the wheel unzipped"
         )
     return found
@@ -135,7 +135,7 @@ def delta(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
                 else:
                     added.append(d)
             if +left:
-                raise ValueError("the deletion history of an observation shrank")
+                raise UsageError("the deletion history of an observation shrank")
             if added:
                 out[f"{GROWING}_added"] = added
         elif key == RETAINED and old != value:

@@ -20,7 +20,7 @@ import attrs
 from conformance.case import FORMAT, GROWING, MAPPINGS, NAME, RETAINED, SCHEMA, VERSION
 from spec import commands
 from spec.config import Config, JobSpec
-from spec.errors import Reason
+from spec.errors import Reason, WrongTypeError
 from spec.observation import Observation
 
 
@@ -87,7 +87,7 @@ class _Builder:
             return {"type": "array", "items": self.of(args[0])}
         if origin in (dict, Mapping):
             return {"type": "object", "additionalProperties": self.of(args[1])}
-        raise TypeError(f"no schema for {hint!r}")
+        raise WrongTypeError(f"no schema for {hint!r}")
 
 
 def build() -> dict[str, Any]:

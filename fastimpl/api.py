@@ -41,7 +41,7 @@ from fastimpl.trace import CommandTrace
 from fastimpl.writer_state import WriterStatePublisher
 from spec.config import Config, JobSpec, RestoreMode, StateKind, check_parallelism
 from spec.effects import USER
-from spec.errors import CkptError
+from spec.errors import CkptError, NotFoundError, UsageError
 from spec.handles import StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.observation import RetainedView
@@ -192,7 +192,7 @@ class CheckpointStore:
     def task_manager(self, tm: TmId) -> FileMergingManager:
         with self._lock:
             if tm not in self._engine.tms:
-                raise KeyError(f"no TM {tm!r}; TMs: {sorted(self._engine.tms)}")
+                raise NotFoundError(f"no TM {tm!r}; TMs: {sorted(self._engine.tms)}")
         return FileMergingManager(self, tm)
 
     def manager_for(self, subtask: SubtaskId) -> FileMergingManager:
@@ -236,7 +236,7 @@ class CheckpointStore:
         """The bytes a state handle names, read back from storage."""
         s = stream_of(entry.handle)
         if s is None:
-            raise ValueError(f"{entry.handle!r} names no bytes of its own")
+            raise UsageError(f"{entry.handle!r} names no bytes of its own")
         return self._engine.storage.read_range(*extent_of(s))
 
     def close(self) -> None:
@@ -286,7 +286,7 @@ def _open_base(
     """A new job's store on ``url``, after deciding what to do with what the base holds
     (``OnExisting``) and taking the base's lease."""
     if on_existing not in ("refuse", "fresh-id"):
-        raise ValueError(f"on_existing must be 'refuse' or 'fresh-id', not {on_existing!r}")
+        raise UsageError(f"on_existing must be 'refuse' or 'fresh-id', not {on_existing!r}")
     probe = Storage(fs, root, background_deletes=False)
     jobs, savepoints, leased = probe.existing()
     token = _lease_token()
@@ -691,7 +691,7 @@ class CheckpointStream:
         buf = self._buf  # read once: the manager's close may drop it from another thread
         if buf is None:
             self._refuse_if_dropped("write")
-            raise ValueError(f"stream {self.name!r} of {self.subtask} is closed")
+            raise UsageError(f"stream {self.name!r} of {self.subtask} is closed")
         return buf.write(data)
 
     def close_and_get_handle(self) -> StateEntry | None:

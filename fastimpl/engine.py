@@ -41,7 +41,7 @@ from fastimpl.working import is_working_path
 from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, StateKind
 from spec.effects import USER, tm_actor
-from spec.errors import CommandError, Reason
+from spec.errors import CommandError, Reason, UsageError
 from spec.handles import (
     StateEntry,
     StreamHandle,
@@ -539,7 +539,7 @@ class InProcessEngine:
         from the model's initial state, so the trace must start with the store: before
         its first call, on an empty root."""
         if self.next_checkpoint != 1 or self.catalog.files or self.job != "job-0" or self.channel:
-            raise ValueError("a trace starts with the store, before its first command")
+            raise UsageError("a trace starts with the store, before its first command")
         ids = "counter" if isinstance(self.ids, CounterIds) else "random"
         trace.header(self.cfg, self.job_spec, ids)
         self.trace = trace

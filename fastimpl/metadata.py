@@ -45,7 +45,7 @@ from typing import Any
 from attrs import evolve, frozen
 
 from spec.config import UPPER_BOUND_MAX_PARALLELISM, Scope, StateKind
-from spec.errors import CkptError
+from spec.errors import CkptError, UsageError
 from spec.handles import (
     DirectoryHandle,
     Extent,
@@ -439,7 +439,7 @@ def encode(
     version = 1 if max_parallelism is None else VERSION
     if working:
         if max_parallelism is None:
-            raise ValueError("a checkpoint with working files records its max parallelism")
+            raise UsageError("a checkpoint with working files records its max parallelism")
         payload["working"] = [
             {
                 "subtask": [s.vertex, s.index, s.parallelism],

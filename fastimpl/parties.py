@@ -236,7 +236,10 @@ that is not a message of ``MESSAGE_VERSION``).
 
 ``CkptError`` is the base of every error the store raises; ``StorageFault`` (a storage
 call failed: the subtask declines) and ``CommandError`` (a call invalid in the
-current state; nothing changed) are the two a host handles.
+current state; nothing changed) are the two a host handles. A call given what the API
+does not take raises ``UsageError`` (also a ``ValueError``), ``WrongTypeError`` (also a
+``TypeError``) or ``NotFoundError`` (also a ``KeyError``); ``OperationFailed`` (also a
+``RuntimeError``) says something the library ran could not finish.
 """
 
 from __future__ import annotations
@@ -268,7 +271,14 @@ from fastimpl.writer_state import (
     withdraw_state,
     write_state,
 )
-from spec.errors import CkptError, CommandError
+from spec.errors import (
+    CkptError,
+    CommandError,
+    NotFoundError,
+    OperationFailed,
+    UsageError,
+    WrongTypeError,
+)
 from spec.messages import (
     MESSAGE_VERSION,
     Acknowledgement,
@@ -415,8 +425,10 @@ __all__ = [
     "MessageError",
     "Metadata",
     "MetadataError",
+    "NotFoundError",
     "Notice",
     "OpenDatabase",
+    "OperationFailed",
     "PendingAt",
     "RandomIds",
     "RecoveryReport",
@@ -433,6 +445,8 @@ __all__ = [
     "TmAssignment",
     "TmEnded",
     "TmReport",
+    "UsageError",
+    "WrongTypeError",
     "check_metadata_place",
     "command_line",
     "decode_message",

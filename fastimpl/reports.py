@@ -22,6 +22,7 @@ import attrs
 
 from fastimpl.records import Status
 from spec.effects import COORDINATOR, USER, tm_actor
+from spec.errors import UsageError
 from spec.handles import FileHandle
 from spec.ids import TmId
 from spec.layout import METADATA
@@ -67,7 +68,7 @@ class TmReport:
         """The report ``to_json`` wrote; ``ValueError`` naming what is wrong otherwise."""
         doc = json.loads(text)
         if not isinstance(doc, dict) or doc.get("version") != REPORT_VERSION:
-            raise ValueError(f"not a TM report of version {REPORT_VERSION}")
+            raise UsageError(f"not a TM report of version {REPORT_VERSION}")
         r: dict[str, Any] = doc["report"]
         return cls(
             tm=str(r["tm"]),

@@ -50,6 +50,7 @@ from fastimpl.lease import WRITER_LEASE, FencedError, WriterLease
 from fastimpl.local_tree import LocalTree, UnsafePathError
 from fastimpl.metadata import Metadata, MetadataError, check_named, decode
 from spec.commands import StorageOp
+from spec.errors import UsageError
 from spec.layout import SAVEPOINTS, is_under
 
 __all__ = [
@@ -246,7 +247,7 @@ class Storage:
     def append(self, path: str, length: int, data: bytes | memoryview) -> None:
         """Append ``data`` (``length`` bytes) to an open file and make it durable."""
         if len(data) != length:
-            raise ValueError(f"append to {path}: {len(data)} bytes given for {length}")
+            raise UsageError(f"append to {path}: {len(data)} bytes given for {length}")
         if self.faults.armed:
             self.fire(StorageOp.APPEND, path)
         f = self._open[path]
@@ -284,7 +285,7 @@ class Storage:
         up here in the next. Local disks only: elsewhere the bytes of an open file are
         its writer process's until it closes, so no other process can continue it."""
         if not self._local:
-            raise ValueError(f"{path}: only a file on a local disk can be reopened")
+            raise UsageError(f"{path}: only a file on a local disk can be reopened")
         if path in self._open:
             return
         self._open[path] = self._tree.reopen(path)

@@ -36,7 +36,7 @@ from fastimpl.working import Databases
 from spec.commands import StorageOp
 from spec.config import Config, MergingMode, Scope, StateKind
 from spec.effects import COORDINATOR, tm_actor
-from spec.errors import CommandError, Reason
+from spec.errors import CommandError, Reason, UsageError
 from spec.handles import (
     DirectoryHandle,
     FileHandle,
@@ -238,7 +238,7 @@ class TaskManager:
         nothing. ``EndJob`` is answered with what the TM hands over (``TmEnded``),
         ``Holdings`` with the files it records under the directories asked (``Held``)."""
         if msg.tm != self.tm or msg.job != self.job:
-            raise ValueError(f"{type(msg).__name__} for {msg.tm} of {msg.job} reached {self.tm}")
+            raise UsageError(f"{type(msg).__name__} for {msg.tm} of {msg.job} reached {self.tm}")
         if isinstance(msg, Holdings):
             return self.holdings(msg)
         if isinstance(msg, DatabaseFiles):  # working state (§11): R104
@@ -1011,7 +1011,7 @@ class TaskManager:
         storage = self.catalog.storage
         still_open = tuple(sorted(p for p, f in self.catalog.files.items() if f.open))
         if still_open and storage.protocol not in ("file", "local"):
-            raise ValueError(f"{still_open[0]} is still open on {storage.protocol}: not detached")
+            raise UsageError(f"{still_open[0]} is still open on {storage.protocol}: not detached")
         for path in still_open:
             storage.abandon(path)
         return still_open

@@ -26,7 +26,7 @@ from fastimpl.storage import DeleteFailure
 from fastimpl.storage_hooks import StorageHooks
 from fastimpl.taskmanager import TaskManager
 from spec import tm_state as t
-from spec.errors import CkptError
+from spec.errors import CkptError, UsageError
 from spec.ids import SubtaskId
 
 
@@ -59,16 +59,16 @@ def export_state(tm: TaskManager) -> t.TaskManagerState:
     w = tm.working
     for path, d in cat.dirs.items():
         if d.path != path:
-            raise ValueError(f"directory record {path} names {d.path}")
+            raise UsageError(f"directory record {path} names {d.path}")
     for path, pf in m.pfiles.items():
         if pf.path != path:
-            raise ValueError(f"physical file record {path} names {pf.path}")
+            raise UsageError(f"physical file record {path} names {pf.path}")
     for lid, seg in m.segs.items():
         if seg.logical_id != lid:
-            raise ValueError(f"segment record {lid} names {seg.logical_id}")
+            raise UsageError(f"segment record {lid} names {seg.logical_id}")
     for path, k in w.known.items():
         if k.path != path:
-            raise ValueError(f"working file record {path} names {k.path}")
+            raise UsageError(f"working file record {path} names {k.path}")
     deletions = None if cat.deletions is None else tuple(cat.deletions)
     return t.TaskManagerState(
         job=tm.job,

@@ -36,7 +36,7 @@ from fastimpl.redistribute import assign
 from fastimpl.storage import Storage, StorageFault
 from spec.config import Config, VertexSpec
 from spec.effects import COORDINATOR, USER, tm_actor
-from spec.errors import CommandError, Reason
+from spec.errors import CommandError, Reason, UsageError
 from spec.handles import InPlaceFile, StateEntry, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.keygroups import key_group_range
@@ -135,16 +135,16 @@ class Databases:
         makes a database use a file it did not write."""
         own = working_dir(self.job, subtask) + "/"
         if not (lineage + "/").startswith(own) or lineage + "/" == own:
-            raise ValueError(f"{lineage} is not a database directory of {subtask} in {self.job}")
+            raise UsageError(f"{lineage} is not a database directory of {subtask} in {self.job}")
         uses = self.uses.setdefault(subtask, set())
         new = {p: n for p, n in files.items() if p not in uses}
         foreign = sorted(p for p in new if not p.startswith(lineage + "/"))
         if foreign:
-            raise ValueError(f"the database of {subtask} lists files it neither wrote nor "
+            raise UsageError(f"the database of {subtask} lists files it neither wrote nor "
                              f"was opened on: {foreign[:3]}")  # fmt: skip
         bad = sorted(p for p, n in new.items() if n <= 0)
         if bad:
-            raise ValueError(f"working files of no bytes: {bad[:3]}")
+            raise UsageError(f"working files of no bytes: {bad[:3]}")
         kg = key_group_range(self.max_parallelism, subtask.parallelism, subtask.index)
         cat = self.catalog
         for path, size in sorted(new.items()):

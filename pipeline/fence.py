@@ -34,7 +34,7 @@ from attrs import frozen
 from fastimpl.parties import WRITER_STATE, WRITER_STATE_FORMAT
 from pipeline.location import Location
 from pipeline.safe_read import Refused, read_regular
-from spec.errors import CkptError
+from spec.errors import CkptError, UsageError, WrongTypeError
 from spec.layout import is_under, job_base
 
 LIMIT = 16 * 1024 * 1024
@@ -104,45 +104,45 @@ def read_state(loc: Location) -> WriterState | None:
 
 def _num(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise TypeError(f"{v!r} is not a number")
+        raise WrongTypeError(f"{v!r} is not a number")
     return float(v)
 
 
 def _int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{v!r} is not an integer")
+        raise WrongTypeError(f"{v!r} is not an integer")
     return v
 
 
 def _parse(doc: Any, job_dir: str) -> WriterState:
     if not isinstance(doc, dict) or doc.get("format") != WRITER_STATE_FORMAT:
-        raise ValueError("no ckpt-writer-state format tag")
+        raise UsageError("no ckpt-writer-state format tag")
     pending = []
     for p in doc["pending"]:
         pins = tuple(_int(x) for x in p["retained_at_trigger"])
         pending.append((_int(p["checkpoint"]), _num(p["triggered_at"]), pins))
     files = doc["open_files"]
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        raise TypeError("open_files is not a list of paths")
+        raise WrongTypeError("open_files is not a list of paths")
     for f in files:
         if not is_under(f, job_dir):
-            raise ValueError(f"open file {f!r} is outside the job base")
+            raise UsageError(f"open file {f!r} is outside the job base")
     running = doc["running"]
     if not isinstance(running, bool):
-        raise TypeError("running is not a boolean")
+        raise WrongTypeError("running is not a boolean")
     working = doc.get("working_files")
     if working is not None:
         if not isinstance(working, list) or not all(isinstance(f, str) for f in working):
-            raise TypeError("working_files is not a list of paths")
+            raise WrongTypeError("working_files is not a list of paths")
         for f in working:
             if not is_under(f, job_dir):
-                raise ValueError(f"working file {f!r} is outside the job base")
+                raise UsageError(f"working file {f!r} is outside the job base")
     job = doc["job"]
     if not isinstance(job, str):
-        raise TypeError("job is not a string")
+        raise WrongTypeError("job is not a string")
     retained = doc["retained"]
     if not isinstance(retained, list):
-        raise TypeError("retained is not a list of checkpoint ids")
+        raise WrongTypeError("retained is not a list of checkpoint ids")
     return WriterState(
         _num(doc["published_at"]),
         _int(doc["seq"]),

@@ -49,7 +49,7 @@ from pipeline import scan
 from pipeline.location import Location
 from pipeline.names import shown
 from pipeline.safe_read import Refused, kind_of, read_regular
-from spec.errors import CkptError
+from spec.errors import CkptError, UsageError
 
 NEEDED = "needed"
 STALE = "stale"
@@ -524,7 +524,7 @@ def read_spark_checkpoint(loc: Location, root: str, *,
     """Read the checkpointLocation at container-relative ``root`` (``loc.job_dir`` when
     the Location names the checkpointLocation itself)."""
     if retain < 1:
-        raise ValueError(f"retain must be at least 1, not {retain}")
+        raise UsageError(f"retain must be at least 1, not {retain}")
     rows, problems = walk(loc, root)
     files = {row[0]: row for row in rows}
     r = _Reader(loc, root, retain)

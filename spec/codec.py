@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import attrs
 
 from spec import commands, config, handles, ids, observation
-from spec.errors import CkptError
+from spec.errors import CkptError, UsageError, WrongTypeError
 
 Json = Any
 """A value ``json.dumps`` accepts: dict, list, str, int, float, bool or None."""
@@ -51,7 +51,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         seen: set[str] = set()
         for k, _ in pairs:
             if k in seen:
-                raise ValueError(f"duplicate key {k!r}")
+                raise UsageError(f"duplicate key {k!r}")
             seen.add(k)
     return out
 
@@ -186,7 +186,7 @@ def _encode_other(value: object) -> Json:
         return [encode(v) for v in value]
     if isinstance(value, Mapping):
         return {str(k): encode(v) for k, v in sorted(value.items())}
-    raise TypeError(f"cannot encode {type(value).__name__}: {value!r}")
+    raise WrongTypeError(f"cannot encode {type(value).__name__}: {value!r}")
 
 
 def decode(hint: Any, data: Json, where: str = "$") -> Any:

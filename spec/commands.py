@@ -12,12 +12,13 @@ import enum
 from attrs import field, frozen
 
 from spec.config import RestoreMode, StateKind
+from spec.errors import UsageError
 from spec.ids import SubtaskId, TmId
 
 
 def _non_negative(_inst: object, attribute: object, value: int) -> None:
     if value < 0:
-        raise ValueError(f"{attribute} must be >= 0, got {value}")
+        raise UsageError(f"{attribute} must be >= 0, got {value}")
 
 
 @frozen

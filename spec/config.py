@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 import attrs
 from attrs import field, frozen
 
+from spec.errors import UsageError, WrongTypeError
 from spec.flink_options import read_flink, write_flink
 from spec.keygroups import UPPER_BOUND_MAX_PARALLELISM as UPPER_BOUND_MAX_PARALLELISM
 from spec.restore_mode import RestoreMode as RestoreMode
@@ -62,7 +63,7 @@ class StateKind(enum.Enum):
 
 def _positive(_inst: object, attribute: object, value: int) -> None:
     if value < 1:
-        raise ValueError(f"{attribute} must be >= 1, got {value}")
+        raise UsageError(f"{attribute} must be >= 1, got {value}")
 
 
 def _size(limit: int, bound: str) -> Callable[[object, attrs.Attribute[int], int], None]:
@@ -73,7 +74,7 @@ def _size(limit: int, bound: str) -> Callable[[object, attrs.Attribute[int], int
         if not 1 <= value <= limit:
             name = getattr(inst, "name", None)
             who = f"vertex {name!r}: " if isinstance(name, str) else ""
-            raise ValueError(
+            raise UsageError(
                 f"{who}{attribute.name} must be in 1 .. {limit} ({bound}), got {value} (R78)"
             )
 
@@ -123,7 +124,7 @@ class Config:
 
     def __attrs_post_init__(self) -> None:
         if self.merging_mode is MergingMode.ACROSS_CHECKPOINT and not self.open_files_readable:
-            raise ValueError(
+            raise UsageError(
                 "across-checkpoint-boundary file merging needs a file system where flushed "
                 "bytes of an open file are durable and readable; this one (an object store?) "
                 "shows a file only once it is closed: use within-checkpoint merging (R16)"
@@ -177,7 +178,7 @@ class Config:
         fields = {a.name for a in attrs.fields(cls)}
         stray = sorted(set(overrides) - fields)
         if stray:
-            raise TypeError(
+            raise WrongTypeError(
                 f"Config.from_flink() got unexpected override(s) {', '.join(stray)}; "
                 f"the fields are {', '.join(sorted(fields))}"
             )
@@ -215,7 +216,7 @@ class JobSpec:
     def __attrs_post_init__(self) -> None:
         names = [v.name for v in self.vertices]
         if not names or len(set(names)) != len(names):
-            raise ValueError(f"vertex names must be non-empty and unique: {names}")
+            raise UsageError(f"vertex names must be non-empty and unique: {names}")
 
 
 def check_parallelism(config: Config, vertices: tuple[VertexSpec, ...]) -> None:
@@ -226,7 +227,7 @@ def check_parallelism(config: Config, vertices: tuple[VertexSpec, ...]) -> None:
     configuration, before anything is built or written."""
     for v in vertices:
         if v.parallelism > config.max_parallelism:
-            raise ValueError(
+            raise UsageError(
                 f"vertex {v.name!r}: parallelism {v.parallelism} is more than the max"
                 f" parallelism {config.max_parallelism}: it must be at most that (R78)"
             )

@@ -41,3 +41,21 @@ class CommandError(CkptError):
         super().__init__(f"{reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+class UsageError(CkptError, ValueError):
+    """A call given a value the library does not accept: a bad argument or option, an
+    unknown name, a malformed file or message. Nothing changed."""
+
+
+class WrongTypeError(CkptError, TypeError):
+    """A call given a value of a type the library does not take."""
+
+
+class NotFoundError(CkptError, KeyError):
+    """A name the store does not know, such as a task manager's id."""
+
+
+class OperationFailed(CkptError, RuntimeError):
+    """Something the library ran could not finish: a streaming query that failed or
+    stopped early, a package installed in a form it cannot read."""

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 
 from attrs import frozen
 
+from spec.errors import UsageError, WrongTypeError
 from spec.keygroups import UPPER_BOUND_MAX_PARALLELISM
 from spec.restore_mode import RestoreMode
 
@@ -57,14 +58,14 @@ class FlinkOption:
         try:
             return _PARSERS[self.kind](value)
         except _BadValue as e:
-            raise ValueError(f"Flink option {key}: bad value {value!r}: {e}{self.hint}") from None
+            raise UsageError(f"Flink option {key}: bad value {value!r}: {e}{self.hint}") from None
 
     def format(self, value: object) -> str:
         """``value`` as Flink prints it."""
         try:
             return _FORMATTERS[self.kind](value)
         except _BadValue as e:
-            raise ValueError(
+            raise UsageError(
                 f"Config.{self.field_name} = {value!r} has no {self.key}: {e}"
             ) from None
 
@@ -126,14 +127,14 @@ def _refuse_misspelt_file_merging_key(key: str) -> None:
             if released in _FLINK_KEYS
             else f"released Flink names these {FLINK_FILE_MERGING_PREFIX}*"
         )
-        raise ValueError(
+        raise UsageError(
             f"Flink option {key!r} is a pre-release name of FLIP-306 that no released Flink "
             f"reads: {hint}"
         )
     if key.startswith(FLINK_FILE_MERGING_PREFIX) and key not in FLINK_UNMODELLED_FILE_MERGING_KEYS:
         known = sorted(k for k in _FLINK_KEYS if k.startswith(FLINK_FILE_MERGING_PREFIX))
         close = difflib.get_close_matches(key, known, n=1)
-        raise ValueError(
+        raise UsageError(
             f"unknown file merging option {key!r}"
             + (f" (did you mean {close[0]!r}?)" if close else "")
             + f"; the known ones are {', '.join(known)}"
@@ -310,13 +311,13 @@ def read_flink(options: Mapping[str, object], *, ignore_unknown: bool = False) -
     unknown: list[str] = []
     for key in options:
         if not isinstance(key, str):
-            raise TypeError(f"Flink option keys are strings, got {key!r}")
+            raise WrongTypeError(f"Flink option keys are strings, got {key!r}")
         if key in _FLINK_KEYS:
             continue
         _refuse_misspelt_file_merging_key(key)
         unknown.append(key)
     if unknown and not ignore_unknown:
-        raise ValueError(
+        raise UsageError(
             f"unknown Flink option(s) {', '.join(map(repr, sorted(unknown)))}: this store "
             f"reads only {', '.join(_known_keys())}; pass ignore_unknown=True to skip the "
             "rest of a Flink configuration"

@@ -7,6 +7,7 @@ from typing import NamedTuple
 from attrs import field, frozen
 
 from spec.config import Scope, StateKind
+from spec.errors import UsageError
 from spec.ids import SubtaskId
 
 
@@ -47,12 +48,12 @@ class DirectoryHandle:
 
 def _in_place_length(_inst: object, attribute: object, value: int) -> None:
     if value < 1:
-        raise ValueError(f"length: a working file has at least one byte, got {value}")
+        raise UsageError(f"length: a working file has at least one byte, got {value}")
 
 
 def _key_group_range(_inst: object, attribute: object, value: tuple[int, int]) -> None:
     if len(value) != 2 or not 0 <= value[0] <= value[1]:
-        raise ValueError(f"key_groups: expected (first, last) with 0 <= first <= last, got {value}")
+        raise UsageError(f"key_groups: expected (first, last) with 0 <= first <= last, got {value}")
 
 
 @frozen

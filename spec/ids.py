@@ -6,6 +6,8 @@ import functools
 
 from attrs import field, frozen
 
+from spec.errors import UsageError
+
 SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
 
 
@@ -57,7 +59,7 @@ def unescape_name(text: str) -> str:
 
 def _non_negative(_inst: object, attribute: object, value: int) -> None:
     if value < 0:
-        raise ValueError(f"{attribute} must be >= 0, got {value}")
+        raise UsageError(f"{attribute} must be >= 0, got {value}")
 
 
 @frozen(order=True, cache_hash=True)
@@ -70,9 +72,9 @@ class SubtaskId:
 
     def __attrs_post_init__(self) -> None:
         if not self.vertex:
-            raise ValueError("vertex name must not be empty")
+            raise UsageError("vertex name must not be empty")
         if self.parallelism < 1 or self.index >= self.parallelism:
-            raise ValueError(f"index {self.index} out of range for parallelism {self.parallelism}")
+            raise UsageError(f"index {self.index} out of range for parallelism {self.parallelism}")
 
     def dir_name(self) -> str:
         """The subtask's directory name under ``shared/`` (BRIEF §2)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
+from spec.errors import UsageError
+
 UPPER_BOUND_MAX_PARALLELISM = 1 << 15
 """Flink's inclusive upper bound on the max parallelism (the number of key groups) and so
 on any parallelism: ``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``, which is
@@ -42,7 +44,7 @@ def key_group_range(max_parallelism: int, parallelism: int, index: int) -> tuple
     post: operator_for_key_group(max_parallelism, parallelism, __return__[1]) == index
     """
     if not 0 <= index < parallelism <= max_parallelism:
-        raise ValueError(f"bad subtask {index}/{parallelism} for max parallelism {max_parallelism}")
+        raise UsageError(f"bad subtask {index}/{parallelism} for max parallelism {max_parallelism}")
     start = (index * max_parallelism + parallelism - 1) // parallelism
     end = ((index + 1) * max_parallelism - 1) // parallelism
     return start, end

@@ -28,6 +28,7 @@ from typing import Any, Union
 from attrs import field, frozen
 
 from spec import codec
+from spec.errors import WrongTypeError
 from spec.handles import InPlaceFile, StateEntry
 from spec.ids import SubtaskId, TmId
 
@@ -420,7 +421,7 @@ Answer = TmEnded | Held | InUse
 def encode_message(msg: Message) -> bytes:
     """``msg`` as bytes: ``{"version": MESSAGE_VERSION, "message": {...}}`` in UTF-8."""
     if not isinstance(msg, MESSAGE_TYPES):
-        raise TypeError(f"not a message: {type(msg).__name__}")
+        raise WrongTypeError(f"not a message: {type(msg).__name__}")
     envelope = {"version": MESSAGE_VERSION, "message": codec.encode(msg)}
     # codec.encode builds new lists and dicts, never a cycle: json need not look for one
     text = json.dumps(envelope, sort_keys=True, separators=(",", ":"), check_circular=False)

@@ -35,6 +35,7 @@ from attrs import frozen
 
 from spec import codec
 from spec.config import Config, Scope
+from spec.errors import WrongTypeError
 from spec.handles import InPlaceFile, StateEntry, stream_of
 from spec.ids import SubtaskId
 from spec.messages import TmEnded
@@ -307,7 +308,7 @@ def encode_tm_state(state: TmState) -> bytes:
     A state no TM could have recorded (see ``decode_tm_state``) is refused here too:
     what is written can be read back."""
     if not isinstance(state, TmState):
-        raise TypeError(f"not a TmState: {type(state).__name__}")
+        raise WrongTypeError(f"not a TmState: {type(state).__name__}")
     for where, problem in _problems(state, "$.state"):
         raise TmStateError(where, problem)
     envelope = {

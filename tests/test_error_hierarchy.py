@@ -5,13 +5,15 @@ clause. The one exception: the stream job's simulated SIGKILL (``Killed``), a
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
 
 import pytest
 
-from spec.errors import CkptError
+from spec.errors import CkptError, NotFoundError, OperationFailed, UsageError, WrongTypeError
 
 PACKAGES = ("spec", "refimpl", "fastimpl", "pipeline", "conformance")
 NOT_ERRORS = {"pipeline.stream.kills.Killed"}
@@ -56,3 +58,56 @@ def test_every_error_derives_from_the_common_base(error: type[BaseException]) ->
         assert not issubclass(error, Exception)
         return
     assert issubclass(error, CkptError), error.__mro__
+
+
+BUILTIN_RAISES = {"ValueError", "TypeError", "KeyError", "RuntimeError", "OSError", "Exception"}
+KEPT_BUILTIN = {
+    # a dict's __missing__ raises KeyError by the mapping protocol; get() catches it
+    ("fastimpl/attempts.py", "__missing__", "KeyError"),
+}
+
+
+def _builtin_raises() -> list[tuple[str, str, str, int]]:
+    """Each ``raise <built-in error>(...)`` in the product packages, with the function it
+    is in: a caller of the library would need a clause besides ``except CkptError``."""
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for pkg in (*PACKAGES, "ckpt"):
+        for path in sorted((root / pkg).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            where: dict[ast.Raise, str] = {}
+            for fn in ast.walk(tree):  # breadth first: an inner function's name wins
+                if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                    for node in ast.walk(fn):
+                        if isinstance(node, ast.Raise):
+                            where[node] = fn.name
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Raise) or node.exc is None:
+                    continue
+                exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(exc, ast.Name) and exc.id in BUILTIN_RAISES:
+                    rel = str(path.relative_to(root))
+                    found.append((rel, where.get(node, "<module>"), exc.id, node.lineno))
+    return found
+
+
+def test_the_library_raises_no_bare_built_in_error() -> None:
+    raised = {(f, fn, e) for f, fn, e, _ in _builtin_raises()}
+    assert raised - KEPT_BUILTIN == set(), sorted(raised - KEPT_BUILTIN)
+
+
+def test_the_raise_scan_sees_a_raise() -> None:
+    assert ("fastimpl/attempts.py", "__missing__", "KeyError") in {
+        (f, fn, e) for f, fn, e, _ in _builtin_raises()
+    }
+
+
+@pytest.mark.parametrize(
+    ("error", "builtin"),
+    [(UsageError, ValueError), (WrongTypeError, TypeError), (NotFoundError, KeyError),
+     (OperationFailed, RuntimeError)],
+)
+def test_each_usage_error_is_also_the_built_in_its_callers_knew(
+    error: type[CkptError], builtin: type[Exception]
+) -> None:
+    assert issubclass(error, CkptError) and issubclass(error, builtin)

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from spec.config import RestoreMode, StateKind
-from spec.errors import CkptError
+from spec.errors import CkptError, UsageError
 from spec.handles import StateEntry
 from spec.ids import SubtaskId
 from spec.messages import RestoreAssignment, decode_message
@@ -130,5 +130,5 @@ def decode_assignment(data: bytes) -> RestoreAssignment:
     """A ``RestoreAssignment`` from ``CoordinatorSide.restore_assignment``."""
     msg = decode_message(data)
     if not isinstance(msg, RestoreAssignment):
-        raise ValueError(f"expected a RestoreAssignment, got a {type(msg).__name__}")
+        raise UsageError(f"expected a RestoreAssignment, got a {type(msg).__name__}")
     return msg

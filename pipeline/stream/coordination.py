@@ -74,7 +74,7 @@ from pipeline.stream.working_names import db_dir_of, pointers
 from spec import commands as cmd
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
 from spec.effects import COORDINATOR, USER, tm_actor
-from spec.errors import CommandError
+from spec.errors import CommandError, UsageError
 from spec.handles import SegmentHandle, StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.invariants import (
@@ -293,7 +293,7 @@ def open_coordinator(
     collection, ``gc_min_age_s`` the minimum age of SlateDB's GC: at least the grace of
     R64)."""
     if backend not in BACKENDS:
-        raise ValueError(f"--state-backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise UsageError(f"--state-backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     opts = dict(storage_options or {})
     fs, root = fsspec.core.url_to_fs(url, **opts)
     vertices = (VertexSpec(VERTEX, parallelism),)
@@ -336,7 +336,7 @@ def open_coordinator(
     try:
         storage, config = open_base(fs, root, config, _lease_token())
     except BaseInUseError as err:
-        raise ValueError(f"{url}: {err} (use --resume to continue a run)") from None
+        raise UsageError(f"{url}: {err} (use --resume to continue a run)") from None
     co = CheckpointCoordinator(
         config, vertices, parallelism, storage, RandomIds(), engine, "job-0", deletion_log=True
     )
@@ -497,11 +497,11 @@ class SparkCoordinator:
         try:
             msg = decode_message(message)
         except MessageError as err:
-            raise ValueError(f"a task's acknowledgement is not a message: {err}") from None
+            raise UsageError(f"a task's acknowledgement is not a message: {err}") from None
         if not isinstance(msg, Acknowledgement | Decline):
-            raise ValueError(f"a task sent a {type(msg).__name__}, not an acknowledgement")
+            raise UsageError(f"a task sent a {type(msg).__name__}, not an acknowledgement")
         if msg.job != self.co.running_job():
-            raise ValueError(
+            raise UsageError(
                 f"an acknowledgement of job {msg.job} reached job {self.co.running_job()}"
             )
         applied: list[int] = []
@@ -509,7 +509,7 @@ class SparkCoordinator:
         if report:
             r = json.loads(report)
             if r.get("tm") != msg.attempt:
-                raise ValueError(f"the report of {r.get('tm')} came with {msg.attempt}'s message")
+                raise UsageError(f"the report of {r.get('tm')} came with {msg.attempt}'s message")
             applied = self.engine.heard(r)
             self._strays = self._strays or bool(r.get("new"))
         self._place(msg.subtask, msg.attempt, msg.checkpoint)
@@ -561,7 +561,7 @@ class SparkCoordinator:
         co = self.co
         placement = self.engine.runs_on
         if subtask not in placement:
-            raise ValueError(f"{subtask} is not a subtask of {co.running_job()}")
+            raise UsageError(f"{subtask} is not a subtask of {co.running_job()}")
         old = placement[subtask]
         if old == tm:
             self.engine.hosted.setdefault(tm, set()).add(subtask)
@@ -827,7 +827,7 @@ class SparkCoordinator:
     def read(self, entry: StateEntry) -> bytes:
         s = stream_of(entry.handle)
         if s is None:
-            raise ValueError(f"{entry.name!r}: {type(entry.handle).__name__} names no bytes")
+            raise UsageError(f"{entry.name!r}: {type(entry.handle).__name__} names no bytes")
         return self.checkpoint_storage.read_range(*extent_of(s))
 
     def settle(self) -> None:

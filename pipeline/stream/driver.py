@@ -29,6 +29,7 @@ from pipeline.stream.checkpointing import VERTEX, CoordinatorSide, decode_assign
 from pipeline.stream.kills import Failures
 from pipeline.stream.snapshot import OPERATOR_STATE
 from pipeline.stream.windows import NO_WATERMARK, Windowing
+from spec.errors import UsageError
 from spec.ids import SubtaskId
 
 
@@ -109,13 +110,13 @@ class BatchDriver:
                     if p.get("max_event") is not None:
                         events.append(int(p["max_event"]))
                 except (ValueError, KeyError, TypeError, AttributeError) as err:
-                    raise ValueError(
+                    raise UsageError(
                         f"the operator state {e.name!r} of {s} is not a progress record: {err!r}"
                     ) from None
         if not batches:
             return
         if len(batches) != 1:
-            raise ValueError(f"the subtasks' operator state names batches {sorted(batches)}")
+            raise UsageError(f"the subtasks' operator state names batches {sorted(batches)}")
         self.last_batch = batches.pop()
         self.ran_watermark = max(watermarks)
         self.watermark = self.windowing.advance(self.ran_watermark, max(events, default=None))
@@ -179,7 +180,7 @@ class BatchDriver:
         got = sorted(r.index for r in results)
         if got != list(range(self.parallelism)):
             self.coordinator.abort(order.checkpoint)
-            raise ValueError(f"batch {order.batch_id}: results of subtasks {got}")
+            raise UsageError(f"batch {order.batch_id}: results of subtasks {got}")
         if self.snapshot:
             try:
                 for r in results:

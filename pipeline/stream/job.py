@@ -51,6 +51,7 @@ from pipeline.stream.subtask import deliver, run_subtask
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
 from spec.config import Config, RestoreMode
+from spec.errors import OperationFailed, UsageError
 from spec.handles import extent_of, stream_of
 
 if TYPE_CHECKING:  # SlateDB is imported only when the working backend runs
@@ -408,7 +409,7 @@ def _read_state(work_dir: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except ValueError as err:
-        raise ValueError(f"{path}: not a driver state file ({err})") from None
+        raise UsageError(f"{path}: not a driver state file ({err})") from None
     if isinstance(d, dict) and "jobs" not in d and isinstance(d.get("job"), str):
         d = {"jobs": [[d["job"], None]], "parallelism": d.get("parallelism")}
     modes = {m.name for m in RestoreMode}
@@ -425,7 +426,7 @@ def _read_state(work_dir: str) -> dict[str, Any] | None:
             for e in d["jobs"]
         )
     ):
-        raise ValueError(f"{path}: not a driver state file")
+        raise UsageError(f"{path}: not a driver state file")
     d["lineage"] = [(j, None if m is None else RestoreMode[m]) for j, m in d["jobs"]]
     return d
 
@@ -502,41 +503,41 @@ def run_stream(
     say = on_event or (lambda _m: None)
     p = settings.parallelism
     if settings.speculation and settings.master.strip().startswith("local"):
-        raise ValueError(
+        raise UsageError(
             f"--speculation needs a master with separate executors; Spark never speculates"
             f" on {settings.master} (use a standalone cluster with workers on two hosts)"
         )
     if settings.failures.any and not retries_tasks(settings.master):
-        raise ValueError(
+        raise UsageError(
             f"--kill-worker-prob needs a master that retries a failed task; {settings.master}"
             " fails the job at the first (use local[N,F] with F >= 2, or local-cluster)"
         )
     for q in (p, *(() if settings.rescale_at is None else (settings.rescale_at[1],))):
         if not 1 <= q <= MAX_PARALLELISM:
-            raise ValueError(f"parallelism must be in 1..{MAX_PARALLELISM}, got {q}")
+            raise UsageError(f"parallelism must be in 1..{MAX_PARALLELISM}, got {q}")
     if settings.rescale_at is not None and not 0 <= settings.rescale_at[0] < settings.batches - 1:
-        raise ValueError(
+        raise UsageError(
             f"--rescale-at {settings.rescale_at[0]}:...: the batch must be in"
             f" 0..{settings.batches - 2} (a batch must follow it)"
         )
     if settings.state_backend == "working":
         if settings.speculation:
-            raise ValueError(
+            raise UsageError(
                 "--state-backend working runs without --speculation: two attempts of a"
                 " subtask would open its one database directory (the second fences the first)"
             )
         if not settings.snapshot:
-            raise ValueError(
+            raise UsageError(
                 "--state-backend working is the checkpointed state: not with --no-snapshot"
             )
     if settings.config.max_parallelism != MAX_PARALLELISM:
-        raise ValueError(
+        raise UsageError(
             f"pipeline.max-parallelism is {settings.config.max_parallelism}; the stream's"
             f" key groups are fixed at {MAX_PARALLELISM}"
         )
     state = _read_state(settings.work_dir) if resume else None
     if resume and state is None:
-        raise ValueError(f"nothing to resume in {settings.work_dir} (no {DRIVER_STATE})")
+        raise UsageError(f"nothing to resume in {settings.work_dir} (no {DRIVER_STATE})")
     lineage: list[tuple[str, RestoreMode | None]] = []
     back = None
     if state is not None:
@@ -785,6 +786,6 @@ def _segment(
     finally:
         query.stop()
     if err is not None and not stopping.is_set():
-        raise RuntimeError(f"the streaming query failed: {err}")
+        raise OperationFailed(f"the streaming query failed: {err}")
     if driver.last_batch < last:
-        raise RuntimeError(f"the query stopped at batch {driver.last_batch}, before {last}")
+        raise OperationFailed(f"the query stopped at batch {driver.last_batch}, before {last}")

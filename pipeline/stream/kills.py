@@ -14,6 +14,8 @@ from typing import NoReturn
 
 from attrs import frozen
 
+from spec.errors import UsageError
+
 KILL_POINTS = ("deleting", "before-snapshot", "mid-upload", "uploaded", "acknowledged", "put-back")
 """Where an injected failure kills a task: while its TM deletes (applying its mail, once
 its first delete is done and before any other), before its snapshot, after its first
@@ -111,7 +113,7 @@ def read_kills(work_dir: str) -> list[Kill]:
             d = json.loads(line)
             out.append(Kill(int(d["batch"]), int(d["subtask"]), int(d["attempt"]), str(d["point"])))
         except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(
+            raise UsageError(
                 f"{Path(work_dir) / KILL_LOG} line {n}: not a kill record: {err!r}"
             ) from None
     return out

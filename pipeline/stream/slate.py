@@ -31,6 +31,7 @@ from attrs import frozen
 from pipeline.stream.rocks import decode_key, encode_key
 from pipeline.stream.windows import Windowing
 from pipeline.stream.working_names import CHECKPOINT_PREFIX
+from spec.errors import UsageError
 
 T = TypeVar("T")
 _COUNT = struct.Struct(">Q")
@@ -84,7 +85,7 @@ class Place:
                 if str(endpoint).startswith("http://"):
                     b.with_config("allow_http", "true")
             return b.build()
-        raise ValueError(
+        raise UsageError(
             f"--state-backend working keeps its databases on the checkpoint storage, which"
             f" must be a local directory or S3; {self.url!r} is neither"
         )
@@ -156,7 +157,7 @@ def manifest_files(loop: Loop, admin: Any, lineage: str, manifest_id: int | None
     when ``None``)."""
     m = loop.run(admin.read_manifest(manifest_id))
     if m is None:
-        raise ValueError(f"{lineage}: no manifest {manifest_id}")
+        raise UsageError(f"{lineage}: no manifest {manifest_id}")
     return _files_of(m, lineage, prefix)
 
 
@@ -408,7 +409,7 @@ class Admin:
         """What manifest ``manifest_id`` of the database says (``Manifest``)."""
         m = self.loop.run(self._admin(lineage).read_manifest(manifest_id))
         if m is None:
-            raise ValueError(f"{lineage}: no manifest {manifest_id}")
+            raise UsageError(f"{lineage}: no manifest {manifest_id}")
         l0 = [str(v.sst.id.value) for v in m.l0]
         last = [str(x) for x in (m.last_compacted_l0_sst_id, m.last_compacted_l0_sst_view_id) if x]
         return Manifest(
@@ -422,7 +423,7 @@ class Admin:
         lists, whatever its status (``None``: none)."""
         c = self.loop.run(self._admin(lineage).read_compactions(compactions_id))
         if c is None:
-            raise ValueError(f"{lineage}: no compactor state {compactions_id}")
+            raise UsageError(f"{lineage}: no compactor state {compactions_id}")
         return min((str(x.id) for x in c.recent_compactions), default=None)
 
     def gc(self, lineage: str, min_age_ms: int, *, dry_run: bool = False) -> None:

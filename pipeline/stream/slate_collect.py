@@ -43,6 +43,7 @@ from attrs import define, field
 
 from pipeline.stream import slate
 from pipeline.stream.working_names import CHECKPOINT_PREFIX, db_dir_of, is_staged
+from spec.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class SlateCollection:
 
     def __init__(self, url: str, storage_options: Mapping[str, Any], min_age_s: float) -> None:
         if min_age_s < 0:
-            raise ValueError(f"the SlateDB GC's minimum age must be >= 0 s, got {min_age_s}")
+            raise UsageError(f"the SlateDB GC's minimum age must be >= 0 s, got {min_age_s}")
         self.loop = slate.Loop()
         self.admin = slate.Admin(self.loop, slate.Place(url, dict(storage_options)))
         self.min_age_ms = int(min_age_s * 1000)

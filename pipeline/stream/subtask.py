@@ -46,6 +46,7 @@ from pipeline.stream.words import MAX_PARALLELISM
 from pipeline.stream.worker_tm import deliver_mail
 from pipeline.stream.working_names import PointerError, pointers
 from pipeline.stream.working_task import run_working_subtask
+from spec.errors import UsageError
 from spec.handles import StateEntry
 from spec.ids import SubtaskId
 from spec.keygroups import key_group_range
@@ -88,7 +89,7 @@ def run_subtask(
     reader = order.recipe.reader()
     assignment = decode_assignment(order.assignments[index])
     if assignment.subtask != subtask:
-        raise ValueError(f"the assignment of {subtask} names {assignment.subtask}")
+        raise UsageError(f"the assignment of {subtask} names {assignment.subtask}")
     home = subtask_dir(order.work_dir, subtask)
     home.mkdir(parents=True, exist_ok=True)
     mine = home / f"db.{attempt}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from attrs import frozen
 
+from spec.errors import UsageError
+
 
 @frozen
 class Windowing:
@@ -15,7 +17,7 @@ class Windowing:
 
     def __attrs_post_init__(self) -> None:
         if self.size_ms < 1 or self.delay_ms < 0:
-            raise ValueError(f"bad windowing: size {self.size_ms} ms, delay {self.delay_ms} ms")
+            raise UsageError(f"bad windowing: size {self.size_ms} ms, delay {self.delay_ms} ms")
 
     def start_of(self, event_ms: int) -> int:
         """The start of the window that holds ``event_ms``."""

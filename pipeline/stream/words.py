@@ -8,6 +8,7 @@ import bisect
 import functools
 import zlib
 
+from spec.errors import UsageError
 from spec.keygroups import operator_for_key_group
 
 MAX_PARALLELISM = 128
@@ -40,7 +41,7 @@ def word_of(value: int, *, vocabulary: int = 1000, exponent: float = 1.1, seed: 
     """The word of the row with this value: rank r of the vocabulary with probability
     proportional to ``1 / r**exponent``, drawn from a hash of (seed, value)."""
     if vocabulary < 1:
-        raise ValueError(f"vocabulary must be >= 1, got {vocabulary}")
+        raise UsageError(f"vocabulary must be >= 1, got {vocabulary}")
     u = (_mix(_mix(seed) ^ value) >> 11) / float(1 << 53)
     cdf = _cdf(vocabulary, exponent)
     rank = min(bisect.bisect_right(cdf, u), vocabulary - 1)

@@ -62,6 +62,7 @@ from fastimpl.parties import (
 from fastimpl.parties import report_of as tm_report_of
 from spec import commands as c
 from spec.config import Config, StateKind
+from spec.errors import UsageError
 from spec.handles import InPlaceFile, SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
 from spec.messages import (
@@ -104,16 +105,16 @@ class StateReader:
     def read(self, entry: StateEntry) -> bytes:
         s = stream_of(entry.handle)
         if s is None:
-            raise ValueError(f"{entry.name!r}: {type(entry.handle).__name__} names no bytes")
+            raise UsageError(f"{entry.name!r}: {type(entry.handle).__name__} names no bytes")
         path = s.path
         parts = path.split("/")
         if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise ValueError(f"{entry.name!r}: handle path {path!r} is not inside the base")
+            raise UsageError(f"{entry.name!r}: handle path {path!r} is not inside the base")
         offset = s.offset if isinstance(s, SegmentHandle) else 0
         full = posixpath.join(self._root, path) if self._root else path
         data = bytes(self._fs.cat_file(full, start=offset, end=offset + s.length))
         if len(data) != s.length:
-            raise ValueError(
+            raise UsageError(
                 f"{entry.name!r}: wanted {s.length} bytes at {offset} of {path}, got {len(data)}"
             )
         return data
@@ -303,7 +304,7 @@ class WorkerTaskManager:
                 self.tm.on_duty(msg)
                 self.reset = self.reset or isinstance(msg, ResetTm)
             else:
-                raise ValueError(f"mail item {seq} for {tm} is a {type(msg).__name__}")
+                raise UsageError(f"mail item {seq} for {tm} is a {type(msg).__name__}")
             self.applied = seq
             n += 1
         self.tm.flush()

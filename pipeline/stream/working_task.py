@@ -46,7 +46,7 @@ from pipeline.stream.words import MAX_PARALLELISM
 from pipeline.stream.worker_tm import WorkerTaskManager
 from pipeline.stream.working_names import Pointer, new_db_dir, pointer_name, pointers
 from spec.config import StateKind
-from spec.errors import CkptError
+from spec.errors import CkptError, UsageError
 from spec.handles import InPlaceFile
 from spec.ids import SubtaskId
 from spec.keygroups import key_group_range
@@ -237,7 +237,7 @@ def run_working_subtask(
     subtask = SubtaskId(VERTEX, index, order.parallelism)
     assignment = decode_assignment(order.assignments[index])
     if assignment.subtask != subtask:
-        raise ValueError(f"the assignment of {subtask} names {assignment.subtask}")
+        raise UsageError(f"the assignment of {subtask} names {assignment.subtask}")
     recipe = order.recipe
     place = slate.Place(recipe.url, dict(recipe.storage_options))
     store = place.store()  # one object store for every SlateDB call of the task
