@@ -149,7 +149,7 @@ mutants: $(STAMP)
 # MUTATE_FUNCS="fastimpl.recovery.*" (recovery.py alone: about an hour).
 MUTATE_CATALOG := _protected _record_delete _waits_for _defer delete_file _prunable_parents \
                   delete_dir retry_deletes _run_deferred owners _refuse_delete _foreign \
-                  _holds_unknown_files
+                  _unrecorded_under _delete_known_only
 # The coordinator's ownership functions, by the part that holds each (fastimpl/coordinator.py
 # only delegates to them).
 MUTATE_LIFECYCLE := take_over_files receive_ack kept_elsewhere abort complete

@@ -302,18 +302,26 @@ class Catalog:
         d = self.dirs.get(path)
         waits = {self._waits_for(d.creator if d is not None else None, actor)}
         waits |= {self._waits_for(self._creator(p, self.files[p]), actor) for p in inside}
-        unrecorded = self._unrecorded_creators(path, inside, actor)
-        if unrecorded is None:
-            return
-        waits |= {self._waits_for(creator, actor) for creator in unrecorded}
+        listed: list[set[str]] = []  # storage listed once, when a check below needs it
+        if any(r.status is Status.LOST for r in self.host.tms.values()):
+            unrecorded = self._unrecorded_under(path, inside, actor, listed)
+            if unrecorded is None:
+                return
+            # R64: a lost attempt's files no party here records would go with the directory
+            waits |= {self._waits_for(creator_of(p), actor) for p in unrecorded}
         waits.discard(None)
         if waits:
             self._defer(Deferred(actor, path, True, min(w for w in waits if w)))
             return
-        if self.creator_mark is not None and self._written_by_others(path, inside, actor):
-            return
-        if self.storage.lease is not None and self._holds_unknown_files(path, inside, actor):
-            return
+        if self.creator_mark is not None or self.storage.lease is not None:
+            unrecorded = self._unrecorded_under(path, inside, actor, listed)
+            if unrecorded is None:
+                return
+            if unrecorded and self.creator_mark is not None:
+                return  # R41, R66: see _unrecorded_under
+            if unrecorded:
+                self._delete_known_only(path, inside, sorted(unrecorded), actor)
+                return
         try:
             self.storage.delete_dir(path, self._prunable_parents(path), {p: actor for p in inside})
         except StorageFault:
@@ -325,55 +333,36 @@ class Catalog:
             del self.dir_owner[sub]
             self.dirs.pop(sub, None)
 
-    def _unrecorded_creators(
-        self, path: str, inside: list[str], actor: str
-    ) -> set[TmId | None] | None:
-        """R64 for a recursive delete: the creators of the files in ``path`` that these
-        records do not hold, by their names (``fastimpl.ids.creator_of``): a lost
-        attempt's files no party here records (a TM in another process, a zombie whose
-        deletes nobody sees) would go with the directory. Listed only while an attempt
-        these records know of is lost; None (the delete deferred, R45) if the listing
-        fails."""
-        if not any(r.status is Status.LOST for r in self.host.tms.values()):
-            return set()
-        try:
-            on_storage = self.storage.files_under(path)
-        except Exception as err:  # cannot tell who wrote there: keep it, retry later
-            log.warning("listing %s before deleting it failed: %r", path, err)
-            self._defer(Deferred(actor, path, True, None))
-            return None
-        return {creator_of(p) for p in on_storage - set(inside)}
+    def _unrecorded_under(
+        self, path: str, inside: list[str], actor: str, listed: list[set[str]]
+    ) -> set[str] | None:
+        """The files storage holds under ``path`` that these records do not (listed once
+        per delete, kept in ``listed``); None, the delete deferred (R45), if the listing
+        fails: a delete that cannot tell what it would take waits.
 
-    def _written_by_others(self, path: str, inside: list[str], actor: str) -> bool:
-        """R41, R66 for a TM attempt's records: its directory goes only while nothing but
-        what these records hold is in it. A later attempt of the same subtask writes in
-        the subtask's shared directory too, and what it writes is in its records, not in
-        these: then the directory stays (the rule asks again at the next notice). A
-        failed listing defers the delete (R45)."""
-        try:
-            on_storage = self.storage.files_under(path)
-        except Exception as err:  # cannot tell: keep it, retry later
-            log.warning("listing %s before deleting it failed: %r", path, err)
-            self._defer(Deferred(actor, path, True, None))
-            return True
-        return bool(on_storage - set(inside))
+        They matter three ways. R64: a lost attempt's files no party here records (a TM in
+        another process, a zombie whose deletes nobody sees) would go with the directory;
+        their creators, by their names (``fastimpl.ids.creator_of``), must have stopped.
+        R41, R66, for a TM attempt's records: a later attempt of the same subtask writes
+        in the subtask's shared directory too, and what it writes is in its records, not
+        in these: then the directory stays (the rule asks again at the next notice).
+        Where a store keeps a lease (a base users share): a recursive delete removes only what the
+        store knows it wrote (``_delete_known_only``)."""
+        if not listed:
+            try:
+                listed.append(self.storage.files_under(path))
+            except Exception as err:  # cannot tell: keep it, retry later
+                log.warning("listing %s before deleting it failed: %r", path, err)
+                self._defer(Deferred(actor, path, True, None))
+                return None
+        return listed[0] - set(inside)
 
-    def _holds_unknown_files(self, path: str, inside: list[str], actor: str) -> bool:
-        """Issue 14: a recursive delete removes only what the store knows it wrote. If
-        the directory holds a file the store has no record of (another run's, a user's,
-        a link), its known files are deleted one by one, each with its deletion record,
-        and the directory and the unknown files stay (logged). Checked where a store
-        keeps a lease (``CheckpointStore``): the model-driven lockstep store writes alone
-        under a fresh root."""
-        try:
-            on_storage = self.storage.files_under(path)
-        except Exception as err:  # cannot tell: keep everything, retry later (R45)
-            log.warning("listing %s before deleting it failed: %r", path, err)
-            self._defer(Deferred(actor, path, True, None))
-            return True
-        unknown = sorted(on_storage - set(inside))
-        if not unknown:
-            return False
+    def _delete_known_only(
+        self, path: str, inside: list[str], unknown: list[str], actor: str
+    ) -> None:
+        """The directory holds a file the store has no record of (another run's, a
+        user's, a link): its known files are deleted one by one, each with its deletion
+        record, and the directory and the unknown files stay (logged)."""
         log.warning(
             "not deleting directory %s: it holds %d file(s) the store did not write (%s);"
             " deleting only the store's own",
@@ -387,7 +376,6 @@ class Catalog:
         for sub in [x for x in self.dir_owner if is_under(x, path)]:
             del self.dir_owner[sub]
             self.dirs.pop(sub, None)
-        return True
 
     def retry_deletes(self, *, storage: bool = True) -> None:
         """R45: retry deletes that failed; a delete that fails again stays queued.
