@@ -36,9 +36,9 @@ their operators are named ``Module!Operator`` in the table, since they reuse the
 spec's action names (``Failover``, ``Complete``) for their own actions."""
 LATER: dict[str, str] = {}
 """Rules fastimpl does not carry yet, and when it will: their fastimpl cell says so
-(none since issue 18's stage 2 gave fastimpl working state, R100-R106)."""
+(none: no rule waits for fastimpl, working state R100-R106 included)."""
 TEST_DIRS = ("tests",)
-"""Where test files are looked for (both while the tests move to ``tests/``)."""
+"""Where test files (``test_*.py``) are looked for."""
 NOT_MODELLED = "not modelled"
 TLA_ABSTRACTED = {
     "R2": "state only: the id counters and the deleted set",

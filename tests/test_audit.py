@@ -363,8 +363,8 @@ def _files(top: Path) -> dict[str, bytes]:
 def test_a_flink_or_spark_checkpoint_directory_is_named_never_called_clean(
     tmp_path: Path, kind: str, engine: str
 ) -> None:
-    """Finding 10 of issue 32: the directory a Flink or Spark user configures was
-    "clean: every _metadata reads" having read none, exit 0, and at ``--grace 0s`` every
+    """Finding 10 of issue 32: the directory a Flink or Spark user configures is never
+    "clean: every _metadata reads" having read none, exit 0, nor at ``--grace 0s`` every
     live file an orphan. Read as ours (``--format ckpt``) it is named as what it is, with
     the format that reads it, exit 2, no verdict. Recognised (``--format auto``) its
     metadata, malformed here, is unreadable: exit 1, never clean, no orphan. A deletion at

@@ -121,7 +121,7 @@ def test_young_files_and_referenced_files_are_never_deleted(tmp_path: Path) -> N
 def test_a_grace_period_under_an_hour_needs_its_own_flags(tmp_path: Path) -> None:
     """One flag per danger: --allow-short-grace for the grace; on a base whose writer
     publishes no state, --no-live-writer too (only age would protect a live writer);
-    the old catch-all --force is gone."""
+    there is no catch-all: --force is a usage error (exit 2) and deletes nothing."""
     b, strays = base_with_strays(tmp_path)
     before = snapshot(b)
     base = str(tmp_path / "root" / b.job_dir)

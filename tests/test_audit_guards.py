@@ -288,9 +288,9 @@ def test_an_unwritable_output_is_a_usage_error_naming_it(
     assert snapshot(b) == before
 
 
-# Issue 32, finding 5: the writer state is checked against the base. Its fields were
-# parsed and ignored: a state copied from another job, or a stale copy with a fresh
-# ``published_at`` and nothing pending, fenced nothing, and the deletion went ahead.
+# Issue 32, finding 5: the writer state is checked against the base, not only parsed: a
+# state copied from another job, or a stale copy with a fresh ``published_at`` and nothing
+# pending, would otherwise fence nothing, and the deletion would go ahead.
 
 
 def _own_checkpoints(b: Built) -> list[int]:

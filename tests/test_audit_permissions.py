@@ -96,7 +96,7 @@ def data_dir(base: Path) -> tuple[Path, str]:
 
 def referenced_file(base: Path) -> tuple[Path, str]:
     """The file the retained checkpoint references, mode 000 (issue 32, finding 6): a
-    restore cannot read it, so it dangles (exit 1); "clean" was printed."""
+    restore cannot read it, so it dangles (exit 1, "DATA LOSS"), never "clean"."""
     f = base / "shared/v-0-1/f"
     return f, f"{JOB}/shared/v-0-1/f"
 

@@ -522,9 +522,9 @@ def test_r78_the_bounds_are_flinks() -> None:
 def test_r78_sizes_past_the_bounds_are_refused_when_made(
     make: object, field: str, value: int
 ) -> None:
-    """The job of 2**70 TMs and the parallelism of 2**63 that hung the in-process engine
-    (issue 14, threat 53) are refused when the value is made, naming the field, the value
-    and the bound."""
+    """A job of 2**70 TMs and a parallelism of 2**63, which would hang the in-process
+    engine (issue 14, threat 53), are refused when the value is made, naming the field,
+    the value and the bound."""
     assert callable(make)
     with pytest.raises(ValueError) as e:
         make()

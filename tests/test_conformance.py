@@ -34,7 +34,7 @@ SERVER = f"{sys.executable} -m conformance.fastimpl_server"
 
 FULL_CORPUS = os.environ.get("HYPOTHESIS_PROFILE") == "long" or bool(os.environ.get("FULL_CORPUS"))
 """Run the random cases in process too: in the ``long`` profile, and in the mutation run
-(``make mutate`` sets ``FULL_CORPUS``), whose verdicts were reached with them."""
+(``make mutate`` sets ``FULL_CORPUS``), so that its verdicts count these cases too."""
 
 
 class TestFastimplInProcess(ConformanceSuite):

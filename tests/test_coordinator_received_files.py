@@ -474,8 +474,8 @@ def test_r43_a_late_acknowledgements_file_the_coordinator_has_no_record_of_is_de
 ) -> None:
     """A TM in a process of its own wrote a whole file and acknowledges after its
     checkpoint was aborted: the coordinator, with no record of the file, takes it over
-    as created by that attempt and deletes it (R43, no leak), waiting for nothing (run
-    13: ``receive_ack`` 25 took it for nobody's)."""
+    as created by that attempt (never as nobody's) and deletes it (R43, no leak), waiting
+    for nothing."""
     place, store = _none_store(tmp_path, kind)
     try:
         coord = store.coordinator

@@ -165,7 +165,7 @@ def test_every_malformed_base_of_a_moved_job_is_refused(form: str) -> None:
 
 
 # Plain ASCII ids: mutmut hands pytest the ids it collected, and pytest cannot select an
-# id it escaped (a backslash), so such a test made every mutant it covers "killed".
+# id it escaped (a backslash), so such a test would count every mutant it covers "killed".
 @pytest.mark.parametrize(
     "job",
     ["savepoints", "\udc80", "x" * 300, 7, None],
@@ -938,9 +938,9 @@ def test_a_checkpoint_metadata_naming_another_checkpoint_or_a_savepoint_is_refus
     lie: str,
 ) -> None:
     """``chk-3/_metadata`` resealed to say it is checkpoint 4, or a savepoint: recovery
-    refuses naming the file and the field, and deletes nothing. The reader refuses both
-    (``check_named``; run 13's ``recover`` 57 survived in a second check of recovery's
-    own, which could never fire and is gone)."""
+    refuses naming the file and the field, and deletes nothing. The reader's own check
+    (``check_named``) is what refuses both: recovery has no second check of its own, which
+    could never fire behind the reader's."""
     mode = setting[1]
     store = _store2(place, mode)
     store.close()
@@ -963,11 +963,11 @@ def test_a_checkpoint_metadata_naming_another_checkpoint_or_a_savepoint_is_refus
 
 
 def test_a_tree_past_path_max_is_walked_and_left_alone(tmp_path: Path) -> None:
-    """A chain of directories deeper than PATH_MAX at the root, a file at its bottom. It
-    was a ``RecoveryError`` ("File name too long") while the store listed by path; the
-    store now walks its tree by descriptors (issue 14), so no path it hands the OS is
-    long: recovery lists the chain like any other directory, keeps it whole (it is not
-    the crashed job's), and recovers the job unchanged."""
+    """A chain of directories deeper than PATH_MAX at the root, a file at its bottom.
+    Listed by path it would be a ``RecoveryError`` ("File name too long"); the store walks
+    its tree by descriptors (issue 14), so no path it hands the OS is long: recovery
+    lists the chain like any other directory, keeps it whole (it is not the crashed
+    job's), and recovers the job unchanged."""
     p = Place.make("local", tmp_path)
     store = _store2(p, MergingMode.WITHIN_CHECKPOINT)
     store.close()

@@ -1,9 +1,9 @@
 """Two runs on one base (issue 14, defect 4): a second ``CheckpointStore`` opened on a base
-that holds a job took the same id, overwrote its ``_metadata``, deleted its kept
-checkpoint at its next subsume, and its ``cancel(retain=False)`` deleted the first run's
+that holds a job, taking the same id, would overwrite its ``_metadata``, delete its kept
+checkpoint at its next subsume, and with ``cancel(retain=False)`` delete the first run's
 directories recursively without a deletion record.
 
-Now opening a base that holds a job is refused unless the caller asks for a fresh id
+So opening a base that holds a job is refused unless the caller asks for a fresh id
 (``on_existing="fresh-id"``: a new job beside the old, whose files are never touched);
 the store keeps a lease at the root and checks it before every ``_metadata`` write and
 every delete, so a store whose base was taken over (a fresh-id open, a ``recover``) stops

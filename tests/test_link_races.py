@@ -200,9 +200,10 @@ def test_a_link_swapped_in_between_check_and_use_is_never_followed(
 
 
 # --------------------------------------------------------------------------- the audit
-# Issue 32, finding 1: the storage audit's ``--delete-orphans`` planned with lstat and
-# realpath, then deleted by full path: a directory renamed away after the plan and a link
-# (or another directory) put in its place redirected the deletes outside the base.
+# Issue 32, finding 1: the storage audit's ``--delete-orphans`` plans, then deletes. A
+# plan made with lstat and realpath and carried out by full path would follow a directory
+# renamed away after the plan and a link (or another directory) put in its place, and
+# delete outside the base.
 
 AUDIT_JOB = "job-0"
 ORPHAN_DIR = f"{AUDIT_JOB}/shared/src-9-9"

@@ -1,14 +1,15 @@
 """Symbolic links and special files in the store's tree (issue 14, defect 2).
 
-A checkpoint file replaced by a link to a file outside the base was restored, its
-outside bytes returned by ``restore()``; a subtask directory replaced by a link to an
-outside directory was emptied by the garbage collection of a later checkpoint (NONE), or
-left a delete failing for good (WITHIN). The store never creates a link, so every link
-below the root is a hand-made change and is refused (one pointing inside the base too: it
-would give a file two names): reading, restoring, writing and deleting never go through
-one, with an error naming the path; removing a link itself is not deleting its target,
-and a recursive delete never descends into one. A FIFO, device or socket where a regular
-file belongs is refused before anything opens it (a FIFO would block a reader).
+A store that followed links would restore a checkpoint file replaced by a link to a
+file outside the base, returning its outside bytes from ``restore()``; and a subtask
+directory replaced by a link to an outside directory would be emptied by the garbage
+collection of a later checkpoint (NONE), or leave a delete failing for good (WITHIN).
+The store never creates a link, so every link below the root is a hand-made change and
+is refused (one pointing inside the base too: it would give a file two names): reading,
+restoring, writing and deleting never go through one, with an error naming the path;
+removing a link itself is not deleting its target, and a recursive delete never
+descends into one. A FIFO, device or socket where a regular file belongs is refused
+before anything opens it (a FIFO would block a reader).
 
 Local disk only, in every merging mode: S3 and ``memory://`` have no links (a key is a
 name, not a pointer) and no special files, so there is nothing to follow there. The

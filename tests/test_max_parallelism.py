@@ -1,8 +1,8 @@
 """R77 end to end (issue 14, defect 5): a checkpoint is restored, rescaled and recovered only
 with the max parallelism it was taken with.
 
-``recover(...)`` with max parallelism 256 or 64 on a job checkpointed with 128 was
-accepted, and key groups landed on the wrong subtasks or on none. The value is recorded in
+``recover(...)`` with max parallelism 256 or 64 on a job checkpointed with 128, if
+accepted, would put key groups on the wrong subtasks or on none. The value is recorded in
 the ``_metadata`` (version 2); a refusal names both values and leaves storage exactly as it
 was; the same value is accepted and the job's bytes come back. A version-1 ``_metadata``
 (no record) is judged by its key-group ranges; a version-2 file whose ranges exceed its

@@ -3,15 +3,15 @@
 mutmut records the id of every test that reaches a mutated function and later passes those
 ids back to pytest. pytest escapes an id that is not plain ASCII (a lone surrogate becomes
 ``\\udc80``) and cannot select it again, and mutmut then counts the usage error of each
-mutant's run as a kill: one such parameter made a whole run report every mutant killed
-(issue 14, run 4). So every id of the selection is plain printable ASCII without a backslash.
+mutant's run as a kill: one such parameter makes a whole run report every mutant killed
+(issue 14). So every id of the selection is plain printable ASCII without a backslash.
 
 The ``-k`` expression of ``pytest_add_cli_args`` leaves out the S3 tests, the local crash
 sweeps, the tests over processes and the live mode. ``-k`` matches any substring of a test's
-name and id, so "not s3" also dropped ``test_path_outside_base[s3://bucket/x-absolute]``
-and a working-file case whose generated id was ``<lambda>-words3``: two hostile
-inputs no mutant of the decoder ever met. So every test the expression leaves out must
-name what it means to leave out.
+name and id, so "not s3" also drops a test whose id merely holds "s3" (such as
+``test_path_outside_base[s3://bucket/x-absolute]``, or a generated id such as
+``<lambda>-words3``), and its hostile inputs never meet a mutant of the decoder. So every
+test the expression leaves out must name what it means to leave out.
 """
 
 from __future__ import annotations

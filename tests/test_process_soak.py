@@ -92,12 +92,12 @@ def test_the_file_comparison_catches_a_file_the_model_does_not_have(
 def test_a_zombies_stale_notice_does_not_delete_a_file_twice(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """R64, I2: the sequence of seed ``1004-within-local`` (40 steps), found by a long
-    soak. After two failovers the replacement ``tm-3`` of the lost attempt ``tm-2`` (a
-    zombie: its process runs on) is killed; the sweep of what ``tm-3`` left in ``map-1-2``
-    took ``tm-2``'s file there as ``tm-3``'s and deleted it, and ``tm-2`` deleted it again
-    applying a notice it already had. The sweep now leaves a file another attempt that
-    may still run created (its name says whose) to that attempt; the file comparison
+    """R64, I2: the long soak's sequence of seed ``1004-within-local`` (40 steps). After
+    two failovers the replacement ``tm-3`` of the lost attempt ``tm-2`` (a zombie: its
+    process runs on) is killed, and ``tm-2`` still deletes its own file in ``map-1-2``
+    applying a notice it already had. So the sweep of what ``tm-3`` left there must leave
+    a file another attempt that may still run created (its name says whose) to that
+    attempt: taken as ``tm-3``'s, it would be deleted twice (I2). The file comparison
     with the model runs too."""
     mode, where = MergingMode.WITHIN_CHECKPOINT, "local"
     config, fs, root, target = make_setting(mode, where, tmp_path, request)
@@ -118,11 +118,12 @@ def test_a_reupload_takes_the_bytes_from_the_tms_own_copy(
 ) -> None:
     """R20: state that may not be reused is uploaded again, and the model accepts the
     ``ReuseShared`` whatever storage still holds of the old upload. The soak's TM process
-    read the old bytes back from storage, which on S3 does not have them while the old
-    upload's WITHIN file is open (an object is written when its file is closed, R12: seed
-    ``1008-within-s3``) nor after the store deleted them (their checkpoint aborted), and
-    refused with ``NO_SUCH_STATE``. It now keeps the bytes it uploaded, as a backend keeps
-    its local files: both re-uploads are accepted, and the model agrees."""
+    takes the bytes from its own copy of what it uploaded, as a backend does from its
+    local files, never from storage: on S3 storage does not have them while the old
+    upload's WITHIN file is open (an object is written when its file is closed, R12; the
+    soak's seed ``1008-within-s3``) nor after the store deleted them (their checkpoint
+    aborted), and a read back would refuse with ``NO_SUCH_STATE``. Both re-uploads are
+    accepted, and the model agrees."""
     config, fs, root, target = make_setting(MergingMode.WITHIN_CHECKPOINT, "s3", tmp_path, request)
     soak = Soak("reupload", config, fs, root, target)
     s = sorted(soak.coord.placement, key=str)[0]

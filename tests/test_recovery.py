@@ -1293,7 +1293,7 @@ def test_a_job_rescaled_before_it_crashed_is_recovered_at_the_asked_parallelism(
     assert covered == set(range(config.max_parallelism))
     if mode is MergingMode.NONE:
         # R72 offers the claimed files for reuse only when nothing was rescaled: a new
-        # subtask's state is several old ones' (under the mutant it reused one's)
+        # subtask's state is several old ones', and a reuse by name would take one's
         cid = new.coordinator.trigger()
         with pytest.raises(CommandError, match=f"no shared state 'sst-{c2}'"):
             new.task_manager(new.placement()[src[0]]).reuse_shared(cid, src[0], f"sst-{c2}")
@@ -1307,8 +1307,8 @@ def test_a_job_rescaled_before_it_crashed_is_recovered_at_the_asked_parallelism(
 
 def test_the_recovered_store_draws_names_from_the_callers_id_source(place: Place) -> None:
     """``ids``: the recovered store's files are named by the source the caller passes
-    (deterministic names, as the model's counters give), not by one of its own (run
-    13: ``recover`` 198 and 205 dropped it)."""
+    (deterministic names, as the model's counters give), not by one of its own: recovery
+    passes the caller's source on, never drops it."""
     config = Config.for_mode(MergingMode.NONE, num_retained=1)
     store = _store(place, config)
     checkpoint(store, Ledger(), Progress())

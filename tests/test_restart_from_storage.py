@@ -74,8 +74,8 @@ def test_resumed_after_a_claim_restore_it_owns_the_claimed_files_until_subsumed(
     its coordinator dies. The resumed one still owns the claimed files (the HA state's
     checkpoint store and lineage say so), restarts the subtasks from the claimed state,
     and deletes the claimed files once a checkpoint of job-1 subsumes it: nothing of job-0
-    is left. (Rebuilt from job-1's base alone, the claimed files were the user's, and
-    stayed on storage for ever.)"""
+    is left. (Rebuilt from job-1's base alone, the claimed files would be the user's,
+    and stay on storage for ever.)"""
     soak = _soak(mode, where, tmp_path, request)
 
     def body() -> None:

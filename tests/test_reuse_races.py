@@ -11,7 +11,7 @@ model (``monkeypatch``; nothing under ``refimpl/`` changes) and runs the same in
 the model alone: I1 must then break, so the scenario exercises that rule. Where two rules
 guard the same race, the bite removes both and the docstring says so.
 
-What the tickets say (read through the search tool, 2026-11-25):
+What the tickets say:
 
 * SPARK-55892, https://github.com/apache/spark/pull/54697 ("Fix unable to load state store
   because reused SST file was deleted by maintenance"): "When there is a large delay between
@@ -19,15 +19,14 @@ What the tickets say (read through the search tool, 2026-11-25):
   files that were reused from old versions, which are now eligible for deletion by another
   executor's maintenance to be deleted"; loading the uploaded snapshot then fails with
   FileNotFoundException for the reused SST.
-* SPARK-55820: no text found (no PR or JIRA mirror for the id in the issues, pages or code
-  corpora). The scenario follows BRIEF §10 ("a stale in-memory version-to-files cache after a
-  retried batch") and the earlier ticket of the same family that was found, SPARK-43404,
+* SPARK-55820: its text is not available (no PR or JIRA text for the id). The scenario
+  follows BRIEF §10 ("a stale in-memory version-to-files cache after a retried batch") and
+  the earlier ticket of the same family, SPARK-43404,
   https://github.com/apache/spark/pull/41089: on a task retry the first attempt "might have
   added an entry to the in-memory map for ``versionToRocksDBFiles`` for the given version",
   and the retry reused what that map named.
-* FLINK-38574: no text found either (searched the id and its wording). The scenario follows
-  BRIEF §10: "a late confirmation plus a re-upload let a checkpoint reuse a file the
-  coordinator had deleted".
+* FLINK-38574: its text is not available either. The scenario follows BRIEF §10: "a late
+  confirmation plus a re-upload let a checkpoint reuse a file the coordinator had deleted".
 
 The same three races against the streaming job's own RocksDB snapshot code are in
 ``tests/test_stream_reuse_races.py``.

@@ -619,8 +619,8 @@ def test_r78_a_restore_past_the_max_parallelism_is_refused_and_the_bound_itself_
     mode: MergingMode,
 ) -> None:
     """Vertices at their max parallelism (4) checkpoint; a restore that would raise a
-    parallelism past it, or past Flink's 2**15, or to 2**63 (what hung the in-process
-    engine when a job was built that large) is refused before anything changes; one at
+    parallelism past it, or past Flink's 2**15, or to 2**63 (building a job that large
+    would hang the in-process engine) is refused before anything changes; one at
     the bound and below is accepted. (A job, vertex or configuration past the bounds is
     refused when it is made: tests/test_config.py.)"""
     job = JobSpec((VertexSpec("src", 4), VertexSpec("agg", 4)), num_tms=2)
@@ -791,9 +791,10 @@ def test_r95_restart_rebuilds_registry_and_retained(mode: MergingMode, num_retai
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_r95_a_failed_delete_of_the_coordinators_is_done_at_the_restart(mode: MergingMode) -> None:
     """R95, R45: the restarted coordinator remembers none of its failed deletes; what they
-    were to delete is unreferenced, so it goes at the restart (long soak seed
-    1031-within-local: a coordinator rebuilt in a new process deleted the subsumed
-    checkpoint's ``_metadata`` whose delete had failed, and the model kept it pending)."""
+    were to delete is unreferenced, so it goes at the restart (the long soak's seed
+    1031-within-local: a coordinator rebuilt in a new process deletes the subsumed
+    checkpoint's ``_metadata`` whose delete had failed, and the model must not keep it
+    pending)."""
     h = start(Config.for_mode(mode))
     h.checkpoint()
     h.checkpoint(complete=False)

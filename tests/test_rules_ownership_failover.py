@@ -623,10 +623,10 @@ def test_r64_a_waiting_directory_delete_spares_a_live_attempts_unacknowledged_fi
 ) -> None:
     """R64, R42: two failovers leave two zombies of a subtask, ``tm-1`` and ``tm-3``;
     ``tm-1`` creates the subtask's shared directory and both write there. When ``tm-1``
-    stops, the coordinator takes the directory; its delete waited for ``tm-3`` until R42
-    said that the live attempt ``tm-4`` works in the directories it manages before it
-    writes there: now nothing is deleted at all. ``tm-4`` writes there and has not
-    acknowledged yet: when ``tm-3`` stops, the directory stays with ``tm-4``'s file."""
+    stops, the coordinator takes the directory but makes no delete, not even one waiting
+    for ``tm-3``: the live attempt ``tm-4`` works in the directories it manages before it
+    writes there (R42). ``tm-4`` writes there and has not acknowledged yet: when ``tm-3``
+    stops, the directory stays with ``tm-4``'s file."""
     h = start(Config.for_mode(mode, max_file_size=100))
     s = on_tm(h, "tm-1")[0]
     h.run(c.CrashTm("tm-1"))
@@ -735,11 +735,12 @@ def _zombie_writes_after_failover(
 def test_r65_an_object_store_never_has_a_file_its_stopped_writer_left_open(claim: bool) -> None:
     """R65, R12, R64, R72: on an object store an object is written when its file is
     closed, so a file a lost attempt still had open when it stopped never exists: it
-    leaves the model at the stop without a delete, whoever owns it by then. The long soak
-    (seed 1002-within-s3): the zombie ``tm-2`` writes into a WITHIN file; a CLAIM restore
-    gives the claimed directories, with everything in them, to the coordinator; when
-    ``tm-2`` stops, the model kept the never written file as the coordinator's until the
-    directory went, where storage had nothing. Without the restore it deleted it."""
+    leaves the model at the stop without a delete, whoever owns it by then. The long
+    soak's seed 1002-within-s3: the zombie ``tm-2`` writes into a WITHIN file; a CLAIM
+    restore gives the claimed directories, with everything in them, to the coordinator;
+    when ``tm-2`` stops, the never written file is gone at once: not kept as the
+    coordinator's until the directory goes (storage has nothing there), nor, without
+    the restore, deleted (I2)."""
     h, s, left = _zombie_writes_after_failover(open_files_readable=False)
     assert left and left[0] in h.observe().open_files and is_under(left[0], shared_dir(JOB, s))
     if claim:
@@ -951,10 +952,10 @@ def test_r66_a_directory_delete_waiting_for_a_replaced_attempt_spares_the_new_on
 ) -> None:
     """R66, R64, R42: two replaced attempts at once (TLC's soak model, 7 moves). The
     zombie ``tm-1`` creates the subtask's shared directory, the zombie ``tm-3`` writes
-    into it; when ``tm-1`` stops the coordinator takes the directory. Its delete waited
-    for ``tm-3`` until R42 said that the live attempt ``tm-4`` works in the directories
-    it manages before it writes there: now nothing is deleted. ``tm-4`` writes there:
-    when ``tm-3`` stops, R42 keeps the directory with ``tm-4``'s file in it."""
+    into it; when ``tm-1`` stops the coordinator takes the directory but makes no delete,
+    not even one waiting for ``tm-3``: the live attempt ``tm-4`` works in the directories
+    it manages before it writes there (R42). ``tm-4`` writes there: when ``tm-3`` stops,
+    R42 keeps the directory with ``tm-4``'s file in it."""
     h = start(Config.for_mode(mode, max_file_size=100))
     h.run(c.Trigger())
     cp = h.last_checkpoint

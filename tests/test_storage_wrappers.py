@@ -2,17 +2,18 @@
 file's flushed bytes are readable by the storage that finally holds them, through any
 chain of wrappers, and refuses a wrapper it does not know rather than guess.
 
-``simplecache::s3://`` and ``filecache::s3://`` were accepted with ACROSS merging: the
-wrapper's protocol is not ``s3``, so the store took the bytes of a pooled file for
-durable while they sat in a local temporary copy, and a completed checkpoint named a
-segment that never reached S3 (I1). Here every wrapper over S3 (moto) is refused with
-ACROSS before any I/O, works in WITHIN (and leaves every byte a completed checkpoint
-names on S3 itself), and made-up wrapper classes are refused in every mode.
+``simplecache::s3://`` and ``filecache::s3://`` must not pass for durable storage with
+ACROSS merging: the wrapper's protocol is not ``s3``, so a store judging by it would take
+the bytes of a pooled file for durable while they sit in a local temporary copy, and a
+completed checkpoint would name a segment that never reached S3 (I1). Here every
+wrapper over S3 (moto) is refused with ACROSS before any I/O, works in WITHIN (and
+leaves every byte a completed checkpoint names on S3 itself), and made-up wrapper
+classes are refused in every mode.
 
 A cache over a local disk (``simplecache::file://`` and the like) is refused in every
 mode, by the same walk of the chain (issue 14, threat 50): through the cache the store's
-calls went through fsspec, which follows links, so its refusal of links below the root
-never ran; and a cache of a disk on the same machine buys nothing.
+calls would go through fsspec, which follows links, so its refusal of links below the
+root would never run; and a cache of a disk on the same machine buys nothing.
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ On Spark with speculation the delivery job's tasks may be copied too: a copy fin
 subtask's local state taken by the first attempt (which renamed it, ``_take``) and
 returns no report, Spark accepts the copy's empty result, and the first attempt is killed
 before it applied the notices. Then the TM whose records hold the subsumed files never
-deletes them, and the coordinator still sees it alive: I6 failed once on the loopback
-cluster (``test_stream_failures``). A TM the delivery cannot reach is given up as a
-replaced attempt is (R66), and once no attempt may still run it is known stopped (R64):
-its files are the coordinator's, which deletes what no retained checkpoint refers to and
-keeps the rest."""
+deletes them, and the coordinator still sees it alive: I6 breaks (the loopback cluster
+of ``test_stream_failures`` can reach this). So a TM the delivery cannot reach is given
+up as a replaced attempt is (R66), and once no attempt may still run it is known
+stopped (R64): its files are the coordinator's, which deletes what no retained checkpoint
+refers to and keeps the rest."""
 
 from __future__ import annotations
 

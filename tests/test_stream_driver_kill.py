@@ -15,7 +15,7 @@ straggler, on the two-host loopback cluster of ``tests.spark_cluster``) and a re
 Each restart recovers the store from the persisted ``_metadata`` (a new job that claims
 the latest completed checkpoint) and Spark from its own offsets. The last one recovers
 job-2, not job-3, which completed no checkpoint: job-3 is abandoned and its base deleted
-(R96; recovering it started from nothing, and every count before batch 11 was lost).
+(R96; recovering job-3 would start from nothing and lose every count before batch 11).
 At the end: 22 batches, every closed window equal to the batch computation, the
 invariants I1-I6 on the real files (the last run's), the storage audit of every job base
 clean, and the command trace of the whole run (each restarted driver writes on the

@@ -46,8 +46,8 @@ STALLS = ((4, 0, "mid-upload"), (15, 1, "mid-upload"))
 host."""
 STALL_S = 8.0
 """Spark copies a task once it has run 1.5 times the median of the stage's finished ones
-(``spark.speculation.multiplier``): 4 s was too short on a loaded machine, where batch
-15's other tasks took nearly 3 s and CI saw no copy of its straggler (twice)."""
+(``spark.speculation.multiplier``): 4 s is too short on a loaded machine, where batch
+15's other tasks take nearly 3 s, so its straggler finishes before Spark copies it."""
 ROWS, VOCABULARY, WINDOW_MS = 200, 200, 2000
 
 

@@ -399,13 +399,13 @@ def test_a_local_db_another_attempt_left_is_not_reused(tmp_path: Path, mode: Mer
 def test_a_late_attempt_putting_its_db_back_after_the_next_batch_keeps_the_live_tm(
     tmp_path: Path, mode: MergingMode
 ) -> None:
-    """Found on Spark with speculation (``test_stream_failures``): a copy of batch b's task
-    that Spark killed because the other attempt won ran on in its Python worker and put
-    its DB (with its own TM's records) back after batch b + 1's task had put back the live
-    one. Replacing it removed the live TM's DB and records: the delivery at the end of
-    the run reached the late attempt's TM, the live one never heard the last notices and
-    its files leaked (I6). Now the late DB is set aside and dropped by the next taker;
-    the live TM gets its mail and quiet holds."""
+    """I6 under Spark's speculation (``test_stream_failures`` reaches it): a copy of batch
+    b's task that Spark killed because the other attempt won runs on in its Python worker
+    and puts its DB (with its own TM's records) back after batch b + 1's task has put back
+    the live one. The late DB is set aside and dropped by the next taker, never put in the
+    live one's place: that would remove the live TM's DB and records, the delivery at the
+    end of the run would reach the late attempt's TM, and the live one, never hearing the
+    last notices, would leak its files (I6). The live TM gets its mail and quiet holds."""
     job = LocalJob(tmp_path, Config.for_mode(mode), parallelism=2)
     job.driver.sweep_local = False  # as under speculation: another attempt may still run
     for _ in range(3):

@@ -95,7 +95,7 @@ def test_a_lost_local_home_restores_by_a_clone_that_copies_nothing(
     clone writes no SST, its manifest names the checkpoint's SSTs of the subtask where they
     are, and its first snapshot refers to them in place. The compactor is held back here: a
     compaction between the clone's flush and its snapshot may rewrite the source's SSTs into
-    the clone's own (a rewrite, not a copy at restore), which made the snapshot's references
+    the clone's own (a rewrite, not a copy at restore), which makes the snapshot's references
     depend on timing (a restored database's first task opens without its compactor only
     while its L0 is small, ``slate.QUIET_L0``)."""
     settings = slate.db_settings
@@ -215,11 +215,12 @@ def test_a_task_killed_after_it_put_its_state_back_leaves_no_tm_to_go_on_with(
 ) -> None:
     """A task killed after it put its TM's records back (``put-back``): its result never
     reached the driver, and the retry must not go on with that TM, which acknowledged the
-    same checkpoint already. Going on, the TM wrote the checkpoint twice: in the last batch
-    of a run the first copy's segments stayed the live TM's, referred to by nothing (I6
-    once quiet; seed 4 of the kills and rescale test with the Spark test's settings);
-    after a restore the retry's clone was refused (the TM had opened its restored files at
-    that epoch already: "lists files it neither wrote nor was opened on", seed 8)."""
+    same checkpoint already. Going on, the TM would write the checkpoint twice: in the last
+    batch of a run the first copy's segments would stay the live TM's, referred to by
+    nothing (I6 once quiet; seed 4 of the kills and rescale test with the Spark test's
+    settings reaches it); after a restore the retry's clone would be refused (the TM has
+    opened its restored files at that epoch already: "lists files it neither wrote nor was
+    opened on", seed 8)."""
     batch = 4  # the last batch, or the first after the rescale (its tasks restore)
     job = _job(
         tmp_path, parallelism=2 if rescale else 3,
@@ -258,16 +259,17 @@ def _staged_upload(base: Path, lineage: str) -> str:
 def test_an_upload_cut_off_by_a_kill_goes_with_its_database(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
 ) -> None:
-    """Issue 39 (the Spark test's leak, seed 5): the first task of a subtask after a
-    rescale 4 -> 3 (CLAIM) clones into a new database directory and opens it with its
-    compactor, which compacts the L0 the clone united; the worker is SIGKILLed (before
-    its snapshot, or after its flush) while the compactor, or the flush, uploads an SST.
+    """R104, I6 (issue 39; the Spark test reaches it at seed 5): the first task of a
+    subtask after a rescale 4 -> 3 (CLAIM) clones into a new database directory and opens
+    it with its compactor, which compacts the L0 the clone united; the worker is
+    SIGKILLed (before its snapshot, or after its flush) while the compactor, or the flush,
+    uploads an SST.
     On a local disk SlateDB's object store leaves the upload's staging file
     (``working_names.STAGED``), which SlateDB never lists: the retry clones into another
     directory, the coordinator drops the dead one with ``delete_db`` (R104, nothing needs
-    it), and without step 4 of ``slate_collect`` the staging file stayed, the directory
-    leaked (I6) and the audit found one orphan. The harness kills in-process; the kill
-    here leaves on storage what a SIGKILL mid-upload leaves."""
+    it), and step 4 of ``slate_collect`` deletes the staging file with it: left behind, it
+    would leak the directory (I6) and the audit would report one orphan. The harness kills
+    in-process; the kill here leaves on storage what a SIGKILL mid-upload leaves."""
     from pipeline.stream import working_task
     from tests import stream_harness
 

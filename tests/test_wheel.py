@@ -37,9 +37,9 @@ def _wheel(tmp_path: Path, names: list[str]) -> Path:
 
 
 def test_the_contents_check_names_what_is_missing_or_extra(tmp_path: Path) -> None:
-    """The wheel of before issue 16: model_tests and bench as top-level packages, the
-    corpus inside model_tests, no conformance or ckpt package; and the examples, which
-    stay in the repository too."""
+    """A wheel in a layout the check must refuse: model_tests and bench as top-level
+    packages, the corpus inside model_tests, no conformance or ckpt package; and the
+    examples, which stay in the repository too. Each problem is named (ships, lacks)."""
     old = _wheel(
         tmp_path,
         [
