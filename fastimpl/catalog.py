@@ -202,6 +202,8 @@ class Catalog:
         self.log.add(rec)  # I2, I5: what check_invariants reads
         self.files.pop(path, None)
         self.failed_uploads.discard(path)
+        if self.deferred:  # R45: a file gone by another delete has nothing left to retry
+            self.deferred = [d for d in self.deferred if d.is_dir or d.path != path]
 
     def _waits_for(self, creator: TmId | None, actor: str) -> TmId | None:
         """R64: a lost attempt's files are deleted by others only once it has stopped."""

@@ -381,6 +381,8 @@ class _Work:
             )
         )
         self.files.pop(path, None)
+        if self.deferred:  # R45: a file gone by another delete has nothing left to retry
+            self.deferred = [d for d in self.deferred if d.is_dir or d.path != path]
 
     def _waits_for(self, creator: TmId | None, actor: str) -> TmId | None:
         """R64: a lost attempt's files are deleted by others only once it has stopped."""

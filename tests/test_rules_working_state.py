@@ -489,6 +489,31 @@ def test_r106_a_zombie_database_writes_and_deletes_without_breaking_an_invariant
     assert h.quiet_working() == []
 
 
+def test_r45_a_failed_delete_of_a_file_deleted_since_is_pending_no_more() -> None:
+    """R45: a delete whose storage call failed is pending until the file is gone; when
+    the database's next release deletes the file, nothing is left to retry, and the
+    attempt's records agree with the coordinator's once it is lost (R57)."""
+    h = harness()
+    h.write(A, 500)
+    h.working_checkpoint()
+    path = h.write(A, 60)
+    h.run(c.FailNextCall(StorageOp.DELETE))
+    assert deletes(h.run(c.DropWorking(A, path))) == []
+    assert h.observe().pending_deletes == (path,)
+    released = [d for cmd in _snapshot_and_ack(h) for d in deletes(cmd)]
+    assert released == [(path, TM1)]
+    assert h.observe().pending_deletes == () and path not in h.observe().files
+    h.run(c.CrashTm("tm-1"))
+    assert h.observe().pending_deletes == ()
+    assert deletes(h.run(c.RetryDeletes())) == []
+
+
+def _snapshot_and_ack(h: Harness) -> list[list[Effect]]:
+    h.run(c.Trigger())
+    cp = h.last_checkpoint
+    return [h.run(c.SnapshotWorking(cp, s, 0)) + h.run(c.Acknowledge(cp, s)) for s in h.subtasks]
+
+
 def test_r64_a_zombies_failed_delete_is_carried_out_at_its_stop() -> None:
     """R45 with R64: a delete the zombie's storage call failed is kept for a retry; when
     the zombie stops, its memory of it goes with it, and the coordinator, owner of what
