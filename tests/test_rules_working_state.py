@@ -508,7 +508,7 @@ def test_r45_a_failed_delete_of_a_file_deleted_since_is_pending_no_more() -> Non
     assert deletes(h.run(c.RetryDeletes())) == []
 
 
-def _snapshot_and_ack(h: Harness) -> list[list[Effect]]:
+def _snapshot_and_ack(h: Harness) -> list[tuple[Effect, ...]]:
     h.run(c.Trigger())
     cp = h.last_checkpoint
     return [h.run(c.SnapshotWorking(cp, s, 0)) + h.run(c.Acknowledge(cp, s)) for s in h.subtasks]
