@@ -18,7 +18,7 @@ PKG_INITS := $(wildcard spec/__init__.py refimpl/__init__.py fastimpl/__init__.p
 # Passed through from the environment or the command line: make test HYPOTHESIS_PROFILE=long
 export HYPOTHESIS_PROFILE
 
-.PHONY: all test test-tools lint docs demo verify bench mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark conformance-flink
+.PHONY: all test test-tools lint docs demo verify bench bench-stream mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark conformance-flink
 .DEFAULT_GOAL := test
 
 all: test
@@ -120,6 +120,15 @@ verify: $(STAMP)
 # BENCH_ARGS="--only write,small,subsume,memory".
 bench: $(STAMP) check-java
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# The streaming job against Spark's own state store (issue 35): ckpt stream (ACROSS), the
+# same job with checkpointing off, and groupBy(window, word).count() on Spark's RocksDB
+# state store with its changelog off and on, interleaved at 1e3 to 1e6 rows per batch on
+# local[2]. Prints records per second, files and bytes per batch counted on storage, and
+# the ratios with their goals; writes bench/stream_results.json. About 15 minutes;
+# BENCH_STREAM_ARGS=--quick for a smoke run (1e3 and 1e4 rows, one round).
+bench-stream: $(STAMP) check-java
+	$(BIN)/python -m bench.stream_scale $(BENCH_STREAM_ARGS)
 
 # The mutant zoo (model_tests/mutants.py): fastimpl with one seeded bug at a time (a Flink
 # bug of the brief, or a classic mistake), run against the conformance corpus until a case

@@ -8,16 +8,19 @@ import shutil
 from pathlib import Path
 from typing import Any, NoReturn
 
+import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped]
+
 from pipeline.stream.batch_order import BatchOrder, SubtaskResult
 from pipeline.stream.check import Comparison, batch_counts, compare
 from pipeline.stream.checkpointing import VERTEX
 from pipeline.stream.coordination import open_coordinator, to_recover
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.kills import Failures, Killed
+from pipeline.stream.partial_counts import Count, partial_counts, read_counts
 from pipeline.stream.source import RateSource
 from pipeline.stream.subtask import deliver, run_subtask, subtask_dir
 from pipeline.stream.windows import Windowing
-from pipeline.stream.words import key_group, subtask_of, word_of
 from spec.config import Config, RestoreMode
 from spec.ids import SubtaskId
 
@@ -90,13 +93,20 @@ class LocalJob:
         self.kills: list[tuple[int, int, int, str]] = []
         """(batch, subtask, attempt number, point) of every injected kill."""
 
-    def partitions(self, batch: int) -> dict[int, list[tuple[int, str, int]]]:
-        parts: dict[int, list[tuple[int, str, int]]] = collections.defaultdict(list)
+    def partitions(self, batch: int) -> dict[int, list[Count]]:
+        """Each subtask's counts of the batch, by the job's own map side
+        (``partial_counts``) over the source's partitions."""
+        parts: dict[int, list[Count]] = collections.defaultdict(list)
+        values = self.source.values(batch)
         event = self.source.event_ms(batch)
-        for v in self.source.values(batch):
-            w = word_of(v, **self.source.word_args())
-            g = key_group(w)
-            parts[subtask_of(g, self.parallelism)].append((g, w, event))
+        cut = np.array_split(np.arange(values.start, values.stop, dtype=np.int64),
+                             self.source.partitions)
+        for chunk in cut:
+            rows = pa.record_batch({"value": chunk, "ts": np.full(len(chunk), event, np.int64)})
+            for out in partial_counts(self.source.word_args(), self.parallelism, [rows]):
+                for s, stream in zip(out.column(0).to_pylist(), out.column(1).to_pylist(),
+                                     strict=True):
+                    parts[s].extend(read_counts([stream]))
         return parts
 
     def run_tasks(self, order: BatchOrder) -> list[SubtaskResult]:

@@ -5,13 +5,14 @@ Why ``foreachBatch`` and an RDD of our own: each micro-batch is one checkpoint, 
 subtask must own a fixed range of key groups (``g * p // 128``), keep its RocksDB, snapshot
 it at the end of the batch and hand an acknowledgement back to the driver. In
 ``foreachBatch`` the driver runs code before and after the batch's tasks (trigger, then
-receive and complete); ``partitionBy`` with our partition function makes partition ``i``
-exactly subtask ``i``; ``mapPartitionsWithIndex`` runs the state update and the snapshot
-once per partition, and ``collect`` returns one result per partition, from the attempt
-Spark accepted. Spark's own stateful operators (``applyInPandasWithState``,
-``transformWithStateInPandas``) keep state in Spark's state store, place keys by Spark's
-hash, and offer no end-of-partition hook to snapshot in: two state systems, and no say
-over the files.
+receive and complete); the map side adds the batch's records up on Arrow batches
+(``partial_counts``: no record crosses into Python one by one), ``partitionBy`` with our
+partition function makes partition ``i`` exactly subtask ``i``;
+``mapPartitionsWithIndex`` runs the state update and the snapshot once per partition,
+and ``collect`` returns one result per partition, from the attempt Spark accepted.
+Spark's own stateful operators (``applyInPandasWithState``, ``transformWithStateInPandas``)
+keep state in Spark's state store, place keys by Spark's hash, and offer no
+end-of-partition hook to snapshot in: two state systems, and no say over the files.
 
 Masters: ``local[N]`` runs the job (no task retries: a failing task fails the batch);
 worker kills need ``local[N,F]`` with F >= 2 or ``local-cluster``; speculation needs
@@ -45,11 +46,12 @@ from pipeline.stream.checkpointing import CoordinatorSide, decode_assignment
 from pipeline.stream.coordination import SparkCoordinator, open_coordinator, to_recover
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.kills import Failures, Kill, read_kills
+from pipeline.stream.partial_counts import SHUFFLED, partial_counts, read_counts
 from pipeline.stream.sink import read_all, write_batch
 from pipeline.stream.source import RateSource
 from pipeline.stream.subtask import deliver, run_subtask
 from pipeline.stream.windows import Windowing
-from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_of
+from pipeline.stream.words import MAX_PARALLELISM
 from spec.config import Config, RestoreMode
 from spec.errors import OperationFailed, UsageError
 from spec.handles import extent_of, stream_of
@@ -297,17 +299,18 @@ def retries_tasks(master: str) -> bool:
     return m.group(2) is not None and int(m.group(2)) >= 2
 
 
-def _keyed(word_args: dict[str, Any], row: Any) -> tuple[int, tuple[str, int]]:
-    word = word_of(int(row[0]), **word_args)
-    return key_group(word), (word, int(row[1]))
+def _shuffled(row: Any) -> tuple[int, bytes]:
+    return int(row[0]), bytes(row[1])
 
 
-def _partition(parallelism: int, group: int) -> int:
-    return subtask_of(group, parallelism)
+def _partition(parallelism: int, subtask: int) -> int:
+    if not 0 <= subtask < parallelism:
+        raise OperationFailed(f"partial counts for subtask {subtask} of {parallelism}")
+    return subtask
 
 
 def _task(
-    order: BatchOrder, index: int, rows: Iterator[tuple[int, tuple[str, int]]]
+    order: BatchOrder, index: int, rows: Iterator[tuple[int, bytes]]
 ) -> Iterator[SubtaskResult]:
     from pyspark import TaskContext
 
@@ -315,9 +318,12 @@ def _task(
     # Unique per attempt across the application: names the attempt's local DB directory.
     attempt = f"t{ctx.taskAttemptId()}" if ctx is not None else f"p{os.getpid()}"
     number = ctx.attemptNumber() if ctx is not None else 0
-    result = run_subtask(
-        order, index, attempt, ((g, w, ts) for g, (w, ts) in rows), attempt_number=number
-    )
+    streams = []
+    for subtask, stream in rows:
+        if subtask != index:  # ``_partition`` puts subtask i's counts in partition i
+            raise OperationFailed(f"partition {index} got the counts of subtask {subtask}")
+        streams.append(stream)
+    result = run_subtask(order, index, attempt, read_counts(streams), attempt_number=number)
     yield result if ctx is None else attrs.evolve(result, stage=ctx.stageId())
 
 
@@ -737,7 +743,8 @@ def _segment(
             _die_while_running(sc, set(sc.statusTracker().getActiveJobsIds()))
         try:
             results: list[SubtaskResult] = (
-                df.rdd.map(functools.partial(_keyed, word_args))
+                df.mapInArrow(functools.partial(partial_counts, word_args, p), SHUFFLED)
+                .rdd.map(_shuffled)
                 .partitionBy(p, functools.partial(_partition, p))
                 .mapPartitionsWithIndex(functools.partial(_task, order))
                 .collect()

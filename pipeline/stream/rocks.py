@@ -64,12 +64,16 @@ class WindowCounts:
 
     def add(self, counts: Mapping[tuple[int, int, str], int]) -> None:
         """Add ``{(key group, window start, word): n}`` to the stored counts."""
+        if not counts:
+            return
+        keys: list[str | int | float | bytes | bool] = [
+            encode_key(group, start, word) for group, start, word in counts
+        ]
+        # One multi-get (a list key): the keys' stored counts, None where absent.
+        olds: list[bytes | None] = self.db.get(keys) or []
         batch = rocksdict.WriteBatch(raw_mode=True)
-        for (group, start, word), n in counts.items():
-            key = encode_key(group, start, word)
-            old = self.db.get(key)
-            total = n + (_COUNT.unpack(old)[0] if old is not None else 0)
-            batch.put(key, _COUNT.pack(total))
+        for key, n, old in zip(keys, counts.values(), olds, strict=True):
+            batch.put(key, _COUNT.pack(n + (_COUNT.unpack(old)[0] if old is not None else 0)))
         self.db.write(batch)
 
     def close_windows(

@@ -22,7 +22,6 @@ import json
 import shutil
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -31,6 +30,7 @@ from pipeline.stream.batch_order import BatchOrder, SubtaskResult
 from pipeline.stream.checkpointing import VERTEX, decode_assignment
 from pipeline.stream.kills import log_kill, sigkill
 from pipeline.stream.local_db import SET_ASIDE, put_back, sweep_leftovers
+from pipeline.stream.partial_counts import Count, add_up
 from pipeline.stream.rocks import WindowCounts, options
 from pipeline.stream.snapshot import (
     SnapshotStats,
@@ -60,12 +60,13 @@ def run_subtask(
     order: BatchOrder,
     index: int,
     attempt: str,
-    records: Iterable[tuple[int, str, int]],
+    records: Iterable[Count],
     *,
     attempt_number: int = 0,
     die: Callable[[str], NoReturn] = sigkill,
 ) -> SubtaskResult:
-    """Process ``records`` (``(key group, word, event time ms)``) of subtask ``index``.
+    """Process ``records`` of subtask ``index``: counts of its batch's records, each
+    ``(key group, word, event time ms, records)`` (``partial_counts.Count``).
 
     ``attempt`` names this attempt uniquely (its local directories); ``attempt_number``
     counts the retries of the task (0 first); ``die`` is how an injected failure kills it.
@@ -139,18 +140,9 @@ def run_subtask(
             party.on_delete = lambda: hook("deleting")
             party.apply_mail(order.mail)
             party.on_delete = None
-        counts: Counter[tuple[int, int, str]] = Counter()
-        n = late = 0
-        max_event: int | None = None
-        for group, word, event in records:
-            n += 1
-            start = order.windowing.start_of(event)
-            max_event = event if max_event is None else max(max_event, event)
-            if order.windowing.closed(start, order.watermark):
-                late += 1  # its window was emitted already: dropped, as Spark drops it
-                continue
-            counts[(group, start, word)] += 1
-        db.add(counts)
+        batch = add_up(records, order.windowing, order.watermark)
+        n, late, max_event = batch.records, batch.late, batch.max_event
+        db.add(batch.counts)
         closed = db.close_windows(range(lo, hi + 1), order.windowing, order.watermark)
         if order.compact_every and order.checkpoint % order.compact_every == 0:
             db.db.compact_range(None, None)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -41,6 +40,7 @@ from pipeline.stream.batch_order import BatchOrder, SubtaskResult
 from pipeline.stream.checkpointing import VERTEX, decode_assignment
 from pipeline.stream.kills import sigkill
 from pipeline.stream.local_db import put_back, sweep_leftovers
+from pipeline.stream.partial_counts import Count, add_up
 from pipeline.stream.snapshot import OPERATOR_STATE, SnapshotStats, read_marker, write_marker
 from pipeline.stream.words import MAX_PARALLELISM
 from pipeline.stream.worker_tm import WorkerTaskManager
@@ -222,7 +222,7 @@ def run_working_subtask(
     order: BatchOrder,
     index: int,
     attempt: str,
-    records: Iterable[tuple[int, str, int]],
+    records: Iterable[Count],
     *,
     attempt_number: int = 0,
     die: Callable[[str], NoReturn] = sigkill,
@@ -305,18 +305,9 @@ def run_working_subtask(
             found = sizes(db.files().all, party.known_sizes())
         party.track(subtask, found, db.lineage)
         ready = time.perf_counter() - started
-        counts: Counter[tuple[int, int, str]] = Counter()
-        n = late = 0
-        max_event: int | None = None
-        for group, word, event in records:
-            n += 1
-            start = order.windowing.start_of(event)
-            max_event = event if max_event is None else max(max_event, event)
-            if order.windowing.closed(start, order.watermark):
-                late += 1
-                continue
-            counts[(group, start, word)] += 1
-        db.add(counts)
+        batch = add_up(records, order.windowing, order.watermark)
+        n, late, max_event = batch.records, batch.late, batch.max_event
+        db.add(batch.counts)
         closed = db.close_windows(range(lo, hi + 1), order.windowing, order.watermark)
         progress = json.dumps(
             {

@@ -1,0 +1,268 @@
+"""``make bench-stream``: ``ckpt stream`` against Spark's own state store, by rows per batch.
+
+    python -m bench.stream_scale [--rows 1e3,1e4,1e5,1e6] [--batches 8] [--rounds 2]
+        [--vocabulary 1000000] [--out bench/stream_results.json] [--quick]
+
+One SparkSession (``local[2]``, 4 shuffle partitions, parallelism 4), the same input in
+every run: ``rate-micro-batch`` rows, each row's word drawn from a Zipf vocabulary
+(``words.word_of``), 5 s tumbling event-time windows counted per word. The systems, run
+interleaved (A B C D, A B C D ...) at each size so that the machine's load falls on all:
+
+- ``ckpt``: ``pipeline.stream`` (ACROSS merging), RocksDB state checkpointed into the store;
+- ``ckpt-off``: the same job with state checkpointing off (the cost of checkpointing);
+- ``native``: ``groupBy(window, word).count()`` on Spark's RocksDB state store provider;
+- ``native-changelog``: the same with its changelog checkpointing.
+
+The native query gets its words by the same vectorized mapping (``mapInArrow``), so both
+sides pay the same for the input. Seconds are those of batches 1 .. N-1 (batch 0 starts
+the Python workers and opens the stores): for ``ckpt`` from the end of batch 0 to the end
+of the last, as the driver saw them; for the native query the sum of its batches'
+``triggerExecution``. Files and bytes are counted by listing the checkpoint storage, never
+from either system's bookkeeping: files per batch are, for ``ckpt``, the state files each
+checkpoint created (from checkpoint 2 on; listed after each), and for the native query the
+files under its ``state/`` directory at the end over the batches (it deletes none within
+100 batches), its ``.crc`` sidecars apart; bytes per batch are the state bytes held at the
+end over the batches. Each figure is the median over rounds; the ratio of
+records per second is ``ckpt`` over each other system. Goals (issue 35): 1.0x native at
+1e5 and 1e6 rows per batch, 0.9x ``ckpt-off``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO, machine_info
+from bench.native_words import words_of_rows
+
+SYSTEMS = ("ckpt", "ckpt-off", "native", "native-changelog")
+_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+_CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+
+
+@dataclass
+class Sample:
+    system: str
+    rows: int
+    batches: int
+    seconds: float
+    """Of batches 1 .. N-1."""
+    files_per_batch: float | None
+    bytes_per_batch: float | None
+    """The state bytes storage holds at the end, over the batches."""
+    sidecars_per_batch: float | None = None
+
+    @property
+    def records_per_s(self) -> float:
+        return self.rows * (self.batches - 1) / self.seconds
+
+
+def _listed(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+def run_ckpt(spark: Any, rows: int, batches: int, vocabulary: int, tmp: Path,
+             *, snapshot: bool) -> Sample:
+    from pipeline.stream.job import StreamSettings, run_stream
+    from pipeline.stream.source import RateSource
+    from pipeline.stream.windows import Windowing
+    from spec.config import Config
+
+    config = Config.from_flink(
+        {
+            "execution.checkpointing.file-merging.enabled": True,
+            "execution.checkpointing.file-merging.across-checkpoint-boundary": True,
+            "execution.checkpointing.num-retained": 1,
+        },
+        open_files_readable=True,
+    )
+    settings = StreamSettings(
+        base=str(tmp / "checkpoints"),
+        work_dir=str(tmp / "work"),
+        out=str(tmp / "out"),
+        config=config,
+        parallelism=4,
+        source=RateSource(rows, vocabulary=vocabulary),
+        windowing=Windowing(5000, 0),
+        batches=batches,
+        snapshot=snapshot,
+    )
+    ends: list[float] = []
+    run = run_stream(
+        settings, spark=spark, on_batch=lambda _r: ends.append(time.perf_counter()),
+        check=False, audit=False,
+    )  # fmt: skip
+    seconds = ends[-1] - ends[0]
+    if not snapshot:
+        return Sample("ckpt-off", rows, batches, seconds, None, None)
+    later = run.storage[1:]  # checkpoint 1 creates every subtask's first files
+    files = statistics.fmean(s.created for s in later) if later else None
+    held = sum(p.stat().st_size for p in _listed(tmp / "checkpoints") if p.name != "_metadata")
+    return Sample("ckpt", rows, batches, seconds, files, held / batches)
+
+
+def run_native(spark: Any, rows: int, batches: int, vocabulary: int, tmp: Path,
+               *, changelog: bool) -> Sample:
+    from pyspark.sql import functions as F
+
+    from pipeline.stream.source import RateSource
+
+    source = RateSource(rows, vocabulary=vocabulary)
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", _PROVIDER)
+    spark.conf.set(_CHANGELOG, "true" if changelog else "false")
+    words = source.read_stream(spark).mapInArrow(
+        functools.partial(words_of_rows, source.word_args()), "word string, ts long"
+    )
+    counts = (
+        words.withColumn("t", F.timestamp_millis("ts"))
+        .withWatermark("t", "0 seconds")
+        .groupBy(F.window("t", "5 seconds"), "word")
+        .count()
+    )
+    cp = tmp / "spark"
+    query = (
+        counts.writeStream.outputMode("append")
+        .format("parquet")
+        .option("path", str(tmp / "out"))
+        .option("checkpointLocation", str(cp))
+        .start()
+    )
+    try:
+        while True:
+            last = query.lastProgress
+            if last is not None and int(last["batchId"]) >= batches - 1:
+                break
+            if not query.isActive:
+                raise RuntimeError(f"the native query stopped: {query.exception()}")
+            time.sleep(0.05)
+        progress = [p for p in query.recentProgress if 1 <= int(p["batchId"]) < batches]
+    finally:
+        query.stop()
+    seconds = sum(int(p["durationMs"]["triggerExecution"]) for p in progress) / 1000
+    state = _listed(cp / "state") if (cp / "state").exists() else []
+    data = [p for p in state if not p.name.endswith(".crc")]
+    name = "native-changelog" if changelog else "native"
+    return Sample(
+        name, rows, batches, seconds,
+        len(data) / batches, sum(p.stat().st_size for p in data) / batches,
+        (len(state) - len(data)) / batches,
+    )  # fmt: skip
+
+
+def one(spark: Any, system: str, rows: int, batches: int, vocabulary: int, root: Path) -> Sample:
+    tmp = Path(tempfile.mkdtemp(prefix=f"{system}-", dir=root))
+    try:
+        if system in ("ckpt", "ckpt-off"):
+            return run_ckpt(spark, rows, batches, vocabulary, tmp, snapshot=system == "ckpt")
+        return run_native(
+            spark, rows, batches, vocabulary, tmp, changelog=system == "native-changelog"
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _median(samples: list[Sample], system: str, rows: int) -> dict[str, Any]:
+    mine = [s for s in samples if s.system == system and s.rows == rows]
+
+    def med(xs: list[float | None]) -> float | None:
+        got = [x for x in xs if x is not None]
+        return statistics.median(got) if got else None
+
+    return {
+        "system": system,
+        "rows_per_batch": rows,
+        "runs": len(mine),
+        "records_per_s": med([s.records_per_s for s in mine]),
+        "us_per_record": med([1e6 / s.records_per_s for s in mine]),
+        "files_per_batch": med([s.files_per_batch for s in mine]),
+        "bytes_per_batch": med([s.bytes_per_batch for s in mine]),
+        "sidecars_per_batch": med([s.sidecars_per_batch for s in mine]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.stream_scale", description=__doc__)
+    ap.add_argument("--rows", default="1e3,1e4,1e5,1e6")
+    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--vocabulary", type=int, default=1_000_000)
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--quick", action="store_true", help="1e3 and 1e4 rows, 4 batches, 1 round")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.rows, args.batches, args.rounds = "1e3,1e4", 4, 1
+    sizes = [int(float(x)) for x in args.rows.split(",") if x.strip()]
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if set(systems) - set(SYSTEMS) or args.batches < 3 or args.rounds < 1:
+        ap.error(f"systems among {SYSTEMS}, --batches >= 3, --rounds >= 1")
+    from pipeline.session import spark_session
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = spark_session("local[2]", app="bench-stream")
+    started = time.time()
+    load = os.getloadavg()
+    samples: list[Sample] = []
+    with tempfile.TemporaryDirectory(prefix="bench-stream-") as root:
+        for rows in sizes:
+            for r in range(args.rounds):
+                for system in systems:
+                    s = one(spark, system, rows, args.batches, args.vocabulary, Path(root))
+                    samples.append(s)
+                    print(
+                        f"{rows:>9,} rows  round {r + 1}  {system:<17} {s.records_per_s:>11,.0f}"
+                        f" rec/s  files/batch {s.files_per_batch}",
+                        flush=True,
+                    )
+    spark.stop()
+    table = [_median(samples, sy, rows) for rows in sizes for sy in systems]
+    ratios: list[dict[str, Any]] = []
+    for rows in sizes:
+        by = {t["system"]: t for t in table if t["rows_per_batch"] == rows}
+        mine = by.get("ckpt", {}).get("records_per_s")
+        for other in ("ckpt-off", "native", "native-changelog"):
+            theirs = by.get(other, {}).get("records_per_s")
+            if mine and theirs:
+                goal = 0.9 if other == "ckpt-off" else (1.0 if rows >= 100_000 else None)
+                ratio = mine / theirs
+                ratios.append({"rows_per_batch": rows, "against": other, "ratio": ratio,
+                               "goal": goal,
+                               "met": None if goal is None else ratio >= goal})
+    print()
+    print(f"{'rows/batch':>10} {'system':<17} {'rec/s':>11} {'µs/rec':>8} {'files/b':>8}"
+          f" {'bytes/b':>10}")
+    for t in table:
+        f = "n/a" if t["files_per_batch"] is None else f"{t['files_per_batch']:.1f}"
+        b = "n/a" if t["bytes_per_batch"] is None else f"{t['bytes_per_batch']:,.0f}"
+        print(f"{t['rows_per_batch']:>10,} {t['system']:<17} {t['records_per_s']:>11,.0f}"
+              f" {t['us_per_record']:>8.1f} {f:>8} {b:>10}")
+    print()
+    for q in ratios:
+        verdict = "" if q["goal"] is None else (
+            f"  goal {q['goal']}x: {'met' if q['met'] else 'missed'}")
+        print(f"{q['rows_per_batch']:>10,} ckpt / {q['against']:<17} {q['ratio']:.2f}{verdict}")
+    print(f"\nload average at the start {load[0]:.2f}, at the end {os.getloadavg()[0]:.2f};"
+          f" {time.time() - started:.0f} s")
+    out = args.out or (None if args.quick else REPO / "bench" / "stream_results.json")
+    if out is not None:
+        out.write_text(json.dumps(
+            {"machine": machine_info(), "batches": args.batches, "rounds": args.rounds,
+             "vocabulary": args.vocabulary, "load_start": load[0],
+             "load_end": os.getloadavg()[0], "table": table, "ratios": ratios,
+             "samples": [asdict(s) for s in samples]}, indent=1) + "\n")
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The map side's partial counts (``pipeline.stream.partial_counts``) against the plain
+reading of the records they stand for: each value's word by ``words.word_of``, its key
+group by ``words.key_group``, its subtask by ``words.subtask_of``, one record each."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped]
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.stream.partial_counts import (
+    add_up,
+    partial_counts,
+    ranks_of,
+    read_counts,
+    tally,
+    word_name,
+)
+from pipeline.stream.windows import Windowing
+from pipeline.stream.words import key_group, subtask_of, word_of
+from spec.errors import UsageError
+
+_VALUES = st.integers(0, 2**63 - 1)
+_WORDS = st.fixed_dictionaries(
+    {
+        "vocabulary": st.sampled_from([1, 2, 7, 1000, 100_000]),
+        "exponent": st.sampled_from([0.5, 1.1, 2.0]),
+        "seed": st.integers(0, 2**32),
+    }
+)
+
+
+@given(st.lists(_VALUES, max_size=50), _WORDS)
+def test_the_vectorized_word_of_each_value_is_word_of(
+    values: list[int], args: dict[str, Any]
+) -> None:
+    ranks = ranks_of(np.array(values, dtype=np.int64), **args)
+    assert [word_name(r) for r in ranks.tolist()] == [word_of(v, **args) for v in values]
+
+
+def test_a_negative_value_or_an_empty_vocabulary_is_refused() -> None:
+    with pytest.raises(UsageError, match="never negative"):
+        ranks_of(np.array([3, -1], dtype=np.int64))
+    with pytest.raises(UsageError, match="vocabulary"):
+        ranks_of(np.array([3], dtype=np.int64), vocabulary=0)
+
+
+@given(
+    st.lists(st.lists(st.tuples(st.integers(0, 10**9), st.integers(0, 30_000)), max_size=40),
+             max_size=4),
+    st.integers(1, 9),
+    _WORDS,
+)
+def test_partial_counts_add_up_to_the_records_on_their_subtasks(
+    batches: list[list[tuple[int, int]]], parallelism: int, args: dict[str, Any]
+) -> None:
+    rows = [
+        pa.record_batch({"value": pa.array([v for v, _ in b], pa.int64()),
+                         "ts": pa.array([t for _, t in b], pa.int64())})
+        for b in batches
+    ]
+    got: dict[int, Counter[tuple[int, str, int]]] = {}
+    for out in partial_counts(args, parallelism, rows):
+        for s, stream in zip(out.column(0).to_pylist(), out.column(1).to_pylist(), strict=True):
+            assert s not in got, "one stream per subtask"
+            got[s] = Counter()
+            for g, w, ts, n in read_counts([stream]):
+                assert n >= 1 and (g, w, ts) not in got[s]
+                got[s][(g, w, ts)] = n
+    expected: dict[int, Counter[tuple[int, str, int]]] = {}
+    for value, ts in (r for b in batches for r in b):
+        w = word_of(value, **args)
+        g = key_group(w)
+        expected.setdefault(subtask_of(g, parallelism), Counter())[(g, w, ts)] += 1
+    assert got == expected
+
+
+@given(st.lists(st.tuples(st.integers(0, 127), st.sampled_from("abc"), st.integers(0, 40_000))))
+def test_counts_add_up_as_the_records_they_stand_for(records: list[tuple[int, str, int]]) -> None:
+    windowing = Windowing(5000, 0)
+    counted = Counter(records)
+    merged = add_up(((g, w, t, n) for (g, w, t), n in counted.items()), windowing, 15_000)
+    assert merged == add_up(tally(records), windowing, 15_000)
+    assert merged.records == len(records)
+    assert merged.late == sum(1 for _, _, t in records if t < 15_000)
+    assert merged.max_event == max((t for _, _, t in records), default=None)
+
+
+def test_a_stream_that_is_not_partial_counts_is_refused() -> None:
+    with pytest.raises(UsageError, match="not Arrow IPC"):
+        list(read_counts([b"\x00garbage"]))
+    sink = pa.BufferOutputStream()
+    other = pa.schema([("x", pa.int64())])
+    with pa.ipc.new_stream(sink, other) as w:
+        w.write_table(pa.table({"x": [1]}, schema=other))
+    with pytest.raises(UsageError, match="schema"):
+        list(read_counts([sink.getvalue().to_pybytes()]))
