@@ -22,7 +22,10 @@ from either system's bookkeeping: files per batch are, for ``ckpt``, the state f
 checkpoint created (from checkpoint 2 on; listed after each), and for the native query the
 files under its ``state/`` directory at the end over the batches (it deletes none within
 100 batches), its ``.crc`` sidecars apart; bytes per batch are the state bytes held at the
-end over the batches. Each figure is the median over rounds; the ratio of
+end over the batches. Space amplification (end and peak) is ``ckpt``'s only: the state
+bytes held over the bytes the latest checkpoint refers to, as the job samples them after
+each checkpoint; which files a native store's latest version needs is in its own
+metadata, which this bench does not read, so its cells say n/a. Each figure is the median over rounds; the ratio of
 records per second is ``ckpt`` over each other system. Goals (issue 35): 1.0x native at
 1e5 and 1e6 rows per batch, 0.9x ``ckpt-off``.
 """
@@ -61,6 +64,9 @@ class Sample:
     bytes_per_batch: float | None
     """The state bytes storage holds at the end, over the batches."""
     sidecars_per_batch: float | None = None
+    amplification_end: float | None = None
+    """``ckpt``: state bytes held over the bytes the latest checkpoint refers to, at the end."""
+    amplification_peak: float | None = None
 
     @property
     def records_per_s(self) -> float:
@@ -108,7 +114,11 @@ def run_ckpt(spark: Any, rows: int, batches: int, vocabulary: int, tmp: Path,
     later = run.storage[1:]  # checkpoint 1 creates every subtask's first files
     files = statistics.fmean(s.created for s in later) if later else None
     held = sum(p.stat().st_size for p in _listed(tmp / "checkpoints") if p.name != "_metadata")
-    return Sample("ckpt", rows, batches, seconds, files, held / batches)
+    amp = [a for s in run.storage if (a := s.amplification) is not None]
+    return Sample(
+        "ckpt", rows, batches, seconds, files, held / batches, None,
+        amp[-1] if amp else None, max(amp, default=None),
+    )  # fmt: skip
 
 
 def run_native(spark: Any, rows: int, batches: int, vocabulary: int, tmp: Path,
@@ -187,6 +197,8 @@ def _median(samples: list[Sample], system: str, rows: int) -> dict[str, Any]:
         "files_per_batch": med([s.files_per_batch for s in mine]),
         "bytes_per_batch": med([s.bytes_per_batch for s in mine]),
         "sidecars_per_batch": med([s.sidecars_per_batch for s in mine]),
+        "amplification_end": med([s.amplification_end for s in mine]),
+        "amplification_peak": med([s.amplification_peak for s in mine]),
     }
 
 
@@ -240,12 +252,18 @@ def main(argv: list[str] | None = None) -> int:
                                "met": None if goal is None else ratio >= goal})
     print()
     print(f"{'rows/batch':>10} {'system':<17} {'rec/s':>11} {'µs/rec':>8} {'files/b':>8}"
-          f" {'bytes/b':>10}")
+          f" {'crc/b':>6} {'bytes/b':>11} {'amp end':>8} {'amp peak':>8}")
+
+    def cell(x: float | None, fmt: str) -> str:
+        return "n/a" if x is None else format(x, fmt)
+
     for t in table:
-        f = "n/a" if t["files_per_batch"] is None else f"{t['files_per_batch']:.1f}"
-        b = "n/a" if t["bytes_per_batch"] is None else f"{t['bytes_per_batch']:,.0f}"
         print(f"{t['rows_per_batch']:>10,} {t['system']:<17} {t['records_per_s']:>11,.0f}"
-              f" {t['us_per_record']:>8.1f} {f:>8} {b:>10}")
+              f" {t['us_per_record']:>8.1f} {cell(t['files_per_batch'], '.1f'):>8}"
+              f" {cell(t['sidecars_per_batch'], '.1f'):>6}"
+              f" {cell(t['bytes_per_batch'], ',.0f'):>11}"
+              f" {cell(t['amplification_end'], '.2f'):>8}"
+              f" {cell(t['amplification_peak'], '.2f'):>8}")
     print()
     for q in ratios:
         verdict = "" if q["goal"] is None else (
