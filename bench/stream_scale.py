@@ -25,9 +25,9 @@ files under its ``state/`` directory at the end over the batches (it deletes non
 end over the batches. Space amplification (end and peak) is ``ckpt``'s only: the state
 bytes held over the bytes the latest checkpoint refers to, as the job samples them after
 each checkpoint; which files a native store's latest version needs is in its own
-metadata, which this bench does not read, so its cells say n/a. Each figure is the median over rounds; the ratio of
-records per second is ``ckpt`` over each other system. Goals (issue 35): 1.0x native at
-1e5 and 1e6 rows per batch, 0.9x ``ckpt-off``.
+metadata, which this bench does not read, so its cells say n/a. Each figure is the
+median over rounds; the ratio of records per second is ``ckpt`` over each other system.
+Goals (issue 35): 1.0x native at 1e5 and 1e6 rows per batch, 0.9x ``ckpt-off``.
 """
 
 from __future__ import annotations
