@@ -1,5 +1,5 @@
 """The native query's words (``bench.stream_scale``): each row's word as ``ckpt stream``'s
-map side finds it (``partial_counts.ranks_of``), on Arrow batches. A module of its own so
+map side finds it (``words.ranks_of``), on Arrow batches. A module of its own so
 that Spark's workers import it by name (a function of ``__main__`` is not importable)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from pipeline.stream.partial_counts import ranks_of, word_name
+from pipeline.stream.words import ranks_of, word_name
 
 
 @functools.cache

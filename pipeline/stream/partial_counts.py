@@ -10,14 +10,12 @@ the counts of its streams (``read_counts``) and updates its RocksDB once per dis
 
 The counts are exact: a record's window, lateness and event time follow from its event
 time, which the counts keep, so the subtask computes the same windows, late drops, record
-count and largest event time as from the records themselves (``tally`` is that reading of
-plain records, for the harness and the tests that hand a subtask its records directly).
+count and largest event time as from the records themselves.
 """
 
 from __future__ import annotations
 
 import functools
-import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
@@ -27,9 +25,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from attrs import frozen
 
 from pipeline.stream.windows import Windowing
-from pipeline.stream.words import MAX_PARALLELISM, _cdf
+from pipeline.stream.words import MAX_PARALLELISM, key_group, ranks_of, subtask_of, word_name
 from spec.errors import UsageError
-from spec.keygroups import operator_for_key_group
 
 Count = tuple[int, str, int, int]
 """``(key group, word, event time ms, records)``: what a subtask counts."""
@@ -40,59 +37,17 @@ SHUFFLED = "subtask int, counts binary"
 _COUNTS = pa.schema(
     [("group", pa.int32()), ("rank", pa.int64()), ("ts", pa.int64()), ("n", pa.int64())]
 )
-_U64 = np.uint64
-
-
-def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """``words._mix`` on uint64 arrays (their arithmetic wraps modulo 2**64, as the
-    scalar version's masks do)."""
-    x = x + _U64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
-    return x ^ (x >> _U64(31))
 
 
 @functools.cache
-def _cdf_array(vocabulary: int, exponent: float) -> npt.NDArray[np.float64]:
-    return np.asarray(_cdf(vocabulary, exponent), dtype=np.float64)
-
-
-def ranks_of(
-    values: npt.NDArray[np.int64], *, vocabulary: int = 1000, exponent: float = 1.1, seed: int = 17
-) -> npt.NDArray[np.int64]:
-    """The rank of each value's word: ``word_of(v) == word_name(ranks_of([v])[0])``."""
-    if vocabulary < 1:
-        raise UsageError(f"vocabulary must be >= 1, got {vocabulary}")
-    if values.size and int(values.min()) < 0:
-        raise UsageError("the source's values are never negative")
-    with np.errstate(over="ignore"):
-        seeded = _mix(np.array([seed], dtype=np.uint64))[0]
-        mixed = _mix(values.astype(np.uint64) ^ seeded)
-    u = (mixed >> _U64(11)).astype(np.float64) / float(1 << 53)
-    ranks = np.searchsorted(_cdf_array(vocabulary, exponent), u, side="right")
-    return np.minimum(ranks, vocabulary - 1).astype(np.int64)
-
-
-def word_name(rank: int) -> str:
-    return f"w{rank:05d}"
-
-
-@functools.cache
-def _groups_of_ranks(vocabulary: int, max_parallelism: int) -> npt.NDArray[np.int32]:
+def _groups_of_ranks(vocabulary: int) -> npt.NDArray[np.int32]:
     """Every rank's key group (``words.key_group`` of its word), once per process."""
-    return np.fromiter(
-        (zlib.crc32(word_name(r).encode()) % max_parallelism for r in range(vocabulary)),
-        dtype=np.int32,
-        count=vocabulary,
-    )
+    return np.array([key_group(word_name(r)) for r in range(vocabulary)], dtype=np.int32)
 
 
 @functools.cache
-def _subtasks_of_groups(parallelism: int, max_parallelism: int) -> npt.NDArray[np.int32]:
-    return np.array(
-        [operator_for_key_group(max_parallelism, parallelism, g) for g in range(max_parallelism)],
-        dtype=np.int32,
-    )
+def _subtasks_of_groups(parallelism: int) -> npt.NDArray[np.int32]:
+    return np.array([subtask_of(g, parallelism) for g in range(MAX_PARALLELISM)], dtype=np.int32)
 
 
 def partial_counts(
@@ -103,8 +58,8 @@ def partial_counts(
     """``mapInArrow``'s function over the source's ``value`` and ``ts`` columns: one row
     per subtask that has records here, ``(subtask, Arrow IPC stream of its counts)``."""
     vocabulary = int(word_args["vocabulary"])
-    groups_of = _groups_of_ranks(vocabulary, MAX_PARALLELISM)
-    subtask_of = _subtasks_of_groups(parallelism, MAX_PARALLELISM)
+    groups_of = _groups_of_ranks(vocabulary)
+    owner_of = _subtasks_of_groups(parallelism)
     parts: list[pa.Table] = []
     for batch in batches:
         if batch.num_rows == 0:
@@ -116,12 +71,10 @@ def partial_counts(
             exponent=float(word_args["exponent"]),
             seed=int(word_args["seed"]),
         )
-        table = pa.table({"rank": ranks, "ts": batch.column(1)})
-        parts.append(table.group_by(["rank", "ts"]).aggregate([("rank", "count")]))
+        parts.append(pa.table({"rank": ranks, "ts": batch.column(1)}))
     if not parts:
         return
-    merged = pa.concat_tables(parts)
-    counts = merged.group_by(["rank", "ts"]).aggregate([("rank_count", "sum")])
+    counts = pa.concat_tables(parts).group_by(["rank", "ts"]).aggregate([("rank", "count")])
     ranks = counts.column("rank").to_numpy()
     groups = groups_of[ranks]
     table = pa.table(
@@ -129,11 +82,11 @@ def partial_counts(
             "group": pa.array(groups, pa.int32()),
             "rank": counts.column("rank"),
             "ts": counts.column("ts").cast(pa.int64()),
-            "n": counts.column("rank_count_sum").cast(pa.int64()),
+            "n": counts.column("rank_count").cast(pa.int64()),
         },
         schema=_COUNTS,
     )
-    owners = subtask_of[groups]
+    owners = owner_of[groups]
     subtasks: list[int] = []
     streams: list[bytes] = []
     for s in np.unique(owners).tolist():
@@ -166,11 +119,6 @@ def read_counts(streams: Iterable[bytes]) -> Iterator[Count]:
             strict=True,
         ):
             yield g, word_name(r), ts, n
-
-
-def tally(records: Iterable[tuple[int, str, int]]) -> Iterator[Count]:
-    """Plain records ``(key group, word, event time)`` as counts of one each."""
-    return ((g, w, ts, 1) for g, w, ts in records)
 
 
 @frozen
