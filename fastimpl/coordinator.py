@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Generic, TypeVar, cast, overload
 
-from fastimpl.catalog import Catalog
+from fastimpl.catalog import Catalog, DeletionLog
 from fastimpl.checkpoint_lifecycle import CheckpointLifecycle
 from fastimpl.coordinated_job import CoordinatedJob, CoordinatorEngine, Notice, subtasks_of
 from fastimpl.failover import Failover
@@ -129,11 +129,13 @@ class CheckpointCoordinator:
         job_id: str = "job-0",
         *,
         deletion_log: bool = False,
+        log: DeletionLog | None = None,
     ) -> None:
         check_parallelism(config, vertices)  # R78: before anything is built or written
         self.run = CoordinatedJob(config, vertices, num_tms, storage, engine, job_id)
-        # the catalog's guards ask this party (``CatalogHost``), which answers from its parts
-        self.run.catalog = Catalog(storage, ids, self, deletion_log=deletion_log)
+        # the catalog's guards ask this party (``CatalogHost``), which answers from its
+        # parts; ``log``: one deletion log shared with the host's TMs in this process
+        self.run.catalog = Catalog(storage, ids, self, deletion_log=deletion_log, log=log)
         self.tm_book = TmBook(self.run)
         self.working = SharedWorking(self)
         """Working files handed over in place, and their collection (§11, R103-R105)."""

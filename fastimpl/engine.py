@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from fastimpl.catalog import Catalog, RefusedDelete
+from fastimpl.catalog import Catalog, DeletionLog, RefusedDelete
 from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.records import (
@@ -100,7 +100,11 @@ class InProcessEngine:
         *,
         background_deletes: bool = True,
         deletion_log: bool = False,
+        start_tms: bool = True,
     ) -> None:
+        """``start_tms``: deploy the job on ``job_spec.num_tms`` new TMs; False: start
+        none, for a coordinator the engine will ``host`` (a recovered one, which starts
+        its TMs through this engine)."""
         self.storage = Storage(fs, root, background_deletes=background_deletes)
         if not self.storage.open_files_readable and config.open_files_readable:
             # The store decides (an object store shows a file only once closed), and the
@@ -115,6 +119,8 @@ class InProcessEngine:
         self.parties: dict[TmId, TaskManager] = {}
         """Each TM attempt's own side (``fastimpl.taskmanager``), by id."""
         self.next_tm = 1
+        self.log = DeletionLog(deletion_log)
+        """One log keeps the order of every party's deletes (``observe().deletions``)."""
         self.coord = CheckpointCoordinator(
             config,
             job_spec.vertices,
@@ -123,13 +129,14 @@ class InProcessEngine:
             self.ids,
             self,
             job_id,
-            deletion_log=deletion_log,
+            log=self.log,
         )
         self.catalog = self.coord.catalog
         self.disagreements: list[str] = []
         """Where the parties' records disagreed at the last ``observe``."""
-        tms = [self.start_tm(job_id, 1, None) for _ in range(job_spec.num_tms)]
-        self.coord.deploy(self.place(subtasks_of(job_spec.vertices), tms))
+        if start_tms:
+            tms = [self.start_tm(job_id, 1, None) for _ in range(job_spec.num_tms)]
+            self.coord.deploy(self.place(subtasks_of(job_spec.vertices), tms))
         self.job_spec = job_spec
         self.trace: CommandTrace | None = None
         """Where executed commands are logged (``start_trace``); None: not logged."""
@@ -185,6 +192,13 @@ class InProcessEngine:
     def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
         return self.coord.state_to_restore(subtask)
 
+    def host(self, coord: CheckpointCoordinator) -> None:
+        """Host ``coord`` from now on in place of the one built here: a coordinator
+        recovered on this engine (``fastimpl.recovery.recover_coordinator``), whose TMs
+        it started through ``start_tm`` and whose deletes are logged in ``self.log``."""
+        self.coord = coord
+        self.catalog = coord.catalog
+
     # ------------------------------------------------------------------ the engine
 
     def send(self, tm: TmId, msg: CheckpointComplete | CheckpointAborted) -> None:
@@ -194,7 +208,7 @@ class InProcessEngine:
         tm = f"tm-{self.next_tm}"
         self.next_tm += 1
         party = TaskManager.own(self.storage, self.cfg, job, tm, self.ids, first_checkpoint)
-        party.catalog.log = self.catalog.log  # one log keeps the order of every party's deletes
+        party.catalog.log = self.log
         if finished_mark is not None:
             party.finished_mark = finished_mark
         self.parties[tm] = party

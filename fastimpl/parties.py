@@ -168,13 +168,15 @@ Observing the job and recovering it
     TMs' reports merged over a listing of storage, and where the parties disagree. The
     in-process store, the process harness and the Spark job build theirs with it; the
     invariants (``spec.invariants.check_all``) judge it.
-``recover(fs, root, config, job_spec, ...) -> (engine, RecoveryReport)``
-    Rebuild a store from storage alone after the host process died (R95), deleting
-    only what no kept checkpoint refers to; ``incarnation_to_recover`` says which job.
 ``recover_coordinator(config, job_spec, fs, root, engine, ...) -> (coord, Storage, report)``
-    The same for an engine whose TMs are its own: the recovered coordinator runs on
-    ``engine``, which is told where the new job's subtasks are placed (``placed``) and
-    starts them itself from ``state_to_restore``.
+    The one recovery after the host process died (R95, R96): a coordinator rebuilt from
+    storage alone, deleting only what no kept checkpoint refers to, built on ``engine``
+    from the start: the engine names the new job's attempts (``start_tm``), is told where
+    its subtasks are placed (``placed``), is handed the restore's duties and starts the
+    subtasks from ``state_to_restore``. ``incarnation_to_recover`` says which job.
+``recover(config, job_spec, fs, root, ...) -> (engine, RecoveryReport)``
+    The same hosted in process (an ``InProcessEngine``, what ``CheckpointStore.recover``
+    returns a store over).
 ``state_document(...)``, ``write_state(storage, base, data)``, ``withdraw_state(storage,
 base)``, ``note_pending(triggered, pending, retained, now)``, ``PendingAt``
     The writer state a host publishes in a job base for outside collectors (SPEC

@@ -51,15 +51,17 @@ from typing import Any
 
 from attrs import frozen
 
+from fastimpl.catalog import DeletionLog
 from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine, subtasks_of
 from fastimpl.engine import InProcessEngine
-from fastimpl.ids import IdSource, creator_of
+from fastimpl.ids import IdSource, RandomIds, creator_of
 from fastimpl.metadata import MetadataError, base_of, check_job
 from fastimpl.records import Completed, StoredFile
 from fastimpl.resume import HaState, rebuild
 from fastimpl.storage import Storage
 from fastimpl.working import is_working_path
 from fastimpl.writer_state import WRITER_STATE
+from spec import commands as c
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec, check_parallelism
 from spec.effects import COORDINATOR
 from spec.errors import CkptError
@@ -132,43 +134,35 @@ def _check_bytes(done: Completed, files: dict[str, int]) -> None:
             )
 
 
-def recover(
-    config: Config,
-    job_spec: JobSpec,
-    fs: Any,
-    root: str,
-    *,
-    job: str = "job-0",
-    ids: IdSource | None = None,
-    background_deletes: bool = True,
-    lease: bytes | None = None,
-    leave_working: bool = False,
-    abandoned: Sequence[str] = (),
-    mode: RestoreMode = RestoreMode.CLAIM,
-) -> tuple[InProcessEngine, RecoveryReport]:
-    """A running store that continues the crashed ``job`` from what storage holds.
+@frozen
+class _Crashed:
+    """What storage holds of the crashed job, read and validated before anything is built
+    or deleted: the one input of the recovery, whichever engine hosts the new job."""
 
-    ``abandoned``: incarnations the caller started after ``job`` (a recovery's, a
-    rescale's new job) whose process died before they completed a checkpoint; the job
-    goes on from ``job``'s latest, as it would have had they never started (R96). The
-    caller vouches that they are its own and dead, as it does for ``job``; the recovery
-    checks that none holds a ``chk-N/_metadata`` (then it, not ``job``, is the one to
-    recover) and that no kept checkpoint or savepoint names a file of theirs, refuses
-    otherwise before anything changes, and deletes their bases as garbage.
-    ``mode``: how the new job restores the latest kept checkpoint: CLAIM (R72), or
-    NO_CLAIM when the first abandoned incarnation was a NO_CLAIM restore of it (R73:
-    that checkpoint is the user's since, and stays so).
+    job: str
+    gone: tuple[str, ...]
+    """The abandoned incarnations' bases."""
+    files: dict[str, int]
+    keep: list[Completed]
+    """The kept checkpoints, oldest first (the latest ``num_retained``)."""
+    savepoints: tuple[int, ...]
+    dropped: set[str]
+    """The abandoned incarnations' files: garbage, checked (``_abandoned_files``)."""
+    interrupted: tuple[str, ...]
+    tops: frozenset[str]
+    user_held: set[str]
+    ha: HaState
+    vertices: tuple[VertexSpec, ...]
+    """The crashed job's parallelism (the latest kept checkpoint's subtasks say which)."""
+    next_tm: int
+    """A TM number past every one the crashed job's TMs may have used."""
 
-    ``lease``: take the base over with this token (issue 14) once everything is read and
-    validated and before the first delete, so that a writer still running there is fenced
-    before its files are claimed or collected, and a refused recovery changes nothing.
 
-    ``leave_working``: the databases in the working directories (§11) are a store's of
-    their own that keeps bookkeeping no checkpoint refers to (SlateDB's manifests, which a
-    clone from the kept checkpoint reads): of those directories the recovery takes only
-    the files a kept checkpoint refers to in place (the coordinator's, R105 CLAIM),
-    neither records nor deletes the rest, and opens no database of the model there; the
-    caller's collector (the streaming job's ``slate_collect``) decides."""
+def _read_crashed(
+    config: Config, job_spec: JobSpec, reader: Storage, job: str, abandoned: Sequence[str]
+) -> _Crashed:
+    """Everything the recovery needs of storage, read and validated; raises
+    ``MetadataError`` or ``RecoveryError`` before anything changes."""
     check_parallelism(config, job_spec.vertices)  # R78: before anything is read
     try:
         check_job(job, "<recover>", "crashed_job")
@@ -176,16 +170,15 @@ def recover(
         raise RecoveryError(f"crashed_job {job!r}: {err.problem}") from None
     own = job_base(job)
     gone = _check_abandoned(job, abandoned)
-    reader = Storage(fs, root, background_deletes=False)
     try:
         files = reader.list_files()
     except Exception as err:  # an unreadable directory, a path past PATH_MAX, ...
-        where = getattr(err, "filename", None) or root
+        where = getattr(err, "filename", None) or reader.root
         raise RecoveryError(
-            f"cannot list the checkpoints under {root!r}: {where}: {type(err).__name__}: {err}"
+            f"cannot list the checkpoints under {reader.root!r}: {where}: "
+            f"{type(err).__name__}: {err}"
         ) from err
     metas = _numbered(rf"{re.escape(own)}/chk-(\d+)/{METADATA}", files)
-    # Read and validate everything before changing anything.
     completed: list[Completed] = []
     for cid, path in sorted(metas.items()):
         meta = reader.read_metadata(path, expected_job=job)  # chk-N's names N (check_named)
@@ -226,16 +219,19 @@ def recover(
         )
     dropped = _abandoned_files(gone, files, keep, savepoints)
     sp_dirs = {m.group(1) for p in files if (m := re.match(rf"({SAVEPOINTS}/savepoint-\d+)/", p))}
-    interrupted = sorted(d for d in sp_dirs if f"{d}/{METADATA}" not in files)
+    interrupted = tuple(sorted(d for d in sp_dirs if f"{d}/{METADATA}" not in files))
 
     # Numbers already used under the root: new ids must not collide with any of them.
-    tops = {p.split("/", 1)[0] for p in files}
+    tops = frozenset(p.split("/", 1)[0] for p in files)
     seqs = [
         int(m.group(2))
         for t in tops | {job, *abandoned}
         if (m := _JOB.match(t)) and t != SAVEPOINTS
     ]
-    tm_nums = [int(m.group(1)) for p in files if (m := re.match(r"[^/]+/taskowned/tm-(\d+)/", p))]
+    # the crashed job's first TMs were numbered from 1 up (the engine's, R64), whether or
+    # not storage shows a file of theirs
+    tm_nums = [job_spec.num_tms]
+    tm_nums += [int(m.group(1)) for p in files if (m := re.match(r"[^/]+/taskowned/tm-(\d+)/", p))]
     # a TM in a process of its own marks its files' names (R64), also where it owns no
     # directory (NONE mode): a new attempt by that id would be taken for their creator
     tm_nums += [
@@ -249,19 +245,6 @@ def recover(
     for base in (own, *gone):  # an abandoned incarnation's triggers used ids too (R50)
         cids += _published_pending(reader, base, files)
 
-    cl = InProcessEngine(
-        config, job_spec, fs, root, ids, job_id=job, background_deletes=background_deletes
-    )
-    # The engine started TMs under the crashed job's id; nothing of that job runs any
-    # more: they go, and the coordinator is rebuilt from storage as a resumed one is
-    # (``fastimpl.resume.rebuild``, the one restart from storage), with no TM running.
-    for tm in sorted(cl.coord.tms):
-        cl.forget_tm(tm)
-    cl.parties.clear()
-    cl.next_tm = max([*tm_nums, cl.next_tm - 1]) + 1
-    if lease is not None:  # before the rebuild's first delete
-        reader.take_lease(lease, exclusive=False)
-        cl.storage.lease = lease
     vertices = job_spec.vertices
     if keep:
         # The crashed job may have run at other parallelisms than ``job_spec`` asks for
@@ -274,25 +257,178 @@ def recover(
     ha = HaState(
         job, max(seqs, default=0), max(cids, default=0) + 1, 0, 0, tuple(d.metadata for d in keep)
     )
+    return _Crashed(
+        job,
+        gone,
+        files,
+        keep,
+        tuple(sorted(savepoints)),
+        dropped,
+        interrupted,
+        tops,
+        _user_held(reader, own, files),
+        ha,
+        vertices,
+        max(tm_nums) + 1,
+    )
+
+
+def recover(
+    config: Config,
+    job_spec: JobSpec,
+    fs: Any,
+    root: str,
+    *,
+    job: str = "job-0",
+    ids: IdSource | None = None,
+    background_deletes: bool = True,
+    lease: bytes | None = None,
+    leave_working: bool = False,
+    abandoned: Sequence[str] = (),
+    mode: RestoreMode = RestoreMode.CLAIM,
+) -> tuple[InProcessEngine, RecoveryReport]:
+    """``recover_coordinator`` hosted in process: an ``InProcessEngine`` that starts no TM
+    of its own, whose coordinator is the recovered one and whose TMs are those the
+    recovery's restore starts (named past every TM number the crashed job may have used).
+    The arguments are ``recover_coordinator``'s."""
+    crashed = _read_crashed(
+        config, job_spec, Storage(fs, root, background_deletes=False), job, abandoned
+    )
+    cl = InProcessEngine(
+        config,
+        job_spec,
+        fs,
+        root,
+        ids,
+        job_id=job,
+        background_deletes=background_deletes,
+        start_tms=False,
+    )
+    cl.next_tm = crashed.next_tm
+    co, report = _recover(
+        crashed,
+        config,
+        job_spec,
+        cl.storage,
+        cl.ids,
+        cl,
+        lease=lease,
+        leave_working=leave_working,
+        mode=mode,
+        log=cl.log,
+    )
+    cl.host(co)
+    return cl, report
+
+
+def recover_coordinator(
+    config: Config,
+    job_spec: JobSpec,
+    fs: Any,
+    root: str,
+    engine: CoordinatorEngine,
+    *,
+    job: str = "job-0",
+    ids: IdSource | None = None,
+    background_deletes: bool = True,
+    lease: bytes | None = None,
+    leave_working: bool = False,
+    abandoned: Sequence[str] = (),
+    mode: RestoreMode = RestoreMode.CLAIM,
+    deletion_log: bool = False,
+) -> tuple[CheckpointCoordinator, Storage, RecoveryReport]:
+    """A coordinator that continues the crashed ``job`` from what storage holds (R95,
+    R96; see the module docstring), built on ``engine`` from the start: the engine names
+    the new job's attempts (``start_tm``), is told where its subtasks run (``placed``) and
+    is handed the restore's duties. Returns the coordinator, its storage and the report.
+
+    ``abandoned``: incarnations the caller started after ``job`` (a recovery's, a
+    rescale's new job) whose process died before they completed a checkpoint; the job
+    goes on from ``job``'s latest, as it would have had they never started (R96). The
+    caller vouches that they are its own and dead, as it does for ``job``; the recovery
+    checks that none holds a ``chk-N/_metadata`` (then it, not ``job``, is the one to
+    recover) and that no kept checkpoint or savepoint names a file of theirs, refuses
+    otherwise before anything changes, and deletes their bases as garbage.
+    ``mode``: how the new job restores the latest kept checkpoint: CLAIM (R72), or
+    NO_CLAIM when the first abandoned incarnation was a NO_CLAIM restore of it (R73:
+    that checkpoint is the user's since, and stays so).
+
+    ``lease``: take the base over with this token (issue 14) once everything is read and
+    validated and before the first delete, so that a writer still running there is fenced
+    before its files are claimed or collected, and a refused recovery changes nothing.
+
+    ``leave_working``: the databases in the working directories (§11) are a store's of
+    their own that keeps bookkeeping no checkpoint refers to (SlateDB's manifests, which a
+    clone from the kept checkpoint reads): of those directories the recovery takes only
+    the files a kept checkpoint refers to in place (the coordinator's, R105 CLAIM),
+    neither records nor deletes the rest, and opens no database of the model there; the
+    caller's collector (the streaming job's ``slate_collect``) decides.
+
+    ``deletion_log``: the coordinator keeps its whole deletion log, as
+    ``CheckpointCoordinator(..., deletion_log=True)`` does."""
+    crashed = _read_crashed(
+        config, job_spec, Storage(fs, root, background_deletes=False), job, abandoned
+    )
+    storage = Storage(fs, root, background_deletes=background_deletes)
+    co, report = _recover(
+        crashed,
+        config,
+        job_spec,
+        storage,
+        ids if ids is not None else RandomIds(),
+        engine,
+        lease=lease,
+        leave_working=leave_working,
+        mode=mode,
+        log=DeletionLog(deletion_log),
+    )
+    return co, storage, report
+
+
+def _recover(
+    crashed: _Crashed,
+    config: Config,
+    job_spec: JobSpec,
+    storage: Storage,
+    ids: IdSource,
+    engine: CoordinatorEngine,
+    *,
+    lease: bytes | None,
+    leave_working: bool,
+    mode: RestoreMode,
+    log: DeletionLog,
+) -> tuple[CheckpointCoordinator, RecoveryReport]:
+    """The recovery proper, on what ``_read_crashed`` found: take the lease, rebuild the
+    coordinator from storage as a resumed one is (``fastimpl.resume.rebuild``, the one
+    restart from storage) with no TM running, delete the garbage, then restore the latest
+    kept checkpoint into a new job (or start one afresh)."""
+    job, own, keep, files, dropped = (
+        crashed.job,
+        job_base(crashed.job),
+        crashed.keep,
+        crashed.files,
+        crashed.dropped,
+    )
+    if lease is not None:  # before the rebuild's first delete
+        storage.take_lease(lease, exclusive=False)
     listing = {p: n for p, n in files.items() if p not in dropped}
     if leave_working:
         in_place = {w.path for d in keep for _, w in d.working}
         listing = {p: n for p, n in listing.items() if not is_working_path(p) or p in in_place}
     co, garbage = rebuild(
         config,
-        vertices,
+        crashed.vertices,
         job_spec.num_tms,
-        cl.storage,
-        cl.ids,
-        cl,
-        ha,
+        storage,
+        ids,
+        engine,
+        crashed.ha,
         {},
         files=listing,
-        user_held=_user_held(reader, own, files),
+        user_held=crashed.user_held,
+        log=log,
     )
-    cl.coord = co
-    cl.catalog = co.catalog
-    co.bases |= set(gone)  # the caller's own, as the crashed job's base is (I5)
+    co.bases |= set(crashed.gone)  # the caller's own, as the crashed job's base is (I5)
     # the caller's collector decides about their databases, as for the crashed job's own
     left = {p for p in dropped if leave_working and is_working_path(p)}
     databases = {base_of(p) for p in left}
@@ -310,7 +446,7 @@ def recover(
             # incarnation's NO_CLAIM restore; the rebuilt job ends retaining them (no TM
             # of it runs) before the same restore, which claims nothing
             co.end_job(retain=True)
-        cl.restore(latest.id, want, mode)
+        co.restore(c.Restore(latest.id, want, mode))
         if mode is RestoreMode.CLAIM:
             # The restore claimed the latest; the older retained ones stay retained too.
             for done in keep[:-1]:
@@ -322,23 +458,25 @@ def recover(
         co.job = f"job-{co.job_seq}"
         co.bases.add(job_base(co.job))
         co.lineage = {job_base(co.job)}
-        tms = [cl.start_tm(co.job, co.next_checkpoint, None) for _ in range(job_spec.num_tms)]
+        tms = [engine.start_tm(co.job, co.next_checkpoint, None) for _ in range(job_spec.num_tms)]
         co.running = True
-        co.deploy(cl.place(subtasks_of(co.vertices), tms))
+        co.deploy(engine.place(subtasks_of(co.vertices), tms))
     # Their databases are the caller's collector's to drop, which works in the lineage's
     # bases (``leave_working``): no checkpoint names them, so it deletes them whole.
     co.lineage |= databases
     co.collect_dirs()
+    others = (own, SAVEPOINTS, *crashed.gone)
     report = RecoveryReport(
         crashed_job=job,
-        new_job=cl.job,
+        new_job=co.job,
         checkpoints=tuple(d.id for d in keep),
-        savepoints=tuple(sorted(savepoints)),
+        savepoints=crashed.savepoints,
         garbage=tuple(garbage),
-        left_to_user=tuple(interrupted),
-        left_alone=tuple(sorted(t for t in tops if t not in (own, SAVEPOINTS, *gone))),
+        left_to_user=crashed.interrupted,
+        left_alone=tuple(sorted(t for t in crashed.tops if t not in others)),
     )
-    return cl, report
+    return co, report
+
 
 
 def incarnation_to_recover(fs: Any, root: str, jobs: Sequence[str]) -> tuple[str, tuple[str, ...]]:
@@ -461,46 +599,3 @@ def _user_held(reader: Storage, own: str, files: dict[str, int]) -> set[str]:
         held |= {w.path for _, w in meta.working}
         held |= {p for d in meta.directories for p in mine if is_under(p, d)}
     return held & mine
-
-
-def recover_coordinator(
-    config: Config,
-    job_spec: JobSpec,
-    fs: Any,
-    root: str,
-    engine: CoordinatorEngine,
-    *,
-    job: str = "job-0",
-    ids: IdSource | None = None,
-    lease: bytes | None = None,
-    leave_working: bool = False,
-    abandoned: Sequence[str] = (),
-    mode: RestoreMode = RestoreMode.CLAIM,
-    deletion_log: bool = False,
-) -> tuple[CheckpointCoordinator, Storage, RecoveryReport]:
-    """``recover`` (R95, R96) for an engine whose TMs are processes of its own
-    (``fastimpl.parties``): the recovered coordinator, which runs on ``engine`` from now
-    on, its storage and the report. The recovery's restore places the new job's subtasks
-    on attempts that never run: ``engine.placed`` says where, and the engine starts each
-    subtask itself from ``state_to_restore`` (what the restore told those attempts is not
-    sent again). ``deletion_log``: the coordinator keeps its deletion log, as
-    ``CheckpointCoordinator(..., deletion_log=True)`` does. The other arguments are
-    ``recover``'s."""
-    cl, report = recover(
-        config,
-        job_spec,
-        fs,
-        root,
-        job=job,
-        ids=ids,
-        lease=lease,
-        leave_working=leave_working,
-        abandoned=abandoned,
-        mode=mode,
-    )
-    co = cl.coord
-    co.run.engine = engine
-    if deletion_log:
-        co.catalog.keep_deletion_log()
-    engine.placed(dict(co.placement))
-    return co, co.storage, report

@@ -12,10 +12,11 @@ pointers to the completed checkpoints' metadata in ZooKeeper or Kubernetes; here
   HA state and the list of running TMs; after the rebuild every subtask restarts as in a
   failover (R60-R62), with the epoch after the HA one, so each TM applies the new
   coordinator's duties.
-- ``fastimpl.recovery.recover`` (``CheckpointStore.recover``): the whole process died, no
-  HA state survived and no TM runs. Recovery derives the HA state from storage (the job's
-  latest ``num_retained`` ``_metadata`` files, the highest ids used), rebuilds with no TM
-  running, then restores the latest checkpoint into a new incarnation in CLAIM mode.
+- ``fastimpl.recovery.recover_coordinator`` (``CheckpointStore.recover`` hosts it in
+  process): the whole process died, no HA state survived and no TM runs. Recovery
+  derives the HA state from storage (the job's latest ``num_retained`` ``_metadata``
+  files, the highest ids used), rebuilds with no TM running, then restores the latest
+  checkpoint into a new incarnation in CLAIM mode.
 
 What the rebuild decides, file by file:
 
@@ -60,6 +61,7 @@ from collections.abc import Iterable
 
 from attrs import frozen
 
+from fastimpl.catalog import DeletionLog
 from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine
 from fastimpl.ids import IdSource
 from fastimpl.metadata import base_of
@@ -129,13 +131,15 @@ def rebuild(
     files: dict[str, int] | None = None,
     user_held: Iterable[str] = (),
     deletion_log: bool = False,
+    log: DeletionLog | None = None,
 ) -> tuple[CheckpointCoordinator, list[str]]:
     """A coordinator for job ``ha.job`` whose subtasks run where ``placement`` says (those
     TMs alive; none after a crash of the whole process), and the paths it deleted as
     garbage; see the module docstring. ``files``: storage's listing, if the caller has
-    it. Everything is read and validated before the first delete."""
+    it. Everything is read and validated before the first delete. ``log``: a deletion log
+    shared with the host's TMs (``CheckpointCoordinator``'s)."""
     co = CheckpointCoordinator(
-        config, vertices, num_tms, storage, ids, engine, ha.job, deletion_log=deletion_log
+        config, vertices, num_tms, storage, ids, engine, ha.job, deletion_log=deletion_log, log=log
     )
     if files is None:
         files = storage.list_files()

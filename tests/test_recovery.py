@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import attrs
 import fsspec  # type: ignore[import-untyped]
 import fsspec.implementations.memory  # type: ignore[import-untyped]
 import pytest
@@ -48,9 +49,15 @@ from fastimpl import (
     testing,
 )
 from fastimpl.api import publish_state
+from fastimpl.coordinator import Notice
 from fastimpl.ids import marked
 from fastimpl.metadata import decode, encode
-from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover
+from fastimpl.recovery import (
+    RecoveryReport,
+    incarnation_to_recover,
+    recover,
+    recover_coordinator,
+)
 from fastimpl.resume import ha_state
 from fastimpl.working import is_working_path
 from fastimpl.writer_state import WRITER_STATE
@@ -74,8 +81,18 @@ from spec.handles import (
     StreamHandle,
     stream_of,
 )
-from spec.ids import SubtaskId
+from spec.ids import SubtaskId, TmId
 from spec.layout import SAVEPOINTS, metadata_path
+from spec.messages import (
+    Answer,
+    DatabaseFiles,
+    Duty,
+    EndJob,
+    Held,
+    Holdings,
+    InUse,
+    TmEnded,
+)
 from tests.faultyfs import FaultyFileSystem, Ledger, Place, SimulatedCrash, payload
 from tests.working_jobs import WORKING_JOB, working_checkpoint, working_store
 
@@ -1636,3 +1653,96 @@ def test_r96_an_abandoned_base_a_kept_checkpoint_refers_to_is_refused_and_nothin
     with pytest.raises(RecoveryError, match="in an abandoned job's base: not garbage"):
         CheckpointStore.recover(place.url, config, JOB, crashed_job="job-1", abandoned=["job-0"])
     assert place.snapshot() == left
+
+
+class _HostEngine:
+    """An engine whose TMs are its own (as a Spark driver's or a process cluster's): it
+    names attempts, records where subtasks are placed and the duties it is handed, and
+    answers for TMs that hold nothing yet (none of them has run)."""
+
+    def __init__(self) -> None:
+        self.started: list[TmId] = []
+        self.placement: dict[SubtaskId, TmId] = {}
+        self.duties: list[tuple[TmId, Duty]] = []
+        self.notices: list[tuple[TmId, Notice]] = []
+
+    def send(self, tm: TmId, msg: Notice) -> None:
+        self.notices.append((tm, msg))
+
+    def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
+        self.started.append(f"host-{len(self.started) + 1}")
+        return self.started[-1]
+
+    def place(self, subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
+        return {s: tms[i % len(tms)] for i, s in enumerate(subtasks)}
+
+    def placed(self, placement: dict[SubtaskId, TmId]) -> None:
+        self.placement = dict(placement)
+
+    def duty(self, tm: TmId, msg: Duty) -> Answer | None:
+        self.duties.append((tm, msg))
+        if isinstance(msg, Holdings):
+            return Held(msg.job, tm, ())
+        if isinstance(msg, EndJob):
+            return TmEnded(msg.job, tm, (), ())
+        if isinstance(msg, DatabaseFiles):
+            return InUse(msg.job, tm, ())
+        return None
+
+    def forget_tm(self, tm: TmId) -> None:
+        pass
+
+
+def _crashed_mid_checkpoint(place: Place, config: Config) -> tuple[int, int]:
+    """Two completed checkpoints (the second reuses the first's shared state), then a
+    third triggered whose state is half written when the process dies."""
+    store = _store(place, config)
+    ledger, prog = Ledger(), Progress()
+    c1 = checkpoint(store, ledger, prog)
+    c2 = checkpoint(store, ledger, prog, reuse=(c1,))
+    c3 = store.coordinator.trigger()
+    sub, tm = sorted(store.placement().items())[0]
+    with store.task_manager(tm).open_stream(c3, sub, KS, "torn") as out:
+        out.write(b"half of it")
+    store.flush()
+    return c1, c2
+
+
+@pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.name)
+def test_r95_the_recovery_on_a_hosts_engine_is_the_in_process_recovery(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    """``recover_coordinator`` builds the recovered job on the host's engine from the
+    start: the restore's attempts are the engine's (``start_tm``), placed through it and
+    handed their duties; none is an attempt of the store's own. It reads, keeps and
+    deletes exactly what ``recover`` (the same recovery hosted in process) does on a twin
+    of the same crashed storage."""
+    config = Config.for_mode(mode, num_retained=2)
+    host_place, twin = Place.make("memory", tmp_path), Place.make("memory", tmp_path)
+    try:
+        kept = _crashed_mid_checkpoint(host_place, config)
+        assert _crashed_mid_checkpoint(twin, config) == kept
+        host = _HostEngine()
+        co, storage, report = recover_coordinator(
+            config, JOB, host_place.inner, host_place.root, host, background_deletes=False
+        )
+        cl, twin_report = recover(config, JOB, twin.inner, twin.root, background_deletes=False)
+        assert report.checkpoints == kept
+        if mode is not MergingMode.ACROSS_CHECKPOINT:  # ACROSS appends to c2's pool file
+            assert report.garbage, "the torn checkpoint's file is garbage"
+        assert report == attrs.evolve(twin_report, new_job=report.new_job)
+        assert host_place.snapshot() == twin.snapshot()
+
+        subtasks = {SubtaskId(v.name, i, v.parallelism) for v in JOB.vertices for i in range(2)}
+        assert set(host.placement) == subtasks
+        assert set(co.attempts()) == set(host.started) == set(host.placement.values())
+        assert {tm for tm, _ in host.duties} <= set(host.started)
+        for s in subtasks:  # each subtask starts from its share of the latest (R75, R76)
+            assert co.state_to_restore(s) == cl.state_to_restore(s) != ()
+        assert co.running_job() == report.new_job and co.latest_checkpoint() == kept[-1]
+        assert [r.id for r in co.retained_checkpoints()] == list(kept)
+        storage.close_all()
+        cl.storage.close_all()
+    finally:
+        host_place.cleanup()
+        twin.cleanup()

@@ -313,8 +313,6 @@ def open_coordinator(
             mode=restore_mode,
             deletion_log=True,
         )
-        # the attempts the recovery placed never run: each subtask's task starts its TM
-        engine.placeholders |= set(engine.runs_on.values())
         restored = report.checkpoints[-1] if report.checkpoints else 0
         out = SparkCoordinator(co, engine, storage, config, url, opts, restored_from=restored)
         out.use_slatedb(backend, gc_min_age_s)
