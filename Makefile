@@ -127,8 +127,13 @@ bench: $(STAMP) check-java
 # local[2]. Prints records per second, files and bytes per batch counted on storage, and
 # the ratios with their goals; writes bench/stream_results.json. About 15 minutes;
 # BENCH_STREAM_ARGS=--quick for a smoke run (1e3 and 1e4 rows, one round).
-bench-stream: $(STAMP) check-java
+bench-stream: $(STAMP) $(VENV)/.bench check-java
 	$(BIN)/python -m bench.stream_scale $(BENCH_STREAM_ARGS)
+
+# The bench extra (matplotlib, for bench-stream's plot): installed only for the benchmarks.
+$(VENV)/.bench: $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -e '.[bench]'
+	touch $@
 
 # The mutant zoo (model_tests/mutants.py): fastimpl with one seeded bug at a time (a Flink
 # bug of the brief, or a classic mistake), run against the conformance corpus until a case
