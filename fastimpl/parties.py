@@ -177,6 +177,13 @@ Observing the job and recovering it
 ``recover(config, job_spec, fs, root, ...) -> (engine, RecoveryReport)``
     The same hosted in process (an ``InProcessEngine``, what ``CheckpointStore.recover``
     returns a store over).
+``resume(config, vertices, storage, ids, engine, ha, placement) -> coord``; ``ha_state``
+    The coordinator's process died while its TMs run on (R95): a new coordinator rebuilt
+    from storage and what the engine's HA services kept (a ``HaState``: ``ha_state`` of
+    the old one after each call, Flink's job id, checkpoint counter and pointers to the
+    completed checkpoints);
+    every subtask then fails over to it (R60-R62). Both doors rebuild through
+    ``fastimpl.resume.rebuild``.
 ``state_document(...)``, ``write_state(storage, base, data)``, ``withdraw_state(storage,
 base)``, ``note_pending(triggered, pending, retained, now)``, ``PendingAt``
     The writer state a host publishes in a job base for outside collectors (SPEC
@@ -258,6 +265,7 @@ from fastimpl.metadata import encode as encode_metadata
 from fastimpl.records import Completed, Status
 from fastimpl.recovery import RecoveryReport, incarnation_to_recover, recover, recover_coordinator
 from fastimpl.reports import TmReport, observe, report_of
+from fastimpl.resume import HaState, ha_state, resume
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.storage_hooks import HookedStorage, StorageCall, StorageHooks
 from fastimpl.taskmanager import TaskManager
@@ -416,6 +424,7 @@ __all__ = [
     "Decline",
     "Duty",
     "EndJob",
+    "HaState",
     "Held",
     "Holdings",
     "HookedStorage",
@@ -456,6 +465,7 @@ __all__ = [
     "encode_message",
     "encode_metadata",
     "export_state",
+    "ha_state",
     "incarnation_to_recover",
     "is_working_path",
     "note_pending",
@@ -465,6 +475,7 @@ __all__ = [
     "recover",
     "recover_coordinator",
     "report_of",
+    "resume",
     "state_document",
     "subtasks_of",
     "withdraw_state",
