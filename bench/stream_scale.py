@@ -50,6 +50,7 @@ from typing import Any
 from bench.common import REPO, machine_info
 from bench.native_words import words_of_rows
 from fastimpl.parties import WRITER_STATE
+from spec.config import Config, MergingMode
 
 SYSTEMS = ("ckpt", "ckpt-off", "native", "native-changelog")
 _PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -86,16 +87,19 @@ def _listed(root: Path) -> list[Path]:
 
 
 def run_ckpt(spark: Any, rows: int, batches: int, vocabulary: int, tmp: Path,
-             *, snapshot: bool) -> Sample:
+             *, snapshot: bool, merging: MergingMode = MergingMode.ACROSS_CHECKPOINT) -> Sample:
+    """``merging``: the job's file merging mode (``bench.peers`` runs each one); the
+    max file size is the default, 32 MiB."""
     from pipeline.stream.job import StreamSettings, run_stream
     from pipeline.stream.source import RateSource
     from pipeline.stream.windows import Windowing
-    from spec.config import Config
 
     config = Config.from_flink(
         {
-            "execution.checkpointing.file-merging.enabled": True,
-            "execution.checkpointing.file-merging.across-checkpoint-boundary": True,
+            "execution.checkpointing.file-merging.enabled": merging is not MergingMode.NONE,
+            "execution.checkpointing.file-merging.across-checkpoint-boundary": (
+                merging is MergingMode.ACROSS_CHECKPOINT
+            ),
             "execution.checkpointing.num-retained": 1,
         },
         open_files_readable=True,
