@@ -71,6 +71,8 @@ class Row:
     amplification_end: float | None
     seconds: float
     note: str = ""
+    seconds_per_checkpoint: float | None = None
+    """Flink's: between the first and the last completion seen (its interval is 1 s)."""
 
 
 def failed(system: str, mode: str, seconds: float, why: str) -> Row:
@@ -156,7 +158,13 @@ def run_flink(
             None, f"{counted.note}; _metadata not loaded: {got['load_error'][:200]}".lstrip("; "),
         )  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
-    return row_of("flink", mode, counted, seconds)
+    row = row_of("flink", mode, counted, seconds)
+    row.seconds_per_checkpoint = between = got["seconds_per_checkpoint"]
+    if between is not None and between > 1.25:
+        slow = (f"checkpoints {between:.1f} s apart (interval 1 s): up to {between:.1f}x"
+                " --rows rows a checkpoint")
+        row.note = f"{row.note}; {slow}" if row.note else slow
+    return row
 
 
 def run_spark_side(args: argparse.Namespace, root: Path, systems: Sequence[str]) -> list[Row]:

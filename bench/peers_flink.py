@@ -30,6 +30,7 @@ import argparse
 import functools
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -87,17 +88,19 @@ INSERT = (
 
 
 def listing(job_dir: Path) -> dict[str, int]:
-    """The state files (every file but ``_metadata``) under the job's directory; a file
-    deleted while the walk runs is left out."""
+    """The state files (every file but ``_metadata``) under the job's directory. Flink deletes
+    subsumed checkpoints while the walk runs: a directory or file gone meanwhile is left out
+    (``os.walk`` skips a directory it cannot list)."""
     out: dict[str, int] = {}
-    for p in job_dir.rglob("*"):
-        if p.name == "_metadata":
-            continue
-        try:
-            if p.is_file():
+    for dirpath, _dirs, names in os.walk(job_dir):
+        for n in names:
+            if n == "_metadata":
+                continue
+            p = Path(dirpath) / n
+            try:
                 out[str(p.relative_to(job_dir))] = p.stat().st_size
-        except FileNotFoundError:
-            continue
+            except FileNotFoundError:
+                continue
     return out
 
 
@@ -107,12 +110,14 @@ def watch(client: Any, job_dir: Path, checkpoints: int, timeout_s: float) -> dic
     rf = regen_flink()
     ids: list[int] = []
     listings: list[dict[str, int]] = []
+    seen_at: list[float] = []
     deadline = time.monotonic() + timeout_s
     while not ids or ids[-1] < checkpoints:
         done = rf.completed_ids(job_dir)
         if done and (not ids or max(done) > ids[-1]):
             listings.append(listing(job_dir))
             ids.append(max(done))
+            seen_at.append(time.monotonic())
             continue
         if time.monotonic() > deadline:
             raise SystemExit(f"{len(ids)} checkpoint(s) completed within {timeout_s:.0f} s")
@@ -128,7 +133,11 @@ def watch(client: Any, job_dir: Path, checkpoints: int, timeout_s: float) -> dic
             before_next = listing(job_dir)
             break
         time.sleep(POLL_S / 4)
-    return {"ids": ids, "listings": listings, "before_next": before_next}
+    # The datagen source's rows per second are a ceiling: on a busy machine a checkpoint
+    # interval may hold fewer rows, and checkpoints further apart than 1 s show it.
+    between = (seen_at[-1] - seen_at[0]) / (ids[-1] - ids[0]) if ids[-1] > ids[0] else None
+    return {"ids": ids, "listings": listings, "before_next": before_next,
+            "seconds_per_checkpoint": between}
 
 
 def cancel(client: Any) -> None:
