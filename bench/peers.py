@@ -3,7 +3,7 @@ on Flink 2.3, on ``ckpt stream`` and on Spark's own state store, counted the sam
 
     python -m bench.peers [--rows 1e4] [--checkpoints 8] [--vocabulary 1000000]
         [--systems flink,ckpt,spark] [--flink-python .venv-flink/bin/python]
-        [--timeout 300] [--out bench/peers_results.json]
+        [--timeout 300] [--flink-conf KEY=VALUE ...] [--out bench/peers_results.json]
 
 The job: words from a Zipf vocabulary (exponent 1.1), counted per word in 5 s tumbling
 event-time windows, parallelism 4, RocksDB state with incremental checkpoints, one checkpoint
@@ -37,6 +37,7 @@ that could not run says why in its note, with no figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -128,26 +129,34 @@ def run_flink(
         return failed("flink", mode, 0.0, f"{python} is missing (make .venv-flink/.installed)")
     work = Path(tempfile.mkdtemp(prefix=f"flink-{merging}-", dir=root))
     log = work / "job.log"
+    conf = {**flink_conf(merging, max_file_size), **dict(args.flink_conf)}
     cmd = [
-        str(python), str(FLINK_SCRIPT), "--conf", json.dumps(flink_conf(merging, max_file_size)),
+        str(python), str(FLINK_SCRIPT), "--conf", json.dumps(conf),
         "--rows", str(args.rows), "--vocabulary", str(args.vocabulary),
         "--checkpoints", str(args.checkpoints), "--timeout", str(args.timeout),
         "--work", str(work), "--classes", str(root / "classes"),
     ]  # fmt: skip
     with log.open("wb") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+        timed_out = False
         try:
             out, _ = proc.communicate(timeout=args.timeout + 60)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            out, timed_out = b"", True
+        finally:
+            # The child's session: its JVM too, should one outlive it.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            return failed("flink", mode, time.monotonic() - started,
-                          f"timed out after {args.timeout + 60:.0f} s")  # fmt: skip
+    if timed_out:
+        return failed("flink", mode, time.monotonic() - started,
+                      f"timed out after {args.timeout + 60:.0f} s")  # fmt: skip
     seconds = time.monotonic() - started
-    if proc.returncode != 0:
+    if proc.returncode != 0 or not out.strip():
         return failed("flink", mode, seconds,
                       f"exit {proc.returncode}: {last_line(log.read_text(errors='replace'))}")
-    got = json.loads(out)
+    # The result is the child's last line (pyflink may print before it).
+    got = json.loads(out.decode().strip().splitlines()[-1])
     counted = count_flink(
         got["listings"], got["ids"], got["before_next"], got["ids"][-1], got["handles"],
         got["job_dir"],
@@ -242,6 +251,13 @@ def render(rows: Sequence[Row]) -> str:
     return "\n".join([line(head), *(line(b) for b in body)])
 
 
+def key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -252,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--flink-python", type=Path, default=REPO / ".venv-flink" / "bin" / "python")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds for a Flink row")
+    ap.add_argument("--flink-conf", action="append", default=[], type=key_value,
+                    metavar="KEY=VALUE", help="a Flink option set in every Flink row, e.g."
+                    " execution.checkpointing.file-merging.pool-blocking=true")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "peers_results.json")
     args = ap.parse_args(argv)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -273,13 +292,15 @@ def main(argv: list[str] | None = None) -> int:
     load_end = os.getloadavg()
     print()
     print(f"The FLIP-306 table: {args.rows:,} rows per checkpoint, {args.checkpoints}"
-          f" checkpoints, vocabulary {args.vocabulary:,}, parallelism 4")
+          f" checkpoints, vocabulary {args.vocabulary:,}, parallelism 4"
+          + "".join(f", Flink {k}={v}" for k, v in args.flink_conf))
     print(render(rows))
     print(f"\nload average at the start {load[0]:.2f}, at the end {load_end[0]:.2f};"
           f" {time.time() - started:.0f} s")
     if args.out is not None:
         args.out.write_text(json.dumps(
             {"machine": machine, "rows_per_checkpoint": args.rows,
+             "flink_conf": dict(args.flink_conf),
              "checkpoints": args.checkpoints, "vocabulary": args.vocabulary,
              "load_start": list(load), "load_end": list(load_end),
              "seconds": time.time() - started, "rows": [asdict(r) for r in rows]},

@@ -3,9 +3,11 @@ on Flink's handle records, without Flink (make bench-peers runs Flink itself).""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from bench.peers import Row, flink_conf, render
+from bench.peers import Row, flink_conf, key_value, render
 from bench.peers_count import (
     count_flink,
     created_per_checkpoint,
@@ -97,3 +99,9 @@ def test_flink_rows_set_merging_and_its_file_size() -> None:
     assert across["execution.checkpointing.file-merging.max-file-size"] == "1MB"
     assert flink_conf("within", "32MB")[
         "execution.checkpointing.file-merging.across-checkpoint-boundary"] == "false"
+
+
+def test_a_flink_option_is_key_equals_value() -> None:
+    assert key_value(" a.b = true ") == ("a.b", "true")
+    with pytest.raises(argparse.ArgumentTypeError):
+        key_value("a.b")
