@@ -18,7 +18,7 @@ PKG_INITS := $(wildcard spec/__init__.py refimpl/__init__.py fastimpl/__init__.p
 # Passed through from the environment or the command line: make test HYPOTHESIS_PROFILE=long
 export HYPOTHESIS_PROFILE
 
-.PHONY: all test test-tools lint docs demo verify bench bench-stream mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark conformance-flink
+.PHONY: all test test-tools lint docs demo verify bench bench-stream bench-peers mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark conformance-flink
 .DEFAULT_GOAL := test
 
 all: test
@@ -254,6 +254,16 @@ $(FLINK_STAMP):
 
 fixtures-flink: $(FLINK_STAMP)
 	$(FLINK_VENV)/bin/python tests/fixtures/regen_flink.py $(FIXTURES_ARGS)
+
+# The FLIP-306 table (issue 35; not part of make test or CI): files and bytes per checkpoint
+# of one word count on Flink 2.3 (pyflink's MiniCluster in .venv-flink, file merging none,
+# within and across at 32 MB and 1 MB), on ckpt stream in each merging mode and on Spark's
+# RocksDB state store (changelog off and on), counted by listing storage in one run
+# (bench/peers.py, bench/README.md). Prints the table and writes bench/peers_results.json.
+# A few minutes at the defaults (1e4 rows per checkpoint, 8 checkpoints), one JVM at a time;
+# BENCH_PEERS_ARGS passes options, e.g. BENCH_PEERS_ARGS="--rows 1e3 --systems flink".
+bench-peers: $(STAMP) $(FLINK_STAMP) check-java
+	$(BIN)/python -m bench.peers --flink-python $(FLINK_VENV)/bin/python $(BENCH_PEERS_ARGS)
 
 # The conformance suite against Flink 2.3's own FileMergingSnapshotManager (issue 37; not
 # part of make test or CI): the corpus cases in the task-manager profile's reach and live

@@ -57,6 +57,7 @@ from bench.native_words import words_of_rows
 from bench.stream_goals import AMPLIFICATION_BOUND, judge
 from bench.stream_plot import plot
 from fastimpl.parties import WRITER_STATE
+from spec.config import Config, MergingMode
 
 SYSTEMS = ("ckpt", "ckpt-off", "native", "native-changelog")
 _PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -97,16 +98,19 @@ def _listed(root: Path) -> list[Path]:
 
 
 def run_ckpt(spark: Any, rows: int, batches: int, vocabulary: int, tmp: Path,
-             *, snapshot: bool) -> Sample:
+             *, snapshot: bool, merging: MergingMode = MergingMode.ACROSS_CHECKPOINT) -> Sample:
+    """``merging``: the job's file merging mode (``bench.peers`` runs each one); the
+    max file size is the default, 32 MiB."""
     from pipeline.stream.job import StreamSettings, run_stream
     from pipeline.stream.source import RateSource
     from pipeline.stream.windows import Windowing
-    from spec.config import Config
 
     config = Config.from_flink(
         {
-            "execution.checkpointing.file-merging.enabled": True,
-            "execution.checkpointing.file-merging.across-checkpoint-boundary": True,
+            "execution.checkpointing.file-merging.enabled": merging is not MergingMode.NONE,
+            "execution.checkpointing.file-merging.across-checkpoint-boundary": (
+                merging is MergingMode.ACROSS_CHECKPOINT
+            ),
             "execution.checkpointing.num-retained": 1,
         },
         open_files_readable=True,
