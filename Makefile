@@ -186,7 +186,7 @@ MUTATE_FUNCS ?= fastimpl.metadata.* fastimpl.recovery.* fastimpl.shared_registry
                 fastimpl.working.x_is_working_path__mutmut_* fastimpl.working.x_overlaps__mutmut_* \
                 $(foreach f,$(MUTATE_DATABASES),fastimpl.working.xǁDatabasesǁ$(f)__mutmut_*) \
                 $(foreach f,$(MUTATE_SHARED_WORKING),fastimpl.working.xǁSharedWorkingǁ$(f)__mutmut_*) \
-                fastimpl.taskmanager.xǁTaskManagerǁ_release_dirs__mutmut_* \
+                fastimpl.tm_files.xǁTmFilesǁ_release_dirs__mutmut_* \
                 fastimpl.engine.xǁInProcessEngineǁwriter__mutmut_*
 # MUTATE_TESTS=metadata (opt-in; model_tests/mutation_survivors.md, metadata.py): for a run of
 # metadata.py's mutants, run on each only the decoder's and validator's own tests

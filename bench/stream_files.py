@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastimpl import taskmanager as tm_module
+from fastimpl.tm_files import TmFiles
+from fastimpl.tm_writing import TmWriter
 from pipeline.stream.job import _Files
 from pipeline.stream.kills import Failures
 from pipeline.stream.source import RateSource
@@ -82,13 +83,13 @@ def measure(args: argparse.Namespace) -> Figures:
     spans: dict[tuple[str, str], collections.Counter[int]] = collections.defaultdict(
         collections.Counter
     )
-    orig_close = tm_module.TaskManager._close_pfile
-    orig_write = tm_module.TaskManager._write_stream
+    orig_close = TmFiles._close_pfile
+    orig_write = TmWriter._write_stream
 
     def close(self: Any, path: str) -> None:
-        pf = self.m.pfiles[path]
+        pf = self.a.m.pfiles[path]
         if pf.open:
-            closes[(pf.scope.value, _why(self, path))] += 1
+            closes[(pf.scope.value, _why(self.a, path))] += 1
         orig_close(self, path)
 
     def write(self: Any, subtask: Any, checkpoint: int, kind: StateKind, *a: Any, **k: Any) -> Any:
@@ -97,17 +98,17 @@ def measure(args: argparse.Namespace) -> Figures:
             exclusive[checkpoint] += a[1]  # name, size, ...
             h = stream_of(entry.handle)
             if h is not None:
-                spans[(self.tm, h.path)][checkpoint] += a[1]
+                spans[(self.a.tm, h.path)][checkpoint] += a[1]
         return entry
 
-    tm_module.TaskManager._close_pfile = close  # type: ignore[method-assign]
-    tm_module.TaskManager._write_stream = write  # type: ignore[method-assign]
+    TmFiles._close_pfile = close  # type: ignore[method-assign]
+    TmWriter._write_stream = write  # type: ignore[method-assign]
     config = Config.for_mode(mode, num_retained=1)
     try:
         files, jobs = _run(args, config)
     finally:
-        tm_module.TaskManager._close_pfile = orig_close  # type: ignore[method-assign]
-        tm_module.TaskManager._write_stream = orig_write  # type: ignore[method-assign]
+        TmFiles._close_pfile = orig_close  # type: ignore[method-assign]
+        TmWriter._write_stream = orig_write  # type: ignore[method-assign]
     samples = files.samples
     fig = Figures(
         mode,

@@ -46,7 +46,7 @@ def add_checkpoint(
 ) -> None:
     """What fastimpl's TM tables hold for ``segments`` segments written for checkpoint
     ``cp`` into one physical file and acknowledged (WITHIN_CHECKPOINT: the file is closed
-    and out of its pool), as ``TaskManager._append_segment`` and ``_write_stream`` build them."""
+    and out of its pool), as ``TmWriter._append_segment`` and ``_write_stream`` build them."""
     path = f"{DIRECTORY}/{ids.file_name(DIRECTORY)}"
     key = (TM, Scope.SHARED.value, str(SUBTASK), str(cp))
     pf = PFile(path, Scope.SHARED, key, cp, False, 0)
@@ -62,7 +62,7 @@ def add_checkpoint(
 
 
 def subsume(m: Manager, watermark: int) -> int:
-    """What ``TaskManager._tm_complete`` does with the segment table for a new watermark
+    """What ``TmNotices._tm_complete`` does with the segment table for a new watermark
     (R31, R33, R15) without the storage calls: discard every segment used up to the
     watermark and drop a closed physical file once its last segment is gone."""
     n = 0

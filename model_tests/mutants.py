@@ -2,12 +2,13 @@
 
 Each mutant reproduces a real bug (a Flink bug of the design brief, or a classic mistake)
 in fastimpl's own code paths by patching one or two methods of a party
-(the coordinator's parts, ``fastimpl.taskmanager``, ``fastimpl.catalog``,
+(the coordinator's parts, the TM's parts ``fastimpl.tm_*``, ``fastimpl.catalog``,
 ``fastimpl.manager``) or of the in-process engine (``fastimpl.engine.InProcessEngine``) from
 test code, as ``twins.py`` does for the reference model: the buggy behaviour lives here,
 never as a flag inside fastimpl. A mutant keeps what it needs to remember per party in a
-``WeakKeyDictionary`` (or ``WeakSet``) keyed by the party, created afresh by each
-``patch``, so that nothing outlives the patch.
+``WeakKeyDictionary`` (or ``WeakSet``) keyed by the party (a TM's by its ``TmAttempt``, the
+record its parts share, or by the part), created afresh by each ``patch``, so that nothing
+outlives the patch.
 
     python -m model_tests.mutants                       # every mutant (make mutants)
     python -m model_tests.mutants --only flink-38347    # one
@@ -57,7 +58,11 @@ from fastimpl.job_end import JobEnd
 from fastimpl.manager import Manager
 from fastimpl.records import BackendRef, Completed, Deferred, PFile, Seg, StoredFile
 from fastimpl.retention import Retention
-from fastimpl.taskmanager import TaskManager
+from fastimpl.tm_attempt import TmAttempt
+from fastimpl.tm_duties import TmDuties
+from fastimpl.tm_files import TmFiles
+from fastimpl.tm_notices import TmNotices
+from fastimpl.tm_reuse import TmReuse
 from fastimpl.working import Databases, SharedWorking
 from spec import commands as c
 from spec.config import Scope, StateKind
@@ -95,44 +100,45 @@ def _flink_38347(mp: pytest.MonkeyPatch) -> None:
     the TM hears, tracking stops at the first completion notice, recursive delete at 0.
     A lost completion notice followed by an abort deletes a directory a completed
     checkpoint still uses."""
-    aborts: weakref.WeakKeyDictionary[TaskManager, int] = weakref.WeakKeyDictionary()
-    completed: weakref.WeakSet[TaskManager] = weakref.WeakSet()
-    orig_abort, orig_complete = TaskManager._tm_abort, TaskManager._tm_complete
+    aborts: weakref.WeakKeyDictionary[TmAttempt, int] = weakref.WeakKeyDictionary()
+    completed: weakref.WeakSet[TmAttempt] = weakref.WeakSet()
+    orig_abort, orig_complete = TmNotices._tm_abort, TmNotices._tm_complete
 
-    def tm_abort(self: TaskManager, checkpoint: int, latest: int, sp: bool) -> None:
-        aborts[self] = aborts.get(self, 0) + 1
+    def tm_abort(self: TmNotices, checkpoint: int, latest: int, sp: bool) -> None:
+        aborts[self.a] = aborts.get(self.a, 0) + 1
         orig_abort(self, checkpoint, latest, sp)
 
-    def tm_complete(self: TaskManager, checkpoint: int, mark: int, sp: bool) -> None:
-        completed.add(self)
+    def tm_complete(self: TmNotices, checkpoint: int, mark: int, sp: bool) -> None:
+        completed.add(self.a)
         orig_complete(self, checkpoint, mark, sp)
 
-    def release(self: TaskManager) -> None:
-        heard = aborts.get(self, 0)
-        if self in completed:
+    def release(self: TmFiles) -> None:
+        a = self.a
+        heard = aborts.get(a, 0)
+        if a in completed:
             return
-        cat = self.catalog
+        cat = a.catalog
         for path in sorted(cat.dirs):
             d = cat.dirs.get(path)
-            if d is None or d.creator != self.tm or path not in cat.dir_owner:
+            if d is None or d.creator != a.tm or path not in cat.dir_owner:
                 continue
             if len(d.used_by) - heard <= 0:
-                cat.delete_dir(path, tm_actor(self.tm))
+                cat.delete_dir(path, tm_actor(a.tm))
 
-    mp.setattr(TaskManager, "_tm_abort", tm_abort)
-    mp.setattr(TaskManager, "_tm_complete", tm_complete)
-    mp.setattr(TaskManager, "_release_dirs", release)
+    mp.setattr(TmNotices, "_tm_abort", tm_abort)
+    mp.setattr(TmNotices, "_tm_complete", tm_complete)
+    mp.setattr(TmFiles, "_release_dirs", release)
 
 
 def _flink_36125(mp: pytest.MonkeyPatch) -> None:
     """Flink's second discard path (a completion notice walks the acknowledged upload sets
     of subsumed checkpoints and discards their segments again) with a discard that is not
     idempotent: a segment discarded before decrements its file's count once more."""
-    gone: weakref.WeakKeyDictionary[TaskManager, dict[str, Seg]] = weakref.WeakKeyDictionary()
-    orig_complete = TaskManager._tm_complete
+    gone: weakref.WeakKeyDictionary[TmFiles, dict[str, Seg]] = weakref.WeakKeyDictionary()
+    orig_complete = TmNotices._tm_complete
 
-    def discard(self: TaskManager, lid: str) -> None:
-        m = self.m
+    def discard(self: TmFiles, lid: str) -> None:
+        m = self.a.m
         seen = gone.setdefault(self, {})
         seg = m.remove(lid) or seen.get(lid)
         if seg is None:
@@ -145,10 +151,10 @@ def _flink_36125(mp: pytest.MonkeyPatch) -> None:
         pf.live_bytes -= seg.length
         self._check_file(seg.path)
 
-    def tm_complete(self: TaskManager, checkpoint: int, watermark: int, sp: bool) -> None:
-        uploaded = dict(self.acked)
+    def tm_complete(self: TmNotices, checkpoint: int, watermark: int, sp: bool) -> None:
+        uploaded = dict(self.a.acked)
         orig_complete(self, checkpoint, watermark, sp)
-        m = self.m
+        m = self.a.m
         for (_s, cp), entries in sorted(uploaded.items(), key=lambda kv: str(kv[0])):
             if cp > watermark:
                 continue
@@ -157,10 +163,10 @@ def _flink_36125(mp: pytest.MonkeyPatch) -> None:
                 if isinstance(h, SegmentHandle):
                     seg = m.segs.get(h.logical_id)
                     if seg is None or seg.last_used <= watermark:
-                        self._discard(h.logical_id)
+                        self.files._discard(h.logical_id)
 
-    mp.setattr(TaskManager, "_discard", discard)
-    mp.setattr(TaskManager, "_tm_complete", tm_complete)
+    mp.setattr(TmFiles, "_discard", discard)
+    mp.setattr(TmNotices, "_tm_complete", tm_complete)
 
 
 def _flink_35570(mp: pytest.MonkeyPatch) -> None:
@@ -193,24 +199,25 @@ def _flink_35400(mp: pytest.MonkeyPatch) -> None:
     attempt) and rebuilds on top of it from the retained checkpoints: the TM's reset
     (``ResetTm``) closes its files but forgets nothing."""
 
-    def reset(self: TaskManager) -> None:
-        self.drop_outputs_where(lambda cp: True)
-        for path in sorted(self.m.pfiles):
-            if self.m.pfiles[path].open:
-                self.catalog.close(path)
+    def reset(self: TmDuties) -> None:
+        a = self.a
+        self.files.drop_outputs_where(lambda cp: True)
+        for path in sorted(a.m.pfiles):
+            if a.m.pfiles[path].open:
+                a.catalog.close(path)
 
-    mp.setattr(TaskManager, "reset", reset)
+    mp.setattr(TmDuties, "reset", reset)
 
 
 def _flink_25395(mp: pytest.MonkeyPatch) -> None:
     """Shared state is reused before the TM knows the checkpoint that uploaded it completed
     (fastimpl's last_used advance is left intact: unlike the model twin, this alone shows)."""
-    orig = TaskManager._reusable
+    orig = TmReuse._reusable
 
-    def reusable(self: TaskManager, ref: BackendRef) -> bool:
+    def reusable(self: TmReuse, ref: BackendRef) -> bool:
         return orig(self, BackendRef(ref.entry, ref.checkpoint, True))
 
-    mp.setattr(TaskManager, "_reusable", reusable)
+    mp.setattr(TmReuse, "_reusable", reusable)
 
 
 def _flink_26985(mp: pytest.MonkeyPatch) -> None:
@@ -325,12 +332,12 @@ def _abort_discards_reused(mp: pytest.MonkeyPatch) -> None:
 
 def _watermark_off_by_one(mp: pytest.MonkeyPatch) -> None:
     """A TM discards the segments used up to the subsumed watermark + 1 (R31)."""
-    orig = TaskManager._tm_complete
+    orig = TmNotices._tm_complete
 
-    def tm_complete(self: TaskManager, checkpoint: int, watermark: int, sp: bool) -> None:
+    def tm_complete(self: TmNotices, checkpoint: int, watermark: int, sp: bool) -> None:
         orig(self, checkpoint, watermark + 1, sp)
 
-    mp.setattr(TaskManager, "_tm_complete", tm_complete)
+    mp.setattr(TmNotices, "_tm_complete", tm_complete)
 
 
 def _sweep_ignores_owner(mp: pytest.MonkeyPatch) -> None:
@@ -359,15 +366,16 @@ def _reuse_not_reusable(mp: pytest.MonkeyPatch) -> None:
     """Reuse checks that the segment is still tracked but not that its file may be reused:
     a file whose write failed (R17) or that is past the space-amplification bound (R81)
     is referred to again."""
-    orig = TaskManager._reusable
+    orig = TmReuse._reusable
 
-    def reusable(self: TaskManager, ref: BackendRef) -> bool:
+    def reusable(self: TmReuse, ref: BackendRef) -> bool:
         h = ref.entry.handle
+        m = self.a.m
         if ref.confirmed and isinstance(h, SegmentHandle):
-            return h.logical_id in self.m.segs and h.path in self.m.pfiles
+            return h.logical_id in m.segs and h.path in m.pfiles
         return orig(self, ref)
 
-    mp.setattr(TaskManager, "_reusable", reusable)
+    mp.setattr(TmReuse, "_reusable", reusable)
 
 
 def _forget_taskowned_dir(mp: pytest.MonkeyPatch) -> None:

@@ -69,7 +69,7 @@ def _fastimpl_modules() -> list[ModuleType]:
 
 def _snapshot() -> dict[tuple[str, str, str], object]:
     """Every module-level and class-level attribute of every loaded fastimpl module (the
-    mutants patch classes of the coordinator's parts, ``fastimpl.taskmanager``,
+    mutants patch classes of the coordinator's parts, the TM's parts ``fastimpl.tm_*``,
     ``fastimpl.catalog`` and ``fastimpl.manager``, all loaded)."""
     out: dict[tuple[str, str, str], object] = {}
     for module in _fastimpl_modules():
