@@ -265,9 +265,11 @@ def main(argv: list[str] | None = None) -> int:
             bar.update(task, description=f"{rows:,} rows, round {r + 1}: {system}")
             s = one(spark, system, rows, args.batches, args.vocabulary, Path(root))
             samples.append(s)
-            bar.console.print(
+            files = "n/a" if s.files_per_batch is None else f"{s.files_per_batch:.2f}"
+            bar.console.print(  # one line however narrow the terminal (or a log file)
                 f"{rows:>9,} rows  round {r + 1}  {system:<17} {s.records_per_s:>11,.0f}"
-                f" rec/s  files/batch {s.files_per_batch}"
+                f" rec/s  files/batch {files}",
+                soft_wrap=True,
             )
             bar.advance(task)
     spark.stop()
