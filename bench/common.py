@@ -186,3 +186,9 @@ def counting_fsyncs() -> Iterator[list[int]]:
         yield count
     finally:
         setattr(os, "fsync", real)  # noqa: B010
+
+
+def cell(x: float | None, fmt: str) -> str:
+    """A figure of a printed table: ``x`` in ``fmt``, or ``n/a`` where it could not be
+    told (never a zero standing in for a figure not measured)."""
+    return "n/a" if x is None else format(x, fmt)

@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.common import REPO, machine_info
+from bench.common import REPO, cell, machine_info
 from bench.peers_count import Counted, count_flink
 from bench.stream_scale import Sample, run_ckpt, run_native
 
@@ -226,10 +226,6 @@ def run_spark_side(args: argparse.Namespace, root: Path, systems: Sequence[str])
     finally:
         spark.stop()
     return rows
-
-
-def cell(x: float | None, fmt: str) -> str:
-    return "n/a" if x is None else format(x, fmt)
 
 
 def render(rows: Sequence[Row]) -> str:

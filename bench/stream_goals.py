@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bench.common import cell
+
 AMPLIFICATION_BOUND = 2.0
 ACROSS_FILES = 0.5
 SPARK = ("native", "native-changelog")
@@ -29,10 +31,6 @@ def _goal(name: str, rows: int, met: bool | None, figures: str) -> dict[str, Any
         "verdict": "not measured" if met is None else ("met" if met else "missed"),
         "figures": figures,
     }
-
-
-def _fmt(x: float | None, spec: str = ".2f") -> str:
-    return "n/a" if x is None else format(x, spec)
 
 
 def judge(table: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -63,17 +61,17 @@ def judge(table: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             met = None
         else:
             met = bounded and all(files < s for s in spark if s is not None)
-        theirs = ", ".join(f"{s} {_fmt(row[s].get('files_per_batch'), '.1f')}"
+        theirs = ", ".join(f"{s} {cell(row[s].get('files_per_batch'), '.1f')}"
                            for s in SPARK if s in row)  # fmt: skip
         out.append(_goal(
             f"files/checkpoint below every Spark row, amplification <= {AMPLIFICATION_BOUND}",
-            rows, met, f"ckpt {_fmt(files, '.1f')} ({theirs or 'no Spark row'}),"
-            f" amplification {_fmt(amp)}",
+            rows, met, f"ckpt {cell(files, '.1f')} ({theirs or 'no Spark row'}),"
+            f" amplification {cell(amp, '.2f')}",
         ))  # fmt: skip
         met = None if files is None or bounded is None else files <= ACROSS_FILES and bounded
         out.append(_goal(
             f"ACROSS <= {ACROSS_FILES} files/checkpoint at amplification <= "
             f"{AMPLIFICATION_BOUND}", rows, met,
-            f"{_fmt(files, '.1f')} files, amplification {_fmt(amp)}",
+            f"{cell(files, '.1f')} files, amplification {cell(amp, '.2f')}",
         ))  # fmt: skip
     return out

@@ -52,7 +52,7 @@ from typing import Any
 
 from rich.progress import Progress, TimeElapsedColumn
 
-from bench.common import REPO, machine_info
+from bench.common import REPO, cell, machine_info
 from bench.native_words import words_of_rows
 from bench.stream_goals import AMPLIFICATION_BOUND, judge
 from bench.stream_plot import plot
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             bar.update(task, description=f"{rows:,} rows, round {r + 1}: {system}")
             s = one(spark, system, rows, args.batches, args.vocabulary, Path(root))
             samples.append(s)
-            files = "n/a" if s.files_per_batch is None else f"{s.files_per_batch:.2f}"
+            files = cell(s.files_per_batch, ".2f")
             bar.console.print(  # one line however narrow the terminal (or a log file)
                 f"{rows:>9,} rows  round {r + 1}  {system:<17} {s.records_per_s:>11,.0f}"
                 f" rec/s  files/batch {files}",
@@ -286,10 +286,6 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"{'rows/batch':>10} {'system':<17} {'rec/s':>11} {'µs/rec':>8} {'files/b':>8}"
           f" {'crc/b':>6} {'bytes/b':>11} {'amp end':>8} {'amp peak':>8}")
-
-    def cell(x: float | None, fmt: str) -> str:
-        return "n/a" if x is None else format(x, fmt)
-
     for t in table:
         print(f"{t['rows_per_batch']:>10,} {t['system']:<17} {t['records_per_s']:>11,.0f}"
               f" {t['us_per_record']:>8.1f} {cell(t['files_per_batch'], '.1f'):>8}"
