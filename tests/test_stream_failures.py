@@ -1,6 +1,6 @@
 """Issue 17's correctness test with every failure kind of a worker on: the streaming job
 (``ckpt stream``) on a Spark standalone cluster whose two workers are two hosts
-(``tests.spark_cluster``: Spark launches speculative copies only on another host), for 22
+(``tests.spark_cluster``: Spark launches speculative copies only on another host), for 14
 micro-batches, with
 
 - worker kills (``--kill-worker-prob``, a seed chosen here so that its draws kill a task
@@ -37,17 +37,17 @@ from tests.stream_run_checks import audit_bases, sink_against_batch
 
 pytestmark = pytest.mark.xdist_group("spark")
 
-BATCHES = 22
+BATCHES = 14
 PARALLELISM = 2
-RESCALE = (10, 3)
+RESCALE = (6, 3)
 KILL_PROB = 0.04
-STALLS = ((4, 0, "mid-upload"), (15, 1, "mid-upload"))
+STALLS = ((3, 0, "mid-upload"), (10, 1, "mid-upload"))
 """Stragglers: the first attempt stalls ``STALL_S`` mid-upload, its copy runs on the other
 host."""
 STALL_S = 8.0
 """Spark copies a task once it has run 1.5 times the median of the stage's finished ones
-(``spark.speculation.multiplier``): 4 s is too short on a loaded machine, where batch
-15's other tasks take nearly 3 s, so its straggler finishes before Spark copies it."""
+(``spark.speculation.multiplier``): 4 s is too short on a loaded machine, where a
+batch's other tasks can take nearly 3 s, so its straggler finishes before Spark copies it."""
 ROWS, VOCABULARY, WINDOW_MS = 200, 200, 2000
 
 
@@ -70,12 +70,12 @@ def choose_seed() -> int:
     kill only where the subtask's TM is two checkpoints old (no kill or straggler of it
     in the two batches before, none right after the start or the rescale), so that it
     has a delete to make (WITHIN); every other point in a task the ``deleting`` draw
-    spares; no kill in a straggler's task; at most 12 kills in all."""
+    spares; no kill in a straggler's task; at most 10 kills in all."""
     stalled = {(b, i) for b, i, _ in STALLS}
     for seed in range(10_000):
         f = Failures(KILL_PROB, seed)
         kills = {(b, i): p for b, i in tasks() if (p := first_kill(f, b, i)) is not None}
-        if len(kills) > 12 or stalled & set(kills):
+        if len(kills) > 10 or stalled & set(kills):
             continue
         touched = set(kills) | stalled
         start = {b: 0 if b <= RESCALE[0] else RESCALE[0] + 1 for b in range(BATCHES)}
@@ -135,7 +135,7 @@ def test_issue17_kills_speculation_and_a_rescale_count_every_window_once_and_lea
     cmp = sink_against_batch(
         run_dir, RateSource(ROWS, vocabulary=VOCABULARY), Windowing(WINDOW_MS), BATCHES
     )
-    assert cmp.windows >= 8 and cmp.equal, (cmp.mismatches[:10], cmp.duplicates[:10])
+    assert cmp.windows >= 5 and cmp.equal, (cmp.mismatches[:10], cmp.duplicates[:10])
     assert run["violations"] == []
     audits = audit_bases(run_dir / "checkpoints")
     assert sorted(audits) == ["job-0", "job-1"]
