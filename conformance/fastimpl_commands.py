@@ -85,9 +85,9 @@ def _apply(engine: InProcessEngine, cmd: c.Command) -> None:
         case c.DeliverNotification():
             engine.deliver(cmd.index)
         case c.DropNotification():
-            engine.recorded(cmd, lambda: engine.channel.drop(cmd.index))
+            engine.recorded(cmd, lambda: _on_channel(engine, cmd))
         case c.DuplicateNotification():
-            engine.recorded(cmd, lambda: engine.channel.duplicate(cmd.index))
+            engine.recorded(cmd, lambda: _on_channel(engine, cmd))
         case c.CrashTm():
             engine.crash_tm(cmd.tm)
         case c.AttemptStopped():
@@ -122,12 +122,20 @@ def _apply(engine: InProcessEngine, cmd: c.Command) -> None:
             raise CommandError(Reason.BAD_ARGUMENT, f"unknown command {cmd!r}")
 
 
+def _on_channel(engine: InProcessEngine, cmd: c.DropNotification | c.DuplicateNotification) -> None:
+    """The network loses or repeats a notice in flight, once the engine's guards let it."""
+    engine.check(cmd)
+    if isinstance(cmd, c.DropNotification):
+        engine.channel.drop(cmd.index)
+    else:
+        engine.channel.duplicate(cmd.index)
+
+
 def _crash_during_write(engine: InProcessEngine, cmd: c.CrashDuringWrite) -> None:
     """R65: the TM's process dies after ``written`` of ``size`` bytes reached storage;
     the half-written bytes stay with the crashed attempt, and the TM is lost."""
-    tm = engine.writer(cmd.checkpoint, cmd.subtask, None)
-    if not 0 < cmd.written < cmd.size:
-        raise CommandError(Reason.BAD_ARGUMENT, "a crash mid-write needs 0 < written < size")
+    engine.check(cmd)
+    tm = engine.acting(cmd.subtask, None)
     party = engine.parties[tm]
     party.note(cmd.checkpoint, engine.coord._is_savepoint(cmd.checkpoint))
     try:

@@ -12,15 +12,16 @@ import logging
 from collections.abc import Iterable
 
 from fastimpl.coordinated_job import CoordinatedJob
+from fastimpl.guards import CoordinatorGuards
 from fastimpl.metadata import MetadataError, base_of, metadata_bytes, path_parts
 from fastimpl.records import Completed, ManagedDir, Pending, Status, StoredFile
 from fastimpl.retention import Retention
 from fastimpl.storage import StorageFault
 from fastimpl.tm_book import TmBook
 from fastimpl.working import SharedWorking
+from spec import commands as c
 from spec.config import MergingMode
 from spec.effects import COORDINATOR, USER, tm_actor
-from spec.errors import CommandError, Reason
 from spec.handles import (
     DirectoryHandle,
     FileHandle,
@@ -39,6 +40,7 @@ from spec.layout import (
     taskowned_dir,
 )
 from spec.messages import Acknowledgement, CheckpointAborted, CheckpointComplete, Decline
+from spec.refusals import check
 
 log = logging.getLogger("fastimpl.coordinator")
 
@@ -53,6 +55,8 @@ class CheckpointLifecycle:
         self.tm_book = tm_book
         self.retention = retention
         self.working = working
+        self.guards = CoordinatorGuards(run, tm_book, self)
+        """The guards of ``spec/refusals.py`` the coordinator's records decide."""
         self.pending: dict[int, Pending] = {}
         self.savepoint_ids: set[int] = set()
         """Savepoints an attempt may still write or acknowledge for (``forget_savepoints``);
@@ -65,22 +69,12 @@ class CheckpointLifecycle:
         and the storage fault that caused it: the store's API raises it as an error,
         where ``complete`` itself answers ``None`` as the model does."""
 
-    def require_pending(self, checkpoint: int) -> Pending:
-        p = self.pending.get(checkpoint)
-        if p is None:
-            if 1 <= checkpoint < self.run.next_checkpoint:
-                raise CommandError(
-                    Reason.CHECKPOINT_NOT_PENDING, f"checkpoint {checkpoint} is not pending"
-                )
-            raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
-        return p
-
     def is_savepoint(self, checkpoint: int) -> bool:
         return checkpoint in self.savepoint_ids
 
     def trigger(self, savepoint: bool = False) -> int:
         """R50: a new checkpoint (or savepoint); its id."""
-        self.run.require_running()
+        check(c.Trigger, self.guards.running_checks())
         cid = self.run.next_checkpoint
         self.run.next_checkpoint += 1
         self.pending[cid] = Pending(cid, savepoint)
@@ -288,14 +282,8 @@ class CheckpointLifecycle:
     def complete(self, checkpoint: int) -> Completed | None:
         """R51-R55: the completed checkpoint, its ``_metadata`` written, or ``None`` if
         writing it failed and the checkpoint was aborted (R51)."""
-        self.run.require_running()
-        p = self.require_pending(checkpoint)
-        missing = [s for s in self.tm_book.placement if s not in p.acks]
-        if missing:
-            raise CommandError(
-                Reason.NOT_ALL_ACKNOWLEDGED,
-                f"checkpoint {checkpoint} lacks acks from {[str(s) for s in missing]}",
-            )
+        check(c.Complete, self.guards.complete_checks(checkpoint))
+        p = self.pending[checkpoint]
         entries: list[StateEntry] = []
         directories: list[str] = []
         for s in sorted(p.acks):

@@ -14,7 +14,6 @@ from typing import Protocol
 from fastimpl.catalog import Catalog
 from fastimpl.storage import Storage
 from spec.config import Config, MergingMode, VertexSpec
-from spec.errors import CommandError, Reason
 from spec.ids import SubtaskId, TmId
 from spec.layout import SAVEPOINTS, job_base
 from spec.messages import Answer, CheckpointAborted, CheckpointComplete, Duty
@@ -89,7 +88,3 @@ class CoordinatedJob:
         """Bases whose files a CLAIM may give the coordinator (R72, I5): the running job's
         own and those its predecessors held when claimed; a NO_CLAIM restore starts a
         lineage of its own (R73). Never a savepoint's, never what a file merely names."""
-
-    def require_running(self) -> None:
-        if not self.running:
-            raise CommandError(Reason.JOB_NOT_RUNNING, f"job {self.job} has ended")

@@ -141,6 +141,8 @@ class CheckpointCoordinator:
         """Working files handed over in place, and their collection (§11, R103-R105)."""
         self.retention = Retention(self.run, self.tm_book, self.working)
         self.lifecycle = CheckpointLifecycle(self.run, self.tm_book, self.retention, self.working)
+        self.guards = self.lifecycle.guards
+        """The guards of ``spec/refusals.py`` its records decide (``fastimpl.guards``)."""
         self.failures = Failover(
             self.run, self.tm_book, self.lifecycle, self.retention, self.working
         )
@@ -160,9 +162,6 @@ class CheckpointCoordinator:
 
     # the running job and its TMs
 
-    def require_running(self) -> None:
-        self.run.require_running()
-
     def deploy(self, placement: dict[SubtaskId, TmId]) -> None:
         """The engine runs the job's subtasks on these TMs (all alive)."""
         self.tm_book.deploy(placement)
@@ -177,9 +176,6 @@ class CheckpointCoordinator:
         return self.tm_book.hot_dirs()
 
     # a checkpoint's life
-
-    def require_pending(self, checkpoint: int) -> Pending:
-        return self.lifecycle.require_pending(checkpoint)
 
     def _is_savepoint(self, checkpoint: int) -> bool:
         return self.lifecycle.is_savepoint(checkpoint)

@@ -10,8 +10,11 @@ the parties meet only through messages and storage; the one thing they share is 
 deletion log, which keeps the order of every party's deletes for the observation.
 
 Each call is validated before anything changes (a ``CommandError`` leaves files and
-bookkeeping as they were), returns what it produced, and is logged to the trace (if
-any) as the ``spec.commands`` command it is. ``CheckpointStore`` (``fastimpl.api``)
+bookkeeping as they were): ``spec.refusals.check`` walks the command's guards in the
+table's order over the product's predicates (``InProcessEngine.checks``), asked where the
+records are: the coordinator's (``fastimpl.guards``), the acting TM's, the transport's.
+Each call returns what it produced, and is logged to the trace (if any) as the
+``spec.commands`` command it is. ``CheckpointStore`` (``fastimpl.api``)
 wraps it with a lock; the test adapters drive it from spec commands.
 """
 
@@ -39,6 +42,7 @@ from fastimpl.trace import CommandTrace
 from fastimpl.transport import InMemoryTransport
 from fastimpl.working import is_working_path
 from spec import commands as c
+from spec import refusals
 from spec.config import Config, JobSpec, RestoreMode, StateKind
 from spec.effects import USER, tm_actor
 from spec.errors import CommandError, Reason, UsageError
@@ -79,6 +83,7 @@ from spec.observation import (
     WorkingFileView,
     WorkingObservation,
 )
+from spec.refusals import Check
 
 _T = TypeVar("_T")
 OutKey = tuple[TmId, SubtaskId, int]
@@ -295,7 +300,8 @@ class InProcessEngine:
         return self.recorded(cmd, lambda: self._write(cmd, data))
 
     def _write(self, cmd: c.WriteState, data: bytes) -> StateEntry | None:
-        tm = self.writer(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        self.check(cmd)
+        tm = self.acting(cmd.subtask, cmd.attempt)
         if cmd.size == 0:
             return None  # R10
         try:
@@ -321,11 +327,13 @@ class InProcessEngine:
     def decline(self, checkpoint: int, subtask: SubtaskId) -> None:
         """The subtask declines the checkpoint (R17)."""
 
-        def run() -> None:
-            tm = self.writer(checkpoint, subtask, None)
-            self._write_failed(tm, subtask, checkpoint)
+        cmd = c.Decline(checkpoint, subtask)
 
-        self.recorded(c.Decline(checkpoint, subtask), run)
+        def run() -> None:
+            self.check(cmd)
+            self._write_failed(self.acting(subtask, None), subtask, checkpoint)
+
+        self.recorded(cmd, run)
 
     def reuse_shared(
         self,
@@ -358,7 +366,8 @@ class InProcessEngine:
     def _reuse_shared(
         self, cmd: c.ReuseShared, upload: Callable[[StreamHandle], bytes]
     ) -> StateEntry | None:
-        tm = self.writer(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        self.check(cmd)
+        tm = self.acting(cmd.subtask, cmd.attempt)
         party = self.parties[tm]
         ref = party.backend_ref(cmd.subtask, cmd.name)
         savepoint = self._is_savepoint(cmd.checkpoint)
@@ -392,7 +401,8 @@ class InProcessEngine:
         return self.recorded(cmd, lambda: self._acknowledge(cmd))
 
     def _acknowledge(self, cmd: c.Acknowledge) -> tuple[StateEntry, ...]:
-        tm = self.writer(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        self.check(cmd)
+        tm = self.acting(cmd.subtask, cmd.attempt)
         try:
             written, ack = self.parties[tm].acknowledge(
                 cmd.subtask, cmd.checkpoint, self._is_savepoint(cmd.checkpoint)
@@ -411,12 +421,13 @@ class InProcessEngine:
         return self.recorded(c.Complete(checkpoint), lambda: self.coord.complete(checkpoint))
 
     def abort(self, checkpoint: int) -> None:
+        cmd = c.Abort(checkpoint)
+
         def run() -> None:
-            self.coord.require_running()
-            self.coord.require_pending(checkpoint)
+            self.check(cmd)
             self.coord.abort(checkpoint)
 
-        self.recorded(c.Abort(checkpoint), run)
+        self.recorded(cmd, run)
 
     def deliver(self, index: int) -> None:
         """Hand the ``index``-th notice in flight to its TM (R34: any notice may arrive at
@@ -424,6 +435,7 @@ class InProcessEngine:
         self.recorded(c.DeliverNotification(index), lambda: self._deliver(index))
 
     def _deliver(self, index: int) -> None:
+        self.check(c.DeliverNotification(index))
         tm, msg = self.channel.take(index)
         rec = self.tms.get(tm)
         if rec is None or rec.status is Status.STOPPED:
@@ -436,52 +448,47 @@ class InProcessEngine:
         self.recorded(c.CrashTm(tm), lambda: self._crash_tm(tm))
 
     def _crash_tm(self, tm: TmId) -> None:
-        self._live_tm(tm)
+        self.check(c.CrashTm(tm))
         self.coord.lose(tm)
-
-    def _live_tm(self, tm: TmId) -> None:
-        """A live TM of the running job, named by a command (R57, R66)."""
-        self.coord.require_running()
-        rec = self.tms.get(tm)
-        if rec is None:
-            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
-        if rec.status is not Status.ALIVE or tm not in self.placement.values():
-            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} is not a live TM of {self.job}")
 
     def replace_tm(self, tm: TmId) -> TmId:
         """R66: task-level failover: a new attempt runs ``tm``'s subtasks, pending
         checkpoints stay pending, ``tm`` is lost (it may still run); the new attempt's id."""
 
+        cmd = c.ReplaceTm(tm)
+
         def run() -> TmId:
-            self._live_tm(tm)
+            self.check(cmd)
             return self.coord.replace(tm)
 
-        return self.recorded(c.ReplaceTm(tm), run)
+        return self.recorded(cmd, run)
 
     def attempt_stopped(self, tm: TmId) -> None:
-        """R64: a lost TM is known to have stopped."""
+        """R64: a lost TM is known to have stopped. Its guards are checked before the
+        message is sent (an unknown id may be no name a message can carry), and again by
+        the coordinator that receives it, as from any engine."""
+        cmd = c.AttemptStopped(tm)
 
         def run() -> None:
+            self.check(cmd)
             party = self.parties.get(tm)  # gone once stopped: the coordinator says so
-            if party is None and self.coord.attempt_status(tm) is None:
-                raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
             job = self.job if party is None else party.job
             msg = decode_message(encode_message(AttemptStopped(job, tm)))
             assert isinstance(msg, AttemptStopped)
             self.coord.receive_stopped(msg)  # the coordinator learns it as a message
 
-        self.recorded(c.AttemptStopped(tm), run)
+        self.recorded(cmd, run)
 
     def failover(self) -> None:
         def run() -> None:
-            self.coord.require_running()
+            self.check(c.Failover())
             self.coord.failover()
 
         self.recorded(c.Failover(), run)
 
     def restart(self) -> None:
         def run() -> None:
-            self.coord.require_running()
+            self.check(c.RestartCoordinator())
             self.coord.restart()
 
         self.recorded(c.RestartCoordinator(), run)
@@ -500,11 +507,13 @@ class InProcessEngine:
         return self.job
 
     def cancel(self, retain: bool) -> None:
+        cmd = c.Cancel(retain)
+
         def run() -> None:
-            self.coord.require_running()
+            self.check(cmd)
             self.coord.end_job(retain=retain)
 
-        self.recorded(c.Cancel(retain), run)
+        self.recorded(cmd, run)
 
     # working state (§11): the live databases' calls (fastimpl.working)
 
@@ -574,44 +583,119 @@ class InProcessEngine:
             obs = self.observe() if trace.observations else None
             trace.record(cmd, error, self.storage.real_faults - before, obs)
 
-    # ------------------------------------------------------------------ validation
+    # ------------------------------------------------------------------ guards (spec/refusals.py)
 
-    def writer(self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None) -> TmId:
-        """The TM a write or acknowledgement comes from, checked (R10, R56, R64)."""
-        self.coord.require_running()
-        if subtask not in self.placement:
-            raise CommandError(Reason.UNKNOWN_SUBTASK, f"{subtask} is not a subtask of {self.job}")
-        if not 1 <= checkpoint < self.next_checkpoint:
-            raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
-        tm = self.acting(subtask, attempt)
-        party = self.parties[tm]
-        if party.finished(checkpoint, self._is_savepoint(checkpoint)):
-            raise CommandError(
-                Reason.CHECKPOINT_FINISHED_FOR_TM,
-                f"{tm} already knows checkpoint {checkpoint} is finished",
-            )
-        if party.acknowledged(subtask, checkpoint):
-            raise CommandError(
-                Reason.ALREADY_ACKNOWLEDGED, f"{subtask} already acknowledged {checkpoint}"
-            )
-        return tm
+    def check(self, cmd: c.Command) -> None:
+        """Refuse ``cmd`` (``CommandError``) at the first of its guards, in the table's
+        order, that the product's records say fails; nothing has changed yet."""
+        refusals.check(cmd, self.checks(cmd))
+
+    def checks(self, cmd: c.Command) -> dict[str, Check]:
+        """The product's predicate for each guard of ``cmd``, by name: the coordinator's
+        records decide most (``fastimpl.guards``), the acting TM's own records whether a
+        checkpoint is over for it, what it acknowledged, wrote and uses, the transport
+        which notices are in flight. Trigger, Complete, AttemptStopped and Restore are
+        checked by the coordinator itself, which other engines drive directly; the rest
+        here, before the call."""
+        g = self.coord.guards
+        match cmd:
+            case (
+                c.Trigger()
+                | c.Failover()
+                | c.RestartCoordinator()
+                | c.Cancel()
+                | c.CollectWorking()
+            ):
+                return g.running_checks()
+            case c.WriteState() | c.Acknowledge() | c.SnapshotWorking():
+                return self._writer_checks(cmd.checkpoint, cmd.subtask, cmd.attempt)
+            case c.ReuseShared():
+                return self._writer_checks(cmd.checkpoint, cmd.subtask, cmd.attempt) | {
+                    "state_exists": lambda: self._no_state(cmd)
+                }
+            case c.Decline():
+                return self._writer_checks(cmd.checkpoint, cmd.subtask, None, zombie=False)
+            case c.CrashDuringWrite():
+                return self._writer_checks(cmd.checkpoint, cmd.subtask, None, zombie=False) | {
+                    "partial_write": lambda: (
+                        None
+                        if 0 < cmd.written < cmd.size
+                        else "a crash mid-write needs 0 < written < size"
+                    )
+                }
+            case c.Complete():
+                return g.complete_checks(cmd.checkpoint)
+            case c.Abort():
+                return g.abort_checks(cmd.checkpoint)
+            case c.DeliverNotification() | c.DropNotification() | c.DuplicateNotification():
+                return {"notification_exists": lambda: self._no_notice(cmd.index)}
+            case c.CrashTm() | c.ReplaceTm():
+                return g.live_tm_checks(cmd.tm)
+            case c.AttemptStopped():
+                return g.stopped_checks(cmd.tm)
+            case c.Restore():
+                return self.coord.restores.checks(cmd).table()
+            case c.FailNextCall() | c.RetryDeletes():
+                return {}
+            case c.WriteWorking():
+                return g.database_checks(cmd.subtask, cmd.attempt) | {
+                    "working_bytes": lambda: (
+                        None if cmd.size > 0 else "a working file has at least one byte"
+                    )
+                }
+            case c.DropWorking():
+                return g.database_checks(cmd.subtask, cmd.attempt) | {
+                    "database_uses": lambda: self._not_used(cmd)
+                }
 
     def acting(self, subtask: SubtaskId, attempt: TmId | None) -> TmId:
-        """The attempt that acts for a subtask of the running job: its live TM, or a lost
-        attempt that hosted it (a zombie, R64), checked in the guard order of
-        ``spec.refusals``."""
-        tm = self.placement[subtask] if attempt is None else attempt
-        rec = self.tms.get(tm)
-        if rec is None:
-            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
-        if attempt is None and rec.status is not Status.ALIVE:
-            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} hosting {subtask} is not alive")
-        if attempt is not None:
-            if rec.status is not Status.LOST:
-                raise CommandError(Reason.TM_NOT_LOST, f"attempt {tm} is not a lost TM")
-            if subtask not in rec.hosted:
-                raise CommandError(Reason.NOT_HOSTED, f"{tm} never hosted {subtask}")
-        return tm
+        """The attempt that acts for a subtask of the running job: its TM, or the lost
+        ``attempt`` named (a zombie, R64), once the guards let it (``check``)."""
+        return self.coord.guards.acting_tm(subtask, attempt)
+
+    def _writer_checks(
+        self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None, *, zombie: bool = True
+    ) -> dict[str, Check]:
+        """The TM a write or acknowledgement comes from (R10, R56, R64): the coordinator's
+        checks of the acting attempt and the checkpoint, then the attempt's own records:
+        the checkpoint is not over for it, it has not acknowledged it yet."""
+        g = self.coord.guards
+
+        def finished() -> str | None:
+            tm = self.acting(subtask, attempt)
+            if not self.parties[tm].finished(checkpoint, self._is_savepoint(checkpoint)):
+                return None
+            return f"{tm} already knows checkpoint {checkpoint} is finished"
+
+        def acknowledged() -> str | None:
+            if not self.parties[self.acting(subtask, attempt)].acknowledged(subtask, checkpoint):
+                return None
+            return f"{subtask} already acknowledged {checkpoint}"
+
+        return g.database_checks(subtask, attempt, zombie=zombie) | {
+            "checkpoint_triggered": lambda: g.checkpoint_triggered(checkpoint),
+            "not_finished_for_tm": finished,
+            "not_acknowledged": acknowledged,
+        }
+
+    def _no_state(self, cmd: c.ReuseShared) -> str | None:
+        """R20: only shared state the acting TM's backend remembers uploading is reused."""
+        tm = self.acting(cmd.subtask, cmd.attempt)
+        if self.parties[tm].remembered(cmd.subtask, cmd.name) is not None:
+            return None
+        return f"{cmd.subtask} on {tm} has no shared state {cmd.name!r}"
+
+    def _not_used(self, cmd: c.DropWorking) -> str | None:
+        """R102: a database stops using only a file it uses."""
+        tm = self.acting(cmd.subtask, cmd.attempt)
+        if cmd.path in self.parties[tm].working.uses.get(cmd.subtask, ()):
+            return None
+        return f"the database of {cmd.subtask} on {tm} uses no {cmd.path}"
+
+    def _no_notice(self, index: int) -> str | None:
+        if 0 <= index < len(self.channel):
+            return None
+        return f"no notification {index} of {len(self.channel)}"
 
     def observe_working(self, on_storage: Iterable[str] | None = None) -> WorkingObservation:
         """The working files (§11) as the parties record them: each one's owner, state
@@ -702,29 +786,21 @@ class InProcessEngine:
 
 
 class WorkingCalls:
-    """The working commands on an in-process engine (§11, R101-R106), checked as
-    ``spec/refusals.py`` lists them. They reach into the engine's parties, so they are
-    the engine's: ``fastimpl.working``, which the coordinator and the TM import, stays
-    free of the engine."""
+    """The working commands on an in-process engine (§11, R101-R106), checked by the
+    engine's predicates (``InProcessEngine.checks``) in the order ``spec/refusals.py``
+    lists. They reach into the engine's parties, so they are the engine's:
+    ``fastimpl.working``, which the coordinator and the TM import, stays free of the
+    engine. The acting attempt is the subtask's live TM, or a lost attempt that hosted it
+    (a zombie, R106)."""
 
     def __init__(self, engine: InProcessEngine) -> None:
         self.engine = engine
 
-    def db_host(self, subtask: SubtaskId, attempt: TmId | None) -> TmId:
-        """The attempt whose database acts: the subtask's live TM, or a lost attempt that
-        hosted it (a zombie, R106), checked as a writer is (R57, R64)."""
-        e = self.engine
-        e.coord.require_running()
-        if subtask not in e.placement:
-            raise CommandError(Reason.UNKNOWN_SUBTASK, f"{subtask} is not a subtask of {e.job}")
-        return e.acting(subtask, attempt)
-
     def write(self, subtask: SubtaskId, data: bytes, attempt: TmId | None = None) -> str | None:
         """R101: the database writes one working file; its path, or ``None`` if a
         storage call failed (nothing is used, R45)."""
-        tm = self.db_host(subtask, attempt)
-        if not data:
-            raise CommandError(Reason.BAD_ARGUMENT, "a working file has at least one byte")
+        self.engine.check(c.WriteWorking(subtask, len(data), attempt))
+        tm = self.engine.acting(subtask, attempt)
         try:
             return self.engine.parties[tm].working.write(subtask, data)
         except StorageFault:
@@ -732,7 +808,8 @@ class WorkingCalls:
 
     def drop(self, subtask: SubtaskId, path: str, attempt: TmId | None = None) -> None:
         """R102: the database stops using ``path`` (a compaction replaced it)."""
-        tm = self.db_host(subtask, attempt)
+        self.engine.check(c.DropWorking(subtask, path, attempt))
+        tm = self.engine.acting(subtask, attempt)
         self.engine.parties[tm].working.drop(subtask, path)
 
     def snapshot(
@@ -741,7 +818,8 @@ class WorkingCalls:
         """R103: the subtask snapshots its database for ``checkpoint``; a failing write
         declines the checkpoint (R17)."""
         e = self.engine
-        tm = e.writer(checkpoint, subtask, attempt)
+        e.check(c.SnapshotWorking(checkpoint, subtask, inline_below, attempt))
+        tm = e.acting(subtask, attempt)
         party = e.parties[tm]
         savepoint = e._is_savepoint(checkpoint)
 
@@ -757,5 +835,5 @@ class WorkingCalls:
 
     def collect(self) -> None:
         """R104: the coordinator's collection."""
-        self.engine.coord.require_running()
+        self.engine.check(c.CollectWorking())
         self.engine.coord.working.collect()

@@ -20,9 +20,9 @@ from fastimpl.records import ManagedDir, Status, StoredFile, Tm
 from fastimpl.retention import Retention
 from fastimpl.tm_book import TmBook
 from fastimpl.working import SharedWorking, is_working_path
+from spec import commands as c
 from spec.config import MergingMode
 from spec.effects import COORDINATOR, tm_actor
-from spec.errors import CommandError, Reason
 from spec.handles import FileHandle, PlaceholderHandle, SegmentHandle
 from spec.ids import SubtaskId, TmId
 from spec.layout import (
@@ -44,6 +44,7 @@ from spec.messages import (
     RetainedCheckpoint,
     TmAssignment,
 )
+from spec.refusals import check
 
 log = logging.getLogger("fastimpl.coordinator")
 
@@ -199,11 +200,8 @@ class Failover:
 
     def attempt_stopped(self, tm: TmId) -> None:
         """R64: what waited for a stopped attempt runs; the coordinator takes the rest."""
-        rec = self.tm_book.tms.get(tm)
-        if rec is None:
-            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
-        if rec.status is not Status.LOST:
-            raise CommandError(Reason.TM_NOT_LOST, f"{tm} is {rec.status.value}, not lost")
+        check(c.AttemptStopped, self.lifecycle.guards.stopped_checks(tm))
+        rec = self.tm_book.tms[tm]
         rec.status = Status.STOPPED
         hosted = rec.hosted
         rec.hosted = frozenset()

@@ -24,12 +24,12 @@ from fastimpl.working import SharedWorking
 from spec import commands as c
 from spec.config import MAX_TMS, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.effects import COORDINATOR
-from spec.errors import CommandError, Reason
 from spec.handles import FileHandle, StateEntry
 from spec.ids import SubtaskId, TmId
 from spec.keygroups import max_parallelism_refusal
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base, savepoint_dir
 from spec.messages import ReusableFiles
+from spec.refusals import Check, check
 
 log = logging.getLogger("fastimpl.coordinator")
 
@@ -81,30 +81,17 @@ class RestorePlanner:
                     out.append(int(num))
         return sorted(out)
 
+    def checks(self, cmd: c.Restore) -> RestoreChecks:
+        """The restore's guards (``spec/refusals.py``), which find and read its source."""
+        return RestoreChecks(self, cmd)
+
     def restore(self, cmd: c.Restore) -> None:
         run, book, retention = self.run, self.tm_book, self.retention
-        source = next((r for r in retention.retained if r.id == cmd.checkpoint), None)
-        if source is None:
-            source = self.stored_savepoint(cmd.checkpoint)
-        if source is None:
-            raise CommandError(
-                Reason.NOT_RETAINED, f"checkpoint {cmd.checkpoint} is not retained nor a savepoint"
-            )
-        recorded = source
-        # validated before any change
-        source = retention.load_completed(source.metadata, source.job)
+        guards = self.checks(cmd)
+        check(cmd, guards.table())
+        source, recorded = guards.read()
         mode = RestoreMode.NO_CLAIM if source.savepoint else cmd.mode  # R73
-        if mode is RestoreMode.CLAIM:
-            self._check_claim(source, recorded)
-        names = {v.name for v in run.vertices}
         new_par = dict(cmd.parallelism)
-        if not set(new_par) <= names or any(
-            p < 1 or p > run.cfg.max_parallelism for p in new_par.values()
-        ):
-            raise CommandError(Reason.BAD_ARGUMENT, f"bad parallelism {cmd.parallelism}")
-        if cmd.num_tms is not None and not 1 <= cmd.num_tms <= MAX_TMS:
-            raise CommandError(Reason.BAD_ARGUMENT, f"num_tms {cmd.num_tms} not in 1 .. {MAX_TMS}")
-        self._check_max_parallelism(source, cmd)
         old_vertices = run.vertices
         if run.running:
             self.job_end.end_job(retain=True)
@@ -163,19 +150,6 @@ class RestorePlanner:
             for t, found in sorted(reusable.items()):
                 msg = ReusableFiles(run.job, t, epoch, source.id, tuple(found))
                 run.engine.duty(t, msg)
-
-    def _check_max_parallelism(self, source: Completed, cmd: c.Restore) -> None:
-        """R77: refused unless the new job's max parallelism (the command's, else the
-        configured one) is the one the checkpoint's metadata records."""
-        configured = self.run.cfg.max_parallelism
-        wanted = configured if cmd.max_parallelism is None else cmd.max_parallelism
-        why = max_parallelism_refusal(source.max_parallelism, wanted, source.entries)
-        if why is None and wanted != configured:
-            why = f"the restore asks for max parallelism {wanted}, the job runs with {configured}"
-        if why is not None:
-            raise CommandError(
-                Reason.MAX_PARALLELISM_CHANGED, f"checkpoint {source.id} ({source.metadata}): {why}"
-            )
 
     def _check_claim(self, source: Completed, recorded: Completed) -> None:
         """R72, I5: a CLAIM takes what the checkpoint held when it completed, no more. A
@@ -250,3 +224,67 @@ class RestorePlanner:
         if latest is None:
             return ()
         return tuple(e for e in latest.entries if e.subtask == subtask)
+
+
+class RestoreChecks:
+    """A restore's guards on the coordinator's records (``spec/refusals.py``): the source
+    is found and read back while they run, so that the restore starts from what they
+    validated (``read``)."""
+
+    def __init__(self, planner: RestorePlanner, cmd: c.Restore) -> None:
+        self.planner = planner
+        self.cmd = cmd
+        self._found: tuple[Completed, Completed] | None = None
+
+    def table(self) -> dict[str, Check]:
+        return {
+            "source_retained": self.source_retained,
+            "parallelism_valid": self.parallelism_valid,
+            "max_parallelism_same": self.max_parallelism_same,
+        }
+
+    def read(self) -> tuple[Completed, Completed]:
+        """The source as its ``_metadata`` reads now, and as the store recorded it."""
+        assert self._found is not None, "read only once source_retained held"
+        return self._found
+
+    def source_retained(self) -> str | None:
+        """R70: a checkpoint the job retains, or a savepoint on storage. Finding it reads
+        its ``_metadata`` back and validates it, a CLAIM's against what the store recorded
+        (R72): damage raises ``MetadataError``, before any argument is checked and before
+        any change."""
+        planner, cmd = self.planner, self.cmd
+        recorded = next((r for r in planner.retention.retained if r.id == cmd.checkpoint), None)
+        if recorded is None:
+            recorded = planner.stored_savepoint(cmd.checkpoint)
+        if recorded is None:
+            return f"checkpoint {cmd.checkpoint} is not retained nor a savepoint"
+        source = planner.retention.load_completed(recorded.metadata, recorded.job)
+        if not source.savepoint and cmd.mode is RestoreMode.CLAIM:  # R73: a savepoint's NO_CLAIM
+            planner._check_claim(source, recorded)
+        self._found = (source, recorded)
+        return None
+
+    def parallelism_valid(self) -> str | None:
+        """R75, R78: known vertices at parallelisms up to the max, a TM count in range."""
+        cmd, run = self.cmd, self.planner.run
+        names = {v.name for v in run.vertices}
+        new_par = dict(cmd.parallelism)
+        if not set(new_par) <= names or any(
+            p < 1 or p > run.cfg.max_parallelism for p in new_par.values()
+        ):
+            return f"bad parallelism {cmd.parallelism}"
+        if cmd.num_tms is not None and not 1 <= cmd.num_tms <= MAX_TMS:
+            return f"num_tms {cmd.num_tms} not in 1 .. {MAX_TMS}"
+        return None
+
+    def max_parallelism_same(self) -> str | None:
+        """R77: the new job's max parallelism (the command's, else the configured one) is
+        the one the checkpoint's metadata records."""
+        source, _ = self.read()
+        configured = self.planner.run.cfg.max_parallelism
+        wanted = configured if self.cmd.max_parallelism is None else self.cmd.max_parallelism
+        why = max_parallelism_refusal(source.max_parallelism, wanted, source.entries)
+        if why is None and wanted != configured:
+            why = f"the restore asks for max parallelism {wanted}, the job runs with {configured}"
+        return None if why is None else f"checkpoint {source.id} ({source.metadata}): {why}"

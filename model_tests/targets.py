@@ -14,6 +14,7 @@ from fastimpl.engine import InProcessEngine
 from spec import commands as c
 from spec.config import Config, JobSpec
 from spec.observation import Observation, WorkingObservation
+from spec.refusals import Checks
 
 
 class Target(Protocol):
@@ -52,6 +53,11 @@ class FastimplTarget:
 
     def observe(self) -> Observation:
         return self.engine.observe()
+
+    def guard_checks(self, cmd: c.Command) -> Checks:
+        """The product's predicate for each guard of ``cmd`` (``spec.refusals``), by
+        name: what it checks the command with before anything changes."""
+        return self.engine.checks(cmd)
 
     def observe_working(self, on_storage: Iterable[str] | None = None) -> WorkingObservation:
         return self.engine.observe_working(on_storage)

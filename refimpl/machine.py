@@ -7,6 +7,9 @@ next to the code that carries it out. Theory of operation:
   stay frozen and are replaced with ``evolve``), applies one command, and freezes the
   result. A command that raises ``CommandError`` leaves the input untouched, so an
   invalid command changes nothing (the state is a value).
+* Refusals: ``apply`` first runs ``spec.refusals.check``, which walks the command's guards
+  in the order of ``spec.refusals.GUARDS`` over the model's predicate for each
+  (``_Work.checks``); the command handlers then run on a state that passed every guard.
 * Storage is modelled in the state itself (``files``, ``dir_owner``): every storage call
   goes through one of the ``_fs_*`` helpers, which record the effect in order and apply
   it, so the model's observation shows the files that would exist.
@@ -58,7 +61,6 @@ from spec.effects import (
     WriteMetadata,
     tm_actor,
 )
-from spec.errors import CommandError, Reason
 from spec.handles import (
     DirectoryHandle,
     FileHandle,
@@ -81,6 +83,7 @@ from spec.layout import (
     working_dir,
 )
 from spec.observation import DeletionRecord
+from spec.refusals import Check, check
 
 
 @frozen
@@ -103,6 +106,12 @@ def step(state: ModelState, command: c.AnyCommand) -> Outcome:
     work = _Work(state)
     work.apply(command)
     return Outcome(work.freeze(), tuple(work.effects))
+
+
+def guard_checks(state: ModelState, command: c.AnyCommand) -> dict[str, Check]:
+    """The model's predicate for each guard of ``command`` in ``state``, by name: what
+    ``step`` checks the command with first (``spec.refusals.check``)."""
+    return _Work(state).checks(command)
 
 
 def _tm_of_actor(actor: str) -> TmId | None:
@@ -200,6 +209,7 @@ class _Work:
     # ------------------------------------------------------------------ dispatch
 
     def apply(self, cmd: c.AnyCommand) -> None:
+        check(cmd, self.checks(cmd))
         match cmd:
             case c.WriteWorking():
                 self.write_working(cmd)
@@ -208,7 +218,6 @@ class _Work:
             case c.SnapshotWorking():
                 self.snapshot_working(cmd)
             case c.CollectWorking():
-                self.require_running()
                 self.collect_working()
             case c.Trigger():
                 self.trigger(cmd)
@@ -223,16 +232,13 @@ class _Work:
             case c.Complete():
                 self.complete(cmd)
             case c.Abort():
-                self.require_running()
-                self.require_pending(cmd.checkpoint)
                 self.coordinator_abort(cmd.checkpoint)
             case c.DeliverNotification():
                 self.deliver(cmd.index)
             case c.DropNotification():
-                self.notice_at(cmd.index)
                 del self.channel[cmd.index]
             case c.DuplicateNotification():
-                self.channel.append(self.notice_at(cmd.index))
+                self.channel.append(self.channel[cmd.index])
             case c.CrashTm():
                 self.crash_tm(cmd.tm)
             case c.AttemptStopped():
@@ -240,12 +246,10 @@ class _Work:
             case c.CrashDuringWrite():
                 self.crash_during_write(cmd)
             case c.Failover():
-                self.require_running()
                 self.failover()
             case c.ReplaceTm():
                 self.replace_tm(cmd.tm)
             case c.RestartCoordinator():
-                self.require_running()
                 self.restart_coordinator()
             case c.Restore():
                 self.restore(cmd)
@@ -254,61 +258,246 @@ class _Work:
             case c.RetryDeletes():
                 self.retry_deletes()
             case c.Cancel():
-                self.require_running()
                 self.end_job(retain=cmd.retain)
 
-    # ------------------------------------------------------------------ validation
+    # ------------------------------------------------------------------ guards (spec/refusals.py)
 
-    def require_running(self) -> None:
-        if not self.running:
-            raise CommandError(Reason.JOB_NOT_RUNNING, f"job {self.job} has ended")
+    def checks(self, cmd: c.AnyCommand) -> dict[str, Check]:
+        """The model's predicate for each guard ``spec.refusals.GUARDS`` lists for
+        ``cmd``, by name; ``apply`` runs them in that order (``spec.refusals.check``), so
+        each may rely on the guards before it."""
+        match cmd:
+            case (
+                c.Trigger()
+                | c.Failover()
+                | c.RestartCoordinator()
+                | c.Cancel()
+                | c.CollectWorking()
+            ):
+                return {"running": self._ended}
+            case c.WriteState() | c.Acknowledge() | c.SnapshotWorking():
+                return self._writer_checks(cmd.checkpoint, cmd.subtask, cmd.attempt)
+            case c.ReuseShared():
+                return self._writer_checks(cmd.checkpoint, cmd.subtask, cmd.attempt) | {
+                    "state_exists": lambda: self._no_state(cmd)
+                }
+            case c.Decline():
+                return self._writer_checks(cmd.checkpoint, cmd.subtask, None, zombie=False)
+            case c.CrashDuringWrite():
+                return self._writer_checks(cmd.checkpoint, cmd.subtask, None, zombie=False) | {
+                    "partial_write": lambda: (
+                        None
+                        if 0 < cmd.written < cmd.size
+                        else "a crash mid-write needs 0 < written < size"
+                    )
+                }
+            case c.Complete():
+                return self._checkpoint_checks(cmd.checkpoint) | {
+                    "all_acknowledged": lambda: self._missing_acks(cmd.checkpoint)
+                }
+            case c.Abort():
+                return self._checkpoint_checks(cmd.checkpoint)
+            case c.DeliverNotification() | c.DropNotification() | c.DuplicateNotification():
+                return {"notification_exists": lambda: self._no_notice(cmd.index)}
+            case c.CrashTm() | c.ReplaceTm():
+                return {
+                    "running": self._ended,
+                    "tm_known": lambda: self._unknown_tm(cmd.tm),
+                    "tm_alive_in_job": lambda: self._not_live(cmd.tm),
+                }
+            case c.AttemptStopped():
+                return {
+                    "tm_known": lambda: self._unknown_tm(cmd.tm),
+                    "tm_lost": lambda: self._not_lost(cmd.tm),
+                }
+            case c.Restore():
+                return self._restore_checks(cmd)
+            case c.FailNextCall() | c.RetryDeletes():
+                return {}
+            case c.WriteWorking():
+                return self._database_checks(cmd.subtask, cmd.attempt) | {
+                    "working_bytes": lambda: (
+                        None if cmd.size > 0 else "a working file has at least one byte"
+                    )
+                }
+            case c.DropWorking():
+                return self._database_checks(cmd.subtask, cmd.attempt) | {
+                    "database_uses": lambda: self._not_used(cmd)
+                }
 
-    def require_pending(self, checkpoint: int) -> Pending:
-        if checkpoint not in self.pending:
-            if 1 <= checkpoint < self.next_checkpoint:
-                raise CommandError(
-                    Reason.CHECKPOINT_NOT_PENDING, f"checkpoint {checkpoint} is not pending"
+    def _ended(self) -> str | None:
+        """R90: an ended job takes no command."""
+        return None if self.running else f"job {self.job} has ended"
+
+    def _checkpoint_checks(self, checkpoint: int) -> dict[str, Check]:
+        """A checkpoint the coordinator decides on: triggered, and still pending (R51)."""
+        return {
+            "running": self._ended,
+            "checkpoint_triggered": lambda: self._never_triggered(checkpoint),
+            "checkpoint_pending": lambda: (
+                None if checkpoint in self.pending else f"checkpoint {checkpoint} is not pending"
+            ),
+        }
+
+    def _never_triggered(self, checkpoint: int) -> str | None:
+        if 1 <= checkpoint < self.next_checkpoint:
+            return None
+        return f"checkpoint {checkpoint} unknown"
+
+    def _missing_acks(self, checkpoint: int) -> str | None:
+        p = self.pending[checkpoint]
+        missing = [s for s in self.placement if s not in p.acks]
+        if not missing:
+            return None
+        return f"checkpoint {checkpoint} lacks acks from {[str(s) for s in missing]}"
+
+    def _acting_tm(self, subtask: SubtaskId, attempt: TmId | None) -> TmId:
+        """The TM that acts for ``subtask``: its host, or the ``attempt`` named (a
+        zombie, R64); the guards decide whether it may."""
+        return self.placement[subtask] if attempt is None else attempt
+
+    def _database_checks(
+        self, subtask: SubtaskId, attempt: TmId | None, *, zombie: bool = True
+    ) -> dict[str, Check]:
+        """The attempt whose database acts: the subtask's live TM, or a zombie that hosted
+        it (R106), checked as a writer is before its checkpoint (R57, R64)."""
+        return {
+            "running": self._ended,
+            "subtask_known": lambda: (
+                None if subtask in self.placement else f"{subtask} is not a subtask of {self.job}"
+            ),
+            **self._acting_checks(subtask, attempt, zombie=zombie),
+        }
+
+    def _acting_checks(
+        self, subtask: SubtaskId, attempt: TmId | None, *, zombie: bool
+    ) -> dict[str, Check]:
+        """R57, R64: the subtask's host acts if it is alive; a command that may come from
+        a zombie (``zombie``) names a lost ``attempt`` that hosted the subtask. Each
+        predicate runs once the subtask is known."""
+
+        def host_alive() -> str | None:
+            if attempt is not None:
+                return None
+            tm = self.placement[subtask]
+            status = self.tms[tm].status
+            return None if status is TmStatus.ALIVE else f"{tm} hosting {subtask} is {status.value}"
+
+        checks: dict[str, Check] = {"host_alive": host_alive}
+        if not zombie:
+            return checks
+        return checks | {
+            "writer_known": lambda: self._unknown_tm(self._acting_tm(subtask, attempt)),
+            "attempt_lost": lambda: (
+                None
+                if attempt is None or self.tms[attempt].status is TmStatus.LOST
+                else f"attempt {attempt} is not a lost TM"
+            ),
+            "attempt_hosted": lambda: (
+                None
+                if attempt is None or subtask in self.tms[attempt].hosted
+                else f"{attempt} never hosted {subtask}"
+            ),
+        }
+
+    def _writer_checks(
+        self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None, *, zombie: bool = True
+    ) -> dict[str, Check]:
+        """The TM a write or acknowledgement comes from (R10, R56, R64): the database's
+        checks, a checkpoint triggered, not over for that TM, not yet acknowledged."""
+
+        def finished() -> str | None:
+            tm = self._acting_tm(subtask, attempt)
+            if not self._finished_for_tm(self.tms[tm], checkpoint):
+                return None
+            return f"{tm} already knows checkpoint {checkpoint} is finished"
+
+        def acknowledged() -> str | None:
+            if (self._acting_tm(subtask, attempt), subtask, checkpoint) not in self.acked:
+                return None
+            return f"{subtask} already acknowledged {checkpoint}"
+
+        return self._database_checks(subtask, attempt, zombie=zombie) | {
+            "checkpoint_triggered": lambda: self._never_triggered(checkpoint),
+            "not_finished_for_tm": finished,
+            "not_acknowledged": acknowledged,
+        }
+
+    def _no_state(self, cmd: c.ReuseShared) -> str | None:
+        """R20: only shared state the acting TM wrote (or restored) can be reused."""
+        tm = self._acting_tm(cmd.subtask, cmd.attempt)
+        if (tm, cmd.subtask, cmd.name) in self.backend:
+            return None
+        return f"{cmd.subtask} on {tm} has no shared state {cmd.name!r}"
+
+    def _not_used(self, cmd: c.DropWorking) -> str | None:
+        """R102: a database stops using only a file it uses."""
+        tm = self._acting_tm(cmd.subtask, cmd.attempt)
+        if cmd.path in self.dbs.get((tm, cmd.subtask), frozenset()):
+            return None
+        return f"the database of {cmd.subtask} on {tm} uses no {cmd.path}"
+
+    def _no_notice(self, index: int) -> str | None:
+        if 0 <= index < len(self.channel):
+            return None
+        return f"no notification {index} of {len(self.channel)}"
+
+    def _unknown_tm(self, tm: TmId) -> str | None:
+        return None if tm in self.tms else f"no TM {tm}"
+
+    def _not_live(self, tm: TmId) -> str | None:
+        """A live TM of the running job, named by a command (R57, R66)."""
+        if self.tms[tm].status is TmStatus.ALIVE and tm in self.placement.values():
+            return None
+        return f"{tm} is not a live TM of {self.job}"
+
+    def _not_lost(self, tm: TmId) -> str | None:
+        """R64: only a lost attempt can be known to have stopped."""
+        status = self.tms[tm].status
+        return None if status is TmStatus.LOST else f"{tm} is {status.value}, not lost"
+
+    def _restore_source(self, checkpoint: int) -> Completed | None:
+        """R70: a checkpoint the current job retains, or a completed savepoint."""
+        source = next((r for r in self.retained if r.id == checkpoint), None)
+        return source if source is not None else self.savepoints.get(checkpoint)
+
+    def _restore_checks(self, cmd: c.Restore) -> dict[str, Check]:
+        def retained() -> str | None:
+            if self._restore_source(cmd.checkpoint) is not None:
+                return None
+            return f"checkpoint {cmd.checkpoint} is not retained nor a savepoint"
+
+        def parallelism() -> str | None:
+            """R75, R78: known vertices, parallelisms within the max, a TM count in range."""
+            names = {v.name for v in self.vertices}
+            new_par = dict(cmd.parallelism)
+            if not set(new_par) <= names or any(
+                p < 1 or p > self.cfg.max_parallelism for p in new_par.values()
+            ):
+                return f"bad parallelism {cmd.parallelism}"
+            if cmd.num_tms is not None and not 1 <= cmd.num_tms <= MAX_TMS:
+                return f"num_tms {cmd.num_tms} not in 1 .. {MAX_TMS}"
+            return None
+
+        def same_max_parallelism() -> str | None:
+            """R77: the max parallelism of the new job (the command's, else the configured
+            one) is the one the checkpoint was taken with."""
+            source = self._restore_source(cmd.checkpoint)
+            assert source is not None  # source_retained held
+            configured = self.cfg.max_parallelism
+            wanted = configured if cmd.max_parallelism is None else cmd.max_parallelism
+            why = max_parallelism_refusal(source.max_parallelism, wanted, source.entries)
+            if why is None and wanted != configured:
+                why = (
+                    f"the restore asks for max parallelism {wanted}, the job runs with {configured}"
                 )
-            raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
-        return self.pending[checkpoint]
+            return None if why is None else f"checkpoint {source.id}: {why}"
 
-    def require_subtask(self, subtask: SubtaskId) -> None:
-        if subtask not in self.placement:
-            raise CommandError(Reason.UNKNOWN_SUBTASK, f"{subtask} is not a subtask of {self.job}")
-
-    def _acting(self, subtask: SubtaskId, attempt: TmId | None) -> tuple[TmId, TmRec]:
-        """The TM that acts for ``subtask``: its live host, or the lost attempt named,
-        which must have hosted it (R57, R64)."""
-        tm = self.placement[subtask] if attempt is None else attempt
-        rec = self.tms.get(tm)
-        if rec is None:
-            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
-        if attempt is None and rec.status is not TmStatus.ALIVE:
-            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} hosting {subtask} is {rec.status.value}")
-        if attempt is not None:
-            if rec.status is not TmStatus.LOST:
-                raise CommandError(Reason.TM_NOT_LOST, f"attempt {tm} is not a lost TM")
-            if subtask not in rec.hosted:
-                raise CommandError(Reason.NOT_HOSTED, f"{tm} never hosted {subtask}")
-        return tm, rec
-
-    def writer_tm(self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None) -> TmId:
-        """The TM a write or acknowledgement comes from, checked (R10, R56, R64)."""
-        self.require_running()
-        self.require_subtask(subtask)
-        if not 1 <= checkpoint < self.next_checkpoint:
-            raise CommandError(Reason.UNKNOWN_CHECKPOINT, f"checkpoint {checkpoint} unknown")
-        tm, rec = self._acting(subtask, attempt)
-        if self._finished_for_tm(rec, checkpoint):
-            raise CommandError(
-                Reason.CHECKPOINT_FINISHED_FOR_TM,
-                f"{tm} already knows checkpoint {checkpoint} is finished",
-            )
-        if (tm, subtask, checkpoint) in self.acked:
-            raise CommandError(
-                Reason.ALREADY_ACKNOWLEDGED, f"{subtask} already acknowledged {checkpoint}"
-            )
-        return tm
+        return {
+            "source_retained": retained,
+            "parallelism_valid": parallelism,
+            "max_parallelism_same": same_max_parallelism,
+        }
 
     def _is_savepoint(self, checkpoint: int) -> bool:
         """Whether an id is a savepoint is fixed when it is triggered (every TM is told)."""
@@ -461,7 +650,6 @@ class _Work:
     # ------------------------------------------------------------------ trigger (R50, R55)
 
     def trigger(self, cmd: c.Trigger) -> None:
-        self.require_running()
         cid = self.next_checkpoint
         self.next_checkpoint += 1
         self.pending[cid] = Pending(cid, cmd.savepoint)
@@ -471,7 +659,7 @@ class _Work:
     # ------------------------------------------------------------------ writing (R10-R17)
 
     def write_state(self, cmd: c.WriteState) -> None:
-        tm = self.writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        tm = self._acting_tm(cmd.subtask, cmd.attempt)
         if cmd.size == 0:
             return  # R10: an empty snapshot creates no file and no handle
         try:
@@ -611,12 +799,8 @@ class _Work:
     # ------------------------------------------------------------------ reuse (R20-R23)
 
     def reuse_shared(self, cmd: c.ReuseShared) -> None:
-        tm = self.writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
-        ref = self.backend.get((tm, cmd.subtask, cmd.name))
-        if ref is None:
-            raise CommandError(
-                Reason.NO_SUCH_STATE, f"{cmd.subtask} on {tm} has no shared state {cmd.name!r}"
-            )
+        tm = self._acting_tm(cmd.subtask, cmd.attempt)
+        ref = self.backend[(tm, cmd.subtask, cmd.name)]
         old = ref.entry
         stream = stream_of(old.handle)
         size = 0 if stream is None else stream.length
@@ -666,7 +850,7 @@ class _Work:
     # ------------------------------------------------------------------ acknowledge (R43, R56)
 
     def acknowledge(self, cmd: c.Acknowledge) -> None:
-        tm = self.writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        tm = self._acting_tm(cmd.subtask, cmd.attempt)
         refs = self.wout.pop((tm, cmd.subtask, cmd.checkpoint), ())
         if cmd.attempt is None:
             # R103: the acknowledgement hands what it refers to in place to the coordinator,
@@ -744,7 +928,7 @@ class _Work:
         )
 
     def decline(self, cmd: c.Decline) -> None:
-        tm = self.writer_tm(cmd.checkpoint, cmd.subtask, None)
+        tm = self.placement[cmd.subtask]
         self._write_failed(tm, cmd.subtask, cmd.checkpoint)
 
     # ------------------------------------------------------------------ coordinator (R50-R56)
@@ -770,14 +954,7 @@ class _Work:
         self.notify(NoticeKind.ABORT, checkpoint, self.latest_completed, p.savepoint)
 
     def complete(self, cmd: c.Complete) -> None:
-        self.require_running()
-        p = self.require_pending(cmd.checkpoint)
-        missing = [s for s in self.placement if s not in p.acks]
-        if missing:
-            raise CommandError(
-                Reason.NOT_ALL_ACKNOWLEDGED,
-                f"checkpoint {cmd.checkpoint} lacks acks from {[str(s) for s in missing]}",
-            )
+        p = self.pending[cmd.checkpoint]
         entries: list[StateEntry] = []
         directories: list[str] = []
         for s in sorted(p.acks):
@@ -899,17 +1076,9 @@ class _Work:
 
     # ------------------------------------------------------------------ notifications (R30-R35)
 
-    def notice_at(self, index: int) -> Notice:
-        if not 0 <= index < len(self.channel):
-            raise CommandError(
-                Reason.NO_SUCH_NOTIFICATION, f"no notification {index} of {len(self.channel)}"
-            )
-        return self.channel[index]
-
     def deliver(self, index: int) -> None:
         """R34: any notice may arrive at any time, twice or never; handlers are monotonic."""
-        n = self.notice_at(index)
-        del self.channel[index]
+        n = self.channel.pop(index)
         rec = self.tms.get(n.tm)
         if rec is None or rec.status is TmStatus.STOPPED:
             return  # a stopped TM hears nothing
@@ -1121,18 +1290,7 @@ class _Work:
     # ------------------------------------------------------------------ crashes (R60-R65)
 
     def crash_tm(self, tm: TmId) -> None:
-        self._live_tm(tm)
         self._lose(tm)
-
-    def _live_tm(self, tm: TmId) -> TmRec:
-        """A live TM of the running job, named by a command (R57, R66)."""
-        self.require_running()
-        rec = self.tms.get(tm)
-        if rec is None:
-            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
-        if rec.status is not TmStatus.ALIVE or tm not in self.placement.values():
-            raise CommandError(Reason.TM_NOT_ALIVE, f"{tm} is not a live TM of {self.job}")
-        return rec
 
     def replace_tm(self, tm: TmId) -> None:
         """R66: task-level failover. ``tm`` is lost (a zombie until it stops, R64) and its
@@ -1140,7 +1298,7 @@ class _Work:
         subtasks, may write for every pending checkpoint and later ones, and starts them
         as a restarting TM does (R61, R62, R105). Nothing is aborted, no other TM is
         reset."""
-        rec = self._live_tm(tm)
+        rec = self.tms[tm]
         hosted = sorted(s for s, t in self.placement.items() if t == tm)
         self.tms[tm] = evolve(rec, status=TmStatus.LOST, hosted=frozenset(hosted))
         self._withdraw_acks(hosted)
@@ -1225,9 +1383,7 @@ class _Work:
             self.coordinator_abort(cid)
 
     def crash_during_write(self, cmd: c.CrashDuringWrite) -> None:
-        tm = self.writer_tm(cmd.checkpoint, cmd.subtask, None)
-        if not 0 < cmd.written < cmd.size:
-            raise CommandError(Reason.BAD_ARGUMENT, "a crash mid-write needs 0 < written < size")
+        tm = self.placement[cmd.subtask]
         try:
             self._write_stream(
                 tm,
@@ -1246,11 +1402,7 @@ class _Work:
     def attempt_stopped(self, tm: TmId) -> None:
         """R64: once a lost attempt has stopped, what waited for it is deleted, and the
         coordinator deletes whatever the attempt still owned."""
-        rec = self.tms.get(tm)
-        if rec is None:
-            raise CommandError(Reason.UNKNOWN_TM, f"no TM {tm}")
-        if rec.status is not TmStatus.LOST:
-            raise CommandError(Reason.TM_NOT_LOST, f"{tm} is {rec.status.value}, not lost")
+        rec = self.tms[tm]
         self.tms[tm] = evolve(rec, status=TmStatus.STOPPED, hosted=frozenset())
         for path, f in sorted(self.files.items()):
             if f.creator == tm and f.open:
@@ -1496,34 +1648,10 @@ class _Work:
 
     # ------------------------------------------------------------------ restore (R70-R76)
 
-    def _check_max_parallelism(self, source: Completed, cmd: c.Restore) -> None:
-        """R77: the max parallelism of the new job (the command's, else the configured
-        one) is the one the checkpoint was taken with, or the restore is refused."""
-        configured = self.cfg.max_parallelism
-        wanted = configured if cmd.max_parallelism is None else cmd.max_parallelism
-        why = max_parallelism_refusal(source.max_parallelism, wanted, source.entries)
-        if why is None and wanted != configured:
-            why = f"the restore asks for max parallelism {wanted}, the job runs with {configured}"
-        if why is not None:
-            raise CommandError(Reason.MAX_PARALLELISM_CHANGED, f"checkpoint {source.id}: {why}")
-
     def restore(self, cmd: c.Restore) -> None:
-        source = next((r for r in self.retained if r.id == cmd.checkpoint), None)
-        if source is None:
-            source = self.savepoints.get(cmd.checkpoint)
-        if source is None:
-            raise CommandError(
-                Reason.NOT_RETAINED, f"checkpoint {cmd.checkpoint} is not retained nor a savepoint"
-            )
-        names = {v.name for v in self.vertices}
+        source = self._restore_source(cmd.checkpoint)
+        assert source is not None  # the guard source_retained held
         new_par = dict(cmd.parallelism)
-        if not set(new_par) <= names or any(
-            p < 1 or p > self.cfg.max_parallelism for p in new_par.values()
-        ):
-            raise CommandError(Reason.BAD_ARGUMENT, f"bad parallelism {cmd.parallelism}")
-        if cmd.num_tms is not None and not 1 <= cmd.num_tms <= MAX_TMS:
-            raise CommandError(Reason.BAD_ARGUMENT, f"num_tms {cmd.num_tms} not in 1 .. {MAX_TMS}")
-        self._check_max_parallelism(source, cmd)
         mode = RestoreMode.NO_CLAIM if source.savepoint else cmd.mode  # R73
         # R71, R74: the new job's TMs start with empty tables and new directories, so no
         # restored file is ever theirs, whatever its path; only the mode decides (_claim).
@@ -1656,13 +1784,6 @@ class _Work:
 
     # ------------------------------------------------------------------ working state (R100-R106)
 
-    def db_host(self, subtask: SubtaskId, attempt: TmId | None) -> TmId:
-        """The attempt whose database acts: the subtask's live TM, or a zombie that hosted
-        it (R106), checked as a writer is (R57, R64)."""
-        self.require_running()
-        self.require_subtask(subtask)
-        return self._acting(subtask, attempt)[0]
-
     def _live_dbs(self) -> dict[tuple[TmId, SubtaskId], frozenset[str]]:
         """R100: a database is live while its attempt is alive and hosts its subtask in the
         running job; a lost attempt's database is a zombie, fenced from the live one."""
@@ -1710,9 +1831,7 @@ class _Work:
         return path
 
     def write_working(self, cmd: c.WriteWorking) -> None:
-        tm = self.db_host(cmd.subtask, cmd.attempt)
-        if cmd.size == 0:
-            raise CommandError(Reason.BAD_ARGUMENT, "a working file has at least one byte")
+        tm = self._acting_tm(cmd.subtask, cmd.attempt)
         try:
             self._put_working(tm, cmd.subtask, cmd.size, faults=True)
         except _StorageFault:
@@ -1721,14 +1840,9 @@ class _Work:
     def drop_working(self, cmd: c.DropWorking) -> None:
         """R102: a database may stop using any file at any time; what happens to the file
         depends on its state, never on who asks."""
-        tm = self.db_host(cmd.subtask, cmd.attempt)
+        tm = self._acting_tm(cmd.subtask, cmd.attempt)
         key = (tm, cmd.subtask)
-        uses = self.dbs.get(key, frozenset())
-        if cmd.path not in uses:
-            raise CommandError(
-                Reason.NO_SUCH_STATE, f"the database of {cmd.subtask} on {tm} uses no {cmd.path}"
-            )
-        self.dbs[key] = uses - {cmd.path}
+        self.dbs[key] = self.dbs[key] - {cmd.path}
         self._db_release(tm)
 
     def _db_release(self, tm: TmId) -> None:
@@ -1762,7 +1876,7 @@ class _Work:
         """R103: small files are uploaded as shared state (segments when merging), large
         ones are referred to in place and pinned until the acknowledgement; a file of the
         user's is copied first (R105, NO_CLAIM); a savepoint copies everything (R55)."""
-        tm = self.writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        tm = self._acting_tm(cmd.subtask, cmd.attempt)
         key = (tm, cmd.subtask)
         savepoint = self._is_savepoint(cmd.checkpoint)
         refs: list[str] = []

@@ -3,10 +3,12 @@ checked and the ``Reason`` each refuses with.
 
 The refusals are data, as h11 states its state machine as tables, so that the rules, the
 implementations and the documentation cannot drift apart: SPEC.md's refusal table is
-generated from ``GUARDS`` (``python -m model_tests.refusal_table --write``), and a test
-builds, for every guard, a state that violates it (and, for the order, states that
-violate two guards at once) and checks that the reference model and fastimpl refuse with
-exactly the listed ``Reason`` and change nothing (``tests/test_refusals.py``).
+generated from ``GUARDS`` (``python -m model_tests.refusal_table --write``), and both
+implementations refuse through ``check``, which walks a command's guards in this order:
+each implementation supplies only its own predicate per guard (``Checks``), computed from
+its own records, so the order lives here alone. A test builds, for every guard, a state
+that violates it and checks that the reference model and fastimpl refuse with exactly
+the listed ``Reason`` and change nothing (``tests/test_refusals.py``).
 
 The first guard that fails decides the reason; a command that passes every guard of its
 list is accepted. Argument checks done when a command is built (a negative size raises
@@ -16,12 +18,12 @@ list is accepted. Argument checks done when a command is built (a negative size 
 from __future__ import annotations
 
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from attrs import frozen
 
 from spec import commands as c
-from spec.errors import Reason
+from spec.errors import CkptError, CommandError, Reason
 
 
 @frozen
@@ -217,10 +219,69 @@ GUARDS: Mapping[type[c.Command], tuple[Guard, ...]] = {
 
 COMMANDS: tuple[type[c.Command], ...] = typing.get_args(c.Command)
 
+_NAMES: Mapping[type[c.Command], frozenset[str]] = {
+    kind: frozenset(g.name for g in guards) for kind, guards in GUARDS.items()
+}
+
 
 def guards_of(command: c.Command | type[c.Command]) -> tuple[Guard, ...]:
     kind = command if isinstance(command, type) else type(command)
     return GUARDS[kind]
+
+
+# ---------------------------------------------------------------------------- the executor
+
+Check = Callable[[], str | None]
+"""One implementation's predicate for one guard: ``None`` while the guard holds, else the
+refusal's detail (what failed, in the implementation's own terms). It is called only once
+every earlier guard of the command held, so it may rely on them (the acting TM exists
+once ``writer_known`` held)."""
+
+Checks = Mapping[str, Check]
+"""An implementation's predicates for one command's guards, keyed by ``Guard.name``."""
+
+
+class GuardTableError(CkptError, LookupError):
+    """An implementation's ``Checks`` do not name exactly the guards of the command: a
+    guard left out would never refuse, a name not in the list would never run."""
+
+
+@frozen
+class Refusal:
+    """The first guard a command failed, and the implementation's detail for it."""
+
+    guard: Guard
+    detail: str
+
+    def error(self) -> CommandError:
+        return CommandError(self.guard.reason, self.detail)
+
+
+def first_failing(command: c.Command | type[c.Command], checks: Checks) -> Refusal | None:
+    """Walk the command's guards in ``GUARDS`` order, calling each predicate of ``checks``
+    only once the earlier ones held; the first that fails, or ``None`` if all hold.
+    Raises ``GuardTableError`` (before calling any predicate) unless ``checks`` names
+    exactly the command's guards."""
+    kind = command if isinstance(command, type) else type(command)
+    if checks.keys() != _NAMES[kind]:
+        missing = sorted(_NAMES[kind] - checks.keys())
+        unknown = sorted(checks.keys() - _NAMES[kind])
+        raise GuardTableError(
+            f"checks for {kind.__name__}: missing {missing}, not its guards {unknown}"
+        )
+    for guard in GUARDS[kind]:
+        detail = checks[guard.name]()
+        if detail is not None:
+            return Refusal(guard, detail)
+    return None
+
+
+def check(command: c.Command | type[c.Command], checks: Checks) -> None:
+    """Raise ``CommandError`` with the reason of the first guard of the command that
+    ``checks`` finds failing (``first_failing``); return if every guard holds."""
+    refusal = first_failing(command, checks)
+    if refusal is not None:
+        raise refusal.error()
 
 
 def markdown() -> str:

@@ -1,12 +1,22 @@
 """Both implementations refuse exactly as ``spec/refusals.py`` says, in its order.
 
-For every command and every guard of ``spec.refusals.GUARDS``, a scenario (commands run
-on both the reference model and fastimpl) ends in a probe command that fails that guard
-alone; both must refuse it with the guard's ``Reason`` and change nothing. The probe
-without any violation must be accepted by both: that is what makes each refusal the
-guard's doing. For the order, every pair of guards i < j whose violations can be built
-together (and where guard j's violation does not need guard i to hold to mean anything)
-is violated at once: both must answer with guard i's ``Reason``.
+The order is data both execute: each implementation refuses through
+``spec.refusals.check``, which walks a command's guards in the table's order over that
+implementation's own predicate for each guard. So what is tested here is the predicates:
+
+* each implementation's predicate table names exactly the guards of each command (the
+  executor refuses a table that does not, so a guard cannot be left out);
+* for every command and every guard of ``spec.refusals.GUARDS``, a scenario (commands run
+  on both the reference model and fastimpl) ends in a probe command that fails that guard
+  alone, in every merging mode: both must refuse it with the guard's ``Reason`` and
+  change nothing, so each implementation's predicate for the guard is shown to fire. The
+  probe without any violation must be accepted by both: that is what makes each refusal
+  the guard's doing;
+* every pair of guards i < j whose violations can be built together (and where guard j's
+  violation does not need guard i to hold to mean anything) is violated at once, in one
+  merging mode: both must answer with guard i's ``Reason``. The executor fixes the order;
+  a pair shows that no predicate depends on a later guard and that nothing refuses
+  before the executor runs.
 
 fastimpl is driven only through ``model_tests.targets.FastimplTarget``, the adapter the
 lockstep machine uses, so the test does not depend on the product's internals. The
@@ -19,6 +29,7 @@ SPEC.md's refusal table must be the one generated from the data
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -33,6 +44,7 @@ from conformance.harness import DEFAULT_JOB, KS, OP, Harness, merging
 from fastimpl import MetadataError
 from model_tests import refusal_table
 from model_tests.targets import FastimplTarget
+from refimpl import guard_checks
 from spec import commands as c
 from spec import refusals as r
 from spec.config import Config, MergingMode, RestoreMode
@@ -165,6 +177,7 @@ def _working_file(setup: tuple[c.Command, ...], subtask: SubtaskId) -> str:
     return path
 
 
+@functools.cache
 def scenarios() -> dict[type[c.Command], Scenario]:
     roles = _roles()
     s, host = roles.subtask, roles.host
@@ -456,6 +469,38 @@ def test_pairs_cover_every_guard_but_the_first() -> None:
 SINGLES = [k for k in CASES if len(k.violated) < 2]
 PAIRS = [k for k in CASES if len(k.violated) == 2]
 MODES = list(MergingMode)
+PAIR_MODE = MergingMode.ACROSS_CHECKPOINT
+"""The one mode the pairs run in (the order is the table's, the same in every mode):
+merging across checkpoints, where a writer's records hold the most (pooled files)."""
+
+
+@pytest.mark.parametrize("command", r.COMMANDS, ids=lambda k: k.__name__)
+def test_each_implementation_has_a_predicate_for_exactly_the_commands_guards(
+    command: type[c.Command],
+) -> None:
+    """Each implementation's predicate table for the command names its guards, no more
+    and no fewer: the executor would refuse it otherwise, before any predicate runs."""
+    probe = scenarios()[command].probe
+    names = {g.name for g in r.GUARDS[command]}
+    both = Both(merging(PAIR_MODE))
+    try:
+        assert set(guard_checks(both.model.state, probe)) == names
+        assert set(both.product.guard_checks(probe)) == names
+    finally:
+        both.close()
+
+
+def test_the_executor_refuses_a_table_that_misses_or_adds_a_guard() -> None:
+    """A guard left out, or a name not among the command's guards, is an error: never a
+    guard silently skipped."""
+    probe = scenarios()[c.Complete].probe
+    state = Harness(Config(), DEFAULT_JOB).state
+    table = dict(guard_checks(state, probe))
+    del table["all_acknowledged"]
+    with pytest.raises(r.GuardTableError, match="all_acknowledged"):
+        r.check(probe, table)
+    with pytest.raises(r.GuardTableError, match="tm_lost"):
+        r.check(probe, dict(guard_checks(state, probe)) | {"tm_lost": lambda: None})
 
 
 def _rotated(cases: list[Case]) -> list[tuple[MergingMode, Case]]:
@@ -478,15 +523,12 @@ def test_both_implementations_refuse_each_guard_as_the_spec_says(
     assert check(merging(mode), case) == []
 
 
-@pytest.mark.parametrize("pair", _rotated(PAIRS), ids=_mode_case_id)
-def test_both_implementations_check_the_guards_in_the_spec_order(
-    pair: tuple[MergingMode, Case],
-) -> None:
-    """Two guards violated at once: the earlier one's ``Reason``. The order is the
-    table's, for every mode alike (``spec.refusals.GUARDS`` has no mode), so each pair
-    runs in one mode, the modes in turn."""
-    mode, case = pair
-    assert check(merging(mode), case) == []
+@pytest.mark.parametrize("case", PAIRS, ids=_case_id)
+def test_both_implementations_check_the_guards_in_the_spec_order(case: Case) -> None:
+    """Two guards violated at once: the earlier one's ``Reason``. Both implementations
+    run the table's order (``spec.refusals.check``), the same in every mode, so the pairs
+    run in one mode: they show that no predicate relies on a later guard."""
+    assert check(merging(PAIR_MODE), case) == []
 
 
 @pytest.mark.parametrize("pair", _rotated(SINGLES), ids=_mode_case_id)

@@ -163,7 +163,7 @@ def zombie_ack_accepted(orig: AckRule) -> AckRule:
         if cmd.attempt is None or cmd.checkpoint not in self.pending:
             orig(self, cmd)
             return
-        self.writer_tm(cmd.checkpoint, cmd.subtask, cmd.attempt)
+        # the writer's guards ran before: ``apply`` checks every command first
         key = (cmd.attempt, cmd.subtask, cmd.checkpoint)
         entries = tuple(self.outputs.pop(key, ()))
         self.acked[key] = entries
