@@ -170,7 +170,9 @@ MUTATE_LIFECYCLE := take_over_files receive_ack kept_elsewhere abort complete
 MUTATE_RETENTION := register delete_unused subsume referenced collect_dirs load_completed \
                   may_claim paths_of id_clash
 MUTATE_FAILOVER := attempt_stopped restart withdraw_acks
-MUTATE_RESTORE := restore _claim _check_claim _check_max_parallelism
+MUTATE_RESTORE := restore _claim _check_claim
+# The restore's guards that read its source (R70, R77): spec/refusals.py's order, these predicates.
+MUTATE_RESTORE_CHECKS := source_retained max_parallelism_same
 # Working state (issue 18): what a TM's databases may delete (R102) and what the
 # coordinator takes over, keeps or collects (R103, R104), gives the user (R91) or opens in
 # place (R105).
@@ -183,11 +185,13 @@ MUTATE_FUNCS ?= fastimpl.metadata.* fastimpl.recovery.* fastimpl.shared_registry
                 $(foreach f,$(MUTATE_FAILOVER),fastimpl.failover.xǁFailoverǁ$(f)__mutmut_*) \
                 fastimpl.job_end.xǁJobEndǁend_job__mutmut_* \
                 $(foreach f,$(MUTATE_RESTORE),fastimpl.restore_planning.xǁRestorePlannerǁ$(f)__mutmut_*) \
+                $(foreach f,$(MUTATE_RESTORE_CHECKS),fastimpl.restore_planning.xǁRestoreChecksǁ$(f)__mutmut_*) \
                 fastimpl.working.x_is_working_path__mutmut_* fastimpl.working.x_overlaps__mutmut_* \
                 $(foreach f,$(MUTATE_DATABASES),fastimpl.working.xǁDatabasesǁ$(f)__mutmut_*) \
                 $(foreach f,$(MUTATE_SHARED_WORKING),fastimpl.working.xǁSharedWorkingǁ$(f)__mutmut_*) \
                 fastimpl.tm_files.xǁTmFilesǁ_release_dirs__mutmut_* \
-                fastimpl.engine.xǁInProcessEngineǁwriter__mutmut_*
+                fastimpl.engine.xǁInProcessEngineǁ_writer_checks__mutmut_* \
+                fastimpl.guards.xǁCoordinatorGuardsǁacting_checks__mutmut_*
 # MUTATE_TESTS=metadata (opt-in; model_tests/mutation_survivors.md, metadata.py): for a run of
 # metadata.py's mutants, run on each only the decoder's and validator's own tests
 # (test_metadata, test_hostile_metadata, test_bad_input, test_moved_base). With the whole
