@@ -118,7 +118,9 @@ class Failover:
         book.started[new] = (run.job, first)
         book.placement = {s: new if t == tm else t for s, t in book.placement.items()}
         run.engine.placed(book.placement)
-        self._abandon_taskowned(tm)
+        # R63, R64: its exclusive directory stays its own while it may still run: it
+        # deletes the directory once empty (R41) without knowing it was replaced; the
+        # coordinator takes it at its stop (``attempt_stopped``, ``_take_stopped``)
         if starting:
             # R10, R66: every checkpoint from ``first`` on that is no longer pending is
             # over for it: aborted (above the lowest pending one, completing it would have
@@ -361,8 +363,6 @@ class Failover:
         self.epoch += 1
         for tm in survivors:  # R60: no stale manager survives (FLINK-35400)
             run.engine.duty(tm, ResetTm(run.job, tm, self.epoch))
-        for old in sorted(replaced):
-            self._abandon_taskowned(old)
         for tm in sorted(set(book.placement.values())):
             hosted = sorted(s for s, t in book.placement.items() if t == tm)
             self._assign(tm, hosted, run.next_checkpoint, run.next_checkpoint - 1)
@@ -372,18 +372,6 @@ class Failover:
         retained = self.retention.retained
         self.working.open_databases(retained[-1] if retained else None, self.epoch)
         self.retention.collect_dirs()
-
-    def _abandon_taskowned(self, lost: TmId) -> None:
-        """R63: a lost attempt's exclusive directory is abandoned to the coordinator. Its
-        records are its own: one it made that no acknowledgement reported is found on
-        storage (the directory is named after the attempt)."""
-        catalog = self.run.catalog
-        d = taskowned_dir(self.run.job, lost)
-        if d not in catalog.dir_owner and self._left_dir(d):
-            catalog.dirs[d] = ManagedDir(d, lost)
-            catalog.dir_owner[d] = COORDINATOR
-        if d in catalog.dir_owner and catalog.dir_owner[d] != COORDINATOR:
-            catalog.dir_owner[d] = COORDINATOR
 
     def _left_dir(self, path: str) -> bool:
         """Whether a lost attempt's directory ``path`` is on storage; a failing check

@@ -1307,9 +1307,9 @@ class _Work:
         self.tms[new] = self._started_for_pending(new)
         for s in hosted:
             self.placement[s] = new
-        d = taskowned_dir(self.job, tm)  # R63: abandoned to the coordinator
-        if d in self.dir_owner and self.dir_owner[d] != COORDINATOR:
-            self.dir_owner[d] = COORDINATOR
+        # R63, R64: its exclusive directory stays its own while it may still run (a
+        # zombie applies the notices sent to it and deletes the directory once empty,
+        # R41); the coordinator takes it when the attempt is known stopped
         self._restore_manager(new)
         self._open_databases(self.retained[-1] if self.retained else None, only=new)
         self._collect_dirs()
@@ -1513,11 +1513,8 @@ class _Work:
                 if t == tm and pf.open:
                     self._fs_close(path, tm_actor(tm))
             self._forget_tm(tm)
-        for old in sorted(replaced):
-            # R63: a lost TM's exclusive directory is abandoned to the coordinator
-            d = taskowned_dir(self.job, old)
-            if d in self.dir_owner and self.dir_owner[d] != COORDINATOR:
-                self.dir_owner[d] = COORDINATOR
+        # R63, R64: a lost TM's exclusive directory stays its own until it is known
+        # stopped (``attempt_stopped`` gives it to the coordinator)
         for tm in sorted(set(self.placement.values())):
             rec = self.tms[tm]
             self.tms[tm] = evolve(

@@ -51,7 +51,8 @@ def test_the_embedding_example_runs_and_its_audit_is_clean(tmp_path: Path, mode:
     assert "reused from earlier checkpoints" in out
     assert "TM processes' exit codes: [0, -9, 0]" in out
     # the base holds the retained checkpoints' _metadata and nothing of the killed
-    # attempt's exclusive directory (R63: abandoned to the coordinator, then collected)
+    # attempt's exclusive directory (R63: abandoned to the coordinator at its stop, R64,
+    # then collected)
     job_base = tmp_path / "checkpoints" / JOB
     metadata = sorted(p.parent.name for p in job_base.glob("chk-*/_metadata"))
     assert len(metadata) == RETAINED, metadata

@@ -14,11 +14,14 @@ from fastimpl import CounterIds
 from fastimpl.engine import InProcessEngine
 from model_tests.targets import FastimplTarget
 from spec import commands as c
-from spec.config import Config, MergingMode
+from spec.config import Config, MergingMode, RestoreMode, StateKind
+from spec.errors import CommandError
+from spec.ids import SubtaskId
 from tests import lockstep as lockstep_module
 from tests.lockstep import (
     OBJECT_STORE_MODES,
     Backend,
+    LockstepHarness,
     _cases,
     _roots,
     _start_from_env,
@@ -76,3 +79,86 @@ def test_lockstep_impl_names_the_implementation(monkeypatch: pytest.MonkeyPatch)
     assert _start_from_env() is NotificationDroppingTarget
     monkeypatch.setattr(lockstep_module, "IMPL", "")
     assert _start_from_env() is FastimplTarget
+
+
+SEQUENCE_CONFIG = Config.for_mode(
+    MergingMode.WITHIN_CHECKPOINT,
+    num_retained=2,
+    max_file_size=120,
+    max_space_amplification=0.5,
+    max_parallelism=8,
+)
+
+
+def _run_in_lockstep(backend: Backend, commands: list[c.Command]) -> None:
+    """Run a found sequence through the lockstep harness: every step compared with the
+    model, the directories reported checked on storage."""
+    h = LockstepHarness(
+        backend.config(SEQUENCE_CONFIG), DEFAULT_JOB, backend, backend.new_root(), FastimplTarget
+    )
+    try:
+        for cmd in commands:
+            try:
+                h.run(cmd)
+            except CommandError:
+                pass  # refused by both: the harness compared the reasons
+    finally:
+        h.target.close()
+
+
+AGG0 = SubtaskId("agg", 0, 2)
+SRC0 = SubtaskId("src", 0, 2)
+
+
+@pytest.mark.parametrize("backend", ["memory", "local"], indirect=True)
+def test_r63_a_replaced_attempt_empties_its_own_directory_before_it_stops(
+    backend: Backend,
+) -> None:
+    """R63, R64: a replaced attempt may still run and apply the abort sent to it before its
+    replacement (R41: it deletes its aborted file, then its emptied directory, not knowing
+    it was replaced). Its exclusive directory stays its own until it is known stopped, so
+    the records say what storage holds; the coordinator's taking it at the replacement
+    made its delete a foreign one, and the directory reported but gone."""
+    _run_in_lockstep(
+        backend,
+        [
+            c.Trigger(),
+            c.WriteState(1, AGG0, StateKind.OPERATOR_LIST, "offsets", 66, entries=0),
+            c.Acknowledge(1, AGG0),
+            c.Abort(1),
+            c.ReplaceTm("tm-1"),
+            c.DeliverNotification(0),
+            c.AttemptStopped("tm-1"),
+        ],
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open defect: a replaced attempt deletes its subtask's emptied shared directory "
+    "(R41) that the new attempt took at its start (R61, R66); the records keep it",
+)
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+def test_r66_a_replaced_attempt_never_deletes_the_shared_directory_its_successor_took(
+    backend: Backend,
+) -> None:
+    """R66, R64: after a NO_CLAIM rescale, the subtask's TM writes to its shared directory
+    and is replaced; the abort it then applies (a crash of another TM aborted the
+    checkpoint) deletes its file and the directory, which the new attempt holds."""
+    _run_in_lockstep(
+        backend,
+        [
+            *[c.Trigger() for _ in range(5)],
+            *[c.Acknowledge(5, s) for s in (AGG0, SubtaskId("agg", 1, 2), SRC0)],
+            c.Acknowledge(5, SubtaskId("src", 1, 2)),
+            c.Complete(5),
+            c.Trigger(),
+            c.Restore(5, (("agg", 3),), RestoreMode.NO_CLAIM),
+            c.Trigger(),
+            c.WriteState(7, SRC0, StateKind.KEYED_SHARED, "sst-3", 44),
+            c.Acknowledge(7, SRC0),
+            c.CrashTm("tm-4"),
+            c.ReplaceTm("tm-3"),
+            c.DeliverNotification(0),
+        ],
+    )
