@@ -55,7 +55,7 @@ class CheckpointLifecycle:
         self.tm_book = tm_book
         self.retention = retention
         self.working = working
-        self.guards = CoordinatorGuards(run, tm_book, self)
+        self.guards = CoordinatorGuards(run, tm_book, lambda: self.pending)
         """The guards of ``spec/refusals.py`` the coordinator's records decide."""
         self.pending: dict[int, Pending] = {}
         self.savepoint_ids: set[int] = set()

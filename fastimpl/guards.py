@@ -1,6 +1,7 @@
 """The coordinator's predicates for the guards of ``spec/refusals.py``, read off its own
 records: the running job (``CoordinatedJob``), where subtasks run and what it knows of
-each attempt (``TmBook``), and the pending checkpoints (``CheckpointLifecycle``).
+each attempt (``TmBook``), and the pending checkpoints (``CheckpointLifecycle``'s, asked
+through a call: that module imports this one).
 
 Each predicate is named after its guard and answers as ``spec.refusals.Check`` does:
 ``None`` while the guard holds, else the refusal's detail. ``spec.refusals.check`` walks
@@ -13,26 +14,30 @@ engine's, which asks the TM's party (``fastimpl.engine``); a restore's read its 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
 
 from fastimpl.coordinated_job import CoordinatedJob
-from fastimpl.records import Status
+from fastimpl.records import Pending, Status
 from fastimpl.tm_book import TmBook
 from spec.ids import SubtaskId, TmId
 from spec.refusals import Check
-
-if TYPE_CHECKING:
-    from fastimpl.checkpoint_lifecycle import CheckpointLifecycle
 
 
 class CoordinatorGuards:
     """The guards the coordinator's records decide, and the coordinator's commands'
     predicate tables (``spec.refusals.Checks``)."""
 
-    def __init__(self, run: CoordinatedJob, book: TmBook, lifecycle: CheckpointLifecycle) -> None:
+    def __init__(
+        self,
+        run: CoordinatedJob,
+        book: TmBook,
+        pending: Callable[[], Mapping[int, Pending]],
+    ) -> None:
         self.run = run
         self.book = book
-        self.lifecycle = lifecycle
+        self.pending = pending
+        """The pending checkpoints (``CheckpointLifecycle.pending``), asked each time: a
+        restore or a failover replaces the table."""
 
     # ------------------------------------------------------------------ one guard each
 
@@ -53,13 +58,13 @@ class CoordinatorGuards:
 
     def checkpoint_pending(self, checkpoint: int) -> str | None:
         """R51: only a pending checkpoint completes or aborts."""
-        if checkpoint in self.lifecycle.pending:
+        if checkpoint in self.pending():
             return None
         return f"checkpoint {checkpoint} is not pending"
 
     def all_acknowledged(self, checkpoint: int) -> str | None:
         """R51: every subtask of the running job acknowledged."""
-        p = self.lifecycle.pending[checkpoint]
+        p = self.pending()[checkpoint]
         missing = [s for s in self.book.placement if s not in p.acks]
         if not missing:
             return None
