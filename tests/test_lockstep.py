@@ -5,6 +5,7 @@ Soak runs: ``LOCKSTEP_EXAMPLES=N`` and ``LOCKSTEP_LOG=file`` (see ``tests/lockst
 
 from __future__ import annotations
 
+import attrs
 import fsspec  # type: ignore[import-untyped]
 import pytest
 from hypothesis import Phase
@@ -14,6 +15,7 @@ from fastimpl import CounterIds
 from fastimpl.engine import InProcessEngine
 from model_tests.targets import FastimplTarget
 from spec import commands as c
+from spec.commands import StorageOp
 from spec.config import Config, MergingMode, RestoreMode, StateKind
 from spec.errors import CommandError
 from spec.ids import SubtaskId
@@ -90,11 +92,13 @@ SEQUENCE_CONFIG = Config.for_mode(
 )
 
 
-def _run_in_lockstep(backend: Backend, commands: list[c.Command]) -> None:
+def _run_in_lockstep(
+    backend: Backend, commands: list[c.Command], config: Config = SEQUENCE_CONFIG
+) -> None:
     """Run a found sequence through the lockstep harness: every step compared with the
     model, the directories reported checked on storage."""
     h = LockstepHarness(
-        backend.config(SEQUENCE_CONFIG), DEFAULT_JOB, backend, backend.new_root(), FastimplTarget
+        backend.config(config), DEFAULT_JOB, backend, backend.new_root(), FastimplTarget
     )
     try:
         for cmd in commands:
@@ -161,4 +165,33 @@ def test_r66_a_replaced_attempt_never_deletes_the_shared_directory_its_successor
             c.ReplaceTm("tm-3"),
             c.DeliverNotification(0),
         ],
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open defect: after a working write whose append and then its clean-up delete "
+    "fail, fastimpl's working view keeps the file as the TM's private one, the model's "
+    "has no record of it",
+)
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+def test_r101_a_working_write_whose_append_and_clean_up_fail_is_seen_alike(
+    backend: Backend,
+) -> None:
+    """R101, R45: a database's write fails at its append (nothing is used), and the delete
+    of the partial file fails too (it waits for a retry): the working views of the model
+    and fastimpl must agree on that file."""
+    subtasks = [SubtaskId("agg", 0, 2), SubtaskId("agg", 1, 2), SRC0, SubtaskId("src", 1, 2)]
+    _run_in_lockstep(
+        backend,
+        [
+            c.Trigger(),
+            *[c.Acknowledge(1, s) for s in subtasks],
+            c.Complete(1),
+            c.FailNextCall(StorageOp.DELETE),
+            c.FailNextCall(StorageOp.APPEND),
+            c.Restore(1, (("agg", 3),), RestoreMode.NO_CLAIM),
+            c.WriteWorking(SubtaskId("agg", 0, 3), 150),
+        ],
+        attrs.evolve(SEQUENCE_CONFIG, num_retained=3),
     )
