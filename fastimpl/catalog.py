@@ -132,15 +132,41 @@ class Catalog:
         """R40: ``path`` is made at the first write in it, and is its maker's. A party
         with records of its own may find it made by a party whose records it cannot see
         (a lost attempt of the same subtask still writing): recorded as found, it is
-        written in and reported, never owned or deleted by this party (R41)."""
-        if path in self.dir_owner or path in self.dirs:
+        written in and reported, never owned or deleted by this party (R41), and looked
+        for again at the next write, since its maker deletes it once empty (R41)."""
+        found = self.dirs.get(path)
+        if path in self.dir_owner or (found is not None and found.creator != FOUND):
             return
         if self.creator_mark is not None and self.storage.exists_dir(path):
-            self.dirs[path] = ManagedDir(path, FOUND)
+            self.dirs[path] = found or ManagedDir(path, FOUND)
             return
+        # not there (any more): its maker deleted it once empty (R41), or nobody made it
+        self.dirs.pop(path, None)
         self.storage.mkdir(path)
         self.dir_owner[path] = actor
         self.dirs[path] = ManagedDir(path, creator)
+
+    def sees_dir(self, path: str, others_make: bool) -> bool:
+        """R40: whether directory ``path`` is on storage, for a party's acknowledgement.
+        One it made, or was told is the coordinator's, is. One another party made (found
+        at a write, or any while ``others_make``: a lost attempt of the same subtask may
+        still make it, R64, R66) is looked for each time, since its maker deletes it once
+        empty (R41); a failing look keeps the record as it was."""
+        d = self.dirs.get(path)
+        if d is not None and path in self.dir_owner:
+            return True
+        if d is None and not others_make:
+            return False
+        try:
+            there = self.storage.exists_dir(path)
+        except Exception as err:
+            log.warning("looking for directory %s failed: %r", path, err)
+            return d is not None
+        if there:
+            self.dirs.setdefault(path, ManagedDir(path, FOUND))
+        else:
+            self.dirs.pop(path, None)
+        return there
 
     def create(self, path: str, actor: str, creator: TmId | None) -> None:
         self.storage.create(path)

@@ -18,6 +18,7 @@ from fastimpl.coordinated_job import CoordinatedJob
 from fastimpl.ids import creator_of
 from fastimpl.records import ManagedDir, Status, StoredFile, Tm
 from fastimpl.retention import Retention
+from fastimpl.shared_registry import DIR_PREFIX
 from fastimpl.tm_book import TmBook
 from fastimpl.working import SharedWorking, is_working_path
 from spec import commands as c
@@ -225,18 +226,50 @@ class Failover:
         formerly = sorted(p for p, f in catalog.files.items() if f.owner == actor)
         for path in formerly:
             catalog.files[path].owner = COORDINATOR
-        for path in sorted(p for p, o in catalog.dir_owner.items() if o == actor):
+        its_dirs = {p for p, o in catalog.dir_owner.items() if o == actor}
+        for path in its_dirs:
             catalog.dir_owner[path] = COORDINATOR
         # what it left unrecorded is taken before the deletes that waited for it run: a
         # directory delete among them must see those files as the coordinator's (R64)
+        before = set(catalog.dir_owner)
         taken = self._take_stopped(tm, hosted)
+        its_dirs |= set(catalog.dir_owner) - before
         catalog.release_waits(tm)
-        self._tell_stopped(tm)
         for path in [*formerly, *taken]:
             if path in catalog.files and not self.retention.referenced(path):
                 catalog.delete_file(path, COORDINATOR)  # waits while its creator runs
+        self._drop_empty_dirs(sorted(its_dirs))
+        self._tell_stopped(tm)
         self.retention.collect_dirs()
         self.retire(tm)
+
+    def _drop_empty_dirs(self, taken: list[str]) -> None:
+        """R64: a directory the stopped attempt owned that a live attempt works in (its
+        subtask's shared one, R66) and that holds nothing goes. The stopped attempt may have
+        deleted it (R41) unseen, its acknowledgements ignored (R56); the live attempt makes
+        it again at its next write (R40). Nothing lies in it: storage is listed (a live
+        attempt's files are in its records, not here); a failing listing keeps it."""
+        run = self.run
+        if not run.running:
+            return
+        catalog = run.catalog
+        live = self.tm_book.managed_dirs(set(self.tm_book.current_tms()))
+        for path in taken:
+            if (
+                catalog.dir_owner.get(path) != COORDINATOR
+                or path not in live
+                or f"{DIR_PREFIX}{path}" in self.retention.registry
+                or any(path in r.directories for r in self.retention.retained)
+                or any(is_under(p, path) for p in catalog.files)
+            ):
+                continue
+            try:
+                if run.storage.files_under(path):
+                    continue
+            except Exception as err:
+                log.warning("listing %s of a stopped attempt failed: %r", path, err)
+                continue
+            catalog.delete_dir(path, COORDINATOR)
 
     def _tell_stopped(self, tm: TmId) -> None:
         """R64: the attempts told that ``tm`` may still run, live or lost and not known
@@ -373,6 +406,19 @@ class Failover:
         self.working.open_databases(retained[-1] if retained else None, self.epoch)
         self.retention.collect_dirs()
 
+    def _lost_maker(self, path: str) -> TmId | None:
+        """The lost attempt, still able to run, that made the subtask directory ``path``
+        if no acknowledgement reported it: an attempt takes its subtasks' directories at
+        its start (R61) unless a lost one owns them, so the newest lost attempt that
+        hosted the subtask made it."""
+        job = self.run.job
+        makers = [
+            t
+            for t, r in self.tm_book.tms.items()
+            if self.tm_book.is_lost(t) and any(shared_dir(job, s) == path for s in r.hosted)
+        ]
+        return makers[-1] if makers else None
+
     def _left_dir(self, path: str) -> bool:
         """Whether a lost attempt's directory ``path`` is on storage; a failing check
         says no: what it holds is swept when its attempt stops (R64)."""
@@ -467,8 +513,18 @@ class Failover:
         managed = [shared_dir(job, s) for s in hosted] + [taskowned_dir(job, tm)]
         taken: list[str] = []
         coordinators: list[str] = []
+        book = self.tm_book
         for d in managed:
             owner = catalog.dir_owner.get(d)
+            if owner is not None and owner.startswith("tm:") and book.is_lost(owner[3:]):
+                continue  # R64: a lost attempt's until it is known stopped (R41, R63)
+            maker = self._lost_maker(d) if owner is None else None
+            if maker is not None and self._left_dir(d):
+                # R64: made by a lost attempt that may still run and never reported it:
+                # its own until it stops (R41, R63), as its records say
+                catalog.dir_owner[d] = tm_actor(maker)
+                catalog.dirs[d] = ManagedDir(d, maker)
+                continue
             if owner is None and self._left_dir(d):
                 # made by an attempt that is gone, and no acknowledgement reported it
                 # (each attempt's records are its own): found on storage, it is tm's

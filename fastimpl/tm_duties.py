@@ -67,6 +67,9 @@ class TmDuties:
         if isinstance(msg, LostAttemptStopped):
             a.lost.discard(msg.stopped)
             a.catalog.release_waits(msg.stopped)  # R64: its deletes that waited run
+            if a.mode is not MergingMode.NONE:  # R40: what it made there may stay (R64)
+                for s in a.hosted:
+                    a.catalog.sees_dir(shared_dir(a.job, s), True)
         elif isinstance(msg, ResetTm):
             if msg.epoch > max(a.reset_epoch, a.assigned_epoch):
                 a.reset_epoch = msg.epoch

@@ -190,8 +190,10 @@ class TmWriter:
         entries = list(written)
         if a.mode is not MergingMode.NONE and not a.is_savepoint(checkpoint):
             # R40: every acknowledgement reports the managed directories that exist
-            for directory in (shared_dir(a.job, subtask), taskowned_dir(a.job, a.tm)):
-                if directory in catalog.dir_owner or directory in catalog.dirs:
+            shared = shared_dir(a.job, subtask)
+            for directory in (shared, taskowned_dir(a.job, a.tm)):
+                # a lost attempt of the subtask may make or delete its shared one (R64, R66)
+                if catalog.sees_dir(directory, directory == shared and bool(a.lost)):
                     d = catalog.dirs[directory]
                     if d.creator == a.tm and not d.handed_over:  # R41; once handed over,
                         d.used_by.add(checkpoint)  # the coordinator's (R42)

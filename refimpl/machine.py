@@ -1417,7 +1417,8 @@ class _Work:
         formerly = sorted(p for p, f in self.files.items() if f.owner == actor)
         for path in formerly:
             self.files[path] = evolve(self.files[path], owner=COORDINATOR)
-        for path in sorted(p for p, o in self.dir_owner.items() if o == actor):
+        its_dirs = sorted(p for p, o in self.dir_owner.items() if o == actor)
+        for path in its_dirs:
             self.dir_owner[path] = COORDINATOR
         waiting = [d for d in self.deferred if d.waits_for == tm]
         # its own deletes that were to be retried (R45) die with its memory; whoever owns
@@ -1431,7 +1432,27 @@ class _Work:
         for path in formerly:
             if path in self.files and not self._referenced(path):
                 self._delete_file(path, COORDINATOR)
+        self._drop_empty_dirs(its_dirs)
         self._collect_dirs()
+
+    def _drop_empty_dirs(self, taken: list[str]) -> None:
+        """R64: a directory the stopped attempt owned that a live attempt works in (its
+        subtask's shared one, R66) and that holds nothing goes. The stopped attempt may have
+        deleted it (R41) unseen, its acknowledgements ignored (R56); the live attempt makes
+        it again at its next write (R40)."""
+        if not self.running:
+            return
+        live = self._managed_dirs(set(self.current_tms()))
+        referenced = self._referenced_dirs()
+        for path in taken:
+            if (
+                self.dir_owner.get(path) == COORDINATOR
+                and path in live
+                and path not in referenced
+                and f"dir:{path}" not in self.registry
+                and not any(is_under(p, path) for p in self.files)
+            ):
+                self._delete_dir(path, COORDINATOR)
 
     def _forget_tm(self, tm: TmId) -> None:
         """A TM that is gone keeps no memory: its tables go, its files stay on storage."""
@@ -1574,7 +1595,8 @@ class _Work:
             if path in self.files:
                 self.files[path] = evolve(self.files[path], owner=actor)
         for d in managed:
-            if d in self.dir_owner and self.dir_owner[d] != COORDINATOR:
+            owner = self.dir_owner.get(d)
+            if owner is not None and owner != COORDINATOR and not self._lost_actor(owner):
                 self.dir_owner[d] = actor
                 self.dirs[d] = evolve(self.dirs[d], creator=tm, used_by=frozenset())
             for path in sorted(p for p in self.files if is_under(p, d) and p not in files_kept):
@@ -1588,6 +1610,14 @@ class _Work:
         for pf in files_kept.values():
             self._check_file(tm, pf.path)
         self._reload_backend(tm, hosted)
+
+    def _lost_actor(self, actor: str) -> bool:
+        """R64: whether ``actor`` is a lost attempt that may still run. A directory it
+        created stays its own until it is known stopped: it deletes the directory once
+        empty (R41) without knowing it was replaced, and that delete is its own."""
+        tm = _tm_of_actor(actor)
+        rec = None if tm is None else self.tms.get(tm)
+        return rec is not None and rec.status is TmStatus.LOST
 
     def _reload_backend(self, tm: TmId, hosted: list[SubtaskId]) -> None:
         # the backend reloads the latest completed checkpoint's shared state (R23)

@@ -907,6 +907,19 @@ DoCrashDuringWrite(s, t, i, c) ==
               ELSE AppendSegment(s0, t, i, c, PartialSize).st
     IN  Lose(s1, t)
 
+(* R64 (_drop_empty_dirs): a directory taken from a stopped attempt that a *)
+(* live attempt works in (its subtask's shared one, R66) goes once nothing *)
+(* lies in it; the stopped attempt may have deleted it unseen (R41).       *)
+DropsEmpty(s, d) ==
+    /\ d \in DOMAIN s.dirs
+    /\ s.dirs[d].owner = Coord
+    /\ s.running
+    /\ \E i \in DOMAIN s.placement :
+           s.placement[i] \in CurrentTms(s) /\ d = SharedDir(s.job, s.par, i)
+    /\ d \notin UNION {r.dirs : r \in s.retained}
+    /\ d \notin DOMAIN s.dirReg
+    /\ ~\E f \in DOMAIN s.files : s.files[f].dir = d
+
 (* R64 (attempt_stopped): what waited for t is deleted; the coordinator    *)
 (* takes what t still owned and deletes what nothing references.           *)
 DoAttemptStopped(s, t) ==
@@ -926,7 +939,10 @@ DoAttemptStopped(s, t) ==
         waiting == {x \in s3.deferred : x.waitsFor = t}
         s4 == FoldSet(RunDeferred, [s3 EXCEPT !.deferred = s3.deferred \ waiting], waiting)
         s5 == DeleteFiles(s4, {f \in formerly : f \in DOMAIN s4.files /\ ~Referenced(s4, f)}, Coord)
-    IN  CollectDirs(s5)
+        taken == {d \in DOMAIN s2.dirs : s2.dirs[d].owner = t}
+        s6 == FoldSet(LAMBDA x, d : IF DropsEmpty(x, d) THEN DeleteDir(x, d, Coord) ELSE x,
+                      s5, taken)
+    IN  CollectDirs(s6)
 
 (* The backend reloads the latest completed checkpoint's state (R23).     *)
 ReloadBackend(s, t, hosted) ==
@@ -948,7 +964,8 @@ ReloadBackend(s, t, hosted) ==
 (* segments are kept as a parameter.  The TM takes over the segments R     *)
 (* references in the directories it now manages (lastUsed = the newest     *)
 (* checkpoint of R using it), and deletes every other TM-owned file in     *)
-(* them (garbage), except a lost attempt's (R64).                          *)
+(* them (garbage), except a lost attempt's (R64); a directory a lost       *)
+(* attempt owns stays its own until it stops (R64, R66).                   *)
 RestoreManagerKeep(s, t, R) ==
     LET hosted == HostedBy(s, t)
     IN  IF Mode = "NONE" THEN ReloadBackend(s, t, hosted)
@@ -976,7 +993,9 @@ RestoreManagerKeep(s, t, R) ==
                                         IF f \in keptF THEN [s.files[f] EXCEPT !.owner = t]
                                         ELSE s.files[f]],
                           !.dirs = [d \in DOMAIN s.dirs |->
-                                       IF d \in managed /\ s.dirs[d].owner # Coord
+                                       IF /\ d \in managed
+                                          /\ s.dirs[d].owner # Coord
+                                          /\ s.dirs[d].owner \notin LostTms(s)
                                        THEN [s.dirs[d] EXCEPT !.owner = t, !.creator = t,
                                                               !.usedBy = {}]
                                        ELSE s.dirs[d]]]
