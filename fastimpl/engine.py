@@ -726,12 +726,20 @@ class InProcessEngine:
             for ws in pend.working.values():
                 for w in ws:
                     refs.setdefault(w.path, set()).add(pend.id)
-        owners = self.observe().owners  # every party's records, merged
+        obs = self.observe()
+        owners = obs.owners  # every party's records, merged
         shared = self.coord.working.shared
         files: dict[str, WorkingFileView] = {}
         listed = self.storage.list_files() if on_storage is None else on_storage
         for path in sorted(listed):
             if not is_working_path(path) or path not in owners:
+                continue
+            if obs.files.get(path) == 0:
+                # R100, R101: a working file is written whole, at least one byte, before
+                # anything uses it. A file of no bytes here is what a write whose append
+                # failed left when its clean-up delete failed too: its attempt's file with
+                # a pending delete (R45, in ``observe``), never a working file, whoever
+                # owns it by the time the delete is retried.
                 continue
             owner = owners[path]
             if path in shared or owner == USER:  # handed over by an acknowledgement (R100)

@@ -78,7 +78,8 @@ class Observation:
 
 @frozen
 class WorkingFileView:
-    """One existing working file of disaggregated state (§11)."""
+    """One existing working file of disaggregated state (§11): written whole (R101). What a
+    failed write left is no working file: only its attempt's pending delete (R45)."""
 
     owner: str
     state: str

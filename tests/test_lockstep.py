@@ -226,19 +226,13 @@ def test_r66_a_replaced_attempt_keeps_its_subtask_directory_until_it_stops(
     _run_in_lockstep(backend, [*WRITTEN_BY_THE_REPLACED, *after])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect: after a working write whose append and then its clean-up delete "
-    "fail, fastimpl's working view keeps the file as the TM's private one, the model's "
-    "has no record of it",
-)
 @pytest.mark.parametrize("backend", ["memory"], indirect=True)
 def test_r101_a_working_write_whose_append_and_clean_up_fail_is_seen_alike(
     backend: Backend,
 ) -> None:
     """R101, R45: a database's write fails at its append (nothing is used), and the delete
-    of the partial file fails too (it waits for a retry): the working views of the model
-    and fastimpl must agree on that file."""
+    of the partial file fails too (it waits for a retry): that file is its attempt's
+    pending delete and no working file, in the model's working view and fastimpl's."""
     subtasks = [SubtaskId("agg", 0, 2), SubtaskId("agg", 1, 2), SRC0, SubtaskId("src", 1, 2)]
     _run_in_lockstep(
         backend,
