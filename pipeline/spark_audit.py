@@ -8,12 +8,19 @@ file as the union of the referenced ranges (a fold over each file's ranges in of
 order, after one shuffle of the references by checkpoint and file that the checkpoints
 table shares), orphans by status, and the sums per owner directory and per checkpoint. The
 definitions are those of ``pipeline.single``; a test holds the two to the same answers.
+
+Each Spark action costs a job per shuffle (adaptive execution plans a stage at a time),
+and on a small base that fixed cost is most of the audit's time. So the driver asks three
+things: one pass over the listing, one over the rows read, and one union of every figure
+of the summary and the checkpoints table (``_digest``). The tables stay lazy until
+written or collected, and a frame of at most ``SMALL_ROWS`` rows is one partition.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 from attrs import frozen
@@ -38,7 +45,6 @@ from pipeline.result import (
     STALE,
     TABLES,
     WORKING,
-    Row,
     Summary,
     Tables,
     ratio,
@@ -106,27 +112,26 @@ def audit_spark(
     listed = _paths_frame(spark, units, width).mapInArrow(
         arrow_rows.list_dirs(loc), arrow_rows.LISTED_DDL
     ).cache()
-    problems.extend(
-        (r.path, r.problem) for r in listed.where(F.col("problem").isNotNull()).collect()
-    )
+    n_listed, picked = _listing_digest(listed, f"^{_re(job)}/chk-[0-9]+/_metadata$")
+    problems.extend((path, problem) for path, problem in picked if problem is not None)
+    # A file at the top level is never a chk-N/_metadata: the listing holds them all.
+    metas = [path for path, problem in picked if problem is None]
     listed_files: DataFrame = listed.where(F.col("problem").isNull())
     files = listed_files.drop("problem")
     if top_files:
         files = files.unionByName(
             spark.createDataFrame(_with_owner(top_files), arrow_rows.FILES_DDL)
         )
-    files = files.cache()
-    n_files = files.count()
+    n_files = n_listed + len(top_files)
+    files = _gathered(files, n_files).cache()
 
-    meta_pattern = f"^{_re(job)}/chk-[0-9]+/_metadata$"
-    metas = [r.path for r in files.where(F.col("path").rlike(meta_pattern)).collect()]
     others = scan.other_metadata(loc, problems) if read_others else []
     say(f"{n_files} files; reading {len(metas)} _metadata files (+{len(others)} beside)")
     sc.setJobDescription(f"read {len(metas) + len(others)} _metadata files")
     read = _paths_frame(spark, [*metas, *others], width).mapInArrow(
         arrow_rows.read_metadata(loc), arrow_rows.READ_DDL
     ).cache()
-    heads = read.where(F.col("row").isin("head", "error")).collect()
+    heads, ref_counts = _read_digest(read, job)
     ckpt_rows: list[scan.CheckpointRow] = [
         (h.checkpoint, h.job, h.checkpoint_id, h.savepoint, h.metadata, h.base, h.entries,
          list(h.shared_bases))
@@ -135,8 +140,71 @@ def audit_spark(
     corrupt: list[scan.ErrorRow] = [
         (h.metadata, h.field, h.problem) for h in heads if h.row == "error"
     ]
+    own_keys = {r[0] for r in ckpt_rows if r[5] == job}
+    # The rows ``frames_of`` keeps as references (see there), counted from the same pass.
+    n_refs = sum(n for checkpoint, in_job, n in ref_counts
+                 if (checkpoint is not None and checkpoint in own_keys) or in_job is True)
+    # Its rows: the heads, the references, and the files outside the base they name (no
+    # more than the references).
+    read = _gathered(read, len(heads) + sum(n for _c, _j, n in ref_counts))
     return frames_of(spark, loc, files, read, ckpt_rows, corrupt, problems, grace=grace,
-                     now=now, working=working, say=say)
+                     now=now, working=working, say=say, n_refs=n_refs)
+
+
+SMALL_ROWS = 10_000
+"""Rows up to which a frame the audit works on is one partition. The listing and the
+reading spread over the executors, each task a Python worker's; the joins and sums after
+them cost a task per partition and stage, which on a small base is most of their time."""
+
+
+def _gathered(frame: DataFrame, rows: int) -> DataFrame:
+    """``frame`` in one partition if it holds at most ``SMALL_ROWS`` rows. One partition
+    keeps the rows' order, as a collect gives it (``coalesce`` into more would not)."""
+    return frame.coalesce(1) if rows <= SMALL_ROWS else frame
+
+
+def _listing_digest(
+    listed: DataFrame, meta_pattern: str
+) -> tuple[int, list[tuple[str, str | None]]]:
+    """One Spark action over the listing: how many files it holds, and in listing order
+    what could not be listed (``(path, problem)``) and the files matching ``meta_pattern``
+    (``(path, None)``)."""
+    is_problem = F.col("problem").isNotNull()
+    picked = F.when(
+        is_problem | F.col("path").rlike(meta_pattern), F.struct("at", "path", "problem")
+    )
+    # The id grows with the partition and the row within it: the order a collect gives.
+    row = listed.withColumn("at", F.monotonically_increasing_id()).agg(
+        F.count(F.when(~is_problem, F.lit(1))).alias("files"),
+        F.collect_list(picked).alias("picked"),
+    ).collect()[0]
+    return int(row["files"]), [(r["path"], r["problem"])
+                               for r in sorted(row["picked"], key=lambda r: int(r["at"]))]
+
+
+def _in_job(job: str) -> Column:
+    return F.col("path").startswith(job + "/") | (F.col("path") == job)
+
+
+def _read_digest(
+    read: DataFrame, job: str
+) -> tuple[list[Any], list[tuple[str | None, bool | None, int]]]:
+    """One Spark action over the rows read: the checkpoints and errors in reading order,
+    and the references counted by checkpoint and by whether their path is in the job base
+    (null when it has none)."""
+    counts = (
+        read.where(F.col("row") == "ref")
+        .groupBy("checkpoint", _in_job(job).alias("in_job"))
+        .agg(F.count(F.lit(1)).alias("n"))
+        .withColumn("row", F.lit("refs"))
+    )
+    rows = (
+        read.where(F.col("row").isin("head", "error"))
+        .unionByName(counts, allowMissingColumns=True)
+        .collect()
+    )
+    return ([r for r in rows if r["row"] != "refs"],
+            [(r["checkpoint"], r["in_job"], int(r["n"])) for r in rows if r["row"] == "refs"])
 
 
 def audit_foreign_spark(
@@ -158,13 +226,16 @@ def audit_foreign_spark(
         f"{got.foreign.format} reader")
     owner = got.foreign.owner
     files = spark.createDataFrame(
-        sc.parallelize([(*f, owner(f[0])) for f in got.files], width), arrow_rows.FILES_DDL
+        sc.parallelize([(*f, owner(f[0])) for f in got.files],
+                       1 if len(got.files) <= SMALL_ROWS else width),
+        arrow_rows.FILES_DDL,
     ).cache()
     read_rows = [["ref", *r, None, None, None, None, None, None, None] for r in got.references]
     read_rows += [arrow_rows.row_of(row="outside", path=p, size=size)
                   for p, size, _m, _l in got.outside]
     read = spark.createDataFrame(
-        sc.parallelize(read_rows, width), arrow_rows.READ_DDL
+        sc.parallelize(read_rows, 1 if len(read_rows) <= SMALL_ROWS else width),
+        arrow_rows.READ_DDL,
     ).cache()
     return frames_of(spark, loc, files, read, list(got.checkpoints), list(got.corrupt),
                      list(got.problems), grace=grace, now=now, working=None, say=say,
@@ -185,19 +256,25 @@ def frames_of(
     working: frozenset[str] | None,
     say: Progress,
     foreign: Foreign | None = None,
+    n_refs: int | None = None,
 ) -> SparkAudit:
     """Every table from the files listed (``arrow_rows.FILES_DDL``) and the rows read from
-    the checkpoints (``arrow_rows.READ_DDL``): the definitions of ``pipeline.single``."""
+    the checkpoints (``arrow_rows.READ_DDL``): the definitions of ``pipeline.single``.
+    ``n_refs`` is the number of references kept below when the caller counted them already.
+
+    The figures the driver needs (the summary, the checkpoints table, the paths of missing
+    files to name) come from one Spark action, ``_digest``; the other tables stay lazy
+    until written or collected."""
     sc = spark.sparkContext
     job = loc.job_dir
     refs_all = read.where(F.col("row") == "ref").select(*TABLES["references"])
 
     own_keys = sorted(r[0] for r in ckpt_rows if r[5] == job)
-    in_job = F.col("path").startswith(job + "/") | (F.col("path") == job)
     # Not cached: a filter over the cached ``read`` costs about what a second cache does
     # (measured at 1e5 references), and holds no second copy.
-    refs = refs_all.where(F.col("checkpoint").isin(own_keys) | in_job)
-    n_refs = refs.count()
+    refs = refs_all.where(F.col("checkpoint").isin(own_keys) | _in_job(job))
+    if n_refs is None:
+        n_refs = refs.count()
     say(f"{n_refs} references; joining")
     sc.setJobDescription("audit: join references with files")
 
@@ -220,7 +297,10 @@ def frames_of(
         "checkpoint", "subtask", "name", "handle", "path", "offset", "length", "logical_id",
         F.lit(None).cast("long").alias("file_size"), F.lit(NO_PATH).alias("reason"),
     )
-    dangling = _name_missing(spark, loc, dangling.unionByName(placeholders))
+    dangling = dangling.unionByName(placeholders)
+    # The reader of a format that judges each reference itself gives its dangling rows
+    # with their reasons; ours are named from storage once the missing paths are known.
+    to_name = foreign is None or foreign.dangling is None
     if foreign is not None and foreign.dangling is not None:
         dangling = spark.createDataFrame(
             [tuple(d[c] for c in TABLES["dangling"]) for d in foreign.dangling],
@@ -299,16 +379,27 @@ def frames_of(
         .select(*TABLES["owners"])
     )
     orphans = file_table.where(is_orphan).select(*TABLES["orphans"])
-    checkpoints = _checkpoints(
-        spark, ckpt_rows, per_ckpt_file, streams, sizes, dangling, job
-    ).cache()
+
+    say("summing up")
+    sc.setJobDescription("audit: summary")
+    digest = _digest(file_table, dangling, per_ckpt_file, streams, sizes)
+    # Asked on the driver, once per path: dangling paths are few.
+    named = {} if not to_name else {
+        p: why for p in sorted({p for r, p, _n in digest.reasons if r == MISSING and p is not None})
+        if (why := scan.why_missing(loc, p)) != MISSING
+    }
+    reasons: dict[str, int] = {}
+    for reason, path, n in digest.reasons:
+        why = named.get(path, reason) if path is not None else reason
+        reasons[why] = reasons.get(why, 0) + n
+    ckpts = _checkpoint_rows(ckpt_rows, digest, job)
     frames: dict[str, DataFrame] = {
         "files": file_table,
         "references": refs.select(*TABLES["references"]),
-        "dangling": dangling.select(*TABLES["dangling"]),
+        "dangling": _name_missing(spark, dangling, named).select(*TABLES["dangling"]),
         "orphans": orphans,
         "owners": owners,
-        "checkpoints": checkpoints,
+        "checkpoints": spark.createDataFrame(ckpts, CHECKPOINTS_DDL),
         "corrupt": spark.createDataFrame(
             corrupt, "metadata string, field string, problem string"
         ),
@@ -316,9 +407,7 @@ def frames_of(
             sorted(set(problems)), "path string, problem string"
         ),
     }
-    say("summing up")
-    sc.setJobDescription("audit: summary")
-    summary = _summary(loc, grace, now, file_table, dangling, checkpoints, ckpt_rows,
+    summary = _summary(loc, grace, now, digest.by_status, reasons, ckpts, ckpt_rows,
                        len(corrupt), n_refs)
     summary = attrs.evolve(
         summary, unreadable=len(set(problems)),
@@ -332,18 +421,20 @@ DANGLING_DDL = (
     "checkpoint string, subtask string, name string, handle string, path string, "
     "offset long, length long, logical_id string, file_size long, reason string"
 )
+CHECKPOINTS_DDL = (
+    "checkpoint string, job string, checkpoint_id long, savepoint boolean, in_base boolean, "
+    "references long not null, files long not null, state_bytes long not null, "
+    "physical_bytes long not null, amplification double, shared_bytes long not null, "
+    "reused_shared_bytes long not null, dangling long not null"
+)
 
 
-def _name_missing(spark: SparkSession, loc: Location, dangling: DataFrame) -> DataFrame:
-    """The reason of each dangling reference to a missing file, as the single-process
-    audit gives it (``scan.why_missing``: a link, a directory, a FIFO, a file that cannot
-    be read). Asked on the driver, once per path: dangling paths are few."""
-    paths = [r.path for r in dangling.where(F.col("reason") == MISSING)
-             .select("path").distinct().collect()]
-    named = [(p, why) for p in paths if (why := scan.why_missing(loc, p)) != MISSING]
+def _name_missing(spark: SparkSession, dangling: DataFrame, named: dict[str, str]) -> DataFrame:
+    """The dangling rows with the reason ``named`` gives their path, where it gives one
+    (``scan.why_missing``: a link, a directory, a FIFO, a file that cannot be read)."""
     if not named:
         return dangling
-    reasons = spark.createDataFrame(named, "path string, why string")
+    reasons = spark.createDataFrame(sorted(named.items()), "path string, why string")
     named_dangling: DataFrame = dangling.join(F.broadcast(reasons), "path", "left").withColumn(
         "reason", F.coalesce("why", "reason")
     )
@@ -368,23 +459,49 @@ def _covered(ranges: str, limit: str | None = None) -> Column:
     )
 
 
-def _checkpoints(
-    spark: SparkSession,
-    ckpt_rows: list[scan.CheckpointRow],
+@frozen
+class Digest:
+    """What the driver needs of the audit's frames, from one Spark action: per status the
+    files, bytes and live bytes; the dangling references per reason and, for a missing
+    file, per path (to be named); and per checkpoint its dangling references, its figures
+    (references, files, state and physical bytes) and its shared and reused bytes."""
+
+    by_status: dict[str, tuple[int, int | None, int | None]]
+    reasons: list[tuple[str, str | None, int]]
+    lost: dict[str, int]
+    per_ckpt: dict[str, tuple[int | None, int, int | None, int | None]]
+    reuse: dict[str, tuple[int | None, int | None]]
+
+
+def _digest(
+    file_table: DataFrame,
+    dangling: DataFrame,
     per_ckpt_file: DataFrame,
     streams: DataFrame,
     sizes: DataFrame,
-    dangling: DataFrame,
-    job: str,
-) -> DataFrame:
+) -> Digest:
+    """Every aggregate of the summary and the checkpoints table as one union, collected
+    once: each small (a row per status, reason, checkpoint or missing path), and each its
+    own Spark action otherwise."""
+    by_status = file_table.groupBy(F.col("status").alias("key")).agg(
+        F.count(F.lit(1)).alias("a"),
+        F.sum("size").alias("b"),
+        F.sum("live_bytes").alias("c"),
+    )
+    # A missing file's path is kept so that the driver can name it (``scan.why_missing``);
+    # the name applies to every dangling row of that path, whatever its reason here.
+    reasons = dangling.groupBy(F.col("reason").alias("key"), "path").agg(
+        F.count(F.lit(1)).alias("a")
+    )
+    lost = dangling.groupBy(F.col("checkpoint").alias("key")).agg(F.count(F.lit(1)).alias("a"))
     per_ckpt = (
         per_ckpt_file.join(sizes, "path", "left")
-        .groupBy("checkpoint")
+        .groupBy(F.col("checkpoint").alias("key"))
         .agg(
-            F.sum("n").alias("references"),
-            F.count(F.lit(1)).alias("files"),
-            F.sum(_covered("rs")).cast("long").alias("state_bytes"),
-            F.sum(F.coalesce("size", F.lit(0))).cast("long").alias("physical_bytes"),
+            F.sum("n").alias("a"),
+            F.count(F.lit(1)).alias("b"),
+            F.sum(_covered("rs")).cast("long").alias("c"),
+            F.sum(F.coalesce("size", F.lit(0))).cast("long").alias("d"),
         )
     )
     # A shared segment is reused by every checkpoint of its job after the first (savepoints
@@ -399,106 +516,104 @@ def _checkpoints(
     )
     reuse = (
         segments.select("length", "first", F.explode("users").alias("u"))
-        .groupBy(F.col("u.checkpoint").alias("checkpoint"))
+        .groupBy(F.col("u.checkpoint").alias("key"))
         .agg(
-            F.sum("length").alias("shared_bytes"),
+            F.sum("length").alias("a"),
             F.sum(F.when(F.col("u.checkpoint_id") > F.col("first"), F.col("length"))
-                  .otherwise(0)).alias("reused_shared_bytes"),
+                  .otherwise(0)).alias("b"),
         )
     )
-    lost = dangling.groupBy("checkpoint").agg(F.count(F.lit(1)).alias("dangling"))
-    base = spark.createDataFrame(
-        [(r[0], r[1], r[2], r[3], r[5] == job) for r in ckpt_rows],
-        "checkpoint string, job string, checkpoint_id long, savepoint boolean, in_base boolean",
+    parts = {"status": by_status, "reason": reasons, "lost": lost, "ckpt": per_ckpt,
+             "reuse": reuse}
+    union: DataFrame | None = None
+    for name, part in parts.items():
+        tagged = part.withColumn("part", F.lit(name))
+        union = tagged if union is None else union.unionByName(tagged, allowMissingColumns=True)
+    assert union is not None
+    got: dict[str, list[Any]] = {name: [] for name in parts}
+    for r in union.collect():
+        got[r["part"]].append(r)
+    return Digest(
+        by_status={r["key"]: (int(r["a"]), r["b"], r["c"]) for r in got["status"]},
+        reasons=[(r["key"], r["path"], int(r["a"])) for r in got["reason"]],
+        lost={r["key"]: int(r["a"]) for r in got["lost"]},
+        per_ckpt={r["key"]: (r["a"], int(r["b"]), r["c"], r["d"]) for r in got["ckpt"]},
+        reuse={r["key"]: (r["a"], r["b"]) for r in got["reuse"]},
     )
-    zero = F.lit(0).cast("long")
-    return (
-        base.join(per_ckpt, "checkpoint", "left")
-        .join(reuse, "checkpoint", "left")
-        .join(lost, "checkpoint", "left")
-        .select(
-            "checkpoint", "job", "checkpoint_id", "savepoint", "in_base",
-            F.coalesce("references", zero).alias("references"),
-            F.coalesce("files", zero).alias("files"),
-            F.coalesce("state_bytes", zero).alias("state_bytes"),
-            F.coalesce("physical_bytes", zero).alias("physical_bytes"),
-            F.when(F.col("state_bytes") > 0, F.col("physical_bytes") / F.col("state_bytes"))
-            .alias("amplification"),
-            F.coalesce("shared_bytes", zero).alias("shared_bytes"),
-            F.coalesce("reused_shared_bytes", zero).alias("reused_shared_bytes"),
-            F.coalesce("dangling", zero).alias("dangling"),
-        )
-        .orderBy("checkpoint")
-    )
+
+
+def _checkpoint_rows(
+    ckpt_rows: list[scan.CheckpointRow], digest: Digest, job: str
+) -> list[tuple[Any, ...]]:
+    """The checkpoints table (``CHECKPOINTS_DDL``), a row per checkpoint read, by key:
+    built on the driver, which holds a row per checkpoint already."""
+    out = []
+    for key, ck_job, ck_id, savepoint, _meta, base, _entries, _shared in ckpt_rows:
+        refs, n_files, state, physical = digest.per_ckpt.get(key, (None, 0, None, None))
+        shared, reused = digest.reuse.get(key, (None, None))
+        out.append((
+            key, ck_job, ck_id, savepoint, base == job,
+            refs or 0, n_files, state or 0, physical or 0,
+            # Spark's long / long: both made doubles, then divided.
+            float(physical or 0) / float(state) if state is not None and state > 0 else None,
+            shared or 0, reused or 0, digest.lost.get(key, 0),
+        ))
+    # Spark's order of strings (by UTF-8 bytes, that is by code point), nulls first.
+    out.sort(key=lambda r: (r[0] is not None, r[0] or ""))
+    return out
 
 
 def _summary(
     loc: Location,
     grace: float,
     now: float,
-    files: DataFrame,
-    dangling: DataFrame,
-    checkpoints: DataFrame,
+    by_status: dict[str, tuple[int, int | None, int | None]],
+    reasons: dict[str, int],
+    checkpoints: list[tuple[Any, ...]],
     ckpt_rows: list[scan.CheckpointRow],
     n_corrupt: int,
     n_refs: int,
 ) -> Summary:
-    by_status: dict[str, Row] = {
-        r["status"]: r.asDict()
-        for r in files.groupBy("status")
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.sum("size").alias("bytes"),
-            F.sum("live_bytes").alias("live"),
-        )
-        .collect()
-    }
+    def get(status: str, col: int = 0) -> int:
+        return int(by_status.get(status, (0, 0, 0))[col] or 0)
 
-    def get(status: str, col: str = "n") -> int:
-        return int(by_status.get(status, {}).get(col) or 0)
-
-    reasons = {r["reason"]: r["n"] for r in dangling.groupBy("reason").agg(
-        F.count(F.lit(1)).alias("n")).collect()}
-    own = checkpoints.where("in_base").agg(
-        F.count(F.lit(1)).alias("n"),
-        F.sum("shared_bytes").alias("shared"),
-        F.sum("reused_shared_bytes").alias("reused"),
-    ).collect()[0]
+    own = [c for c in checkpoints if c[4]]
+    n_own = len(own)
     n_ckpts = len(ckpt_rows)
     data_statuses = (REFERENCED, ORPHAN, PENDING, WORKING)
     data_files = sum(get(s) for s in data_statuses)
-    data_bytes = sum(get(s, "bytes") for s in data_statuses)
-    live = get(REFERENCED, "live")
-    ref_bytes = get(REFERENCED, "bytes")
-    shared = int(own["shared"] or 0)
-    reused = int(own["reused"] or 0)
+    data_bytes = sum(get(s, 1) for s in data_statuses)
+    live = get(REFERENCED, 2)
+    ref_bytes = get(REFERENCED, 1)
+    shared = sum(c[10] for c in own)
+    reused = sum(c[11] for c in own)
     job = loc.job_dir
     return Summary(
         base=loc.uri(),
         engine="spark",
         grace_seconds=grace,
         now=now,
-        files=sum(int(r["n"]) for r in by_status.values()),
-        bytes=sum(int(r["bytes"] or 0) for r in by_status.values()),
+        files=sum(n for n, _b, _l in by_status.values()),
+        bytes=sum(int(b or 0) for _n, b, _l in by_status.values()),
         data_files=data_files,
         data_bytes=data_bytes,
         referenced_files=get(REFERENCED),
         live_bytes=live,
         dead_bytes=ref_bytes - live,
         orphans=get(ORPHAN),
-        orphan_bytes=get(ORPHAN, "bytes"),
+        orphan_bytes=get(ORPHAN, 1),
         pending=get(PENDING),
-        pending_bytes=get(PENDING, "bytes"),
+        pending_bytes=get(PENDING, 1),
         working=get(WORKING),
-        working_bytes=get(WORKING, "bytes"),
+        working_bytes=get(WORKING, 1),
         metadata_files=get(METADATA),
         corrupt_metadata=n_corrupt,
-        checkpoints=int(own["n"]),
-        other_metadata=n_ckpts - int(own["n"]),
+        checkpoints=n_own,
+        other_metadata=n_ckpts - n_own,
         references=n_refs,
-        dangling=sum(int(v) for v in reasons.values()),
-        dangling_missing=int(reasons.get(MISSING, 0)),
-        dangling_beyond=int(reasons.get(BEYOND, 0)) + int(reasons.get(OTHER_SIZE, 0)),
+        dangling=sum(reasons.values()),
+        dangling_missing=reasons.get(MISSING, 0),
+        dangling_beyond=reasons.get(BEYOND, 0) + reasons.get(OTHER_SIZE, 0),
         space_amplification=ratio(ref_bytes, live),
         total_amplification=ratio(data_bytes, live),
         shared_bytes=shared,
@@ -506,7 +621,7 @@ def _summary(
         reused_share=ratio(reused, shared),
         restore_source_of=tuple(sorted(r[0] for r in ckpt_rows if r[5] != job and job in r[7])),
         in_flight=get(IN_FLIGHT),
-        in_flight_bytes=get(IN_FLIGHT, "bytes"),
+        in_flight_bytes=get(IN_FLIGHT, 1),
         stale=get(STALE),
-        stale_bytes=get(STALE, "bytes"),
+        stale_bytes=get(STALE, 1),
     )

@@ -24,7 +24,9 @@ from pipeline.single import audit_single, covered
 from tests.audit_fixtures import DAY, HOUR, Built, build, comparable, plant, run
 from tests.lockstep import S3_BUCKET, s3
 
-pytestmark = pytest.mark.xdist_group("spark")
+# The tests that start Spark (in this process, or spark-submit's own JVM) share one worker
+# under ``--dist loadgroup``; the others, on the single-process engine, go to any worker.
+SPARK = pytest.mark.xdist_group("spark")
 
 
 def s3_options(endpoint: str) -> dict[str, Any]:
@@ -83,12 +85,23 @@ def check_planted(before: Tables, after: Tables, planted: Any) -> None:
 # --------------------------------------------------------------------------- local
 
 
-@pytest.mark.parametrize("case", ["random-across-012.json.gz", "random-none-003.json.gz"])
+@SPARK
+@pytest.mark.parametrize(
+    ("case", "small_rows"),
+    [("random-across-012.json.gz", None), ("random-none-003.json.gz", 0)],
+    ids=["random-across-012.json.gz", "random-none-003.json.gz-partitioned"],
+)
 def test_spark_audit_is_exact_on_planted_faults_local(
-    spark: Any, case: str, tmp_path: Path
+    spark: Any, case: str, small_rows: int | None, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """``small_rows`` 0: every frame after the listing and the reading keeps its
+    partitions, as a base above ``SMALL_ROWS`` would; the bases here are below it."""
+    from pipeline import spark_audit
     from pipeline.spark_audit import audit_spark
 
+    if small_rows is not None:
+        monkeypatch.setattr(spark_audit, "SMALL_ROWS", small_rows)
     b = local_base(case, tmp_path)
     try:
         now = time.time()
@@ -122,6 +135,7 @@ def test_single_audit_is_exact_on_planted_faults_local(case: str, tmp_path: Path
 # --------------------------------------------------------------------------- S3
 
 
+@SPARK
 def test_spark_audit_is_exact_on_planted_faults_s3(
     spark: Any, s3_endpoint: str
 ) -> None:
@@ -208,6 +222,7 @@ def test_amplification_live_dead_and_reuse_are_computed_per_file_owner_checkpoin
 # --------------------------------------------------------------------------- make demo
 
 
+@SPARK
 def test_demo_audit_is_clean_on_the_demo_and_fails_on_a_leak(spark: Any, tmp_path: Path) -> None:
     """The end of ``make demo``: clean on what the demo wrote; one unreferenced file
     (grace 0: the demo's jobs are quiet) fails it."""
@@ -244,6 +259,7 @@ def test_the_benchmark_tree_is_audited_exactly(tmp_path: Path) -> None:
         _check(t.summary, attrs.evolve(planted, orphans=1), "x")
 
 
+@SPARK
 def test_the_audit_runs_under_spark_submit(tmp_path: Path) -> None:
     """``spark-submit pipeline/submit.py BASE ...``: spark-submit's master is the one used
     (not the CLI's default), and the answer is the planted one."""
@@ -274,6 +290,7 @@ def test_the_audit_runs_under_spark_submit(tmp_path: Path) -> None:
     assert "master local[2]" in proc.stdout + proc.stderr
 
 
+@SPARK
 def test_a_range_beyond_64_bits_is_reported_not_fatal(spark: Any, tmp_path: Path) -> None:
     """A ``_metadata`` whose handle ends past 2**63 - 1 (decode accepts any non-negative
     integer) is one unreadable ``_metadata`` in both engines; Spark's 64-bit columns would
@@ -358,7 +375,7 @@ def _files(top: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in top.rglob("*") if p.is_file()}
 
 
-@pytest.mark.parametrize("engine", ["single", "spark"])
+@pytest.mark.parametrize("engine", ["single", pytest.param("spark", marks=SPARK)])
 @pytest.mark.parametrize("kind", sorted(FOREIGN))
 def test_a_flink_or_spark_checkpoint_directory_is_named_never_called_clean(
     tmp_path: Path, kind: str, engine: str

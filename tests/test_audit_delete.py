@@ -39,8 +39,6 @@ from tests.audit_fixtures import (
 )
 from tests.lockstep import S3_BUCKET, s3
 
-pytestmark = pytest.mark.xdist_group("spark")
-
 
 def referenced(b: Built) -> set[str]:
     return {f["path"] for f in audit_single(b.loc, grace=HOUR)["files"]
@@ -292,6 +290,7 @@ def test_bad_usage_exits_2(tmp_path: Path) -> None:
     assert run(str(tmp_path), "--grace", "soon").exit_code == 2
 
 
+@pytest.mark.xdist_group("spark")
 def test_spark_command_end_to_end_with_parquet_and_deletion(
     tmp_path: Path,
 ) -> None:

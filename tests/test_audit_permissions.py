@@ -28,7 +28,6 @@ import pytest
 
 from tests.hostile_bases import JOB, _meta, _old, valid
 
-pytestmark = pytest.mark.xdist_group("spark")
 REPO = Path(__file__).resolve().parent.parent
 STRAY = f"{JOB}/shared/v-0-1/stray"
 
@@ -217,6 +216,7 @@ def test_unreadable_directories_with_the_single_engine(
     assert (tmp_path / "checkpoint_dir/root" / JOB / "chk-2/_metadata").exists()
 
 
+@pytest.mark.xdist_group("spark")  # Spark in the subprocess: one JVM at a time
 def test_unreadable_directories_on_spark_and_single_alike(
     tmp_path: Path, locked_dirs: list[Path]
 ) -> None:

@@ -38,7 +38,6 @@ from tests.hostile_bases import (
 )
 from tests.lockstep import S3_BUCKET, s3
 
-pytestmark = pytest.mark.xdist_group("spark")
 HOUR = 3600.0
 LATER = 10 * 86400.0
 _n = itertools.count()
@@ -97,6 +96,7 @@ def test_hostile_base_on_s3_is_reported_and_collected_safely(
     assert set(fs.find(loc.container)) == keys - orphans
 
 
+@pytest.mark.xdist_group("spark")
 def test_the_hostile_bases_on_s3_give_the_same_tables_on_both_engines(
     spark: Any,
     s3_endpoint: str,
