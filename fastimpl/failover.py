@@ -18,7 +18,6 @@ from fastimpl.coordinated_job import CoordinatedJob
 from fastimpl.ids import creator_of
 from fastimpl.records import ManagedDir, Status, StoredFile, Tm
 from fastimpl.retention import Retention
-from fastimpl.shared_registry import DIR_PREFIX
 from fastimpl.tm_book import TmBook
 from fastimpl.working import SharedWorking, is_working_path
 from spec import commands as c
@@ -258,8 +257,7 @@ class Failover:
             if (
                 catalog.dir_owner.get(path) != COORDINATOR
                 or path not in live
-                or f"{DIR_PREFIX}{path}" in self.retention.registry
-                or any(path in r.directories for r in self.retention.retained)
+                or self.retention.dir_referenced(path)
                 or any(is_under(p, path) for p in catalog.files)
             ):
                 continue

@@ -181,14 +181,18 @@ class Retention:
             if self.collectable(path):
                 catalog.delete_dir(path, COORDINATOR)
 
+    def dir_referenced(self, path: str) -> bool:
+        """R42: whether a retained checkpoint refers to directory ``path``."""
+        return f"{DIR_PREFIX}{path}" in self.registry or any(
+            path in r.directories for r in self.retained
+        )
+
     def collectable(self, path: str) -> bool:
         """R42 for one directory: the coordinator may delete it now."""
         catalog = self.run.catalog
         if catalog.dir_owner.get(path) != COORDINATOR:
             return False
-        if f"{DIR_PREFIX}{path}" in self.registry:
-            return False
-        if any(path in r.directories for r in self.retained):
+        if self.dir_referenced(path):
             return False
         live = set(self.tm_book.current_tms())
         running = self.run.running

@@ -1443,13 +1443,11 @@ class _Work:
         if not self.running:
             return
         live = self._managed_dirs(set(self.current_tms()))
-        referenced = self._referenced_dirs()
         for path in taken:
             if (
                 self.dir_owner.get(path) == COORDINATOR
                 and path in live
-                and path not in referenced
-                and f"dir:{path}" not in self.registry
+                and not self._dir_referenced(path)
                 and not any(is_under(p, path) for p in self.files)
             ):
                 self._delete_dir(path, COORDINATOR)
@@ -1491,11 +1489,15 @@ class _Work:
             if self._collectable(path):
                 self._delete_dir(path, COORDINATOR)
 
+    def _dir_referenced(self, path: str) -> bool:
+        """R42: whether a retained checkpoint refers to directory ``path``."""
+        return path in self._referenced_dirs() or f"dir:{path}" in self.registry
+
     def _collectable(self, path: str) -> bool:
         """R42 for one directory: the coordinator may delete it now."""
         if self.dir_owner.get(path) != COORDINATOR:
             return False
-        if path in self._referenced_dirs() or f"dir:{path}" in self.registry:
+        if self._dir_referenced(path):
             return False
         live = set(self.current_tms())
         d = self.dirs.get(path)
