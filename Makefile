@@ -60,18 +60,20 @@ lint: $(STAMP)
 # pytest-xdist workers: one per core by default (PYTEST_WORKERS=0 runs in one process).
 PYTEST_WORKERS ?= auto
 
-# --dist loadgroup: the Spark tests share one worker (xdist_group "spark"), so one JVM.
+# --dist worksteal: a worker that runs out of tests takes half of another's queue, so the
+# run does not end on one core behind a long Spark test. Each worker starts its own
+# SparkSession (tests/conftest.py: spark) when it first runs a Spark test.
 # --durations: every run names its 25 slowest tests. The product's tests only: the tests of
 # the project's tools (marker "tooling", tests/conftest.py) are make test-tools.
 test: $(STAMP) check-java
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/mypy
-	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 -m "not tooling"
+	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=25 -m "not tooling"
 
 # The tests of the tools (the mutant zoo, the mutation run's bookkeeping, traceability, TLA+
 # syntax and TLC, the wheel, the docs). CI runs them after make test.
 test-tools: $(STAMP) check-java
-	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=10 -m tooling
+	HYPOTHESIS_PROFILE="$${HYPOTHESIS_PROFILE:-default}" $(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal --durations=10 -m tooling
 
 # The documentation site (mkdocs.yml, material theme) into site/: mkdocs build --strict, so
 # a broken link or a page left out of the nav fails it. docs/hooks.py makes, in memory at

@@ -9,7 +9,6 @@ Select one with the HYPOTHESIS_PROFILE environment variable (unset or empty: "de
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from tests.lockstep import (  # noqa: F401 (fixtures: a lockstep storage, moto's
     backend,
     s3_endpoint,
 )
+from tests.profile import PROFILE
 from tests.spark_cluster import loopback_cluster  # noqa: F401 (a fixture: two-host Spark)
 
 _SUPPRESSED: list[HealthCheck] = [HealthCheck.too_slow]
@@ -57,7 +57,6 @@ settings.register_profile(
     suppress_health_check=_SUPPRESSED,
 )
 
-PROFILE: str = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 settings.load_profile(PROFILE)
 
 TOOLING = frozenset(
@@ -92,8 +91,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def spark() -> Any:
-    """One SparkSession (one JVM) for every Spark test of the run: mark the test
-    ``xdist_group("spark")`` so that ``--dist loadgroup`` keeps them in one worker."""
+    """One SparkSession (one JVM) per pytest worker, for every Spark test it runs."""
     from pipeline.session import spark_session
 
     return spark_session("local[2]")

@@ -92,12 +92,13 @@ from spec.errors import CommandError
 from spec.invariants import check_safety, working_files_kept
 from spec.layout import is_under
 from spec.observation import WorkingObservation
+from tests.profile import PROFILE, long_only
 
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 EXAMPLES = {"memory": 40, "local": 12, "pyfakefs": 2, "s3": 2, "memory-unreadable": 20}
 """Per merging mode, in the default and ``ci`` profiles. Seconds per sequence on two
 shared cores, measured: memory ~0.6, local ~0.8 (an fsync per append, R12), pyfakefs ~15
-(every listing resolves each path in Python), S3 on moto ~15 (three HTTP calls per
+(every listing resolves each path in Python, so it runs in the ``long`` profile only),
+S3 on moto ~15 (three HTTP calls per
 observation, one or two per storage call). The storages differ in what their calls do,
 not in which commands reach them: the model's state machine is explored on ``memory``,
 and the others show, on a few sequences each, that the same code paths behave alike on
@@ -436,9 +437,14 @@ class LockstepMachine(RefimplMachine):
             )
 
 
+_PYFAKEFS_LONG = long_only(
+    "pyfakefs takes the code paths local takes on the real disk, at 15 s a sequence"
+)
+
+
 def _cases() -> list[Any]:
     return [
-        pytest.param(b, m, id=f"{b}-{m.name}")
+        pytest.param(b, m, id=f"{b}-{m.name}", marks=_PYFAKEFS_LONG if b == "pyfakefs" else ())
         for b in BACKENDS
         for m in (OBJECT_STORE_MODES if b in ("s3", "memory-unreadable") else list(MergingMode))
     ]

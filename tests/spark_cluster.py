@@ -191,8 +191,8 @@ class LoopbackCluster:
 
 @pytest.fixture(scope="session")
 def loopback_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluster]:
-    """One loopback cluster for the tests that need executors on two hosts (mark them
-    ``xdist_group("spark")``: one worker process starts it once)."""
+    """One loopback cluster per pytest worker, for the tests that need executors on two
+    hosts (the worker that first runs one starts it)."""
     if not loopback_hosts_usable():
         pytest.skip(
             "cannot bind 127.0.0.2 and 127.0.0.3 here (a loopback with one address):"

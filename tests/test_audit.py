@@ -3,8 +3,7 @@ Spark and with the single-process scan giving the same tables.
 
 A base is written by fastimpl from a random command sequence of the conformance corpus,
 audited, damaged in known ways (``audit_fixtures.plant``) and audited again. The Spark
-tests share one SparkSession (one JVM: ``xdist_group("spark")`` with ``--dist
-loadgroup``), started once for the run.
+tests of a pytest worker share its SparkSession (``tests/conftest.py``: ``spark``).
 """
 
 from __future__ import annotations
@@ -23,10 +22,7 @@ from pipeline.result import ORPHAN, PENDING, Tables
 from pipeline.single import audit_single, covered
 from tests.audit_fixtures import DAY, HOUR, Built, build, comparable, plant, run
 from tests.lockstep import S3_BUCKET, s3
-
-# The tests that start Spark (in this process, or spark-submit's own JVM) share one worker
-# under ``--dist loadgroup``; the others, on the single-process engine, go to any worker.
-SPARK = pytest.mark.xdist_group("spark")
+from tests.profile import long_only
 
 
 def s3_options(endpoint: str) -> dict[str, Any]:
@@ -85,7 +81,6 @@ def check_planted(before: Tables, after: Tables, planted: Any) -> None:
 # --------------------------------------------------------------------------- local
 
 
-@SPARK
 @pytest.mark.parametrize(
     ("case", "small_rows"),
     [("random-across-012.json.gz", None), ("random-none-003.json.gz", 0)],
@@ -135,7 +130,6 @@ def test_single_audit_is_exact_on_planted_faults_local(case: str, tmp_path: Path
 # --------------------------------------------------------------------------- S3
 
 
-@SPARK
 def test_spark_audit_is_exact_on_planted_faults_s3(
     spark: Any, s3_endpoint: str
 ) -> None:
@@ -222,7 +216,6 @@ def test_amplification_live_dead_and_reuse_are_computed_per_file_owner_checkpoin
 # --------------------------------------------------------------------------- make demo
 
 
-@SPARK
 def test_demo_audit_is_clean_on_the_demo_and_fails_on_a_leak(spark: Any, tmp_path: Path) -> None:
     """The end of ``make demo``: clean on what the demo wrote; one unreferenced file
     (grace 0: the demo's jobs are quiet) fails it."""
@@ -259,7 +252,6 @@ def test_the_benchmark_tree_is_audited_exactly(tmp_path: Path) -> None:
         _check(t.summary, attrs.evolve(planted, orphans=1), "x")
 
 
-@SPARK
 def test_the_audit_runs_under_spark_submit(tmp_path: Path) -> None:
     """``spark-submit pipeline/submit.py BASE ...``: spark-submit's master is the one used
     (not the CLI's default), and the answer is the planted one."""
@@ -290,7 +282,6 @@ def test_the_audit_runs_under_spark_submit(tmp_path: Path) -> None:
     assert "master local[2]" in proc.stdout + proc.stderr
 
 
-@SPARK
 def test_a_range_beyond_64_bits_is_reported_not_fatal(spark: Any, tmp_path: Path) -> None:
     """A ``_metadata`` whose handle ends past 2**63 - 1 (decode accepts any non-negative
     integer) is one unreadable ``_metadata`` in both engines; Spark's 64-bit columns would
@@ -375,8 +366,19 @@ def _files(top: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in top.rglob("*") if p.is_file()}
 
 
-@pytest.mark.parametrize("engine", ["single", pytest.param("spark", marks=SPARK)])
-@pytest.mark.parametrize("kind", sorted(FOREIGN))
+_JOB_DIR_ON_SPARK = long_only(
+    "Spark reads a Flink job's folder as it reads the folder above it (flink-job-dir-spark)"
+)
+
+
+def _foreign_case(kind: str, engine: str) -> Any:
+    long = (kind, engine) == ("flink-configured-dir", "spark")
+    return pytest.param(kind, engine, id=f"{kind}-{engine}", marks=[_JOB_DIR_ON_SPARK] * long)
+
+
+@pytest.mark.parametrize(
+    ("kind", "engine"), [_foreign_case(k, e) for k in sorted(FOREIGN) for e in ("single", "spark")]
+)
 def test_a_flink_or_spark_checkpoint_directory_is_named_never_called_clean(
     tmp_path: Path, kind: str, engine: str
 ) -> None:

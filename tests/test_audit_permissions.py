@@ -9,7 +9,7 @@ in a subprocess without the capabilities that override file permissions
 reads the venv under /root, but a mode-000 directory refuses it as it refuses any user).
 A probe in that subprocess checks that a mode-000 directory really is unreadable, and
 every case asserts the PermissionError in its report: nothing passes without one.
-Both engines: the single-process engine on each case, Spark (one JVM) on one base
+Both engines: the single-process engine on each case, Spark on one base
 holding all of them.
 """
 
@@ -216,7 +216,6 @@ def test_unreadable_directories_with_the_single_engine(
     assert (tmp_path / "checkpoint_dir/root" / JOB / "chk-2/_metadata").exists()
 
 
-@pytest.mark.xdist_group("spark")  # Spark in the subprocess: one JVM at a time
 def test_unreadable_directories_on_spark_and_single_alike(
     tmp_path: Path, locked_dirs: list[Path]
 ) -> None:

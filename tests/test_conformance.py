@@ -28,11 +28,12 @@ from conformance.schema_gen import text as schema_text
 from model_tests import corpus_tool
 from spec import commands as c
 from spec.errors import Reason
+from tests.profile import PROFILE
 
 SERVER = f"{sys.executable} -m conformance.fastimpl_server"
 
 
-FULL_CORPUS = os.environ.get("HYPOTHESIS_PROFILE") == "long" or bool(os.environ.get("FULL_CORPUS"))
+FULL_CORPUS = PROFILE == "long" or bool(os.environ.get("FULL_CORPUS"))
 """Run the random cases in process too: in the ``long`` profile, and in the mutation run
 (``make mutate`` sets ``FULL_CORPUS``), so that its verdicts count these cases too."""
 

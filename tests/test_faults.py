@@ -14,7 +14,6 @@ A Hypothesis state machine injects faults into random calls of random operations
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -30,13 +29,13 @@ from spec.ids import SubtaskId
 from spec.layout import metadata_path, shared_dir
 from spec.observation import RetainedView
 from tests.faultyfs import LOCAL_WRITE_METHODS, FaultyFileSystem, Ledger, Place, payload
+from tests.profile import PROFILE
 
 KS = StateKind.KEYED_SHARED
 OP = StateKind.OPERATOR_LIST
 JOB = JobSpec((VertexSpec("src", 2), VertexSpec("win", 2)), num_tms=2)
 TARGET = SubtaskId("win", 1, 2)
 """The subtask whose write fails."""
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 KINDS = ["local", "memory", "object"]
 """Where the files live: local disk (``Storage``'s local path, its OS calls through
 ``FaultyOS``) and memory through the wrapper (open files readable), and memory behind the

@@ -578,11 +578,8 @@ def violations() -> list[str]:
     paths = sorted(PIPELINE.rglob("*.py"))
     trees = {p: ast.parse(p.read_text(), str(p)) for p in paths}
     records = data_members()
-    members = {
-        n: c
-        for n, c in fastimpl_members().items()
-        if n in records or n not in pipeline_names(list(trees.values()))
-    }
+    own = pipeline_names(list(trees.values()))
+    members = {n: c for n, c in fastimpl_members().items() if n in records or n not in own}
     vocabulary = spec_vocabulary()
     allowed = {n for names in PUBLIC_MEMBERS.values() for n in names}
     submodules = _submodules()

@@ -27,7 +27,6 @@ Then unit tests of ``recover`` itself.
 from __future__ import annotations
 
 import errno
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -94,12 +93,12 @@ from spec.messages import (
     TmEnded,
 )
 from tests.faultyfs import FaultyFileSystem, Ledger, Place, SimulatedCrash, payload
+from tests.profile import PROFILE
 from tests.working_jobs import WORKING_JOB, working_checkpoint, working_store
 
 KS = StateKind.KEYED_SHARED
 OP = StateKind.OPERATOR_LIST
 JOB = JobSpec((VertexSpec("src", 2), VertexSpec("win", 2)), num_tms=2)
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 LOCAL_STRIDE = 1 if PROFILE in ("ci", "long") else 3
 """Crash points tested on a local disk: every k in ci/long, every third k by default (each
 local run fsyncs files and directories; memory runs test every k in every profile)."""

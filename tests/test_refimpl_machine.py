@@ -5,8 +5,6 @@ quiet. A failure prints the minimal command sequence that breaks an invariant.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -16,8 +14,8 @@ from conformance.machine import RefimplMachine
 from spec import commands as c
 from spec.config import Config, MergingMode
 from spec.errors import CommandError, Reason
+from tests.profile import PROFILE
 
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 EXAMPLES = 7000
 """Per merging mode (three modes)."""
 

@@ -20,8 +20,11 @@ At the end: 14 batches, every closed window equal to the batch computation, the
 invariants I1-I6 on the real files (the last run's), the storage audit of every job base
 clean, and the command trace of the whole run (each restarted driver writes on the
 crashed one's) replayed through the model and agreeing. ACROSS merging (the test of the
-worker failures alone runs WITHIN). The driver runs in a subprocess;
-the test shares the ``spark`` xdist group."""
+worker failures alone runs WITHIN). The driver runs in a subprocess.
+It runs in the ``long`` profile: in ``ci`` the
+driver is killed at R96's points in the harness (``test_stream_driver_kill_local``), a
+crash at every storage operation is recovered (``test_recovery``), and the cluster's worker
+kills, speculation and rescale run in ``test_stream_failures``."""
 
 from __future__ import annotations
 
@@ -30,15 +33,12 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 from model_tests.replay import replay
 from pipeline.stream.source import RateSource
 from pipeline.stream.windows import Windowing
+from tests.profile import long_only
 from tests.spark_cluster import LoopbackCluster
 from tests.stream_run_checks import audit_bases, sink_against_batch
-
-pytestmark = pytest.mark.xdist_group("spark")
 
 BATCHES = 14
 ROWS, VOCABULARY, WINDOW_MS = 200, 200, 2000
@@ -52,6 +52,10 @@ ARGS = [
 ]  # fmt: skip
 
 
+@long_only(
+    "the driver killed on a cluster, four Spark applications; in ci the harness kills it"
+    " (test_stream_driver_kill_local) and test_stream_failures runs the cluster's failures"
+)
 def test_r96_the_driver_killed_three_times_with_worker_failures_counts_every_record_once(
     loopback_cluster: LoopbackCluster, tmp_path: Path
 ) -> None:

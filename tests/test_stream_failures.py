@@ -17,8 +17,7 @@ store's invariants I1-I6 on the real files (quiet), the storage audit of every j
 dangling reference, every ``_metadata`` readable), and the command trace replayed
 through the model up to the first event it has no command for. WITHIN merging: a TM two
 checkpoints old deletes at every batch, so the ``deleting`` kill has a delete to strike.
-The driver runs in a subprocess (its own SparkContext); the test shares the ``spark``
-xdist group (one Spark test process at a time)."""
+The driver runs in a subprocess (its own SparkContext)."""
 
 from __future__ import annotations
 
@@ -26,16 +25,12 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 from model_tests.replay import replay
 from pipeline.stream.kills import KILL_POINTS, Failures
 from pipeline.stream.source import RateSource
 from pipeline.stream.windows import Windowing
 from tests.spark_cluster import LoopbackCluster
 from tests.stream_run_checks import audit_bases, sink_against_batch
-
-pytestmark = pytest.mark.xdist_group("spark")
 
 BATCHES = 14
 PARALLELISM = 2

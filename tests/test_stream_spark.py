@@ -1,7 +1,7 @@
 """The streaming job on Spark (issue 17): ``rate-micro-batch`` through ``foreachBatch`` on
 ``local[2]``, RocksDB state checkpointed incrementally, every closed window's count equal
-to the batch computation's. One test: it shares the run's SparkSession
-(``xdist_group("spark")``)."""
+to the batch computation's. Each test uses its pytest worker's SparkSession
+(``tests/conftest.py``: ``spark``)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ from pipeline.stream.job import StreamSettings, run_stream
 from pipeline.stream.source import RateSource
 from pipeline.stream.windows import Windowing
 from spec.config import Config, MergingMode, RestoreMode
-
-pytestmark = pytest.mark.xdist_group("spark")
 
 
 def test_the_stream_on_spark_counts_every_closed_window_like_a_batch_job(

@@ -4,7 +4,7 @@ state is a SlateDB on the checkpoint storage, its files referred to in place. On
 points and a rescale from 4 to 3 subtasks (CLAIM): every closed window's count equals the
 batch computation, the store's invariants I1-I7 hold on the real files, the storage audit
 of both job bases is clean. The run has its own Spark in a subprocess (the shared session
-is ``local[2]``, which never retries a task), so it shares the ``spark`` xdist group."""
+is ``local[2]``, which never retries a task)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from pipeline.stream.check import batch_counts, compare
 from pipeline.stream.sink import read_all
 from pipeline.stream.source import RateSource
 from pipeline.stream.windows import Windowing
 from tests.supervised import supervised
-
-pytestmark = pytest.mark.xdist_group("spark")
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCHES = 10

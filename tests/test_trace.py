@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -27,8 +26,8 @@ from model_tests.targets import FastimplTarget
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.errors import CommandError, Reason
 from tests.lockstep import Backend, LockstepMachine
+from tests.profile import PROFILE
 
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 EXAMPLES = 200 if PROFILE == "long" else 5
 """Per merging mode. A traced sequence costs about 3 s on two shared cores (an observation
 encoded, decoded and compared after every command, on top of the lockstep run itself);
