@@ -701,8 +701,9 @@ class InProcessEngine:
         """The working files (§11) as the parties record them: each one's owner, state
         (R100), live users and in-place references, every live database's files and
         operator, and every retained checkpoint's in-place files; what I6 and I7 judge
-        beside ``observe``. ``on_storage``: the files ``observe`` just listed (a listing
-        costs a request per prefix on an object store); None lists them."""
+        beside ``observe``. ``on_storage``: the files to judge, as the caller's own
+        observation listed them; None: the ones the observation made here listed (one
+        listing: it costs a request per prefix on an object store)."""
         live: dict[str, set[str]] = {}
         operators: dict[str, str] = {}
         pinned: set[str] = set()
@@ -730,7 +731,7 @@ class InProcessEngine:
         owners = obs.owners  # every party's records, merged
         shared = self.coord.working.shared
         files: dict[str, WorkingFileView] = {}
-        listed = self.storage.list_files() if on_storage is None else on_storage
+        listed = obs.files if on_storage is None else on_storage
         for path in sorted(listed):
             if not is_working_path(path) or path not in owners:
                 continue

@@ -478,7 +478,6 @@ def _recover(
     return co, report
 
 
-
 def incarnation_to_recover(fs: Any, root: str, jobs: Sequence[str]) -> tuple[str, tuple[str, ...]]:
     """Of ``jobs``, one application's incarnations oldest first (each a recovery or a
     restore of the one before), the one to ``recover`` and those to pass as

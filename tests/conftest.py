@@ -2,9 +2,12 @@
 
 Select one with the HYPOTHESIS_PROFILE environment variable (unset or empty: "default"):
 
-- ``default`` / ``dev``: 100 examples, 40 steps per state-machine run.
-- ``ci``: derandomized, no example database, 200 examples, prints reproduction blobs.
-- ``long``: 5000 examples, 100 steps per state-machine run.
+- ``default`` / ``dev``: 100 examples, 40 steps per state-machine run; the tests that
+  start Spark (marker ``spark``) skipped, saying so: a developer's quick loop.
+- ``ci``: derandomized, no example database, 200 examples, prints reproduction blobs;
+  every Spark test.
+- ``long``: 5000 examples, 100 steps per state-machine run, and the tests marked
+  ``tests.profile.long_only``.
 """
 
 from __future__ import annotations
@@ -79,14 +82,32 @@ traceability, TLA+ and TLC, the wheel, the docs), not the product: marked ``tool
 ``make test`` leaves them to ``make test-tools`` (both run in CI)."""
 
 
+SPARK_FIXTURES = frozenset({"spark", "loopback_cluster"})
+"""A test that asks for one of these starts Spark: it is marked ``spark`` without saying so."""
+
+_SPARK_IN_CI = pytest.mark.skip(
+    reason="starts Spark: runs in the ci and long profiles (HYPOTHESIS_PROFILE=ci make test,"
+    " what .ci/run runs); the default profile is a developer's quick loop"
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "tooling: a test of the project's tools (make test-tools)")
+    config.addinivalue_line(
+        "markers",
+        "spark: starts Spark (a JVM: the session, a cluster, spark-submit or a ckpt stream"
+        " subprocess); left to the ci and long profiles",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.stem in TOOLING:
             item.add_marker(pytest.mark.tooling)
+        if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)
+        if PROFILE in ("default", "dev") and item.get_closest_marker("spark"):
+            item.add_marker(_SPARK_IN_CI)
 
 
 @pytest.fixture(scope="session")

@@ -95,7 +95,8 @@ from spec.observation import WorkingObservation
 from tests.profile import PROFILE, long_only
 
 EXAMPLES = {"memory": 40, "local": 12, "pyfakefs": 2, "s3": 2, "memory-unreadable": 20}
-"""Per merging mode, in the default and ``ci`` profiles. Seconds per sequence on two
+"""Per merging mode, in the ``ci`` profile (the default profile, a developer's loop, runs
+half: ``QUICK_EXAMPLES``). Seconds per sequence on two
 shared cores, measured: memory ~0.6, local ~0.8 (an fsync per append, R12), pyfakefs ~15
 (every listing resolves each path in Python, so it runs in the ``long`` profile only),
 S3 on moto ~15 (three HTTP calls per
@@ -105,6 +106,8 @@ and the others show, on a few sequences each, that the same code paths behave al
 them (pyfakefs runs the paths ``local`` runs on the real disk)."""
 LONG_EXAMPLES = {"memory": 600, "local": 250, "pyfakefs": 30, "s3": 40, "memory-unreadable": 300}
 """The ``long`` profile's soak."""
+QUICK_EXAMPLES = {"memory": 20, "local": 6, "pyfakefs": 1, "s3": 1, "memory-unreadable": 10}
+"""The default profile's."""
 OVERRIDE = os.environ.get("LOCKSTEP_EXAMPLES", "").strip()
 """``LOCKSTEP_EXAMPLES=N``: N sequences per merging mode on every selected storage."""
 LOG = os.environ.get("LOCKSTEP_LOG", "").strip()
@@ -123,7 +126,7 @@ _roots = itertools.count()
 def examples(backend: str) -> int:
     if OVERRIDE:
         return int(OVERRIDE)
-    return (LONG_EXAMPLES if PROFILE == "long" else EXAMPLES)[backend]
+    return {"long": LONG_EXAMPLES, "ci": EXAMPLES}.get(PROFILE, QUICK_EXAMPLES)[backend]
 
 
 # ---------------------------------------------------------------------------- implementations

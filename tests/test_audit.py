@@ -252,6 +252,7 @@ def test_the_benchmark_tree_is_audited_exactly(tmp_path: Path) -> None:
         _check(t.summary, attrs.evolve(planted, orphans=1), "x")
 
 
+@pytest.mark.spark  # starts Spark itself (tests/conftest.py: spark)
 def test_the_audit_runs_under_spark_submit(tmp_path: Path) -> None:
     """``spark-submit pipeline/submit.py BASE ...``: spark-submit's master is the one used
     (not the CLI's default), and the answer is the planted one."""
@@ -372,8 +373,10 @@ _JOB_DIR_ON_SPARK = long_only(
 
 
 def _foreign_case(kind: str, engine: str) -> Any:
-    long = (kind, engine) == ("flink-configured-dir", "spark")
-    return pytest.param(kind, engine, id=f"{kind}-{engine}", marks=[_JOB_DIR_ON_SPARK] * long)
+    marks = [pytest.mark.spark] if engine == "spark" else []
+    if (kind, engine) == ("flink-configured-dir", "spark"):
+        marks.append(_JOB_DIR_ON_SPARK)
+    return pytest.param(kind, engine, id=f"{kind}-{engine}", marks=marks)
 
 
 @pytest.mark.parametrize(

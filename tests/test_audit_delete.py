@@ -290,6 +290,7 @@ def test_bad_usage_exits_2(tmp_path: Path) -> None:
     assert run(str(tmp_path), "--grace", "soon").exit_code == 2
 
 
+@pytest.mark.spark  # starts Spark itself (tests/conftest.py: spark)
 def test_spark_command_end_to_end_with_parquet_and_deletion(
     tmp_path: Path,
 ) -> None:

@@ -177,6 +177,7 @@ def test_a_flink_checkpoint_in_flight_holds_the_jobs_newer_files(tmp_path: Path)
     assert "in flight" in r.output and "publishes no writer state" in " ".join(r.output.split())
 
 
+@pytest.mark.spark  # starts Spark itself (tests/conftest.py: spark)
 @pytest.mark.parametrize("fmt", ["flink", "spark"])
 def test_the_audit_on_spark_equals_the_single_process_one(fmt: str, tmp_path: Path) -> None:
     """The reader's rows through the DataFrame audit and through the one-process audit:

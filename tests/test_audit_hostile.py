@@ -154,6 +154,7 @@ def test_names_that_differ_in_bytes_never_print_the_same(tmp_path: Path) -> None
     assert not any((h.base / "shared/v-0-1" / n).exists() for n in names)
 
 
+@pytest.mark.spark  # starts Spark itself (tests/conftest.py: spark)
 def test_every_hostile_base_gives_the_same_tables_on_both_engines(tmp_path: Path) -> None:
     from pipeline.session import spark_session
     from pipeline.spark_audit import audit_spark

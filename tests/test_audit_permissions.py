@@ -216,6 +216,7 @@ def test_unreadable_directories_with_the_single_engine(
     assert (tmp_path / "checkpoint_dir/root" / JOB / "chk-2/_metadata").exists()
 
 
+@pytest.mark.spark  # starts Spark itself (tests/conftest.py: spark)
 def test_unreadable_directories_on_spark_and_single_alike(
     tmp_path: Path, locked_dirs: list[Path]
 ) -> None:

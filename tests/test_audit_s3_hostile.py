@@ -96,6 +96,7 @@ def test_hostile_base_on_s3_is_reported_and_collected_safely(
     assert set(fs.find(loc.container)) == keys - orphans
 
 
+@pytest.mark.spark  # starts Spark itself (tests/conftest.py: spark)
 def test_the_hostile_bases_on_s3_give_the_same_tables_on_both_engines(
     spark: Any,
     s3_endpoint: str,

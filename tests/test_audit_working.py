@@ -178,6 +178,7 @@ def test_a_bad_working_list_makes_the_state_unreadable(
     assert job.statuses()[job.stray] == WORKING  # unreadable: nothing is an orphan
 
 
+@pytest.mark.spark  # starts Spark itself (tests/conftest.py: spark)
 def test_spark_and_single_agree_on_working_files(spark: Any, tmp_path: Path) -> None:
     """The Spark job classifies working files as the single-process audit does."""
     from pipeline.spark_audit import audit_spark

@@ -14,11 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipeline.stream.check import batch_counts, compare
 from pipeline.stream.sink import read_all
 from pipeline.stream.source import RateSource
 from pipeline.stream.windows import Windowing
 from tests.supervised import supervised
+
+pytestmark = pytest.mark.spark  # its own Spark in a subprocess
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCHES = 10
