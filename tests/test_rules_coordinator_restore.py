@@ -24,7 +24,7 @@ from spec.ids import SubtaskId
 from spec.keygroups import key_group_range, max_parallelism_refusal, ranges_overlap
 from spec.layout import is_under, metadata_path, savepoint_dir, taskowned_dir
 from spec.observation import Observation
-from tests.rule_impls import impl, impl_free, is_model, pending, placement, start  # noqa: F401 (impl: an autouse fixture)
+from tests.rule_impls import channel, impl, impl_free, is_model, pending, placement, start  # noqa: F401 (impl: an autouse fixture)
 
 AGG3 = (("agg", 3),)
 
@@ -385,6 +385,41 @@ def test_r72_claim_owns_the_checkpoint_and_deletes_it_once_subsumed(
         assert still == (claimed if k + 1 < num_retained else set())
     dels = {d.path: d.actor for d in h.observe().deletions}
     assert {dels[p] for p in claimed} == {COORDINATOR}
+
+
+@pytest.mark.parametrize("mode", [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT])
+def test_r72_a_zombie_deletes_nothing_a_claim_took(
+    mode: MergingMode, request: pytest.FixtureRequest
+) -> None:
+    """R72 with R64: a CLAIM restore gives the new job's coordinator the claimed
+    checkpoint's directories with everything in them, a zombie's files too (R65); a
+    completion the zombie hears afterwards (R34) deletes none of them. The product's zombie
+    still counts them its own and deletes its subsumed ones: a defect, open (the default
+    profile's lockstep, local WITHIN, found it)."""
+    h = start(Config.for_mode(mode))
+    if not is_model(h):
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason="open defect: the product's zombie deletes files a CLAIM gave the"
+                " coordinator (R72, R64)",
+            )
+        )
+    h.checkpoint()
+    for _ in range(2):
+        h.checkpoint(shared=(), reuse=("sst-1",))
+    h.checkpoint(shared=(), reuse=("sst-1",), deliver=False)
+    h.run(c.CrashTm("tm-2"))
+    h.run(c.Cancel(retain=True))
+    h.run(c.Restore(h.last_checkpoint, (), RestoreMode.CLAIM))
+    before = h.observe()
+    taken = {p for p in before.files if before.owners.get(p) == COORDINATOR}
+    late = [i for i, n in enumerate(channel(h)) if n.tm == "tm-2"]
+    assert late, "no notice to the zombie is in flight"
+    for i in reversed(late):
+        h.run(c.DeliverNotification(i))
+    assert taken <= set(h.observe().files)
 
 
 def test_r72_claim_without_merging_reuses_through_the_registry() -> None:
