@@ -111,8 +111,9 @@ class JobEnd:
 
     def record_unheld(self, paths: Iterable[str], owner: str, job: str) -> None:
         """R64 with R72, R91: files no live party handed over yet a retained checkpoint
-        uses, or that lie in a claimed directory, are a lost attempt's that may still run
-        (a live TM hands what it owns over at ``EndJob``). They change hands as everything
+        uses, or that lie in a claimed directory and no lost attempt keeps (R72), are an
+        attempt's that may still run (a live TM hands what it owns over at ``EndJob``),
+        or one that stopped and left them unrecorded. They change hands as everything
         the checkpoint uses does, so the coordinator records them, created by whoever
         their names say (its deletes of them wait while that attempt may run). The zombie
         keeps its own records: it never deletes a file a retained checkpoint uses (its

@@ -23,7 +23,7 @@ from fastimpl.tm_book import TmBook
 from fastimpl.working import SharedWorking
 from spec import commands as c
 from spec.config import MAX_TMS, MergingMode, RestoreMode, StateKind, VertexSpec
-from spec.effects import COORDINATOR
+from spec.effects import COORDINATOR, tm_actor
 from spec.handles import FileHandle, StateEntry
 from spec.ids import SubtaskId, TmId
 from spec.keygroups import max_parallelism_refusal
@@ -170,15 +170,25 @@ class RestorePlanner:
 
     def _claim(self, source: Completed, recorded: Completed | None = None) -> None:
         """R72: the new job's coordinator owns the restored checkpoint: what of it lies in
-        its lineage (I5); anything else it names stays whose it was (read, never deleted)."""
+        its lineage (I5); anything else it names stays whose it was (read, never deleted).
+        What a lost attempt owns in its directories and it does not reference stays the
+        attempt's until it is known stopped (R64): it may still delete it."""
         retention, catalog = self.retention, self.run.catalog
         self.run.bases.add(base_of(source.metadata))
         paths = retention.paths_of(source)
+        lost = {t for t, rec in self.tm_book.tms.items() if rec.status is Status.LOST}
+        lost_actors = {tm_actor(t) for t in lost}
         for d in source.directories:
             if not retention.may_claim(d, recorded, is_dir=True):
                 continue
-            self.job_end.record_unheld(self._attempts_files_under(d), COORDINATOR, source.job)
-            paths |= {p for p in catalog.files if is_under(p, d)}
+            # a zombie's own files stay in its records, swept at its stop (R64)
+            unheld = {
+                p for p in self._attempts_files_under(d) if p in paths or creator_of(p) not in lost
+            }
+            self.job_end.record_unheld(unheld, COORDINATOR, source.job)
+            paths |= {
+                p for p, f in catalog.files.items() if is_under(p, d) and f.owner not in lost_actors
+            }
             if d in catalog.dir_owner:
                 catalog.dir_owner[d] = COORDINATOR
         for p in sorted(paths):

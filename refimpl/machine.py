@@ -1736,12 +1736,15 @@ class _Work:
 
     def _claim(self, source: Completed) -> None:
         """R72: the new job's coordinator owns the restored checkpoint: its metadata, the
-        files it references and its directories with everything in them."""
+        files it references and its directories with everything in them but what a lost
+        attempt still owns there and the checkpoint does not reference: that stays the
+        attempt's until it is known stopped (R64), as it may still delete it."""
         self.bases.add(source.metadata.split("/", 1)[0])
         paths = {source.metadata} | {s.path for e in source.entries if (s := stream_of(e.handle))}
         paths |= {path for _, path in source.working}  # R105: claimed in place
+        lost = {tm_actor(t) for t, rec in self.tms.items() if rec.status is TmStatus.LOST}
         for d in source.directories:
-            paths |= {p for p in self.files if is_under(p, d)}
+            paths |= {p for p, f in self.files.items() if is_under(p, d) and f.owner not in lost}
             if d in self.dir_owner:
                 self.dir_owner[d] = COORDINATOR
         for p in sorted(paths):

@@ -387,25 +387,18 @@ def test_r72_claim_owns_the_checkpoint_and_deletes_it_once_subsumed(
     assert {dels[p] for p in claimed} == {COORDINATOR}
 
 
+@pytest.mark.parametrize("subsumed", [False, True])
 @pytest.mark.parametrize("mode", [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT])
-def test_r72_a_zombie_deletes_nothing_a_claim_took(
-    mode: MergingMode, request: pytest.FixtureRequest
+def test_r72_a_claim_leaves_a_zombie_its_unreferenced_files(
+    mode: MergingMode, subsumed: bool
 ) -> None:
     """R72 with R64: a CLAIM restore gives the new job's coordinator the claimed
-    checkpoint's directories with everything in them, a zombie's files too (R65); a
-    completion the zombie hears afterwards (R34) deletes none of them. The product's zombie
-    still counts them its own and deletes its subsumed ones: a defect, open (the default
-    profile's lockstep, local WITHIN, found it)."""
+    checkpoint's directories, but what a lost attempt owns there and the checkpoint does not
+    reference stays the attempt's until it is known stopped: a completion sent to it
+    before (R34) deletes some as its own deletes, and nothing the checkpoint references.
+    At its stop the coordinator takes the rest and deletes it (R64), also when the new job
+    subsumed the claimed checkpoint first (the delete of its directories waited)."""
     h = start(Config.for_mode(mode))
-    if not is_model(h):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="open defect: the product's zombie deletes files a CLAIM gave the"
-                " coordinator (R72, R64)",
-            )
-        )
     h.checkpoint()
     for _ in range(2):
         h.checkpoint(shared=(), reuse=("sst-1",))
@@ -413,13 +406,29 @@ def test_r72_a_zombie_deletes_nothing_a_claim_took(
     h.run(c.CrashTm("tm-2"))
     h.run(c.Cancel(retain=True))
     h.run(c.Restore(h.last_checkpoint, (), RestoreMode.CLAIM))
+    zombie = ef.tm_actor("tm-2")
     before = h.observe()
-    taken = {p for p in before.files if before.owners.get(p) == COORDINATOR}
+    used = ref_paths(before) | {r.metadata for r in before.retained}
+    kept = {p for p, o in before.owners.items() if o == zombie}
+    assert kept and not kept & used
+    assert {before.owners[p] for p in used} == {COORDINATOR}
     late = [i for i, n in enumerate(channel(h)) if n.tm == "tm-2"]
     assert late, "no notice to the zombie is in flight"
     for i in reversed(late):
         h.run(c.DeliverNotification(i))
-    assert taken <= set(h.observe().files)
+    after = h.observe()
+    gone = kept - set(after.files)
+    assert gone and used <= set(after.files)
+    assert {(d.actor, d.owner) for d in after.deletions if d.path in gone} == {(zombie, zombie)}
+    if subsumed:
+        h.checkpoint()
+        used = set()
+    h.run(c.AttemptStopped("tm-2"))
+    stopped = h.observe()
+    assert not kept & set(stopped.files) and used <= set(stopped.files)
+    assert zombie not in stopped.owners.values()
+    if subsumed:  # nothing of the old job is left
+        assert not [p for p in stopped.files if is_under(p, "job-0")]
 
 
 def test_r72_claim_without_merging_reuses_through_the_registry() -> None:

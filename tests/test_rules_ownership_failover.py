@@ -744,15 +744,17 @@ def test_r65_an_object_store_never_has_a_file_its_stopped_writer_left_open(claim
     closed, so a file a lost attempt still had open when it stopped never exists: it
     leaves the model at the stop without a delete, whoever owns it by then. The long
     soak's seed 1002-within-s3: the zombie ``tm-2`` writes into a WITHIN file; a CLAIM
-    restore gives the claimed directories, with everything in them, to the coordinator;
-    when ``tm-2`` stops, the never written file is gone at once: not kept as the
-    coordinator's until the directory goes (storage has nothing there), nor, without
-    the restore, deleted (I2)."""
+    restore gives the claimed directories to the coordinator, but the zombie's file
+    stays its own (R72: the checkpoint does not reference it); when ``tm-2`` stops, the
+    never written file is gone at once: not kept until the directory goes (storage has
+    nothing there), nor deleted (I2)."""
     h, s, left = _zombie_writes_after_failover(open_files_readable=False)
     assert left and left[0] in h.observe().open_files and is_under(left[0], shared_dir(JOB, s))
     if claim:
         h.run(c.Restore(1, (), RestoreMode.CLAIM))
-        assert h.observe().owners[left[0]] == COORDINATOR  # with the claimed directory
+        obs = h.observe()
+        assert obs.directories[shared_dir(JOB, s)] == COORDINATOR  # R72: claimed
+        assert obs.owners[left[0]] == "tm:tm-2"  # the zombie's own, unreferenced
     effects = h.run(c.AttemptStopped("tm-2"))
     assert left[0] not in h.observe().files
     assert left[0] not in deleted(effects)  # never written, so never deleted (I2)

@@ -1157,11 +1157,15 @@ EndJob(s, retain) ==
     IN  CollectDirs(s5)
 
 (* R72 (_claim): the new job's coordinator owns the restored checkpoint:   *)
-(* its metadata, its files, its directories and everything in them; it is  *)
-(* retained (registered, FLINK-26985) until subsumed.                      *)
+(* its metadata, its files, its directories and everything in them but a   *)
+(* lost attempt's files it does not reference: the zombie keeps those      *)
+(* until it stops (R64); it is retained (registered, FLINK-26985) until    *)
+(* subsumed.                                                               *)
 Claim(s, r) ==
-    LET inDirs == {f \in DOMAIN s.files : s.files[f].dir \in r.dirs}
-        paths == ({r.meta} \cup {e.file : e \in r.entries} \cup inDirs) \cap DOMAIN s.files
+    LET refs == {r.meta} \cup {e.file : e \in r.entries}
+        inDirs == {f \in DOMAIN s.files : /\ s.files[f].dir \in r.dirs
+                                          /\ s.files[f].owner \notin LostTms(s)}
+        paths == (refs \cup inDirs) \cap DOMAIN s.files
         s1 == [s EXCEPT !.files = [f \in DOMAIN s.files |->
                                       IF f \in paths THEN [s.files[f] EXCEPT !.owner = Coord]
                                       ELSE s.files[f]],
