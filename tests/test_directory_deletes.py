@@ -129,17 +129,17 @@ def _operator_checkpoint(store: CheckpointStore) -> int:
 
 
 @_MERGING
-def test_a_claim_takes_a_zombies_file_in_its_directories_and_the_zombies_stop_the_rest(
+def test_a_claim_leaves_a_zombies_files_in_its_directories_to_the_zombies_stop(
     place: Place, mode: MergingMode
 ) -> None:
     """R72 with R64, for a lost TM that still runs in a process of its own: its files are
     planted here as it names them (``fastimpl.ids.marked``), and no record of this process
     holds them. It wrote one into its task-owned directory, which the claimed checkpoint
     names, and one into its subtask's shared directory, which that checkpoint does not.
-    The CLAIM restore takes the first (the coordinator's, deleted once the checkpoint is
-    subsumed and the zombie stopped) and not the second; a second restore follows while
-    the zombie runs; when it stops, the sweep of where it could write (the directories of
-    the subtask it ran, in the job it ran for) takes the second."""
+    The CLAIM restore takes neither (the checkpoint refers to neither: the zombie may still
+    delete them); the claimed checkpoint is subsumed and its directory's delete waits; a
+    second restore follows while the zombie runs; when it stops, the sweep of where it
+    could write (the directories of the subtask it ran, in the job it ran for) takes both."""
     store = CheckpointStore(
         place.url,
         Config.for_mode(mode, num_retained=1),
@@ -160,7 +160,7 @@ def test_a_claim_takes_a_zombies_file_in_its_directories_and_the_zombies_stop_th
         place.write(p, b"written by the zombie")
     assert store.coordinator.restore(cid, mode=RestoreMode.CLAIM) == "job-1"
     owners = testing.observe(store).owners
-    assert owners.get(claimed) == COORDINATOR and swept not in owners, owners
+    assert claimed not in owners and swept not in owners, owners
     for _ in range(2):  # num_retained 1: the claimed checkpoint is subsumed
         latest = _operator_checkpoint(store)
     assert {claimed, swept} <= set(testing.observe(store).files)  # R64: the zombie may run

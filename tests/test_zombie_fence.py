@@ -237,17 +237,16 @@ def test_r64_ending_the_job_leaves_a_zombies_late_file_until_it_stopped(
 
 
 @pytest.mark.parametrize("where", WHERE)
-def test_r64_a_claim_takes_a_zombies_late_file_in_a_claimed_directory_only(
+def test_r64_a_claim_leaves_a_zombie_its_late_files_until_it_stops(
     where: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """R72 with R64: the zombie writes for a checkpoint triggered after it was lost, into
     the shared directory of a retained checkpoint and into its own task-owned directory,
     which that checkpoint does not name; no record of the coordinator's holds either file.
-    A CLAIM restore of the checkpoint takes its directories with everything in them, the
-    zombie's file there too (found on storage, whose by its name), and nothing else: the
-    other file stays the zombie's until it stops (then the sweep of what it left takes
-    it). Once the claimed checkpoint is subsumed its directory goes, the zombie's file
-    with it, but only after the zombie stopped."""
+    A CLAIM restore of the checkpoint takes its directories, but neither file: the
+    checkpoint refers to neither, so both stay the zombie's until it stops (then the
+    sweep of what it left takes them). Once the claimed checkpoint is subsumed its
+    directory's delete waits for the zombie's stop."""
 
     def body(s: Soak) -> None:
         claimed = checkpoint(s, {MAP1})
@@ -266,7 +265,7 @@ def test_r64_a_claim_takes_a_zombies_late_file_in_a_claimed_directory_only(
         assert set(s.coord.retained[0].directories) == {shared, taskowned_dir(JOB, "tm-1")}
         s.check()
         _, obs = checked(s.coord, s.engine, quiet=False)
-        assert obs.owners.get(late) == COORDINATOR, obs.owners.get(late)
+        assert obs.owners.get(late) == tm_actor("tm-2"), obs.owners.get(late)
         assert obs.owners.get(outside) == tm_actor("tm-2"), obs.owners.get(outside)
         for _ in range(2):  # num_retained 1: the claimed checkpoint is subsumed
             checkpoint(s, set())
