@@ -3,9 +3,10 @@
 Select one with the HYPOTHESIS_PROFILE environment variable (unset or empty: "default"):
 
 - ``default`` / ``dev``: 100 examples, 40 steps per state-machine run; the tests that
-  start Spark (marker ``spark``) skipped, saying so: a developer's quick loop.
+  start Spark (marker ``spark``) or moto's S3 server (``s3_endpoint``) skipped, saying
+  so: a developer's quick loop.
 - ``ci``: derandomized, no example database, 200 examples, prints reproduction blobs;
-  every Spark test.
+  every Spark and S3 test.
 - ``long``: 5000 examples, 100 steps per state-machine run, and the tests marked
   ``tests.profile.long_only``.
 """

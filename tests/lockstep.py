@@ -227,9 +227,19 @@ class FakeFsBackend(Backend):
         self.patcher.pause()
 
 
+S3_IN_CI = (
+    "starts moto's S3 server: runs in the ci and long profiles (HYPOTHESIS_PROFILE=ci make"
+    " test, what .ci/run runs); the default profile is a developer's quick loop"
+)
+"""Why a test on S3 is skipped in the ``default`` and ``dev`` profiles: every test that
+reaches ``s3_endpoint``, by argument or ``request.getfixturevalue``, is."""
+
+
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server on 127.0.0.1 (a free port), dummy credentials, one bucket."""
+    if PROFILE in ("default", "dev"):
+        pytest.skip(S3_IN_CI)
     from moto.server import ThreadedMotoServer
 
     with pytest.MonkeyPatch.context() as mp:
