@@ -24,7 +24,7 @@ from tests.lockstep import (  # noqa: F401 (fixtures: a lockstep storage, moto's
     backend,
     s3_endpoint,
 )
-from tests.profile import PROFILE
+from tests.profile import PROFILE, QUICK_LOOP, left_to_ci
 from tests.spark_cluster import loopback_cluster  # noqa: F401 (a fixture: two-host Spark)
 
 _SUPPRESSED: list[HealthCheck] = [HealthCheck.too_slow]
@@ -86,10 +86,7 @@ traceability, TLA+ and TLC, the wheel, the docs), not the product: marked ``tool
 SPARK_FIXTURES = frozenset({"spark", "loopback_cluster"})
 """A test that asks for one of these starts Spark: it is marked ``spark`` without saying so."""
 
-_SPARK_IN_CI = pytest.mark.skip(
-    reason="starts Spark: runs in the ci and long profiles (HYPOTHESIS_PROFILE=ci make test,"
-    " what .ci/run runs); the default profile is a developer's quick loop"
-)
+_SPARK_IN_CI = pytest.mark.skip(reason=left_to_ci("starts Spark"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -107,7 +104,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.tooling)
         if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.spark)
-        if PROFILE in ("default", "dev") and item.get_closest_marker("spark"):
+        if QUICK_LOOP and item.get_closest_marker("spark"):
             item.add_marker(_SPARK_IN_CI)
 
 

@@ -92,7 +92,7 @@ from spec.errors import CommandError
 from spec.invariants import check_safety, working_files_kept
 from spec.layout import is_under
 from spec.observation import WorkingObservation
-from tests.profile import PROFILE, long_only
+from tests.profile import PROFILE, QUICK_LOOP, left_to_ci, long_only
 
 EXAMPLES = {"memory": 40, "local": 12, "pyfakefs": 2, "s3": 2, "memory-unreadable": 20}
 """Per merging mode, in the ``ci`` profile (the default profile, a developer's loop, runs
@@ -227,19 +227,13 @@ class FakeFsBackend(Backend):
         self.patcher.pause()
 
 
-S3_IN_CI = (
-    "starts moto's S3 server: runs in the ci and long profiles (HYPOTHESIS_PROFILE=ci make"
-    " test, what .ci/run runs); the default profile is a developer's quick loop"
-)
-"""Why a test on S3 is skipped in the ``default`` and ``dev`` profiles: every test that
-reaches ``s3_endpoint``, by argument or ``request.getfixturevalue``, is."""
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server on 127.0.0.1 (a free port), dummy credentials, one bucket."""
-    if PROFILE in ("default", "dev"):
-        pytest.skip(S3_IN_CI)
+    """moto's S3 server on 127.0.0.1 (a free port), dummy credentials, one bucket. Not in
+    the developer's loop: every test that reaches it, by argument or through
+    ``request.getfixturevalue``, is skipped there, saying so."""
+    if QUICK_LOOP:
+        pytest.skip(left_to_ci("starts moto's S3 server"))
     from moto.server import ThreadedMotoServer
 
     with pytest.MonkeyPatch.context() as mp:

@@ -15,6 +15,18 @@ import pytest
 
 PROFILE: str = os.environ.get("HYPOTHESIS_PROFILE") or "default"
 
+QUICK_LOOP: bool = PROFILE in ("default", "dev")
+"""The developer's loop: it leaves out the tests that start a server or a JVM."""
+
+
+def left_to_ci(what: str) -> str:
+    """Why a test that ``what`` (starts Spark, moto's S3 server...) is skipped in the
+    developer's loop."""
+    return (
+        f"{what}: runs in the ci and long profiles (HYPOTHESIS_PROFILE=ci make test, what"
+        " .ci/run runs); the default profile is a developer's quick loop"
+    )
+
 
 def long_only(why: str) -> pytest.MarkDecorator:
     """Skip, saying so and why, unless the ``long`` profile runs: a larger or repeated
