@@ -41,11 +41,13 @@ check-java:
 	  echo "error: PySpark 4 needs Java 17 or newer; found: $$("$$JAVA" -version 2>&1 | head -1)" >&2; \
 	  echo "  Debian/Ubuntu: apt-get install openjdk-17-jre-headless" >&2; exit 1; }
 
+# --no-compile: a fresh clone's install does not byte-compile every module of every
+# dependency (pyspark's alone are thousands); what runs is compiled when first imported.
 $(STAMP): pyproject.toml $(PKG_INITS)
 	@$(MAKE) --no-print-directory check-python
 	test -x $(BIN)/python || "$(PY)" -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[test,spark]'
+	$(BIN)/python -m pip install --no-compile -e '.[test,spark]'
 	touch $@
 
 # Every Python folder: the product (what the wheel ships), the proof tools, the benchmarks,

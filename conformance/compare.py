@@ -87,25 +87,27 @@ def unmarked(value: _V) -> _V:
 
 
 def _unmark(value: object) -> object:
+    # the lockstep unmarks an observation after every command: the cheap tests come
+    # first, and the abstract Mapping's (slow) only for what no other test took
     if isinstance(value, str):
         return _unmarked_path(value) if MARK in value else value
     if isinstance(value, int | float | Enum) or value is None:
         return value
-    if isinstance(value, Mapping):
-        pairs = [(k, v, _unmark(k), _unmark(v)) for k, v in value.items()]
-        if all(k is k2 and v is v2 for k, v, k2, v2 in pairs):
-            return value
-        return {k2: v2 for _, _, k2, v2 in pairs}
     if isinstance(value, tuple | frozenset):
         items = [(v, _unmark(v)) for v in value]
         if all(v is v2 for v, v2 in items):
             return value
         return type(value)(v2 for _, v2 in items)
-    if attrs.has(type(value)):
+    if type(value) is not dict and attrs.has(type(value)):
         try:
             return _unmark_frozen(value)
         except TypeError:  # not hashable: walked each time
             return _unmark_fields(value)
+    if isinstance(value, Mapping):
+        pairs = [(k, v, _unmark(k), _unmark(v)) for k, v in value.items()]
+        if all(k is k2 and v is v2 for k, v, k2, v2 in pairs):
+            return value
+        return {k2: v2 for _, _, k2, v2 in pairs}
     return value
 
 

@@ -20,7 +20,7 @@ wraps it with a lock; the test adapters drive it from spec commands.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import attrs
@@ -697,13 +697,13 @@ class InProcessEngine:
             return None
         return f"no notification {index} of {len(self.channel)}"
 
-    def observe_working(self, on_storage: Iterable[str] | None = None) -> WorkingObservation:
+    def observe_working(self, seen: Observation | None = None) -> WorkingObservation:
         """The working files (§11) as the parties record them: each one's owner, state
         (R100), live users and in-place references, every live database's files and
         operator, and every retained checkpoint's in-place files; what I6 and I7 judge
-        beside ``observe``. ``on_storage``: the files to judge, as the caller's own
-        observation listed them; None: the ones the observation made here listed (one
-        listing: it costs a request per prefix on an object store)."""
+        beside ``observe``. ``seen``: the caller's ``observe()`` since the last command,
+        whose files and owners are judged; None: one made here (a listing costs a request
+        per prefix on an object store, and the storage walk most of an observation)."""
         live: dict[str, set[str]] = {}
         operators: dict[str, str] = {}
         pinned: set[str] = set()
@@ -727,12 +727,11 @@ class InProcessEngine:
             for ws in pend.working.values():
                 for w in ws:
                     refs.setdefault(w.path, set()).add(pend.id)
-        obs = self.observe()
+        obs = self.observe() if seen is None else seen
         owners = obs.owners  # every party's records, merged
         shared = self.coord.working.shared
         files: dict[str, WorkingFileView] = {}
-        listed = obs.files if on_storage is None else on_storage
-        for path in sorted(listed):
+        for path in sorted(obs.files):
             if not is_working_path(path) or path not in owners:
                 continue
             if obs.files.get(path) == 0:

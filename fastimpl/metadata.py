@@ -142,6 +142,10 @@ def base_of(path: str) -> str:
     return parts[0]
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+"""The characters ``path_parts`` refuses in a name: the C0 controls and DEL."""
+
+
 def path_parts(path: object, source: str, field: str) -> tuple[str, ...]:
     """The components of a relative, normalised path, or ``MetadataError``.
 
@@ -169,9 +173,9 @@ def path_parts(path: object, source: str, field: str) -> tuple[str, ...]:
     parts = tuple(path.split("/"))
     if ".." in parts:
         raise MetadataError(source, field, f"path {path!r} contains a '..' component")
-    if any(p in ("", ".") for p in parts) or "\\" in path:
+    if "" in parts or "." in parts or "\\" in path:
         raise MetadataError(source, field, f"path {path!r} is not normalised")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
+    if _CONTROL.search(path):
         raise MetadataError(source, field, f"path {path!r} holds a control character")
     if any(len(p.encode("utf-8")) > MAX_COMPONENT for p in parts):
         raise MetadataError(source, field, f"a component of {path!r} is over {MAX_COMPONENT} bytes")

@@ -5,7 +5,7 @@ interface: the lockstep machine (test_lockstep.py), the refusal checks
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from conformance.fastimpl_commands import apply
@@ -59,8 +59,8 @@ class FastimplTarget:
         name: what it checks the command with before anything changes."""
         return self.engine.checks(cmd)
 
-    def observe_working(self, on_storage: Iterable[str] | None = None) -> WorkingObservation:
-        return self.engine.observe_working(on_storage)
+    def observe_working(self, seen: Observation | None = None) -> WorkingObservation:
+        return self.engine.observe_working(seen)
 
     def exists_dir(self, path: str) -> bool:
         return bool(self.engine.storage.exists_dir(path))

@@ -327,18 +327,21 @@ class LockstepHarness(Harness):
         except CommandError as err:
             impl_err = err
         history = self.history + ([cmd] if model_err is not None else [])
-        repro = "\n".join(f"    {x!r}," for x in history)
+
+        def repro() -> str:  # only a failing assertion spells out the sequence
+            return "\n".join(f"    {x!r}," for x in history)
+
         assert (model_err is None) == (impl_err is None), (
             f"model {'refused: ' + str(model_err) if model_err else 'accepted'}, implementation "
-            f"{'refused: ' + str(impl_err) if impl_err else 'accepted'} {cmd!r} after:\n{repro}"
+            f"{'refused: ' + str(impl_err) if impl_err else 'accepted'} {cmd!r} after:\n{repro()}"
         )
         if model_err is not None and impl_err is not None:
-            assert model_err.reason is impl_err.reason, f"{model_err} != {impl_err}\n{repro}"
+            assert model_err.reason is impl_err.reason, f"{model_err} != {impl_err}\n{repro()}"
         impl = self.impl_obs = self.target.observe()
         listed = not self.backend.object_store
         model = normalized(Harness.observe(self), open_files_listed=listed)
         diff = differences(model, normalized(impl))
-        assert not diff, "\n".join([*diff, "after commands:", repro])
+        assert not diff, "\n".join([*diff, "after commands:", repro()])
         if self.backend.object_store:
             # Directories are key prefixes on S3: there are no empty ones, and one "exists"
             # exactly when an object lies under it. A LIST request per directory after
@@ -351,24 +354,24 @@ class LockstepHarness(Harness):
                 if self.dir_view.get(d) is not there and self.target.exists_dir(d) is not there
             ]
             self.dir_view = expected
-            assert not wrong, f"directory view disagrees with the files: {wrong}\n{repro}"
+            assert not wrong, f"directory view disagrees with the files: {wrong}\n{repro()}"
         else:
             missing = [d for d in impl.directories if not self.target.exists_dir(d)]
-            assert not missing, f"directories reported but not on storage: {missing}\n{repro}"
+            assert not missing, f"directories reported but not on storage: {missing}\n{repro()}"
         broken = check_safety(impl)
-        assert not broken, "\n".join([*(str(v) for v in broken), repro])
+        assert not broken, "\n".join([*(str(v) for v in broken), repro()])
         if isinstance(self.target, FastimplTarget):
             unrecorded = unrecorded_dirs(self.target.engine.catalog)
-            assert not unrecorded, f"directories owned with no record: {unrecorded}\n{repro}"
+            assert not unrecorded, f"directories owned with no record: {unrecorded}\n{repro()}"
             # §11: the parties' working files, databases and their operators (R105) are
             # the model's, and I7 holds on them
-            impl_w = _in_use(self.target.observe_working(impl.files))
+            impl_w = _in_use(self.target.observe_working(impl))
             model_w = _in_use(Harness.working(self))
             assert unmarked(impl_w) == model_w, "\n".join(
-                ["working state differs:", *_working_diff(model_w, unmarked(impl_w)), repro]
+                ["working state differs:", *_working_diff(model_w, unmarked(impl_w)), repro()]
             )
             broken = working_files_kept(impl, impl_w)
-            assert not broken, "\n".join([*(str(v) for v in broken), repro])
+            assert not broken, "\n".join([*(str(v) for v in broken), repro()])
         if impl_err is not None:
             raise impl_err  # the same reason as the model's
         return effects

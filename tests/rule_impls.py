@@ -276,7 +276,7 @@ class ProductHarness(LockstepHarness):
 
     def working(self) -> WorkingObservation:
         """The product's working files (§11)."""
-        return unmarked(self.engine.observe_working(self.impl_obs.files))
+        return unmarked(self.engine.observe_working(self.impl_obs))
 
     def channel(self) -> list[Notice]:
         """The notices in the product's transport, as the model's ``Notice``."""
