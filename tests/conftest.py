@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,7 @@ _SPARK_IN_CI = pytest.mark.skip(reason=left_to_ci("starts Spark"))
 
 
 _SCRATCH = pytest.StashKey[Path]()
+_TMPDIR = pytest.StashKey[str | None]()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
@@ -104,7 +106,9 @@ def pytest_configure(config: pytest.Config) -> None:
             # the workers (xdist) get their own directories under it, and inherit TMPDIR
             config.option.basetemp = str(scratch / "tmp_path")
             (scratch / "tempfile").mkdir()
+            config.stash[_TMPDIR] = os.environ.get("TMPDIR")
             os.environ["TMPDIR"] = str(scratch / "tempfile")
+            tempfile.tempdir = None  # gettempdir() keeps its first answer otherwise
             config.stash[_SCRATCH] = scratch
     config.addinivalue_line("markers", "tooling: a test of the project's tools (make test-tools)")
     config.addinivalue_line(
@@ -129,6 +133,14 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 def pytest_unconfigure(config: pytest.Config) -> None:
     scratch = config.stash.get(_SCRATCH, None)
     if scratch is not None:
+        # a process that runs pytest again (mutmut does, in forks of this one) must not
+        # keep a TMPDIR that is gone
+        before = config.stash[_TMPDIR]
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        tempfile.tempdir = None
         shutil.rmtree(scratch, ignore_errors=True)
 
 
