@@ -98,7 +98,7 @@ def _unmark(value: object) -> object:
         if all(v is v2 for v, v2 in items):
             return value
         return type(value)(v2 for _, v2 in items)
-    if type(value) is not dict and attrs.has(type(value)):
+    if attrs.has(type(value)):
         try:
             return _unmark_frozen(value)
         except TypeError:  # not hashable: walked each time

@@ -13,23 +13,19 @@ Select one with the HYPOTHESIS_PROFILE environment variable (unset or empty: "de
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests import scratch
 from tests.faultyfs import Place
 from tests.lockstep import (  # noqa: F401 (fixtures: a lockstep storage, moto's S3 server)
     backend,
     s3_endpoint,
 )
 from tests.profile import PROFILE, QUICK_LOOP, left_to_ci
-from tests.scratch import ram_scratch
 from tests.spark_cluster import loopback_cluster  # noqa: F401 (a fixture: two-host Spark)
 
 _SUPPRESSED: list[HealthCheck] = [HealthCheck.too_slow]
@@ -94,22 +90,9 @@ SPARK_FIXTURES = frozenset({"spark", "loopback_cluster"})
 _SPARK_IN_CI = pytest.mark.skip(reason=left_to_ci("starts Spark"))
 
 
-_SCRATCH = pytest.StashKey[Path]()
-_TMPDIR = pytest.StashKey[str | None]()
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
 def pytest_configure(config: pytest.Config) -> None:
-    if config.option.basetemp is None and not hasattr(config, "workerinput"):
-        scratch = ram_scratch()
-        if scratch is not None:
-            # the workers (xdist) get their own directories under it, and inherit TMPDIR
-            config.option.basetemp = str(scratch / "tmp_path")
-            (scratch / "tempfile").mkdir()
-            config.stash[_TMPDIR] = os.environ.get("TMPDIR")
-            os.environ["TMPDIR"] = str(scratch / "tempfile")
-            tempfile.tempdir = None  # gettempdir() keeps its first answer otherwise
-            config.stash[_SCRATCH] = scratch
+    scratch.take(config)
     config.addinivalue_line("markers", "tooling: a test of the project's tools (make test-tools)")
     config.addinivalue_line(
         "markers",
@@ -119,29 +102,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    scratch = config.stash.get(_SCRATCH, None)
-    if scratch is None:
-        where = config.option.basetemp or "pytest's default tmp_path, on disk"
-        terminalreporter.write_line(f"scratch: {where}")
-    else:
-        terminalreporter.write_line(
-            f"scratch: {scratch}, a tmpfs (tests/scratch.py), removed now; --basetemp=DIR"
-            " or CKPT_TEST_SCRATCH=disk puts it on a disk"
-        )
+    terminalreporter.write_line(scratch.where(config))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    scratch = config.stash.get(_SCRATCH, None)
-    if scratch is not None:
-        # a process that runs pytest again (mutmut does, in forks of this one) must not
-        # keep a TMPDIR that is gone
-        before = config.stash[_TMPDIR]
-        if before is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = before
-        tempfile.tempdir = None
-        shutil.rmtree(scratch, ignore_errors=True)
+    scratch.give_back(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,6 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
+
 RAM = Path("/dev/shm")
 MIN_FREE = 2 << 30
 """A full ``ci`` run writes well under 200 MB; this leaves the machine its memory."""
@@ -44,3 +46,51 @@ def ram_scratch() -> Path | None:
         return Path(tempfile.mkdtemp(prefix="ckpt-pytest-", dir=RAM))
     except OSError:
         return None
+
+
+_SCRATCH = pytest.StashKey[Path]()
+_TMPDIR = pytest.StashKey[str | None]()
+
+
+def take(config: pytest.Config) -> None:
+    """At the start of a run (not in an xdist worker, not when ``--basetemp`` names a
+    directory): ``tmp_path`` and ``TMPDIR`` under a fresh RAM scratch, if there is one.
+    The workers get their own directories under it, and inherit ``TMPDIR``."""
+    if config.option.basetemp is not None or hasattr(config, "workerinput"):
+        return
+    scratch = ram_scratch()
+    if scratch is None:
+        return
+    config.option.basetemp = str(scratch / "tmp_path")
+    (scratch / "tempfile").mkdir()
+    config.stash[_TMPDIR] = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(scratch / "tempfile")
+    tempfile.tempdir = None  # gettempdir() keeps its first answer otherwise
+    config.stash[_SCRATCH] = scratch
+
+
+def where(config: pytest.Config) -> str:
+    """The line a run ends with: where its scratch was."""
+    scratch = config.stash.get(_SCRATCH, None)
+    if scratch is None:
+        return f"scratch: {config.option.basetemp or 'pytest default tmp_path, on disk'}"
+    return (
+        f"scratch: {scratch}, a tmpfs (tests/scratch.py), removed now; --basetemp=DIR"
+        " or CKPT_TEST_SCRATCH=disk puts it on a disk"
+    )
+
+
+def give_back(config: pytest.Config) -> None:
+    """At the end of the run: the scratch removed, and ``TMPDIR`` as it was, so that a
+    process that runs pytest again (mutmut does, in forks of this one) keeps no
+    directory that is gone."""
+    scratch = config.stash.get(_SCRATCH, None)
+    if scratch is None:
+        return
+    before = config.stash[_TMPDIR]
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
+    shutil.rmtree(scratch, ignore_errors=True)
