@@ -7,12 +7,14 @@ the store must (R45's durable deletes, the metadata's publication): on a disk ea
 crash sweep's time went to. What the tests check does not depend on the device: no
 test cuts the power, the crashes they inject are the process's (``tests.faultyfs``). So a
 run puts its scratch on ``/dev/shm`` when that is a tmpfs with room to spare, says so in
-its header, and removes it at the end. ``--basetemp=DIR`` picks a directory instead
+its last lines, and removes it at the end; a run also removes what killed runs left there
+(``sweep_dead``). ``--basetemp=DIR`` picks a directory instead
 (kept, as pytest keeps it), and ``CKPT_TEST_SCRATCH=disk`` keeps pytest's default."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -35,21 +37,63 @@ def on_tmpfs(path: Path) -> bool:
     )
 
 
-def ram_scratch() -> Path | None:
+def ram_scratch() -> tuple[Path | None, list[Path]]:
     """A fresh directory on the RAM file system, or None when there is none to use (no
-    tmpfs at ``/dev/shm``, too little room, not writable, or ``CKPT_TEST_SCRATCH=disk``)."""
+    tmpfs at ``/dev/shm``, too little room, not writable, or ``CKPT_TEST_SCRATCH=disk``);
+    and the directories of killed runs it removed first (``sweep_dead``)."""
     if os.environ.get("CKPT_TEST_SCRATCH") == "disk" or not on_tmpfs(RAM):
-        return None
+        return None, []
+    swept: list[Path] = []
     try:
+        swept = sweep_dead(RAM)
         if shutil.disk_usage(RAM).free < MIN_FREE:
-            return None
-        return Path(tempfile.mkdtemp(prefix="ckpt-pytest-", dir=RAM))
+            return None, swept
+        return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=RAM)), swept
     except OSError:
-        return None
+        return None, swept
+
+
+PREFIX = "ckpt-pytest-"
+_OWNED = re.compile(re.escape(PREFIX) + r"([0-9]+)-[A-Za-z0-9_]+")
+
+
+def sweep_dead(ram: Path) -> list[Path]:
+    """Removes the scratch directories of runs that were killed before their end (a
+    SIGKILL, an OOM kill, a CI timeout), which would otherwise hold the machine's memory
+    until it reboots. A directory is removed only when its name is one this module gives
+    (``ckpt-pytest-<pid>-<random>``), it is a directory and not a link, it belongs to
+    this user, and no process has that pid any more: a live pid, even another program
+    that reuses it, keeps the directory. Returns what it removed."""
+    removed = []
+    uid = os.getuid()
+    for entry in os.scandir(ram):
+        m = _OWNED.fullmatch(entry.name)
+        if m is None or _alive(int(m.group(1))):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not entry.is_dir(follow_symlinks=False) or st.st_uid != uid:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)  # fd-based: never follows a link
+        removed.append(Path(entry.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or no such pid to ask about: kept
+    return True
 
 
 _SCRATCH = pytest.StashKey[Path]()
 _TMPDIR = pytest.StashKey[str | None]()
+_SWEPT = pytest.StashKey[list[Path]]()
 
 
 def take(config: pytest.Config) -> None:
@@ -58,7 +102,8 @@ def take(config: pytest.Config) -> None:
     The workers get their own directories under it, and inherit ``TMPDIR``."""
     if config.option.basetemp is not None or hasattr(config, "workerinput"):
         return
-    scratch = ram_scratch()
+    scratch, swept = ram_scratch()
+    config.stash[_SWEPT] = swept
     if scratch is None:
         return
     config.option.basetemp = str(scratch / "tmp_path")
@@ -72,11 +117,16 @@ def take(config: pytest.Config) -> None:
 def where(config: pytest.Config) -> str:
     """The line a run ends with: where its scratch was."""
     scratch = config.stash.get(_SCRATCH, None)
+    swept = config.stash.get(_SWEPT, [])
+    also = (
+        f"; removed at the start, left by killed runs: {', '.join(map(str, swept))}"
+        if swept else ""
+    )
     if scratch is None:
-        return f"scratch: {config.option.basetemp or 'pytest default tmp_path, on disk'}"
+        return f"scratch: {config.option.basetemp or 'pytest default tmp_path, on disk'}{also}"
     return (
         f"scratch: {scratch}, a tmpfs (tests/scratch.py), removed now; --basetemp=DIR"
-        " or CKPT_TEST_SCRATCH=disk puts it on a disk"
+        f" or CKPT_TEST_SCRATCH=disk puts it on a disk{also}"
     )
 
 
