@@ -13,8 +13,8 @@ its last lines, and removes it at the end; a run also removes what killed runs l
 
 from __future__ import annotations
 
+import fcntl
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -48,52 +48,57 @@ def ram_scratch() -> tuple[Path | None, list[Path]]:
         swept = sweep_dead(RAM)
         if shutil.disk_usage(RAM).free < MIN_FREE:
             return None, swept
-        return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=RAM)), swept
+        return Path(tempfile.mkdtemp(prefix=PREFIX, dir=RAM)), swept
     except OSError:
         return None, swept
 
 
 PREFIX = "ckpt-pytest-"
-_OWNED = re.compile(re.escape(PREFIX) + r"([0-9]+)-[A-Za-z0-9_]+")
+LOCK = ".run.lock"
+"""A run holds an exclusive ``flock`` on this file of its scratch for as long as it runs:
+the kernel lets it go when the process ends, however it ends."""
+
+
+def hold(scratch: Path) -> int:
+    """The lock of a run's scratch, taken: the descriptor to keep open while it runs."""
+    fd = os.open(scratch / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
 
 
 def sweep_dead(ram: Path) -> list[Path]:
     """Removes the scratch directories of runs that were killed before their end (a
     SIGKILL, an OOM kill, a CI timeout), which would otherwise hold the machine's memory
-    until it reboots. A directory is removed only when its name is one this module gives
-    (``ckpt-pytest-<pid>-<random>``), it is a directory and not a link, it belongs to
-    this user, and no process has that pid any more: a live pid, even another program
-    that reuses it, keeps the directory. Returns what it removed."""
+    until it reboots. A directory is removed only when its name starts as this module
+    names them, it is a directory and not a link, and its lock file (``LOCK``) can be
+    locked: no process holds it any more. Which process made it is never asked (a pid may
+    be reused, or belong to another PID namespace sharing ``/dev/shm``). A directory
+    without a lock file is kept. Returns what it removed."""
     removed = []
-    uid = os.getuid()
     for entry in os.scandir(ram):
-        m = _OWNED.fullmatch(entry.name)
-        if m is None or _alive(int(m.group(1))):
+        if not entry.name.startswith(PREFIX) or not entry.is_dir(follow_symlinks=False):
             continue
         try:
-            st = entry.stat(follow_symlinks=False)
+            fd = os.open(
+                os.path.join(entry.path, LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
         except OSError:
             continue
-        if not entry.is_dir(follow_symlinks=False) or st.st_uid != uid:
-            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: that run is alive
+        finally:
+            os.close(fd)
         shutil.rmtree(entry.path, ignore_errors=True)  # fd-based: never follows a link
         removed.append(Path(entry.path))
     return removed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True  # another user's process, or no such pid to ask about: kept
-    return True
-
-
 _SCRATCH = pytest.StashKey[Path]()
 _TMPDIR = pytest.StashKey[str | None]()
 _SWEPT = pytest.StashKey[list[Path]]()
+_LOCK = pytest.StashKey[int]()
 
 
 def take(config: pytest.Config) -> None:
@@ -106,6 +111,7 @@ def take(config: pytest.Config) -> None:
     config.stash[_SWEPT] = swept
     if scratch is None:
         return
+    config.stash[_LOCK] = hold(scratch)
     config.option.basetemp = str(scratch / "tmp_path")
     (scratch / "tempfile").mkdir()
     config.stash[_TMPDIR] = os.environ.get("TMPDIR")
@@ -144,3 +150,4 @@ def give_back(config: pytest.Config) -> None:
         os.environ["TMPDIR"] = before
     tempfile.tempdir = None
     shutil.rmtree(scratch, ignore_errors=True)
+    os.close(config.stash[_LOCK])
