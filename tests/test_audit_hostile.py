@@ -175,7 +175,7 @@ def test_every_hostile_base_gives_the_same_tables_on_both_engines(
         with deadline(600, "the Spark audits of the hostile bases"):
             on_spark_tables = dict(zip(bases, pool.map(on_spark, bases.values()), strict=True))
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # a hung audit fails the test alone
+        pool.shutdown(wait=False, cancel_futures=True)  # a hung audit: the test fails now
     for name, h in bases.items():
         got = on_spark_tables[name]
         check(h, got)
