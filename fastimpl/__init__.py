@@ -15,7 +15,6 @@ model) is no public API.
 """
 
 from fastimpl.api import (
-    BaseInUseError,
     CheckpointStore,
     CheckpointStream,
     CompletionFailed,
@@ -23,6 +22,7 @@ from fastimpl.api import (
     FileMergingManager,
     ManagerClosedError,
 )
+from fastimpl.base_opening import BaseInUseError
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.metadata import MetadataError
 from fastimpl.recovery import RecoveryError, RecoveryReport, incarnation_to_recover

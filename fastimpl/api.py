@@ -18,25 +18,26 @@ failing.
 from __future__ import annotations
 
 import io
-import os
-import socket
 import threading
-import time
-import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal
 
-import attrs
 import fsspec  # type: ignore[import-untyped]
 
+from fastimpl.base_opening import (
+    BaseInUseError,
+    lease_token,
+    refuse_held,
+    refuse_unreadable_open_files,
+)
 from fastimpl.engine import InProcessEngine
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.records import Status, StoredFile
 from fastimpl.recovery import RecoveryReport, recover
-from fastimpl.storage import WRITER_LEASE, DeleteFailure, Storage, open_files_readable
+from fastimpl.storage import WRITER_LEASE, DeleteFailure, Storage
 from fastimpl.trace import CommandTrace
 from fastimpl.writer_state import WriterStatePublisher
 from spec.config import Config, JobSpec, RestoreMode, StateKind, check_parallelism
@@ -53,11 +54,6 @@ ones, under a job id and checkpoint ids none of them used, and takes the base ov
 Continuing a job that was there is ``CheckpointStore.recover``."""
 
 
-class BaseInUseError(CkptError, ValueError):
-    """The base holds another job's files (or another store's lease): a new store there
-    would overwrite or delete them. Nothing was written."""
-
-
 class CompletionFailed(CkptError):
     """``Coordinator.complete`` could not complete ``checkpoint``: it was aborted instead
     (R51), and nothing of it is kept; its files go as an abort's do. ``cause`` (also
@@ -70,14 +66,6 @@ class CompletionFailed(CkptError):
         self.checkpoint = checkpoint
         self.reason = reason
         self.cause = cause
-
-
-def _lease_token() -> bytes:
-    """A token no other store holds, with what a person needs to find its owner."""
-    return (
-        f"{uuid.uuid4().hex} host={socket.gethostname()} pid={os.getpid()}"
-        f" since={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
-    ).encode()
 
 
 class CheckpointStore:
@@ -113,7 +101,7 @@ class CheckpointStore:
     ) -> None:
         check_parallelism(config, job.vertices)  # R78: before any I/O
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-        _refuse_unreadable_open_files(fs, config)
+        refuse_unreadable_open_files(fs, config)
         engine = _open_base(
             url, config, job, fs, root, ids or RandomIds(), background_deletes, on_existing
         )
@@ -152,7 +140,7 @@ class CheckpointStore:
         ``abandoned``)."""
         check_parallelism(config, job.vertices)  # R78: before any I/O
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
-        _refuse_unreadable_open_files(fs, config)
+        refuse_unreadable_open_files(fs, config)
         # The recovery takes the base over (``lease``) before its first delete: a writer
         # still running there (a zombie of the crashed job) is fenced from then on.
         cluster, report = recover(
@@ -162,7 +150,7 @@ class CheckpointStore:
             root,
             job=crashed_job,
             ids=ids or RandomIds(),
-            lease=_lease_token(),
+            lease=lease_token(),
             abandoned=abandoned,
             mode=mode,
         )
@@ -289,9 +277,9 @@ def _open_base(
         raise UsageError(f"on_existing must be 'refuse' or 'fresh-id', not {on_existing!r}")
     probe = Storage(fs, root, background_deletes=False)
     jobs, savepoints, leased = probe.existing()
-    token = _lease_token()
+    token = lease_token()
     if on_existing == "refuse":
-        _refuse_held(
+        refuse_held(
             url,
             jobs,
             savepoints,
@@ -318,52 +306,6 @@ def _open_base(
         for path, size in cluster.storage.list_files().items():
             cluster.catalog.files[path] = StoredFile(size, False, USER, None)
     return cluster
-
-
-def _refuse_held(
-    where: str, jobs: list[int], savepoints: list[int], leased: bool, hint: str = ""
-) -> None:
-    """A new job's base must hold no job, savepoint or other store's lease: a new job
-    there would overwrite or delete them (``BaseInUseError``, naming what it holds)."""
-    if not (jobs or savepoints or leased):
-        return
-    held = [f"job-{n}" for n in jobs] + [f"savepoint-{n}" for n in savepoints]
-    what = ", ".join(held[:10]) + (" ..." if len(held) > 10 else "")
-    lease = f"another store's lease ({WRITER_LEASE})" if leased else ""
-    raise BaseInUseError(
-        f"{where} holds {what or lease}{' and ' + lease if what and lease else ''}:"
-        f" a new job there would overwrite or delete it{hint}"
-    )
-
-
-def _refuse_unreadable_open_files(fs: Any, config: Config) -> None:
-    """R16: ACROSS merging where open files are not readable would lose data: refuse it
-    before any I/O. The answer comes from the storage that finally holds the bytes,
-    through any wrappers (an unknown wrapper is refused: ``UnknownWrapperError``).
-
-    ``Config`` refuses ACROSS when told the store hides open files; check again with
-    what the file system says. Asked whatever the configuration says: the same walk
-    refuses a cache over a local disk (``CachedLocalDiskError``, issue 14).
-    """
-    if not open_files_readable(fs) and config.open_files_readable:
-        attrs.evolve(config, open_files_readable=False)
-
-
-def open_base(fs: Any, root: str, config: Config, token: bytes) -> tuple[Storage, Config]:
-    """A new job's storage over ``root`` for an engine that embeds the parties
-    (``fastimpl.parties``), and the configuration to run it with there. Refuses
-    (``BaseInUseError``, nothing written) a base that holds a job, a savepoint or another
-    store's lease, then takes the lease with ``token`` (issue 14: a writer that takes the
-    base later fences this one). R16: where the bytes of an open file are not readable
-    (object stores), the configuration returned says so (``open_files_readable`` off)."""
-    storage = Storage(fs, root)
-    if not storage.open_files_readable and config.open_files_readable:
-        config = attrs.evolve(config, open_files_readable=False)
-    jobs, savepoints, leased = storage.existing()
-    _refuse_held(root, jobs, savepoints, leased)
-    if not storage.take_lease(token, exclusive=True):
-        raise BaseInUseError(f"{root}: another store took the base just now ({WRITER_LEASE})")
-    return storage, config
 
 
 class Coordinator:
@@ -756,5 +698,4 @@ __all__ = [
     "Coordinator",
     "FileMergingManager",
     "ManagerClosedError",
-    "open_base",
 ]

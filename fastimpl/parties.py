@@ -93,10 +93,14 @@ The coordinator's side
     host checks before relying on what only a local disk has (directories, a file still
     open in one process readable in another).
 
-``open_base(fs, root, config, token) -> (Storage, Config)``
+``open_base(fs, root, config, token) -> (Storage, Config)``, ``lease_token(tool="") -> bytes``
     A new job's storage: refuses (``BaseInUseError``) a base that holds a job, a
     savepoint or another store's lease, takes the lease with ``token``, and turns
     ``open_files_readable`` off where open files are not readable (object stores).
+    ``lease_token`` makes a token no other writer holds, naming the host, the process,
+    since when and the ``tool``: for ``open_base`` and ``recover_coordinator``'s
+    ``lease``. All of it is ``fastimpl.base_opening``'s, which the in-process store
+    opens its base with too.
 
 The task manager's side
 -----------------------
@@ -255,7 +259,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fastimpl.api import open_base
+from fastimpl.base_opening import lease_token, open_base
 from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine, Notice, subtasks_of
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.metadata import Metadata, MetadataError
@@ -468,6 +472,7 @@ __all__ = [
     "ha_state",
     "incarnation_to_recover",
     "is_working_path",
+    "lease_token",
     "note_pending",
     "observe",
     "open_base",

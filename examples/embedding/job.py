@@ -27,9 +27,10 @@ from fastimpl.parties import (
     CheckpointCoordinator,
     Decline,
     RandomIds,
-    Storage,
     decode_message,
     encode_message,
+    lease_token,
+    open_base,
 )
 from spec.config import Config, MergingMode, VertexSpec
 from spec.ids import SubtaskId, TmId
@@ -53,10 +54,12 @@ class Job:
     def __init__(self, root: Path, mode: MergingMode, say: Callable[[str], None]) -> None:
         self.root = root
         self.say = say
-        self.config = Config.for_mode(mode, num_retained=RETAINED)
         url = f"file://{root}"
         fs, path = fsspec.core.url_to_fs(url)
-        self.storage = Storage(fs, path)
+        # The base must hold no other job; the lease fences any later writer of it out.
+        self.storage, self.config = open_base(
+            fs, path, Config.for_mode(mode, num_retained=RETAINED), lease_token("embedding example")
+        )
         self.engine = PipeEngine(url, self.config)
         self.coord = CheckpointCoordinator(
             self.config, VERTICES, NUM_TMS, self.storage, RandomIds(), self.engine, JOB

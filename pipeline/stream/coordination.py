@@ -40,8 +40,6 @@ invariants are checked on the real files throughout (``violations``).
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,6 +59,7 @@ from fastimpl.parties import (
     TmReport,
     incarnation_to_recover,
     is_working_path,
+    lease_token,
     observe,
     open_base,
     recover_coordinator,
@@ -227,16 +226,12 @@ def _is_duty(data: bytes) -> bool:
     return not isinstance(decode_message(data), CheckpointComplete | CheckpointAborted)
 
 
+TOOL = "ckpt stream"
+"""What the base's lease names as its holder (``lease_token``)."""
+
 BACKENDS = ("rocksdb", "working")
 """``--state-backend``: a local RocksDB whose files each checkpoint uploads, or a SlateDB
 on the checkpoint storage whose files a checkpoint refers to in place (SPEC §11)."""
-
-
-def _lease_token() -> bytes:
-    return (
-        f"{uuid.uuid4().hex} host={socket.gethostname()} pid={os.getpid()}"
-        f" since={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} (ckpt stream)\n"
-    ).encode()
 
 
 @attrs.frozen
@@ -307,7 +302,7 @@ def open_coordinator(
             engine,
             job=crashed_job,
             ids=RandomIds(),
-            lease=_lease_token(),
+            lease=lease_token(TOOL),
             leave_working=backend == "working",
             abandoned=abandoned,
             mode=restore_mode,
@@ -332,7 +327,7 @@ def open_coordinator(
         out.publish()
         return out
     try:
-        storage, config = open_base(fs, root, config, _lease_token())
+        storage, config = open_base(fs, root, config, lease_token(TOOL))
     except BaseInUseError as err:
         raise UsageError(f"{url}: {err} (use --resume to continue a run)") from None
     co = CheckpointCoordinator(

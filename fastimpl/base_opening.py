@@ -1,0 +1,84 @@
+"""Opening a job's base for writing (issue 14; R16): what the base may already hold, the
+lease that fences an earlier writer, and the configuration its storage allows.
+
+Every door that opens a base goes through here: the in-process ``CheckpointStore``
+(``fastimpl.api``), an engine that embeds the parties (``open_base``, exported by
+``fastimpl.parties``) and the recoveries (``fastimpl.recovery``, which take the lease
+with a ``lease_token``), so that a base is refused, leased and judged the same way
+whichever of them opens it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+import attrs
+
+from fastimpl.storage import WRITER_LEASE, Storage, open_files_readable
+from spec.config import Config
+from spec.errors import CkptError
+
+
+class BaseInUseError(CkptError, ValueError):
+    """The base holds another job's files (or another store's lease): a new store there
+    would overwrite or delete them. Nothing was written."""
+
+
+def lease_token(tool: str = "") -> bytes:
+    """A token no other writer holds, with what a person needs to find its owner (the
+    host, the process, since when, and ``tool``, the program that holds it, if named)."""
+    by = f" ({tool})" if tool else ""
+    return (
+        f"{uuid.uuid4().hex} host={socket.gethostname()} pid={os.getpid()}"
+        f" since={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}{by}\n"
+    ).encode()
+
+
+def refuse_held(
+    where: str, jobs: list[int], savepoints: list[int], leased: bool, hint: str = ""
+) -> None:
+    """A new job's base must hold no job, savepoint or other store's lease: a new job
+    there would overwrite or delete them (``BaseInUseError``, naming what it holds)."""
+    if not (jobs or savepoints or leased):
+        return
+    held = [f"job-{n}" for n in jobs] + [f"savepoint-{n}" for n in savepoints]
+    what = ", ".join(held[:10]) + (" ..." if len(held) > 10 else "")
+    lease = f"another store's lease ({WRITER_LEASE})" if leased else ""
+    raise BaseInUseError(
+        f"{where} holds {what or lease}{' and ' + lease if what and lease else ''}:"
+        f" a new job there would overwrite or delete it{hint}"
+    )
+
+
+def refuse_unreadable_open_files(fs: Any, config: Config) -> None:
+    """R16: ACROSS merging where open files are not readable would lose data: refuse it
+    before any I/O. The answer comes from the storage that finally holds the bytes,
+    through any wrappers (an unknown wrapper is refused: ``UnknownWrapperError``).
+
+    ``Config`` refuses ACROSS when told the store hides open files: the configuration is
+    made again with what the file system says, for that refusal alone. Asked whatever
+    the configuration says: the same walk refuses a cache over a local disk
+    (``CachedLocalDiskError``, issue 14).
+    """
+    if not open_files_readable(fs) and config.open_files_readable:
+        attrs.evolve(config, open_files_readable=False)
+
+
+def open_base(fs: Any, root: str, config: Config, token: bytes) -> tuple[Storage, Config]:
+    """A new job's storage over ``root`` for an engine that embeds the parties
+    (``fastimpl.parties``), and the configuration to run it with there. Refuses
+    (``BaseInUseError``, nothing written) a base that holds a job, a savepoint or another
+    store's lease, then takes the lease with ``token`` (issue 14: a writer that takes the
+    base later fences this one). R16: where the bytes of an open file are not readable
+    (object stores), the configuration returned says so (``open_files_readable`` off)."""
+    storage = Storage(fs, root)
+    if not storage.open_files_readable and config.open_files_readable:
+        config = attrs.evolve(config, open_files_readable=False)
+    jobs, savepoints, leased = storage.existing()
+    refuse_held(root, jobs, savepoints, leased)
+    if not storage.take_lease(token, exclusive=True):
+        raise BaseInUseError(f"{root}: another store took the base just now ({WRITER_LEASE})")
+    return storage, config
