@@ -23,21 +23,21 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import fsspec  # type: ignore[import-untyped]
 
 from fastimpl.base_opening import (
-    BaseInUseError,
+    OnExisting,
     lease_token,
-    refuse_held,
     refuse_unreadable_open_files,
+    take_base,
 )
 from fastimpl.engine import InProcessEngine
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.records import Status, StoredFile
 from fastimpl.recovery import RecoveryReport, recover
-from fastimpl.storage import WRITER_LEASE, DeleteFailure, Storage
+from fastimpl.storage import DeleteFailure, Storage
 from fastimpl.trace import CommandTrace
 from fastimpl.writer_state import WriterStatePublisher
 from spec.config import Config, JobSpec, RestoreMode, StateKind, check_parallelism
@@ -46,12 +46,6 @@ from spec.errors import CkptError, NotFoundError, UsageError
 from spec.handles import StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.observation import RetainedView
-
-OnExisting = Literal["refuse", "fresh-id"]
-"""What a new store does on a base that holds a job already (issue 14): ``"refuse"``
-(the default) raises ``BaseInUseError``; ``"fresh-id"`` starts a new job beside the old
-ones, under a job id and checkpoint ids none of them used, and takes the base over.
-Continuing a job that was there is ``CheckpointStore.recover``."""
 
 
 class CompletionFailed(CkptError):
@@ -273,24 +267,16 @@ def _open_base(
 ) -> InProcessEngine:
     """A new job's store on ``url``, after deciding what to do with what the base holds
     (``OnExisting``) and taking the base's lease."""
-    if on_existing not in ("refuse", "fresh-id"):
-        raise UsageError(f"on_existing must be 'refuse' or 'fresh-id', not {on_existing!r}")
     probe = Storage(fs, root, background_deletes=False)
-    jobs, savepoints, leased = probe.existing()
     token = lease_token()
-    if on_existing == "refuse":
-        refuse_held(
-            url,
-            jobs,
-            savepoints,
-            leased,
-            ". Pass on_existing='fresh-id' to start a new job beside it, or use"
-            " CheckpointStore.recover(...) to continue a job that was there",
-        )
-        if not probe.take_lease(token, exclusive=True):
-            raise BaseInUseError(f"{url}: another store took the base just now ({WRITER_LEASE})")
-    else:
-        probe.take_lease(token, exclusive=False)  # fences any store writing there
+    jobs, savepoints = take_base(
+        probe,
+        url,
+        token,
+        on_existing,
+        ". Pass on_existing='fresh-id' to start a new job beside it, or use"
+        " CheckpointStore.recover(...) to continue a job that was there",
+    )
     seq = max(jobs, default=-1) + 1
     cluster = InProcessEngine(
         config, job, fs, root, ids, job_id=f"job-{seq}", background_deletes=background_deletes

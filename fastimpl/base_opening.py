@@ -13,13 +13,13 @@ import os
 import socket
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
 from fastimpl.storage import WRITER_LEASE, Storage, open_files_readable
 from spec.config import Config
-from spec.errors import CkptError
+from spec.errors import CkptError, UsageError
 
 
 class BaseInUseError(CkptError, ValueError):
@@ -67,6 +67,33 @@ def refuse_unreadable_open_files(fs: Any, config: Config) -> None:
         attrs.evolve(config, open_files_readable=False)
 
 
+OnExisting = Literal["refuse", "fresh-id"]
+"""What a new store does on a base that holds a job already (issue 14): ``"refuse"``
+(the default) raises ``BaseInUseError``; ``"fresh-id"`` starts a new job beside the old
+ones, under a job id and checkpoint ids none of them used, and takes the base over.
+Continuing a job that was there is ``CheckpointStore.recover``."""
+
+
+def take_base(
+    storage: Storage, where: str, token: bytes, on_existing: OnExisting = "refuse", hint: str = ""
+) -> tuple[list[int], list[int]]:
+    """Takes the base's lease with ``token`` after deciding on what it holds
+    (``on_existing``): a held base is refused (``BaseInUseError``, naming what it holds,
+    then ``hint``; nothing written), or with ``"fresh-id"`` taken over, which fences any
+    store writing there. The ids of the jobs and savepoints it holds: a new job's ids
+    start above them."""
+    if on_existing not in ("refuse", "fresh-id"):
+        raise UsageError(f"on_existing must be 'refuse' or 'fresh-id', not {on_existing!r}")
+    jobs, savepoints, leased = storage.existing()
+    if on_existing == "fresh-id":
+        storage.take_lease(token, exclusive=False)
+        return jobs, savepoints
+    refuse_held(where, jobs, savepoints, leased, hint)
+    if not storage.take_lease(token, exclusive=True):
+        raise BaseInUseError(f"{where}: another store took the base just now ({WRITER_LEASE})")
+    return jobs, savepoints
+
+
 def open_base(fs: Any, root: str, config: Config, token: bytes) -> tuple[Storage, Config]:
     """A new job's storage over ``root`` for an engine that embeds the parties
     (``fastimpl.parties``), and the configuration to run it with there. Refuses
@@ -77,8 +104,5 @@ def open_base(fs: Any, root: str, config: Config, token: bytes) -> tuple[Storage
     storage = Storage(fs, root)
     if not storage.open_files_readable and config.open_files_readable:
         config = attrs.evolve(config, open_files_readable=False)
-    jobs, savepoints, leased = storage.existing()
-    refuse_held(root, jobs, savepoints, leased)
-    if not storage.take_lease(token, exclusive=True):
-        raise BaseInUseError(f"{root}: another store took the base just now ({WRITER_LEASE})")
+    take_base(storage, root, token)
     return storage, config
