@@ -53,18 +53,23 @@ def refuse_held(
     )
 
 
-def refuse_unreadable_open_files(fs: Any, config: Config) -> None:
-    """R16: ACROSS merging where open files are not readable would lose data: refuse it
-    before any I/O. The answer comes from the storage that finally holds the bytes,
-    through any wrappers (an unknown wrapper is refused: ``UnknownWrapperError``).
-
-    ``Config`` refuses ACROSS when told the store hides open files: the configuration is
-    made again with what the file system says, for that refusal alone. Asked whatever
-    the configuration says: the same walk refuses a cache over a local disk
-    (``CachedLocalDiskError``, issue 14).
-    """
+def readable_config(fs: Any, config: Config) -> Config:
+    """R16: the configuration to run with on ``fs``: ``open_files_readable`` turned off
+    where the bytes of an open file are not readable (object stores), which ``Config``
+    refuses for ACROSS merging (``UsageError``), since it would lose data. The answer
+    comes from the storage that finally holds the bytes, through any wrappers (an
+    unknown wrapper is refused: ``UnknownWrapperError``; a cache over a local disk:
+    ``CachedLocalDiskError``, issue 14). Asks no storage call."""
     if not open_files_readable(fs) and config.open_files_readable:
-        attrs.evolve(config, open_files_readable=False)
+        return attrs.evolve(config, open_files_readable=False)
+    return config
+
+
+def refuse_unreadable_open_files(fs: Any, config: Config) -> None:
+    """R16's refusal alone, before any I/O (``readable_config``), for a caller whose
+    storage decides the rest itself (``InProcessEngine`` turns the setting off as its
+    storage says)."""
+    readable_config(fs, config)
 
 
 OnExisting = Literal["refuse", "fresh-id"]
@@ -101,8 +106,7 @@ def open_base(fs: Any, root: str, config: Config, token: bytes) -> tuple[Storage
     store's lease, then takes the lease with ``token`` (issue 14: a writer that takes the
     base later fences this one). R16: where the bytes of an open file are not readable
     (object stores), the configuration returned says so (``open_files_readable`` off)."""
+    config = readable_config(fs, config)
     storage = Storage(fs, root)
-    if not storage.open_files_readable and config.open_files_readable:
-        config = attrs.evolve(config, open_files_readable=False)
     take_base(storage, root, token)
     return storage, config
