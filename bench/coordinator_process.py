@@ -43,8 +43,6 @@ from spec.layout import METADATA
 from spec.messages import (
     Acknowledgement,
     Answer,
-    CheckpointAborted,
-    CheckpointComplete,
     Duty,
     decode_message,
     encode_message,
@@ -53,16 +51,11 @@ from spec.messages import (
 _META = "/" + METADATA
 
 
-class OutboxEngine:
-    """The engine around the coordinator in this process: notices are encoded into an
-    outbox that the reply carries to the TM's process. A steady job starts no TM and
-    hands no duty: those calls fail loudly."""
-
-    def __init__(self) -> None:
-        self.outbox: list[tuple[TmId, bytes]] = []
-
-    def send(self, tm: TmId, msg: CheckpointComplete | CheckpointAborted) -> None:
-        self.outbox.append((tm, encode_message(msg)))
+class SteadyEngine:
+    """The engine around the coordinator in this process. A steady job starts no TM and
+    hands no duty: those calls fail loudly. The notices of a batch of acknowledgements
+    and its completion are the coordinator's ``ready()``, encoded into the reply that
+    carries them to the TM's process."""
 
     def placed(self, placement: dict[SubtaskId, TmId]) -> None:
         """The TM's process learns its subtasks from the bench (``TaskManager.host``)."""
@@ -91,7 +84,6 @@ def serve(conn: Connection) -> None:
 
 def _serve(conn: Connection, fsyncs: list[int]) -> None:
     coord: CheckpointCoordinator | None = None
-    engine = OutboxEngine()
     while True:
         req = conn.recv()
         op = req[0]
@@ -105,14 +97,14 @@ def _serve(conn: Connection, fsyncs: list[int]) -> None:
                 if coord is not None:
                     coord.storage.drain()
                 _, url, config, vertices, placement, job = req
-                coord, engine = _start(url, config, vertices, placement, job)
+                coord = _start(url, config, vertices, placement, job)
                 conn.send(("started", coord.trigger()))
             elif op == "acks":
                 assert coord is not None, "no coordinator started"
                 t0 = time.perf_counter()
                 cid = _receive(coord, req[1], req[2])
                 coord.storage.drain()  # its deletes are part of its work
-                out, engine.outbox = engine.outbox, []
+                out = [(tm, encode_message(n)) for tm, n in coord.ready().notices]
                 conn.send(("notices", out, cid, time.perf_counter() - t0))
             elif op == "metadata_size":
                 assert coord is not None, "no coordinator started"
@@ -135,15 +127,14 @@ def _start(
     vertices: tuple[VertexSpec, ...],
     placement: list[tuple[tuple[str, int, int], TmId]],
     job: str,
-) -> tuple[CheckpointCoordinator, OutboxEngine]:
+) -> CheckpointCoordinator:
     fs, root = fsspec.core.url_to_fs(url)
-    engine = OutboxEngine()
     tms = sorted({tm for _, tm in placement})
     coord = CheckpointCoordinator(
-        config, vertices, len(tms), Storage(fs, root), RandomIds(), engine, job
+        config, vertices, len(tms), Storage(fs, root), RandomIds(), SteadyEngine(), job
     )
     coord.deploy({SubtaskId(v, i, p): tm for (v, i, p), tm in placement})
-    return coord, engine
+    return coord
 
 
 def _receive(coord: CheckpointCoordinator, acks: list[bytes], complete: bool | str) -> int:
@@ -156,6 +147,6 @@ def _receive(coord: CheckpointCoordinator, acks: list[bytes], complete: bool | s
         cid = msg.checkpoint
     if complete == "abort":
         coord.abort(cid)
-    elif complete and coord.complete(cid) is None:
-        raise RuntimeError(f"checkpoint {cid} did not complete (its _metadata write failed)")
+    elif complete:
+        coord.complete(cid)  # CompletionFailed if its _metadata write failed (R51)
     return coord.trigger()

@@ -33,6 +33,7 @@ from fastimpl.base_opening import (
     refuse_unreadable_open_files,
     take_base,
 )
+from fastimpl.checkpoint_lifecycle import CompletionFailed
 from fastimpl.engine import InProcessEngine
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.records import Status, StoredFile
@@ -46,20 +47,6 @@ from spec.errors import CkptError, NotFoundError, UsageError
 from spec.handles import StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.observation import RetainedView
-
-
-class CompletionFailed(CkptError):
-    """``Coordinator.complete`` could not complete ``checkpoint``: it was aborted instead
-    (R51), and nothing of it is kept; its files go as an abort's do. ``cause`` (also
-    ``__cause__``) says why: the ``StorageFault`` of the ``_metadata`` write (a
-    ``FencedError`` once another store took the base), or ``None`` when the coordinator
-    refused to register it (two handles under one logical id, R54; ``reason`` says so)."""
-
-    def __init__(self, checkpoint: int, reason: str, cause: BaseException | None) -> None:
-        super().__init__(f"checkpoint {checkpoint} was aborted, not completed: {reason}")
-        self.checkpoint = checkpoint
-        self.reason = reason
-        self.cause = cause
 
 
 class CheckpointStore:
@@ -329,12 +316,6 @@ class Coordinator:
         """
         with self._store._lock:
             done = self._cl.complete(checkpoint)
-            failure = self._cl.coord.lifecycle.failed_completion if done is None else None
-        if done is None:
-            if failure is None or failure[0] != checkpoint:
-                raise CompletionFailed(checkpoint, "aborted", None)
-            _, reason, cause = failure
-            raise CompletionFailed(checkpoint, reason, cause) from cause
         return RetainedView(done.id, done.job, done.metadata, done.entries, done.directories)
 
     def abort(self, checkpoint: int) -> None:

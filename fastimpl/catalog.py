@@ -122,6 +122,9 @@ class Catalog:
         """Where its deletes are logged (``observe().deletions``); ``log``: one shared
         with other parties in this process."""
         self.deferred: list[Deferred] = []
+        self.handed: list[str] | None = None
+        """The files and directories whose deletes went to storage since the party last
+        told its host (the coordinator's ``Ready``); None: not kept (a TM's)."""
         self.refused_deletes: list[RefusedDelete] = []
         self.dir_rules: dict[str, Callable[[str], bool]] = {}
         """Each party's rule for deleting a directory it owns (R41 for a TM, R42 for the
@@ -226,6 +229,8 @@ class Catalog:
             protected=f is not None and self._protected(path),
         )
         self.log.add(rec)  # I2, I5: what check_invariants reads
+        if self.handed is not None:
+            self.handed.append(path)
         self.files.pop(path, None)
         self.failed_uploads.discard(path)
         if self.deferred:  # R45: a file gone by another delete has nothing left to retry
@@ -357,6 +362,8 @@ class Catalog:
             return
         for p in inside:
             self._record_delete(p, actor)
+        if self.handed is not None:
+            self.handed.append(path)
         for sub in [x for x in self.dir_owner if is_under(x, path)]:
             del self.dir_owner[sub]
             self.dirs.pop(sub, None)

@@ -22,6 +22,7 @@ from fastimpl.working import SharedWorking
 from spec import commands as c
 from spec.config import MergingMode
 from spec.effects import COORDINATOR, USER, tm_actor
+from spec.errors import CkptError
 from spec.handles import (
     DirectoryHandle,
     FileHandle,
@@ -45,6 +46,21 @@ from spec.refusals import check
 log = logging.getLogger("fastimpl.coordinator")
 
 
+class CompletionFailed(CkptError):
+    """``complete`` could not complete ``checkpoint``: it was aborted instead (R51), and
+    nothing of it is kept; its files go as an abort's do, and its abort notices are in
+    the coordinator's next ``ready``. ``cause`` (also ``__cause__``) says why: the
+    ``StorageFault`` of the ``_metadata`` write (a ``FencedError`` once another store took
+    the base), or ``None`` when the coordinator refused to register it (two handles under
+    one logical id, R54; ``reason`` says so)."""
+
+    def __init__(self, checkpoint: int, reason: str, cause: BaseException | None) -> None:
+        super().__init__(f"checkpoint {checkpoint} was aborted, not completed: {reason}")
+        self.checkpoint = checkpoint
+        self.reason = reason
+        self.cause = cause
+
+
 class CheckpointLifecycle:
     """The pending checkpoints and the savepoints this store triggered."""
 
@@ -64,10 +80,6 @@ class CheckpointLifecycle:
         self.triggered_savepoints: set[int] = set()
         """Savepoints this store triggered: their directories hold files of its own (being
         written, or written late, R43) besides the completed savepoint's (the user's)."""
-        self.failed_completion: tuple[int, str, StorageFault | None] | None = None
-        """The last checkpoint ``complete`` aborted instead of completing (R51, R54), why,
-        and the storage fault that caused it: the store's API raises it as an error,
-        where ``complete`` itself answers ``None`` as the model does."""
 
     def is_savepoint(self, checkpoint: int) -> bool:
         return checkpoint in self.savepoint_ids
@@ -259,14 +271,14 @@ class CheckpointLifecycle:
             self.run.job, checkpoint, self.retention.watermark, savepoint, open_sps
         )
         for tm in self.tm_book.current_tms():
-            self.run.engine.send(tm, msg)
+            self.run.notify(tm, msg)
 
     def _notify_abort(self, checkpoint: int, savepoint: bool) -> None:
         msg = CheckpointAborted(
             self.run.job, checkpoint, self.retention.latest_completed, savepoint
         )
         for tm in self.tm_book.current_tms():
-            self.run.engine.send(tm, msg)
+            self.run.notify(tm, msg)
 
     def abort(self, checkpoint: int) -> None:
         p = self.pending.pop(checkpoint)
@@ -279,9 +291,9 @@ class CheckpointLifecycle:
                 catalog.delete_file(path, COORDINATOR)
         self._notify_abort(checkpoint, p.savepoint)
 
-    def complete(self, checkpoint: int) -> Completed | None:
-        """R51-R55: the completed checkpoint, its ``_metadata`` written, or ``None`` if
-        writing it failed and the checkpoint was aborted (R51)."""
+    def complete(self, checkpoint: int) -> Completed:
+        """R51-R55: the completed checkpoint, its ``_metadata`` written; raises
+        ``CompletionFailed`` once the checkpoint was aborted instead (R51, R54)."""
         check(c.Complete, self.guards.complete_checks(checkpoint))
         p = self.pending[checkpoint]
         entries: list[StateEntry] = []
@@ -311,11 +323,10 @@ class CheckpointLifecycle:
         clash = self.retention.id_clash(entries)
         if clash is not None:
             # R54: TMs in other processes are not trusted to keep logical ids unique; a
-            # checkpoint that cannot be registered is not written (nor raised from here)
+            # checkpoint that cannot be registered is not written
             log.warning("checkpoint %d aborted: %s", checkpoint, clash)
             self.abort(checkpoint)
-            self.failed_completion = (checkpoint, clash, None)
-            return None
+            raise CompletionFailed(checkpoint, clash, None)
         meta = (
             f"{savepoint_dir(checkpoint)}/{METADATA}"
             if p.savepoint
@@ -344,8 +355,7 @@ class CheckpointLifecycle:
             self.run.storage.write_metadata(meta, data)
         except StorageFault as fault:
             self.abort(checkpoint)  # R51
-            self.failed_completion = (checkpoint, f"writing {meta} failed: {fault}", fault)
-            return None
+            raise CompletionFailed(checkpoint, f"writing {meta} failed: {fault}", fault) from fault
         catalog = self.run.catalog
         catalog.files[meta] = StoredFile(len(data), False, COORDINATOR, None)
         del self.pending[checkpoint]

@@ -11,14 +11,36 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from attrs import frozen
+
 from fastimpl.catalog import Catalog
 from fastimpl.storage import Storage
 from spec.config import Config, MergingMode, VertexSpec
 from spec.ids import SubtaskId, TmId
 from spec.layout import SAVEPOINTS, job_base
-from spec.messages import Answer, CheckpointAborted, CheckpointComplete, Duty
+from spec.messages import Answer, CheckpointAborted, CheckpointComplete, Duty, ResetTm
 
 Notice = CheckpointComplete | CheckpointAborted
+
+
+@frozen
+class Ready:
+    """What the coordinator produced since the host last asked (raft's ``Ready``): the
+    host sends ``notices`` and may batch several calls before it asks.
+
+    ``notices``: ``(tm, notice)`` in the order the coordinator decided them (R31-R34 let
+    the transport lose, repeat or reorder them; the coordinator never waits for one).
+    A notice for a TM that a later call of the same batch reset (``ResetTm``) or forgot
+    is no longer here: its old attempt's notices go with the redeploy.
+    ``deleted``: the files and directories whose deletes the coordinator handed to its
+    storage, in order (``Storage.drain`` waits until they are carried out); a delete
+    that waits (R45, R64) is here once it is handed over."""
+
+    notices: tuple[tuple[TmId, Notice], ...] = ()
+    deleted: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.notices or self.deleted)
 
 
 def subtasks_of(vertices: tuple[VertexSpec, ...]) -> list[SubtaskId]:
@@ -31,12 +53,10 @@ class CoordinatorEngine(Protocol):
 
     Starting, placing and stopping TM processes is the engine's (Flink's scheduler
     deploys TaskManagers, a Spark driver its executors); everything else a TM must do for
-    the coordinator is a message (``spec.messages``): notices through ``send``, which
-    may be lost, repeated or reordered, and duties through ``duty``, the engine's reliable
-    call to one TM (Flink's task deployment and TaskExecutor RPCs)."""
-
-    def send(self, tm: TmId, msg: Notice) -> None:
-        """Queue a notice for ``tm`` (the transport may lose, repeat or reorder it)."""
+    the coordinator is a message (``spec.messages``): duties through ``duty``, the
+    engine's reliable call to one TM (Flink's task deployment and TaskExecutor RPCs), and
+    notices, which the host takes from ``CheckpointCoordinator.ready`` after its calls and
+    sends (they may be lost, repeated or reordered)."""
 
     def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
         """Start a new TM attempt for ``job``; its id."""
@@ -88,3 +108,31 @@ class CoordinatedJob:
         """Bases whose files a CLAIM may give the coordinator (R72, I5): the running job's
         own and those its predecessors held when claimed; a NO_CLAIM restore starts a
         lineage of its own (R73). Never a savepoint's, never what a file merely names."""
+        self.outbox: list[tuple[TmId, Notice]] = []
+        """The notices decided since the host last took them (``take_ready``)."""
+
+    def notify(self, tm: TmId, msg: Notice) -> None:
+        """A notice for ``tm``, sent by the host once it takes the ``Ready``."""
+        self.outbox.append((tm, msg))
+
+    def duty(self, tm: TmId, msg: Duty) -> Answer | None:
+        """The engine's ``duty``; a ``ResetTm`` drops the notices for ``tm`` that wait
+        here, as the engine drops those it queued (the old attempt's go with the
+        redeploy)."""
+        if isinstance(msg, ResetTm):
+            self.outbox = [(t, n) for t, n in self.outbox if t != tm]
+        return self.engine.duty(tm, msg)
+
+    def forget_tm(self, tm: TmId) -> None:
+        """The engine's ``forget_tm``; the notices for ``tm`` that wait here go too."""
+        self.outbox = [(t, n) for t, n in self.outbox if t != tm]
+        self.engine.forget_tm(tm)
+
+    def take_ready(self) -> Ready:
+        """What was produced since the last call: the notices to send and the deletes
+        handed to storage (``Ready``); both are cleared."""
+        handed = self.catalog.handed or []
+        ready = Ready(tuple(self.outbox), tuple(handed))
+        self.outbox = []
+        handed.clear()
+        return ready

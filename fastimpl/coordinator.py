@@ -6,9 +6,10 @@ restores and rescales, fails over, restarts from the metadata on storage and end
 
 It knows TMs from what it is told: acknowledgements name their attempt, and the engine
 (``CoordinatorEngine``) tells it where subtasks run and starts, resets, restores and
-stops the TMs. Its notices go out through ``engine.send``. Calls return what they
-produced (raft's ``Ready``): ``trigger`` the id, ``complete`` the completed checkpoint
-or ``None``.
+stops the TMs. Calls return what they produced, in the manner of raft's ``Ready``:
+``trigger`` the id, ``complete`` the completed checkpoint (``CompletionFailed`` when it
+aborted instead), and ``ready`` the notices to send and the deletes handed to storage
+since the host last asked, so that a host batches and orders them.
 
 ``CheckpointCoordinator`` is the party the engine, the recovery and the observation
 talk to; each concern is a part that keeps its own state:
@@ -30,7 +31,13 @@ from typing import Generic, TypeVar, cast, overload
 
 from fastimpl.catalog import Catalog, DeletionLog
 from fastimpl.checkpoint_lifecycle import CheckpointLifecycle
-from fastimpl.coordinated_job import CoordinatedJob, CoordinatorEngine, Notice, subtasks_of
+from fastimpl.coordinated_job import (
+    CoordinatedJob,
+    CoordinatorEngine,
+    Notice,
+    Ready,
+    subtasks_of,
+)
 from fastimpl.failover import Failover
 from fastimpl.ids import IdSource
 from fastimpl.job_end import JobEnd
@@ -48,7 +55,7 @@ from spec.handles import StateEntry
 from spec.ids import SubtaskId, TmId
 from spec.messages import Acknowledgement, AttemptStopped, Decline
 
-__all__ = ["CheckpointCoordinator", "CoordinatorEngine", "Notice", "subtasks_of"]
+__all__ = ["CheckpointCoordinator", "CoordinatorEngine", "Notice", "Ready", "subtasks_of"]
 
 T = TypeVar("T")
 
@@ -136,6 +143,7 @@ class CheckpointCoordinator:
         # the catalog's guards ask this party (``CatalogHost``), which answers from its
         # parts; ``log``: one deletion log shared with the host's TMs in this process
         self.run.catalog = Catalog(storage, ids, self, deletion_log=deletion_log, log=log)
+        self.run.catalog.handed = []  # told to the host in ``ready``
         self.tm_book = TmBook(self.run)
         self.working = SharedWorking(self)
         """Working files handed over in place, and their collection (§11, R103-R105)."""
@@ -175,6 +183,13 @@ class CheckpointCoordinator:
     def hot_dirs(self) -> frozenset[str]:
         return self.tm_book.hot_dirs()
 
+    def ready(self) -> Ready:
+        """What the calls since the last ``ready`` produced (raft's ``Ready``): the
+        notices the host sends now, in order, and the deletes handed to storage. A host
+        takes it after each call, or after a batch of calls; a notice it never takes is
+        never sent (a lost notice: R34 allows it, and the TM learns at the next)."""
+        return self.run.take_ready()
+
     # a checkpoint's life
 
     def _is_savepoint(self, checkpoint: int) -> bool:
@@ -199,8 +214,9 @@ class CheckpointCoordinator:
     def abort(self, checkpoint: int) -> None:
         self.lifecycle.abort(checkpoint)
 
-    def complete(self, checkpoint: int) -> Completed | None:
-        """R51-R55: the completed checkpoint, or ``None`` if it was aborted (R51)."""
+    def complete(self, checkpoint: int) -> Completed:
+        """R51-R55: the completed checkpoint; ``CompletionFailed`` if it was aborted
+        instead (R51, R54), its abort notices in the next ``ready``."""
         return self.lifecycle.complete(checkpoint)
 
     # what is kept

@@ -203,11 +203,15 @@ class InProcessEngine:
         it started through ``start_tm`` and whose deletes are logged in ``self.log``."""
         self.coord = coord
         self.catalog = coord.catalog
+        self.send_ready()  # what its recovery decided
 
     # ------------------------------------------------------------------ the engine
 
-    def send(self, tm: TmId, msg: CheckpointComplete | CheckpointAborted) -> None:
-        self.channel.send(tm, msg)
+    def send_ready(self) -> None:
+        """The coordinator's notices since the last call, into the transport, in order
+        (its ``Ready``; the deletes in it are the storage's deleter's already)."""
+        for tm, msg in self.coord.ready().notices:
+            self.channel.send(tm, msg)
 
     def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
         tm = f"tm-{self.next_tm}"
@@ -273,7 +277,13 @@ class InProcessEngine:
 
     def recorded(self, cmd: c.Command, run: Callable[[], _T]) -> _T:
         """Run ``run`` as ``cmd``: logged to the trace, and told to ``on_applied``."""
-        result = run() if self.trace is None else self._traced(cmd, run)
+        def step() -> _T:
+            try:
+                return run()
+            finally:
+                self.send_ready()
+
+        result = step() if self.trace is None else self._traced(cmd, step)
         if self.on_applied is not None:
             self.on_applied(cmd)
         return result
@@ -415,9 +425,9 @@ class InProcessEngine:
         self.parties[tm].working.release()  # working state (§11): R102, after the hand-over
         return written
 
-    def complete(self, checkpoint: int) -> Completed | None:
-        """The completed checkpoint, or ``None`` if writing its ``_metadata`` failed and
-        it was aborted (R51)."""
+    def complete(self, checkpoint: int) -> Completed:
+        """The completed checkpoint; ``CompletionFailed`` if writing its ``_metadata``
+        failed or it could not be registered, and it was aborted instead (R51, R54)."""
         return self.recorded(c.Complete(checkpoint), lambda: self.coord.complete(checkpoint))
 
     def abort(self, checkpoint: int) -> None:

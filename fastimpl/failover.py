@@ -220,7 +220,7 @@ class Failover:
                     # its writer is gone, so it never will be, whoever owns it by now
                     run.storage.discard(path)
                     del catalog.files[path]
-        run.engine.forget_tm(tm)
+        run.forget_tm(tm)
         actor = tm_actor(tm)
         formerly = sorted(p for p, f in catalog.files.items() if f.owner == actor)
         for path in formerly:
@@ -393,7 +393,7 @@ class Failover:
         survivors = sorted(set(book.placement.values()) - set(replaced.values()))
         self.epoch += 1
         for tm in survivors:  # R60: no stale manager survives (FLINK-35400)
-            run.engine.duty(tm, ResetTm(run.job, tm, self.epoch))
+            run.duty(tm, ResetTm(run.job, tm, self.epoch))
         for tm in sorted(set(book.placement.values())):
             hosted = sorted(s for s, t in book.placement.items() if t == tm)
             self._assign(tm, hosted, run.next_checkpoint, run.next_checkpoint - 1)

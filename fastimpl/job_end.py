@@ -78,7 +78,7 @@ class JobEnd:
             for path, o in list(catalog.dir_owner.items()):
                 if o == actor:
                     catalog.dir_owner[path] = COORDINATOR
-            run.engine.forget_tm(tm)
+            run.forget_tm(tm)
             self.tm_book.tms[tm].status = Status.STOPPED
             self.failover.retire(tm)
         run.running = False

@@ -19,21 +19,30 @@ The coordinator's side
 ``CheckpointCoordinator(config, vertices, num_tms, storage, ids, engine, job_id="job-0")``
     One job's coordinator. ``storage`` is a ``Storage`` over the checkpoint root,
     ``ids`` an ``IdSource`` (``RandomIds()``), ``engine`` the host's ``CoordinatorEngine``.
-    ``deploy(placement)`` records where the subtasks run (all on live TMs). Then, each
-    call returning what it produced (its effects on TMs go out through the engine
-    before it returns):
+    ``deploy(placement)`` records where the subtasks run (all on live TMs). Then each
+    call returns what it produced, in the manner of raft's ``Ready``: its result, and
+    the notices it decided wait in the coordinator until the host takes them:
 
+    - ``ready() -> Ready``: what the calls since the last ``ready`` produced:
+      ``notices``, the ``(tm, CheckpointComplete | CheckpointAborted)`` the host sends
+      now, in order (the transport may lose, repeat or reorder them), and ``deleted``,
+      the files and directories whose deletes went to storage (``Storage.drain`` waits
+      for them). A host takes it after each call, or once after a batch of calls; a
+      ``ResetTm`` or ``forget_tm`` in a later call of the batch drops the notices for
+      that TM, as the host drops those it queued.
     - ``trigger(savepoint=False) -> int``: the new checkpoint's id. The engine
       carries the barrier to the TMs itself.
     - ``receive_ack(Acknowledgement)``, ``receive_decline(Decline)``: a TM's answer to a
       barrier, decoded. One from an attempt the coordinator gave up on, or for a
       checkpoint no longer pending, changes nothing (its whole files aside).
-    - ``complete(cid) -> Completed | None``: the completed checkpoint (``id``,
-      ``job``, ``metadata``: the ``_metadata`` path under the root, ``entries``,
-      ``directories``), or ``None`` if writing ``_metadata`` failed and it aborted;
-      ``CheckpointComplete`` notices go to every current TM (``send``).
-      Raises ``CommandError`` (a ``CkptError``) while a subtask has not acknowledged.
-    - ``abort(cid)``: ``CheckpointAborted`` notices go out.
+    - ``complete(cid) -> Completed``: the completed checkpoint (``id``, ``job``,
+      ``metadata``: the ``_metadata`` path under the root, ``entries``,
+      ``directories``); ``CheckpointComplete`` notices for every current TM. Raises
+      ``CompletionFailed`` (``checkpoint``, ``reason``, ``cause``) when writing
+      ``_metadata`` failed or its handles could not be registered: it aborted instead
+      (R51, R54), with ``CheckpointAborted`` notices. Raises ``CommandError`` (a
+      ``CkptError``; nothing changed) while a subtask has not acknowledged.
+    - ``abort(cid)``: ``CheckpointAborted`` notices.
     - ``lose(tm)``: the engine's word that a TM is lost (every pending checkpoint
       aborts); ``receive_stopped(AttemptStopped)``: that a lost attempt's process has
       stopped (its unrecorded files are swept, asking live TMs ``Holdings``).
@@ -75,8 +84,8 @@ The coordinator's side
       running job; then as ``receive_stopped``.
 
 ``CoordinatorEngine``
-    The protocol the host implements, the coordinator's only way out: ``send(tm,
-    notice)`` (may be lost, repeated or reordered), ``duty(tm, msg) -> answer``
+    The protocol the host implements, the coordinator's only way out besides ``ready``:
+    ``duty(tm, msg) -> answer``
     (reliable: ``TmEnded`` for ``EndJob``, ``Held`` for ``Holdings``, ``InUse`` for
     ``DatabaseFiles``, else ``None``; a ``ResetTm`` also drops the notices still
     queued for that TM), ``start_tm(job, first_checkpoint, finished_mark) -> TmId``,
@@ -249,7 +258,8 @@ that is not a message of ``MESSAGE_VERSION``).
 
 ``CkptError`` is the base of every error the store raises; ``StorageFault`` (a storage
 call failed: the subtask declines) and ``CommandError`` (a call invalid in the
-current state; nothing changed) are the two a host handles. A call given what the API
+current state; nothing changed) are the two a host handles, with ``CompletionFailed``
+from ``complete``. A call given what the API
 does not take raises ``UsageError`` (also a ``ValueError``), ``WrongTypeError`` (also a
 ``TypeError``) or ``NotFoundError`` (also a ``KeyError``); ``OperationFailed`` (also a
 ``RuntimeError``) says something the library ran could not finish.
@@ -260,7 +270,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fastimpl.base_opening import lease_token, open_base
-from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine, Notice, subtasks_of
+from fastimpl.checkpoint_lifecycle import CompletionFailed
+from fastimpl.coordinator import (
+    CheckpointCoordinator,
+    CoordinatorEngine,
+    Notice,
+    Ready,
+    subtasks_of,
+)
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.metadata import Metadata, MetadataError
 from fastimpl.metadata import check_named as check_metadata_place
@@ -331,6 +348,7 @@ PUBLIC_MEMBERS: Mapping[str, frozenset[str]] = {
     "CheckpointCoordinator": frozenset(
         {
             "deploy",
+            "ready",
             "trigger",
             "receive_ack",
             "receive_decline",
@@ -360,7 +378,8 @@ PUBLIC_MEMBERS: Mapping[str, frozenset[str]] = {
             "lineage_bases",
         }
     ),
-    "CoordinatorEngine": frozenset({"send", "duty", "start_tm", "place", "placed", "forget_tm"}),
+    "CoordinatorEngine": frozenset({"duty", "start_tm", "place", "placed", "forget_tm"}),
+    "Ready": frozenset({"notices", "deleted"}),
     "Completed": frozenset({"id", "job", "metadata", "entries", "directories"}),
     "Storage": frozenset(
         {
@@ -422,6 +441,7 @@ __all__ = [
     "CkptError",
     "CommandError",
     "Completed",
+    "CompletionFailed",
     "CoordinatorEngine",
     "DatabaseFiles",
     "DatabasesOpened",
@@ -446,6 +466,7 @@ __all__ = [
     "OperationFailed",
     "PendingAt",
     "RandomIds",
+    "Ready",
     "RecoveryReport",
     "ResetTm",
     "RestoreAssignment",

@@ -58,6 +58,7 @@ import attrs
 import fsspec  # type: ignore[import-untyped]
 import pytest
 
+from fastimpl.checkpoint_lifecycle import CompletionFailed
 from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
 from fastimpl.ids import IdSource, RandomIds
 from fastimpl.records import Completed, Status
@@ -176,8 +177,18 @@ class Soak:
             self.record(cmd, err)
             self.steps[-1] += f"  # refused: {err.reason.value}"
             return None
+        except CompletionFailed:
+            result = None  # R51: it aborted instead, as the model's Complete does
+        finally:
+            self.post()
         self.record(cmd, None)
         return result
+
+    def post(self) -> None:
+        """The coordinator's notices (its ``ready()``) to the engine, as a host does
+        after each call (none while a restart has no coordinator yet)."""
+        if self.coord is not None:
+            self.engine.post(self.coord.ready())
 
     def refused(self, cmd: c.Command, reason: str) -> None:
         self.steps.append(f"{cmd!r}  # refused by the TM: {reason}")
@@ -190,6 +201,7 @@ class Soak:
         assert isinstance(msg, Decline), self.failure(f"a fault answered {msg}")
         self.steps.append(f"{cmd!r}  # storage fault: {reply[2]}")
         self.coord.receive_decline(msg)
+        self.post()
         self.record(cmd, StorageFault(StorageOp(reply[2]), "<tm>"))
 
     def check(self, *, quiet: bool = False) -> None:

@@ -48,7 +48,6 @@ from fastimpl import (
     testing,
 )
 from fastimpl.api import publish_state
-from fastimpl.coordinator import Notice
 from fastimpl.ids import marked
 from fastimpl.metadata import decode, encode
 from fastimpl.recovery import (
@@ -1663,10 +1662,6 @@ class _HostEngine:
         self.started: list[TmId] = []
         self.placement: dict[SubtaskId, TmId] = {}
         self.duties: list[tuple[TmId, Duty]] = []
-        self.notices: list[tuple[TmId, Notice]] = []
-
-    def send(self, tm: TmId, msg: Notice) -> None:
-        self.notices.append((tm, msg))
 
     def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
         self.started.append(f"host-{len(self.started) + 1}")

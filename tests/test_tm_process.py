@@ -115,9 +115,11 @@ def ack(
     msg = decode_message(reply[1])
     if isinstance(msg, Decline):
         coord.receive_decline(msg)
+        engine.post(coord.ready())
         raise AssertionError(f"unexpected decline {msg}")
     assert isinstance(msg, Acknowledgement) and msg.attempt == tm
     coord.receive_ack(msg)
+    engine.post(coord.ready())
     return msg
 
 
@@ -161,6 +163,7 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
     # 1: complete
     c1, acks1 = checkpoint(engine, coord)
     done = coord.complete(c1)
+    engine.post(coord.ready())
     assert done is not None
     assert_sound(coord, engine, quiet=True)
     assert set(done.entries) == named(acks1)
@@ -168,6 +171,7 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
     # coordinator received (R43) and the TMs' segments for it (R33) go
     c2, _ = checkpoint(engine, coord)
     coord.abort(c2)
+    engine.post(coord.ready())
     assert_sound(coord, engine, quiet=True)
     # 3: one subtask acknowledges late, after the abort (R43: the late whole files are
     # handed over and deleted; segments stay the TM's until it hears of the abort)
@@ -178,6 +182,7 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
     ack(engine, coord, c3, subtasks[0])
     engine.immediate = False  # the abort notices are still on their way
     coord.abort(c3)
+    engine.post(coord.ready())
     ack(engine, coord, c3, subtasks[1])
     while engine.outbox:
         engine.deliver(0)
@@ -192,6 +197,7 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
         sp_acks.append(ack(engine, coord, sp, s))
         assert_sound(coord, engine, quiet=False)
     saved = coord.complete(sp)
+    engine.post(coord.ready())
     assert saved is not None and saved.savepoint
     assert_sound(coord, engine, quiet=True)
     obs, _ = observe(coord, engine)
@@ -203,6 +209,7 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
     for _ in range(2):
         cid, acks = checkpoint(engine, coord)
         done = coord.complete(cid)
+        engine.post(coord.ready())
         assert done is not None
         assert_sound(coord, engine, quiet=True)
     # the retained checkpoint's _metadata on storage names exactly what was acknowledged
@@ -233,7 +240,9 @@ def test_a_lost_tm_process_keeps_what_it_acknowledged_until_it_stopped(parties: 
     coord, engine, storage = parties
     c1, _ = checkpoint(engine, coord)
     assert coord.complete(c1) is not None
+    engine.post(coord.ready())
     coord.lose("tm-2")
+    engine.post(coord.ready())
     c2 = coord.trigger()
     late: set[str] = set()
     for s in sorted(coord.placement, key=str):
@@ -249,8 +258,10 @@ def test_a_lost_tm_process_keeps_what_it_acknowledged_until_it_stopped(parties: 
     stopped = decode_message(encode_message(AttemptStopped(JOB, "tm-2")))
     assert isinstance(stopped, AttemptStopped)
     coord.receive_stopped(stopped)
+    engine.post(coord.ready())
     assert not late & set(storage.list_files())
     coord.abort(c2)
+    engine.post(coord.ready())
     assert_sound(coord, engine, quiet=True)
     back = coord.load_completed(coord.retained[-1].metadata, JOB)
     assert paths(back.entries) <= set(storage.list_files())
@@ -270,6 +281,7 @@ def quiesce(engine: ProcessEngine, coord: CheckpointCoordinator) -> list[int]:
     for _ in range(coord.cfg.num_retained + 1):
         cid, _ = checkpoint(engine, coord)
         assert coord.complete(cid) is not None
+        engine.post(coord.ready())
         done.append(cid)
     return done
 
@@ -295,6 +307,7 @@ def test_a_failover_replaces_a_killed_tm_process_and_resets_the_survivor(parties
     coord, engine, storage = parties
     c1, _ = checkpoint(engine, coord)
     assert coord.complete(c1) is not None
+    engine.post(coord.ready())
     c2 = coord.trigger()
     for s in sorted(coord.placement, key=str):
         write(engine, coord, c2, s)  # written, never acknowledged: the survivor drops it
@@ -302,10 +315,13 @@ def test_a_failover_replaces_a_killed_tm_process_and_resets_the_survivor(parties
     engine.kill("tm-1")
     engine.orphans.update(orphans)
     coord.lose("tm-1")  # the engine's notice of a lost TM: c2 aborts (R57)
+    engine.post(coord.ready())
     assert_sound(coord, engine, quiet=False)
     coord.receive_stopped(decode_stopped(AttemptStopped(JOB, "tm-1")))
+    engine.post(coord.ready())
     assert_sound(coord, engine, quiet=False)
     coord.failover()
+    engine.post(coord.ready())
     assert sorted(engine.live()) == ["tm-2", "tm-3"]
     assert set(coord.placement.values()) == {"tm-2", "tm-3"}
     assert_sound(coord, engine, quiet=False)
@@ -349,10 +365,13 @@ def test_a_rescale_ends_the_tm_processes_and_starts_new_ones(
     coord, engine, storage = parties
     c1, _ = checkpoint(engine, coord)
     assert coord.complete(c1) is not None
+    engine.post(coord.ready())
     c2, _ = checkpoint(engine, coord)
     assert coord.complete(c2) is not None
+    engine.post(coord.ready())
     assert_sound(coord, engine, quiet=True)
     coord.restore(c.Restore(c2, (("map", 3),), restore_mode))
+    engine.post(coord.ready())
     assert coord.job == "job-1"
     assert sorted(engine.live()) == ["tm-3", "tm-4"]
     assert {s.parallelism for s in coord.placement if s.vertex == "map"} == {3}
@@ -387,16 +406,19 @@ def test_cancel_and_a_restart_of_the_coordinator_with_tm_processes(parties: Any)
     coord, engine, storage = parties
     c1, _ = checkpoint(engine, coord)
     assert coord.complete(c1) is not None
+    engine.post(coord.ready())
     c2 = coord.trigger()
     for s in sorted(coord.placement, key=str):
         write(engine, coord, c2, s)
         ack(engine, coord, c2, s)
     coord.restart()  # c2 was pending: forgotten, what it handed over deleted
+    engine.post(coord.ready())
     assert sorted(engine.live()) == ["tm-1", "tm-2"]
     assert_sound(coord, engine, quiet=False)
     quiesce(engine, coord)
     assert_sound(coord, engine, quiet=True)
     coord.end_job(retain=False)
+    engine.post(coord.ready())
     assert engine.live() == []
     assert_sound(coord, engine, quiet=True)
     assert storage.list_files() == {}

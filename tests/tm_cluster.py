@@ -5,7 +5,8 @@ multi-process tests and the soak.
 coordinator: it starts each TM attempt as a spawned process (``tests.tm_process``, built
 from the storage URL, the config, the job id and its TM id only), places subtasks
 round-robin, carries notices and duties to the TM as encoded ``spec.messages`` over the
-TM's pipe, and stops TMs. Notices wait in ``outbox`` unless ``immediate``: the soak
+TM's pipe, and stops TMs. The coordinator's notices reach it when the test posts the
+coordinator's ``ready()`` (``post``), and wait in ``outbox`` unless ``immediate``: the soak
 delivers, drops and repeats them. A TM that died (SIGKILL) is noticed when its pipe
 breaks: ``dead`` lists it, and nothing more is sent to it.
 
@@ -20,7 +21,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from fastimpl.coordinator import CheckpointCoordinator
+from fastimpl.coordinator import CheckpointCoordinator, Ready
 from fastimpl.reports import TmReport
 from fastimpl.reports import observe as observe_parties
 from spec.config import Config
@@ -28,8 +29,6 @@ from spec.ids import SubtaskId, TmId
 from spec.invariants import Violation, check_all
 from spec.messages import (
     Answer,
-    CheckpointAborted,
-    CheckpointComplete,
     Duty,
     ResetTm,
     decode_message,
@@ -136,12 +135,15 @@ class ProcessEngine:
 
     # ------------------------------------------------------------------ CoordinatorEngine
 
-    def send(self, tm: TmId, msg: CheckpointComplete | CheckpointAborted) -> None:
-        data = encode_message(msg)
-        self.sent.append((tm, data))
-        self.outbox.append((tm, data))
-        if self.immediate:
-            self.deliver(len(self.outbox) - 1)
+    def post(self, ready: Ready) -> None:
+        """The coordinator's notices since the test last took its ``ready()``, in order:
+        delivered now (``immediate``), or left in ``outbox`` for the soak."""
+        for tm, msg in ready.notices:
+            data = encode_message(msg)
+            self.sent.append((tm, data))
+            self.outbox.append((tm, data))
+            if self.immediate:
+                self.deliver(len(self.outbox) - 1)
 
     def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
         """Deploying a TM is the engine's: a new process, a new attempt id."""

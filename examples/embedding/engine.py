@@ -4,9 +4,9 @@ OS process (``examples.embedding.tm_process``, started with multiprocessing's "s
 Everything the coordinator says to a TM goes through here as encoded ``spec.messages``
 bytes over the TM's pipe, and every answer comes back as bytes and is decoded before the
 coordinator sees it. Placing subtasks (round-robin), starting and stopping TM processes
-and noticing that one died are the engine's, as in Flink. Notices are delivered at once
-and in order; a real transport may lose, repeat or reorder them (R34), which the TM
-accepts.
+and noticing that one died are the engine's, as in Flink. The coordinator's notices are
+what its ``ready()`` gives after a call (raft's ``Ready``); ``post`` delivers them in
+order; a real transport may lose, repeat or reorder them (R34), which the TM accepts.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from examples.embedding import tm_process
 from fastimpl.parties import (
     Answer,
     Duty,
-    Notice,
+    Ready,
     TmAssignment,
     decode_message,
     encode_message,
@@ -93,9 +93,11 @@ class PipeEngine:
 
     # ------------------------------------------------------------------ CoordinatorEngine
 
-    def send(self, tm: TmId, msg: Notice) -> None:
-        if tm not in self.dead:
-            self.call(tm, "notice", encode_message(msg))
+    def post(self, ready: Ready) -> None:
+        """The coordinator's notices since the host last asked, each to its TM."""
+        for tm, msg in ready.notices:
+            if tm not in self.dead:
+                self.call(tm, "notice", encode_message(msg))
 
     def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
         tm = f"tm-{self.next_tm}"

@@ -25,6 +25,7 @@ from fastimpl.parties import (
     Acknowledgement,
     AttemptStopped,
     CheckpointCoordinator,
+    CompletionFailed,
     Decline,
     RandomIds,
     decode_message,
@@ -79,6 +80,7 @@ class Job:
         for _ in range(AFTER_FAILOVER):
             self.checkpoint()
         coord.end_job(retain=True)  # R90, R91: every TM answers EndJob, then stops
+        engine.post(coord.ready())
         self.storage.drain()
         self.say(f"job ended: the retained checkpoints {self.completed[-RETAINED:]} are the user's")
         self.say(self.files_text(full=True))
@@ -97,10 +99,13 @@ class Job:
             declined |= self.receive(engine.call(tm, "acknowledge", cid)[1])
         if declined:  # the coordinator aborted it (R17)
             return
-        done = coord.complete(cid)
-        if done is None:
-            self.say(f"checkpoint {cid}: writing its _metadata failed, aborted (R51)")
+        try:
+            done = coord.complete(cid)
+        except CompletionFailed as err:
+            self.say(f"checkpoint {cid}: {err.reason}, aborted (R51)")
             return
+        finally:
+            self.engine.post(coord.ready())  # its notices: each TM learns of it (R31)
         self.completed.append(done.id)
         self.say(
             f"checkpoint {done.id} completed: {done.metadata}, {len(done.entries)} state "
@@ -118,6 +123,7 @@ class Job:
             elif isinstance(msg, Decline):
                 self.say(f"{msg.subtask} on {msg.attempt} declined checkpoint {msg.checkpoint}")
                 self.coord.receive_decline(msg)
+                self.engine.post(self.coord.ready())  # its abort notices (R17)
                 declined = True
             else:
                 raise RuntimeError(f"a TM sent {type(msg).__name__}")
@@ -144,17 +150,20 @@ class Job:
             f"was killed (SIGKILL, exit code {code}) before acknowledging"
         )
         coord.lose(victim)  # R57: the engine's word; the pending checkpoint aborts
+        engine.post(coord.ready())
         self.say(f"{victim} lost: checkpoint {cid} aborted")
         # R64: the engine knows the process is gone; the message travels as bytes
         stopped = decode_message(encode_message(AttemptStopped(JOB, victim)))
         assert isinstance(stopped, AttemptStopped)
         coord.receive_stopped(stopped)
+        engine.post(coord.ready())
         on_storage = self.storage.list_files()
         swept = [p for p in left if p not in on_storage]
         self.say(
             f"{victim} stopped: {len(swept)} of the {len(left)} files it left were swept (R64)"
         )
         coord.failover()  # R60-R63: a new TM process, the survivor reset, both restored
+        engine.post(coord.ready())
         self.say(f"failover: {self.placement_text()}")
         for tm, restored in sorted(engine.restored.items()):
             if tm in engine.live():

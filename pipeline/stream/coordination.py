@@ -52,8 +52,9 @@ from fastimpl import BaseInUseError
 from fastimpl.parties import (
     WRITER_STATE,
     CheckpointCoordinator,
-    Notice,
+    CompletionFailed,
     RandomIds,
+    Ready,
     Status,
     Storage,
     TmReport,
@@ -129,10 +130,13 @@ class SparkEngine:
         self._nonce = uuid.uuid4().hex[:6]
         self.trace: StreamTrace | None = None
 
-    def send(self, tm: TmId, msg: Notice) -> None:
-        self._queue(tm, encode_message(msg))
-        if self.trace is not None:
-            self.trace.sent(tm, self.seq, msg)
+    def post(self, ready: Ready) -> None:
+        """The coordinator's notices since the last call, into the mail, in order (its
+        ``Ready``; the deletes in it are its storage's deleter's already)."""
+        for tm, msg in ready.notices:
+            self._queue(tm, encode_message(msg))
+            if self.trace is not None:
+                self.trace.sent(tm, self.seq, msg)
 
     def _queue(self, tm: TmId, data: bytes) -> None:
         self.seq += 1
@@ -310,6 +314,7 @@ def open_coordinator(
         )
         restored = report.checkpoints[-1] if report.checkpoints else 0
         out = SparkCoordinator(co, engine, storage, config, url, opts, restored_from=restored)
+        out.post()  # what the recovery decided
         out.use_slatedb(backend, gc_min_age_s)
         if trace is not None:
             try:
@@ -463,6 +468,7 @@ class SparkCoordinator:
             ):
                 continue
             new = co.replace(tm)  # its placeholder: the subtask's next task starts a TM
+            self.post()
             if self.trace is not None:
                 self.trace.given_up(tm, new)
             self.replaced.add(tm)
@@ -470,15 +476,25 @@ class SparkCoordinator:
     def _traced(self, command: cmd.Command, run: Callable[[], _T], traced: bool = True) -> _T:
         """``run`` as ``command``: its outcome goes to the trace, if one is written."""
         trace = self.trace if traced else None
+        failed: CompletionFailed | None = None
         try:
             out = run()
         except CommandError as err:
             if trace is not None:
                 trace.record(command, err)
             raise
+        except CompletionFailed as err:  # aborted instead (R51): its notices go out
+            failed = err
+        self.post()
         if trace is not None:
             trace.record(command)
+        if failed is not None:
+            raise failed
         return out
+
+    def post(self) -> None:
+        """What the coordinator's calls produced goes out: its notices into the mail."""
+        self.engine.post(self.co.ready())
 
     def trigger(self) -> int:
         c = self._traced(cmd.Trigger(False), self.co.trigger)
@@ -569,12 +585,14 @@ class SparkCoordinator:
         if old in self.engine.placeholders:
             # the subtask's first TM takes its placeholder's place (which never ran)
             co.adopt_attempt(subtask, tm, checkpoint)  # its files lie from here on (R64)
+            self.post()
             if self.trace is not None:
                 self.trace.placed(old, tm)
             return
         if self.trace is not None:
             self.trace.replaced(old, tm)  # before: ReplaceTm names the TM it replaces
         co.replace(old, tm)  # R66: a retried or speculative task's TM
+        self.post()
 
     def complete(self, checkpoint: int) -> None:
         co = self.co
@@ -586,11 +604,14 @@ class SparkCoordinator:
                 f"checkpoint {checkpoint} was aborted before it could complete"
             )
         self.received.discard(checkpoint)
-        done = self._traced(cmd.Complete(checkpoint), lambda: co.complete(checkpoint))
-        if done is None:
+        try:
+            self._traced(cmd.Complete(checkpoint), lambda: co.complete(checkpoint))
+        except CompletionFailed as err:
             if self.trace is not None:
-                self.trace.stop(f"writing the _metadata of checkpoint {checkpoint} failed")
-            raise CheckpointNotCompleted(f"checkpoint {checkpoint} did not complete (aborted)")
+                self.trace.stop(f"checkpoint {checkpoint} aborted at completion: {err.reason}")
+            raise CheckpointNotCompleted(
+                f"checkpoint {checkpoint} did not complete: {err}"
+            ) from err
         if self._strays:
             self.sweep_strays()  # first: a failover below hands files over by mail
         self.retire()
@@ -609,6 +630,7 @@ class SparkCoordinator:
         ):
             return
         co.collect_working()
+        self.post()
         storage = self.checkpoint_storage
         storage.drain()
         wanted = self._wanted()
@@ -667,10 +689,12 @@ class SparkCoordinator:
                 continue
             if status is Status.ALIVE:
                 co.lose(tm)  # a placeholder, which never ran (nothing is pending: R57)
+                self.post()
             if trace is not None and trace.stopped is None and tm not in trace.placeholders:
                 trace.record(cmd.AttemptStopped(trace.model[tm]))  # R64, after R66
                 trace.forget(tm)
             co.attempt_ended(tm, self.engine.hosted.get(tm, ()))
+            self.post()
             self.retired.append(tm)
             self.engine.reports.pop(tm, None)
         self.replaced.clear()
@@ -739,6 +763,7 @@ class SparkCoordinator:
         everywhere = subtasks_of(vertices_of(self.engine.runs_on))
         for tm in tms:
             co.attempt_ended(tm, everywhere, first_checkpoint=1)  # R64, R65, R66
+            self.post()
             self.strays += 1
 
     def finish_attempts(self, wait_s: float = 60.0, poll_s: float = 0.2) -> bool:
