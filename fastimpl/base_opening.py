@@ -66,9 +66,9 @@ def readable_config(fs: Any, config: Config) -> Config:
 
 
 def refuse_unreadable_open_files(fs: Any, config: Config) -> None:
-    """R16's refusal alone, before any I/O (``readable_config``), for a caller whose
-    storage decides the rest itself (``InProcessEngine`` turns the setting off as its
-    storage says)."""
+    """R16's refusal alone, before any I/O (``readable_config``), for a caller that
+    takes the base first and builds its parties after (the in-process store, whose
+    ``InProcessEngine`` runs ``readable_config`` itself)."""
     readable_config(fs, config)
 
 

@@ -23,28 +23,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import attrs
-
-from fastimpl.catalog import Catalog, DeletionLog, RefusedDelete
+from fastimpl.base_opening import readable_config
+from fastimpl.catalog import DeletionLog
 from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
+from fastimpl.engine_guards import checks as guard_checks
 from fastimpl.ids import CounterIds, IdSource, RandomIds
+from fastimpl.party_observation import observe as observe_in_process
 from fastimpl.records import (
     Completed,
     Pending,
     Status,
     Tm,
 )
-from fastimpl.reports import observe as observe_parties
-from fastimpl.reports import report_of
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.taskmanager import TaskManager
 from fastimpl.trace import CommandTrace
 from fastimpl.transport import InMemoryTransport
-from fastimpl.working import is_working_path
 from spec import commands as c
 from spec import refusals
 from spec.config import Config, JobSpec, RestoreMode, StateKind
-from spec.effects import USER, tm_actor
 from spec.errors import CommandError, Reason, UsageError
 from spec.handles import (
     StateEntry,
@@ -80,8 +77,6 @@ from spec.messages import (
 )
 from spec.observation import (
     Observation,
-    WorkingFileView,
-    WorkingObservation,
 )
 from spec.refusals import Check
 
@@ -110,12 +105,10 @@ class InProcessEngine:
         """``start_tms``: deploy the job on ``job_spec.num_tms`` new TMs; False: start
         none, for a coordinator the engine will ``host`` (a recovered one, which starts
         its TMs through this engine)."""
+        # R16: the store decides (an object store shows a file only once closed), and the
+        # configuration says so from here on, as the model is told (traces record it)
+        config = readable_config(fs, config)
         self.storage = Storage(fs, root, background_deletes=background_deletes)
-        if not self.storage.open_files_readable and config.open_files_readable:
-            # The store decides (an object store shows a file only once closed), and the
-            # configuration says so from here on, as the model is told (traces record it).
-            # Raises Config's R16 error for ACROSS merging.
-            config = attrs.evolve(config, open_files_readable=False)
         self.cfg = config
         self.ids: IdSource = ids if ids is not None else RandomIds()
         """One id source for every party: with ``CounterIds`` names follow the model's."""
@@ -277,6 +270,7 @@ class InProcessEngine:
 
     def recorded(self, cmd: c.Command, run: Callable[[], _T]) -> _T:
         """Run ``run`` as ``cmd``: logged to the trace, and told to ``on_applied``."""
+
         def step() -> _T:
             try:
                 return run()
@@ -362,7 +356,8 @@ class InProcessEngine:
 
     def copy_of(self, stream: StreamHandle) -> bytes:
         """The bytes of an earlier upload, read back: the store keeps no local copy."""
-        if not any(stream.path in cat.files for cat in self.catalogs()):
+        catalogs = [self.catalog, *(p.catalog for p in self.parties.values())]
+        if not any(stream.path in cat.files for cat in catalogs):
             # The old upload was deleted by the store itself (its checkpoint was aborted).
             # Nothing changes; the caller writes the state again.
             raise CommandError(
@@ -601,203 +596,22 @@ class InProcessEngine:
         refusals.check(cmd, self.checks(cmd))
 
     def checks(self, cmd: c.Command) -> dict[str, Check]:
-        """The product's predicate for each guard of ``cmd``, by name: the coordinator's
-        records decide most (``fastimpl.guards``), the acting TM's own records whether a
-        checkpoint is over for it, what it acknowledged, wrote and uses, the transport
-        which notices are in flight. Trigger, Complete, AttemptStopped and Restore are
-        checked by the coordinator itself, which other engines drive directly; the rest
-        here, before the call."""
-        g = self.coord.guards
-        match cmd:
-            case (
-                c.Trigger()
-                | c.Failover()
-                | c.RestartCoordinator()
-                | c.Cancel()
-                | c.CollectWorking()
-            ):
-                return g.running_checks()
-            case c.WriteState() | c.Acknowledge() | c.SnapshotWorking():
-                return self._writer_checks(cmd.checkpoint, cmd.subtask, cmd.attempt)
-            case c.ReuseShared():
-                return self._writer_checks(cmd.checkpoint, cmd.subtask, cmd.attempt) | {
-                    "state_exists": lambda: self._no_state(cmd)
-                }
-            case c.Decline():
-                return self._writer_checks(cmd.checkpoint, cmd.subtask, None, zombie=False)
-            case c.CrashDuringWrite():
-                return self._writer_checks(cmd.checkpoint, cmd.subtask, None, zombie=False) | {
-                    "partial_write": lambda: (
-                        None
-                        if 0 < cmd.written < cmd.size
-                        else "a crash mid-write needs 0 < written < size"
-                    )
-                }
-            case c.Complete():
-                return g.complete_checks(cmd.checkpoint)
-            case c.Abort():
-                return g.abort_checks(cmd.checkpoint)
-            case c.DeliverNotification() | c.DropNotification() | c.DuplicateNotification():
-                return {"notification_exists": lambda: self._no_notice(cmd.index)}
-            case c.CrashTm() | c.ReplaceTm():
-                return g.live_tm_checks(cmd.tm)
-            case c.AttemptStopped():
-                return g.stopped_checks(cmd.tm)
-            case c.Restore():
-                return self.coord.restores.checks(cmd).table()
-            case c.FailNextCall() | c.RetryDeletes():
-                return {}
-            case c.WriteWorking():
-                return g.database_checks(cmd.subtask, cmd.attempt) | {
-                    "working_bytes": lambda: (
-                        None if cmd.size > 0 else "a working file has at least one byte"
-                    )
-                }
-            case c.DropWorking():
-                return g.database_checks(cmd.subtask, cmd.attempt) | {
-                    "database_uses": lambda: self._not_used(cmd)
-                }
+        """The product's predicate for each guard of ``cmd``, by name
+        (``fastimpl.engine_guards``)."""
+        return guard_checks(self.coord, self.parties, len(self.channel), cmd)
 
     def acting(self, subtask: SubtaskId, attempt: TmId | None) -> TmId:
         """The attempt that acts for a subtask of the running job: its TM, or the lost
         ``attempt`` named (a zombie, R64), once the guards let it (``check``)."""
         return self.coord.guards.acting_tm(subtask, attempt)
 
-    def _writer_checks(
-        self, checkpoint: int, subtask: SubtaskId, attempt: TmId | None, *, zombie: bool = True
-    ) -> dict[str, Check]:
-        """The TM a write or acknowledgement comes from (R10, R56, R64): the coordinator's
-        checks of the acting attempt and the checkpoint, then the attempt's own records:
-        the checkpoint is not over for it, it has not acknowledged it yet."""
-        g = self.coord.guards
-
-        def finished() -> str | None:
-            tm = self.acting(subtask, attempt)
-            if not self.parties[tm].finished(checkpoint, self._is_savepoint(checkpoint)):
-                return None
-            return f"{tm} already knows checkpoint {checkpoint} is finished"
-
-        def acknowledged() -> str | None:
-            if not self.parties[self.acting(subtask, attempt)].acknowledged(subtask, checkpoint):
-                return None
-            return f"{subtask} already acknowledged {checkpoint}"
-
-        return g.database_checks(subtask, attempt, zombie=zombie) | {
-            "checkpoint_triggered": lambda: g.checkpoint_triggered(checkpoint),
-            "not_finished_for_tm": finished,
-            "not_acknowledged": acknowledged,
-        }
-
-    def _no_state(self, cmd: c.ReuseShared) -> str | None:
-        """R20: only shared state the acting TM's backend remembers uploading is reused."""
-        tm = self.acting(cmd.subtask, cmd.attempt)
-        if self.parties[tm].remembered(cmd.subtask, cmd.name) is not None:
-            return None
-        return f"{cmd.subtask} on {tm} has no shared state {cmd.name!r}"
-
-    def _not_used(self, cmd: c.DropWorking) -> str | None:
-        """R102: a database stops using only a file it uses."""
-        tm = self.acting(cmd.subtask, cmd.attempt)
-        if cmd.path in self.parties[tm].working.uses.get(cmd.subtask, ()):
-            return None
-        return f"the database of {cmd.subtask} on {tm} uses no {cmd.path}"
-
-    def _no_notice(self, index: int) -> str | None:
-        if 0 <= index < len(self.channel):
-            return None
-        return f"no notification {index} of {len(self.channel)}"
-
-    def observe_working(self, seen: Observation | None = None) -> WorkingObservation:
-        """The working files (§11) as the parties record them: each one's owner, state
-        (R100), live users and in-place references, every live database's files and
-        operator, and every retained checkpoint's in-place files; what I6 and I7 judge
-        beside ``observe``. ``seen``: the caller's ``observe()`` since the last command,
-        whose files and owners are judged; None: one made here (a listing costs a request
-        per prefix on an object store, and the storage walk most of an observation)."""
-        live: dict[str, set[str]] = {}
-        operators: dict[str, str] = {}
-        pinned: set[str] = set()
-        if self.running:
-            for sub, tm in sorted(self.placement.items()):
-                if self.tms[tm].status is not Status.ALIVE:
-                    continue
-                dbs = self.parties[tm].working
-                name = f"{sub}@{tm_actor(tm)}"
-                live[name] = set(dbs.uses.get(sub, ()))
-                operators[name] = sub.vertex
-        # Every attempt's unacknowledged snapshots pin (R103), a lost one's too until it
-        # stopped: its files stay its own and private only once it drops them (R106)
-        for party in self.parties.values():
-            pinned |= {p for paths in party.working.pins.values() for p in paths}
-        refs: dict[str, set[int]] = {}
-        for r in self.retained:
-            for _, w in r.working:
-                refs.setdefault(w.path, set()).add(r.id)
-        for pend in self.pending.values():
-            for ws in pend.working.values():
-                for w in ws:
-                    refs.setdefault(w.path, set()).add(pend.id)
-        obs = self.observe() if seen is None else seen
-        owners = obs.owners  # every party's records, merged
-        shared = self.coord.working.shared
-        files: dict[str, WorkingFileView] = {}
-        for path in sorted(obs.files):
-            if not is_working_path(path) or path not in owners:
-                continue
-            if obs.files.get(path) == 0:
-                # R100, R101: a working file is written whole, at least one byte, before
-                # anything uses it. A file of no bytes here is what a write whose append
-                # failed left when its clean-up delete failed too: its attempt's file with
-                # a pending delete (R45, in ``observe``), never a working file, whoever
-                # owns it by the time the delete is retried.
-                continue
-            owner = owners[path]
-            if path in shared or owner == USER:  # handed over by an acknowledgement (R100)
-                state = "shared"
-            else:
-                state = "pinned" if path in pinned else "private"
-            files[path] = WorkingFileView(
-                owner=owner,
-                state=state,
-                users=frozenset(db for db, paths in live.items() if path in paths),
-                refs=frozenset(refs.get(path, ())),
-            )
-        return WorkingObservation(
-            files=files,
-            uses={db: frozenset(paths) for db, paths in live.items()},
-            retained={r.id: frozenset(w.path for _, w in r.working) for r in self.retained},
-            operators=operators,
-        )
+    # ------------------------------------------------------------------ observation
 
     def observe(self) -> Observation:
-        """The real files on storage, and the bookkeeping that decides who deletes them:
-        the coordinator's records and each TM attempt's report, merged as every host
-        merges them (``fastimpl.reports``), over one deletion log in the order the
-        deletes ran. What the parties' records disagree on is kept in ``disagreements``
-        (an error: ``fastimpl.testing.check_invariants`` reports it)."""
-        reports = {tm: report_of(party) for tm, party in self.parties.items()}
-        obs, found = observe_parties(
-            self.coord,
-            reports,
-            self.storage.list_files(),
-            deletions=(
-                self.catalog.bad_deletions
-                if self.catalog.deletions is None
-                else self.catalog.deletions
-            ),
-        )
-        refused = {f"refused delete of {r.path}" for r in self.refused_deletes()}
-        self.disagreements = [d for d in found if d not in refused]
+        """The parties' records merged over storage (``fastimpl.party_observation``);
+        what they disagree on is kept in ``disagreements``."""
+        obs, self.disagreements = observe_in_process(self.coord, self.parties, self.storage)
         return obs
-
-    def catalogs(self) -> list[Catalog]:
-        """Each party's records: the coordinator's, then each TM attempt's."""
-        return [self.catalog, *(self.parties[tm].catalog for tm in sorted(self.parties))]
-
-    def refused_deletes(self) -> list[RefusedDelete]:
-        """Every delete a party's guard refused before it happened (I5), the
-        coordinator's first."""
-        return [r for cat in self.catalogs() for r in cat.refused_deletes]
 
 
 # ------------------------------------------------------------------ the working state's calls
@@ -805,7 +619,7 @@ class InProcessEngine:
 
 class WorkingCalls:
     """The working commands on an in-process engine (§11, R101-R106), checked by the
-    engine's predicates (``InProcessEngine.checks``) in the order ``spec/refusals.py``
+    engine's predicates (``fastimpl.engine_guards``) in the order ``spec/refusals.py``
     lists. They reach into the engine's parties, so they are the engine's:
     ``fastimpl.working``, which the coordinator and the TM import, stays free of the
     engine. The acting attempt is the subtask's live TM, or a lost attempt that hosted it

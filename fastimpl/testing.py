@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from fastimpl.api import CheckpointStore
 from fastimpl.engine import InProcessEngine
+from fastimpl.party_observation import refused_deletes
 from spec.commands import StorageOp
 from spec.ids import TmId
 from spec.invariants import Violation, check_all
@@ -42,7 +43,7 @@ def check_invariants(store: CheckpointStore, *, quiet: bool = False) -> list[Vio
         engine = store._engine
         refused = [
             Violation("I5", f"{r.actor} tried to delete {r.path}: refused, {r.reason}")
-            for r in engine.refused_deletes()
+            for r in refused_deletes(engine.coord, engine.parties)
         ]
         seen = engine.observe()
         # I3: the parties keep records of their own; two that name different owners

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from conformance.fastimpl_commands import apply
 from fastimpl import CounterIds
 from fastimpl.engine import InProcessEngine
+from fastimpl.party_observation import observe_working
 from spec import commands as c
 from spec.config import Config, JobSpec
 from spec.observation import Observation, WorkingObservation
@@ -60,7 +61,9 @@ class FastimplTarget:
         return self.engine.checks(cmd)
 
     def observe_working(self, seen: Observation | None = None) -> WorkingObservation:
-        return self.engine.observe_working(seen)
+        engine = self.engine
+        obs = engine.observe() if seen is None else seen
+        return observe_working(engine.coord, engine.parties, obs)
 
     def exists_dir(self, path: str) -> bool:
         return bool(self.engine.storage.exists_dir(path))

@@ -41,6 +41,7 @@ from conformance.compare import unmarked
 from conformance.harness import DEFAULT_JOB, JOB, Harness
 from fastimpl import CounterIds
 from fastimpl.engine import InProcessEngine
+from fastimpl.party_observation import observe_working
 from fastimpl.records import Status
 from model_tests.targets import FastimplTarget
 from refimpl import initial_state
@@ -276,7 +277,8 @@ class ProductHarness(LockstepHarness):
 
     def working(self) -> WorkingObservation:
         """The product's working files (§11)."""
-        return unmarked(self.engine.observe_working(self.impl_obs))
+        engine = self.engine
+        return unmarked(observe_working(engine.coord, engine.parties, self.impl_obs))
 
     def channel(self) -> list[Notice]:
         """The notices in the product's transport, as the model's ``Notice``."""

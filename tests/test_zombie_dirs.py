@@ -16,6 +16,7 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
 from conformance.harness import DEFAULT_JOB, KS, MERGING
+from fastimpl.catalog import Catalog
 from fastimpl.engine import InProcessEngine
 from fastimpl.records import FOUND, ManagedDir, StoredFile
 from model_tests.targets import FastimplTarget
@@ -43,10 +44,15 @@ def _cluster(h: LockstepHarness) -> InProcessEngine:
     return h.target.engine
 
 
+def _catalogs(cl: InProcessEngine) -> list[Catalog]:
+    """Each party's records: the coordinator's, then each TM attempt's."""
+    return [cl.catalog, *(cl.parties[tm].catalog for tm in sorted(cl.parties))]
+
+
 def _files(cl: InProcessEngine) -> dict[str, StoredFile]:
     """Every party's records of files, merged (each party keeps its own)."""
     out: dict[str, StoredFile] = {}
-    for cat in cl.catalogs():
+    for cat in _catalogs(cl):
         for path, f in cat.files.items():
             out.setdefault(path, f)
     return out
@@ -56,7 +62,7 @@ def _dirs(cl: InProcessEngine) -> dict[str, ManagedDir]:
     """Every party's records of the directories it made or was given (not those it
     only found made by another party and writes in), merged."""
     out: dict[str, ManagedDir] = {}
-    for cat in cl.catalogs():
+    for cat in _catalogs(cl):
         for path, d in cat.dirs.items():
             if d.creator != FOUND:
                 out.setdefault(path, d)
