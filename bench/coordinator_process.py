@@ -34,9 +34,7 @@ from multiprocessing.connection import Connection
 import fsspec  # type: ignore[import-untyped]
 
 from bench.common import counting_fsyncs
-from fastimpl.coordinator import CheckpointCoordinator
-from fastimpl.ids import RandomIds
-from fastimpl.storage import Storage
+from fastimpl.parties import CheckpointCoordinator, RandomIds, Storage
 from spec.config import Config, VertexSpec
 from spec.ids import SubtaskId, TmId
 from spec.layout import METADATA

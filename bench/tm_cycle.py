@@ -26,8 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from bench import coordinator_process
-from fastimpl.ids import IdSource
-from fastimpl.taskmanager import TaskManager
+from fastimpl.parties import IdSource, TaskManager
 from spec.config import Config, StateKind, VertexSpec
 from spec.ids import SubtaskId, TmId
 from spec.messages import CheckpointAborted, CheckpointComplete, decode_message, encode_message
