@@ -1,5 +1,4 @@
-"""The checkpoint coordinator in the Spark driver (``fastimpl.coordinator``), and the
-engine it asks for what only Spark can do (``SparkEngine``).
+"""The checkpoint coordinator in the Spark driver (``fastimpl.parties``).
 
 The coordinator knows the subtasks' TMs (``pipeline.stream.worker_tm``) only from what
 they send: each task returns its TM's encoded acknowledgement (or decline) and a report
@@ -17,18 +16,10 @@ records are gone, so it can write no more. The coordinator then sweeps what it l
 over (R60-R62: the live TMs reset and take over the files of retained checkpoints in
 their directories) when the stopped TM had written anything.
 
-``SparkEngine``, the coordinator's ``CoordinatorEngine``:
-
-- ``send`` (notices) and the duties ``ResetTm``, ``TmAssignment`` and ``ReusableFiles``
-  are queued per TM and travel with the next batch's tasks (``mail``); a TM reports the
-  last item it applied, and the applied ones leave the queue.
-- ``Holdings`` (the TMs' answer is needed now, R64) and ``EndJob`` (R90, at a rescale)
-  are answered from each TM's last report. Between two batches that report is exact: a
-  TM changes its records only while a task of its subtask runs, and none runs while the
-  driver sweeps or ends the job. A Spark job could not do better: it cannot choose the
-  worker, and the TM it would reach is the same saved state.
-- ``start_tm`` (the first deployment, a restore, a failover replacing a lost TM) names a
-  placeholder: the TM that first acknowledges for the subtask takes its place.
+``SparkEngine`` (``pipeline.stream.spark_engine``) is the coordinator's
+``CoordinatorEngine``: the mail that travels with the tasks, and the duties answered from
+the TMs' last reports. The observation and the invariants on the real files are
+``pipeline.stream.job_checks``'s.
 
 With ``trace`` the coordinator writes the run's command trace (``pipeline.stream.trace``):
 its own commands, and each TM's as its report brings them; a restarted driver writes on
@@ -41,7 +32,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -54,180 +44,40 @@ from fastimpl.parties import (
     CheckpointCoordinator,
     CompletionFailed,
     RandomIds,
-    Ready,
     Status,
     Storage,
-    TmReport,
     incarnation_to_recover,
     is_working_path,
     lease_token,
-    observe,
     open_base,
     recover_coordinator,
     subtasks_of,
 )
 from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted
+from pipeline.stream.job_checks import JobChecks
 from pipeline.stream.publication import StatePublisher
+from pipeline.stream.spark_engine import SparkEngine
 from pipeline.stream.trace import NotResumable, StreamTrace
 from pipeline.stream.worker_tm import MailItem, TaskManagerRecipe
 from pipeline.stream.working_names import db_dir_of, pointers
 from spec import commands as cmd
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
-from spec.effects import COORDINATOR, USER, tm_actor
+from spec.effects import COORDINATOR
 from spec.errors import CommandError, UsageError
 from spec.handles import SegmentHandle, StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId, TmId
-from spec.invariants import (
-    check_all,
-    check_safety,
-    no_leak_once_quiet,
-    no_working_leak_once_quiet,
-    working_files_kept,
-)
-from spec.layout import is_under, job_base
+from spec.layout import job_base
 from spec.messages import (
     Acknowledgement,
-    Answer,
-    CheckpointAborted,
-    CheckpointComplete,
-    DatabaseFiles,
     Decline,
-    Duty,
-    EndJob,
-    Held,
-    Holdings,
-    InUse,
-    KeptFile,
     MessageError,
-    ResetTm,
     RestoreAssignment,
-    TmAssignment,
-    TmEnded,
     decode_message,
     encode_message,
 )
-from spec.observation import Observation, WorkingFileView, WorkingObservation
+from spec.observation import Observation
 
 _T = TypeVar("_T")
-
-
-class SparkEngine:
-    """``CoordinatorEngine`` of a Spark driver (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self.outbox: dict[TmId, list[tuple[int, bytes]]] = {}
-        self.seq = 0
-        self.reports: dict[TmId, dict[str, Any]] = {}
-        """Each TM's last report (``worker_tm.report_of``)."""
-        self.hosted: dict[TmId, set[SubtaskId]] = {}
-        """The subtasks each TM acknowledged for: where a stopped one's files lie."""
-        self.runs_on: dict[SubtaskId, TmId] = {}
-        """Where the coordinator placed each subtask (``placed``)."""
-        self.placeholders: set[TmId] = set()
-        """The TMs ``start_tm`` named: none of them ever runs (a Spark task starts its
-        TM itself), each only holds a subtask's place until its first TM acknowledges."""
-        self._placeholders = 0
-        self._nonce = uuid.uuid4().hex[:6]
-        self.trace: StreamTrace | None = None
-
-    def post(self, ready: Ready) -> None:
-        """The coordinator's notices since the last call, into the mail, in order (its
-        ``Ready``; the deletes in it are its storage's deleter's already)."""
-        for tm, msg in ready.notices:
-            self._queue(tm, encode_message(msg))
-            if self.trace is not None:
-                self.trace.sent(tm, self.seq, msg)
-
-    def _queue(self, tm: TmId, data: bytes) -> None:
-        self.seq += 1
-        self.outbox.setdefault(tm, []).append((self.seq, data))
-
-    def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:
-        self._placeholders += 1
-        tm = f"tm-{self._nonce}-{self._placeholders}"
-        self.placeholders.add(tm)
-        return tm
-
-    def place(self, subtasks: list[SubtaskId], tms: list[TmId]) -> dict[SubtaskId, TmId]:
-        return {s: tms[i % len(tms)] for i, s in enumerate(subtasks)}
-
-    def placed(self, placement: dict[SubtaskId, TmId]) -> None:
-        self.runs_on = dict(placement)
-
-    def duty(self, tm: TmId, msg: Duty) -> Answer | None:
-        if isinstance(msg, Holdings):
-            held = self.reports.get(tm, {}).get("held", [])
-            dirs = msg.directories
-            paths = tuple(p for p in held if any(is_under(p, d) for d in dirs))
-            return Held(msg.job, tm, paths)
-        if isinstance(msg, EndJob):
-            r = self.reports.get(tm, {})
-            actor = tm_actor(tm)
-            files = tuple(KeptFile(p, size, creator) for p, size, creator in r.get("owned", []))
-            dirs = tuple(sorted(d for d, o in r.get("dirs", {}).items() if o == actor))
-            return TmEnded(msg.job, tm, files, dirs)
-        if isinstance(msg, DatabaseFiles):
-            # R104: the RocksDB backend keeps its live database on the worker's local disk,
-            # so no TM of this job uses a working file on the checkpoint storage
-            return InUse(msg.job, tm, tuple(self.reports.get(tm, {}).get("working", ())))
-        if isinstance(msg, ResetTm):  # the old attempt's notices go with the redeploy
-            self.outbox[tm] = [(s, d) for s, d in self.outbox.get(tm, []) if _is_duty(d)]
-        self._queue(tm, encode_message(msg))
-        return None
-
-    def forget_tm(self, tm: TmId) -> None:
-        self.outbox.pop(tm, None)
-
-    def mail(self) -> tuple[MailItem, ...]:
-        return tuple((tm, s, d) for tm, items in sorted(self.outbox.items()) for s, d in items)
-
-    def in_transit(self) -> list[tuple[TmId, str]]:
-        """Files the coordinator handed to a TM (``TmAssignment``) that the TM has not
-        applied yet: its from the hand-over on, though only the mail says so."""
-        out = []
-        for tm, items in self.outbox.items():
-            for _seq, data in items:
-                msg = decode_message(data)
-                if isinstance(msg, TmAssignment):
-                    out += [(tm, k.path) for k in msg.files]
-        return out
-
-    def heard(self, report: Mapping[str, Any]) -> list[int]:
-        """A TM's report: its records now, and the last mail item it applied; the items
-        it applied since its last report, in order."""
-        tm = report["tm"]
-        before = int(self.reports.get(tm, {}).get("applied", 0))
-        self.reports[tm] = dict(report)
-        applied = int(report["applied"])
-        done = [s for s, _d in self.outbox.get(tm, []) if before < s <= applied]
-        if tm in self.outbox:
-            self.outbox[tm] = [(s, d) for s, d in self.outbox[tm] if s > applied]
-        return done
-
-
-def _tm_report(r: Mapping[str, Any]) -> TmReport:
-    """A worker TM's report (``worker_tm.report_of``) as the ``TmReport`` the observation
-    merges. Its deletion log stays with the attempt's saved state: the observation's
-    deletions are the coordinator's."""
-    actor = tm_actor(r["tm"])
-    return TmReport(
-        tm=r["tm"],
-        owners=dict(r["owners"]),
-        open=tuple(r["open"]),
-        dirs=dict(r["dirs"]),
-        unrecorded_dirs=tuple(r.get("unrecorded_dirs", ())),
-        claims={p: actor for p in r["claims"]},
-        ref_counts=dict(r["ref_counts"]),
-        live={p: tuple((int(o), int(n)) for o, n in v) for p, v in r["live"].items()},
-        pool_files=tuple(r["pool_files"]),
-        deletions=(),
-        pending=tuple(r["pending"]),
-        refused=tuple(r["refused"]),
-    )
-
-
-def _is_duty(data: bytes) -> bool:
-    return not isinstance(decode_message(data), CheckpointComplete | CheckpointAborted)
 
 
 TOOL = "ckpt stream"
@@ -401,6 +251,8 @@ class SparkCoordinator:
         """``--state-backend working``: the SlateDB collection (``slate_collect``)."""
         self.publisher = StatePublisher(self)
         """The writer state for outside collectors (``publication``)."""
+        self.checks = JobChecks(co, engine, storage, url)
+        """The observation and the invariants on the real files (``job_checks``)."""
 
     def publish(self, *, observe: bool = True) -> None:
         """Publish the writer state (``publication``); ``observe``: look at storage again
@@ -417,6 +269,7 @@ class SparkCoordinator:
             from pipeline.stream.slate_collect import SlateCollection
 
             self.slate = SlateCollection(self.url, self.storage_options, gc_min_age_s)
+            self.checks.working_state = True
 
     @property
     def job_id(self) -> str:
@@ -667,15 +520,6 @@ class SparkCoordinator:
             sorted(b for b in co.lineage_bases() if b != job_base(co.running_job()))
         )
 
-    def live_databases(self) -> set[str]:
-        """The database directories the live TMs' databases are at (their last reports)."""
-        return {
-            d
-            for t, status in self.co.attempts().items()
-            if status is Status.ALIVE
-            and isinstance(d := self.engine.reports.get(t, {}).get("lineage"), str)
-        }
-
     def retire(self) -> None:
         """Give up the replaced TMs (see the module docstring); only with nothing
         pending, since losing a TM aborts every pending checkpoint (R57)."""
@@ -852,138 +696,20 @@ class SparkCoordinator:
         self.checkpoint_storage.drain()
 
     def observe(self, also: Iterable[bytes] = ()) -> tuple[Observation, list[str]]:
-        """The real files with the coordinator's records and the TMs' last reports merged
-        (``fastimpl.parties.observe``: neither party reads the other's, this is the test
-        side's view); a path two parties record with different owners is a disagreement.
-        ``also``: reports of TMs the coordinator has not heard from (a test that holds a
-        task's result back)."""
-        co = self.co
-        storage = self.checkpoint_storage
-        storage.drain()
-        # every TM not known stopped, by its last report: the placed ones, and those
-        # replaced (R66: lost at once) while an attempt of the job may still run
-        # (``may_still_run``): a lost attempt keeps its files until it stopped (R64)
-        live = sorted(co.attempts()) if co.is_running() else []
-        reports = {t: self.engine.reports[t] for t in live if t in self.engine.reports}
-        for data in also:
-            if data:
-                extra = json.loads(data)
-                reports[extra["tm"]] = extra
-        # R61: files handed by a duty a TM has not applied yet are its own already
-        orphans: dict[str, str] = {}
-        for tm, path in self.engine.in_transit():
-            orphans.setdefault(path, tm_actor(tm))
-        # the writer state of each base (``publication``) is no party's checkpoint data
-        on_storage = {
-            p: n for p, n in storage.list_files().items() if p.split("/", 1)[-1] != WRITER_STATE
-        }
-        if self.slate is not None:
-            # working state (§11): SlateDB's own objects (manifests, compactions, SSTs no
-            # party recorded) are the database's: its live TM's, or once no live TM writes
-            # there the coordinator's, whose collection deletes them (slate_collect); in a
-            # base the coordinator may not delete in (a NO_CLAIM source) the user's. Each
-            # counts where no party records the path.
-            writer = {
-                d: tm_actor(t) for t in reports if isinstance(d := reports[t].get("lineage"), str)
-            }
-            lineage = co.lineage_bases()
-            for path in on_storage:
-                d = db_dir_of(path)
-                if d is not None:
-                    mine = d.split("/", 1)[0] in lineage
-                    orphans.setdefault(path, writer.get(d, COORDINATOR) if mine else USER)
-        return observe(
-            co, {t: _tm_report(r) for t, r in reports.items()}, on_storage, orphans=orphans
-        )
-
-    def working(self, obs: Observation) -> tuple[WorkingObservation, set[str]]:
-        """What the observation shows of the working files (§11): the SSTs a party
-        records, their states, users and in-place references; and every other object of
-        the databases (SlateDB's own: kept by its manifests, its checkpoints and its
-        GC's minimum age, judged apart, ``kept_by_slatedb``)."""
-        co = self.co
-        live = sorted(t for t, status in co.attempts().items() if status is Status.ALIVE)
-        reports = {t: self.engine.reports[t] for t in live if t in self.engine.reports}
-        uses = {f"{t}@{tm_actor(t)}": frozenset(r.get("working", ())) for t, r in reports.items()}
-        # each worker TM hosts one subtask: its database's operator is that subtask's (R105)
-        vertex_of = {tm: sub.vertex for sub, tm in self.engine.runs_on.items()}
-        operators = {f"{t}@{tm_actor(t)}": vertex_of[t] for t in reports if t in vertex_of}
-        pinned = {p for r in reports.values() for p in r.get("pinned", ())}
-        retained = {
-            r.id: frozenset(w.path for _, w in r.working) for r in co.retained_checkpoints()
-        }
-        refs: dict[str, set[int]] = {}
-        for cid, paths in retained.items():
-            for p in paths:
-                refs.setdefault(p, set()).add(cid)
-        recorded = set(co.file_owners()) | {
-            p for r in reports.values() for p in r.get("owners", {})
-        }
-        files: dict[str, WorkingFileView] = {}
-        other: set[str] = set()
-        for path in obs.files:
-            if db_dir_of(path) is None:
-                continue
-            if path not in recorded:
-                other.add(path)
-                continue
-            owner = obs.owners.get(path, "")
-            state = (
-                "shared" if owner in (COORDINATOR, "user")
-                else "pinned" if path in pinned else "private"
-            )  # fmt: skip
-            users = frozenset(db for db, ps in uses.items() if path in ps)
-            files[path] = WorkingFileView(owner, state, users, frozenset(refs.get(path, ())))
-        return WorkingObservation(files, uses, retained, operators), other
+        """The job's observation and the parties' disagreements (``JobChecks.observe``)."""
+        return self.checks.observe(also)
 
     def kept_by_slatedb(self) -> tuple[int, int]:
-        """Objects (and bytes) of the databases that no party records: SlateDB's own
-        manifests and compactions, and SSTs it still names or that are younger than its
-        GC's minimum age. Reported, not called leaks (SPEC §11's table)."""
-        obs, _ = self.observe()
-        _, other = self.working(obs)
-        return len(other), sum(obs.files[p] for p in other)
+        """Objects and bytes of the databases no party records (``JobChecks``)."""
+        return self.checks.kept_by_slatedb()
 
     def violations(self, *, quiet: bool = False, also: Iterable[bytes] = ()) -> list[str]:
-        """I1-I5 (and I6 when ``quiet``) on the real files, and the parties' disagreements.
-        Quiet needs every TM to have applied its mail (``deliver_mail``). With working
-        state, I7 and the working files' I6 too; and, quiet, every database directory
-        left on storage is one a live database or a retained checkpoint needs."""
-        obs, disagree = self.observe(also)
-        if self.slate is None:
-            found = [str(v) for v in check_all(obs, quiet=quiet)] + disagree
-        else:
-            w, other = self.working(obs)
-            checks = check_safety(obs) + working_files_kept(obs, w)
-            if quiet:
-                exempt = frozenset(w.files) | frozenset(other)
-                checks += no_leak_once_quiet(obs, exempt) + no_working_leak_once_quiet(obs, w)
-            found = [str(v) for v in checks] + disagree
-            if quiet:
-                needed = (
-                    self.live_databases()
-                    | {
-                        d
-                        for ps in w.retained.values()
-                        for p in ps
-                        if (d := db_dir_of(p)) is not None
-                    }
-                    | {d for ps in w.uses.values() for p in ps if (d := db_dir_of(p)) is not None}
-                )
-                lineage = self.co.lineage_bases()
-                left = {
-                    d
-                    for p in obs.files
-                    if (d := db_dir_of(p)) is not None and d.split("/", 1)[0] in lineage
-                }
-                found += [f"I6: leaked database directory {d}" for d in sorted(left - needed)]
-        if fsspec.utils.get_protocol(self.url) in ("file", "local"):
-            found += [
-                f"directory {d} is recorded but not on storage"
-                for d in obs.directories
-                if not self.checkpoint_storage.exists_dir(d)
-            ]
-        return found
+        """The invariants on the real files (``JobChecks.violations``)."""
+        return self.checks.violations(quiet=quiet, also=also)
+
+    def live_databases(self) -> set[str]:
+        """The database directories the live TMs' databases are at (their last reports)."""
+        return self.checks.live_databases()
 
     def close(self) -> None:
         self.checkpoint_storage.close_all()
