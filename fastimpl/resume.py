@@ -42,6 +42,9 @@ What the rebuild decides, file by file:
   state lists as in flight (the store's own, as the job's base is): what no running TM
   holds there goes. Without HA state (recovery) none is in flight: what an interrupted
   savepoint left cannot be told from the user's, a leak, never a loss;
+- working files (§11) the new coordinator holds as its own were handed over in place by
+  acknowledgements (R100): shared, so its collection deletes each once no checkpoint
+  refers to it and no live database uses it (R104), as the dead coordinator's would have;
 - every file outside the lineage's bases, and those ``user_held`` names, are the user's;
 - every other file of the job's own base that no running TM records (``Holdings``) was
   the dead coordinator's (taken from a stopped attempt, R64, or handed over for a pending
@@ -68,6 +71,7 @@ from fastimpl.metadata import base_of
 from fastimpl.records import Completed, ManagedDir, StoredFile
 from fastimpl.redistribute import assign
 from fastimpl.storage import Storage
+from fastimpl.working import is_working_path
 from spec.config import Config, VertexSpec
 from spec.effects import COORDINATOR, USER
 from spec.handles import FileHandle, stream_of
@@ -211,6 +215,12 @@ def rebuild(
         if not co.referenced(path):  # R95: what the dead coordinator held for nothing goes
             co.catalog.delete_file(path, COORDINATOR)
             garbage.append(path)
+    # R100, R104: a working file is the coordinator's only once an acknowledgement handed
+    # it over (a stopped attempt's others went at its stop, R64): shared for good, so its
+    # collection deletes it once no checkpoint refers to it and no live database uses it
+    co.working.shared |= {
+        p for p, f in co.catalog.files.items() if f.owner == COORDINATOR and is_working_path(p)
+    }
     return co, garbage
 
 

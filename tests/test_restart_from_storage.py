@@ -17,13 +17,24 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import fsspec  # type: ignore[import-untyped]
 import pytest
 
 from fastimpl import CheckpointStore, testing
+from fastimpl.engine import InProcessEngine
 from fastimpl.metadata import MetadataError
+from fastimpl.party_observation import observe_working
+from fastimpl.resume import ha_state, rebuild
 from spec.config import Config, JobSpec, MergingMode, RestoreMode, StateKind, VertexSpec
 from spec.effects import COORDINATOR, USER
 from spec.handles import stream_of
+from spec.ids import SubtaskId
+from spec.invariants import (
+    check_safety,
+    no_leak_once_quiet,
+    no_working_leak_once_quiet,
+    working_files_kept,
+)
 from spec.layout import SAVEPOINTS, is_under, job_base, metadata_path
 from tests.faultyfs import Place
 from tests.lockstep import S3_BUCKET, s3
@@ -351,3 +362,73 @@ def test_recover_refuses_a_torn_metadata_it_cannot_tell_from_a_damaged_one(
         CheckpointStore.recover(place.url, config, JOB, storage_options=opts)
     assert _snapshot(place) == before
     store.close()
+
+
+@pytest.mark.parametrize("mode", list(MergingMode), ids=lambda m: m.value)
+def test_resumed_under_live_databases_it_collects_the_working_files_handed_over_before(
+    tmp_path: Path, mode: MergingMode
+) -> None:
+    """R95, R100, R104: each subtask's database (two operators, two TMs) writes a working
+    file and its snapshot hands it over in place; the coordinator's process dies and is
+    resumed under the running TMs. Once the databases drop those files and the next
+    checkpoint subsumes the one that referred to them, the resumed coordinator's
+    collection deletes them, as the coordinator that took them would have: nothing
+    leaks (I6, I7), in every merging mode, and never a file a checkpoint still refers
+    to or a database uses."""
+    (tmp_path / "root").mkdir()
+    vertices = (VertexSpec("src", 1), VertexSpec("agg", 2))
+    engine = InProcessEngine(
+        Config.for_mode(mode, num_retained=1),
+        JobSpec(vertices, num_tms=2),
+        fsspec.filesystem("file"),
+        str(tmp_path / "root"),
+        background_deletes=False,
+    )
+    subtasks = sorted(engine.placement, key=str)
+
+    def checkpoint_of_new_files() -> dict[SubtaskId, str]:
+        cid = engine.trigger()
+        written = {}
+        for s in subtasks:
+            path = engine.write_working(s, f"{s}@{cid}".encode())
+            assert path is not None
+            written[s] = path
+            engine.snapshot_working(cid, s)
+            engine.acknowledge(cid, s)
+        engine.complete(cid)
+        while engine.channel:
+            engine.deliver(0)
+        return written
+
+    first = checkpoint_of_new_files()
+    old = engine.coord
+    resumed, garbage = rebuild(
+        engine.cfg,
+        old.vertices,
+        old.num_tms,
+        engine.storage,
+        engine.ids,
+        engine,
+        ha_state(old),
+        dict(old.placement),
+        log=engine.log,
+    )
+    assert garbage == []  # every file is a kept checkpoint's, or a live database's
+    engine.host(resumed)
+    resumed.failover()  # R60-R62, R105: the databases reopen on the latest checkpoint
+    engine.send_ready()
+    assert set(first.values()) <= resumed.working_needed()
+    for s, path in first.items():
+        engine.drop_working(s, path)
+    second = checkpoint_of_new_files()  # subsumes the first (num_retained 1)
+    engine.collect_working()
+    engine.storage.drain()
+    on_storage = engine.storage.list_files()
+    assert not set(first.values()) & set(on_storage)
+    assert set(second.values()) <= set(on_storage)
+    obs = engine.observe()
+    working = observe_working(resumed, engine.parties, obs)
+    # I1-I5 and I7; I6 for the files no checkpoint refers to in place, and I6 of §11
+    assert check_safety(obs) + working_files_kept(obs, working) == []
+    assert no_leak_once_quiet(obs, frozenset(working.files)) == []
+    assert no_working_leak_once_quiet(obs, working) == [] and engine.disagreements == []
