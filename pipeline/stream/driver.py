@@ -62,6 +62,10 @@ class BatchReport:
     """``working``: bytes of SSTs the databases wrote to the checkpoint storage."""
     stage: int = -1
     """The Spark stage of the batch's snapshot tasks (-1 outside Spark)."""
+    restore_seconds: float = 0.0
+    """The longest time a subtask that restored its state took until the state was open
+    (its ``ready_seconds``: the download, and after a rescale the key-group copy); 0.0
+    when no subtask restored."""
 
 
 @define
@@ -213,6 +217,7 @@ class BatchDriver:
             in_place_bytes=sum(r.stats.in_place_bytes for r in results),
             db_written_bytes=sum(r.stats.db_written_bytes for r in results),
             stage=max((r.stage for r in results), default=-1),
+            restore_seconds=max((r.ready_seconds for r in results if r.restored), default=0.0),
         )
         self.reports.append(report)
         return report
