@@ -67,8 +67,8 @@ import attrs
 
 from bench.common import REPO, machine_info
 from bench.stream_goals import AMPLIFICATION_BOUND, judge_large, judge_working
+from bench.stream_scale import ckpt_config
 from fastimpl.parties import WRITER_STATE
-from spec.config import Config
 
 _SKIP = ("_metadata", "_writer", WRITER_STATE)
 NO_CLOSE_MS = 10**12
@@ -297,14 +297,7 @@ def run(args: argparse.Namespace, spark: Any, tmp: Path, on_line: Any,
     from pipeline.stream.source import RateSource
     from pipeline.stream.windows import Windowing
 
-    config = Config.from_flink(
-        {
-            "execution.checkpointing.file-merging.enabled": True,
-            "execution.checkpointing.file-merging.across-checkpoint-boundary": True,
-            "execution.checkpointing.num-retained": 1,
-        },
-        open_files_readable=True,
-    )
+    config = ckpt_config()  # ACROSS, one checkpoint retained
     growth = args.batches
     extra = (1 if args.kill else 0) + (2 if args.rescale_to else 0)
     total = growth + extra

@@ -97,15 +97,11 @@ def _listed(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file()]
 
 
-def run_ckpt(spark: Any, rows: int, batches: int, vocabulary: int, tmp: Path,
-             *, snapshot: bool, merging: MergingMode = MergingMode.ACROSS_CHECKPOINT) -> Sample:
-    """``merging``: the job's file merging mode (``bench.peers`` runs each one); the
-    max file size is the default, 32 MiB."""
-    from pipeline.stream.job import StreamSettings, run_stream
-    from pipeline.stream.source import RateSource
-    from pipeline.stream.windows import Windowing
-
-    config = Config.from_flink(
+def ckpt_config(merging: MergingMode = MergingMode.ACROSS_CHECKPOINT) -> Config:
+    """``ckpt stream``'s configuration in the streaming benches: ``merging``, one
+    checkpoint retained, the default max file size (32 MiB), on a local disk (whose open
+    files are readable, R16)."""
+    return Config.from_flink(
         {
             "execution.checkpointing.file-merging.enabled": merging is not MergingMode.NONE,
             "execution.checkpointing.file-merging.across-checkpoint-boundary": (
@@ -115,6 +111,17 @@ def run_ckpt(spark: Any, rows: int, batches: int, vocabulary: int, tmp: Path,
         },
         open_files_readable=True,
     )
+
+
+def run_ckpt(spark: Any, rows: int, batches: int, vocabulary: int, tmp: Path,
+             *, snapshot: bool, merging: MergingMode = MergingMode.ACROSS_CHECKPOINT) -> Sample:
+    """``merging``: the job's file merging mode (``bench.peers`` runs each one); the
+    max file size is the default, 32 MiB."""
+    from pipeline.stream.job import StreamSettings, run_stream
+    from pipeline.stream.source import RateSource
+    from pipeline.stream.windows import Windowing
+
+    config = ckpt_config(merging)
     settings = StreamSettings(
         base=str(tmp / "checkpoints"),
         work_dir=str(tmp / "work"),
