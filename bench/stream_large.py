@@ -314,6 +314,7 @@ def run(args: argparse.Namespace, spark: Any, tmp: Path, on_line: Any,
         batches=total,
         master=args.master,
         write_buffer_size=args.write_buffer_mb << 20,
+        bloom_bits=args.bloom_bits,
         failures=Failures(kill_at=kill),
         rescale_at=rescale,
         state_backend=args.backend,
@@ -400,6 +401,8 @@ def report(result: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipeline.stream.rocks import BLOOM_BITS
+
     ap = argparse.ArgumentParser(
         prog="python -m bench.stream_large",
         description=__doc__,
@@ -411,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-gib", type=float, default=1.0,
                     help="the live RocksDB state the run must reach (GiB)")
     ap.add_argument("--write-buffer-mb", type=int, default=64, help="RocksDB memtable (MiB)")
+    ap.add_argument("--bloom-bits", type=int, default=BLOOM_BITS,
+                    help="bits per key of RocksDB's bloom filters (0: none)")
     ap.add_argument("--kill", action=argparse.BooleanOptionalAction, default=True,
                     help="after growth, kill subtask 0's worker before its snapshot")
     ap.add_argument("--rescale-to", type=int, default=2, help="then rescale to P (0: no)")

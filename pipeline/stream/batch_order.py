@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from attrs import field, frozen
 
 from pipeline.stream.kills import Failures
+from pipeline.stream.rocks import BLOOM_BITS
 from pipeline.stream.snapshot import SnapshotStats
 from pipeline.stream.windows import Windowing
 from pipeline.stream.worker_tm import MailItem, TaskManagerRecipe
@@ -33,6 +34,7 @@ class BatchOrder:
     write_buffer_size: int = 64 * 1024
     auto_compactions: bool = True
     l0_compaction_trigger: int = 4
+    bloom_bits: int = BLOOM_BITS
     compact_every: int = 0
     """Also run a full manual compaction every so many checkpoints (0: never)."""
     failures: Failures = field(factory=Failures)

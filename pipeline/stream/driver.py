@@ -27,6 +27,7 @@ from attrs import define, field, frozen
 from pipeline.stream.batch_order import BatchOrder, SubtaskResult
 from pipeline.stream.checkpointing import VERTEX, CoordinatorSide, decode_assignment
 from pipeline.stream.kills import Failures
+from pipeline.stream.rocks import BLOOM_BITS
 from pipeline.stream.snapshot import OPERATOR_STATE
 from pipeline.stream.windows import NO_WATERMARK, Windowing
 from spec.errors import UsageError
@@ -77,6 +78,7 @@ class BatchDriver:
     write_buffer_size: int = 64 * 1024
     auto_compactions: bool = True
     l0_compaction_trigger: int = 4
+    bloom_bits: int = BLOOM_BITS
     compact_every: int = 0
     failures: Failures = field(factory=Failures)
     snapshot: bool = True
@@ -150,6 +152,7 @@ class BatchDriver:
             write_buffer_size=self.write_buffer_size,
             auto_compactions=self.auto_compactions,
             l0_compaction_trigger=self.l0_compaction_trigger,
+            bloom_bits=self.bloom_bits,
             compact_every=self.compact_every,
             failures=self.failures,
             sweep_local=self.sweep_local,

@@ -47,6 +47,7 @@ from pipeline.stream.coordination import SparkCoordinator, open_coordinator, to_
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.kills import Failures, Kill, read_kills
 from pipeline.stream.partial_counts import SHUFFLED, partial_counts, read_counts
+from pipeline.stream.rocks import BLOOM_BITS
 from pipeline.stream.sink import read_all, write_batch
 from pipeline.stream.source import RateSource
 from pipeline.stream.subtask import deliver, run_subtask
@@ -80,6 +81,8 @@ class StreamSettings:
     l0_compaction_trigger: int = 4
     """RocksDB's level-0 compaction trigger (its default, 4): each compaction rewrites the
     small state whole, retiring every shared upload of the subtask at once."""
+    bloom_bits: int = BLOOM_BITS
+    """Bits per key of RocksDB's bloom filters (0: none; ``rocks.options``)."""
     compact_every: int = 0
     failures: Failures = field(factory=Failures)
     """Injected failures: a task SIGKILLs its Python worker (needs a master that retries
@@ -592,6 +595,7 @@ def run_stream(
             write_buffer_size=settings.write_buffer_size,
             compact_every=settings.compact_every,
             l0_compaction_trigger=settings.l0_compaction_trigger,
+            bloom_bits=settings.bloom_bits,
             failures=settings.failures,
             snapshot=settings.snapshot,
             sweep_local=not settings.speculation,

@@ -108,6 +108,7 @@ def run_subtask(
         write_buffer_size=order.write_buffer_size,
         auto_compactions=order.auto_compactions,
         l0_compaction_trigger=order.l0_compaction_trigger,
+        bloom_bits=order.bloom_bits,
     )
     lineage = (
         None
