@@ -30,7 +30,7 @@ PYTHONPYCACHEPREFIX ?= $(abspath $(VENV))/pycache
 export PYTHONPYCACHEPREFIX
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: all test test-tools lint docs demo verify bench bench-stream bench-stream-large bench-peers mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark conformance-flink
+.PHONY: all test test-tools lint docs demo verify bench bench-stream bench-stream-large bench-rescale bench-peers mutants mutate mutate-resume mutate-results wheel-check clean check-python check-java fixtures-flink fixtures-spark conformance-flink
 .DEFAULT_GOAL := test
 
 all: test
@@ -159,6 +159,14 @@ bench-stream: $(STAMP) $(VENV)/.bench check-java
 # BENCH_STREAM_LARGE_ARGS=--quick for a smoke run (10 MiB of state, a minute).
 bench-stream-large: $(STAMP) check-java
 	$(BIN)/python -m bench.stream_large $(BENCH_STREAM_LARGE_ARGS)
+
+# A rescale's restore (snapshot.restore_key_groups) against the key-by-key copy it replaced:
+# 8e6 keys of the job's shape in 4 and 2 checkpointed RocksDBs, rescaled 4 -> 2 and 2 -> 4,
+# interleaved A B A B over 3 rounds; prints the medians and their ratio (bench/README.md,
+# figure 8, "Rescale restore"). No Spark; about two minutes. BENCH_RESCALE_ARGS passes
+# options, e.g. BENCH_RESCALE_ARGS="--keys 2.4e7 --rounds 5" (the reference run, 7 minutes).
+bench-rescale: $(STAMP)
+	$(BIN)/python -m bench.rescale_restore $(BENCH_RESCALE_ARGS)
 
 # The bench extra (matplotlib, for bench-stream's plot): installed only for the benchmarks.
 $(VENV)/.bench: $(STAMP) pyproject.toml

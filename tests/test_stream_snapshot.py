@@ -1,34 +1,49 @@
 """The streaming job's RocksDB snapshots (issue 17) in one process: incremental uploads,
 reuse of unchanged SSTs, SSTs retired by compaction released, restores that reproduce the
-counts, in every merging mode. No Spark: ``tests/stream_harness.py`` runs the job's own
-driver and subtask code partition by partition."""
+counts, in every merging mode; a rescale's restore holds exactly its key groups, as the
+key-by-key copy it replaced built them (``bench.rescale_restore``). No Spark:
+``tests/stream_harness.py`` runs the job's own driver and subtask code partition by
+partition."""
 
 from __future__ import annotations
 
 import os
+import random
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+import rocksdict
 
+from bench.rescale_restore import restore_key_by_key
+from pipeline.stream import snapshot
 from pipeline.stream.check import compare
 from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted, decode_assignment
 from pipeline.stream.coordination import open_coordinator
 from pipeline.stream.kills import KILL_LOG, KILL_POINTS, Failures, read_kills
 from pipeline.stream.local_db import put_back
-from pipeline.stream.rocks import WindowCounts, options
+from pipeline.stream.rocks import WindowCounts, decode_key, encode_key, options
 from pipeline.stream.snapshot import (
+    META,
     OPERATOR_STATE,
+    SST,
     RestoreError,
+    copy_ranges,
     file_of,
+    group_ranges,
+    meta_name,
     restore,
+    restore_key_groups,
     reusable,
+    sst_name,
     take_snapshot,
 )
 from pipeline.stream.subtask import run_subtask, subtask_dir
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import MAX_PARALLELISM
 from pipeline.stream.worker_tm import StateReader, WorkerTaskManager
-from spec.config import Config, MergingMode, RestoreMode, StateKind
+from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
 from spec.errors import CommandError
 from spec.handles import FileHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
@@ -270,8 +285,6 @@ def test_the_comparison_catches_a_wrong_missing_or_duplicate_count() -> None:
 def test_a_restore_refuses_names_that_are_not_rocksdb_files(
     tmp_path: Path, kind: StateKind, name: str
 ) -> None:
-    from spec.config import Scope
-
     e = StateEntry(S0, kind, name, FileHandle("x", 1, "l", Scope.EXCLUSIVE))
     with pytest.raises(RestoreError, match="not a RocksDB file"):
         file_of(e)
@@ -281,8 +294,6 @@ def test_a_restore_refuses_names_that_are_not_rocksdb_files(
 
 
 def test_a_handle_outside_the_base_is_not_read(tmp_path: Path) -> None:
-    from spec.config import Scope
-
     party = StateReader(str(tmp_path / "base"), {})
     for path in ("../secret", "/etc/passwd", "a/../../b"):
         e = StateEntry(
@@ -518,6 +529,207 @@ def test_a_rescaled_subtask_holds_exactly_its_key_groups_and_counts_once(
     assert cmp.windows >= 2 and cmp.equal, cmp.mismatches[:10]
     job.quiesce()
     assert job.coordinator.violations(quiet=True) == []
+
+
+def _state(seed: int, empty: frozenset[int] = frozenset()) -> dict[bytes, bytes]:
+    """Keys of the job's shape over every key group but ``empty``: three windows, a seeded
+    draw of words and counts (some key groups end up with none by chance too)."""
+    rng = random.Random(seed)
+    out: dict[bytes, bytes] = {}
+    for g in range(MAX_PARALLELISM):
+        if g not in empty:
+            for start in (0, 1000, 2000):
+                for _ in range(rng.randint(0, 12)):
+                    word = f"w{rng.randrange(10**6):06d}"
+                    out[encode_key(g, start, word)] = rng.randrange(1, 99).to_bytes(8, "big")
+    return out
+
+
+def _old_dbs(root: Path, parallelism: int, keys: Mapping[bytes, bytes]) -> list[StateEntry]:
+    """The RocksDBs of a job at ``parallelism``, each holding the keys of its subtask's key
+    groups, flushed three times (overlapping level-0 SSTs), as the entries of a
+    checkpoint that ``StateReader(root)`` reads, one lineage each."""
+    entries: list[StateEntry] = []
+    for i in range(parallelism):
+        lo, hi = key_group_range(MAX_PARALLELISM, parallelism, i)
+        d = root / f"p{parallelism}" / str(i)
+        db = rocksdict.Rdict(str(d), options())
+        mine = sorted((k, v) for k, v in keys.items() if lo <= decode_key(k)[0] <= hi)
+        for part in (mine[0::3], mine[1::3], mine[2::3]):
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for k, v in part:
+                batch.put(k, v)
+            db.write(batch)
+            db.flush(True)
+        db.close()
+        lineage, sub = f"p{parallelism}s{i}", SubtaskId(VERTEX, i, parallelism)
+        for f in sorted(os.listdir(d)):
+            if SST.fullmatch(f):
+                kind, name = StateKind.KEYED_SHARED, sst_name(lineage, f)
+            elif META.fullmatch(f):
+                kind, name = StateKind.KEYED_FULL, meta_name(lineage, f)
+            else:
+                continue
+            handle = FileHandle(
+                f"p{parallelism}/{i}/{f}", (d / f).stat().st_size, name, Scope.SHARED
+            )
+            entries.append(StateEntry(sub, kind, name, handle, key_groups=(lo, hi)))
+    return entries
+
+
+def _assigned(entries: Sequence[StateEntry], groups: tuple[int, int]) -> list[StateEntry]:
+    """What a rescale assigns a new subtask: the old keyed state overlapping its range (R75)."""
+    return [
+        e
+        for e in entries
+        if e.key_groups is not None
+        and e.key_groups[0] <= groups[1]
+        and groups[0] <= e.key_groups[1]
+    ]
+
+
+def _items(path: Path) -> list[tuple[Any, Any]]:
+    db = rocksdict.Rdict(str(path), options(), access_type=rocksdict.AccessType.read_only(False))
+    try:
+        return list(db.items())
+    finally:
+        db.close()
+
+
+def _in(keys: Mapping[bytes, bytes], first: int, last: int) -> list[tuple[bytes, bytes]]:
+    return sorted((k, v) for k, v in keys.items() if first <= decode_key(k)[0] <= last)
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [(4, 2), (4, 1), (2, 4), (1, 3), (3, 2), (2, 3), (5, 3), (3, 5)],
+    ids=lambda n: str(n),
+)
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_a_rescale_restore_holds_exactly_its_key_groups_as_the_key_by_key_copy_did(
+    tmp_path: Path, before: int, after: int, sparse: bool
+) -> None:
+    """``restore_key_groups`` takes the old DB overlapping the new range the most as the
+    base (clipped by range on the sides where it holds more: both sides for 1 -> 3's
+    middle subtask) and ingests the other old DBs' keys of the range: every key of the
+    range is there with its value and none outside (an iteration past the range
+    tombstones), the same as the key-by-key copy builds on the same input. Sparse: an old
+    DB with no key at all (4 -> 2's base is empty), and empty key groups at the ranges'
+    edges. The number returned counts the keys of the old DBs other than the base."""
+    empty = frozenset(range(40)) | {42, 43, 63, 64, 85, 86, 127} if sparse else frozenset()
+    keys = _state(before * 10 + after, empty)
+    entries = _old_dbs(tmp_path, before, keys)
+    reader = StateReader(str(tmp_path), {})
+    old_ranges = [key_group_range(MAX_PARALLELISM, before, j) for j in range(before)]
+    for i in range(after):
+        groups = key_group_range(MAX_PARALLELISM, after, i)
+        mine = _assigned(entries, groups)
+        target, reference = tmp_path / "new" / str(i), tmp_path / "ref" / str(i)
+        copied = restore_key_groups(reader, mine, target, groups, options())
+        restore_key_by_key(reader, mine, reference, groups, options())
+        want = _in(keys, *groups)
+        got = _items(target)
+        assert got == want, (i, len(got), len(want))
+        assert got == _items(reference)
+        # The base: the largest overlap, the first among equals (lineages sort by subtask).
+        overlaps = [max(0, min(hi, groups[1]) - max(lo, groups[0]) + 1) for lo, hi in old_ranges]
+        base = old_ranges[overlaps.index(max(overlaps))]
+        assert copied == len(want) - len(
+            _in(keys, max(base[0], groups[0]), min(base[1], groups[1]))
+        )
+    assert sorted(os.listdir(tmp_path / "new")) == [str(i) for i in range(after)]
+
+
+def test_copied_keys_are_cut_into_many_ssts_and_all_ingested(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounded memory and files: ``COPY_CHUNK`` keys a step, a file cut once it reached
+    ``SST_BYTES``. With 7 keys a step and a 1-byte bound, a file is cut at the first step
+    after its writer wrote a data block (its size counts written blocks, 4 KiB each):
+    several files per old DB, which together hold every key of the range in order; the
+    new DB holds every key of the new range."""
+    keys = _state(7)
+    entries = _old_dbs(tmp_path, 4, keys)
+    monkeypatch.setattr(snapshot, "COPY_CHUNK", 7)
+    monkeypatch.setattr(snapshot, "SST_BYTES", 1)
+    made: list[int] = []
+    real = snapshot.copy_ranges
+
+    def counting(*args: Any, **kwargs: Any) -> tuple[int, list[str]]:
+        n, files = real(*args, **kwargs)
+        made.append(len(files))
+        return n, files
+
+    monkeypatch.setattr(snapshot, "copy_ranges", counting)
+    groups = (0, 127)
+    copied = restore_key_groups(
+        StateReader(str(tmp_path), {}), entries, tmp_path / "new", groups, options()
+    )
+    assert _items(tmp_path / "new") == _in(keys, *groups)
+    assert copied == len(_in(keys, 32, 127))  # the base: subtask 0's DB, kept whole
+    assert len(made) == 3 and min(made) >= 2, made  # subtasks 1-3, several files each
+    src = rocksdict.Rdict(
+        str(tmp_path / "p4" / "1"), options(), access_type=rocksdict.AccessType.read_only(False)
+    )
+    try:
+        (tmp_path / "ssts").mkdir()
+        ranges = group_ranges(src, (32, 63))
+        n, files = copy_ranges(src, ranges, options(), tmp_path / "ssts", file_bytes=1)
+    finally:
+        src.close()
+    assert n == len(_in(keys, 32, 63))
+    assert len(files) >= 2
+    written: list[list[tuple[Any, Any]]] = []
+    for f in files:
+        one = rocksdict.Rdict(str(tmp_path / f"one-{len(written)}"), options())
+        try:
+            one.ingest_external_file([f])
+            written.append(list(one.items()))
+        finally:
+            one.close()
+    assert all(written) and [kv for w in written for kv in w] == _in(keys, 32, 63)
+
+
+class _Counting:
+    def __init__(self, inner: StateReader, fail_on: str | None = None) -> None:
+        self.inner, self.fail_on, self.reads = inner, fail_on, 0
+
+    def read(self, entry: StateEntry) -> bytes:
+        self.reads += 1
+        if self.fail_on is not None and entry.name.startswith(self.fail_on):
+            raise OSError(f"injected: {entry.name}")
+        return self.inner.read(entry)
+
+
+def test_a_rescale_restore_refuses_a_foreign_name_before_reading_and_leaves_nothing_on_failure(
+    tmp_path: Path,
+) -> None:
+    """A name that is not one of ours is refused before any read; a read that fails in the
+    middle (an old DB other than the base), or an old DB whose SST is damaged (a read
+    error, never a short copy), leaves no new DB and nothing half-built beside it."""
+    keys = _state(3)
+    entries = _old_dbs(tmp_path, 4, keys)
+    out = tmp_path / "new"
+    out.mkdir()
+    bad = StateEntry(
+        S0, StateKind.KEYED_SHARED, "sst/p4s9/../../x", entries[0].handle, key_groups=(0, 31)
+    )
+    party = _Counting(StateReader(str(tmp_path), {}))
+    with pytest.raises(RestoreError, match="not a RocksDB file"):
+        restore_key_groups(party, [*entries, bad], out / "db", (0, 127), options())
+    assert party.reads == 0 and os.listdir(out) == []
+    party = _Counting(StateReader(str(tmp_path), {}), fail_on="sst/p4s2/")
+    with pytest.raises(OSError, match="injected"):
+        restore_key_groups(party, entries, out / "db", (0, 127), options())
+    assert party.reads > 0 and os.listdir(out) == []
+    # A damaged data block in subtask 1's DB (not the base: subtask 0's).
+    sst = next(f for f in sorted((tmp_path / "p4" / "1").iterdir()) if SST.fullmatch(f.name))
+    data = bytearray(sst.read_bytes())
+    data[20:40] = bytes(20)
+    sst.write_bytes(bytes(data))
+    with pytest.raises(Exception, match=r"[Cc]orrupt|checksum"):
+        restore_key_groups(StateReader(str(tmp_path), {}), entries, out / "db", (0, 127), options())
+    assert os.listdir(out) == []
 
 
 @pytest.mark.parametrize("damage", [b"not json", b"[]", b'{"batch": "x", "watermark": 0}', b"{}"])

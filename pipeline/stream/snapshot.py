@@ -27,8 +27,11 @@ import re
 import shutil
 import struct
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from itertools import islice, starmap
 from pathlib import Path
+from typing import Any
 
 import rocksdict
 from attrs import frozen
@@ -229,6 +232,27 @@ def write_marker(db_dir: Path, checkpoint: int, lineage: str) -> None:
     os.replace(tmp, db_dir / MARKER)
 
 
+SST_BYTES = 64 << 20
+"""Where an SST of keys copied in a rescale's restore is cut (RocksDB's default
+``target_file_size_base``): the writer keeps a file's index and bloom filter in memory
+until it finishes the file, so this bounds them; the staging disk holds one old DB's
+range at most."""
+COPY_CHUNK = 4096
+"""Keys read from an old DB and written to an SST per step: the memory of one step, and
+one look at the file's size and one Python-level iteration per this many keys."""
+
+KeyRanges = Sequence[tuple[bytes, bytes]]
+"""Half-open key ranges ``[lo, hi)``, sorted and disjoint (``group_ranges``)."""
+
+
+def group_ranges(db: rocksdict.Rdict, groups: tuple[int, int]) -> KeyRanges:
+    """The key ranges of ``db`` that hold the keys of key groups ``groups`` (inclusive):
+    one, since a key starts with its key group (``GROUP_KEY``); ``db`` is not read. The
+    one place the restore knows the key layout: ``clip`` and ``copy_ranges`` take any
+    ranges (a layout with the window first would give one range per window)."""
+    return [(GROUP_KEY.pack(groups[0]), GROUP_KEY.pack(groups[1] + 1))]
+
+
 def restore_key_groups(
     party: StateSource,
     entries: Sequence[StateEntry],
@@ -237,40 +261,42 @@ def restore_key_groups(
     opt: rocksdict.Options,
 ) -> int:
     """Build a new DB at ``target`` (which must not exist) holding the keys of key groups
-    ``groups`` (inclusive) of every old DB ``entries`` name: a rescale's restore. Each old
-    subtask's files (one lineage each) are downloaded on their own, opened, and the
-    range is copied out (keys start with their key group, ``rocks.encode_key``); the new
+    ``groups`` (inclusive) of every old DB ``entries`` name: a rescale's restore, done as
+    Flink's incremental restore after a rescale (``RocksDBIncrementalRestoreOperation``).
+
+    The keys of a key-group range are a key range of a DB (``group_ranges``). The old DB
+    whose key groups (the entries' ``key_groups``) overlap ``groups`` the most is the
+    base: its files are downloaded into the new DB's directory, opened there, and what it
+    holds outside that range is deleted by range (``clip``); none of its keys is read.
+    Each other old DB (one lineage each) is downloaded on its own and its keys in the
+    range are written in key order into SST files of about ``SST_BYTES`` at most
+    (``copy_ranges``), which the new DB ingests: old subtasks hold disjoint key groups,
+    so these files overlap nothing the base keeps and an ingest rewrites nothing. The new
     DB is a new lineage, so its SST numbers may repeat the old ones' under other names.
-    Returns the number of keys copied."""
+    It appears at ``target`` whole or not at all.
+
+    Returns the number of keys copied from the old DBs other than the base. The base's
+    kept keys are not counted: counting them would read them all, which the base avoids.
+    """
     by_lineage: dict[str, list[StateEntry]] = {}
     for e in entries:
         if e.kind in (StateKind.KEYED_SHARED, StateKind.KEYED_FULL):
             file_of(e)  # refuses what is not one of ours before anything is written
             by_lineage.setdefault(e.name.split("/")[1], []).append(e)
-    lo, hi = GROUP_KEY.pack(groups[0]), GROUP_KEY.pack(groups[1] + 1)
+    lineages = sorted(by_lineage)
+    # max keeps the first of equals: the smallest lineage among equal overlaps.
+    base = max(lineages, key=lambda n: _overlap(by_lineage[n], groups), default=None)
     part = target.with_name(target.name + f".part-{uuid.uuid4().hex[:8]}")
     copied = 0
     try:
+        if base is not None:
+            restore(party, by_lineage[base], part)
         new = rocksdict.Rdict(str(part), opt)
         try:
-            for lineage, old_entries in sorted(by_lineage.items()):
-                old_dir = target.with_name(f"{target.name}.old-{lineage}-{uuid.uuid4().hex[:8]}")
-                restore(party, old_entries, old_dir)
-                try:
-                    old = rocksdict.Rdict(str(old_dir), opt)
-                    try:
-                        batch = rocksdict.WriteBatch(raw_mode=True)
-                        it = old.iter()
-                        it.seek(lo)
-                        while it.valid() and it.key() < hi:
-                            batch.put(it.key(), it.value())
-                            copied += 1
-                            it.next()
-                        new.write(batch)
-                    finally:
-                        old.close()
-                finally:
-                    shutil.rmtree(old_dir, ignore_errors=True)
+            clip(new, group_ranges(new, groups))
+            for lineage in lineages:
+                if lineage != base:
+                    copied += _copy_in(party, by_lineage[lineage], new, target, groups, opt)
             new.flush(True)
         finally:
             new.close()
@@ -279,3 +305,118 @@ def restore_key_groups(
         shutil.rmtree(part, ignore_errors=True)
         raise
     return copied
+
+
+def _overlap(entries: Sequence[StateEntry], groups: tuple[int, int]) -> int:
+    """How many of ``groups`` the key groups of one old DB's entries cover (0 unknown)."""
+    ranges = [e.key_groups for e in entries if e.key_groups is not None]
+    if not ranges:
+        return 0
+    first, last = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    return max(0, min(last, groups[1]) - max(first, groups[0]) + 1)
+
+
+def _copy_in(
+    party: StateSource,
+    entries: Sequence[StateEntry],
+    new: rocksdict.Rdict,
+    target: Path,
+    groups: tuple[int, int],
+    opt: rocksdict.Options,
+) -> int:
+    """Download one old DB beside ``target``, copy its keys of ``groups`` into SSTs,
+    ingest them into ``new``; the number of keys. Both directories go in every case."""
+    tag = f"{entries[0].name.split('/')[1]}-{uuid.uuid4().hex[:8]}"
+    old_dir = target.with_name(f"{target.name}.old-{tag}")
+    staging = target.with_name(f"{target.name}.sst-{tag}")
+    try:
+        restore(party, entries, old_dir)
+        # Read-only: no WAL, no MANIFEST written, no compaction started while it is read.
+        old = rocksdict.Rdict(str(old_dir), opt, access_type=rocksdict.AccessType.read_only())
+        try:
+            staging.mkdir()
+            ranges = group_ranges(old, groups)
+            n, files = copy_ranges(old, ranges, opt, staging, file_bytes=SST_BYTES)
+        finally:
+            old.close()
+        shutil.rmtree(old_dir)
+        if files:
+            ingest = rocksdict.IngestExternalFileOptions()
+            ingest.set_move_files(True)  # hard links: staging is beside the new DB
+            new.ingest_external_file(files, ingest)
+        return n
+    finally:
+        shutil.rmtree(old_dir, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def clip(db: rocksdict.Rdict, keep: KeyRanges) -> None:
+    """Delete by range what ``db`` holds outside the ranges ``keep``: one tombstone per
+    gap between them (and before the first, after the last) that holds a key, from its
+    first key on; a gap without a key gets none. Decided by the keys themselves, so the
+    result holds nothing else whatever the entries said of the DB's key groups."""
+    gaps: list[tuple[bytes, bytes | None]] = []
+    after = b""
+    for lo, hi in keep:
+        gaps.append((after, lo))
+        after = hi
+    gaps.append((after, None))  # to the end
+    it = db.iter()  # reads the DB as it was before the first delete: the gaps are disjoint
+    for lo, end in gaps:
+        it.seek(lo)
+        it.status()  # a read error raises here; an invalid iterator is the end of the keys
+        if not it.valid():
+            return
+        first = it.key()
+        if end is None:
+            it.seek_to_last()
+            it.status()
+            end = it.key() + b"\x00"  # the least key after the last one
+        if first < end:
+            db.delete_range(first, end)
+
+
+def copy_ranges(
+    src: rocksdict.Rdict,
+    ranges: KeyRanges,
+    opt: rocksdict.Options,
+    into: Path,
+    *,
+    file_bytes: int = SST_BYTES,
+) -> tuple[int, list[str]]:
+    """Write the keys of ``src`` in ``ranges`` into new SST files under ``into`` (a file
+    is cut once it reached ``file_bytes``): the number of keys and the files.
+
+    No key passes one Python call: rocksdict's item iterator is native, a chunk of
+    ``COPY_CHUNK`` items is taken with ``islice`` and written with ``starmap`` over the
+    writer's ``__setitem__``, drained by a zero-length ``deque``, all in C. That iterator
+    ends on a read error as on the end of the range without saying which (rocksdict
+    does not check the status), so a fresh iterator looks again after the last key
+    copied of each range: a read error is raised, keys left unread are refused."""
+    n = 0
+    files: list[str] = []
+    writer: rocksdict.SstFileWriter | None = None
+    for lo, hi in ranges:
+        ro = rocksdict.ReadOptions()
+        ro.set_iterate_upper_bound(hi)
+        items = src.items(from_key=lo, read_opt=ro)
+        last: bytes | None = None
+        while chunk := list[tuple[Any, Any]](islice(items, COPY_CHUNK)):
+            if writer is None:
+                files.append(str(into / f"{len(files):06d}.sst"))
+                writer = rocksdict.SstFileWriter(opt)
+                writer.open(files[-1])
+            deque(starmap(writer.__setitem__, chunk), maxlen=0)
+            n += len(chunk)
+            last = chunk[-1][0]
+            if writer.file_size() >= file_bytes:
+                writer.finish()
+                writer = None
+        check = src.iter(ro)
+        check.seek(lo if last is None else last + b"\x00")
+        check.status()
+        if check.valid():
+            raise RestoreError(f"reading the keys to copy stopped early, after {last!r}")
+    if writer is not None:
+        writer.finish()
+    return n, files
