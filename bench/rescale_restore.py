@@ -50,10 +50,9 @@ from bench.common import machine_info
 from bench.stream_scale import ckpt_config
 from pipeline.stream.checkpointing import VERTEX, StateSource, decode_assignment
 from pipeline.stream.coordination import SparkCoordinator, open_coordinator
-from pipeline.stream.rocks import WindowCounts, encode_key, options
+from pipeline.stream.rocks import WindowCounts, encode_key, group_ranges, options
 from pipeline.stream.snapshot import (
     file_of,
-    group_ranges,
     restore,
     restore_key_groups,
     take_snapshot,

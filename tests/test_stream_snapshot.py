@@ -23,7 +23,7 @@ from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted, decode
 from pipeline.stream.coordination import open_coordinator
 from pipeline.stream.kills import KILL_LOG, KILL_POINTS, Failures, read_kills
 from pipeline.stream.local_db import put_back
-from pipeline.stream.rocks import WindowCounts, decode_key, encode_key, options
+from pipeline.stream.rocks import WindowCounts, decode_key, encode_key, group_ranges, options
 from pipeline.stream.snapshot import (
     META,
     OPERATOR_STATE,
@@ -31,7 +31,6 @@ from pipeline.stream.snapshot import (
     RestoreError,
     copy_ranges,
     file_of,
-    group_ranges,
     meta_name,
     restore,
     restore_key_groups,

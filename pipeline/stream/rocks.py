@@ -1,11 +1,16 @@
 """One subtask's keyed state: a RocksDB (rocksdict, raw mode, WAL off) of tumbling-window
-counts, keyed by key group first as Flink's RocksDB backend lays keys out, so that a
-rescale can cut a DB by key-group range.
+counts, keyed by window first, then key group, then word.
 
-A key is ``key group (2 bytes) | window start (8 bytes) | word``; a value is the count
-(8 bytes), all big-endian so that RocksDB's byte order is (group, window, word) order.
-Closing windows deletes them with one ``delete_range`` per key group: range tombstones
-that compactions turn into retired SSTs, so shared state is released for real.
+A key is ``window start (8 bytes) | key group (2 bytes) | word``; a value is the count
+(8 bytes), all big-endian so that RocksDB's byte order is (window, group, word) order.
+Event time moves forward, so a batch's keys fall in the newest windows, above nearly
+everything stored: each flushed SST overlaps only the SSTs of the windows still open, and
+RocksDB moves it down the levels without rewriting the older windows (with key group
+first, every flush overlapped the whole state, and each level-0 compaction rewrote all of
+it: the cost of a batch grew with the state). Closing windows deletes them with one
+``delete_range``: a range tombstone that compactions turn into retired SSTs, so shared
+state is released for real. A key-group range (a rescale, ``snapshot.restore_key_groups``)
+is one key range per window (``group_ranges``).
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from pathlib import Path
 import rocksdict
 
 from pipeline.stream.windows import Windowing
+from spec.errors import CkptError
 
-_PREFIX = struct.Struct(">HQ")
+_PREFIX = struct.Struct(">QH")
+_WINDOW = struct.Struct(">Q")
 _COUNT = struct.Struct(">Q")
 
 BLOOM_BITS = 10
@@ -27,12 +34,28 @@ BLOOM_BITS = 10
 
 
 def encode_key(group: int, start: int, word: str) -> bytes:
-    return _PREFIX.pack(group, start) + word.encode()
+    return _PREFIX.pack(start, group) + word.encode()
 
 
 def decode_key(key: bytes) -> tuple[int, int, str]:
-    group, start = _PREFIX.unpack_from(key)
+    start, group = _PREFIX.unpack_from(key)
     return group, start, key[_PREFIX.size :].decode()
+
+
+def group_ranges(db: rocksdict.Rdict, groups: tuple[int, int]) -> list[tuple[bytes, bytes]]:
+    """The key ranges ``[lo, hi)`` of key groups ``groups`` (inclusive) in ``db``: one per
+    window it holds, in key order (a seek per window, no key read in between)."""
+    out: list[tuple[bytes, bytes]] = []
+    it = db.iter()
+    it.seek_to_first()
+    while it.valid():
+        (start,) = _WINDOW.unpack_from(it.key())
+        out.append((_PREFIX.pack(start, groups[0]), _PREFIX.pack(start, groups[1] + 1)))
+        if start == (1 << 64) - 1:
+            break
+        it.seek(_WINDOW.pack(start + 1))
+    it.status()  # a read error raises here rather than end the windows early
+    return out
 
 
 def options(
@@ -60,6 +83,11 @@ def options(
         table.set_bloom_filter(bloom_bits, False)  # full filters, not per block
         opt.set_block_based_table_factory(table)
     return opt
+
+
+class ForeignKeyError(CkptError, ValueError):
+    """The DB holds a key of a key group its subtask does not own: it is not the state
+    this subtask wrote or restored."""
 
 
 class WindowCounts:
@@ -93,16 +121,19 @@ class WindowCounts:
     ) -> list[tuple[int, str, int]]:
         """Emit and delete every window closed at ``watermark``: ``(start, word, count)``."""
         hi_start = max(0, windowing.first_open_start(watermark))
+        mine = set(groups)
         out: list[tuple[int, str, int]] = []
-        for group in groups:
-            lo, hi = _PREFIX.pack(group, 0), _PREFIX.pack(group, hi_start)
-            found = False
-            for key, value in self._scan(lo, hi):
-                _, start, word = decode_key(key)
-                out.append((start, word, _COUNT.unpack(value)[0]))
-                found = True
-            if found:
-                self.db.delete_range(lo, hi)
+        lo, hi = _WINDOW.pack(0), _WINDOW.pack(hi_start)
+        for key, value in self._scan(lo, hi):
+            group, start, word = decode_key(key)
+            if group not in mine:
+                raise ForeignKeyError(
+                    f"{self.path}: a key of key group {group}, not one of this subtask's"
+                    f" ({min(mine)}-{max(mine)}): nothing was emitted or deleted"
+                )
+            out.append((start, word, _COUNT.unpack(value)[0]))
+        if out:
+            self.db.delete_range(lo, hi)
         return out
 
     def items(self) -> Iterator[tuple[tuple[int, int, str], int]]:

@@ -10,8 +10,10 @@ whole, never changed), ``manifest/<id>.manifest``, ``compactions/<id>.compaction
 SSTs are the working files of §11; the rest is the database's own bookkeeping, which
 SlateDB's garbage collector keeps (``docs/slatedb.md``).
 
-A key is the RocksDB backend's (``rocks.encode_key``: key group first), so that a rescale
-projects a database on a key-group range by a key range (``group_range``).
+A key is ``key group (2 bytes) | window start (8 bytes) | word``, key group first (not the
+RocksDB backend's window first), so that a rescale projects a database on a key-group
+range by one key range (``group_range``): a clone takes one range. ``add`` reads the old
+counts of each key group touched within the windows touched only.
 
 The binding is asynchronous; a task drives it from one private event loop (``Loop``).
 """
@@ -28,7 +30,6 @@ import fsspec  # type: ignore[import-untyped]
 import slatedb.uniffi as sdb  # type: ignore[import-untyped]
 from attrs import frozen
 
-from pipeline.stream.rocks import decode_key, encode_key
 from pipeline.stream.windows import Windowing
 from pipeline.stream.working_names import CHECKPOINT_PREFIX
 from spec.errors import UsageError
@@ -37,6 +38,15 @@ T = TypeVar("T")
 _COUNT = struct.Struct(">Q")
 _GROUP = struct.Struct(">H")
 _PREFIX = struct.Struct(">HQ")
+
+
+def encode_key(group: int, start: int, word: str) -> bytes:
+    return _PREFIX.pack(group, start) + word.encode()
+
+
+def decode_key(key: bytes) -> tuple[int, int, str]:
+    group, start = _PREFIX.unpack_from(key)
+    return group, start, key[_PREFIX.size :].decode()
 
 
 class Loop:
@@ -119,6 +129,10 @@ def db_settings(l0_max_ssts: int = 32, *, compactor: bool = True) -> Any:
     # flush then stalled 3-8 s every fourth checkpoint (docs/slatedb.md)
     s.set("compactor_options.worker.compactions_poll_interval", '"50ms"')
     return s
+
+
+def _next_group(group: int) -> bytes | None:
+    return None if group + 1 > 0xFFFF else _GROUP.pack(group + 1)
 
 
 def group_range(groups: tuple[int, int]) -> Any:
@@ -237,18 +251,20 @@ class SlateCounts:
                 yield bytes(kv.key), bytes(kv.value)
 
     def add(self, counts: Mapping[tuple[int, int, str], int]) -> None:
-        """Add ``{(key group, window start, word): n}`` to the stored counts: one scan of
-        the key groups touched reads the old counts (a get per key would cross into
-        the binding once per word)."""
+        """Add ``{(key group, window start, word): n}`` to the stored counts: a scan per
+        key group touched, over the windows touched, reads the old counts (a get per key
+        would cross into the binding once per word; a scan of whole key groups would
+        read every older window's counts too)."""
         if not counts:
             return
         groups = sorted({g for g, _, _ in counts})
+        first = min(s for _, s, _ in counts)
+        last = max(s for _, s, _ in counts)
         old: dict[bytes, int] = {}
-        lo, hi = _GROUP.pack(groups[0]), (
-            None if groups[-1] + 1 > 0xFFFF else _GROUP.pack(groups[-1] + 1)
-        )
-        for key, value in self._scan(lo, hi):
-            old[key] = _COUNT.unpack(value)[0]
+        for g in groups:
+            hi = _PREFIX.pack(g, last + 1) if last + 1 < 1 << 64 else _next_group(g)
+            for key, value in self._scan(_PREFIX.pack(g, first), hi):
+                old[key] = _COUNT.unpack(value)[0]
         batch = sdb.WriteBatch()
         for (group, start, word), n in counts.items():
             key = encode_key(group, start, word)

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +36,7 @@ import rocksdict
 from attrs import frozen
 
 from pipeline.stream.checkpointing import StateSource, TaskManagerSide
-from pipeline.stream.rocks import WindowCounts
+from pipeline.stream.rocks import WindowCounts, group_ranges
 from spec.config import StateKind
 from spec.errors import CkptError
 from spec.handles import StateEntry
@@ -47,8 +46,6 @@ SST = re.compile(r"[0-9]{6,}\.sst")
 META = re.compile(r"(MANIFEST-[0-9]{6,}|OPTIONS-[0-9]{6,}|CURRENT)")
 LINEAGE = re.compile(r"[0-9A-Za-z]{1,64}")
 OPERATOR_STATE = "operator/progress"
-GROUP_KEY = struct.Struct(">H")
-"""A key's first bytes: its key group (``rocks.encode_key``)."""
 MARKER = "ckpt-marker.json"
 """In the DB's directory: the checkpoint the DB is at and its lineage (RocksDB ignores it)."""
 
@@ -245,14 +242,6 @@ KeyRanges = Sequence[tuple[bytes, bytes]]
 """Half-open key ranges ``[lo, hi)``, sorted and disjoint (``group_ranges``)."""
 
 
-def group_ranges(db: rocksdict.Rdict, groups: tuple[int, int]) -> KeyRanges:
-    """The key ranges of ``db`` that hold the keys of key groups ``groups`` (inclusive):
-    one, since a key starts with its key group (``GROUP_KEY``); ``db`` is not read. The
-    one place the restore knows the key layout: ``clip`` and ``copy_ranges`` take any
-    ranges (a layout with the window first would give one range per window)."""
-    return [(GROUP_KEY.pack(groups[0]), GROUP_KEY.pack(groups[1] + 1))]
-
-
 def restore_key_groups(
     party: StateSource,
     entries: Sequence[StateEntry],
@@ -264,14 +253,16 @@ def restore_key_groups(
     ``groups`` (inclusive) of every old DB ``entries`` name: a rescale's restore, done as
     Flink's incremental restore after a rescale (``RocksDBIncrementalRestoreOperation``).
 
-    The keys of a key-group range are a key range of a DB (``group_ranges``). The old DB
-    whose key groups (the entries' ``key_groups``) overlap ``groups`` the most is the
-    base: its files are downloaded into the new DB's directory, opened there, and what it
-    holds outside that range is deleted by range (``clip``); none of its keys is read.
-    Each other old DB (one lineage each) is downloaded on its own and its keys in the
-    range are written in key order into SST files of about ``SST_BYTES`` at most
-    (``copy_ranges``), which the new DB ingests: old subtasks hold disjoint key groups,
-    so these files overlap nothing the base keeps and an ingest rewrites nothing. The new
+    The keys of a key-group range are one key range per window of a DB
+    (``rocks.group_ranges``). The old DB whose key groups (the entries' ``key_groups``)
+    overlap ``groups`` the most is the base: its files are downloaded into the new DB's
+    directory, opened there, and what it holds outside those ranges is deleted by range
+    (``clip``); none of its keys is read. Each other old DB (one lineage each) is
+    downloaded on its own and its keys in the ranges are written in key order into SST
+    files of about ``SST_BYTES`` at most (``copy_ranges``), which the new DB ingests: old
+    subtasks hold disjoint key groups, so no copied key is one the base keeps (within a
+    window the ranges interleave, and RocksDB places an ingested file at the level its
+    range allows). The new
     DB is a new lineage, so its SST numbers may repeat the old ones' under other names.
     It appears at ``target`` whole or not at all.
 
