@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import rocksdict
+from rocksdict import RdictIter
 
 from pipeline.stream.windows import Windowing
 from spec.errors import CkptError
@@ -46,7 +47,7 @@ def group_ranges(db: rocksdict.Rdict, groups: tuple[int, int]) -> list[tuple[byt
     """The key ranges ``[lo, hi)`` of key groups ``groups`` (inclusive) in ``db``: one per
     window it holds, in key order (a seek per window, no key read in between)."""
     out: list[tuple[bytes, bytes]] = []
-    it = db.iter()
+    it: RdictIter = db.iter()
     it.seek_to_first()
     while it.valid():
         (start,) = _WINDOW.unpack_from(it.key())

@@ -34,6 +34,7 @@ from typing import Any
 
 import rocksdict
 from attrs import frozen
+from rocksdict import RdictIter
 
 from pipeline.stream.checkpointing import StateSource, TaskManagerSide
 from pipeline.stream.rocks import WindowCounts, group_ranges
@@ -352,7 +353,7 @@ def clip(db: rocksdict.Rdict, keep: KeyRanges) -> None:
         gaps.append((after, lo))
         after = hi
     gaps.append((after, None))  # to the end
-    it = db.iter()  # reads the DB as it was before the first delete: the gaps are disjoint
+    it: RdictIter = db.iter()  # the DB as it was before the first delete: gaps are disjoint
     for lo, end in gaps:
         it.seek(lo)
         it.status()  # a read error raises here; an invalid iterator is the end of the keys
@@ -403,7 +404,7 @@ def copy_ranges(
             if writer.file_size() >= file_bytes:
                 writer.finish()
                 writer = None
-        check = src.iter(ro)
+        check: RdictIter = src.iter(ro)
         check.seek(lo if last is None else last + b"\x00")
         check.status()
         if check.valid():
