@@ -50,7 +50,7 @@ from bench.common import machine_info
 from bench.stream_scale import ckpt_config
 from pipeline.stream.checkpointing import VERTEX, StateSource, decode_assignment
 from pipeline.stream.coordination import SparkCoordinator, open_coordinator
-from pipeline.stream.rocks import WindowCounts, encode_key, group_ranges, options
+from pipeline.stream.rocks import LAYOUT, WindowCounts, encode_key, group_ranges, options
 from pipeline.stream.snapshot import (
     file_of,
     restore,
@@ -211,7 +211,7 @@ def checkpoint_and_rescale(job: OldJob, scratch: Path) -> None:
         s = SubtaskId(VERTEX, i, job.parallelism)
         party = recipe.open(None, s, c)
         party.apply_mail(co.mail())
-        take_snapshot(db, party, c, s, lineage=f"p{job.parallelism}s{i}", base={},
+        take_snapshot(db, party, c, s, lineage=f"{LAYOUT}-p{job.parallelism}s{i}", base={},
                       scratch=scratch, operator_state=b"{}")  # fmt: skip
         co.receive(party.acknowledge(c, s), party.report())
         party.close()

@@ -377,7 +377,7 @@ class HeldNotices:
             self.party,
             c,
             S0,
-            lineage="L1",
+            lineage="W1-a",
             base=reusable(self.entries()),
             scratch=self.scratch,
             operator_state=b"progress",

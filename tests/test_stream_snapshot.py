@@ -23,7 +23,15 @@ from pipeline.stream.checkpointing import VERTEX, CheckpointNotCompleted, decode
 from pipeline.stream.coordination import open_coordinator
 from pipeline.stream.kills import KILL_LOG, KILL_POINTS, Failures, read_kills
 from pipeline.stream.local_db import put_back
-from pipeline.stream.rocks import WindowCounts, decode_key, encode_key, group_ranges, options
+from pipeline.stream.rocks import (
+    LAYOUT,
+    WindowCounts,
+    decode_key,
+    encode_key,
+    group_ranges,
+    new_lineage,
+    options,
+)
 from pipeline.stream.snapshot import (
     META,
     OPERATOR_STATE,
@@ -58,7 +66,8 @@ class OneSubtask:
     """One subtask's DB checkpointed by its TM (one attempt, kept in this process) for the
     coordinator, step by step; the TM applies its mail before each snapshot."""
 
-    def __init__(self, tmp: Path, mode: MergingMode) -> None:
+    def __init__(self, tmp: Path, mode: MergingMode, lineage: str = LAYOUT + "-a") -> None:
+        self.lineage = lineage
         self.url = str(tmp / "base")
         self.coordinator = open_coordinator(self.url, Config.for_mode(mode, num_retained=1), 1)
         self.scratch = tmp / "local"
@@ -91,7 +100,7 @@ class OneSubtask:
             party,
             c,
             S0,
-            lineage="L1",
+            lineage=self.lineage,
             base=base,
             scratch=self.scratch,
             operator_state=b"progress",
@@ -132,7 +141,7 @@ def test_the_second_checkpoint_uploads_only_new_ssts_and_reuses_the_rest(
     # MANIFEST, OPTIONS, CURRENT and the operator state: written again at every checkpoint.
     assert s.stats.exclusive == 4
     # Registry names carry the lineage: a bare 000009.sst of another DB is another name.
-    assert all(e.name == f"sst/L1/{f}" for f, e in second.items())
+    assert all(e.name == f"sst/W1-a/{f}" for f, e in second.items())
     assert s.coordinator.violations() == []
 
 
@@ -272,10 +281,10 @@ def test_the_comparison_catches_a_wrong_missing_or_duplicate_count() -> None:
 @pytest.mark.parametrize(
     ("kind", "name"),
     [
-        (StateKind.KEYED_SHARED, "sst/L1/../../etc/passwd"),
-        (StateKind.KEYED_SHARED, "sst/L1/000009.sst/x"),
+        (StateKind.KEYED_SHARED, "sst/W1-a/../../etc/passwd"),
+        (StateKind.KEYED_SHARED, "sst/W1-a/000009.sst/x"),
         (StateKind.KEYED_SHARED, "000009.sst"),
-        (StateKind.KEYED_FULL, "meta/L1/LOCK"),
+        (StateKind.KEYED_FULL, "meta/W1-a/LOCK"),
         (StateKind.KEYED_FULL, "meta/../CURRENT"),
         (StateKind.KEYED_FULL, "meta/CURRENT"),
         (StateKind.OPERATOR_UNION, OPERATOR_STATE),
@@ -292,11 +301,43 @@ def test_a_restore_refuses_names_that_are_not_rocksdb_files(
     assert not (tmp_path / "db").exists()
 
 
+@pytest.mark.parametrize(
+    ("lineage", "said"),
+    [("0123456789ab", r"keys key group first \(no layout named\)"), ("W2-a", "key layout 'W2'")],
+    ids=["before-named-layouts", "a-later-layout"],
+)
+def test_a_checkpoint_of_another_key_layout_is_refused_not_misread(
+    tmp_path: Path, lineage: str, said: str
+) -> None:
+    """Counts read with the wrong layout land in wrong windows silently: a DB's lineage
+    names its layout (``rocks.LAYOUT``), and every restore path refuses another."""
+    assert new_lineage().startswith(LAYOUT) and new_lineage() != new_lineage()
+    s = OneSubtask(tmp_path, MergingMode.NONE, lineage=lineage)
+    s.put(0, 300)
+    c = s.coordinator.trigger()
+    party = s.tm(c)
+    take_snapshot(s.db, party, c, S0, lineage=lineage, base={}, scratch=s.scratch,
+                  operator_state=b"p")  # fmt: skip
+    s.coordinator.receive(party.acknowledge(c, S0), party.report())
+    s.coordinator.complete(c)
+    entries = s.assignment(c + 1)
+    reader = s.recipe.reader()
+    target = tmp_path / "new" / "db"
+    for attempt in (
+        lambda: reusable(entries),
+        lambda: restore(reader, entries, target),
+        lambda: restore_key_groups(reader, entries, target, (0, 63), options()),
+    ):
+        with pytest.raises(RestoreError, match=f"/{lineage}/.*written with {said}; .*'{LAYOUT}'"):
+            attempt()
+        assert not target.parent.exists() or os.listdir(target.parent) == []
+
+
 def test_a_handle_outside_the_base_is_not_read(tmp_path: Path) -> None:
     party = StateReader(str(tmp_path / "base"), {})
     for path in ("../secret", "/etc/passwd", "a/../../b"):
         e = StateEntry(
-            S0, StateKind.KEYED_FULL, "meta/L1/CURRENT", FileHandle(path, 4, "l", Scope.EXCLUSIVE)
+            S0, StateKind.KEYED_FULL, "meta/W1-a/CURRENT", FileHandle(path, 4, "l", Scope.EXCLUSIVE)
         )
         with pytest.raises(ValueError, match="not inside the base"):
             party.read(e)
@@ -307,7 +348,9 @@ def test_a_damaged_acknowledgement_changes_nothing(tmp_path: Path) -> None:
     s.put(0, 300)
     c = s.coordinator.trigger()
     party = s.tm(c)
-    take_snapshot(s.db, party, c, S0, lineage="L1", base={}, scratch=s.scratch, operator_state=b"p")
+    take_snapshot(
+        s.db, party, c, S0, lineage=s.lineage, base={}, scratch=s.scratch, operator_state=b"p"
+    )
     ack = party.acknowledge(c, S0)
     before = s.storage_paths()
     for bad in (ack[:-1], ack + b"x", b"junk" + ack, ack[:20]):
@@ -561,7 +604,7 @@ def _old_dbs(root: Path, parallelism: int, keys: Mapping[bytes, bytes]) -> list[
             db.write(batch)
             db.flush(True)
         db.close()
-        lineage, sub = f"p{parallelism}s{i}", SubtaskId(VERTEX, i, parallelism)
+        lineage, sub = f"W1-p{parallelism}s{i}", SubtaskId(VERTEX, i, parallelism)
         for f in sorted(os.listdir(d)):
             if SST.fullmatch(f):
                 kind, name = StateKind.KEYED_SHARED, sst_name(lineage, f)
@@ -711,13 +754,13 @@ def test_a_rescale_restore_refuses_a_foreign_name_before_reading_and_leaves_noth
     out = tmp_path / "new"
     out.mkdir()
     bad = StateEntry(
-        S0, StateKind.KEYED_SHARED, "sst/p4s9/../../x", entries[0].handle, key_groups=(0, 31)
+        S0, StateKind.KEYED_SHARED, "sst/W1-p4s9/../../x", entries[0].handle, key_groups=(0, 31)
     )
     party = _Counting(StateReader(str(tmp_path), {}))
     with pytest.raises(RestoreError, match="not a RocksDB file"):
         restore_key_groups(party, [*entries, bad], out / "db", (0, 127), options())
     assert party.reads == 0 and os.listdir(out) == []
-    party = _Counting(StateReader(str(tmp_path), {}), fail_on="sst/p4s2/")
+    party = _Counting(StateReader(str(tmp_path), {}), fail_on="sst/W1-p4s2/")
     with pytest.raises(OSError, match="injected"):
         restore_key_groups(party, entries, out / "db", (0, 127), options())
     assert party.reads > 0 and os.listdir(out) == []

@@ -16,6 +16,7 @@ is one key range per window (``group_ranges``).
 from __future__ import annotations
 
 import struct
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -29,9 +30,28 @@ _PREFIX = struct.Struct(">QH")
 _WINDOW = struct.Struct(">Q")
 _COUNT = struct.Struct(">Q")
 
+LAYOUT = "W1"
+"""The key layout above (window start, key group, word), named in the lineage of every DB
+written with it (``new_lineage``): a checkpoint of a DB whose keys are laid out otherwise
+(a key group first, as before the layout had a name) is refused at restore, not misread
+(``snapshot.file_of``). Change the name whenever the layout changes."""
+
 BLOOM_BITS = 10
 """Bits per key of the SSTs' bloom filters (Flink's ``state.backend.rocksdb.bloom-filter
 .bits-per-key`` default): about 1% false positives."""
+
+
+def new_lineage() -> str:
+    """A new DB's lineage (``snapshot``: the name its SSTs are registered under): the key
+    layout, ``-``, then 12 random hex digits. Lineages written before the layout had a
+    name are 12 hex digits, without ``-``."""
+    return f"{LAYOUT}-{uuid.uuid4().hex[:12]}"
+
+
+def layout_of(lineage: str) -> str:
+    """The key layout a lineage names: ``LAYOUT``, another, or ``""`` for a lineage
+    written before the layout had a name (key group first)."""
+    return lineage.split("-", 1)[0] if "-" in lineage else ""
 
 
 def encode_key(group: int, start: int, word: str) -> bytes:

@@ -37,7 +37,7 @@ from attrs import frozen
 from rocksdict import RdictIter
 
 from pipeline.stream.checkpointing import StateSource, TaskManagerSide
-from pipeline.stream.rocks import WindowCounts, group_ranges
+from pipeline.stream.rocks import LAYOUT, WindowCounts, group_ranges, layout_of
 from spec.config import StateKind
 from spec.errors import CkptError
 from spec.handles import StateEntry
@@ -45,7 +45,7 @@ from spec.ids import SubtaskId
 
 SST = re.compile(r"[0-9]{6,}\.sst")
 META = re.compile(r"(MANIFEST-[0-9]{6,}|OPTIONS-[0-9]{6,}|CURRENT)")
-LINEAGE = re.compile(r"[0-9A-Za-z]{1,64}")
+LINEAGE = re.compile(r"[0-9A-Za-z][0-9A-Za-z-]{0,63}")
 OPERATOR_STATE = "operator/progress"
 MARKER = "ckpt-marker.json"
 """In the DB's directory: the checkpoint the DB is at and its lineage (RocksDB ignores it)."""
@@ -53,7 +53,8 @@ MARKER = "ckpt-marker.json"
 
 class RestoreError(CkptError, ValueError):
     """A restore assignment that cannot be a snapshot of this job's RocksDB (a name that
-    is not an SST or a RocksDB metadata file, a duplicate, a missing CURRENT)."""
+    is not an SST or a RocksDB metadata file, a duplicate, a missing CURRENT, a DB whose
+    keys are laid out otherwise)."""
 
 
 @frozen
@@ -96,26 +97,29 @@ def lineage_of(entries: Sequence[StateEntry]) -> str | None:
 
 def file_of(entry: StateEntry) -> str:
     """The local file name an entry restores to; ``RestoreError`` for anything that is
-    not one of ours (a hostile name must not become a path)."""
-    if entry.kind is StateKind.KEYED_SHARED:
-        parts = entry.name.split("/")
-        if (
-            len(parts) == 3
-            and parts[0] == "sst"
-            and LINEAGE.fullmatch(parts[1])
-            and SST.fullmatch(parts[2])
-        ):
+    not one of ours (a hostile name must not become a path), and for a file of a DB whose
+    keys are not laid out as this code reads them (``rocks.LAYOUT``, named in the
+    lineage): read with this layout, its counts would land in the wrong windows."""
+    parts = entry.name.split("/")
+    if len(parts) == 3 and LINEAGE.fullmatch(parts[1]):
+        if entry.kind is StateKind.KEYED_SHARED and parts[0] == "sst" and SST.fullmatch(parts[2]):
+            _check_layout(entry, parts[1])
             return parts[2]
-    elif entry.kind is StateKind.KEYED_FULL:
-        parts = entry.name.split("/")
-        if (
-            len(parts) == 3
-            and parts[0] == "meta"
-            and LINEAGE.fullmatch(parts[1])
-            and META.fullmatch(parts[2])
-        ):
+        if entry.kind is StateKind.KEYED_FULL and parts[0] == "meta" and META.fullmatch(parts[2]):
+            _check_layout(entry, parts[1])
             return parts[2]
     raise RestoreError(f"{entry.name!r} ({entry.kind.value}) is not a RocksDB file of this job")
+
+
+def _check_layout(entry: StateEntry, lineage: str) -> None:
+    found = layout_of(lineage)
+    if found != LAYOUT:
+        was = f"key layout {found!r}" if found else "keys key group first (no layout named)"
+        raise RestoreError(
+            f"{entry.name!r}: its RocksDB was written with {was}; this job reads key layout "
+            f"{LAYOUT!r} (window start, key group, word) and refuses it rather than misread "
+            "its windows"
+        )
 
 
 def reusable(entries: Sequence[StateEntry]) -> dict[str, StateEntry]:

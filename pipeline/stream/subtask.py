@@ -31,7 +31,7 @@ from pipeline.stream.checkpointing import VERTEX, decode_assignment
 from pipeline.stream.kills import log_kill, sigkill
 from pipeline.stream.local_db import SET_ASIDE, put_back, sweep_leftovers
 from pipeline.stream.partial_counts import Count, add_up
-from pipeline.stream.rocks import WindowCounts, options
+from pipeline.stream.rocks import WindowCounts, new_lineage, options
 from pipeline.stream.snapshot import (
     SnapshotStats,
     lineage_of,
@@ -117,7 +117,7 @@ def run_subtask(
     )
     taken = lineage is not None
     if lineage is None:
-        lineage = uuid.uuid4().hex[:12]
+        lineage = new_lineage()
         if not order.snapshot:
             _take_any(shared, mine)
         elif rescaled:
