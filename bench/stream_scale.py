@@ -99,10 +99,12 @@ def _listed(root: Path) -> list[Path]:
 
 def ckpt_config(merging: MergingMode = MergingMode.ACROSS_CHECKPOINT) -> Config:
     """``ckpt stream``'s configuration in the streaming benches: ``merging``, one
-    checkpoint retained, the default max file size (32 MiB), on a local disk (whose open
-    files are readable, R16)."""
+    checkpoint retained, the default max file size (32 MiB), private state under 20 KB in
+    the ``_metadata`` (R107, Flink's default), on a local disk (whose open files are
+    readable, R16)."""
     return Config.from_flink(
         {
+            "state.storage.fs.memory-threshold": "20kb",
             "execution.checkpointing.file-merging.enabled": merging is not MergingMode.NONE,
             "execution.checkpointing.file-merging.across-checkpoint-boundary": (
                 merging is MergingMode.ACROSS_CHECKPOINT

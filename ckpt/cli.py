@@ -171,6 +171,13 @@ def stream(
     max_space_amplification: Annotated[
         float, typer.Option(help="execution.checkpointing.file-merging.max-space-amplification.")
     ] = 2.0,
+    memory_threshold: Annotated[
+        str,
+        typer.Option(
+            help="state.storage.fs.memory-threshold: private state smaller than this is kept"
+            " in the _metadata, not in a file (R107; Flink's default; 0: off)."
+        ),
+    ] = "20kb",
     flink_option: Annotated[
         list[str] | None,
         typer.Option("-D", "--flink-option", help="Any other supported Flink key: KEY=VALUE."),
@@ -300,6 +307,7 @@ def stream(
         "execution.checkpointing.num-retained": num_retained,
         "execution.checkpointing.file-merging.max-file-size": max_file_size,
         "execution.checkpointing.file-merging.max-space-amplification": max_space_amplification,
+        "state.storage.fs.memory-threshold": memory_threshold,
     }
     if restore_mode is not None:
         if restore_mode.lower() not in ("claim", "no_claim"):

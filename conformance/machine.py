@@ -44,14 +44,18 @@ class RefimplMachine(RuleBasedStateMachine):
         num_retained=st.integers(1, 3),
         max_file_size=st.sampled_from([120, 400, 4096]),
         amplification=st.sampled_from([0.5, 1.5, 2.0]),
+        inline_threshold=st.sampled_from([0, 0, 60]),
     )
-    def setup(self, num_retained: int, max_file_size: int, amplification: float) -> None:
+    def setup(
+        self, num_retained: int, max_file_size: int, amplification: float, inline_threshold: int
+    ) -> None:
         cfg = Config.for_mode(
             self.mode,
             num_retained=num_retained,
             max_file_size=max_file_size,
             max_space_amplification=amplification,
             max_parallelism=8,
+            inline_threshold=inline_threshold,  # R107 in every mode, beside files
         )
         self.h = self.make_harness(cfg)
 

@@ -44,7 +44,7 @@ from fastimpl.writer_state import WriterStatePublisher
 from spec.config import Config, JobSpec, RestoreMode, StateKind, check_parallelism
 from spec.effects import USER
 from spec.errors import CkptError, NotFoundError, UsageError
-from spec.handles import StateEntry, extent_of, stream_of
+from spec.handles import InlineHandle, StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.observation import RetainedView
 
@@ -202,7 +202,10 @@ class CheckpointStore:
     # ------------------------------------------------------------------ reading
 
     def read(self, entry: StateEntry) -> bytes:
-        """The bytes a state handle names, read back from storage."""
+        """The bytes a state handle names, read back from storage (an inline handle's
+        are in the handle, R107)."""
+        if isinstance(entry.handle, InlineHandle):
+            return entry.handle.content()
         s = stream_of(entry.handle)
         if s is None:
             raise UsageError(f"{entry.handle!r} names no bytes of its own")

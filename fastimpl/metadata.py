@@ -21,6 +21,10 @@ each ``{"subtask": [...], "path": ..., "length": n, "key_groups": [lo, hi]}``, l
 beside the entries. It is written only by a checkpoint that has some, so a reader of
 version 2 refuses such a file instead of restoring without them (and a checkpoint
 without working files keeps writing version 2).
+Version 4 adds the handle type ``inline`` (R107): ``{"type": "inline", "length": n,
+"id": ..., "data": "<base64 of the n bytes>"}``, private state carried in the file
+instead of a file of its own; written only by a checkpoint that has some (with
+``working``, possibly empty), so a reader of an older version refuses it.
 
 Every path is relative to the base directory that contains the job (the storage root, as
 in ``spec.layout``), never absolute and never with ``.``/``..`` components, and lies under
@@ -51,6 +55,7 @@ from spec.handles import (
     Extent,
     FileHandle,
     Handle,
+    InlineHandle,
     InPlaceFile,
     PlaceholderHandle,
     SegmentHandle,
@@ -74,7 +79,9 @@ VERSION = 2
 """Version 2 records the max parallelism the checkpoint was taken with (R77)."""
 WORKING_VERSION = 3
 """Version 3 also lists the working files referred to in place (R103)."""
-SUPPORTED_VERSIONS = frozenset({1, VERSION, WORKING_VERSION})
+INLINE_VERSION = 4
+"""Version 4 also carries inline handles (R107): state whose bytes are in the file."""
+SUPPORTED_VERSIONS = frozenset({1, VERSION, WORKING_VERSION, INLINE_VERSION})
 """Version 1 (no max parallelism) is still read: R77 then checks key-group ranges."""
 MAX_PARALLELISM_LIMIT = UPPER_BOUND_MAX_PARALLELISM
 """Flink's upper bound on the max parallelism (``KeyGroupRangeAssignment``, R78)."""
@@ -226,7 +233,7 @@ def check_directory(path: str, bases: tuple[str, ...], source: str, field: str) 
 
 
 def _handle_paths(h: Handle) -> list[str]:
-    return [] if isinstance(h, PlaceholderHandle) else [h.path]
+    return [] if isinstance(h, PlaceholderHandle | InlineHandle) else [h.path]
 
 
 def check_ids(meta: Metadata, source: str) -> None:
@@ -321,7 +328,7 @@ def resolve(meta: Metadata, base: str = "", *, source: str = "<metadata>") -> Me
         prefix = ""
 
     def fix(h: Handle) -> Handle:
-        if isinstance(h, PlaceholderHandle):
+        if isinstance(h, PlaceholderHandle | InlineHandle):
             return h
         return evolve(h, path=prefix + h.path)
 
@@ -381,6 +388,8 @@ def _handle_doc(h: Handle) -> dict[str, object]:
         }
     if isinstance(h, DirectoryHandle):
         return {"type": "directory", "path": h.path}
+    if isinstance(h, InlineHandle):  # R107: the bytes themselves, in base64
+        return {"type": "inline", "length": h.length, "id": h.logical_id, "data": h.data}
     return {"type": "placeholder", "id": h.logical_id}
 
 
@@ -441,9 +450,12 @@ def encode(
     if max_parallelism is not None:
         payload["max_parallelism"] = max_parallelism
     version = 1 if max_parallelism is None else VERSION
-    if working:
+    inline = any(isinstance(e.handle, InlineHandle) for e in entries)
+    if working or inline:
         if max_parallelism is None:
-            raise UsageError("a checkpoint with working files records its max parallelism")
+            raise UsageError(
+                "a checkpoint with working files or inline state records its max parallelism"
+            )
         payload["working"] = [
             {
                 "subtask": [s.vertex, s.index, s.parallelism],
@@ -453,7 +465,7 @@ def encode(
             }
             for s, w in working
         ]
-        version = WORKING_VERSION
+        version = INLINE_VERSION if inline else WORKING_VERSION
     body = _canonical(payload)
     # The canonical document, keys in sorted order, with the payload encoded only once.
     return b"".join(
@@ -480,6 +492,8 @@ metadata_bytes = encode
 
 class _Reader:
     def __init__(self, source: str) -> None:
+        self.version = 0
+        """The file's version: which handle types it may hold."""
         self.source = source
 
     def fail(self, field: str, problem: str) -> MetadataError:
@@ -554,6 +568,18 @@ class _Reader:
                 self.integer(self.get(d, "length", w), w + "length"),
                 self.string(self.get(d, "id", w), w + "id"),
                 self.scope(self.get(d, "scope", w), w + "scope"),
+            )
+        if kind == "inline" and self.version >= INLINE_VERSION:
+            length = self.integer(self.get(d, "length", w), w + "length", minimum=1)
+            logical_id = self.string(self.get(d, "id", w), w + "id")
+            data = self.string(self.get(d, "data", w), w + "data")
+            try:
+                return InlineHandle(length, logical_id, data)
+            except UsageError as err:
+                raise self.fail(w + "data", str(err)) from None
+        if kind == "inline":
+            raise self.fail(
+                w + "type", f"an inline handle needs version {INLINE_VERSION}, not {self.version}"
             )
         if kind in ("directory", "placeholder"):
             # What a subtask acknowledges, never what a completed checkpoint holds: the
@@ -666,6 +692,7 @@ def _decode(data: bytes, expected_job: str | None, source: str) -> Metadata:
             "version",
             f"unsupported version {version!r}, supported: {sorted(SUPPORTED_VERSIONS)}",
         )
+    r.version = version
     digest = r.string(r.get(doc, "sha256", ""), "sha256")
     payload = r.obj(r.get(doc, "payload", ""), "payload")
     try:

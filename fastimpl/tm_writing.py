@@ -13,7 +13,14 @@ from fastimpl.tm_attempt import SubtaskFacts, TmAttempt
 from fastimpl.tm_files import TmFiles
 from spec.commands import StorageOp
 from spec.config import MergingMode, Scope, StateKind
-from spec.handles import DirectoryHandle, FileHandle, SegmentHandle, StateEntry, stream_of
+from spec.handles import (
+    DirectoryHandle,
+    FileHandle,
+    InlineHandle,
+    SegmentHandle,
+    StateEntry,
+    stream_of,
+)
 from spec.ids import SubtaskId
 from spec.layout import checkpoint_dir, savepoint_dir, shared_dir, taskowned_dir
 from spec.messages import Acknowledgement
@@ -76,6 +83,12 @@ class TmWriter:
         facts = a.facts(subtask)
         kg = facts.key_groups if kind.keyed else None
         scope = kind.scope
+        if scope is Scope.EXCLUSIVE and size < a.cfg.inline_threshold:
+            # R107: small private state travels in its handle; no file, nothing to own
+            if partial:
+                raise StorageFault(StorageOp.APPEND, "")  # the process died; nothing stored
+            inline = InlineHandle.of(data, lid)
+            return StateEntry(subtask, kind, name, inline, entries, kg)
         savepoint = a.is_savepoint(checkpoint)
         if savepoint or a.mode is MergingMode.NONE:
             # R11, R55: one file per handle, the writing TM's until acknowledged

@@ -51,6 +51,7 @@ TLA_ABSTRACTED = {
     "R82": "the AmpBound constant only",
     "R95": "no coordinator restart",
     "R96": "no engine, no sink, no driver restart",
+    "R107": "inline state names no file; the files are the model",
 }
 """Rules no operator of the TLA+ specification names, and why (its header lists what the
 abstraction drops). A test keeps this list exact both ways."""

@@ -64,6 +64,7 @@ from spec.effects import (
 from spec.handles import (
     DirectoryHandle,
     FileHandle,
+    InlineHandle,
     PlaceholderHandle,
     SegmentHandle,
     StateEntry,
@@ -699,6 +700,12 @@ class _Work:
         actor = tm_actor(tm)
         lid = self._new_logical_id()
         kg = self._key_groups(subtask, kind)
+        if kind.scope is Scope.EXCLUSIVE and size < self.cfg.inline_threshold:
+            # R107: small private state travels in its handle; no file, nothing to own
+            if partial is not None:
+                raise _StorageFault(StorageOp.APPEND, "")  # nothing reached storage
+            inline = InlineHandle.of(bytes(size), lid)
+            return StateEntry(subtask, kind, name, inline, entries, kg)
         if self._is_savepoint(checkpoint) or self.cfg.merging_mode is MergingMode.NONE:
             # R11, R55: one file per handle, owned by the writing TM until acknowledged
             if self._is_savepoint(checkpoint):

@@ -9,7 +9,7 @@ import attrs
 from attrs import field, frozen
 
 from spec.errors import UsageError, WrongTypeError
-from spec.flink_options import read_flink, write_flink
+from spec.flink_options import INLINE_THRESHOLD_LIMIT, read_flink, write_flink
 from spec.keygroups import UPPER_BOUND_MAX_PARALLELISM as UPPER_BOUND_MAX_PARALLELISM
 from spec.restore_mode import RestoreMode as RestoreMode
 
@@ -81,6 +81,14 @@ def _size(limit: int, bound: str) -> Callable[[object, attrs.Attribute[int], int
     return check
 
 
+def _inline_threshold(_inst: object, attribute: object, value: int) -> None:
+    if not 0 <= value <= INLINE_THRESHOLD_LIMIT:
+        raise UsageError(
+            f"inline_threshold must be in 0 .. {INLINE_THRESHOLD_LIMIT} (1 MiB, Flink's bound),"
+            f" got {value}"
+        )
+
+
 _MAX_PARALLELISM = _size(UPPER_BOUND_MAX_PARALLELISM, "Flink's upper bound on a parallelism, 2**15")
 
 
@@ -117,6 +125,12 @@ class Config:
     fastimpl's streams hold their bytes until they are closed and append them under the
     store's lock, so a pooled file is never busy when a stream closes: both values write
     the same files (the blocking pool's count, without its waiting). Not in the model."""
+    inline_threshold: int = field(default=0, validator=_inline_threshold)
+    """state.storage.fs.memory-threshold, in bytes (deprecated key
+    state.backend.fs.memory-threshold; Flink's default 20 KB, ours 0: off, every write
+    makes a file unless asked). Private state smaller than this is carried inline, in
+    the acknowledgement and the ``_metadata``, not written to a file (R107); at most
+    1 MiB, Flink's bound."""
     open_files_readable: bool = True
     """Whether flushed bytes of a still-open file are durable and readable on the file
     system (local, HDFS: yes; object stores: no, a file appears only on close). Ours: no

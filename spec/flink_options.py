@@ -43,7 +43,8 @@ class FlinkOption:
     key: str
     field_name: str
     kind: str
-    """``bool``, ``int``, ``float``, ``memory`` (a MemorySize, in bytes) or ``claim-mode``."""
+    """``bool``, ``int``, ``float``, ``memory`` (a MemorySize of at least 1 byte, a file
+    size), ``memory-threshold`` (a MemorySize of 0 to 1 MiB) or ``claim-mode``."""
     deprecated_keys: tuple[str, ...] = ()
     hint: str = ""
     """Added to the message for a bad value."""
@@ -79,6 +80,12 @@ FLINK_OPTIONS: tuple[FlinkOption, ...] = (
     ),
     FlinkOption("execution.checkpointing.file-merging.max-file-size", "max_file_size", "memory"),
     FlinkOption("execution.checkpointing.file-merging.pool-blocking", "pool_blocking", "bool"),
+    FlinkOption(
+        "state.storage.fs.memory-threshold",
+        "inline_threshold",
+        "memory-threshold",
+        deprecated_keys=("state.backend.fs.memory-threshold",),
+    ),
     FlinkOption(
         "execution.checkpointing.file-merging.max-space-amplification",
         "max_space_amplification",
@@ -213,6 +220,27 @@ _MEMORY_SIZE = re.compile(r"([0-9]+)\s*(.*)", re.S)
 
 
 def _parse_memory(value: object) -> int:
+    """A file size: a MemorySize (``_parse_bytes``) of at least 1 byte."""
+    size = _parse_bytes(value)
+    if size < 1:
+        raise _BadValue("a physical file holds at least 1 byte")
+    return size
+
+
+INLINE_THRESHOLD_LIMIT = 1 << 20
+"""Flink's bound on state.storage.fs.memory-threshold (1 MB, ``MAX_FILE_STATE_THRESHOLD``)."""
+
+
+def _parse_threshold(value: object) -> int:
+    """``state.storage.fs.memory-threshold``: a MemorySize of 0 to 1 MiB, the bound
+    Flink's ``FsStateBackend`` checks (``MAX_FILE_STATE_THRESHOLD``)."""
+    size = _parse_bytes(value)
+    if size > INLINE_THRESHOLD_LIMIT:
+        raise _BadValue(f"at most {INLINE_THRESHOLD_LIMIT} bytes (1 MiB), Flink's bound")
+    return size
+
+
+def _parse_bytes(value: object) -> int:
     """Flink's ``MemorySize.parseBytes``: digits, optional whitespace, an optional binary unit
     (any case); no sign, no fraction. A typed int is bytes, as Flink reads its string."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -229,8 +257,6 @@ def _parse_memory(value: object) -> int:
     size = int(m.group(1)) * _MEMORY_MULTIPLIER.get(unit, 1)
     if size > _LONG_MAX:
         raise _BadValue("overflows a 64-bit number of bytes")
-    if size < 1:
-        raise _BadValue("a physical file holds at least 1 byte")
     return size
 
 
@@ -294,6 +320,7 @@ _PARSERS: dict[str, Callable[[object], object]] = {
     "max-parallelism": _parse_max_parallelism,
     "float": _parse_float,
     "memory": _parse_memory,
+    "memory-threshold": _parse_threshold,
     "claim-mode": _parse_claim_mode,
 }
 _FORMATTERS: dict[str, Callable[[object], str]] = {
@@ -302,6 +329,7 @@ _FORMATTERS: dict[str, Callable[[object], str]] = {
     "max-parallelism": _format_int,
     "float": _format_float,
     "memory": _format_memory,
+    "memory-threshold": _format_memory,
     "claim-mode": _format_claim_mode,
 }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import NamedTuple
 
 from attrs import field, frozen
@@ -39,6 +41,41 @@ class PlaceholderHandle:
     logical_id: str
 
 
+def _inline_length(_inst: object, attribute: object, value: int) -> None:
+    if value < 1:
+        raise UsageError(f"length: inline state has at least one byte, got {value} (R10)")
+
+
+def _base64_of_length(inst: InlineHandle, attribute: object, value: str) -> None:
+    try:
+        n = len(base64.b64decode(value.encode("ascii"), validate=True))
+    except (UnicodeEncodeError, binascii.Error) as err:
+        raise UsageError(f"data: inline state is not base64: {err}") from None
+    if n != inst.length:
+        raise UsageError(f"data: {n} bytes where the handle says {inst.length}")
+
+
+@frozen
+class InlineHandle:
+    """R107: private state smaller than ``Config.inline_threshold`` bytes, carried in the
+    handle itself (Flink's ``ByteStreamStateHandle`` below
+    ``state.storage.fs.memory-threshold``): it travels in the acknowledgement and is kept
+    in the ``_metadata``, and names no file, so nothing owns, counts or deletes it.
+    ``data`` is the bytes in base64, as the JSON codecs carry them."""
+
+    length: int = field(validator=_inline_length)
+    logical_id: str
+    data: str = field(validator=_base64_of_length, repr=False)
+
+    @classmethod
+    def of(cls, data: bytes, logical_id: str) -> InlineHandle:
+        return cls(len(data), logical_id, base64.b64encode(data).decode("ascii"))
+
+    def content(self) -> bytes:
+        """The state's bytes."""
+        return base64.b64decode(self.data.encode("ascii"))
+
+
 @frozen
 class DirectoryHandle:
     """A managed directory (FLIP-306 §4.3): a subtask's shared or a TM's exclusive dir."""
@@ -71,7 +108,7 @@ class InPlaceFile:
 
 
 StreamHandle = SegmentHandle | FileHandle
-Handle = SegmentHandle | FileHandle | PlaceholderHandle | DirectoryHandle
+Handle = SegmentHandle | FileHandle | PlaceholderHandle | DirectoryHandle | InlineHandle
 
 
 @frozen

@@ -14,6 +14,7 @@ from spec.handles import (
     DirectoryHandle,
     Extent,
     FileHandle,
+    InlineHandle,
     SegmentHandle,
     StateEntry,
     extent_of,
@@ -51,6 +52,8 @@ def no_dangling_reference(obs: Observation) -> list[Violation]:
                 if e.handle.path not in obs.directories:
                     out.append(Violation("I1", f"{where}: directory {e.handle.path} missing"))
                 continue
+            if isinstance(e.handle, InlineHandle):
+                continue  # R107: its bytes are in the handle, no file to point at
             ext = _stream_extent(e)
             if ext is None:
                 out.append(Violation("I1", f"{where}: unresolved handle {e.handle!r}"))

@@ -157,8 +157,8 @@ CASES: dict[str, tuple[Callable[[bytes], bytes], tuple[str, ...]]] = {
     ),
     "binary": (lambda b: b"\x89PNG\r\n\x1a\n\x00\xff", ("file", "not UTF-8")),
     "unsupported-version": (
-        lambda b: _reseal(b, lambda d: d.update(version=4)),
-        ("version", "unsupported version 4"),
+        lambda b: _reseal(b, lambda d: d.update(version=5)),
+        ("version", "unsupported version 5"),
     ),
     "dotdot-path": (
         _set_path("job-0/../elsewhere/f"),

@@ -40,6 +40,8 @@ AMPLIFICATION = "execution.checkpointing.file-merging.max-space-amplification"
 NUM_RETAINED = "execution.checkpointing.num-retained"
 CLAIM_MODE = "execution.state-recovery.claim-mode"
 MAX_PARALLELISM = "pipeline.max-parallelism"
+INLINE = "state.storage.fs.memory-threshold"
+OLD_INLINE = "state.backend.fs.memory-threshold"
 OLD_NUM_RETAINED = "state.checkpoints.num-retained"
 OLD_CLAIM_MODE = "execution.savepoint-restore-mode"
 
@@ -60,6 +62,7 @@ def test_defaults_are_flinks() -> None:
     assert cfg.restore_mode is RestoreMode.NO_CLAIM  # RESTORE_MODE: NO_CLAIM
     assert cfg.max_parallelism == 128  # ours: Flink's -1 derives it from the parallelism
     assert cfg.open_files_readable is True  # ours
+    assert cfg.inline_threshold == 0  # ours, off: FS_SMALL_FILE_THRESHOLD is 20 kb
     assert Config.from_flink({}) == cfg
 
 
@@ -73,6 +76,7 @@ def test_defaults_print_as_flink_does() -> None:
         NUM_RETAINED: "1",
         CLAIM_MODE: "NO_CLAIM",
         MAX_PARALLELISM: "128",
+        INLINE: "0 bytes",
     }
 
 
@@ -86,10 +90,12 @@ def test_table_names_the_released_keys() -> None:
         NUM_RETAINED: "num_retained",
         CLAIM_MODE: "restore_mode",
         MAX_PARALLELISM: "max_parallelism",
+        INLINE: "inline_threshold",
     }
     assert {o.key: o.deprecated_keys for o in FLINK_OPTIONS if o.deprecated_keys} == {
         NUM_RETAINED: (OLD_NUM_RETAINED,),
         CLAIM_MODE: (OLD_CLAIM_MODE,),
+        INLINE: (OLD_INLINE,),
     }
 
 
@@ -111,6 +117,10 @@ def test_table_names_the_released_keys() -> None:
         (CLAIM_MODE, "CLAIM", RestoreMode.CLAIM, "restore_mode", RestoreMode.CLAIM),
         (CLAIM_MODE, "no_claim", RestoreMode.NO_CLAIM, "restore_mode", RestoreMode.NO_CLAIM),
         (MAX_PARALLELISM, "256", 256, "max_parallelism", 256),
+        (INLINE, "20kb", 20 << 10, "inline_threshold", 20 << 10),
+        (INLINE, "0", 0, "inline_threshold", 0),
+        (INLINE, "1 mb", 1 << 20, "inline_threshold", 1 << 20),
+        (OLD_INLINE, "4096", 4096, "inline_threshold", 4096),
     ],
 )
 def test_every_key_parses_from_a_string_and_a_typed_value(
@@ -361,6 +371,9 @@ def test_keys_are_case_sensitive() -> None:
         (MAX_FILE_SIZE, 1.5),
         (MAX_FILE_SIZE, True),
         (MAX_FILE_SIZE, -1),
+        (INLINE, "1025kb"),  # above Flink's bound, 1 MB
+        (INLINE, -1),
+        (INLINE, "20 kB/s"),
         (AMPLIFICATION, "two"),
         (AMPLIFICATION, "NaN"),
         (AMPLIFICATION, math.nan),
@@ -438,6 +451,7 @@ configs = st.builds(
     max_parallelism=st.integers(1, UPPER_BOUND_MAX_PARALLELISM),
     restore_mode=st.sampled_from(RestoreMode),
     pool_blocking=st.booleans(),
+    inline_threshold=st.integers(0, 1 << 20),
     open_files_readable=st.just(True),
 )
 

@@ -87,6 +87,7 @@ def test_task_manager_commands_are_in_reach() -> None:
         (WITHIN, c.FailNextCall(c.StorageOp.DELETE), "FailNextCall"),
         (ACROSS, c.ReplaceTm("tm-1"), "ReplaceTm"),
         (ACROSS, c.WriteWorking(S, 10), "WriteWorking"),
+        (Config.for_mode(MergingMode.ACROSS_CHECKPOINT, inline_threshold=64), c.Trigger(), "R107"),
     ],
 )
 def test_out_of_reach_says_why(config: Config, command: c.Command, why: str) -> None:

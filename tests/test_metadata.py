@@ -31,6 +31,7 @@ from spec.handles import (
     DirectoryHandle,
     FileHandle,
     Handle,
+    InlineHandle,
     InPlaceFile,
     PlaceholderHandle,
     SegmentHandle,
@@ -260,6 +261,61 @@ def test_unsupported_version() -> None:
     expect(tampered(lambda d: d.update(version=99)), "version", "unsupported version 99")
     expect(tampered(lambda d: d.update(version=[1])), "version", "unsupported version")
     expect(tampered(lambda d: d.update(version=True)), "version", "unsupported version")
+
+
+# --------------------------------------------------------------------------- inline state (R107)
+
+INLINE = StateEntry(
+    SUB, StateKind.KEYED_FULL, "MANIFEST", InlineHandle.of(b"\x00manifest\xff", "u3")
+)
+
+
+def inline_sample() -> bytes:
+    return encode(
+        3, JOB, False, (*sample_entries(), INLINE), (f"{BASE}/taskowned/tm1",), max_parallelism=128
+    )
+
+
+@given(st.lists(st.binary(min_size=1, max_size=300), max_size=4))
+def test_inline_state_round_trips_in_version_4(contents: list[bytes]) -> None:
+    """A checkpoint with inline state writes version 4, whose handles carry the bytes;
+    one without keeps writing version 2."""
+    inline = tuple(
+        StateEntry(SUB, StateKind.OPERATOR_LIST, f"op-{i}", InlineHandle.of(b, f"i{i}"))
+        for i, b in enumerate(contents)
+    )
+    data = encode(3, JOB, False, (*sample_entries(), *inline), (), max_parallelism=128)
+    back = decode(data, expected_job=JOB)
+    assert back.version == (4 if inline else 2)
+    assert back.entries == (*sample_entries(), *inline)
+    got = [e.handle.content() for e in back.entries if isinstance(e.handle, InlineHandle)]
+    assert got == contents
+
+
+def _inline_doc(edit: Any) -> bytes:
+    doc = json.loads(inline_sample())
+    edit(doc, doc["payload"]["entries"][2]["handle"])
+    return reseal(doc)
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda d, h: h.update(data="not base64!"), ("handle.data", "not base64")),
+        (lambda d, h: h.update(length=99), ("handle.data", "where the handle says 99")),
+        (lambda d, h: h.update(length=0), ("handle.length", "an integer >= 1, got 0")),
+        (lambda d, h: h.update(data=7), ("handle.data", "expected a string")),
+        (lambda d, h: h.pop("data"), ("handle", "data")),
+        (lambda d, h: d.update(version=3), ("handle.type", "needs version 4, not 3")),
+        (lambda d, h: d.update(version=2), ("handle.type", "needs version 4, not 2")),
+    ],
+    ids=["not-base64", "wrong-length", "empty", "data-not-text", "no-data", "v3", "v2"],
+)
+def test_damaged_inline_state_is_refused_naming_the_field(
+    edit: Any, words: tuple[str, ...]
+) -> None:
+    assert decode(inline_sample()).entries[2] == INLINE
+    expect(_inline_doc(edit), "payload.entries[2]", *words)
 
 
 def test_checksum_mismatch() -> None:

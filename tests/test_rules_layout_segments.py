@@ -34,9 +34,9 @@ from spec.effects import (
     WriteMetadata,
 )
 from spec.errors import Reason
-from spec.handles import extent_of, stream_of
+from spec.handles import InlineHandle, extent_of, stream_of
 from spec.ids import SAFE, SubtaskId, escape_name, unescape_name
-from spec.layout import savepoint_dir, shared_dir, taskowned_dir, working_dir
+from spec.layout import metadata_path, savepoint_dir, shared_dir, taskowned_dir, working_dir
 from tests.rule_impls import channel, current_impl, impl, impl_free, segments, start, start_as  # noqa: F401 (impl: an autouse fixture)
 
 AGG0, AGG1 = SubtaskId("agg", 0, 2), SubtaskId("agg", 1, 2)
@@ -722,4 +722,50 @@ def test_r17_nothing_acknowledged_is_deleted(mode: MergingMode) -> None:
         if p.startswith(shared_dir(JOB, AGG0)):
             assert obs.live_segments.get(p) == segs
     h.deliver_all()
+    assert not h.quiesce()
+
+
+# ---------------------------------------------------------------------------- R107 inline state
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r107_small_private_state_is_inline_and_makes_no_file(mode: MergingMode) -> None:
+    h = make(mode, inline_threshold=64)
+    h.run(c.Trigger())
+    before = h.observe()
+    assert write(h, 1, SRC0, "offsets", 63, EXCL) == ()
+    assert write(h, 1, SRC0, "manifest", 1, StateKind.KEYED_FULL) == ()
+    assert h.observe() == before  # no file, segment, ref count, owner or directory
+    assert of_type(write(h, 1, SRC0, "big", 64, EXCL), AppendBytes)  # at the threshold: a file
+    assert of_type(write(h, 1, SRC0, "sst", 10), AppendBytes)  # SHARED: a file, whatever its size
+    ack_all(h, 1)
+    h.run(c.Complete(1))
+    [r] = h.observe().retained
+    inline = {e.name: e.handle for e in r.entries if isinstance(e.handle, InlineHandle)}
+    assert set(inline) == {"offsets", "manifest"}
+    assert inline["offsets"].length == 63 and inline["offsets"].content() == bytes(63)
+    kinds = {e.name: type(e.handle) for e in r.entries}
+    assert kinds["big"] is not InlineHandle and kinds["sst"] is not InlineHandle
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r107_inline_state_is_restored_and_nothing_deletes_it(mode: MergingMode) -> None:
+    h = make(mode, inline_threshold=1024)
+    first = h.checkpoint(size=100)  # the operator state (26 bytes) goes inline
+    for _ in range(2):
+        h.checkpoint(size=100)
+    # the first checkpoint is subsumed: its metadata goes, and no delete concerns its
+    # inline state, which names no path
+    assert metadata_path(JOB, first) in {d.path for d in h.observe().deletions}
+    ops = [e for r in h.observe().retained for e in r.entries if e.name == "offsets"]
+    assert ops and all(isinstance(e.handle, InlineHandle) for e in ops)
+    latest = h.last_checkpoint
+    h.run(c.Cancel(retain=True))
+    h.run(c.Restore(latest, (("agg", 4), ("src", 4))))  # operator state redistributed (R76)
+    restoring = h.observe().restoring
+    restored_ops = [e for e in restoring if e.name == "offsets"]
+    assert restored_ops and all(
+        isinstance(e.handle, InlineHandle) and e.handle.content() == bytes(26)
+        for e in restored_ops
+    )
     assert not h.quiesce()

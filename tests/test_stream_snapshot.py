@@ -52,7 +52,7 @@ from pipeline.stream.words import MAX_PARALLELISM
 from pipeline.stream.worker_tm import StateReader, WorkerTaskManager
 from spec.config import Config, MergingMode, RestoreMode, Scope, StateKind
 from spec.errors import CommandError
-from spec.handles import FileHandle, StateEntry, stream_of
+from spec.handles import FileHandle, InlineHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
 from spec.keygroups import key_group_range
 from tests.lockstep import S3_BUCKET
@@ -363,9 +363,10 @@ def test_a_damaged_acknowledgement_changes_nothing(tmp_path: Path) -> None:
     assert [r.id for r in s.coordinator.co.retained] == [c]
 
 
+@pytest.mark.parametrize("inline", [0, 20 << 10], ids=["files", "inline"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 def test_tasks_killed_anywhere_in_their_snapshot_are_retried_and_count_once(
-    tmp_path: Path, mode: MergingMode
+    tmp_path: Path, mode: MergingMode, inline: int
 ) -> None:
     """``--kill-worker-prob`` without Spark: a task dies (no cleanup, as under SIGKILL) at
     every point of its snapshot in some batch (and while its TM deletes, in the merging
@@ -373,12 +374,15 @@ def test_tasks_killed_anywhere_in_their_snapshot_are_retried_and_count_once(
     killed attempt took or left ahead, and every window still counts each record once."""
     job = LocalJob(
         tmp_path,
-        Config.for_mode(mode, num_retained=2),
+        Config.for_mode(mode, num_retained=2, inline_threshold=inline),
         parallelism=2,
         failures=Failures(kill_prob=0.25, seed=1),
     )
     for _ in range(12):
         job.batch()
+    retained = job.coordinator.co.retained_checkpoints()
+    inlined = [e for r in retained for e in r.entries if isinstance(e.handle, InlineHandle)]
+    assert bool(inlined) == bool(inline)  # R107: MANIFEST, OPTIONS, CURRENT, progress
     points = set(KILL_POINTS) - ({"deleting"} if mode is MergingMode.NONE else set())
     assert {point for *_, point in job.kills} == points, job.kills
     assert sum(r.retried for r in job.driver.reports) > 0
@@ -525,12 +529,18 @@ def test_within_writes_at_most_one_exclusive_file_per_tm_and_checkpoint(tmp_path
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 @pytest.mark.parametrize("restore_mode", [RestoreMode.NO_CLAIM, RestoreMode.CLAIM])
 @pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2)])
+@pytest.mark.parametrize("inline", [0, 20 << 10], ids=["files", "inline"])
 def test_a_rescaled_subtask_holds_exactly_its_key_groups_and_counts_once(
-    tmp_path: Path, mode: MergingMode, restore_mode: RestoreMode, before: int, after: int
+    tmp_path: Path,
+    mode: MergingMode,
+    restore_mode: RestoreMode,
+    before: int,
+    after: int,
+    inline: int,
 ) -> None:
     job = LocalJob(
         tmp_path,
-        Config.for_mode(mode, num_retained=1, restore_mode=restore_mode),
+        Config.for_mode(mode, num_retained=1, restore_mode=restore_mode, inline_threshold=inline),
         parallelism=before,
         windowing=Windowing(3000),
     )
@@ -557,7 +567,7 @@ def test_a_rescaled_subtask_holds_exactly_its_key_groups_and_counts_once(
     for s in job.driver.subtasks():
         for e in decode_assignment(job.coordinator.restore_assignment(s, 99)).entries:
             h = stream_of(e.handle)
-            assert h is not None and h.path.startswith("job-1/"), e
+            assert isinstance(e.handle, InlineHandle) or (h and h.path.startswith("job-1/")), e
     job.coordinator.settle()
     left = {p for p in Path(job.url, "job-0").rglob("*") if p.is_file()}
     if restore_mode is RestoreMode.NO_CLAIM:

@@ -54,6 +54,11 @@ def out_of_reach(config: Config, commands: Iterable[c.Command]) -> str | None:
             "an object store (open files not readable): the adapter runs Flink on a local "
             "file system, and R12's close-on-acknowledge for object stores is ours"
         )
+    if config.inline_threshold > 0:
+        return (
+            "inline state (R107): Flink keeps small state in the handle in its checkpoint "
+            "stream factory, before the file-merging manager the adapter drives"
+        )
     for cmd in commands:
         why = NO_COUNTERPART.get(type(cmd))
         if why is not None:

@@ -38,7 +38,7 @@ from fastimpl.parties import (
     encode_message,
 )
 from spec.config import Config, StateKind
-from spec.handles import StateEntry, extent_of, stream_of
+from spec.handles import InlineHandle, StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId, TmId
 
 LIVE_SSTS = 3
@@ -90,10 +90,14 @@ class Operators:
             self.ssts.pop(s, None)
         restored: dict[str, int] = {}
         for e in sorted(entries, key=lambda e: (str(e.subtask), e.name)):
-            stream = stream_of(e.handle)
-            if e.subtask not in mine or stream is None:
+            if e.subtask not in mine:
                 continue
-            data = read.read_range(*extent_of(stream))
+            if isinstance(e.handle, InlineHandle):  # R107: small state is in the handle
+                data = e.handle.content()
+            elif (stream := stream_of(e.handle)) is not None:
+                data = read.read_range(*extent_of(stream))
+            else:
+                continue
             if e.kind is StateKind.OPERATOR_LIST:
                 self.offsets[e.subtask] = int(data.decode())
             elif e.kind is StateKind.KEYED_SHARED:

@@ -64,7 +64,7 @@ from spec import commands as cmd
 from spec.config import Config, JobSpec, RestoreMode, VertexSpec
 from spec.effects import COORDINATOR
 from spec.errors import CommandError, UsageError
-from spec.handles import SegmentHandle, StateEntry, extent_of, stream_of
+from spec.handles import InlineHandle, SegmentHandle, StateEntry, extent_of, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.layout import job_base
 from spec.messages import (
@@ -667,8 +667,11 @@ class SparkCoordinator:
             if restoring
             else (() if latest is None else latest.entries)
         )
-        entries = tuple(
-            e for e in source if e.subtask == subtask and stream_of(e.handle) is not None
+        entries = tuple(  # the state's bytes: in files, or in the handle (R107)
+            e
+            for e in source
+            if e.subtask == subtask
+            and (stream_of(e.handle) is not None or isinstance(e.handle, InlineHandle))
         )
         referenced = frozenset(
             s.path for r in retained for e in r.entries if (s := stream_of(e.handle)) is not None
@@ -687,6 +690,8 @@ class SparkCoordinator:
         )
 
     def read(self, entry: StateEntry) -> bytes:
+        if isinstance(entry.handle, InlineHandle):  # R107: the bytes are in the handle
+            return entry.handle.content()
         s = stream_of(entry.handle)
         if s is None:
             raise UsageError(f"{entry.name!r}: {type(entry.handle).__name__} names no bytes")

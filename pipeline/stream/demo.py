@@ -73,7 +73,8 @@ def _settings(
         base=str(root / name / "checkpoints"),
         work_dir=str(root / name / "work"),
         out=str(root / name / "out"),
-        config=Config.for_mode(mode or MergingMode.NONE, num_retained=1),
+        # private state under 20 KiB in the _metadata (R107), as `ckpt stream` and Flink
+        config=Config.for_mode(mode or MergingMode.NONE, num_retained=1, inline_threshold=20 << 10),
         parallelism=args.parallelism if mode is None else args.start_parallelism,
         source=RateSource(args.rows, vocabulary=args.vocabulary),
         windowing=Windowing(5000),

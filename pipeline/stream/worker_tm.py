@@ -63,7 +63,7 @@ from fastimpl.parties import report_of as tm_report_of
 from spec import commands as c
 from spec.config import Config, StateKind
 from spec.errors import UsageError
-from spec.handles import InPlaceFile, SegmentHandle, StateEntry, stream_of
+from spec.handles import InlineHandle, InPlaceFile, SegmentHandle, StateEntry, stream_of
 from spec.ids import SubtaskId
 from spec.messages import (
     CheckpointAborted,
@@ -103,6 +103,8 @@ class StateReader:
         self._root = str(root).rstrip("/")
 
     def read(self, entry: StateEntry) -> bytes:
+        if isinstance(entry.handle, InlineHandle):  # R107: the bytes are in the handle
+            return entry.handle.content()
         s = stream_of(entry.handle)
         if s is None:
             raise UsageError(f"{entry.name!r}: {type(entry.handle).__name__} names no bytes")
