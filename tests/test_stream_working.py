@@ -317,3 +317,36 @@ def test_only_an_unfinished_upload_of_a_databases_object_counts_as_staged(
     a staging name of one of a database's objects, nothing else a directory may hold."""
     assert is_staged(f"job-1/taskowned/working/count-2-3/db/0123456789ab/{name}") is staged
     assert not is_staged(f"job-1/taskowned/tm-0123456789ab/{name}")
+
+
+@pytest.mark.parametrize("codec", [slate.CODEC, None], ids=["snappy", "none"])
+def test_the_databases_ssts_are_compressed_as_rocksdbs_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str | None
+) -> None:
+    """The SSTs of a working database land on the checkpoint storage: compressed as the
+    upload backend's RocksDB compresses its own (Snappy), 20,000 counts take under half
+    their raw bytes (0.39x when written); without a codec (SlateDB's default) more than
+    their raw bytes (1.33x)."""
+    if codec is None:
+        settings = slate.db_settings
+
+        def uncompressed(*a: Any, **kw: Any) -> Any:
+            s = settings(*a, **kw)
+            s.set("compression_codec", "null")
+            s.set("compactor_options.worker.compression_codec", "null")
+            return s
+
+        monkeypatch.setattr(slate, "db_settings", uncompressed)
+    loop = slate.Loop()
+    try:
+        db = slate.SlateCounts(loop, slate.Place(str(tmp_path), {}), "db")
+        rnd = random.Random(3)
+        counts = {(rnd.randrange(32), 0, f"w{i:06d}"): rnd.randrange(1, 9) for i in range(20_000)}
+        db.add(counts)
+        db.flush()
+        db.close()
+    finally:
+        loop.close()
+    raw = sum(len(slate.encode_key(*k)) + 8 for k in counts)
+    stored = sum(p.stat().st_size for p in tmp_path.rglob("*.sst"))
+    assert (stored < raw / 2) == (codec is not None), (stored, raw)
