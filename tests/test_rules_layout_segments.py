@@ -765,7 +765,23 @@ def test_r107_inline_state_is_restored_and_nothing_deletes_it(mode: MergingMode)
     restoring = h.observe().restoring
     restored_ops = [e for e in restoring if e.name == "offsets"]
     assert restored_ops and all(
-        isinstance(e.handle, InlineHandle) and e.handle.content() == bytes(26)
-        for e in restored_ops
+        isinstance(e.handle, InlineHandle) and e.handle.content() == bytes(26) for e in restored_ops
     )
     assert not h.quiesce()
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_r107_a_savepoint_keeps_small_private_state_in_its_metadata(mode: MergingMode) -> None:
+    h = make(mode, inline_threshold=64)
+    h.run(c.Trigger(savepoint=True))
+    sp = h.last_checkpoint
+    assert write(h, sp, SRC0, "offsets", 10, EXCL) == ()
+    assert written_path(write(h, sp, SRC0, "sst", 10)).startswith(savepoint_dir(sp) + "/")
+    ack_all(h, sp)
+    h.run(c.Complete(sp))
+    h.deliver_all()
+    h.run(c.Cancel(retain=False))
+    h.run(c.Restore(sp))
+    ops = [e for e in h.observe().restoring if e.name == "offsets"]
+    assert len(ops) == 1 and isinstance(ops[0].handle, InlineHandle), ops
+    assert ops[0].handle.content() == bytes(10)
