@@ -631,15 +631,15 @@ class _Reader:
             kind = StateKind(kind_v)
         except ValueError:
             raise self.fail(w + "kind", f"unknown state kind {kind_v!r}") from None
-        return StateEntry(
-            subtask,
-            kind,
-            self.string(self.get(d, "name", w), w + "name"),
-            self.handle(self.obj(self.get(d, "handle", w), w + "handle"), w + "handle"),
-            self.integer(self.get(d, "entries", w), w + "entries"),
-            self.pair(self.get(d, "key_groups", w), w + "key_groups"),
-            self.pair(self.get(d, "entry_range", w), w + "entry_range"),
-        )
+        name = self.string(self.get(d, "name", w), w + "name")
+        handle = self.handle(self.obj(self.get(d, "handle", w), w + "handle"), w + "handle")
+        entries = self.integer(self.get(d, "entries", w), w + "entries")
+        key_groups = self.pair(self.get(d, "key_groups", w), w + "key_groups")
+        entry_range = self.pair(self.get(d, "entry_range", w), w + "entry_range")
+        try:
+            return StateEntry(subtask, kind, name, handle, entries, key_groups, entry_range)
+        except UsageError as err:  # inline SHARED state (R107)
+            raise self.fail(w + "handle", str(err)) from None
 
 
 MAX_BYTES = 256 << 20

@@ -111,6 +111,13 @@ StreamHandle = SegmentHandle | FileHandle
 Handle = SegmentHandle | FileHandle | PlaceholderHandle | DirectoryHandle | InlineHandle
 
 
+def _inline_is_private(inst: StateEntry, attribute: object, value: Handle) -> None:
+    if isinstance(value, InlineHandle) and inst.kind.scope is not Scope.EXCLUSIVE:
+        raise UsageError(
+            f"handle: inline state is EXCLUSIVE state only (R107), not {inst.kind.value}"
+        )
+
+
 @frozen
 class StateEntry:
     """One named piece of a subtask's snapshot, with what rescaling needs to split it.
@@ -123,7 +130,7 @@ class StateEntry:
     subtask: SubtaskId
     kind: StateKind
     name: str
-    handle: Handle
+    handle: Handle = field(validator=_inline_is_private)
     entries: int = 1
     key_groups: tuple[int, int] | None = None
     entry_range: tuple[int, int] | None = None

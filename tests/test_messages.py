@@ -20,6 +20,7 @@ from spec.handles import (
     DirectoryHandle,
     FileHandle,
     Handle,
+    InlineHandle,
     InPlaceFile,
     PlaceholderHandle,
     SegmentHandle,
@@ -46,6 +47,16 @@ handles: st.SearchStrategy[Handle] = st.one_of(
     st.builds(DirectoryHandle, st.text()),
 )
 key_groups = st.none() | st.tuples(st.integers(0, 127), st.integers(0, 127))
+inline = st.builds(  # R107: private state only
+    StateEntry,
+    subtasks,
+    st.sampled_from([k for k in StateKind if k.scope is Scope.EXCLUSIVE]),
+    st.text(),
+    st.builds(InlineHandle.of, st.binary(min_size=1, max_size=64), st.text()),
+    sizes,
+    key_groups,
+    st.none() | st.tuples(sizes, sizes),
+)
 entries = st.lists(
     st.builds(
         StateEntry,
@@ -56,7 +67,8 @@ entries = st.lists(
         sizes,
         key_groups,
         st.none() | st.tuples(sizes, sizes),
-    ),
+    )
+    | inline,
     max_size=4,
 ).map(tuple)
 
@@ -357,6 +369,39 @@ BAD += [
             }
         ).encode(),
         "$.message.epoch",
+    ),
+]
+
+
+INLINE_ACK = attrs.evolve(
+    SAMPLE,
+    entries=(
+        StateEntry(
+            SubtaskId("win", 1, 2), StateKind.KEYED_FULL, "MANIFEST", InlineHandle.of(b"m", "l9")
+        ),
+    ),
+)
+
+
+def _inline_with(path: tuple[str | int, ...], value: object) -> bytes:
+    env: Any = json.loads(m.encode_message(INLINE_ACK))
+    node = env
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    return _bytes(env)
+
+
+BAD += [
+    (
+        "inline shared state (R107)",
+        _inline_with(("message", "entries", 0, "kind"), "keyed_shared"),
+        "$.message.entries[0]",
+    ),
+    (
+        "inline state whose bytes are not its length",
+        _inline_with(("message", "entries", 0, "handle", "length"), 2),
+        "$.message.entries[0].handle",
     ),
 ]
 

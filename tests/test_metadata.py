@@ -308,8 +308,12 @@ def _inline_doc(edit: Any) -> bytes:
         (lambda d, h: h.pop("data"), ("handle", "data")),
         (lambda d, h: d.update(version=3), ("handle.type", "needs version 4, not 3")),
         (lambda d, h: d.update(version=2), ("handle.type", "needs version 4, not 2")),
+        (
+            lambda d, h: d["payload"]["entries"][2].update(kind="keyed_shared"),
+            ("handle", "EXCLUSIVE state only (R107), not keyed_shared"),
+        ),
     ],
-    ids=["not-base64", "wrong-length", "empty", "data-not-text", "no-data", "v3", "v2"],
+    ids=["not-base64", "wrong-length", "empty", "data-not-text", "no-data", "v3", "v2", "shared"],
 )
 def test_damaged_inline_state_is_refused_naming_the_field(
     edit: Any, words: tuple[str, ...]
