@@ -17,7 +17,7 @@ from pipeline.stream.checkpointing import VERTEX
 from pipeline.stream.coordination import open_coordinator, to_recover
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.kills import Failures, Killed
-from pipeline.stream.partial_counts import Count, partial_counts, read_counts
+from pipeline.stream.partial_counts import partial_counts
 from pipeline.stream.source import RateSource
 from pipeline.stream.subtask import deliver, run_subtask, subtask_dir
 from pipeline.stream.windows import Windowing
@@ -93,10 +93,10 @@ class LocalJob:
         self.kills: list[tuple[int, int, int, str]] = []
         """(batch, subtask, attempt number, point) of every injected kill."""
 
-    def partitions(self, batch: int) -> dict[int, list[Count]]:
-        """Each subtask's counts of the batch, by the job's own map side
+    def partitions(self, batch: int) -> dict[int, list[bytes]]:
+        """Each subtask's streams of counts of the batch, by the job's own map side
         (``partial_counts``) over the source's partitions."""
-        parts: dict[int, list[Count]] = collections.defaultdict(list)
+        parts: dict[int, list[bytes]] = collections.defaultdict(list)
         values = self.source.values(batch)
         event = self.source.event_ms(batch)
         cut = np.array_split(np.arange(values.start, values.stop, dtype=np.int64),
@@ -106,7 +106,7 @@ class LocalJob:
             for out in partial_counts(self.source.word_args(), self.parallelism, [rows]):
                 for s, stream in zip(out.column(0).to_pylist(), out.column(1).to_pylist(),
                                      strict=True):
-                    parts[s].extend(read_counts([stream]))
+                    parts[s].append(stream)
         return parts
 
     def run_tasks(self, order: BatchOrder) -> list[SubtaskResult]:

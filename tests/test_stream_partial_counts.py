@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.stream.partial_counts import add_up, partial_counts, read_counts
+from pipeline.stream.partial_counts import _COUNTS, add_up, partial_counts, read_counts, tally
 from pipeline.stream.windows import Windowing
 from pipeline.stream.words import key_group, ranks_of, subtask_of, word_name, word_of
 from spec.errors import UsageError
@@ -44,8 +44,9 @@ def test_a_negative_value_or_an_empty_vocabulary_is_refused() -> None:
 
 
 @given(
-    st.lists(st.lists(st.tuples(st.integers(0, 10**9), st.integers(0, 30_000)), max_size=40),
-             max_size=4),
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 10**9), st.integers(0, 30_000)), max_size=40), max_size=4
+    ),
     st.integers(1, 9),
     _WORDS,
 )
@@ -53,8 +54,12 @@ def test_partial_counts_add_up_to_the_records_on_their_subtasks(
     batches: list[list[tuple[int, int]]], parallelism: int, args: dict[str, Any]
 ) -> None:
     rows = [
-        pa.record_batch({"value": pa.array([v for v, _ in b], pa.int64()),
-                         "ts": pa.array([t for _, t in b], pa.int64())})
+        pa.record_batch(
+            {
+                "value": pa.array([v for v, _ in b], pa.int64()),
+                "ts": pa.array([t for _, t in b], pa.int64()),
+            }
+        )
         for b in batches
     ]
     got: dict[int, Counter[tuple[int, str, int]]] = {}
@@ -84,6 +89,35 @@ def test_counts_add_up_as_the_records_they_stand_for(records: list[tuple[int, st
     assert merged.max_event == max((t for _, _, t in records), default=None)
 
 
+def _stream(rows: list[tuple[int, int, int, int]]) -> bytes:
+    sink = pa.BufferOutputStream()
+    cols: list[tuple[int, ...]] = list(zip(*rows, strict=True)) if rows else [(), (), (), ()]
+    with pa.ipc.new_stream(sink, _COUNTS) as w:
+        w.write_table(pa.table(dict(zip(_COUNTS.names, cols, strict=True)), schema=_COUNTS))
+    return bytes(sink.getvalue().to_pybytes())
+
+
+_COUNT_ROWS = st.tuples(
+    st.integers(0, 127), st.integers(0, 999), st.integers(0, 60_000), st.integers(1, 5)
+)
+
+
+@given(
+    st.lists(st.lists(_COUNT_ROWS, max_size=30), max_size=4),
+    st.sampled_from([1, 1000, 5000]),
+    st.integers(-1, 70_000),
+)
+def test_the_subtask_tallies_its_streams_on_arrow_as_record_by_record(
+    streams: list[list[tuple[int, int, int, int]]], size: int, watermark: int
+) -> None:
+    """``tally`` (the job's path) against ``add_up`` of ``read_counts`` (one count at a
+    time): the same windows and counts, records, late records and largest event time,
+    with keys repeated across the streams of several source partitions."""
+    data = [_stream(rows) for rows in streams]
+    windowing = Windowing(size, 0)
+    assert tally(data, windowing, watermark) == add_up(read_counts(data), windowing, watermark)
+
+
 def test_a_stream_that_is_not_partial_counts_is_refused() -> None:
     with pytest.raises(UsageError, match="not Arrow IPC"):
         list(read_counts([b"\x00garbage"]))
@@ -93,3 +127,7 @@ def test_a_stream_that_is_not_partial_counts_is_refused() -> None:
         w.write_table(pa.table({"x": [1]}, schema=other))
     with pytest.raises(UsageError, match="schema"):
         list(read_counts([sink.getvalue().to_pybytes()]))
+    with pytest.raises(UsageError, match="schema"):
+        tally([sink.getvalue().to_pybytes()], Windowing(5000), 0)
+    with pytest.raises(UsageError, match="not Arrow IPC"):
+        tally([b"\x00garbage"], Windowing(5000), 0)

@@ -46,7 +46,7 @@ from pipeline.stream.checkpointing import CoordinatorSide, decode_assignment
 from pipeline.stream.coordination import SparkCoordinator, open_coordinator, to_recover
 from pipeline.stream.driver import BatchDriver, BatchReport
 from pipeline.stream.kills import Failures, Kill, read_kills
-from pipeline.stream.partial_counts import SHUFFLED, partial_counts, read_counts
+from pipeline.stream.partial_counts import SHUFFLED, partial_counts
 from pipeline.stream.rocks import BLOOM_BITS
 from pipeline.stream.sink import read_all, write_batch
 from pipeline.stream.source import RateSource
@@ -326,7 +326,7 @@ def _task(
         if subtask != index:  # ``_partition`` puts subtask i's counts in partition i
             raise OperationFailed(f"partition {index} got the counts of subtask {subtask}")
         streams.append(stream)
-    result = run_subtask(order, index, attempt, read_counts(streams), attempt_number=number)
+    result = run_subtask(order, index, attempt, streams, attempt_number=number)
     yield result if ctx is None else attrs.evolve(result, stage=ctx.stageId())
 
 

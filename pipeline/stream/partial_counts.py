@@ -6,7 +6,8 @@ The map side of the keyed stage (``job._segment``) runs ``partial_counts`` in
 in numpy), its key group and its subtask, then one count per ``(word, event time)`` by
 Arrow's hash aggregation. What crosses the shuffle is one Arrow IPC stream per source
 partition and subtask, a few kilobytes, not a pickled tuple per record; the subtask adds
-the counts of its streams (``read_counts``) and updates its RocksDB once per distinct key.
+the counts of its streams up on Arrow too (``tally``) and updates its RocksDB once per
+distinct key.
 
 The counts are exact: a record's window, lateness and event time follow from its event
 time, which the counts keep, so the subtask computes the same windows, late drops, record
@@ -100,17 +101,23 @@ def partial_counts(
     )
 
 
+def _read_stream(data: bytes) -> pa.Table:
+    try:
+        table = pa.ipc.open_stream(data).read_all()
+    except (pa.ArrowInvalid, OSError) as err:
+        raise UsageError(f"a stream of partial counts is not Arrow IPC: {err}") from None
+    if not table.schema.equals(_COUNTS):
+        raise UsageError(f"a stream of partial counts has the schema {table.schema}")
+    return table
+
+
 def read_counts(streams: Iterable[bytes]) -> Iterator[Count]:
     """The counts of one subtask's streams (``partial_counts``), each ``(key group, word,
     event time, records)``; a key may come from several streams (one per source
-    partition), and the subtask adds them."""
+    partition), and the subtask adds them. Record by record: the reading ``tally`` is
+    tested against (the job runs ``tally``)."""
     for data in streams:
-        try:
-            table = pa.ipc.open_stream(data).read_all()
-        except (pa.ArrowInvalid, OSError) as err:
-            raise UsageError(f"a stream of partial counts is not Arrow IPC: {err}") from None
-        if not table.schema.equals(_COUNTS):
-            raise UsageError(f"a stream of partial counts has the schema {table.schema}")
+        table = _read_stream(data)
         for g, r, ts, n in zip(
             table.column("group").to_pylist(),
             table.column("rank").to_pylist(),
@@ -131,6 +138,43 @@ class Tallied:
     late: int
     """Records whose window the watermark had closed: dropped, as Spark drops them."""
     max_event: int | None
+
+
+def tally(streams: Iterable[bytes], windowing: Windowing, watermark: int) -> Tallied:
+    """One subtask's streams of partial counts added up on Arrow, as ``add_up`` adds up
+    ``read_counts`` of them record by record: the window of each count from its event
+    time, the late ones (their window closed at ``watermark``) dropped and counted, the
+    rest summed per ``(key group, window start, word)`` by Arrow's hash aggregation, so
+    that Python touches each distinct key once, not each count of each stream."""
+    tables = [t for t in map(_read_stream, streams) if t.num_rows]
+    if not tables:
+        return Tallied(Counter(), 0, 0, None)
+    table = pa.concat_tables(tables)
+    ts = table.column("ts").to_numpy()
+    n = table.column("n").to_numpy()
+    start = ts - ts % windowing.size_ms  # ``Windowing.start_of``, on the array
+    closed = start + windowing.size_ms <= watermark  # ``Windowing.closed``
+    kept = pa.array(~closed)
+    windows = {"group": table.column("group"), "start": start, "rank": table.column("rank")}
+    open_counts = (
+        pa.table({**windows, "n": n})
+        .filter(kept)
+        .group_by(["group", "start", "rank"])
+        .aggregate([("n", "sum")])
+    )
+    counts: Counter[tuple[int, int, str]] = Counter(
+        {
+            (g, w, word_name(r)): c
+            for g, w, r, c in zip(
+                open_counts.column("group").to_pylist(),
+                open_counts.column("start").to_pylist(),
+                open_counts.column("rank").to_pylist(),
+                open_counts.column("n_sum").to_pylist(),
+                strict=True,
+            )
+        }
+    )
+    return Tallied(counts, int(n.sum()), int(n[closed].sum()), int(ts.max()))
 
 
 def add_up(records: Iterable[Count], windowing: Windowing, watermark: int) -> Tallied:

@@ -13,7 +13,7 @@ worker, a task retried elsewhere) is dropped and restored from the restore assig
 subtask's TM (``worker_tm``) is saved in the DB's directory and travels with it: a DB
 dropped or restored means a new TM attempt.
 
-Nothing here depends on Spark: ``run_subtask`` takes the partition's records.
+Nothing here depends on Spark: ``run_subtask`` takes the partition's streams of counts.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pipeline.stream.batch_order import BatchOrder, SubtaskResult
 from pipeline.stream.checkpointing import VERTEX, decode_assignment
 from pipeline.stream.kills import log_kill, sigkill
 from pipeline.stream.local_db import SET_ASIDE, put_back, sweep_leftovers
-from pipeline.stream.partial_counts import Count, add_up
+from pipeline.stream.partial_counts import tally
 from pipeline.stream.rocks import WindowCounts, new_lineage, options
 from pipeline.stream.snapshot import (
     SnapshotStats,
@@ -60,13 +60,13 @@ def run_subtask(
     order: BatchOrder,
     index: int,
     attempt: str,
-    records: Iterable[Count],
+    streams: Iterable[bytes],
     *,
     attempt_number: int = 0,
     die: Callable[[str], NoReturn] = sigkill,
 ) -> SubtaskResult:
-    """Process ``records`` of subtask ``index``: counts of its batch's records, each
-    ``(key group, word, event time ms, records)`` (``partial_counts.Count``).
+    """Process subtask ``index``'s part of a batch: ``streams`` of partial counts of its
+    records (Arrow IPC, ``partial_counts.partial_counts``), one per source partition.
 
     ``attempt`` names this attempt uniquely (its local directories); ``attempt_number``
     counts the retries of the task (0 first); ``die`` is how an injected failure kills it.
@@ -74,7 +74,7 @@ def run_subtask(
 
     if order.backend == "working":
         return run_working_subtask(
-            order, index, attempt, records, attempt_number=attempt_number, die=die
+            order, index, attempt, streams, attempt_number=attempt_number, die=die
         )
 
     def hook(point: str) -> None:
@@ -141,7 +141,7 @@ def run_subtask(
             party.on_delete = lambda: hook("deleting")
             party.apply_mail(order.mail)
             party.on_delete = None
-        batch = add_up(records, order.windowing, order.watermark)
+        batch = tally(streams, order.windowing, order.watermark)
         n, late, max_event = batch.records, batch.late, batch.max_event
         db.add(batch.counts)
         closed = db.close_windows(range(lo, hi + 1), order.windowing, order.watermark)

@@ -40,7 +40,7 @@ from pipeline.stream.batch_order import BatchOrder, SubtaskResult
 from pipeline.stream.checkpointing import VERTEX, decode_assignment
 from pipeline.stream.kills import sigkill
 from pipeline.stream.local_db import put_back, sweep_leftovers
-from pipeline.stream.partial_counts import Count, add_up
+from pipeline.stream.partial_counts import tally
 from pipeline.stream.snapshot import OPERATOR_STATE, SnapshotStats, read_marker, write_marker
 from pipeline.stream.words import MAX_PARALLELISM
 from pipeline.stream.worker_tm import WorkerTaskManager
@@ -222,7 +222,7 @@ def run_working_subtask(
     order: BatchOrder,
     index: int,
     attempt: str,
-    records: Iterable[Count],
+    streams: Iterable[bytes],
     *,
     attempt_number: int = 0,
     die: Callable[[str], NoReturn] = sigkill,
@@ -305,7 +305,7 @@ def run_working_subtask(
             found = sizes(db.files().all, party.known_sizes())
         party.track(subtask, found, db.lineage)
         ready = time.perf_counter() - started
-        batch = add_up(records, order.windowing, order.watermark)
+        batch = tally(streams, order.windowing, order.watermark)
         n, late, max_event = batch.records, batch.late, batch.max_event
         db.add(batch.counts)
         closed = db.close_windows(range(lo, hi + 1), order.windowing, order.watermark)
