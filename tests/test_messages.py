@@ -317,8 +317,9 @@ WORKING_ACK = attrs.evolve(
 )
 
 
-def _working_with(path: tuple[str | int, ...], value: object) -> bytes:
-    env: Any = json.loads(m.encode_message(WORKING_ACK))
+def _edited(msg: m.Message, path: tuple[str | int, ...], value: object) -> bytes:
+    """``msg`` encoded, with the field at ``path`` of its envelope set to ``value``."""
+    env: Any = json.loads(m.encode_message(msg))
     node = env
     for p in path[:-1]:
         node = node[p]
@@ -329,27 +330,27 @@ def _working_with(path: tuple[str | int, ...], value: object) -> bytes:
 BAD += [
     (
         "an in-place file of no bytes",
-        _working_with(("message", "in_place", 0, "length"), 0),
+        _edited(WORKING_ACK, ("message", "in_place", 0, "length"), 0),
         "$.message.in_place[0]",
     ),
     (
         "in-place key groups reversed",
-        _working_with(("message", "in_place", 0, "key_groups"), [9, 3]),
+        _edited(WORKING_ACK, ("message", "in_place", 0, "key_groups"), [9, 3]),
         "$.message.in_place[0]",
     ),
     (
         "in-place key groups not a pair",
-        _working_with(("message", "in_place", 0, "key_groups"), [9]),
+        _edited(WORKING_ACK, ("message", "in_place", 0, "key_groups"), [9]),
         "$.message.in_place[0].key_groups",
     ),
     (
         "an in-place file without a path",
-        _working_with(("message", "in_place", 0, "path"), None),
+        _edited(WORKING_ACK, ("message", "in_place", 0, "path"), None),
         "$.message.in_place[0].path",
     ),
     (
         "in_place not a list",
-        _working_with(("message", "in_place"), {"path": "x"}),
+        _edited(WORKING_ACK, ("message", "in_place"), {"path": "x"}),
         "$.message.in_place",
     ),
     (
@@ -383,24 +384,15 @@ INLINE_ACK = attrs.evolve(
 )
 
 
-def _inline_with(path: tuple[str | int, ...], value: object) -> bytes:
-    env: Any = json.loads(m.encode_message(INLINE_ACK))
-    node = env
-    for p in path[:-1]:
-        node = node[p]
-    node[path[-1]] = value
-    return _bytes(env)
-
-
 BAD += [
     (
         "inline shared state (R107)",
-        _inline_with(("message", "entries", 0, "kind"), "keyed_shared"),
+        _edited(INLINE_ACK, ("message", "entries", 0, "kind"), "keyed_shared"),
         "$.message.entries[0]",
     ),
     (
         "inline state whose bytes are not its length",
-        _inline_with(("message", "entries", 0, "handle", "length"), 2),
+        _edited(INLINE_ACK, ("message", "entries", 0, "handle", "length"), 2),
         "$.message.entries[0].handle",
     ),
 ]
