@@ -21,6 +21,7 @@ from pipeline.stream.partial_counts import partial_counts
 from pipeline.stream.source import RateSource
 from pipeline.stream.subtask import deliver, run_subtask, subtask_dir
 from pipeline.stream.windows import Windowing
+from pipeline.stream.words import ranks_of
 from spec.config import Config, RestoreMode
 from spec.ids import SubtaskId
 
@@ -95,15 +96,17 @@ class LocalJob:
 
     def partitions(self, batch: int) -> dict[int, list[bytes]]:
         """Each subtask's streams of counts of the batch, by the job's own map side
-        (``partial_counts``) over the source's partitions."""
+        (``partial_counts``) over the source's partitions, their words named by
+        ``ranks_of`` (what the JVM's ``with_ranks`` computes in the job)."""
         parts: dict[int, list[bytes]] = collections.defaultdict(list)
         values = self.source.values(batch)
         event = self.source.event_ms(batch)
         cut = np.array_split(np.arange(values.start, values.stop, dtype=np.int64),
                              self.source.partitions)
         for chunk in cut:
-            rows = pa.record_batch({"value": chunk, "ts": np.full(len(chunk), event, np.int64)})
-            for out in partial_counts(self.source.word_args(), self.parallelism, [rows]):
+            ranks = ranks_of(chunk, **self.source.word_args())
+            rows = pa.record_batch({"rank": ranks, "ts": np.full(len(chunk), event, np.int64)})
+            for out in partial_counts(self.source.vocabulary, self.parallelism, [rows]):
                 for s, stream in zip(out.column(0).to_pylist(), out.column(1).to_pylist(),
                                      strict=True):
                     parts[s].append(stream)

@@ -6,23 +6,27 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+import numpy as np
 from attrs import frozen
 
 from pipeline.stream.source import RateSource
 from pipeline.stream.windows import Windowing
-from pipeline.stream.words import word_of
+from pipeline.stream.words import ranks_of, word_name
 
 
 def batch_counts(
     source: RateSource, batches: int, windowing: Windowing
 ) -> Counter[tuple[int, str]]:
-    """``{(window start, word): count}`` over the first ``batches`` micro-batches."""
+    """``{(window start, word): count}`` over the first ``batches`` micro-batches, each
+    value's word by ``words.ranks_of`` (which the JVM's ``with_ranks`` equals)."""
     counts: Counter[tuple[int, str]] = Counter()
     for b in range(batches):
-        event = source.event_ms(b)
-        start = windowing.start_of(event)
-        for value in source.values(b):
-            counts[(start, word_of(value, **source.word_args()))] += 1
+        start = windowing.start_of(source.event_ms(b))
+        values = source.values(b)
+        ranks = ranks_of(np.arange(values.start, values.stop, dtype=np.int64), **source.word_args())
+        found = np.bincount(ranks, minlength=source.vocabulary)
+        for rank in np.flatnonzero(found).tolist():
+            counts[(start, word_name(rank))] += int(found[rank])
     return counts
 
 

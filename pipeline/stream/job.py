@@ -52,7 +52,7 @@ from pipeline.stream.sink import read_all, write_batch
 from pipeline.stream.source import RateSource
 from pipeline.stream.subtask import deliver, run_subtask
 from pipeline.stream.windows import Windowing
-from pipeline.stream.words import MAX_PARALLELISM
+from pipeline.stream.words import MAX_PARALLELISM, with_ranks
 from spec.config import Config, RestoreMode
 from spec.errors import OperationFailed, UsageError
 from spec.handles import extent_of, stream_of
@@ -727,6 +727,7 @@ def _segment(
     p = driver.parallelism
     out = out_dir(settings)
     word_args = settings.source.word_args()
+    vocabulary = settings.source.vocabulary
     stopping = threading.Event()
 
     def per_batch(df: Any, batch_id: int) -> None:
@@ -747,7 +748,8 @@ def _segment(
             _die_while_running(sc, set(sc.statusTracker().getActiveJobsIds()))
         try:
             results: list[SubtaskResult] = (
-                df.mapInArrow(functools.partial(partial_counts, word_args, p), SHUFFLED)
+                with_ranks(df, **word_args)
+                .mapInArrow(functools.partial(partial_counts, vocabulary, p), SHUFFLED)
                 .rdd.map(_shuffled)
                 .partitionBy(p, functools.partial(_partition, p))
                 .mapPartitionsWithIndex(functools.partial(_task, order))

@@ -1,13 +1,13 @@
 """A micro-batch's records as partial counts, computed on Arrow batches: no record crosses
 into Python one by one.
 
-The map side of the keyed stage (``job._segment``) runs ``partial_counts`` in
-``DataFrame.mapInArrow`` over the source's partitions: each row's word (``words.word_of``,
-in numpy), its key group and its subtask, then one count per ``(word, event time)`` by
-Arrow's hash aggregation. What crosses the shuffle is one Arrow IPC stream per source
-partition and subtask, a few kilobytes, not a pickled tuple per record; the subtask adds
-the counts of its streams up on Arrow too (``tally``) and updates its RocksDB once per
-distinct key.
+The map side of the keyed stage (``job._segment``) names each row's word in Spark's JVM
+(``words.with_ranks``: its rank in the vocabulary), then runs ``partial_counts`` in
+``DataFrame.mapInArrow`` over the ranks: each rank's key group and subtask by table
+lookups in numpy, then one count per ``(word, event time)`` by Arrow's hash aggregation.
+What crosses the shuffle is one Arrow IPC stream per source partition and subtask, a few
+kilobytes, not a pickled tuple per record; the subtask adds the counts of its streams up
+on Arrow too (``tally``) and updates its RocksDB once per distinct key.
 
 The counts are exact: a record's window, lateness and event time follow from its event
 time, which the counts keep, so the subtask computes the same windows, late drops, record
@@ -23,10 +23,11 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 from attrs import frozen
 
 from pipeline.stream.windows import Windowing
-from pipeline.stream.words import MAX_PARALLELISM, key_group, ranks_of, subtask_of, word_name
+from pipeline.stream.words import MAX_PARALLELISM, key_group, subtask_of, word_name
 from spec.errors import UsageError
 
 Count = tuple[int, str, int, int]
@@ -52,26 +53,22 @@ def _subtasks_of_groups(parallelism: int) -> npt.NDArray[np.int32]:
 
 
 def partial_counts(
-    word_args: dict[str, int | float],
+    vocabulary: int,
     parallelism: int,
     batches: Iterable[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow``'s function over the source's ``value`` and ``ts`` columns: one row
-    per subtask that has records here, ``(subtask, Arrow IPC stream of its counts)``."""
-    vocabulary = int(word_args["vocabulary"])
+    """``mapInArrow``'s function over the ranks of the source's words and their event
+    times (``words.with_ranks``'s ``rank`` and ``ts``): one row per subtask that has
+    records here, ``(subtask, Arrow IPC stream of its counts)``."""
     groups_of = _groups_of_ranks(vocabulary)
     owner_of = _subtasks_of_groups(parallelism)
     parts: list[pa.Table] = []
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        values = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        ranks = ranks_of(
-            values,
-            vocabulary=vocabulary,
-            exponent=float(word_args["exponent"]),
-            seed=int(word_args["seed"]),
-        )
+        ranks = batch.column(0).cast(pa.int64())
+        if ranks.null_count or not 0 <= pc.min(ranks).as_py() <= pc.max(ranks).as_py() < vocabulary:
+            raise UsageError(f"a rank missing or outside the vocabulary of {vocabulary} words")
         parts.append(pa.table({"rank": ranks, "ts": batch.column(1)}))
     if not parts:
         return
