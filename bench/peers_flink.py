@@ -11,9 +11,10 @@ rows per second (the checkpoint interval is 1 s, so about ``--rows`` rows per ch
 ``ckpt stream`` takes ``--rows`` per micro-batch and one checkpoint a batch), each row's word
 of rank ``floor(x)``, ``x`` drawn from the continuous power law of exponent 1.1 on
 ``[1, vocabulary + 1)`` by inverting its distribution function on a uniform draw
-(``pipeline/stream/words.py`` draws the discrete Zipf law of the same exponent from a hash of
-the row's value: the same skew up to the rounding of the low ranks, but random rather than a
-function of the row, so a replay would draw other words), counted per 5 s tumbling window of
+(``pipeline/stream/words.py`` inverts the same law on ``[0.5, vocabulary + 0.5)``, rank
+``floor(x - 0.5)``, on a draw from a hash of the row's value: the same skew up to the rounding
+of the low ranks, but random here rather than a function of the row, so a replay would draw
+other words), counted per 5 s tumbling window of
 event time (``LOCALTIMESTAMP``, watermark 0 s; ``ckpt stream`` advances event time 1 s a
 batch) by a window table-valued function, on RocksDB with incremental checkpoints.
 

@@ -3,7 +3,8 @@
 
     python -m bench.stream_large [--rows 1e6] [--batches 140] [--vocabulary 1000000]
         [--target-gib 1.0] [--write-buffer-mb 64] [--no-kill] [--rescale-to 2]
-        [--backend rocksdb] [--out bench/stream_large_results.json] [--quick]
+        [--backend rocksdb] [--restore-mode no_claim] [--out bench/stream_large_results.json]
+        [--quick]
 
 The job of ``bench.stream_scale`` (``local[2,4]``: 2 cores, a failed task tried up to 4
 times; parallelism 4, ACROSS merging, num-retained 1), on a workload whose state only
@@ -42,7 +43,10 @@ held then.
 SIGKILLs its Python worker before its snapshot (having taken the subtask's DB); Spark
 retries the task, which restores the DB from the latest completed checkpoint.
 ``--rescale-to P`` (2; 0: none): the run then stops and restarts at parallelism P, every
-subtask restoring its key groups from the old subtasks' files. Each restore is timed by
+subtask restoring its key groups from the old subtasks' files, in the mode
+``--restore-mode`` names (``no_claim``, Flink's default: the new job refers to none of the
+old job's files, so the working backend copies the rows; ``claim``: it takes them over,
+and the working backend clones). Each restore is timed by
 the job itself (``BatchReport.restore_seconds``: the longest time a restoring subtask took
 until its DB was open) and by the batch's seconds against the median of the last tenth of
 the growth batches'.
@@ -69,6 +73,7 @@ from bench.common import REPO, machine_info
 from bench.stream_goals import AMPLIFICATION_BOUND, judge_large, judge_working
 from bench.stream_scale import ckpt_config
 from fastimpl.parties import WRITER_STATE
+from spec.config import RestoreMode
 
 _SKIP = ("_metadata", "_writer", WRITER_STATE)
 NO_CLOSE_MS = 10**12
@@ -297,7 +302,9 @@ def run(args: argparse.Namespace, spark: Any, tmp: Path, on_line: Any,
     from pipeline.stream.source import RateSource
     from pipeline.stream.windows import Windowing
 
-    config = ckpt_config()  # ACROSS, one checkpoint retained
+    # ACROSS, one checkpoint retained; the rescale restores in the mode asked (Flink's
+    # default, NO_CLAIM, unless --restore-mode claim)
+    config = attrs.evolve(ckpt_config(), restore_mode=RestoreMode[args.restore_mode.upper()])
     growth = args.batches
     extra = (1 if args.kill else 0) + (2 if args.rescale_to else 0)
     total = growth + extra
@@ -420,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="after growth, kill subtask 0's worker before its snapshot")
     ap.add_argument("--rescale-to", type=int, default=2, help="then rescale to P (0: no)")
     ap.add_argument("--backend", default="rocksdb", choices=("rocksdb", "working"))
+    ap.add_argument("--restore-mode", default="no_claim", choices=("no_claim", "claim"),
+                    help="the rescale's restore mode (Flink's default: no_claim)")
     ap.add_argument("--master", default="local[2,4]")
     ap.add_argument("--quick", action="store_true",
                     help="1e5 rows, vocabulary 1e5, 12 batches, target 0.01 GiB")

@@ -5,8 +5,9 @@
 
 One SparkSession (``local[2]``, 4 shuffle partitions, parallelism 4), the same input in
 every run: ``rate-micro-batch`` rows, each row's word drawn from a Zipf-like vocabulary
-(``words.with_ranks``, in the JVM), 5 s tumbling event-time windows counted per word. The systems, run
-interleaved (A B C D, A B C D ...) at each size so that the machine's load falls on all:
+(``words.with_ranks``, in the JVM), 5 s tumbling event-time windows counted per word. The
+systems, run interleaved (A B C D, A B C D ...) at each size so that the machine's load
+falls on all:
 
 - ``ckpt``: ``pipeline.stream`` (ACROSS merging), RocksDB state checkpointed into the store;
 - ``ckpt-off``: the same job with state checkpointing off (the cost of checkpointing);

@@ -748,8 +748,7 @@ def _segment(
             _die_while_running(sc, set(sc.statusTracker().getActiveJobsIds()))
         try:
             results: list[SubtaskResult] = (
-                with_ranks(df, **word_args)
-                .mapInArrow(functools.partial(partial_counts, vocabulary, p), SHUFFLED)
+                df.mapInArrow(functools.partial(partial_counts, vocabulary, p), SHUFFLED)
                 .rdd.map(_shuffled)
                 .partitionBy(p, functools.partial(_partition, p))
                 .mapPartitionsWithIndex(functools.partial(_task, order))
@@ -787,7 +786,9 @@ def _segment(
 
     _quiet_query_errors(spark)
     query = (
-        settings.source.read_stream(spark)
+        # each row's word is named in the JVM, once in the query's plan, so that a
+        # micro-batch costs the driver no call of its own for it (words.with_ranks)
+        with_ranks(settings.source.read_stream(spark), **word_args)
         .writeStream.foreachBatch(per_batch)
         .option("checkpointLocation", str(Path(settings.work_dir) / "spark"))
         .start()

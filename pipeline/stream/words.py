@@ -163,26 +163,38 @@ def ranks_of(
     return np.clip(np.floor(x - 0.5), 0, vocabulary - 1).astype(np.int64)
 
 
+def _double(x: float) -> str:
+    """A double as Spark SQL reads it back exactly: the shortest repr, suffix ``D`` (a
+    literal with a point and no suffix would be a decimal)."""
+    if not math.isfinite(x):
+        raise UsageError(f"the power law's constant is not finite: {x}")
+    return f"{x!r}D"
+
+
+@functools.cache
+def rank_sql(vocabulary: int, exponent: float, seed: int) -> tuple[str, str]:
+    """Spark SQL for ``with_ranks``'s two projections: the draw ``y`` from ``value``,
+    then the rank from ``y``. Built here as text, once per law, so that a micro-batch
+    costs the driver two calls into the JVM rather than one per operator."""
+    a, b, k = law(vocabulary, exponent)
+    _check_seed(seed)
+    h = f"shiftrightunsigned(xxhash64(CAST({seed} AS BIGINT), value), 11)"
+    u = f"(CAST({h} AS DOUBLE) / {_double(_TWO_53)})"
+    y = f"{_double(b)} * {u} + {_double(a)} AS y"
+    p = _power("y", abs(k), lambda s, t: f"({s} * {t})")
+    x = f"(1.0D / {p})" if k < 0 else p
+    rank = f"least(greatest(floor({x} - 0.5D), 0L), {vocabulary - 1}L) AS rank"
+    return y, rank
+
+
 def with_ranks(df: Any, *, vocabulary: int = 1000, exponent: float = 1.1, seed: int = 17) -> Any:
     """The DataFrame of the source's ``value`` and ``ts`` as ``rank`` and ``ts``, computed
     by Spark SQL's own functions in the JVM: ``ranks_of`` of the values. The draw's
     ``y = b * u + a`` is a column of its own first, so that the multiplications of the
     power read it rather than repeat the hash (Spark keeps a costly expression used
     twice from being inlined into the next projection)."""
-    from pyspark.sql import functions as F
-
-    a, b, k = law(vocabulary, exponent)
-    _check_seed(seed)
-    h = F.xxhash64(F.lit(seed).cast("long"), F.col("value"))
-    u = F.shiftrightunsigned(h, 11).cast("double") / F.lit(_TWO_53)
-    drawn = df.select((F.lit(b) * u + F.lit(a)).alias("y"), "ts")
-    p = _power(F.col("y"), abs(k), lambda s, t: s * t)
-    x = F.lit(1.0) / p if k < 0 else p
-    rank = F.least(
-        F.greatest(F.floor(x - F.lit(0.5)), F.lit(0).cast("long")),
-        F.lit(vocabulary - 1).cast("long"),
-    )
-    return drawn.select(rank.alias("rank"), "ts")
+    y, rank = rank_sql(vocabulary, exponent, seed)
+    return df.selectExpr(y, "ts").selectExpr(rank, "ts")
 
 
 def key_group(word: str, max_parallelism: int = MAX_PARALLELISM) -> int:
