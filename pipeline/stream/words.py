@@ -2,7 +2,7 @@
 word a pure function of its value, so that a replayed micro-batch yields the same words
 and a batch computation over the same values yields the same counts.
 
-The function runs in Spark's JVM (``rank_column``: the source's rows never reach Python
+The function runs in Spark's JVM (``with_ranks``: the source's rows never reach Python
 to be named) and in numpy (``ranks_of``: the batch check, the Spark-less harness), and
 the two agree bit for bit, because every step is one both compute exactly alike:
 
@@ -111,7 +111,7 @@ def _power(y: T, n: int, mul: Callable[[T, T], T]) -> T:
 
 def word_of(value: int, *, vocabulary: int = 1000, exponent: float = 1.1, seed: int = 17) -> str:
     """The word of the row with this value, one row at a time: the reading ``ranks_of``
-    and ``rank_column`` are tested against."""
+    and ``with_ranks`` are tested against."""
     a, b, k = law(vocabulary, exponent)
     if value < 0:
         raise UsageError("the source's values are never negative")
@@ -152,7 +152,7 @@ def ranks_of(
     values: npt.NDArray[np.int64], *, vocabulary: int = 1000, exponent: float = 1.1, seed: int = 17
 ) -> npt.NDArray[np.int64]:
     """``word_of`` on an array of values, as ranks, in numpy:
-    ``word_of(v) == word_name(ranks_of([v])[0])``, and equal to ``rank_column``."""
+    ``word_of(v) == word_name(ranks_of([v])[0])``, and equal to ``with_ranks``."""
     a, b, k = law(vocabulary, exponent)
     if values.size and int(values.min()) < 0:
         raise UsageError("the source's values are never negative")
