@@ -59,7 +59,7 @@ def needed(job: LocalJob) -> Rows:
 
     def read(what: str, lineage: str, checkpoint_id: str | None) -> None:
         try:
-            out[what] = slate.read_checkpoint(loop, place, lineage, checkpoint_id, ALL)
+            out[what] = list(slate.read_checkpoint(loop, place, lineage, checkpoint_id, ALL))
         except Exception as err:
             out[what] = f"unreadable: {err}"
 

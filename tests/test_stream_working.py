@@ -350,3 +350,32 @@ def test_the_databases_ssts_are_compressed_as_rocksdbs_are(
     raw = sum(len(slate.encode_key(*k)) + 8 for k in counts)
     stored = sum(p.stat().st_size for p in tmp_path.rglob("*.sst"))
     assert (stored < raw / 2) == (codec is not None), (stored, raw)
+
+
+@pytest.mark.parametrize("per_write", [1, 7, 1000, 1 << 20])
+def test_a_no_claim_copy_writes_every_row_of_its_key_groups_a_bounded_write_at_a_time(
+    tmp_path: Path, per_write: int
+) -> None:
+    """``read_checkpoint`` streams the rows of a checkpoint's key groups and ``put_all``
+    writes them ``per_write`` at a time: the copy holds every row of the key groups at
+    the checkpoint and nothing else (neither other key groups nor a later write), whatever
+    the size of the writes, the last one part full or not."""
+    loop = slate.Loop()
+    place = slate.Place(str(tmp_path), {})
+    try:
+        src = slate.SlateCounts(loop, place, "src")
+        counts = {(g, 1000, f"w{i:04d}"): i + 1 for i in range(200) for g in (3, 4, 9)}
+        src.add(counts)
+        src.flush()
+        checkpoint_id, _ = src.checkpoint(1)
+        src.add({(4, 2000, "later"): 1})  # after the checkpoint: not copied
+        src.flush()
+        src.close()
+        copy = slate.SlateCounts(loop, place, "copy")
+        rows = slate.read_checkpoint(loop, place, "src", checkpoint_id, (3, 4))
+        assert copy.put_all(rows, per_write=per_write) == 400
+        got = dict(copy.items())
+        copy.close()
+    finally:
+        loop.close()
+    assert got == {k: n for k, n in counts.items() if k[0] in (3, 4)}
