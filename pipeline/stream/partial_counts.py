@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -108,6 +109,11 @@ def _read_stream(data: bytes) -> pa.Table:
     return table
 
 
+def _rows(table: pa.Table, *names: str) -> Iterator[tuple[Any, ...]]:
+    """The table's columns ``names``, row by row, as Python values."""
+    return zip(*(table.column(c).to_pylist() for c in names), strict=True)
+
+
 def read_counts(streams: Iterable[bytes]) -> Iterator[Count]:
     """The counts of one subtask's streams (``partial_counts``), each ``(key group, word,
     event time, records)``; a key may come from several streams (one per source
@@ -115,13 +121,7 @@ def read_counts(streams: Iterable[bytes]) -> Iterator[Count]:
     tested against (the job runs ``tally``)."""
     for data in streams:
         table = _read_stream(data)
-        for g, r, ts, n in zip(
-            table.column("group").to_pylist(),
-            table.column("rank").to_pylist(),
-            table.column("ts").to_pylist(),
-            table.column("n").to_pylist(),
-            strict=True,
-        ):
+        for g, r, ts, n in _rows(table, "group", "rank", "ts", "n"):
             yield g, word_name(r), ts, n
 
 
@@ -162,13 +162,7 @@ def tally(streams: Iterable[bytes], windowing: Windowing, watermark: int) -> Tal
     counts: Counter[tuple[int, int, str]] = Counter(
         {
             (g, w, word_name(r)): c
-            for g, w, r, c in zip(
-                open_counts.column("group").to_pylist(),
-                open_counts.column("start").to_pylist(),
-                open_counts.column("rank").to_pylist(),
-                open_counts.column("n_sum").to_pylist(),
-                strict=True,
-            )
+            for g, w, r, c in _rows(open_counts, "group", "start", "rank", "n_sum")
         }
     )
     return Tallied(counts, int(n.sum()), int(n[closed].sum()), int(ts.max()))
