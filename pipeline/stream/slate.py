@@ -21,6 +21,7 @@ The binding is asynchronous; a task drives it from one private event loop (``Loo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import struct
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -30,6 +31,7 @@ import fsspec  # type: ignore[import-untyped]
 import slatedb.uniffi as sdb  # type: ignore[import-untyped]
 from attrs import frozen
 
+from pipeline.stream.slate_writes import delete_many, put_many
 from pipeline.stream.windows import Windowing
 from pipeline.stream.working_names import CHECKPOINT_PREFIX
 from spec.errors import UsageError
@@ -277,9 +279,8 @@ class SlateCounts:
             for key, value in self._scan(_PREFIX.pack(g, first), hi):
                 old[key] = _COUNT.unpack(value)[0]
         batch = sdb.WriteBatch()
-        for (group, start, word), n in counts.items():
-            key = encode_key(group, start, word)
-            batch.put(key, _COUNT.pack(n + old.get(key, 0)))
+        encoded = ((encode_key(*k), n) for k, n in counts.items())
+        put_many(batch, ((k, _COUNT.pack(n + old.get(k, 0))) for k, n in encoded))
         self.loop.run(self.db.write(batch))
 
     def close_windows(
@@ -290,15 +291,15 @@ class SlateCounts:
         out: list[tuple[int, str, int]] = []
         if hi_start == 0:
             return out  # no window closed yet (SlateDB refuses an empty range)
-        batch = sdb.WriteBatch()
-        n = 0
+        closed: list[bytes] = []
         for group in groups:
             for key, value in self._scan(_PREFIX.pack(group, 0), _PREFIX.pack(group, hi_start)):
                 _, start, word = decode_key(key)
                 out.append((start, word, _COUNT.unpack(value)[0]))
-                batch.delete(key)
-                n += 1
-        if n:
+                closed.append(key)
+        if closed:
+            batch = sdb.WriteBatch()
+            delete_many(batch, closed)
             self.loop.run(self.db.write(batch))
         return out
 
@@ -312,17 +313,13 @@ class SlateCounts:
         every row of two old databases took 4.5 GB at 0.3 GiB of state); how many. A copy
         that stops half way leaves a database no checkpoint names, which the retried
         task replaces by a new one (``working_names.new_db_dir``)."""
-        batch = sdb.WriteBatch()
-        n = pending = 0
-        for k, v in rows:
-            batch.put(k, v)
-            pending += 1
-            if pending == per_write:
-                self.loop.run(self.db.write(batch))
-                n, pending, batch = n + pending, 0, sdb.WriteBatch()
-        if pending:
+        it = iter(rows)
+        n = 0
+        while chunk := list(itertools.islice(it, per_write)):
+            batch = sdb.WriteBatch()
+            n += put_many(batch, chunk)
             self.loop.run(self.db.write(batch))
-        return n + pending
+        return n
 
     # -- R101, R103
     def flush(self) -> None:
