@@ -31,7 +31,7 @@ import fsspec  # type: ignore[import-untyped]
 import slatedb.uniffi as sdb  # type: ignore[import-untyped]
 from attrs import frozen
 
-from pipeline.stream.slate_writes import delete_many, put_many
+from pipeline.stream.slate_direct import delete_many, next_rows, put_many
 from pipeline.stream.windows import Windowing
 from pipeline.stream.working_names import CHECKPOINT_PREFIX
 from spec.errors import UsageError
@@ -256,12 +256,8 @@ class SlateCounts:
         it = self.loop.run(
             self.db.scan(sdb.KeyRange(start=lo, start_inclusive=True, end=hi, end_inclusive=False))
         )
-        while True:
-            rows = self.loop.run(it.next_batch(4096))
-            if not rows:
-                return
-            for kv in rows:
-                yield bytes(kv.key), bytes(kv.value)
+        while rows := self.loop.run(next_rows(it, 4096)):
+            yield from rows
 
     def add(self, counts: Mapping[tuple[int, int, str], int]) -> None:
         """Add ``{(key group, window start, word): n}`` to the stored counts: a scan per
@@ -405,12 +401,8 @@ def read_checkpoint(
     reader = loop.run(b.build())
     try:
         it = loop.run(reader.scan(group_range(groups)))
-        while True:
-            rows = loop.run(it.next_batch(4096))
-            if not rows:
-                return
-            for kv in rows:
-                yield bytes(kv.key), bytes(kv.value)
+        while rows := loop.run(next_rows(it, 4096)):
+            yield from rows
     finally:
         loop.run(reader.shutdown())
 
