@@ -379,3 +379,41 @@ def test_a_no_claim_copy_writes_every_row_of_its_key_groups_a_bounded_write_at_a
     finally:
         loop.close()
     assert got == {k: n for k, n in counts.items() if k[0] in (3, 4)}
+
+
+
+def _active(loop: slate.Loop, db: slate.SlateCounts) -> bool:
+    state = loop.run(db.admin.read_compactions(None))
+    return state is not None and any(c.active for c in state.recent_compactions)
+
+
+def test_a_task_ends_once_its_compactions_finished(tmp_path: Path) -> None:
+    """``settle`` waits until the compactor has no compaction active: four flushes make
+    four L0 SSTs, which SlateDB merges into a sorted run; once it is scheduled (the
+    scheduler polls: ``settle`` does not wait for what is not) and ``settle`` returned, the
+    merge is committed (no L0 SST left, nothing active), so the shutdown that ends the
+    task cuts nothing off (SlateDB would not resume it). A database opened without its
+    compactor does not wait."""
+    loop = slate.Loop()
+    place = slate.Place(str(tmp_path), {})
+    store = place.store()
+    rnd = random.Random(5)
+    try:
+        db = slate.SlateCounts(loop, place, "db", store=store)
+        for window in range(4):
+            db.add({(rnd.randrange(32), window, f"w{rnd.randrange(10**6):07d}"): 1
+                    for _ in range(5_000)})  # fmt: skip
+            db.flush()
+        deadline = time.monotonic() + 30
+        while not _active(loop, db) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the scheduler polls every 100 ms
+        assert _active(loop, db), "SlateDB scheduled no merge of the four L0 SSTs"
+        assert db.settle() < slate.SETTLE_LIMIT
+        assert not _active(loop, db)
+        assert db.files().l0 == 0
+        db.close()
+        quiet = slate.SlateCounts(loop, place, "db", store=store, compactor=False)
+        assert quiet.settle() == 0.0
+        quiet.close()
+    finally:
+        loop.close()

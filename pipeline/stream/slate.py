@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import struct
+import time
 from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -226,6 +227,11 @@ leaves L0 far below ``l0_max_ssts`` (32), where a flush would wait. The next tas
 it with the compactor, which catches up."""
 
 
+SETTLE_LIMIT = 300.0
+"""The longest a task waits for its database's compactions at its end
+(``SlateCounts.settle``): a merge of the whole of a subtask's 0.25 GiB took about XX s."""
+
+
 class SlateCounts:
     """The open windows' counts of one subtask in a SlateDB at ``lineage`` (a path
     relative to the base), opened as its writer: opening fences every earlier writer."""
@@ -249,6 +255,7 @@ class SlateCounts:
         b.with_settings(db_settings(l0_max_ssts, compactor=compactor))
         self.db = loop.run(b.build())
         self.admin = sdb.AdminBuilder(self.prefix + lineage, self.store).build()
+        self.compactor = compactor
         self._open = True
 
     # -- the state
@@ -340,6 +347,23 @@ class SlateCounts:
 
     def delete_checkpoint(self, checkpoint_id: str) -> None:
         self.loop.run(self.admin.delete_checkpoint(checkpoint_id))
+
+    def settle(self, limit: float = SETTLE_LIMIT, poll: float = 0.05) -> float:
+        """Wait until the compactor of this database has no compaction active, or
+        ``limit`` seconds; the seconds waited. A task shuts its database down at its end,
+        and SlateDB does not resume a compaction cut off by the shutdown: a merge of
+        sorted runs longer than a task started again in every task and never finished,
+        so sorted runs piled up and each task paid for the merge it then lost
+        (``docs/slatedb.md``). Without its compactor (``QUIET_L0``) nothing runs here."""
+        if not self.compactor:
+            return 0.0
+        start = time.monotonic()
+        while time.monotonic() - start < limit:
+            state = self.loop.run(self.admin.read_compactions(None))
+            if state is None or not any(c.active for c in state.recent_compactions):
+                break
+            time.sleep(poll)  # the compactor runs on the binding's own threads
+        return time.monotonic() - start
 
     def close(self) -> None:
         if self._open:

@@ -326,6 +326,7 @@ def run_working_subtask(
         ack = party.acknowledge(order.checkpoint, subtask)
         snap_seconds = time.perf_counter() - snap_start
         hook("acknowledged")
+        db.settle()
         db.close()
         _OPEN.remove(db)
         # A compaction may have replaced files since the snapshot: the TM records the
