@@ -379,7 +379,7 @@ def report(result: dict[str, Any]) -> list[str]:
     f, la = s["first_tenth"], s["last_tenth"]
     lines = [
         f"{result['backend']}: state ({s['state_measured']}) at the end of growth"
-        f" {_gib(s['live_db_bytes_end'] or s['state_bytes_end'])}"
+        f" {_gib(s['live_db_bytes_end'] if s['live_db_bytes_peak'] else s['state_bytes_end'])}"
         f" (peak {_gib(s['state_peak'])}, target {_gib(s['target_bytes'])}:"
         f" {'reached' if s['reached_target'] else 'NOT reached'}); checkpoint storage holds"
         f" {_gib(s['state_bytes_end'])}, the latest checkpoint refers to"
