@@ -170,7 +170,7 @@ def test_a_returned_batch_that_is_not_whole_is_refused(raw: bytes, error: str | 
     if error is None:
         assert slate_direct._rows(_buffer(raw)) == [(b"key", b"v")]
     else:
-        with pytest.raises(ValueError, match=error):
+        with pytest.raises(slate_direct.BindingError, match=error):
             slate_direct._rows(_buffer(raw))
 
 

@@ -28,6 +28,14 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+from spec.errors import OperationFailed
+
+
+class BindingError(OperationFailed):
+    """SlateDB's binding returned a batch of rows that is not whole (cut short, a
+    negative count, bytes past its last row): nothing is read from it."""
+
+
 _LEN = struct.Struct(">i")
 """The binding's lowering of ``bytes``: a big-endian i32 length, then the bytes."""
 _STAMPS = 16
@@ -212,11 +220,11 @@ def _rows(buffer: Any) -> list[tuple[bytes, bytes]]:
             at += 9 if data[at] else 1  # expire_ts: a flag, then an i64 when set
             rows.append((key, value))
     except (struct.error, IndexError) as e:
-        raise ValueError(f"SlateDB returned a truncated batch of rows ({len(data)} bytes)") from e
+        raise BindingError(f"SlateDB returned a truncated batch of rows ({len(data)} bytes)") from e
     if count < 0:
-        raise ValueError("SlateDB returned a negative row count")
+        raise BindingError("SlateDB returned a negative row count")
     if at > len(data):
-        raise ValueError(f"SlateDB returned a truncated batch of rows ({len(data)} bytes)")
+        raise BindingError(f"SlateDB returned a truncated batch of rows ({len(data)} bytes)")
     if at != len(data):
-        raise ValueError(f"SlateDB returned {len(data) - at} bytes past the last row")
+        raise BindingError(f"SlateDB returned {len(data) - at} bytes past the last row")
     return rows
