@@ -143,10 +143,11 @@ def test_a_row_the_binding_refuses_is_refused_with_its_error(row: tuple[Any, Any
 
 def _buffer(raw: bytes) -> Any:
     """A Rust buffer holding ``raw`` as it is (what a lift receives)."""
-    g = slate_direct._G
-    status = g._UniffiRustCallStatus.default()
-    foreign = g._UniffiForeignBytes(len(raw), ctypes.cast(ctypes.c_char_p(raw), _CHAR_P))
-    return g._UniffiLib.ffi_slatedb_uniffi_rustbuffer_from_bytes(foreign, ctypes.byref(status))
+    b = slate_direct._B
+    assert b is not None
+    status = b.status.default()
+    foreign = b.foreign(len(raw), ctypes.cast(ctypes.c_char_p(raw), _CHAR_P))
+    return b.from_bytes(foreign, ctypes.byref(status))
 
 
 _CHAR_P = ctypes.POINTER(ctypes.c_char)
@@ -178,7 +179,7 @@ def test_without_the_direct_calls_the_public_methods_write_the_same(
     pair: _Pair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What runs where the binding's checksums differ (``available()`` false)."""
-    monkeypatch.setattr(slate_direct, "_G", None)
+    monkeypatch.setattr(slate_direct, "_B", None)
     assert not slate_direct.available()
     prefix = b"fallback\xfe"
     batch = sdb.WriteBatch()

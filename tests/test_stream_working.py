@@ -382,11 +382,6 @@ def test_a_no_claim_copy_writes_every_row_of_its_key_groups_a_bounded_write_at_a
 
 
 
-def _active(loop: slate.Loop, db: slate.SlateCounts) -> bool:
-    state = loop.run(db.admin.read_compactions(None))
-    return state is not None and any(c.active for c in state.recent_compactions)
-
-
 def test_a_task_ends_once_its_compactions_finished(tmp_path: Path) -> None:
     """``settle`` waits until the compactor has no compaction active: four flushes make
     four L0 SSTs, which SlateDB merges into a sorted run; once it is scheduled (the
@@ -405,11 +400,11 @@ def test_a_task_ends_once_its_compactions_finished(tmp_path: Path) -> None:
                     for _ in range(5_000)})  # fmt: skip
             db.flush()
         deadline = time.monotonic() + 30
-        while not _active(loop, db) and time.monotonic() < deadline:
+        while not db.compacting() and time.monotonic() < deadline:
             time.sleep(0.01)  # the scheduler polls every 100 ms
-        assert _active(loop, db), "SlateDB scheduled no merge of the four L0 SSTs"
+        assert db.compacting(), "SlateDB scheduled no merge of the four L0 SSTs"
         assert db.settle() < slate.SETTLE_LIMIT
-        assert not _active(loop, db)
+        assert not db.compacting()
         assert db.files().l0 == 0
         db.close()
         quiet = slate.SlateCounts(loop, place, "db", store=store, compactor=False)

@@ -360,12 +360,14 @@ class SlateCounts:
         if not self.compactor:
             return 0.0
         start = time.monotonic()
-        while time.monotonic() - start < limit:
-            state = self.loop.run(self.admin.read_compactions(None))
-            if state is None or not any(c.active for c in state.recent_compactions):
-                break
+        while time.monotonic() - start < limit and self.compacting():
             time.sleep(poll)  # the compactor runs on the binding's own threads
         return time.monotonic() - start
+
+    def compacting(self) -> bool:
+        """Whether the latest compactor state lists a compaction still active."""
+        state = self.loop.run(self.admin.read_compactions(None))
+        return state is not None and any(c.active for c in state.recent_compactions)
 
     def close(self) -> None:
         if self._open:

@@ -13,11 +13,13 @@ batch's handle and two buffers, all consumed by the callee): about 6 µs. A scan
 is the binding's own call and future with a lift that copies the returned buffer once
 and cuts the rows out of it.
 
-It reaches into the generated module (``_UniffiLib`` and its helpers), which
-``pyproject.toml`` pins to 0.17. ``available()`` checks every name, the binding's own
-checksum of each function used and the fields of ``KeyValue``; where any differs, the
-public methods run instead (the same effect, slower). ``tests/test_stream_slate_direct.py``
-checks that both paths write and read the same rows and raise the same errors.
+It reaches into the generated module (``_UniffiLib`` and its helpers, each read once
+into ``_Binding``) and two handles (``WriteBatch._handle``,
+``DbIterator._uniffi_clone_handle``); ``pyproject.toml`` pins the binding to 0.17. Where a
+name is gone, one of the binding's own checksums differs or ``KeyValue`` has other
+fields, the public methods run instead (the same effect, slower).
+``tests/test_stream_slate_direct.py`` checks that both paths write and read the same rows
+and raise the same errors.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import inspect
 import struct
 from collections.abc import Iterable
 from typing import Any
+
+from attrs import frozen
 
 from spec.errors import OperationFailed
 
@@ -55,79 +59,89 @@ _KEY_VALUE = ("key", "value", "seq", "create_ts", "expire_ts")
 checksum does not cover a record's fields."""
 
 
-def _generated() -> Any:
+@frozen
+class _Binding:
+    """What the direct calls use of the generated module, each name read once here:
+    a name that is gone makes ``_generated`` return ``None`` (the public methods run)."""
+
+    from_bytes: Any
+    clone_batch: Any
+    put: Any
+    delete: Any
+    next_batch: Any
+    poll: Any
+    complete: Any
+    free: Any
+    status: Any
+    """``RustCallStatus``: the out-parameter every call takes."""
+    foreign: Any
+    """``ForeignBytes``: what ``rustbuffer_from_bytes`` copies from."""
+    check_status: Any
+    error: Any
+    """The converter that lifts slatedb's ``Error`` from a failed call's status."""
+    call_async: Any
+
+
+def _generated() -> _Binding | None:
     try:
         from slatedb.uniffi._slatedb_uniffi import slatedb as g  # type: ignore[import-untyped]
     except ImportError:
         return None
-    needed = (
-        "_UniffiLib",
-        "_uniffi_rust_call_async",
-        "KeyValue",
-        "_UniffiRustCallStatus",
-        "_UniffiForeignBytes",
-        "_uniffi_check_call_status",
-        "_UniffiFfiConverterTypeError",
-    )
-    if not all(hasattr(g, n) for n in needed):
-        return None
-    lib = g._UniffiLib
-    for name, expected in _CHECKSUMS.items():
-        fn = getattr(lib, name, None)
-        if fn is None or fn() != expected:
+    try:
+        lib = g._UniffiLib
+        if any(getattr(lib, name)() != expected for name, expected in _CHECKSUMS.items()):
             return None
-    if tuple(inspect.signature(g.KeyValue).parameters) != _KEY_VALUE:
-        return None
-    for name in (
-        "ffi_slatedb_uniffi_rust_future_poll_rust_buffer",
-        "ffi_slatedb_uniffi_rust_future_complete_rust_buffer",
-        "ffi_slatedb_uniffi_rust_future_free_rust_buffer",
-        "uniffi_slatedb_uniffi_fn_method_dbiterator_next_batch",
-        "ffi_slatedb_uniffi_rustbuffer_from_bytes",
-        "uniffi_slatedb_uniffi_fn_clone_writebatch",
-        "uniffi_slatedb_uniffi_fn_method_writebatch_put",
-        "uniffi_slatedb_uniffi_fn_method_writebatch_delete",
-    ):
-        if getattr(lib, name, None) is None:
+        if tuple(inspect.signature(g.KeyValue).parameters) != _KEY_VALUE:
             return None
-    return g
+        return _Binding(
+            from_bytes=lib.ffi_slatedb_uniffi_rustbuffer_from_bytes,
+            clone_batch=lib.uniffi_slatedb_uniffi_fn_clone_writebatch,
+            put=lib.uniffi_slatedb_uniffi_fn_method_writebatch_put,
+            delete=lib.uniffi_slatedb_uniffi_fn_method_writebatch_delete,
+            next_batch=lib.uniffi_slatedb_uniffi_fn_method_dbiterator_next_batch,
+            poll=lib.ffi_slatedb_uniffi_rust_future_poll_rust_buffer,
+            complete=lib.ffi_slatedb_uniffi_rust_future_complete_rust_buffer,
+            free=lib.ffi_slatedb_uniffi_rust_future_free_rust_buffer,
+            status=g._UniffiRustCallStatus,
+            foreign=g._UniffiForeignBytes,
+            check_status=g._uniffi_check_call_status,
+            error=g._UniffiFfiConverterTypeError,
+            call_async=g._uniffi_rust_call_async,
+        )
+    except AttributeError:
+        return None
 
 
-_G = _generated()
+_B = _generated()
 _CHAR_P = ctypes.POINTER(ctypes.c_char)
 
 
 def available() -> bool:
     """Whether the direct calls run (else the public methods do)."""
-    return _G is not None
+    return _B is not None
 
 
 class _Calls:
-    """The binding's functions and one call status, reused across a batch's calls."""
+    """One call status, reused across a batch's calls."""
 
-    def __init__(self, g: Any) -> None:
-        lib = g._UniffiLib
-        self.g = g
-        self.from_bytes = lib.ffi_slatedb_uniffi_rustbuffer_from_bytes
-        self.clone = lib.uniffi_slatedb_uniffi_fn_clone_writebatch
-        self.put = lib.uniffi_slatedb_uniffi_fn_method_writebatch_put
-        self.delete = lib.uniffi_slatedb_uniffi_fn_method_writebatch_delete
-        self.status = g._UniffiRustCallStatus.default()
+    def __init__(self, b: _Binding) -> None:
+        self.b = b
+        self.status = b.status.default()
         self.ref = ctypes.byref(self.status)
 
     def buffer(self, value: bytes) -> Any:
         """A Rust buffer holding ``value`` lowered as the binding lowers ``bytes``; the
         buffer's owner is the call it is passed to."""
-        b = _LEN.pack(len(value)) + value
-        foreign = self.g._UniffiForeignBytes(len(b), ctypes.cast(ctypes.c_char_p(b), _CHAR_P))
-        r = self.from_bytes(foreign, self.ref)
+        raw = _LEN.pack(len(value)) + value
+        foreign = self.b.foreign(len(raw), ctypes.cast(ctypes.c_char_p(raw), _CHAR_P))
+        r = self.b.from_bytes(foreign, self.ref)
         self.check()
         return r
 
     def check(self) -> None:
         if self.status.code:
             # raises the binding's own error (slatedb's Error, or an InternalError)
-            self.g._uniffi_check_call_status(self.g._UniffiFfiConverterTypeError, self.status)
+            self.b.check_status(self.b.error, self.status)
 
 
 def _bytes(value: Any) -> bytes:
@@ -138,21 +152,21 @@ def _bytes(value: Any) -> bytes:
 
 def put_many(batch: Any, rows: Iterable[tuple[bytes, bytes]]) -> int:
     """``batch.put(key, value)`` for each row, in order; how many."""
-    if _G is None:
+    if _B is None:
         n = 0
         for k, v in rows:
             batch.put(k, v)
             n += 1
         return n
-    c = _Calls(_G)
-    handle = batch._handle
+    c = _Calls(_B)
+    handle, clone, put = batch._handle, _B.clone_batch, _B.put
     n = 0
     for k, v in rows:
         kb, vb = _bytes(k), _bytes(v)
         key, value = c.buffer(kb), c.buffer(vb)
-        h = c.clone(handle, c.ref)
+        h = clone(handle, c.ref)
         c.check()
-        c.put(h, key, value, c.ref)
+        put(h, key, value, c.ref)
         c.check()
         n += 1
     return n
@@ -160,20 +174,20 @@ def put_many(batch: Any, rows: Iterable[tuple[bytes, bytes]]) -> int:
 
 def delete_many(batch: Any, keys: Iterable[bytes]) -> int:
     """``batch.delete(key)`` for each key, in order; how many."""
-    if _G is None:
+    if _B is None:
         n = 0
         for k in keys:
             batch.delete(k)
             n += 1
         return n
-    c = _Calls(_G)
-    handle = batch._handle
+    c = _Calls(_B)
+    handle, clone, delete = batch._handle, _B.clone_batch, _B.delete
     n = 0
     for k in keys:
         key = c.buffer(_bytes(k))
-        h = c.clone(handle, c.ref)
+        h = clone(handle, c.ref)
         c.check()
-        c.delete(h, key, c.ref)
+        delete(h, key, c.ref)
         c.check()
         n += 1
     return n
@@ -182,19 +196,13 @@ def delete_many(batch: Any, keys: Iterable[bytes]) -> int:
 async def next_rows(iterator: Any, n: int) -> list[tuple[bytes, bytes]]:
     """Up to ``n`` rows ``(key, value)`` of a scan (``DbIterator.next_batch``): fewer only
     when the scan is exhausted."""
-    if _G is None:
+    if _B is None:
         return [(bytes(kv.key), bytes(kv.value)) for kv in await iterator.next_batch(n)]
-    g, lib = _G, _G._UniffiLib
-    return await g._uniffi_rust_call_async(  # type: ignore[no-any-return]
-        lib.uniffi_slatedb_uniffi_fn_method_dbiterator_next_batch(
-            iterator._uniffi_clone_handle(), n
-        ),
-        lib.ffi_slatedb_uniffi_rust_future_poll_rust_buffer,
-        lib.ffi_slatedb_uniffi_rust_future_complete_rust_buffer,
-        lib.ffi_slatedb_uniffi_rust_future_free_rust_buffer,
-        _rows,
-        g._UniffiFfiConverterTypeError,
+    future = _B.next_batch(iterator._uniffi_clone_handle(), n)
+    rows: list[tuple[bytes, bytes]] = await _B.call_async(
+        future, _B.poll, _B.complete, _B.free, _rows, _B.error
     )
+    return rows
 
 
 def _rows(buffer: Any) -> list[tuple[bytes, bytes]]:
