@@ -316,6 +316,11 @@ class RefimplMachine(RuleBasedStateMachine):
     def restart_coordinator(self, data: st.DataObject) -> None:
         if not self.rarely(data, 8):
             return
+        # R64, R95: an engine restarts its coordinator once the attempts it gave up on are
+        # known stopped; now and then it tries before (a refusal both sides must give)
+        if data.draw(st.integers(0, 3), label="stop the lost first") != 0:
+            for tm in self.h.lost_tms():
+                self.do(c.AttemptStopped(tm))
         self.do(c.RestartCoordinator())
 
     @rule(data=st.data(), op=st.sampled_from(list(StorageOp)))

@@ -156,12 +156,14 @@ class CheckpointStore:
         """The live TMs of the running job."""
         with self._lock:
             cl = self._engine
-            return sorted({t for t in cl.placement.values() if cl.tms[t].status is Status.ALIVE})
+            return sorted(
+                {t for t in cl.placement.values() if cl.coord.tms[t].status is Status.ALIVE}
+            )
 
     def task_manager(self, tm: TmId) -> FileMergingManager:
         with self._lock:
-            if tm not in self._engine.tms:
-                raise NotFoundError(f"no TM {tm!r}; TMs: {sorted(self._engine.tms)}")
+            if tm not in self._engine.coord.tms:
+                raise NotFoundError(f"no TM {tm!r}; TMs: {sorted(self._engine.coord.tms)}")
         return FileMergingManager(self, tm)
 
     def manager_for(self, subtask: SubtaskId) -> FileMergingManager:
@@ -326,21 +328,21 @@ class Coordinator:
 
     def pending(self) -> list[int]:
         with self._store._lock:
-            return sorted(self._cl.pending)
+            return list(self._cl.coord.pending_checkpoints())
 
     def retained(self) -> list[RetainedView]:
         """The retained completed checkpoints, oldest first."""
         with self._store._lock:
             return [
                 RetainedView(r.id, r.job, r.metadata, r.entries, r.directories)
-                for r in self._cl.retained
+                for r in self._cl.coord.retained
             ]
 
     def savepoints(self) -> list[int]:
         """The completed savepoints on storage, by id: the user's (R55); the store keeps
         no record of one once complete, and one the user deleted is gone."""
         with self._store._lock:
-            return self._cl.savepoints
+            return self._cl.coord.stored_savepoints()
 
     def restore(
         self,
@@ -387,10 +389,12 @@ class Coordinator:
         self._store._locked(self._cl.failover)
 
     def restart(self) -> None:
-        """A job-level restart from what storage holds: retention and the shared-state
-        registry are rebuilt from the retained checkpoints' ``_metadata`` files, read back
-        and validated (a corrupt one raises ``MetadataError`` and nothing changes), then
-        the subtasks fail over (R95).
+        """A job-level restart from what storage holds: a new coordinator whose retention
+        and shared-state registry are rebuilt from the retained checkpoints' ``_metadata``
+        files, read back and validated (a corrupt one raises ``MetadataError`` and nothing
+        changes), then the subtasks fail over to it (R95, ``fastimpl.resume``). Refused
+        (``CommandError``, ``ATTEMPT_MAY_RUN``) while an attempt given up on may still
+        run: an engine says it stopped first (``fastimpl.testing.stopped`` here).
 
         Public because it is what an engine does when its job master restarts, as
         Flink's does from its HA store: what the coordinator knew is trusted only as far
@@ -561,7 +565,7 @@ class FileMergingManager:
         """The handles ``subtask`` restores from (after a failover, restore or rescale)."""
         with self._store._lock:
             self._check_open("state_to_restore")
-            return self._cl.state_to_restore(subtask)
+            return self._cl.coord.state_to_restore(subtask)
 
     def restore(self, subtask: SubtaskId) -> list[tuple[StateEntry, bytes]]:
         """Read back every handle ``subtask`` restores from. After a rescale one name may

@@ -23,6 +23,8 @@ from fastimpl.records import Status, Tm
 from spec.ids import TmId
 
 _NUMBERED = re.compile(r"(.*?)([1-9]\d*|0)")
+Span = tuple[str, int, int] | str
+"""A run of retired ids (prefix, first and last number) or an id of another shape."""
 
 
 class IdRuns:
@@ -65,6 +67,32 @@ class IdRuns:
         return (i > 0 and runs[i - 1][0] <= n <= runs[i - 1][1]) or (
             i < len(runs) and runs[i][0] == n
         )
+
+    def spans(self) -> tuple[Span, ...]:
+        """The set as values: ``("tm-", 3, 7)`` for ``tm-3`` to ``tm-7``, an id of another
+        shape as it is (what ``of_spans`` reads back)."""
+        runs = [(p, a, b) for p, rs in sorted(self._runs.items()) for a, b in rs]
+        return (*runs, *sorted(self._other))
+
+    @classmethod
+    def of_spans(cls, spans: tuple[Span, ...]) -> IdRuns:
+        """The set ``spans`` describes."""
+        ids = cls()
+        for span in spans:
+            if isinstance(span, str):
+                ids._other.add(span)
+                continue
+            prefix, first, last = span
+            ids._runs.setdefault(prefix, []).append([first, last])
+        for prefix, runs in ids._runs.items():  # sorted, and touching runs joined
+            joined: list[list[int]] = []
+            for first, last in sorted(runs):
+                if joined and first <= joined[-1][1] + 1:
+                    joined[-1][1] = max(joined[-1][1], last)
+                else:
+                    joined.append([first, last])
+            ids._runs[prefix] = joined
+        return ids
 
     def size(self) -> int:
         """Runs and other ids held: the room the set takes."""

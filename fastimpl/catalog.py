@@ -423,24 +423,6 @@ class Catalog:
         for d in ready:
             self._run_deferred(d)
 
-    def retry_deletes_of(self, actor: str) -> None:
-        """R95, R45: a restarted coordinator remembers none of its deletes that failed;
-        what they were to delete is ``actor``'s and unreferenced, so it goes now (a
-        directory only if its owner's rule allows it then); one that fails again waits
-        again. (A coordinator rebuilt in a new process finds those paths as garbage of
-        the job's base, ``fastimpl.resume``.)"""
-
-        def owner(d: Deferred) -> str | None:
-            if d.is_dir:
-                return self.dir_owner.get(d.path)
-            f = self.files.get(d.path)
-            return None if f is None else f.owner
-
-        mine = [d for d in self.deferred if d.waits_for is None and owner(d) == actor]
-        self.deferred = [d for d in self.deferred if d not in mine]
-        for d in mine:
-            self._run_deferred(d)
-
     def release_waits(self, stopped: TmId) -> None:
         """R64: ``stopped`` is known to have stopped: the deletes that waited for it run
         (those that fail again wait for a retry, R45)."""

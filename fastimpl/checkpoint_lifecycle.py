@@ -11,18 +11,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from attrs import frozen
+
 from fastimpl.coordinated_job import CoordinatedJob
 from fastimpl.guards import CoordinatorGuards
 from fastimpl.metadata import MetadataError, base_of, metadata_bytes, path_parts
 from fastimpl.records import Completed, ManagedDir, Pending, Status, StoredFile
 from fastimpl.retention import Retention
-from fastimpl.storage import StorageFault
 from fastimpl.tm_book import TmBook
 from fastimpl.working import SharedWorking
 from spec import commands as c
 from spec.config import MergingMode
 from spec.effects import COORDINATOR, USER, tm_actor
-from spec.errors import CkptError
+from spec.errors import CkptError, UsageError
 from spec.handles import (
     DirectoryHandle,
     FileHandle,
@@ -61,6 +62,17 @@ class CompletionFailed(CkptError):
         self.cause = cause
 
 
+@frozen
+class MetadataWrite:
+    """A completion's storage effect, for the host to carry out (raft's ``Ready``: what
+    to persist before the notices go): write ``data`` as ``path`` (``Storage.write_metadata``,
+    atomically), then tell the coordinator how it went."""
+
+    checkpoint: int
+    path: str
+    data: bytes
+
+
 class CheckpointLifecycle:
     """The pending checkpoints and the savepoints this store triggered."""
 
@@ -74,6 +86,9 @@ class CheckpointLifecycle:
         self.guards = CoordinatorGuards(run, tm_book, lambda: self.pending)
         """The guards of ``spec/refusals.py`` the coordinator's records decide."""
         self.pending: dict[int, Pending] = {}
+        self.prepared: dict[int, tuple[Completed, int]] = {}
+        """Completions whose ``_metadata`` the host is writing: the checkpoint as it
+        completes and the size written (``prepare``, ``written``)."""
         self.savepoint_ids: set[int] = set()
         """Savepoints an attempt may still write or acknowledge for (``forget_savepoints``);
         a completed savepoint is the user's and read back from storage (``stored_savepoint``)."""
@@ -291,9 +306,11 @@ class CheckpointLifecycle:
                 catalog.delete_file(path, COORDINATOR)
         self._notify_abort(checkpoint, p.savepoint)
 
-    def complete(self, checkpoint: int) -> Completed:
-        """R51-R55: the completed checkpoint, its ``_metadata`` written; raises
-        ``CompletionFailed`` once the checkpoint was aborted instead (R51, R54)."""
+    def prepare(self, checkpoint: int) -> MetadataWrite:
+        """R51-R54: the ``_metadata`` a completion of ``checkpoint`` writes, for the host
+        to write; nothing changes until it says how the write went (``written`` or
+        ``write_failed``). Raises ``CompletionFailed`` once the checkpoint was aborted
+        instead because it cannot be registered (R54)."""
         check(c.Complete, self.guards.complete_checks(checkpoint))
         p = self.pending[checkpoint]
         entries: list[StateEntry] = []
@@ -351,14 +368,35 @@ class CheckpointLifecycle:
             max_parallelism=done.max_parallelism,  # R77
             working=done.working,
         )
-        try:
-            self.run.storage.write_metadata(meta, data)
-        except StorageFault as fault:
-            self.abort(checkpoint)  # R51
-            raise CompletionFailed(checkpoint, f"writing {meta} failed: {fault}", fault) from fault
+        self.prepared = {k: v for k, v in self.prepared.items() if k in self.pending}
+        self.prepared[checkpoint] = (done, len(data))
+        return MetadataWrite(checkpoint, meta, data)
+
+    def write_failed(self, checkpoint: int, fault: BaseException) -> CompletionFailed:
+        """R51: the host could not write the prepared ``_metadata``: the checkpoint aborts
+        (if it is still pending); the error to raise, naming the path and the fault."""
+        prepared = self.prepared.pop(checkpoint, None)
+        what = "its _metadata" if prepared is None else prepared[0].metadata
+        if checkpoint in self.pending:
+            self.abort(checkpoint)
+        return CompletionFailed(checkpoint, f"writing {what} failed: {fault}", fault)
+
+    def written(self, checkpoint: int) -> Completed:
+        """R51-R55: the host wrote the prepared ``_metadata``: the checkpoint completes
+        (retained, or the user's as a savepoint), the TMs are told, the checkpoints it
+        subsumes go. A checkpoint aborted since it was prepared does not complete: the
+        ``_metadata`` written for it is the coordinator's, deleted at once (R95: nothing
+        unreferenced is kept), and ``CompletionFailed`` says so."""
+        prepared = self.prepared.pop(checkpoint, None)
+        if prepared is None:
+            raise UsageError(f"checkpoint {checkpoint} has no _metadata prepared to complete")
+        done, size = prepared
         catalog = self.run.catalog
-        catalog.files[meta] = StoredFile(len(data), False, COORDINATOR, None)
-        del self.pending[checkpoint]
+        catalog.files[done.metadata] = StoredFile(size, False, COORDINATOR, None)
+        p = self.pending.pop(checkpoint, None)
+        if p is None:
+            catalog.delete_file(done.metadata, COORDINATOR)
+            raise CompletionFailed(checkpoint, "aborted while its _metadata was written", None)
         if p.savepoint:
             # R55: a completed savepoint belongs to the user
             for path in [*sorted(p.received), done.metadata]:

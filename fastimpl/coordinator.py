@@ -30,7 +30,8 @@ from types import MappingProxyType
 from typing import Generic, TypeVar, cast, overload
 
 from fastimpl.catalog import Catalog, DeletionLog
-from fastimpl.checkpoint_lifecycle import CheckpointLifecycle
+from fastimpl.checkpoint_lifecycle import CheckpointLifecycle, CompletionFailed, MetadataWrite
+from fastimpl.completion import complete_through
 from fastimpl.coordinated_job import (
     CoordinatedJob,
     CoordinatorEngine,
@@ -214,10 +215,30 @@ class CheckpointCoordinator:
     def abort(self, checkpoint: int) -> None:
         self.lifecycle.abort(checkpoint)
 
+    def prepare_completion(self, checkpoint: int) -> MetadataWrite:
+        """R51-R54: the ``_metadata`` that completes ``checkpoint``, for the host to write
+        (raft's ``Ready``: persisted before the notices go); nothing changes until
+        ``metadata_written`` or ``metadata_write_failed``. ``CompletionFailed`` if it
+        cannot be registered (R54) and was aborted instead."""
+        return self.lifecycle.prepare(checkpoint)
+
+    def metadata_written(self, checkpoint: int) -> Completed:
+        """R51-R55: the prepared ``_metadata`` is on storage: the completed checkpoint
+        (the notices in the next ``ready``); ``CompletionFailed`` if the checkpoint was
+        aborted since it was prepared (the written file is deleted)."""
+        return self.lifecycle.written(checkpoint)
+
+    def metadata_write_failed(self, checkpoint: int, fault: BaseException) -> CompletionFailed:
+        """R51: writing the prepared ``_metadata`` failed: the checkpoint aborts (its
+        notices in the next ``ready``); the ``CompletionFailed`` for the host to raise."""
+        return self.lifecycle.write_failed(checkpoint, fault)
+
     def complete(self, checkpoint: int) -> Completed:
-        """R51-R55: the completed checkpoint; ``CompletionFailed`` if it was aborted
-        instead (R51, R54), its abort notices in the next ``ready``."""
-        return self.lifecycle.complete(checkpoint)
+        """The three steps of a completion for a host that orders nothing between them,
+        with the ``_metadata`` written through the storage given at construction:
+        ``prepare_completion``, the write, ``metadata_written`` (or
+        ``metadata_write_failed``, whose ``CompletionFailed`` is raised)."""
+        return complete_through(self, self.run.storage, checkpoint)
 
     # what is kept
 
@@ -249,9 +270,6 @@ class CheckpointCoordinator:
 
     def failover(self) -> None:
         self.failures.failover()
-
-    def restart(self) -> None:
-        self.failures.restart()
 
     # the job's end and restores
 

@@ -25,16 +25,16 @@ from typing import Any, TypeVar
 
 from fastimpl.base_opening import readable_config
 from fastimpl.catalog import DeletionLog
+from fastimpl.completion import complete_through
 from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
 from fastimpl.engine_guards import checks as guard_checks
 from fastimpl.ids import CounterIds, IdSource, RandomIds
 from fastimpl.party_observation import observe as observe_in_process
 from fastimpl.records import (
     Completed,
-    Pending,
     Status,
-    Tm,
 )
+from fastimpl.resume import ha_state, rebuild
 from fastimpl.storage import Storage, StorageFault
 from fastimpl.taskmanager import TaskManager
 from fastimpl.trace import CommandTrace
@@ -152,43 +152,9 @@ class InProcessEngine:
     def placement(self) -> dict[SubtaskId, TmId]:
         return self.coord.placement
 
-    @property
-    def tms(self) -> dict[TmId, Tm]:
-        return self.coord.tms
-
-    @property
-    def running(self) -> bool:
-        return self.coord.running
-
-    @property
-    def next_checkpoint(self) -> int:
-        return self.coord.next_checkpoint
-
-    @property
-    def pending(self) -> dict[int, Pending]:
-        return self.coord.pending
-
-    @property
-    def retained(self) -> list[Completed]:
-        return self.coord.retained
-
-    @property
-    def savepoints(self) -> list[int]:
-        return self.coord.stored_savepoints()
-
-    @property
-    def latest_completed(self) -> int:
-        return self.coord.latest_completed
-
     def _is_savepoint(self, checkpoint: int) -> bool:
         """The checkpoint's type, as Flink's CheckpointOptions carry it with the barrier."""
         return self.coord._is_savepoint(checkpoint)
-
-    def load_completed(self, metadata: str, job: str | None = None) -> Completed:
-        return self.coord.load_completed(metadata, job)
-
-    def state_to_restore(self, subtask: SubtaskId) -> tuple[StateEntry, ...]:
-        return self.coord.state_to_restore(subtask)
 
     def host(self, coord: CheckpointCoordinator) -> None:
         """Host ``coord`` from now on in place of the one built here: a coordinator
@@ -423,7 +389,10 @@ class InProcessEngine:
     def complete(self, checkpoint: int) -> Completed:
         """The completed checkpoint; ``CompletionFailed`` if writing its ``_metadata``
         failed or it could not be registered, and it was aborted instead (R51, R54)."""
-        return self.recorded(c.Complete(checkpoint), lambda: self.coord.complete(checkpoint))
+        return self.recorded(
+            c.Complete(checkpoint),
+            lambda: complete_through(self.coord, self.storage, checkpoint),
+        )
 
     def abort(self, checkpoint: int) -> None:
         cmd = c.Abort(checkpoint)
@@ -442,7 +411,7 @@ class InProcessEngine:
     def _deliver(self, index: int) -> None:
         self.check(c.DeliverNotification(index))
         tm, msg = self.channel.take(index)
-        rec = self.tms.get(tm)
+        rec = self.coord.tms.get(tm)
         if rec is None or rec.status is Status.STOPPED:
             return
         if isinstance(msg, CheckpointComplete | CheckpointAborted):
@@ -492,9 +461,28 @@ class InProcessEngine:
         self.recorded(c.Failover(), run)
 
     def restart(self) -> None:
+        """R95: the coordinator's process dies and a new one is built from storage and
+        the HA state the engine kept (``fastimpl.resume``, as for any engine): the old
+        object is dropped as it is, the running TMs answer what they hold, and every
+        subtask fails over to the new coordinator."""
+
         def run() -> None:
             self.check(c.RestartCoordinator())
-            self.coord.restart()
+            old = self.coord
+            ha, placement = ha_state(old), dict(old.placement)
+            coord, _ = rebuild(
+                self.cfg,
+                old.vertices,
+                old.num_tms,
+                self.storage,
+                self.ids,
+                self,
+                ha,
+                placement,
+                log=self.log,
+            )
+            self.host(coord)
+            coord.failover()
 
         self.recorded(c.RestartCoordinator(), run)
 
@@ -566,7 +554,12 @@ class InProcessEngine:
         """Log every call from now on to ``trace`` (``fastimpl.trace``). A replay starts
         from the model's initial state, so the trace must start with the store: before
         its first call, on an empty root."""
-        if self.next_checkpoint != 1 or self.catalog.files or self.job != "job-0" or self.channel:
+        if (
+            self.coord.next_checkpoint != 1
+            or self.catalog.files
+            or self.job != "job-0"
+            or self.channel
+        ):
             raise UsageError("a trace starts with the store, before its first command")
         ids = "counter" if isinstance(self.ids, CounterIds) else "random"
         trace.header(self.cfg, self.job_spec, ids)

@@ -32,8 +32,10 @@ def checks(
     notices the transport holds."""
     g = coord.guards
     match cmd:
-        case c.Trigger() | c.Failover() | c.RestartCoordinator() | c.Cancel() | c.CollectWorking():
+        case c.Trigger() | c.Failover() | c.Cancel() | c.CollectWorking():
             return g.running_checks()
+        case c.RestartCoordinator():
+            return g.restart_checks()
         case c.WriteState() | c.Acknowledge() | c.SnapshotWorking():
             return _writer_checks(coord, parties, cmd.checkpoint, cmd.subtask, cmd.attempt)
         case c.ReuseShared():

@@ -286,7 +286,7 @@ class Failover:
         """A stopped attempt's record goes (``fastimpl.attempts``): nothing depends on it
         any more, and its id stays known as a stopped one's."""
         book = self.tm_book
-        book.tms.retire(tm)  # type: ignore[attr-defined]
+        book.tms.retire(tm)
         book.started.pop(tm, None)
         book.hosted_before.pop(tm, None)
         self.told_lost.pop(tm, None)
@@ -541,27 +541,3 @@ class Failover:
                 md.used_by = set()
             taken.append(d)
         return tuple(taken), tuple(coordinators)
-
-    def restart(self) -> None:
-        """R95: rebuild retention and the registry from the persisted metadata alone.
-
-        The checkpoint store (Flink's HA store) survives as the list of ``_metadata`` paths;
-        their contents are read back and validated before anything changes, so a corrupt
-        file fails the restart with a ``MetadataError`` and deletes nothing.
-        """
-        retention, catalog = self.retention, self.run.catalog
-        listed = [r for r in retention.retained if r.metadata in catalog.files]
-        rebuilt = [retention.load_completed(r.metadata, r.job) for r in listed]
-        retention.retained = []
-        retention.registry.clear()
-        for done in rebuilt:
-            retention.register(done)
-            retention.retained.append(done)
-        received = {p for pend in self.lifecycle.pending.values() for p in pend.received}
-        self.lifecycle.pending = {}
-        for path in sorted(received):
-            f = catalog.files.get(path)
-            if f is not None and f.owner == COORDINATOR and not retention.referenced(path):
-                catalog.delete_file(path, COORDINATOR)
-        catalog.retry_deletes_of(COORDINATOR)
-        self.failover()

@@ -87,6 +87,13 @@ class CoordinatorGuards:
         status = self.book.tms[tm].status
         return None if status is Status.LOST else f"{tm} is {status.value}, not lost"
 
+    def none_lost(self) -> str | None:
+        """R64, R95: a coordinator restarts only once no attempt it gave up on may still
+        run (the rebuild from storage asks the running TMs what they hold; a zombie's
+        files would be taken for the dead coordinator's garbage)."""
+        lost = sorted(t for t, rec in self.book.tms.items() if rec.status is Status.LOST)
+        return None if not lost else f"lost attempts not known stopped: {', '.join(lost)}"
+
     def acting_tm(self, subtask: SubtaskId, attempt: TmId | None) -> TmId:
         """The attempt that acts for ``subtask``: its TM, or the ``attempt`` named (a
         zombie, R64); whether it may is for the guards (``acting_checks``)."""
@@ -134,8 +141,12 @@ class CoordinatorGuards:
     # ------------------------------------------------------------------ each command's table
 
     def running_checks(self) -> dict[str, Check]:
-        """Trigger, Failover, RestartCoordinator, Cancel, CollectWorking."""
+        """Trigger, Failover, Cancel, CollectWorking."""
         return {"running": self.running}
+
+    def restart_checks(self) -> dict[str, Check]:
+        """RestartCoordinator: a running job none of whose attempts is lost (R64, R95)."""
+        return {"running": self.running, "none_lost": self.none_lost}
 
     def database_checks(
         self, subtask: SubtaskId, attempt: TmId | None, *, zombie: bool = True

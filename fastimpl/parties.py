@@ -35,13 +35,21 @@ The coordinator's side
     - ``receive_ack(Acknowledgement)``, ``receive_decline(Decline)``: a TM's answer to a
       barrier, decoded. One from an attempt the coordinator gave up on, or for a
       checkpoint no longer pending, changes nothing (its whole files aside).
-    - ``complete(cid) -> Completed``: the completed checkpoint (``id``, ``job``,
+    - a completion, whose storage effect the host carries out (R51: the ``_metadata``
+      is on storage before any TM hears of it): ``prepare_completion(cid) ->
+      MetadataWrite`` (``path``, ``data``) changes nothing; the host writes ``data`` as
+      ``path`` (``Storage.write_metadata``, atomically), then calls
+      ``metadata_written(cid) -> Completed``: the completed checkpoint (``id``, ``job``,
       ``metadata``: the ``_metadata`` path under the root, ``entries``,
-      ``directories``); ``CheckpointComplete`` notices for every current TM. Raises
-      ``CompletionFailed`` (``checkpoint``, ``reason``, ``cause``) when writing
-      ``_metadata`` failed or its handles could not be registered: it aborted instead
-      (R51, R54), with ``CheckpointAborted`` notices. Raises ``CommandError`` (a
-      ``CkptError``; nothing changed) while a subtask has not acknowledged.
+      ``directories``), with ``CheckpointComplete`` notices for every current TM; or
+      ``metadata_write_failed(cid, fault) -> CompletionFailed``: it aborted instead,
+      with ``CheckpointAborted`` notices, and the error for the host to raise.
+      ``complete(cid)`` and ``complete_through(coord, storage, cid)`` are the three
+      steps in a row. ``CompletionFailed`` (``checkpoint``, ``reason``, ``cause``) is
+      raised too when the handles could not be registered (R54), or the checkpoint
+      aborted while its ``_metadata`` was written (the file is deleted).
+      ``CommandError`` (a ``CkptError``; nothing changed) while a subtask has not
+      acknowledged.
     - ``abort(cid)``: ``CheckpointAborted`` notices.
     - ``lose(tm)``: the engine's word that a TM is lost (every pending checkpoint
       aborts); ``receive_stopped(AttemptStopped)``: that a lost attempt's process has
@@ -51,8 +59,7 @@ The coordinator's side
       ``replace(tm) -> TmId``: a task-level failover of one TM, the new attempt.
     - ``end_job(retain=...)``: every TM gets ``EndJob`` and answers ``TmEnded``;
       with ``retain`` the retained checkpoints are the user's, otherwise they go.
-    - ``restart()``: the coordinator rebuilt from the ``_metadata`` on storage;
-      ``restore(spec.commands.Restore(checkpoint, parallelism, mode))``: a
+    - ``restore(spec.commands.Restore(checkpoint, parallelism, mode))``: a
       new job from a retained checkpoint or a savepoint (``docs/library.md``).
 
     What the engine reads, as values (never the records themselves):
@@ -259,7 +266,7 @@ that is not a message of ``MESSAGE_VERSION``).
 ``CkptError`` is the base of every error the store raises; ``StorageFault`` (a storage
 call failed: the subtask declines) and ``CommandError`` (a call invalid in the
 current state; nothing changed) are the two a host handles, with ``CompletionFailed``
-from ``complete``. A call given what the API
+from a completion. A call given what the API
 does not take raises ``UsageError`` (also a ``ValueError``), ``WrongTypeError`` (also a
 ``TypeError``) or ``NotFoundError`` (also a ``KeyError``); ``OperationFailed`` (also a
 ``RuntimeError``) says something the library ran could not finish.
@@ -270,7 +277,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fastimpl.base_opening import lease_token, open_base
-from fastimpl.checkpoint_lifecycle import CompletionFailed
+from fastimpl.checkpoint_lifecycle import CompletionFailed, MetadataWrite
+from fastimpl.completion import complete_through
 from fastimpl.coordinator import (
     CheckpointCoordinator,
     CoordinatorEngine,
@@ -353,13 +361,15 @@ PUBLIC_MEMBERS: Mapping[str, frozenset[str]] = {
             "receive_ack",
             "receive_decline",
             "complete",
+            "prepare_completion",
+            "metadata_written",
+            "metadata_write_failed",
             "abort",
             "lose",
             "receive_stopped",
             "failover",
             "replace",
             "end_job",
-            "restart",
             "restore",
             "state_to_restore",
             "is_running",
@@ -380,10 +390,12 @@ PUBLIC_MEMBERS: Mapping[str, frozenset[str]] = {
     ),
     "CoordinatorEngine": frozenset({"duty", "start_tm", "place", "placed", "forget_tm"}),
     "Ready": frozenset({"notices", "deleted"}),
+    "MetadataWrite": frozenset({"checkpoint", "path", "data"}),
     "Completed": frozenset({"id", "job", "metadata", "entries", "directories"}),
     "Storage": frozenset(
         {
             "drain",
+            "write_metadata",
             "list_files",
             "files_under",
             "read_range",
@@ -460,6 +472,7 @@ __all__ = [
     "MessageError",
     "Metadata",
     "MetadataError",
+    "MetadataWrite",
     "NotFoundError",
     "Notice",
     "OpenDatabase",
@@ -485,6 +498,7 @@ __all__ = [
     "WrongTypeError",
     "check_metadata_place",
     "command_line",
+    "complete_through",
     "decode_message",
     "decode_metadata",
     "encode_message",

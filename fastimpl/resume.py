@@ -1,17 +1,16 @@
-"""A coordinator rebuilt from storage: the one restart-from-storage of the product (R95,
-issue 16).
+"""A coordinator rebuilt from storage: the one restart of the product (R95, issue 16).
 
-``CheckpointCoordinator.restart`` rebuilds retention and the registry in the same object.
 When the coordinator's process dies, nothing of it is left but what storage holds and what
 the engine's HA services keep (Flink keeps the job id, the checkpoint id counter and the
 pointers to the completed checkpoints' metadata in ZooKeeper or Kubernetes; here
 ``HaState``, which ``ha_state`` reads from a running coordinator and the engine persists).
-``rebuild`` makes a new coordinator from those alone; two callers use it:
+``rebuild`` makes a new coordinator from those alone; every restart goes through it:
 
 - ``resume``: the coordinator's process died while its TMs run on. The engine hands the
   HA state and the list of running TMs; after the rebuild every subtask restarts as in a
   failover (R60-R62), with the epoch after the HA one, so each TM applies the new
-  coordinator's duties.
+  coordinator's duties. The in-process engine's ``restart`` is this, with the engine's
+  storage (whose failed deletes stay its own to retry, R45).
 - ``fastimpl.recovery.recover_coordinator`` (``CheckpointStore.recover`` hosts it in
   process): the whole process died, no HA state survived and no TM runs. Recovery
   derives the HA state from storage (the job's latest ``num_retained`` ``_metadata``
@@ -39,9 +38,10 @@ What the rebuild decides, file by file:
 - savepoints are the user's (R55): never deleted, never recorded as a checkpoint; the
   coordinator reads one back from storage when a job restores from it. Every file in the
   savepoints directory is the user's, except in the directory of a savepoint the HA
-  state lists as in flight (the store's own, as the job's base is): what no running TM
-  holds there goes. Without HA state (recovery) none is in flight: what an interrupted
-  savepoint left cannot be told from the user's, a leak, never a loss;
+  state lists as not completed (in flight or aborted: the store's own, as the job's base
+  is): what no running TM holds there goes. Without HA state (recovery) none is listed:
+  what an interrupted savepoint left cannot be told from the user's, a leak, never a
+  loss;
 - working files (§11) the new coordinator holds as its own were handed over in place by
   acknowledgements (R100): shared, so its collection deletes each once no checkpoint
   refers to it and no live database uses it (R104), as the dead coordinator's would have;
@@ -50,24 +50,29 @@ What the rebuild decides, file by file:
   the dead coordinator's (taken from a stopped attempt, R64, or handed over for a pending
   checkpoint, R43): it is the new one's, and goes unless a kept checkpoint or the restore
   refers to it (R95: nothing retained is deleted, nothing unreferenced is kept). Files of
-  a claimed base the dead coordinator did not hold by a kept checkpoint are the user's
-  (R91 gave them to the user when the claimed job ended).
+  a claimed base the dead coordinator did not hold by a kept checkpoint, or as a working
+  file the HA state names (R105), are the user's (R91 gave them to the user when the
+  claimed job ended).
 
-A TM that is lost and may still run (R64) is not known to the new coordinator: the engine
-resumes a coordinator only with every TM it knows of running or stopped.
+A TM that is lost and may still run (R64) is not known to the new coordinator: a restart
+waits until every attempt given up on is known stopped (R95's guard, ``none_lost``), and
+the HA state names the stopped ones (``retired``) so that a late command of one is still
+refused as a stopped attempt's.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 
 from attrs import frozen
 
+from fastimpl.attempts import IdRuns, Span
 from fastimpl.catalog import DeletionLog
 from fastimpl.coordinator import CheckpointCoordinator, CoordinatorEngine
 from fastimpl.ids import IdSource
-from fastimpl.metadata import base_of
+from fastimpl.metadata import MetadataError, base_of
 from fastimpl.records import Completed, ManagedDir, StoredFile
 from fastimpl.redistribute import assign
 from fastimpl.storage import Storage
@@ -78,6 +83,8 @@ from spec.handles import FileHandle, stream_of
 from spec.ids import SubtaskId, TmId
 from spec.layout import METADATA, SAVEPOINTS, is_under, job_base, savepoint_dir
 from spec.messages import Held, Holdings
+
+log = logging.getLogger("fastimpl.coordinator")
 
 
 @frozen
@@ -101,8 +108,21 @@ class HaState:
     restored: str | None = None
     """The ``_metadata`` the running job restored from, until it completes its own."""
     savepoints: tuple[int, ...] = ()
-    """Savepoints in flight (triggered, not finished): their directories hold files of
-    the store's own (being written, or handed over by acknowledgements, R43)."""
+    """Savepoints the store triggered that did not complete, in flight or aborted while
+    files of its own may remain: their directories hold only the store's files (being
+    written, handed over by acknowledgements, R43, or left by an abort)."""
+    claimed_working: tuple[str, ...] = ()
+    """The working files the coordinator holds in a claimed base (R105: a CLAIM restore
+    opened them in place): its own, shared, until its collection finds no checkpoint
+    and no live database using one (R104); no kept checkpoint need name them."""
+    ended: tuple[str, ...] = ()
+    """Bases of this store's earlier jobs outside the lineage (a NO_CLAIM restore ended
+    them, R73, R91): what their retained checkpoints hold, files and directories, is the
+    user's, read and never deleted."""
+    retired: tuple[Span, ...] = ()
+    """The attempts known stopped or ended with their job (the engine named them): a
+    command of one is refused as a stopped attempt's (R56, R64), and one the placement
+    still names is replaced at the failover that follows the rebuild."""
 
 
 def ha_state(co: CheckpointCoordinator) -> HaState:
@@ -118,7 +138,24 @@ def ha_state(co: CheckpointCoordinator) -> HaState:
         tuple(r.metadata for r in co.retained),
         tuple(sorted(b for b in co.lineage if b != own)),
         restored,
-        tuple(sorted(k for k, p in co.pending.items() if p.savepoint)),
+        tuple(
+            sorted(
+                n
+                for n in co.triggered_savepoints
+                if f"{savepoint_dir(n)}/{METADATA}" not in co.catalog.files  # not completed
+            )
+        ),
+        tuple(
+            sorted(
+                p
+                for p, f in co.catalog.files.items()
+                if f.owner == COORDINATOR
+                and is_working_path(p)
+                and base_of(p) in co.lineage - {own}
+            )
+        ),
+        tuple(sorted(co.bases - co.lineage - {own, SAVEPOINTS})),
+        co.tm_book.tms.retired.spans(),
     )
 
 
@@ -146,7 +183,9 @@ def rebuild(
         config, vertices, num_tms, storage, ids, engine, ha.job, deletion_log=deletion_log, log=log
     )
     if files is None:
+        storage.drain()  # the deletes decided before run first: the listing is what stays
         files = storage.list_files()
+    files = _not_being_deleted(files, storage)
     own = job_base(ha.job)
     lineage = {own, *ha.lineage}
     if ha.checkpoints is None:
@@ -164,13 +203,15 @@ def rebuild(
     co.epoch = ha.epoch
     co.watermark = ha.watermark
     co.lineage = set(lineage)
-    co.bases |= lineage
+    co.bases |= lineage | set(ha.ended)
     co.placement = dict(placement)
     co.savepoint_ids |= set(ha.savepoints)
     co.triggered_savepoints |= set(ha.savepoints)
     in_flight = {savepoint_dir(n) for n in ha.savepoints}
+    co.tm_book.tms.retired = IdRuns.of_spans(ha.retired)
     for t in sorted(set(placement.values())):
-        co._add_tm(t)
+        if t not in co.tm_book.tms:  # a stopped one stays retired, and the failover replaces it
+            co._add_tm(t)
 
     claimed: set[str] = set()
     for done in keep:
@@ -186,7 +227,10 @@ def rebuild(
             co.catalog.dir_owner[d] = COORDINATOR  # R42
             md = co.catalog.dirs.setdefault(d, ManagedDir(d, ""))  # its creator is not known
             md.handed_over = True
+    claimed |= {p for p in ha.claimed_working if p in files and base_of(p) in lineage}
     claimed -= user
+    for d in _users_directories(co, files, ha.ended):
+        co.catalog.dir_owner.setdefault(d, USER)  # R91: read, never deleted (I5)
     for path, size in files.items():
         ours = base_of(path) == own or base_of(path) in in_flight
         mine = path in claimed or (ours and path not in user)
@@ -212,6 +256,10 @@ def rebuild(
     garbage: list[str] = []
     for path in sorted(unknown - held):  # what no running TM holds is the coordinator's
         co.catalog.files[path] = StoredFile(files[path], False, COORDINATOR, None)
+        if placement and is_working_path(path):
+            # R104: handed over in place, and a live database may use it: its collection
+            # asks them (below); with no TM running (a recovery) nothing uses it
+            continue
         if not co.referenced(path):  # R95: what the dead coordinator held for nothing goes
             co.catalog.delete_file(path, COORDINATOR)
             garbage.append(path)
@@ -245,6 +293,35 @@ def resume(
     return co
 
 
+def _users_directories(
+    co: CheckpointCoordinator, files: dict[str, int], ended: tuple[str, ...]
+) -> list[str]:
+    """R91: the directories the retained checkpoints of this store's ended jobs name (the
+    ``_metadata`` left in their bases); one that cannot be read is the user's file all the
+    same, and names nothing here."""
+    out: list[str] = []
+    for path in sorted(files):
+        if base_of(path) in ended and path.endswith(f"/{METADATA}"):
+            try:
+                out += _load(co, path).directories
+            except MetadataError as err:
+                log.warning("the user's %s is not read: %s", path, err)
+    return out
+
+
+def _not_being_deleted(files: dict[str, int], storage: Storage) -> dict[str, int]:
+    """The listing without what the storage keeps failing to delete (R45): those deletes
+    were decided and are the storage's to retry (``RetryDeletes``), not garbage to find
+    again (a storage that survives the coordinator: the in-process engine's)."""
+    failed = storage.failed_deletes
+    if not failed:
+        return files
+    dirs = [d for d, f in failed.items() if f.is_dir]
+    return {
+        p: n for p, n in files.items() if p not in failed and not any(is_under(p, d) for d in dirs)
+    }
+
+
 def _load(co: CheckpointCoordinator, path: str) -> Completed:
     """A checkpoint the HA state names, validated; its job is the one its base names."""
     return co.load_completed(path, base_of(path) if not path.startswith(SAVEPOINTS) else None)
@@ -263,12 +340,17 @@ def _paths_of(done: Completed) -> set[str]:
 
 def _taken(done: Completed, own: str) -> set[str]:
     """What of ``done`` is the coordinator's for certain: its ``_metadata``, the whole
-    files its acknowledgements handed over (R43), and everything it names in a claimed
-    job's base (R72). A segment's file in the job's own base may still be a running TM's
-    (it appends to it, R30): whose it is, the TMs say (``Holdings``)."""
-    return {done.metadata} | {
-        s.path
-        for e in done.entries
-        if (s := stream_of(e.handle)) is not None
-        and (isinstance(e.handle, FileHandle) or base_of(s.path) != own)
-    }
+    files its acknowledgements handed over (R43), the working files they handed over in
+    place (R100, R105), and everything it names in a claimed job's base (R72). A
+    segment's file in the job's own base may still be a running TM's (it appends to it,
+    R30): whose it is, the TMs say (``Holdings``)."""
+    return (
+        {done.metadata}
+        | {
+            s.path
+            for e in done.entries
+            if (s := stream_of(e.handle)) is not None
+            and (isinstance(e.handle, FileHandle) or base_of(s.path) != own)
+        }
+        | {w.path for _, w in done.working}
+    )

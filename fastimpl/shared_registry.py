@@ -99,8 +99,7 @@ class SharedStateRegistry:
         return self._entries.values()
 
     def clear(self) -> None:
-        """A new job starts with an empty registry (R70); a restarted coordinator
-        registers the retained checkpoints again (R95)."""
+        """A new job starts with an empty registry (R70)."""
         self._entries = {}
 
     def register(

@@ -23,7 +23,7 @@ class TmBook:
         self.run = run
         self.placement: dict[SubtaskId, TmId] = {}
         """Where the engine runs each subtask of the running job."""
-        self.tms: dict[TmId, Tm] = TmTable()
+        self.tms: TmTable = TmTable()
         """Live and lost attempts; stopped ones are retired (``fastimpl.attempts``)."""
         self.started: dict[TmId, tuple[str, int]] = {}
         """The job each TM attempt ran for and the first checkpoint it could write for:

@@ -131,12 +131,13 @@ class WriterStatePublisher:
 
     def publish(self) -> None:
         cl = self.cluster
+        co = cl.coord
         now = time.time()
-        retained = tuple(r.id for r in cl.retained)
-        note_pending(self.triggered, cl.pending, retained, now)
+        retained = tuple(r.id for r in co.retained)
+        note_pending(self.triggered, co.pending, retained, now)
         open_files = [p for t in cl.parties.values() for p, pf in t.m.pfiles.items() if pf.open]
         working: set[str] = set()
-        if cl.running:
+        if co.running:
             for tm in cl.coord.current_tms():
                 dbs = cl.parties[tm].working
                 working |= set(dbs.in_use()) | {p for ps in dbs.pins.values() for p in ps}
@@ -145,8 +146,8 @@ class WriterStatePublisher:
             job=cl.job,
             seq=self.seq,
             published_at=now,
-            running=cl.running,
-            latest_completed=cl.latest_completed,
+            running=co.running,
+            latest_completed=co.latest_completed,
             retained=retained,
             triggered=self.triggered,
             open_files=open_files,

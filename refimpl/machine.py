@@ -268,14 +268,10 @@ class _Work:
         ``cmd``, by name; ``apply`` runs them in that order (``spec.refusals.check``), so
         each may rely on the guards before it."""
         match cmd:
-            case (
-                c.Trigger()
-                | c.Failover()
-                | c.RestartCoordinator()
-                | c.Cancel()
-                | c.CollectWorking()
-            ):
+            case c.Trigger() | c.Failover() | c.Cancel() | c.CollectWorking():
                 return {"running": self._ended}
+            case c.RestartCoordinator():
+                return {"running": self._ended, "none_lost": self._lost_attempts}
             case c.WriteState() | c.Acknowledge() | c.SnapshotWorking():
                 return self._writer_checks(cmd.checkpoint, cmd.subtask, cmd.attempt)
             case c.ReuseShared():
@@ -451,6 +447,13 @@ class _Work:
         if self.tms[tm].status is TmStatus.ALIVE and tm in self.placement.values():
             return None
         return f"{tm} is not a live TM of {self.job}"
+
+    def _lost_attempts(self) -> str | None:
+        """R64, R95: a coordinator restarts only once no attempt it gave up on may still
+        run: what a zombie writes, a coordinator rebuilt from storage could not tell from
+        the dead one's garbage."""
+        lost = sorted(t for t, rec in self.tms.items() if rec.status is TmStatus.LOST)
+        return None if not lost else f"lost attempts not known stopped: {', '.join(lost)}"
 
     def _not_lost(self, tm: TmId) -> str | None:
         """R64: only a lost attempt can be known to have stopped."""

@@ -28,6 +28,7 @@ class Reason(enum.Enum):
     NOT_RETAINED = "not_retained"
     BAD_ARGUMENT = "bad_argument"
     MAX_PARALLELISM_CHANGED = "max_parallelism_changed"
+    ATTEMPT_MAY_RUN = "attempt_may_run"
 
 
 class CkptError(Exception):

@@ -115,6 +115,13 @@ TM_ALIVE_IN_JOB = Guard(
     ("R57", "R66"),
 )
 TM_LOST = Guard("tm_lost", Reason.TM_NOT_LOST, "the TM is alive or already stopped", ("R64",))
+NONE_LOST = Guard(
+    "none_lost",
+    Reason.ATTEMPT_MAY_RUN,
+    "an attempt the coordinator gave up on is not known stopped: it may still write, and "
+    "a coordinator rebuilt from storage could not tell its files from garbage",
+    ("R64", "R95"),
+)
 PARTIAL_WRITE = Guard(
     "partial_write",
     Reason.BAD_ARGUMENT,
@@ -205,7 +212,7 @@ GUARDS: Mapping[type[c.Command], tuple[Guard, ...]] = {
     c.CrashDuringWrite: (*_HOST_WRITER, PARTIAL_WRITE),
     c.Failover: (RUNNING,),
     c.ReplaceTm: (RUNNING, TM_KNOWN, TM_ALIVE_IN_JOB),
-    c.RestartCoordinator: (RUNNING,),
+    c.RestartCoordinator: (RUNNING, NONE_LOST),
     c.Restore: (SOURCE_RETAINED, PARALLELISM_VALID, MAX_PARALLELISM_SAME),
     c.FailNextCall: (),
     c.RetryDeletes: (),

@@ -160,7 +160,7 @@ class PendingView(Protocol):
 
 def pending(h: Harness) -> Mapping[int, PendingView]:
     """The coordinator's pending checkpoints: what it acknowledged and received so far."""
-    return h.engine.pending if isinstance(h, ProductHarness) else h.state.pending
+    return h.engine.coord.pending if isinstance(h, ProductHarness) else h.state.pending
 
 
 def placement(h: Harness) -> Mapping[SubtaskId, str]:
@@ -258,17 +258,17 @@ class ProductHarness(LockstepHarness):
 
     @property
     def last_checkpoint(self) -> int:
-        return self.engine.next_checkpoint - 1
+        return self.engine.coord.next_checkpoint - 1
 
     def tm_of(self, subtask: SubtaskId) -> str:
         return self.engine.placement[subtask]
 
     def live_tms(self) -> list[str]:
-        tms = self.engine.tms
+        tms = self.engine.coord.tms
         return sorted({t for t in self.engine.placement.values() if tms[t].status is Status.ALIVE})
 
     def lost_tms(self) -> list[str]:
-        return sorted(t for t, r in self.engine.tms.items() if r.status is Status.LOST)
+        return sorted(t for t, r in self.engine.coord.tms.items() if r.status is Status.LOST)
 
     def observe(self) -> Observation:
         """The product's observation after the last command, its file names as the

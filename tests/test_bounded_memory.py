@@ -9,9 +9,11 @@ from collections import deque
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fastimpl import CheckpointStore, CounterIds, testing
-from fastimpl.attempts import TmTable
+from fastimpl.attempts import IdRuns, TmTable
 from fastimpl.catalog import _BAD_DELETIONS_KEPT, _REFUSED_KEPT
 from spec.config import Config, JobSpec, MergingMode, StateKind, VertexSpec
 from spec.effects import COORDINATOR, tm_actor
@@ -206,8 +208,40 @@ def test_the_coordinators_tables_are_bounded_by_what_is_live(
     with pytest.raises(CommandError) as unknown:
         co.attempt_stopped("tm-999")
     assert unknown.value.reason is Reason.UNKNOWN_TM
+    # R95: a coordinator rebuilt from storage and the HA state still knows the retired
+    # ids (``HaState.retired``, as runs), and refuses them as before
+    store.coordinator.restart()
+    rebuilt = store._engine.coord
+    assert rebuilt is not co
+    assert _coordinator_tables(store) == after_n
+    with pytest.raises(CommandError) as again:
+        rebuilt.attempt_stopped(first)
+    assert again.value.reason is Reason.TM_NOT_LOST
     assert testing.check_invariants(store) == []
     store.close()
+
+
+@given(
+    st.sets(
+        st.one_of(
+            st.builds(
+                lambda p, n: f"{p}{n}", st.sampled_from(["tm-", "x", "a1-"]), st.integers(0, 40)
+            ),
+            st.sampled_from(["tm-", "solo", "a.b"]),
+        ),
+        max_size=30,
+    )
+)
+def test_retired_ids_read_back_from_their_spans(ids: set[str]) -> None:
+    """The retired ids an HA state carries (``IdRuns.spans``) read back as the same set,
+    in the same runs; a number past the runs is still unknown."""
+    runs = IdRuns()
+    for name in ids:
+        runs.add(name)
+    back = IdRuns.of_spans(runs.spans())
+    assert back.spans() == runs.spans() and back.size() == runs.size()
+    assert all(name in back for name in ids)
+    assert "tm-41" not in back and "never" not in back
 
 
 def test_the_refusals_and_broken_deletes_kept_are_bounded(tmp_path: Path) -> None:

@@ -218,7 +218,7 @@ def test_live_mode_shrinks_a_mismatch_to_a_case_the_candidate_fails(
 
     def hides_the_coordinator(self: InProcessEngine) -> object:
         obs = shown(self)
-        if not self.pending:
+        if not self.coord.pending:
             return obs
         return attrs.evolve(obs, live_parties=obs.live_parties - {"coordinator"})
 

@@ -14,9 +14,10 @@ import fsspec  # type: ignore[import-untyped]
 import pytest
 
 from fastimpl.engine import InProcessEngine
-from fastimpl.parties import CompletionFailed, Ready
+from fastimpl.parties import CompletionFailed, Ready, decode_metadata
 from spec.commands import StorageOp
 from spec.config import Config, JobSpec, StateKind, VertexSpec
+from spec.errors import UsageError
 from spec.handles import stream_of
 from spec.layout import METADATA, checkpoint_dir, metadata_path
 from spec.messages import CheckpointAborted, CheckpointComplete
@@ -137,3 +138,64 @@ def test_an_aborted_completion_raises_with_its_abort_notices_in_ready(
     ready = co.ready()
     assert {(type(n), n.checkpoint) for _, n in ready.notices} == {(CheckpointAborted, cid)}
     assert cid not in co.pending_checkpoints()
+
+
+def test_a_completions_metadata_is_the_hosts_to_write_before_any_notice(
+    tmp_path: Path,
+) -> None:
+    """R51 as raft's ``Ready``: ``prepare_completion`` changes nothing (the checkpoint
+    is pending, no ``_metadata`` on storage, no notice); the host writes the bytes it was
+    given, and only ``metadata_written`` completes the checkpoint and gives its notices.
+    What the host wrote is what a reader of the base decodes."""
+    engine = _engine(tmp_path)
+    co = engine.coord
+    cid = _acknowledged(engine)
+    write = co.prepare_completion(cid)
+    assert write.checkpoint == cid and write.path == metadata_path(engine.job, cid)
+    assert cid in co.pending_checkpoints() and not co.ready()
+    assert write.path not in engine.storage.list_files()
+    engine.storage.write_metadata(write.path, write.data)
+    done = co.metadata_written(cid)
+    assert done.metadata == write.path and cid not in co.pending_checkpoints()
+    assert {(type(n), n.checkpoint) for _, n in co.ready().notices} == {(CheckpointComplete, cid)}
+    back = decode_metadata(engine.storage.read_range(write.path, 0, len(write.data)))
+    assert back.checkpoint == cid and back.job == engine.job
+    with pytest.raises(UsageError):
+        co.metadata_written(cid)  # nothing prepared any more
+
+
+def test_a_checkpoint_aborted_while_its_metadata_was_written_does_not_complete(
+    tmp_path: Path,
+) -> None:
+    """R57 between the steps: a TM is lost while the host writes the ``_metadata``; the
+    checkpoint aborted, so ``metadata_written`` raises ``CompletionFailed``, the file the
+    host wrote is deleted (R95: nothing unreferenced is kept), no ``CheckpointComplete``
+    goes out, and nothing is retained."""
+    engine = _engine(tmp_path)
+    co = engine.coord
+    cid = _acknowledged(engine)
+    write = co.prepare_completion(cid)
+    co.lose(sorted(set(engine.placement.values()))[0])
+    engine.storage.write_metadata(write.path, write.data)
+    with pytest.raises(CompletionFailed) as failed:
+        co.metadata_written(cid)
+    assert failed.value.checkpoint == cid and "aborted while" in failed.value.reason
+    engine.storage.drain()
+    assert write.path not in engine.storage.list_files()
+    ready = co.ready()
+    assert {type(n) for _, n in ready.notices} == {CheckpointAborted}
+    assert write.path in ready.deleted and co.retained_checkpoints() == ()
+
+
+def test_a_failed_metadata_write_reported_by_the_host_aborts(tmp_path: Path) -> None:
+    """R51: the host's write failed; ``metadata_write_failed`` aborts the checkpoint and
+    returns the ``CompletionFailed`` to raise, naming the path and the fault."""
+    engine = _engine(tmp_path)
+    co = engine.coord
+    cid = _acknowledged(engine)
+    write = co.prepare_completion(cid)
+    fault = OSError("the disk is full")
+    err = co.metadata_write_failed(cid, fault)
+    assert isinstance(err, CompletionFailed) and err.cause is fault
+    assert write.path in err.reason and cid not in co.pending_checkpoints()
+    assert {(type(n), n.checkpoint) for _, n in co.ready().notices} == {(CheckpointAborted, cid)}

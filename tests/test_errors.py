@@ -54,6 +54,7 @@ def test_every_reason_is_exercised(h: Harness) -> None:
     h.run(c.CrashTm(tm0))
     seen.add(refused(h, c.CrashTm(tm0)))  # TM_NOT_ALIVE
     seen.add(refused(h, c.WriteState(cp, s0, KS, "x", 1)))  # TM_NOT_ALIVE (its host is lost)
+    seen.add(refused(h, c.RestartCoordinator()))  # ATTEMPT_MAY_RUN (tm0 is lost)
     other = next(s for s in h.subtasks if h.tm_of(s) != tm0)
     h.run(c.Trigger())
     seen.add(

@@ -265,8 +265,12 @@ def _realistic_run(h: Harness) -> None:
     h.checkpoint(shared=["a"], deliver=False)
     h.run(c.DuplicateNotification(0))
     h.run(c.DropNotification(1))
+    for tm in h.lost_tms():  # R95: a restart waits for the lost attempts' stop
+        h.run(c.AttemptStopped(tm))
     h.run(c.RestartCoordinator())
     h.checkpoint(shared=["d"])
+    h.run(c.Trigger())  # a lost attempt's torn upload: a leftover until it stops (R64, R65)
+    h.run(c.CrashDuringWrite(h.last_checkpoint, h.subtasks[0], StateKind.KEYED_SHARED, "y", 80, 30))
 
 
 @pytest.mark.parametrize("num_retained", [1, 2])

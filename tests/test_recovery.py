@@ -884,7 +884,7 @@ def test_recovery_keeps_whole_the_directories_a_users_checkpoint_names(
     the ``directories`` of user-held metadata, not only its handles."""
     store, ledger, config = _lineage_job(place, mode)
     checkpoint(store, ledger, Progress())
-    meta = store._engine.load_completed(metadata_path("job-0", 2))
+    meta = store._engine.coord.load_completed(metadata_path("job-0", 2))
     assert meta.directories, "WITHIN and ACROSS checkpoints name their managed directories"
     planted = {f"{d}/the-users-extra-file": d.encode() for d in meta.directories}
     for path, data in planted.items():
@@ -1732,7 +1732,7 @@ def test_r95_the_recovery_on_a_hosts_engine_is_the_in_process_recovery(
         assert set(co.attempts()) == set(host.started) == set(host.placement.values())
         assert {tm for tm, _ in host.duties} <= set(host.started)
         for s in subtasks:  # each subtask starts from its share of the latest (R75, R76)
-            assert co.state_to_restore(s) == cl.state_to_restore(s) != ()
+            assert co.state_to_restore(s) == cl.coord.state_to_restore(s) != ()
         assert co.running_job() == report.new_job and co.latest_checkpoint() == kept[-1]
         assert [r.id for r in co.retained_checkpoints()] == list(kept)
         storage.close_all()

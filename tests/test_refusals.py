@@ -268,7 +268,11 @@ def scenarios() -> dict[type[c.Command], Scenario]:
             host_writer | {"partial_write": Violation(fields={"written": 0})},
         ),
         c.Failover: Scenario(first, c.Failover(), running),
-        c.RestartCoordinator: Scenario(first, c.RestartCoordinator(), running),
+        c.RestartCoordinator: Scenario(
+            first,
+            c.RestartCoordinator(),
+            running | {"none_lost": Violation(before=(c.CrashTm(host),))},
+        ),
         c.Restore: Scenario(
             first,
             c.Restore(1, (("src", 1),)),

@@ -88,6 +88,7 @@ def test_r50_ids_increase_across_failover_restart_and_restore(mode: MergingMode)
     h.run(c.CrashTm("tm-2"))
     h.run(c.Failover())
     ids.append(h.checkpoint())
+    h.run(c.AttemptStopped("tm-2"))  # R95: a restart waits for the lost attempt's stop
     h.run(c.RestartCoordinator())
     ids.append(h.checkpoint())
     h.run(c.Restore(ids[-1], AGG3, RestoreMode.CLAIM))

@@ -27,6 +27,7 @@ import pytest
 from fastimpl.coordinator import CheckpointCoordinator, subtasks_of
 from fastimpl.ids import RandomIds
 from fastimpl.reports import TmReport
+from fastimpl.resume import ha_state, resume
 from fastimpl.storage import Storage
 from spec import commands as c
 from spec.config import Config, MergingMode, RestoreMode, StateKind, VertexSpec
@@ -411,7 +412,12 @@ def test_cancel_and_a_restart_of_the_coordinator_with_tm_processes(parties: Any)
     for s in sorted(coord.placement, key=str):
         write(engine, coord, c2, s)
         ack(engine, coord, c2, s)
-    coord.restart()  # c2 was pending: forgotten, what it handed over deleted
+    # the coordinator's process dies: a new one from storage and the HA state (c2 was
+    # pending: forgotten, what it handed over deleted as the dead one's garbage)
+    ha, placement = ha_state(coord), dict(coord.placement)
+    coord = resume(
+        coord.cfg, VERTICES, storage, RandomIds(), engine, ha, placement, deletion_log=True
+    )
     engine.post(coord.ready())
     assert sorted(engine.live()) == ["tm-1", "tm-2"]
     assert_sound(coord, engine, quiet=False)

@@ -28,6 +28,7 @@ from fastimpl.parties import (
     CompletionFailed,
     Decline,
     RandomIds,
+    StorageFault,
     decode_message,
     encode_message,
     lease_token,
@@ -99,8 +100,13 @@ class Job:
             declined |= self.receive(engine.call(tm, "acknowledge", cid)[1])
         if declined:  # the coordinator aborted it (R17)
             return
-        try:
-            done = coord.complete(cid)
+        try:  # the storage effect is the host's: the _metadata first, then the notices (R51)
+            write = coord.prepare_completion(cid)
+            try:
+                self.storage.write_metadata(write.path, write.data)
+            except StorageFault as fault:
+                raise coord.metadata_write_failed(cid, fault) from fault
+            done = coord.metadata_written(cid)
         except CompletionFailed as err:
             self.say(f"checkpoint {cid}: {err.reason}, aborted (R51)")
             return

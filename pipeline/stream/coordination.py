@@ -46,6 +46,7 @@ from fastimpl.parties import (
     RandomIds,
     Status,
     Storage,
+    complete_through,
     incarnation_to_recover,
     is_working_path,
     lease_token,
@@ -458,7 +459,10 @@ class SparkCoordinator:
             )
         self.received.discard(checkpoint)
         try:
-            self._traced(cmd.Complete(checkpoint), lambda: co.complete(checkpoint))
+            self._traced(
+                cmd.Complete(checkpoint),
+                lambda: complete_through(co, self.checkpoint_storage, checkpoint),
+            )
         except CompletionFailed as err:
             if self.trace is not None:
                 self.trace.stop(f"checkpoint {checkpoint} aborted at completion: {err.reason}")
