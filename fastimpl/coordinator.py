@@ -1,15 +1,18 @@
 """The coordinator's side of the store (Flink's CheckpointCoordinator): it triggers,
-receives acknowledgements and declines (``spec.messages``), completes a checkpoint by
-writing its ``_metadata``, aborts, keeps ``num_retained`` checkpoints and subsumes the
-rest, holds the shared-state registry, deletes what it owns (R42-R45, R54), plans
-restores and rescales, fails over, restarts from the metadata on storage and ends the job.
+receives acknowledgements and declines (``spec.messages``), completes a checkpoint once
+the host wrote the ``_metadata`` it prepared, aborts, keeps ``num_retained`` checkpoints
+and subsumes the rest, holds the shared-state registry, deletes what it owns (R42-R45,
+R54), plans restores and rescales, fails over and ends the job. A restart is a new
+coordinator rebuilt from storage (``fastimpl.resume``, R95).
 
 It knows TMs from what it is told: acknowledgements name their attempt, and the engine
 (``CoordinatorEngine``) tells it where subtasks run and starts, resets, restores and
 stops the TMs. Calls return what they produced, in the manner of raft's ``Ready``:
-``trigger`` the id, ``complete`` the completed checkpoint (``CompletionFailed`` when it
-aborted instead), and ``ready`` the notices to send and the deletes handed to storage
-since the host last asked, so that a host batches and orders them.
+``trigger`` the id, ``prepare_completion`` the ``_metadata`` to write and
+``metadata_written`` the completed checkpoint (``CompletionFailed`` when it aborted
+instead; ``complete`` is the steps in a row), and ``ready`` the notices to send and the
+deletes handed to storage since the host last asked, so that a host batches and orders
+them.
 
 ``CheckpointCoordinator`` is the party the engine, the recovery and the observation
 talk to; each concern is a part that keeps its own state:
@@ -18,7 +21,7 @@ talk to; each concern is a part that keeps its own state:
 - ``fastimpl.tm_book``: where subtasks run and what is known of each TM attempt;
 - ``fastimpl.checkpoint_lifecycle``: trigger, acknowledgements, declines, complete, abort;
 - ``fastimpl.retention``: the retained checkpoints, the shared-state registry, subsume;
-- ``fastimpl.failover``: lost, replaced and stopped attempts, failovers, restart (R95);
+- ``fastimpl.failover``: lost, replaced and stopped attempts, failovers;
 - ``fastimpl.job_end``: the job's end (R90, R91);
 - ``fastimpl.restore_planning``: restores and rescales (R70-R77).
 """

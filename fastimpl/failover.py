@@ -1,9 +1,9 @@
-"""What the coordinator does when TMs fail (R57, R60-R66) or it restarts itself (R95): a
-lost TM aborts every pending checkpoint (R57); a task-level failover replaces one attempt
-(R66); a failover resets every TM and assigns each its subtasks and what it starts from
-(R60-R62); an attempt known stopped hands everything it still owned to the coordinator,
-which sweeps what it left (R64, R65); a restart rebuilds retention from the persisted
-metadata alone (R95).
+"""What the coordinator does when TMs fail (R57, R60-R66): a lost TM aborts every pending
+checkpoint (R57); a task-level failover replaces one attempt (R66); a failover resets
+every TM and assigns each its subtasks and what it starts from (R60-R62); an attempt
+known stopped hands everything it still owned to the coordinator, which sweeps what it
+left (R64, R65). A coordinator's restart (R95) is a new one rebuilt from storage
+(``fastimpl.resume``), which then fails over.
 
 A lost attempt is a zombie until it stops: what a failover handed over of its files and
 the deletes of the TMs told of it wait for its stop (R61, R64).
@@ -50,8 +50,8 @@ log = logging.getLogger("fastimpl.coordinator")
 
 
 class Failover:
-    """Lost, replaced and stopped attempts, failovers and the coordinator's restart, with
-    what the TMs were told of the lost attempts that may still run."""
+    """Lost, replaced and stopped attempts and failovers, with what the TMs were told of
+    the lost attempts that may still run."""
 
     def __init__(
         self,
