@@ -51,9 +51,9 @@ _META = "/" + METADATA
 
 class SteadyEngine:
     """The engine around the coordinator in this process. A steady job starts no TM and
-    hands no duty: those calls fail loudly. The notices of a batch of acknowledgements
-    and its completion are the coordinator's ``ready()``, encoded into the reply that
-    carries them to the TM's process."""
+    hands no duty: those calls fail loudly. What a batch of acknowledgements and its
+    completion produced is the coordinator's ``ready()``: its deletes are performed here,
+    its notices encoded into the reply that carries them to the TM's process."""
 
     def placed(self, placement: dict[SubtaskId, TmId]) -> None:
         """The TM's process learns its subtasks from the bench (``TaskManager.host``)."""
@@ -101,8 +101,10 @@ def _serve(conn: Connection, fsyncs: list[int]) -> None:
                 assert coord is not None, "no coordinator started"
                 t0 = time.perf_counter()
                 cid = _receive(coord, req[1], req[2])
+                ready = coord.ready()  # the host's part: the deletes, then the notices
+                coord.storage.perform(ready.deletes)
                 coord.storage.drain()  # its deletes are part of its work
-                out = [(tm, encode_message(n)) for tm, n in coord.ready().notices]
+                out = [(tm, encode_message(n)) for tm, n in ready.notices]
                 conn.send(("notices", out, cid, time.perf_counter() - t0))
             elif op == "metadata_size":
                 assert coord is not None, "no coordinator started"

@@ -123,8 +123,9 @@ class Catalog:
         with other parties in this process."""
         self.deferred: list[Deferred] = []
         self.handed: list[str] | None = None
-        """The files and directories whose deletes went to storage since the party last
-        told its host (the coordinator's ``Ready``); None: not kept (a TM's)."""
+        """The deletes (a file, or a directory with all it holds) this party decided and
+        its storage holds until the host performs them (the coordinator's ``Ready``,
+        ``Storage.perform``); None: its deletes go to storage at once (a TM's)."""
         self.refused_deletes: list[RefusedDelete] = []
         self.dir_rules: dict[str, Callable[[str], bool]] = {}
         """Each party's rule for deleting a directory it owns (R41 for a TM, R42 for the
@@ -229,8 +230,6 @@ class Catalog:
             protected=f is not None and self._protected(path),
         )
         self.log.add(rec)  # I2, I5: what check_invariants reads
-        if self.handed is not None:
-            self.handed.append(path)
         self.files.pop(path, None)
         self.failed_uploads.discard(path)
         if self.deferred:  # R45: a file gone by another delete has nothing left to retry
@@ -308,11 +307,15 @@ class Catalog:
             return
         try:
             # The storage remembers who deleted it only until the delete is done (_owners)
-            self.storage.delete_file(path, self._prunable_parents(path), {path: actor})
+            self.storage.delete_file(
+                path, self._prunable_parents(path), {path: actor}, hold=self.handed is not None
+            )
         except StorageFault:
             self._defer(Deferred(actor, path, False, None))
             return
         self._record_delete(path, actor)
+        if self.handed is not None:
+            self.handed.append(path)
 
     def _prunable_parents(self, path: str) -> tuple[str, ...]:
         """Parents of ``path`` that may go once empty: below its base, not managed
@@ -356,7 +359,12 @@ class Catalog:
                 self._delete_known_only(path, inside, sorted(unrecorded), actor)
                 return
         try:
-            self.storage.delete_dir(path, self._prunable_parents(path), {p: actor for p in inside})
+            self.storage.delete_dir(
+                path,
+                self._prunable_parents(path),
+                {p: actor for p in inside},
+                hold=self.handed is not None,
+            )
         except StorageFault:
             self._defer(Deferred(actor, path, True, None))
             return

@@ -25,22 +25,27 @@ Notice = CheckpointComplete | CheckpointAborted
 
 @frozen
 class Ready:
-    """What the coordinator produced since the host last asked (raft's ``Ready``): the
-    host sends ``notices`` and may batch several calls before it asks.
+    """What the coordinator produced since the host last asked (raft's ``Ready``). The
+    host carries it out in this order: what it persists first (its HA state, Flink's
+    pointer to the latest checkpoint), then ``deletes``, then ``notices``; it may batch
+    several calls before it asks.
 
+    ``deletes``: the files and directories (a directory with all it holds) the
+    coordinator decided to delete, in order. Its storage holds them until the host
+    performs them (``Storage.perform``); until then it lists what it holds as if they
+    were done. A delete that waits (R45, R64) is here once it runs. A host that dies
+    before performing them leaves their files to the next coordinator's rebuild (R64,
+    R95), as a delete cut off by a crash is.
     ``notices``: ``(tm, notice)`` in the order the coordinator decided them (R31-R34 let
     the transport lose, repeat or reorder them; the coordinator never waits for one).
     A notice for a TM that a later call of the same batch reset (``ResetTm``) or forgot
-    is no longer here: its old attempt's notices go with the redeploy.
-    ``deleted``: the files and directories whose deletes the coordinator handed to its
-    storage, in order (``Storage.drain`` waits until they are carried out); a delete
-    that waits (R45, R64) is here once it is handed over."""
+    is no longer here: its old attempt's notices go with the redeploy."""
 
     notices: tuple[tuple[TmId, Notice], ...] = ()
-    deleted: tuple[str, ...] = ()
+    deletes: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.notices or self.deleted)
+        return bool(self.notices or self.deletes)
 
 
 def subtasks_of(vertices: tuple[VertexSpec, ...]) -> list[SubtaskId]:
@@ -130,9 +135,9 @@ class CoordinatedJob:
 
     def take_ready(self) -> Ready:
         """What was produced since the last call: the notices to send and the deletes
-        handed to storage (``Ready``); both are cleared."""
+        the storage holds for the host (``Ready``); both are cleared."""
         handed = self.catalog.handed or []
-        ready = Ready(tuple(self.outbox), tuple(handed))
+        ready = Ready(tuple(self.outbox), tuple(dict.fromkeys(handed)))
         self.outbox = []
         handed.clear()
         return ready

@@ -10,9 +10,9 @@ It knows TMs from what it is told: acknowledgements name their attempt, and the 
 stops the TMs. Calls return what they produced, in the manner of raft's ``Ready``:
 ``trigger`` the id, ``prepare_completion`` the ``_metadata`` to write and
 ``metadata_written`` the completed checkpoint (``CompletionFailed`` when it aborted
-instead; ``complete`` is the steps in a row), and ``ready`` the notices to send and the
-deletes handed to storage since the host last asked, so that a host batches and orders
-them.
+instead; ``complete`` is the steps in a row), and ``ready`` the deletes to perform and
+the notices to send since the host last asked, so that a host batches them and orders
+them after what it persists (its HA state).
 
 ``CheckpointCoordinator`` is the party the engine, the recovery and the observation
 talk to; each concern is a part that keeps its own state:
@@ -189,9 +189,11 @@ class CheckpointCoordinator:
 
     def ready(self) -> Ready:
         """What the calls since the last ``ready`` produced (raft's ``Ready``): the
-        notices the host sends now, in order, and the deletes handed to storage. A host
-        takes it after each call, or after a batch of calls; a notice it never takes is
-        never sent (a lost notice: R34 allows it, and the TM learns at the next)."""
+        deletes the storage holds until the host performs them, and the notices it
+        sends, in order (``Ready`` says in which order the host carries them out). A
+        host takes it after each call, or after a batch of calls; a notice it never takes
+        is never sent (a lost notice: R34 allows it, and the TM learns at the next), a
+        delete it never performs leaves its file to the next coordinator (R95)."""
         return self.run.take_ready()
 
     # a checkpoint's life

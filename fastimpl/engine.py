@@ -167,9 +167,13 @@ class InProcessEngine:
     # ------------------------------------------------------------------ the engine
 
     def send_ready(self) -> None:
-        """The coordinator's notices since the last call, into the transport, in order
-        (its ``Ready``; the deletes in it are the storage's deleter's already)."""
-        for tm, msg in self.coord.ready().notices:
+        """What the coordinator produced since the last call (its ``Ready``): its
+        deletes carried out, then its notices into the transport, in order. Nothing is
+        persisted first: this engine keeps no HA state apart from the coordinator
+        (``restart`` reads it from the one it replaces)."""
+        ready = self.coord.ready()
+        self.storage.perform(ready.deletes)
+        for tm, msg in ready.notices:
             self.channel.send(tm, msg)
 
     def start_tm(self, job: str, first_checkpoint: int, finished_mark: int | None) -> TmId:

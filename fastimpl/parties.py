@@ -23,13 +23,17 @@ The coordinator's side
     call returns what it produced, in the manner of raft's ``Ready``: its result, and
     the notices it decided wait in the coordinator until the host takes them:
 
-    - ``ready() -> Ready``: what the calls since the last ``ready`` produced:
-      ``notices``, the ``(tm, CheckpointComplete | CheckpointAborted)`` the host sends
-      now, in order (the transport may lose, repeat or reorder them), and ``deleted``,
-      the files and directories whose deletes went to storage (``Storage.drain`` waits
-      for them). A host takes it after each call, or once after a batch of calls; a
-      ``ResetTm`` or ``forget_tm`` in a later call of the batch drops the notices for
-      that TM, as the host drops those it queued.
+    - ``ready() -> Ready``: what the calls since the last ``ready`` produced, for the
+      host to carry out in this order: first what it persists (its HA state: the
+      ``ha_state`` of the coordinator now), then ``deletes``, the files and
+      directories the coordinator decided to delete, which its storage holds until the
+      host calls ``Storage.perform(ready.deletes)`` (listing them as gone meanwhile),
+      then ``notices``, the ``(tm, CheckpointComplete | CheckpointAborted)`` to send, in
+      order (the transport may lose, repeat or reorder them). So a coordinator that
+      dies between the steps restarts from HA state naming only files that are there.
+      A host takes it after each call, or once after a batch of calls; a ``ResetTm`` or
+      ``forget_tm`` in a later call of the batch drops the notices for that TM, as the
+      host drops those it queued.
     - ``trigger(savepoint=False) -> int``: the new checkpoint's id. The engine
       carries the barrier to the TMs itself.
     - ``receive_ack(Acknowledgement)``, ``receive_decline(Decline)``: a TM's answer to a
@@ -99,8 +103,9 @@ The coordinator's side
     ``place(subtasks, tms) -> placement``, ``placed(placement)``, ``forget_tm(tm)``.
 
 ``Storage(fs, root)``, ``RandomIds()``, ``IdSource``
-    The coordinator's storage (an fsspec file system and the root path under it; its
-    deletes run in a background thread: ``drain()`` waits for them, ``list_files()``
+    The coordinator's storage (an fsspec file system and the root path under it; the
+    coordinator's deletes wait for the host's ``perform(ready.deletes)``, then run in a
+    background thread: ``drain()`` waits for them, ``list_files()``
     lists the root, ``files_under(path) -> set[str]`` a directory, ``exists_dir(path)``;
     ``read_range(path, offset, length) -> bytes`` reads a state handle's bytes back;
     ``close_all()`` waits for the deletes and closes what is open) and where new file
@@ -389,13 +394,14 @@ PUBLIC_MEMBERS: Mapping[str, frozenset[str]] = {
         }
     ),
     "CoordinatorEngine": frozenset({"duty", "start_tm", "place", "placed", "forget_tm"}),
-    "Ready": frozenset({"notices", "deleted"}),
+    "Ready": frozenset({"notices", "deletes"}),
     "MetadataWrite": frozenset({"checkpoint", "path", "data"}),
     "Completed": frozenset({"id", "job", "metadata", "entries", "directories"}),
     "Storage": frozenset(
         {
             "drain",
             "write_metadata",
+            "perform",
             "list_files",
             "files_under",
             "read_range",

@@ -182,6 +182,7 @@ def rebuild(
     co = CheckpointCoordinator(
         config, vertices, num_tms, storage, ids, engine, ha.job, deletion_log=deletion_log, log=log
     )
+    storage.forget_decided()  # a dead coordinator's deletes its host never performed
     if files is None:
         storage.drain()  # the deletes decided before run first: the listing is what stays
         files = storage.list_files()

@@ -17,7 +17,9 @@ as in ``spec.layout``.
 * the writer lease (``fastimpl.lease``), checked before every ``_metadata`` write and
   every delete;
 * the deleter (``fastimpl.deleter``): deletes off the write path, in a worker thread,
-  retried, and reported while they keep failing (R45).
+  retried, and reported while they keep failing (R45);
+* the coordinator's decided deletes (``fastimpl.decided_deletes``): held until its host
+  carries them out (``perform``), in the order the host chooses (raft's ``Ready``).
 
 What stays here is what ties them together: the table of files open for writing, which
 call fires which fault and checks the lease, how a failure is reported, and the removal
@@ -34,6 +36,7 @@ import logging
 import re
 from typing import IO, Any
 
+from fastimpl.decided_deletes import Decided, DecidedDeletes
 from fastimpl.deleter import Batch, DeleteFailure, Deleter
 from fastimpl.descriptors import Dir, LocalOS, NotRegularFile, path_of
 from fastimpl.faults import FaultSeam, ReadFault, StorageFault
@@ -115,6 +118,8 @@ class Storage:
             attempts=delete_attempts,
             retry_backoff=retry_backoff,
         )
+        self.decided = DecidedDeletes()
+        """Deletes held (``hold``) until the host performs them (``perform``)."""
         self.deletes_done = 0
         """Paths deleted (a batch counts once it is all gone)."""
         self.delete_calls = 0
@@ -407,13 +412,19 @@ class Storage:
         self.drain()
         out = self._files.sizes()
         out.pop(WRITER_LEASE, None)  # the store's own lease, not checkpoint data
+        if len(self.decided):
+            out = {p: n for p, n in out.items() if not self.decided.gone(p)}
         return out
 
     def files_under(self, path: str) -> set[str]:
-        """Every file below directory ``path`` now (queued deletes done first), by path
-        relative to the root; links and what they point at are not followed."""
+        """Every file below directory ``path`` now (queued deletes done first, held ones
+        counted as done), by path relative to the root; links and what they point at are
+        not followed."""
         self.drain()
-        return self._files.files_under(path)
+        out = self._files.files_under(path)
+        if len(self.decided):
+            out = {p for p in out if not self.decided.gone(p)}
+        return out
 
     def size(self, path: str) -> int:
         """The size of file ``path`` on storage now (queued deletes done first)."""
@@ -421,17 +432,26 @@ class Storage:
         return self._files.size(path)
 
     def exists_dir(self, path: str) -> bool:
-        """Whether directory ``path`` is there (queued deletes done first); on a local
-        disk a link is no directory of the store's, nor is anything reached through one."""
+        """Whether directory ``path`` is there (queued deletes done first, a held one
+        counted as done); on a local disk a link is no directory of the store's, nor is
+        anything reached through one."""
         self.drain()
+        if len(self.decided) and self.decided.gone(path):
+            return False
         return self._files.is_dir(path)
 
     # ------------------------------------------------------------------ deleting
 
     def delete_file(
-        self, path: str, prune: tuple[str, ...] = (), deleted_by: dict[str, str] | None = None
+        self,
+        path: str,
+        prune: tuple[str, ...] = (),
+        deleted_by: dict[str, str] | None = None,
+        *,
+        hold: bool = False,
     ) -> None:
-        """Delete a file (queued when deleting in the background).
+        """Delete a file (queued when deleting in the background; with ``hold``, held
+        until the host performs it, ``perform``).
 
         ``prune``: parent directories, innermost first, to remove afterwards if that left
         them empty (local disks only: object stores have no directories, and an empty
@@ -439,20 +459,49 @@ class Storage:
         """
         self.fire(StorageOp.DELETE, path)
         self.abandon(path)
-        self.deleter.submit(path, False, deleted_by)
-        if prune and self._local:
-            self.deleter.submit_prune(prune)
+        self._submit(Decided(path, False, prune if self._local else (), deleted_by), hold)
 
     def delete_dir(
-        self, path: str, prune: tuple[str, ...] = (), deleted_by: dict[str, str] | None = None
+        self,
+        path: str,
+        prune: tuple[str, ...] = (),
+        deleted_by: dict[str, str] | None = None,
+        *,
+        hold: bool = False,
     ) -> None:
-        """Delete a managed directory and everything in it (``prune``: as for files)."""
+        """Delete a managed directory and everything in it (``prune``, ``hold``: as for
+        files)."""
         self.fire(StorageOp.DELETE, path)
         for p in [p for p in self._open if is_under(p, path)]:
             self.abandon(p)
-        self.deleter.submit(path, True, deleted_by)
-        if prune and self._local:
-            self.deleter.submit_prune(prune)
+        self._submit(Decided(path, True, prune if self._local else (), deleted_by), hold)
+
+    def _submit(self, d: Decided, hold: bool) -> None:
+        if hold:
+            self.decided.hold(d)
+            return
+        self.deleter.submit(d.path, d.is_dir, d.deleted_by)
+        if d.prune:
+            self.deleter.submit_prune(d.prune)
+
+    def perform(self, deletes: tuple[str, ...] | list[str]) -> None:
+        """Carry out the held deletes of ``deletes`` (a ``Ready``'s), in that order, as
+        any delete is (queued when deleting in the background). A path no held delete
+        names is refused (``UsageError``) before any is carried out: only what the
+        coordinator decided is deleted. A delete that fails is kept in
+        ``failed_deletes`` and retried (R45), as a background one is."""
+        for p in deletes:
+            if not self.decided.has(p):
+                raise UsageError(f"perform: no delete of {p!r} was decided (or it was performed)")
+        taken = self.decided.take(deletes)
+        for d in taken:
+            try:
+                self._submit(d, False)
+            except StorageFault as err:
+                log.warning("delete of %s failed: %r", d.path, err)
+                self.deleter.failed_deletes[d.path] = DeleteFailure(
+                    d.path, d.is_dir, err, 1, d.deleted_by
+                )
 
     def _delete_now(self, batch: Batch) -> None:
         """One attempt at deleting ``batch`` (the deleter's): the lease is checked first;
@@ -462,7 +511,18 @@ class Storage:
         self._files.delete(batch)
         self.deletes_done += len(batch)
 
+    def forget_decided(self) -> None:
+        """Drop the held deletes: the coordinator that decided them is gone and its host
+        never performed them (their files are garbage the next coordinator finds, R95)."""
+        if len(self.decided):
+            log.info("dropping %d delete(s) a gone coordinator decided", len(self.decided))
+            self.decided = DecidedDeletes()
+
     def _wait_for_deletes_under(self, path: str) -> None:
+        blocking = self.decided.blocking(path) if len(self.decided) else []
+        if blocking:  # a late delete never removes a newer file: these go first
+            log.info("carrying out %d held delete(s) before making %s", len(blocking), path)
+            self.perform(blocking)
         if self.deleter.queued_under(path):
             self.drain()
 
@@ -477,7 +537,10 @@ class Storage:
 
     def close_all(self) -> None:
         """Finish queued deletes and close every open file (closed even if the deletes
-        cannot be finished)."""
+        cannot be finished). Held deletes the host never performed stay undone (said in
+        the log): closing is no decision to delete."""
+        if len(self.decided):
+            log.warning("closing with %d decided delete(s) never performed", len(self.decided))
         try:
             self.drain()
         finally:

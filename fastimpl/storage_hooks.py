@@ -72,15 +72,25 @@ class HookedStorage(Storage):
         self.hooks.after(self, StorageCall.CLOSE, path)
 
     def delete_file(
-        self, path: str, prune: tuple[str, ...] = (), deleted_by: dict[str, str] | None = None
+        self,
+        path: str,
+        prune: tuple[str, ...] = (),
+        deleted_by: dict[str, str] | None = None,
+        *,
+        hold: bool = False,
     ) -> None:
         self.hooks.before(self, StorageCall.DELETE_FILE, path, None)
-        super().delete_file(path, prune, deleted_by)
+        super().delete_file(path, prune, deleted_by, hold=hold)
         self.hooks.after(self, StorageCall.DELETE_FILE, path)
 
     def delete_dir(
-        self, path: str, prune: tuple[str, ...] = (), deleted_by: dict[str, str] | None = None
+        self,
+        path: str,
+        prune: tuple[str, ...] = (),
+        deleted_by: dict[str, str] | None = None,
+        *,
+        hold: bool = False,
     ) -> None:
         self.hooks.before(self, StorageCall.DELETE_DIR, path, None)
-        super().delete_dir(path, prune, deleted_by)
+        super().delete_dir(path, prune, deleted_by, hold=hold)
         self.hooks.after(self, StorageCall.DELETE_DIR, path)

@@ -13,7 +13,10 @@ notices that the TM is lost and stopped and a failover onto a new process (a new
 failovers without a loss (the survivors reset), a rescale (a restore with another
 parallelism, CLAIM or NO_CLAIM, onto new processes), and the coordinator killed: its
 object is dropped without any cleanup (its deletes are synchronous, so nothing of it
-runs on) and a new one is built from storage and the HA state (``fastimpl.resume``).
+runs on) and a new one is built from storage and the HA state the host persisted after
+the last call (``fastimpl.resume``), between two calls or while its host carries out a
+completion's ``Ready`` (the HA state persisted, the deletes not performed, the notices
+not sent).
 Besides: savepoints (triggered, written, completed or not; the user deletes a completed
 one later, outside the store), ReuseShared (the old handle, a placeholder, or the bytes
 uploaded again), zombies (a TM lost to the coordinator whose process runs on with its
@@ -131,6 +134,8 @@ class Soak:
         self.coord = self._new_coordinator()
         tms = [self.engine.start_tm(JOB, 1, None) for _ in range(2)]
         self.coord.deploy(self.engine.place(subtasks_of(VERTICES), tms))
+        self.ha = ha_state(self.coord)
+        """The HA state the host persisted after the last call (``post``)."""
         self.out = io.StringIO()
         self.trace = CommandTrace(self.out)
         self.trace.header(config, JobSpec(VERTICES, 2), "random")
@@ -138,6 +143,8 @@ class Soak:
         self.counts: Counter[str] = Counter()
         self.rescales = 0
         self.restarts = 0
+        self.dies_handing_out = False
+        """The host dies in its next ``post``, once it persisted the HA state."""
         self.held: list[tuple[c.Command, BaseException | None]] | None = None
         """Outcomes waiting for the trace while a fault is armed (``fault``)."""
         self.zombies: set[TmId] = set()
@@ -185,10 +192,16 @@ class Soak:
         return result
 
     def post(self) -> None:
-        """The coordinator's notices (its ``ready()``) to the engine, as a host does
-        after each call (none while a restart has no coordinator yet)."""
+        """What a host does after each call, in the order its ``Ready`` asks: the HA
+        state persisted (``ha``: what a restart resumes from), the deletes performed, the
+        notices to the engine (nothing while a restart has no coordinator yet)."""
         if self.coord is not None:
-            self.engine.post(self.coord.ready())
+            ready = self.coord.ready()
+            self.ha = ha_state(self.coord)
+            if self.dies_handing_out:  # the process dies here (``die_completing``)
+                return
+            self.coord.storage.perform(ready.deletes)
+            self.engine.post(ready)
 
     def refused(self, cmd: c.Command, reason: str) -> None:
         self.steps.append(f"{cmd!r}  # refused by the TM: {reason}")
@@ -322,8 +335,8 @@ class Soak:
             actions += [(3, self.zombie_acts), (1, self.zombie_stops)]
         if co.retained and self.rescales < 1:
             actions.append((2, self.rescale))
-        if self.restarts < 2 and not self.zombies:
-            actions.append((2, self.restart))
+        if self.can_restart():
+            actions += [(2, self.restart), (1, self.die_completing)]
         weights = [w for w, _ in actions]
         self.rng.choices([a for _, a in actions], weights)[0]()
 
@@ -454,11 +467,36 @@ class Soak:
         self.rescales += 1
         self.counts["rescales"] += 1
 
+    def can_restart(self) -> bool:
+        """R95: a restart waits until no lost attempt may run (none here is a zombie)."""
+        if self.restarts >= 2 or self.zombies:
+            return False
+        return all(self.coord.tms[t].status is Status.ALIVE for t in self.coord.placement.values())
+
+    def die_completing(self) -> None:
+        """The coordinator's process dies while its host carries out a completion's
+        ``Ready``: the HA state persisted (naming the new checkpoint), the deletes of
+        what the completion subsumed not performed, its notices never sent. The new
+        coordinator finds those files as the dead one's garbage and deletes them (R95):
+        nothing is lost, nothing leaks (the comparison with the model after the
+        restart)."""
+        if not self.pending():
+            return
+        cid = self.rng.choice(self.pending())
+        self.dies_handing_out = True
+        try:
+            self.run(c.Complete(cid), lambda: self.coord.complete(cid))
+        finally:
+            self.dies_handing_out = False
+        self.counts["deaths while handing out"] += 1
+        self.restart()
+
     def restart(self, edit_ha: Callable[[HaState], HaState] | None = None) -> None:
         """The coordinator's process dies between two calls: the object is dropped as
         it is, and a new one resumes from storage and the HA state (``edit_ha``: what
         HA services that lost or changed part of it hand over instead)."""
-        ha = ha_state(self.coord)
+        ha = self.ha
+        assert ha == ha_state(self.coord), "the host persists the HA state after every call"
         if edit_ha is not None:
             ha = edit_ha(ha)
         placement = dict(self.coord.placement)
@@ -502,6 +540,7 @@ class Soak:
         self.user_deleted |= files | {top}
         for path in files:  # the user tells the store's engine, which drops its records
             self.coord.catalog.files.pop(path, None)
+        self.ha = ha_state(self.coord)  # and persists the HA state again
         self.steps.append(f"# the user deletes {top}")
         self.counts["savepoints deleted by the user"] += 1
 

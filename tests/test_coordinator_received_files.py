@@ -485,6 +485,7 @@ def test_r43_a_late_acknowledgements_file_the_coordinator_has_no_record_of_is_de
         entry, rel = _written_behind(place, sub, sub, "late")
         coord.abort(cid)
         co.receive_ack(Acknowledgement(co.job, cid, sub, tm, (entry,)))
+        store._engine.send_ready()  # the host's part after a call: its deletes go
         store.flush()
         assert not place.inner.exists(f"{place.root}/{rel}"), "left behind"
         assert [d.path for d in testing.observe(store).deletions if d.path == rel] == [rel]
@@ -514,10 +515,12 @@ def test_r64_a_lost_attempts_late_file_is_its_own_until_it_stops_then_deleted(
         co.lose(host)  # aborts the checkpoint (R57)
         assert cid not in co.pending
         co.receive_ack(Acknowledgement(co.job, cid, sub, host, (entry,)))
+        store._engine.send_ready()  # the host's part after a call: its deletes go
         store.flush()
         assert place.inner.exists(f"{place.root}/{rel}")  # it may still run
         assert testing.observe(store).owners.get(rel) == f"tm:{host}"
         co.attempt_stopped(host)
+        store._engine.send_ready()
         store.flush()
         assert not place.inner.exists(f"{place.root}/{rel}"), "left behind"
     finally:

@@ -1720,6 +1720,7 @@ def test_r95_the_recovery_on_a_hosts_engine_is_the_in_process_recovery(
         co, storage, report = recover_coordinator(
             config, JOB, host_place.inner, host_place.root, host, background_deletes=False
         )
+        storage.perform(co.ready().deletes)  # the host's part: the garbage goes
         cl, twin_report = recover(config, JOB, twin.inner, twin.root, background_deletes=False)
         assert report.checkpoints == kept
         if mode is not MergingMode.ACROSS_CHECKPOINT:  # ACROSS appends to c2's pool file

@@ -110,6 +110,7 @@ def _broken_collection_ignores_references(job: LocalJob) -> None:
     w.referred = lambda: set()  # type: ignore[method-assign]
     w.in_use = lambda: set()  # type: ignore[method-assign]
     w.collect()
+    job.coordinator.post()  # the host carries out what the collection decided
     job.coordinator.co.storage.drain()
 
 

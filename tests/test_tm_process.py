@@ -71,6 +71,7 @@ def parties(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Parties]
         engine = ProcessEngine(target, "", config)
     try:
         storage = Storage(fs, root)
+        engine.host_storage = storage
         assert (storage.protocol == "s3") is (where == "s3")
         coord = CheckpointCoordinator(
             config, VERTICES, 2, storage, RandomIds(), engine, JOB, deletion_log=True
@@ -116,11 +117,11 @@ def ack(
     msg = decode_message(reply[1])
     if isinstance(msg, Decline):
         coord.receive_decline(msg)
-        engine.post(coord.ready())
+        engine.hand_out(coord)
         raise AssertionError(f"unexpected decline {msg}")
     assert isinstance(msg, Acknowledgement) and msg.attempt == tm
     coord.receive_ack(msg)
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     return msg
 
 
@@ -164,7 +165,7 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
     # 1: complete
     c1, acks1 = checkpoint(engine, coord)
     done = coord.complete(c1)
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     assert done is not None
     assert_sound(coord, engine, quiet=True)
     assert set(done.entries) == named(acks1)
@@ -172,7 +173,7 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
     # coordinator received (R43) and the TMs' segments for it (R33) go
     c2, _ = checkpoint(engine, coord)
     coord.abort(c2)
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     assert_sound(coord, engine, quiet=True)
     # 3: one subtask acknowledges late, after the abort (R43: the late whole files are
     # handed over and deleted; segments stay the TM's until it hears of the abort)
@@ -183,7 +184,7 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
     ack(engine, coord, c3, subtasks[0])
     engine.immediate = False  # the abort notices are still on their way
     coord.abort(c3)
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     ack(engine, coord, c3, subtasks[1])
     while engine.outbox:
         engine.deliver(0)
@@ -198,7 +199,7 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
         sp_acks.append(ack(engine, coord, sp, s))
         assert_sound(coord, engine, quiet=False)
     saved = coord.complete(sp)
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     assert saved is not None and saved.savepoint
     assert_sound(coord, engine, quiet=True)
     obs, _ = observe(coord, engine)
@@ -210,7 +211,7 @@ def test_tm_processes_checkpoint_abort_and_late_ack_with_their_own_records(
     for _ in range(2):
         cid, acks = checkpoint(engine, coord)
         done = coord.complete(cid)
-        engine.post(coord.ready())
+        engine.hand_out(coord)
         assert done is not None
         assert_sound(coord, engine, quiet=True)
     # the retained checkpoint's _metadata on storage names exactly what was acknowledged
@@ -241,9 +242,9 @@ def test_a_lost_tm_process_keeps_what_it_acknowledged_until_it_stopped(parties: 
     coord, engine, storage = parties
     c1, _ = checkpoint(engine, coord)
     assert coord.complete(c1) is not None
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     coord.lose("tm-2")
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     c2 = coord.trigger()
     late: set[str] = set()
     for s in sorted(coord.placement, key=str):
@@ -259,10 +260,10 @@ def test_a_lost_tm_process_keeps_what_it_acknowledged_until_it_stopped(parties: 
     stopped = decode_message(encode_message(AttemptStopped(JOB, "tm-2")))
     assert isinstance(stopped, AttemptStopped)
     coord.receive_stopped(stopped)
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     assert not late & set(storage.list_files())
     coord.abort(c2)
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     assert_sound(coord, engine, quiet=True)
     back = coord.load_completed(coord.retained[-1].metadata, JOB)
     assert paths(back.entries) <= set(storage.list_files())
@@ -282,7 +283,7 @@ def quiesce(engine: ProcessEngine, coord: CheckpointCoordinator) -> list[int]:
     for _ in range(coord.cfg.num_retained + 1):
         cid, _ = checkpoint(engine, coord)
         assert coord.complete(cid) is not None
-        engine.post(coord.ready())
+        engine.hand_out(coord)
         done.append(cid)
     return done
 
@@ -308,7 +309,7 @@ def test_a_failover_replaces_a_killed_tm_process_and_resets_the_survivor(parties
     coord, engine, storage = parties
     c1, _ = checkpoint(engine, coord)
     assert coord.complete(c1) is not None
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     c2 = coord.trigger()
     for s in sorted(coord.placement, key=str):
         write(engine, coord, c2, s)  # written, never acknowledged: the survivor drops it
@@ -316,13 +317,13 @@ def test_a_failover_replaces_a_killed_tm_process_and_resets_the_survivor(parties
     engine.kill("tm-1")
     engine.orphans.update(orphans)
     coord.lose("tm-1")  # the engine's notice of a lost TM: c2 aborts (R57)
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     assert_sound(coord, engine, quiet=False)
     coord.receive_stopped(decode_stopped(AttemptStopped(JOB, "tm-1")))
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     assert_sound(coord, engine, quiet=False)
     coord.failover()
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     assert sorted(engine.live()) == ["tm-2", "tm-3"]
     assert set(coord.placement.values()) == {"tm-2", "tm-3"}
     assert_sound(coord, engine, quiet=False)
@@ -366,13 +367,13 @@ def test_a_rescale_ends_the_tm_processes_and_starts_new_ones(
     coord, engine, storage = parties
     c1, _ = checkpoint(engine, coord)
     assert coord.complete(c1) is not None
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     c2, _ = checkpoint(engine, coord)
     assert coord.complete(c2) is not None
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     assert_sound(coord, engine, quiet=True)
     coord.restore(c.Restore(c2, (("map", 3),), restore_mode))
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     assert coord.job == "job-1"
     assert sorted(engine.live()) == ["tm-3", "tm-4"]
     assert {s.parallelism for s in coord.placement if s.vertex == "map"} == {3}
@@ -407,7 +408,7 @@ def test_cancel_and_a_restart_of_the_coordinator_with_tm_processes(parties: Any)
     coord, engine, storage = parties
     c1, _ = checkpoint(engine, coord)
     assert coord.complete(c1) is not None
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     c2 = coord.trigger()
     for s in sorted(coord.placement, key=str):
         write(engine, coord, c2, s)
@@ -418,13 +419,13 @@ def test_cancel_and_a_restart_of_the_coordinator_with_tm_processes(parties: Any)
     coord = resume(
         coord.cfg, VERTICES, storage, RandomIds(), engine, ha, placement, deletion_log=True
     )
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     assert sorted(engine.live()) == ["tm-1", "tm-2"]
     assert_sound(coord, engine, quiet=False)
     quiesce(engine, coord)
     assert_sound(coord, engine, quiet=True)
     coord.end_job(retain=False)
-    engine.post(coord.ready())
+    engine.hand_out(coord)
     assert engine.live() == []
     assert_sound(coord, engine, quiet=True)
     assert storage.list_files() == {}

@@ -6,7 +6,8 @@ coordinator: it starts each TM attempt as a spawned process (``tests.tm_process`
 from the storage URL, the config, the job id and its TM id only), places subtasks
 round-robin, carries notices and duties to the TM as encoded ``spec.messages`` over the
 TM's pipe, and stops TMs. The coordinator's notices reach it when the test posts the
-coordinator's ``ready()`` (``post``), and wait in ``outbox`` unless ``immediate``: the soak
+coordinator's ``ready()`` (``post``; ``hand_out`` is the host's whole part: the deletes
+on ``host_storage``, then the notices), and wait in ``outbox`` unless ``immediate``: the soak
 delivers, drops and repeats them. A TM that died (SIGKILL) is noticed when its pipe
 breaks: ``dead`` lists it, and nothing more is sent to it.
 
@@ -24,6 +25,7 @@ from typing import Any
 from fastimpl.coordinator import CheckpointCoordinator, Ready
 from fastimpl.reports import TmReport
 from fastimpl.reports import observe as observe_parties
+from fastimpl.storage import Storage
 from spec.config import Config
 from spec.ids import SubtaskId, TmId
 from spec.invariants import Violation, check_all
@@ -64,6 +66,8 @@ class ProcessEngine:
         """Notices sent and not yet delivered (``immediate`` False)."""
         self.sent: list[tuple[TmId, bytes]] = []
         self.placement: dict[SubtaskId, TmId] = {}
+        self.host_storage: Storage | None = None
+        """The coordinator's storage, on which ``hand_out`` performs its deletes."""
         self.orphans: dict[str, str] = {}
         """Files a killed attempt owned by its last records (the test's knowledge, R65):
         no live party records them, yet each has an owner until the coordinator takes it
@@ -134,6 +138,14 @@ class ProcessEngine:
         return codes
 
     # ------------------------------------------------------------------ CoordinatorEngine
+
+    def hand_out(self, coord: CheckpointCoordinator) -> None:
+        """What a host does after a coordinator call: its ``Ready`` taken, the deletes
+        performed on ``host_storage``, then the notices posted."""
+        ready = coord.ready()
+        assert self.host_storage is not None, "the test sets the coordinator's storage"
+        self.host_storage.perform(ready.deletes)
+        self.post(ready)
 
     def post(self, ready: Ready) -> None:
         """The coordinator's notices since the test last took its ``ready()``, in order:

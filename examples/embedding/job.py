@@ -81,7 +81,7 @@ class Job:
         for _ in range(AFTER_FAILOVER):
             self.checkpoint()
         coord.end_job(retain=True)  # R90, R91: every TM answers EndJob, then stops
-        engine.post(coord.ready())
+        self.hand_out()
         self.storage.drain()
         self.say(f"job ended: the retained checkpoints {self.completed[-RETAINED:]} are the user's")
         self.say(self.files_text(full=True))
@@ -111,13 +111,21 @@ class Job:
             self.say(f"checkpoint {cid}: {err.reason}, aborted (R51)")
             return
         finally:
-            self.engine.post(coord.ready())  # its notices: each TM learns of it (R31)
+            self.hand_out()  # what it subsumed goes, then each TM learns of it (R31)
         self.completed.append(done.id)
         self.say(
             f"checkpoint {done.id} completed: {done.metadata}, {len(done.entries)} state "
             f"handles ({uploaded} written, {reused} reused from earlier checkpoints)"
         )
         self.say(self.files_text())
+
+    def hand_out(self) -> None:
+        """What the coordinator's calls produced (its ``Ready``), carried out in the order
+        it asks: its deletes, then its notices (a host that keeps HA state persists it
+        before both, so that a restart never names a deleted ``_metadata``)."""
+        ready = self.coord.ready()
+        self.storage.perform(ready.deletes)
+        self.engine.post(ready)
 
     def receive(self, messages: list[bytes]) -> bool:
         """Hand the TMs' encoded answers to the coordinator; whether one declined."""
@@ -129,7 +137,7 @@ class Job:
             elif isinstance(msg, Decline):
                 self.say(f"{msg.subtask} on {msg.attempt} declined checkpoint {msg.checkpoint}")
                 self.coord.receive_decline(msg)
-                self.engine.post(self.coord.ready())  # its abort notices (R17)
+                self.hand_out()  # its abort notices (R17)
                 declined = True
             else:
                 raise RuntimeError(f"a TM sent {type(msg).__name__}")
@@ -156,20 +164,20 @@ class Job:
             f"was killed (SIGKILL, exit code {code}) before acknowledging"
         )
         coord.lose(victim)  # R57: the engine's word; the pending checkpoint aborts
-        engine.post(coord.ready())
+        self.hand_out()
         self.say(f"{victim} lost: checkpoint {cid} aborted")
         # R64: the engine knows the process is gone; the message travels as bytes
         stopped = decode_message(encode_message(AttemptStopped(JOB, victim)))
         assert isinstance(stopped, AttemptStopped)
         coord.receive_stopped(stopped)
-        engine.post(coord.ready())
+        self.hand_out()
         on_storage = self.storage.list_files()
         swept = [p for p in left if p not in on_storage]
         self.say(
             f"{victim} stopped: {len(swept)} of the {len(left)} files it left were swept (R64)"
         )
         coord.failover()  # R60-R63: a new TM process, the survivor reset, both restored
-        engine.post(coord.ready())
+        self.hand_out()
         self.say(f"failover: {self.placement_text()}")
         for tm, restored in sorted(engine.restored.items()):
             if tm in engine.live():

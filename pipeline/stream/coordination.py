@@ -347,8 +347,13 @@ class SparkCoordinator:
         return out
 
     def post(self) -> None:
-        """What the coordinator's calls produced goes out: its notices into the mail."""
-        self.engine.post(self.co.ready())
+        """What the coordinator's calls produced (its ``Ready``) is carried out, in the
+        order it asks: its deletes on the checkpoint storage, then its notices into the
+        mail (this job keeps no HA state to persist first: its restart reads the
+        ``_metadata`` files, ``recover_coordinator``)."""
+        ready = self.co.ready()
+        self.checkpoint_storage.perform(ready.deletes)
+        self.engine.post(ready)
 
     def trigger(self) -> int:
         c = self._traced(cmd.Trigger(False), self.co.trigger)

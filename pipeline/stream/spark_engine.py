@@ -66,7 +66,7 @@ class SparkEngine:
 
     def post(self, ready: Ready) -> None:
         """The coordinator's notices since the last call, into the mail, in order (its
-        ``Ready``; the deletes in it are its storage's deleter's already)."""
+        ``Ready``'s; the host carried out its deletes before)."""
         for tm, msg in ready.notices:
             self._queue(tm, encode_message(msg))
             if self.trace is not None:
