@@ -178,8 +178,7 @@ class TmDuties:
         every open file closes."""
         self.files.drop_outputs_where(lambda cp: True)
         self.a.working.close_all()  # working state (§11): R90, R102
-        for lid in sorted(lid for lid in self.a.m.segs if lid not in keep):
-            self.files._discard(lid)
+        self.files.discard_all([lid for lid in self.a.m.segs if lid not in keep])
         self.files.close_open_files()
 
     def restore(

@@ -9,7 +9,7 @@ reads of them: the files the TM owns (R90) and records (R64), its deletes carrie
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from fastimpl.storage import StorageFault
 from fastimpl.tm_attempt import TmAttempt
@@ -21,8 +21,28 @@ from spec.layout import is_under
 from spec.messages import KeptFile
 
 
+def drawn_order(name: str) -> tuple[int, str]:
+    """Ids and file names one id source drew (``fastimpl.ids``), in the order it drew them:
+    a source's names never get shorter and, at one length, sort as drawn (``CounterIds``
+    pads its counter; ``RandomIds`` writes it unpadded after a fixed-length prefix, so
+    "...z" was drawn before "...10", which a plain sort puts first)."""
+    return len(name), name
+
+
+def path_order(path: str) -> tuple[str, int, str]:
+    """Paths by directory as a plain sort orders them, then as their names were drawn."""
+    head, _, name = path.rpartition("/")
+    return head + "/", len(name), name
+
+
 class TmFiles:
-    """The segments and files of the attempt ``a``."""
+    """The segments and files of the attempt ``a``.
+
+    Where one step deletes several files it goes in the order they were made (the model
+    orders by its one counter of ids and names): it matters which delete a storage fault
+    hits. The segments this attempt took over, made before it started, come before
+    its own, which go as their ids were drawn (``drawn_order``); its files by directory,
+    then as their names were drawn (``path_order``)."""
 
     def __init__(self, a: TmAttempt) -> None:
         self.a = a
@@ -37,6 +57,21 @@ class TmFiles:
         pf.ref_count -= 1
         pf.live_bytes -= seg.length
         self._check_file(seg.path)
+
+    def discard_all(self, lids: Iterable[str]) -> None:
+        """Discard the segments ``lids`` (a subsume, an abort, the job's end), in the
+        order they were made."""
+        a = self.a
+        segs = a.m.segs
+        files = a.catalog.files
+
+        def made(lid: str) -> tuple[bool, int, str]:
+            seg = segs.get(lid)
+            f = None if seg is None else files.get(seg.path)
+            return f is not None and f.creator == a.tm, *drawn_order(lid)
+
+        for lid in sorted(lids, key=made):
+            self._discard(lid)
 
     def _check_file(self, path: str) -> None:
         """R15, R80, R81: delete a closed unreferenced file; bound space amplification."""
@@ -79,7 +114,7 @@ class TmFiles:
 
     def close_open_files(self) -> None:
         m = self.a.m
-        for path in sorted(m.pfiles):
+        for path in sorted(m.pfiles, key=path_order):
             pf = m.pfiles.get(path)
             if pf is not None and pf.open:
                 self._close_pfile(path)
@@ -89,7 +124,7 @@ class TmFiles:
     ) -> None:
         """R14: a WITHIN file closes once nobody can still write to it for its checkpoint."""
         m = self.a.m
-        for path in sorted(m.pfiles):
+        for path in sorted(m.pfiles, key=path_order):
             pf = m.pfiles.get(path)
             if pf is None or not pf.open or pf.checkpoint is None or not which(pf.checkpoint):
                 continue

@@ -64,8 +64,7 @@ class TmNotices:
         self._handed_over(checkpoint)
         a.known_watermark = max(a.known_watermark, watermark)
         self._confirm(checkpoint)
-        for lid in a.m.used_up_to(watermark):  # R31
-            self.files._discard(lid)
+        self.files.discard_all(a.m.used_up_to(watermark))  # R31
         is_sp = a.is_savepoint
         self.files.drop_outputs_where(lambda cp: cp <= checkpoint and not is_sp(cp))
         self.files.close_within_files(lambda cp: cp <= checkpoint)
@@ -109,8 +108,7 @@ class TmNotices:
         a.known_completed = max(a.known_completed, latest_completed)
         if latest_completed:
             self._confirm(latest_completed)  # R32
-        for lid in a.m.created_for(checkpoint):
-            self.files._discard(lid)
+        self.files.discard_all(a.m.created_for(checkpoint))
         self.files.drop_outputs_where(lambda cp: cp == checkpoint)
         self.files.close_within_files(lambda cp: cp == checkpoint)
         if savepoint:
