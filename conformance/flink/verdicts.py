@@ -163,6 +163,38 @@ LOST_NOTICE = Verdict(
     "checkpoint whose abort a TM missed.",
 )
 
+REUSE_BASELINE = Verdict(
+    ADAPTER,
+    "R20, R21, R23",
+    "Shared state the latest completed checkpoint left out is reused",
+    "A subtask uploads shared state for checkpoint 1, which completes; its acknowledgement of "
+    "checkpoint 2 leaves that name out; it reuses the name for checkpoint 4 and, once it has "
+    "learned that 2 completed, for 5. Our TM reuses the checkpoint-1 segment at 5: R23 keeps "
+    "the name past `complete(2)` because checkpoint 4, newer, reused it, and R20 holds (it "
+    "came from checkpoint 1, which the TM knows completed, and its segment, whose last use the "
+    "reuse for 4 advanced (R21), is live in a reusable file). The adapter makes the state "
+    "backend's choice as Flink 2.3's RocksDB incremental strategy does: the baseline is the "
+    "SST list of the last checkpoint the backend learned completed "
+    "(`RocksIncrementalSnapshotStrategy.snapshotMetaData`: "
+    "`uploadedSstFiles.tailMap(lastCompletedCheckpoint)`; `PreviousSnapshot."
+    "pruneFirstCheckpointSstFiles` starts from that checkpoint's list and only removes from "
+    "it); checkpoint 2's list has nothing of the subtask, so the bytes are uploaded again: a "
+    "new file in checkpoint 5's WITHIN pool. Flink's manager agrees with the model: probed, "
+    "`couldReusePreviousStateHandle` of the checkpoint-1 handle is true at that step "
+    "(`reusePreviousStateHandle` for 4 advanced its last used checkpoint), and with the "
+    "backend offering that handle the minimal sequence passes and quiesces clean. A RocksDB "
+    "cannot have this history: each snapshot, taken in checkpoint order, hard-links every "
+    "live SST file of the database (`takeDBNativeCheckpoint`) and an SST file once gone never "
+    "comes back (its number is not reused), so a file in checkpoints 1 and 4 is in checkpoint "
+    "2's list and Flink would reuse it at 5 as we do; our machine draws each checkpoint's "
+    "state on its own. Nothing is lost or leaked: the new copy is checkpoint 5's and goes "
+    "with it (the minimal sequence, quiesced, leaves nothing; the live sequence that leaks "
+    "once quiet does so through its failovers). Not emulated, so shown nowhere: the pruning "
+    "also drops a name a later checkpoint uploaded again (the notification of the earlier "
+    "one came late), where our TM reuses the earlier, confirmed handle (R23) and Flink "
+    "uploads once more, a history a RocksDB can have.",
+)
+
 VERDICTS: dict[tuple[str, str, str], Verdict] = {
     **{("*", cmd, f"missing+size in {d}"): ROLL
        for cmd in ("WriteState", "ReuseShared") for d in ("shared", "taskowned")},
@@ -181,6 +213,7 @@ VERDICTS: dict[tuple[str, str, str], Verdict] = {
     ("across", "DeliverNotification:abort", "kept in shared+taskowned"): OPEN_POOL,
     ("*", "ReuseShared", "missing in shared"): AMPLIFICATION,
     ("*", "ReuseShared", "size in shared"): AMPLIFICATION,
+    ("within", "ReuseShared", "extra in shared"): REUSE_BASELINE,
     ("*", "DeliverNotification:complete", "deleted in shared"): ZOMBIE,
 }  # fmt: skip
 """(merging mode or ``*``, command, kinds) -> verdict."""
