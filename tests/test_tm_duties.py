@@ -1,22 +1,29 @@
 """A TaskManager with records of its own applies the coordinator's duties
 (``spec.messages``: ``ResetTm``, ``TmAssignment``, ``ReusableFiles``, ``EndJob``,
-``Holdings``) once: repeated, late or out of order they change nothing (issue 16)."""
+``Holdings``) once: repeated, late or out of order they change nothing (issue 16); and
+the files one notice or the job's end frees go in the order they were made."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
+from fastimpl.ids import RandomIds
 from fastimpl.taskmanager import TaskManager
+from spec.commands import StorageOp
 from spec.config import Config, Scope, StateKind
 from spec.effects import COORDINATOR
 from spec.handles import FileHandle, SegmentHandle, StateEntry
 from spec.ids import SubtaskId
 from spec.layout import shared_dir, taskowned_dir
 from spec.messages import (
+    CheckpointAborted,
+    CheckpointComplete,
     EndJob,
     Held,
     Holdings,
@@ -186,3 +193,87 @@ def test_a_duty_for_another_tm_or_job_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="job-9"):
         party.on_duty(EndJob("job-9", "tm-1", frozenset()))
     assert state(party) == before
+
+
+# ------------------------------------------------ the deletes of one notice, in order made
+
+FULL = Config(file_merging_enabled=True, max_file_size=100, num_retained=1)
+"""Each 100-byte write fills a file of its own."""
+UNBOUNDED = attrs.evolve(WITHIN, max_space_amplification=0)
+"""No bound on space amplification (R82): a file whose segments are all discarded stays
+open until it is closed (R81 would close it at once)."""
+
+
+def ids_at_a_new_digit() -> RandomIds:
+    """A ``RandomIds`` whose next draws are "...x", "...y", "...z", "...10", "...11", ...:
+    its counter, written in base 36 unpadded, gains a digit, so a plain sort of what it
+    draws next puts the later names first."""
+    ids = RandomIds()
+    for _ in range(32):
+        ids.logical_id()
+    return ids
+
+
+def _subsume(party: TaskManager) -> list[str]:
+    party.write(S, 2, StateKind.KEYED_SHARED, "a", 10, 1, b"n" * 10)
+    party.acknowledge(S, 2)
+    party.on_notice(CheckpointComplete(JOB, 1, 0, False))
+    party.catalog.storage.arm(StorageOp.DELETE)
+    party.on_notice(CheckpointComplete(JOB, 2, 1, False))  # R31: checkpoint 1's go
+    return [d.path for d in party.catalog.deferred]
+
+
+def _abort(party: TaskManager) -> list[str]:
+    party.catalog.storage.arm(StorageOp.DELETE)
+    party.on_notice(CheckpointAborted(JOB, 1, 0, False))  # R32
+    return [d.path for d in party.catalog.deferred]
+
+
+def _end(party: TaskManager) -> list[str]:
+    party.catalog.storage.arm(StorageOp.DELETE)
+    ended = party.on_duty(bytes_of(EndJob(JOB, "tm-1", frozenset())))  # R90: nothing kept
+    assert isinstance(ended, TmEnded)
+    return [w.path for w in ended.waiting]
+
+
+@pytest.mark.parametrize(
+    ("still_open", "notice"),
+    [
+        pytest.param(False, _subsume, id="subsumed"),
+        pytest.param(False, _abort, id="aborted"),
+        pytest.param(False, _end, id="job-end"),
+        pytest.param(True, _end, id="job-end-open-files"),
+    ],
+)
+def test_a_notice_deletes_the_files_it_frees_in_the_order_they_were_made(
+    tmp_path: Path, still_open: bool, notice: Callable[[TaskManager], list[str]]
+) -> None:
+    """R45 with R31, R32, R90: one notice frees several files (closed ones whose segments
+    it discards, or open ones it closes) and deletes them in the order they were made, as
+    the model does: which delete an armed storage fault hits shows it. The file made
+    first is the one that fails and waits for a retry; the later ones are gone. Here
+    their ids and names gain a digit (``RandomIds`` writes its counter unpadded), so a
+    plain sort of either would delete a later file first (soak seed 14-within-s3)."""
+    ids = ids_at_a_new_digit()
+    if still_open:  # checkpoints 1-3 pending, a file each being written (WITHIN)
+        party = TaskManager.alone(f"file://{tmp_path}", "", UNBOUNDED, JOB, "tm-1", ids=ids)
+        cps = [1, 2, 3]
+    else:  # checkpoint 1 acknowledged, three files full and closed
+        party = TaskManager.alone(f"file://{tmp_path}", "", FULL, JOB, "tm-1", ids=ids)
+        cps = [1, 1, 1]
+    party.host([S])
+    made: list[SegmentHandle] = []
+    for n, cp in enumerate(cps):
+        e = party.write(S, cp, StateKind.KEYED_SHARED, f"s{n}", 100, 1, b"x" * 100)
+        assert isinstance(e.handle, SegmentHandle)
+        made.append(e.handle)
+    if not still_open:
+        party.acknowledge(S, 1)
+    paths = [h.path for h in made]
+    lids = [h.logical_id for h in made]
+    assert [party.catalog.files[p].open for p in paths] == [still_open] * 3
+    assert sorted(lids) != lids and sorted(paths) != paths  # not in the order drawn
+    failed = notice(party)
+    party.flush()
+    assert failed == paths[:1]  # the first delete was the first file's: kept (R45)
+    assert [(tmp_path / p).exists() for p in paths] == [True, False, False]
