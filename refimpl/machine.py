@@ -1791,6 +1791,10 @@ class _Work:
             for (t, path), pf in sorted(self.pfiles.items()):
                 if t == tm and pf.open:
                     self._close_pfile(tm, path)
+            # R90, R44: its waiting deletes are handed over with what it owns; they wait
+            # behind the coordinator's own (which a storage fault may hit first)
+            handed_waits = [w for w in self.deferred if w.actor == actor]
+            self.deferred = [w for w in self.deferred if w.actor != actor] + handed_waits
             for path, d in sorted(self.dirs.items()):
                 # R90: directories no completed checkpoint used go with the TM that made them
                 if d.creator == tm and path not in handed and self.dir_owner.get(path) == actor:

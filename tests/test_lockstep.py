@@ -226,6 +226,53 @@ def test_r66_a_replaced_attempt_keeps_its_subtask_directory_until_it_stops(
     _run_in_lockstep(backend, [*WRITTEN_BY_THE_REPLACED, *after])
 
 
+def _checkpoint(cp: int, *writes: tuple[StateKind, str]) -> list[c.Command]:
+    """Checkpoint ``cp``: ``agg`` 0 (on tm-1 until replaced) writes ``writes``, every
+    subtask acknowledges, it completes and both TMs are notified."""
+    subtasks = [AGG0, SubtaskId("agg", 1, 2), SRC0, SRC1]
+    return [
+        c.Trigger(),
+        *[c.WriteState(cp, AGG0, kind, name, 10) for kind, name in writes],
+        *[c.Acknowledge(cp, s) for s in subtasks],
+        c.Complete(cp),
+        c.DeliverNotification(0),
+        c.DeliverNotification(0),
+    ]
+
+
+@pytest.mark.parametrize("backend", ["memory", "local"], indirect=True)
+@pytest.mark.parametrize(
+    "mode", [MergingMode.WITHIN_CHECKPOINT, MergingMode.ACROSS_CHECKPOINT], ids=["within", "across"]
+)
+def test_r90_a_tms_waiting_deletes_are_handed_behind_the_coordinators(
+    backend: Backend, mode: MergingMode
+) -> None:
+    """R90, R44, R64, R45: tm-1 is replaced by tm-3, which takes over its segment (R66,
+    R61) and, once no retained checkpoint uses it, deletes it: that delete waits for tm-1
+    (R64), in tm-3's records. Then the coordinator's delete of tm-1's ``taskowned/``
+    directory waits too. The job ends: tm-3 hands its waiting delete over with what it
+    owns, behind the coordinator's own; when tm-1 stops, a failing delete call hits the
+    directory's delete, which stays pending. The model kept one list in the order the
+    deletes were decided, so the fault hit the file's, and the directory went (the
+    lockstep machine, local-WITHIN_CHECKPOINT)."""
+    _run_in_lockstep(
+        backend,
+        [
+            *_checkpoint(1, (StateKind.KEYED_SHARED, "sst-1")),
+            *_checkpoint(2, (StateKind.CHANNEL, "inflight")),
+            c.ReplaceTm("tm-1"),
+            *_checkpoint(3),  # checkpoint 1 subsumed: tm-3's delete of the segment waits
+            *_checkpoint(4),  # checkpoint 2 subsumed: the coordinator's of taskowned/tm-1
+            c.Cancel(retain=False),
+            c.FailNextCall(StorageOp.DELETE),
+            c.AttemptStopped("tm-1"),
+        ],
+        attrs.evolve(
+            SEQUENCE_CONFIG, across_checkpoint_boundary=mode is MergingMode.ACROSS_CHECKPOINT
+        ),
+    )
+
+
 @pytest.mark.parametrize("backend", ["memory"], indirect=True)
 def test_r101_a_working_write_whose_append_and_clean_up_fail_is_seen_alike(
     backend: Backend,
