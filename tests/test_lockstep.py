@@ -273,6 +273,85 @@ def test_r90_a_tms_waiting_deletes_are_handed_behind_the_coordinators(
     )
 
 
+def _acks(cp: int) -> list[c.Command]:
+    return [c.Acknowledge(cp, s) for s in (AGG0, SubtaskId("agg", 1, 2), SRC0, SRC1)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="R42 against the product's records: a file a replaced attempt took over and "
+    "that attempt then replaced too (a zombie's) lies in a coordinator-owned shared "
+    "directory the coordinator has no record of it in; the model keeps the directory "
+    "(R42: not all of it is the coordinator's), the product decides to delete it and "
+    "the delete waits for the file's creator: a pending delete the model has not",
+)
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+def test_r42_a_directory_holding_a_zombies_file_is_not_the_coordinators_to_delete(
+    backend: Backend,
+) -> None:
+    """Found by the lockstep (memory-unreadable-WITHIN_CHECKPOINT); not fixed yet."""
+    _run_in_lockstep(
+        backend,
+        [
+            c.Trigger(),
+            c.Trigger(),
+            c.Acknowledge(2, AGG0),
+            c.Acknowledge(2, SubtaskId("agg", 1, 2)),
+            c.WriteState(2, SRC0, StateKind.KEYED_SHARED, "sst-2", 110),
+            c.Acknowledge(2, SRC0),
+            c.Acknowledge(2, SRC1),
+            c.Complete(2),
+            c.ReplaceTm("tm-1"),
+            c.Trigger(),
+            *_acks(3),
+            c.Complete(3),
+            c.Trigger(),
+            *_acks(4),
+            c.Complete(4),
+            c.ReplaceTm("tm-3"),
+            c.Cancel(retain=False),
+        ],
+        attrs.evolve(SEQUENCE_CONFIG, inline_threshold=0),
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="R91, R95: after a CLAIM restore a replaced attempt of the ended job stops and "
+    "the coordinator restarts; the model holds job-0/taskowned/tm-2 as the user's "
+    "directory, the coordinator rebuilt from storage has no record of it",
+)
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
+def test_r95_a_claimed_jobs_stopped_attempts_directory_stays_the_users_after_a_restart(
+    backend: Backend,
+) -> None:
+    """Found by the lockstep (local-WITHIN_CHECKPOINT); not fixed yet."""
+    _run_in_lockstep(
+        backend,
+        [
+            c.Trigger(),
+            c.Acknowledge(1, AGG0),
+            c.Acknowledge(1, SRC0),
+            c.Acknowledge(1, SRC1),
+            c.Trigger(),
+            c.WriteState(1, SubtaskId("agg", 1, 2), StateKind.OPERATOR_UNION, "watermarks", 32),
+            c.Acknowledge(1, SubtaskId("agg", 1, 2)),
+            c.Complete(1),
+            c.Trigger(),
+            c.Trigger(),
+            c.Trigger(),
+            c.ReplaceTm("tm-2"),
+            c.Trigger(),
+            *_acks(6),
+            c.Complete(6),
+            c.Restore(6, (("agg", 2),), RestoreMode.CLAIM),
+            c.AttemptStopped("tm-2"),
+            c.RestartCoordinator(),
+        ],
+        attrs.evolve(SEQUENCE_CONFIG, inline_threshold=0),
+    )
+
+
 @pytest.mark.parametrize("backend", ["memory"], indirect=True)
 def test_r101_a_working_write_whose_append_and_clean_up_fail_is_seen_alike(
     backend: Backend,
