@@ -416,3 +416,4 @@ def test_a_re_upload_from_a_truncated_file_declines(place: Place, mode: MergingM
     assert nxt not in coord.pending()  # declined: aborted
     store.deliver_notifications()
     assert ledger.problems(store, views=coord.retained()[:1]) == []
+    store.close()  # the notices' deletes done before the place is removed
