@@ -426,6 +426,15 @@ class Failover:
             log.warning("checking for %s failed: %r", path, err)
             return False
 
+    def _gone(self, path: str) -> bool:
+        """Whether directory ``path`` is known not to be on storage; a failing check says
+        no: the record stays (a leak at worst, never two owners of one directory)."""
+        try:
+            return not self.run.storage.exists_dir(path)
+        except Exception as err:
+            log.warning("checking for %s failed: %r", path, err)
+            return False
+
     def _assign(
         self,
         tm: TmId,
@@ -515,6 +524,11 @@ class Failover:
         for d in managed:
             owner = catalog.dir_owner.get(d)
             if owner is not None and owner.startswith("tm:") and book.is_lost(owner[3:]):
+                if self._gone(d):
+                    # R64: the lost attempt deleted it (R41) where nobody saw (R56); the
+                    # live attempt makes it again at its next write, its own (R40)
+                    del catalog.dir_owner[d]
+                    catalog.dirs.pop(d, None)
                 continue  # R64: a lost attempt's until it is known stopped (R41, R63)
             maker = self._lost_maker(d) if owner is None else None
             if maker is not None and self._left_dir(d):

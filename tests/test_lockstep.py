@@ -273,6 +273,36 @@ def test_r90_a_tms_waiting_deletes_are_handed_behind_the_coordinators(
     )
 
 
+@pytest.mark.parametrize("backend", ["memory", "local"], indirect=True)
+def test_r64_a_directory_a_lost_attempt_deleted_is_the_live_attempts_it_makes_again(
+    backend: Backend,
+) -> None:
+    """R41, R64, R40: tm-1's acknowledgement reports ``agg`` 0's shared directory, the
+    checkpoint aborts, and tm-1 deletes its file and the emptied directory without the
+    coordinator seeing it (R56). tm-1 is lost; at the failover the coordinator's record
+    of the directory as tm-1's goes, the directory not being on storage, and the new
+    attempt makes it again at its first write: it is the new attempt's. Before, the
+    record stayed and two parties owned one directory (the process soak, seed
+    1027-within-local). WITHIN only: in ACROSS this sequence passed before the fix too."""
+    _run_in_lockstep(
+        backend,
+        [
+            c.Trigger(),
+            c.WriteState(1, AGG0, StateKind.KEYED_SHARED, "sst-1", 10),
+            c.Acknowledge(1, AGG0),
+            c.Abort(1),
+            c.DeliverNotification(0),
+            c.DeliverNotification(0),
+            c.CrashTm("tm-1"),
+            c.Failover(),
+            c.Trigger(),
+            c.WriteState(2, AGG0, StateKind.KEYED_SHARED, "sst-2", 10),
+            *_acks(2),
+            c.Complete(2),
+        ],
+    )
+
+
 def _acks(cp: int) -> list[c.Command]:
     return [c.Acknowledge(cp, s) for s in (AGG0, SubtaskId("agg", 1, 2), SRC0, SRC1)]
 
