@@ -428,7 +428,7 @@ class Failover:
 
     def _gone(self, path: str) -> bool:
         """Whether directory ``path`` is known not to be on storage; a failing check says
-        no: the record stays (a leak at worst, never two owners of one directory)."""
+        no, and the lost attempt's record stays as it was."""
         try:
             return not self.run.storage.exists_dir(path)
         except Exception as err:
