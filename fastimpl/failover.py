@@ -417,23 +417,23 @@ class Failover:
         ]
         return makers[-1] if makers else None
 
-    def _left_dir(self, path: str) -> bool:
-        """Whether a lost attempt's directory ``path`` is on storage; a failing check
-        says no: what it holds is swept when its attempt stops (R64)."""
+    def _dir_seen(self, path: str) -> bool | None:
+        """Whether directory ``path`` is on storage; None when the check fails."""
         try:
             return self.run.storage.exists_dir(path)
         except Exception as err:
             log.warning("checking for %s failed: %r", path, err)
-            return False
+            return None
+
+    def _left_dir(self, path: str) -> bool:
+        """Whether a lost attempt's directory ``path`` is on storage; a failing check
+        says no: what it holds is swept when its attempt stops (R64)."""
+        return self._dir_seen(path) is True
 
     def _gone(self, path: str) -> bool:
         """Whether directory ``path`` is known not to be on storage; a failing check says
         no, and the lost attempt's record stays as it was."""
-        try:
-            return not self.run.storage.exists_dir(path)
-        except Exception as err:
-            log.warning("checking for %s failed: %r", path, err)
-            return False
+        return self._dir_seen(path) is False
 
     def _assign(
         self,

@@ -32,7 +32,7 @@ def drawn_order(name: str) -> tuple[int, str]:
 def path_order(path: str) -> tuple[str, int, str]:
     """Paths by directory as a plain sort orders them, then as their names were drawn."""
     head, _, name = path.rpartition("/")
-    return head + "/", len(name), name
+    return head + "/", *drawn_order(name)
 
 
 class TmFiles:

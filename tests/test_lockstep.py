@@ -226,14 +226,18 @@ def test_r66_a_replaced_attempt_keeps_its_subtask_directory_until_it_stops(
     _run_in_lockstep(backend, [*WRITTEN_BY_THE_REPLACED, *after])
 
 
+def _acks(cp: int) -> list[c.Command]:
+    """Every subtask acknowledges checkpoint ``cp``."""
+    return [c.Acknowledge(cp, s) for s in (AGG0, SubtaskId("agg", 1, 2), SRC0, SRC1)]
+
+
 def _checkpoint(cp: int, *writes: tuple[StateKind, str]) -> list[c.Command]:
     """Checkpoint ``cp``: ``agg`` 0 (on tm-1 until replaced) writes ``writes``, every
     subtask acknowledges, it completes and both TMs are notified."""
-    subtasks = [AGG0, SubtaskId("agg", 1, 2), SRC0, SRC1]
     return [
         c.Trigger(),
         *[c.WriteState(cp, AGG0, kind, name, 10) for kind, name in writes],
-        *[c.Acknowledge(cp, s) for s in subtasks],
+        *_acks(cp),
         c.Complete(cp),
         c.DeliverNotification(0),
         c.DeliverNotification(0),
@@ -301,10 +305,6 @@ def test_r64_a_directory_a_lost_attempt_deleted_is_the_live_attempts_it_makes_ag
             c.Complete(2),
         ],
     )
-
-
-def _acks(cp: int) -> list[c.Command]:
-    return [c.Acknowledge(cp, s) for s in (AGG0, SubtaskId("agg", 1, 2), SRC0, SRC1)]
 
 
 @pytest.mark.xfail(
